@@ -1,0 +1,59 @@
+"""lumos: a Jupyter-first cluster toolkit with Ray's API.
+
+    import lumos as ray
+    ray.init()
+
+    @ray.remote
+    def square(x):
+        return x * x
+
+    ray.get([square.remote(i) for i in range(4)])   # [0, 1, 4, 9]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lumos import exceptions, util
+from lumos.api import (LumosContext, available_resources, cancel, cluster_resources, get, get_gpu_ids, init,
+                       is_initialized, nodes, put, shutdown, timeline, wait)
+from lumos.object_ref import ObjectRef
+from lumos.remote_function import RemoteFunction
+from lumos.runtime_context import get_runtime_context
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "remote", "get", "put", "wait", "cancel", "nodes",
+    "cluster_resources", "available_resources", "get_gpu_ids", "get_runtime_context", "timeline",
+    "ObjectRef", "LumosContext", "exceptions", "util", "load_ipython_extension", "__version__",
+]
+
+
+def remote(*args: Any, **options: Any) -> Any:
+    """Make a function a remote function (a task) or a class an actor.
+
+    Used bare (``@lumos.remote``) or with options (``@lumos.remote(num_cpus=2)``).
+    """
+    if len(args) == 1 and not options and callable(args[0]):
+        return _make_remote(args[0], {})
+    if args:
+        raise TypeError("@lumos.remote takes keyword options only, e.g. @lumos.remote(num_gpus=1)")
+
+    def decorate(target: Any) -> Any:
+        return _make_remote(target, options)
+
+    return decorate
+
+
+def _make_remote(target: Any, options: dict[str, Any]) -> Any:
+    if isinstance(target, type):
+        from lumos.actor import ActorClass
+        return ActorClass(target, options)
+    return RemoteFunction(target, options)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext lumos``: registers the notebook magics (imports IPython only now)."""
+    from lumos import kernelext
+    kernelext.load_ipython_extension(ipython)

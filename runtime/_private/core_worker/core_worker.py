@@ -1,0 +1,1348 @@
+"""The core worker: the part of every driver and worker process that talks to the cluster.
+
+It owns the ``lumos-io`` thread and its event loop, the connections to the GCS, the
+local raylet and peer core workers, the object table (ownership and reference counts),
+and the owner side of task submission (dependency resolution, leases, pipelining,
+retries). User threads hand work over without a syscall per call when the io thread is
+already awake (``_post``), and wait on per-call locks in short slices.
+
+```
+ user thread                       lumos-io thread                          peers
+ submit_task ─► _inbox ──wake──►  resolve args ─► SchedulingQueue ─► lease ─► PushTask ─► worker
+ get ◄──── Waiter.lock ◄──────────  TaskReply: ObjectTable.complete ◄──────────────────── worker
+ put (small) ─► ObjectTable                                        GetObjectStatus ◄──── borrowers
+ put (large) ─► StoreClient.write (in the user thread) ─► CreateObject/SealObject ─► raylet
+```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import hashlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable, Iterable
+
+from lumos import exceptions as exc
+from lumos import object_ref as object_ref_mod
+from lumos._private import serialization as ser
+from lumos._private.config import Config
+from lumos._private.core_worker.references import FAILED, PENDING, READY, Freed, ObjectTable, Waiter
+from lumos._private.core_worker.tasks import (DONE, PUSHED, QUEUED, WAITING_ARGS, LeasedWorker,
+                                              PendingTask, SchedulingQueue, TaskTemplate)
+from lumos._private.ids import new_task_id, put_object_id, return_object_id, short
+from lumos._private.object_store.client import StoreClient
+from lumos._private.protocol import messages as m
+from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError, RpcServer, connect
+from lumos.object_ref import ObjectRef
+
+logger = logging.getLogger(__name__)
+
+DRIVER, WORKER = 0, 1
+_STATUS_PENDING, _STATUS_READY, _STATUS_FREED, _STATUS_LOST = 0, 1, 2, 3
+
+
+class _ArgRef(int):
+    """Placeholder for the i-th top-level ref argument inside the pickled args."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> Any:
+        return (_ArgRef, (int(self),))
+
+
+ser._PLAIN_SCALARS = ser._PLAIN_SCALARS | {_ArgRef}  # pickles by reference: safe on the fast path
+
+
+def error_blob(error: BaseException) -> bytes:
+    """Serialize an error as a value whose ``get`` raises it."""
+    try:
+        return ser.serialize(error, ser.KIND_ERROR).to_bytes()
+    except ser.SerializationError:
+        fallback = exc.LumosSystemError(f"{type(error).__name__}: {error}")
+        return ser.serialize(fallback, ser.KIND_ERROR).to_bytes()
+
+
+class CoreWorker:
+    def __init__(self, *, mode: int, config: Config, token: bytes, gcs_address: tuple[str, int],
+                 raylet_socket: str, session_dir: str, node_id: bytes, store_dir: str,
+                 worker_id: bytes, node_ip: str = "127.0.0.1", namespace: str = "",
+                 entrypoint: str = "") -> None:
+        self.mode = mode
+        self.config = config
+        self.token = token
+        self.gcs_address = gcs_address
+        self.raylet_socket = raylet_socket
+        self.session_dir = session_dir
+        self.node_id = node_id
+        self.node_ip = node_ip
+        self.worker_id = worker_id
+        self.namespace = namespace
+        self.entrypoint = entrypoint
+        self.job_id: bytes = b""
+        self.objects = ObjectTable(worker_id)
+        self.store = StoreClient(store_dir, config.memcpy_threads, config.memcpy_threshold_bytes,
+                                 config.object_store_recycle_bytes)
+        self.address: m.Address = m.Address(node_id, worker_id, "", "", 0)
+        #: The driver's own task id (parent of what it submits); in workers the running task's.
+        self.current_task_id: bytes = new_task_id()
+        self.current_task_name = ""
+        self.current_resource_ids: dict[str, list[Any]] = {}
+        self.current_actor_id: bytes | None = None
+        self._put_counter = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._io_thread: threading.Thread | None = None
+        self.gcs: Connection | None = None
+        self.raylet: Connection | None = None
+        self.server: RpcServer | None = None
+        self.node_info: m.NodeInfo | None = None
+        # io-thread state ------------------------------------------------------------
+        #: Task id -> task submitted by this process and not answered.
+        self.tasks: dict[bytes, PendingTask] = {}
+        self._queues: dict[Any, SchedulingQueue] = {}
+        #: Worker id -> open connection (or the future of one being opened).
+        self._peers: dict[bytes, Connection] = {}
+        self._peer_connecting: dict[bytes, asyncio.Future[Connection]] = {}
+        #: Function ids already exported to the GCS for this job.
+        self._exported: set[bytes] = set()
+        self._bg: set[asyncio.Task[Any]] = set()
+        # cross-thread ---------------------------------------------------------------
+        self._inbox: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
+        self._wake_pending = False
+        #: Task events not yet sent: tuples, turned into messages off the hot path.
+        self._events: list[tuple[Any, ...]] = []
+        #: Called with batches of worker output lines (driver); replaceable by front ends.
+        self.log_handler: Callable[[list[Any]], None] = _print_worker_lines
+        self.error_handler: Callable[[str, str], None] = _print_cluster_error
+        self._closed = False
+        self._blocked_depth = 0
+        #: Hooks the executor (workers) installs.
+        self.executor: Any = None
+        self.on_closed: Callable[[], None] | None = None
+
+    # ================================================================== lifecycle
+
+    def start(self) -> None:
+        """Start the io thread, connect, register. Returns when ready to submit."""
+        ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._io_thread = threading.Thread(target=self._run_loop, args=(ready,), name="lumos-io", daemon=True)
+        self._io_thread.start()
+        try:
+            ready.result(self.config.connect_timeout_s + 5)
+        except BaseException:
+            self._stop_thread()
+            raise
+        object_ref_mod._core_worker = self
+
+    def _run_loop(self, ready: concurrent.futures.Future[None]) -> None:
+        loop = asyncio.new_event_loop()
+        self.loop = loop
+        asyncio.set_event_loop(loop)
+
+        async def boot() -> None:
+            try:
+                await self._connect()
+            except BaseException as e:
+                ready.set_exception(e)
+                return
+            ready.set_result(None)
+
+        loop.run_until_complete(boot())
+        if ready.exception() is None:
+            loop.run_forever()
+        try:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+    async def _connect(self) -> None:
+        cfg = self.config
+        sock_dir = os.path.join(self.session_dir, "sockets")
+        os.makedirs(sock_dir, exist_ok=True)
+        handlers = {
+            m.PushTask: self._handle_push_task,
+            m.CancelTask: self._handle_cancel_task,
+            m.GetObjectStatus: self._handle_get_object_status,
+            m.AddBorrowers: self._handle_add_borrowers,
+            m.RemoveBorrowers: self._handle_remove_borrowers,
+            m.GetCoreWorkerStats: lambda c, msg: self.stats(),
+            m.ExitWorker: self._handle_exit_worker,
+            m.TaskReply: self._handle_task_reply,
+        }
+        self.server = RpcServer(token=self.token, config=cfg, handlers=handlers, name="core-worker")
+        kind = "driver" if self.mode == DRIVER else "worker"
+        await self.server.start(unix_path=os.path.join(sock_dir, f"{kind}-{self.worker_id.hex()[:12]}.sock"),
+                                host=self.node_ip, port=0)
+        self.address = m.Address(self.node_id, self.worker_id, self.server.unix_path,
+                                 self.server.host, self.server.port)
+        self.gcs = await connect(self.gcs_address, token=self.token, config=cfg,
+                                 handlers={m.Publish: self._handle_publish}, name="core-worker->gcs",
+                                 on_close=self._gcs_lost)
+        self.raylet = await connect(self.raylet_socket, token=self.token, config=cfg,
+                                    handlers={m.DropSlots: self._handle_drop_slots,
+                                              m.ExitWorker: self._handle_exit_worker},
+                                    name="core-worker->raylet", on_close=self._raylet_lost)
+        if self.mode == DRIVER:
+            job = await self.gcs.call(m.RegisterJob(self.address, os.getpid(), self.namespace, self.entrypoint),
+                                      cfg.rpc_timeout_s)
+            self.job_id = job.job_id
+            self.gcs.notify(m.Subscribe("logs", self.job_id))
+            self.gcs.notify(m.Subscribe("errors", self.job_id))
+            await self.gcs.call(m.KvPut("job", self.job_id, _job_config(), True), cfg.rpc_timeout_s)
+        self.gcs.notify(m.Subscribe("workers", None))
+        self.node_info = await self.raylet.call(
+            m.RegisterClient(self.worker_id, os.getpid(), self.address, self.mode == DRIVER,
+                             self.job_id or None), cfg.rpc_timeout_s)
+        self._spawn(self._flush_loop(), "core-worker.flush")
+
+    def shutdown(self) -> None:
+        """Flush, disconnect and stop the io thread (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if object_ref_mod._core_worker is self:
+            object_ref_mod._core_worker = None
+        loop = self.loop
+        if loop is not None and self._io_thread is not None and self._io_thread.is_alive():
+            fut = asyncio.run_coroutine_threadsafe(self._aclose(), loop)
+            try:
+                fut.result(5.0)
+            except Exception as e:  # the loop may already be gone with its peers
+                logger.debug("core worker close: %s", e)
+        self._stop_thread()
+        self.store.close()
+
+    async def _aclose(self) -> None:
+        self._flush_events()
+        if self.gcs is not None and self.mode == DRIVER and self.job_id and not self.gcs.is_closed:
+            try:
+                await self.gcs.call(m.MarkJobFinished(self.job_id), 2.0)
+            except (ConnectionLost, TimeoutError, RemoteError):
+                pass
+        for q in self._queues.values():
+            for lease in list(q.leases):
+                self._return_lease(lease, disconnect=False)
+        await asyncio.sleep(0)
+        for t in list(self._bg):
+            t.cancel()
+        for conn in list(self._peers.values()):
+            conn.close()
+        if self.raylet is not None:
+            self.raylet.close()
+        if self.gcs is not None:
+            self.gcs.close()
+        if self.server is not None:
+            await self.server.stop()
+
+    def _stop_thread(self) -> None:
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(loop.stop)
+            except RuntimeError:
+                pass
+        if self._io_thread is not None and self._io_thread is not threading.current_thread():
+            self._io_thread.join(5.0)
+
+    def _gcs_lost(self, conn: Connection) -> None:
+        if not self._closed:
+            logger.error("lost the connection to the GCS")
+            self._cluster_gone("the GCS went away")
+
+    def _raylet_lost(self, conn: Connection) -> None:
+        if not self._closed:
+            logger.error("lost the connection to the local raylet")
+            self._cluster_gone("the local raylet went away")
+
+    def _cluster_gone(self, why: str) -> None:
+        if self.mode == WORKER:
+            logger.info("exiting: %s", why)
+            os._exit(1)
+        # Driver: fail everything pending so nothing waits forever.
+        for task in list(self.tasks.values()):
+            self._fail_task(task, exc.LocalRayletDiedError(f"{why}; the cluster is gone"))
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        assert self.loop is not None
+        task = self.loop.create_task(coro, name=name)
+        self._bg.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._bg.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                logger.error("%s failed", name, exc_info=t.exception())
+        task.add_done_callback(done)
+        return task
+
+    # ================================================================== thread handoff
+
+    def _post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the io thread; batched: one wake-up per burst."""
+        self._inbox.append((fn, args))
+        if not self._wake_pending:
+            self._wake_pending = True
+            loop = self.loop
+            if loop is None or loop.is_closed():
+                raise exc.LumosSystemError("lumos is shut down")
+            loop.call_soon_threadsafe(self._drain_inbox)
+
+    def _drain_inbox(self) -> None:
+        self._wake_pending = False
+        inbox = self._inbox
+        while inbox:
+            fn, args = inbox.popleft()
+            try:
+                fn(*args)
+            except Exception:
+                logger.exception("io-thread job %s failed", getattr(fn, "__name__", fn))
+
+    def run_sync(self, coro: Any, timeout_s: float | None = None) -> Any:
+        """Run a coroutine on the io thread and wait for it (from a user thread)."""
+        if threading.current_thread() is self._io_thread:
+            coro.close()
+            raise RuntimeError("a blocking lumos call was made from the lumos-io thread; "
+                               "use 'await ref' in async code instead")
+        if self.loop is None or self._closed:
+            coro.close()
+            raise exc.LumosSystemError("lumos is shut down")
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise TimeoutError(f"lumos control call timed out after {timeout_s}s") from None
+
+    def call_gcs(self, msg: Any, timeout_s: float | None = None) -> Any:
+        gcs = self.gcs
+        if gcs is None:
+            raise exc.LumosSystemError("not connected to the GCS")
+        return self.run_sync(gcs.call(msg, timeout_s or self.config.rpc_timeout_s),
+                             (timeout_s or self.config.rpc_timeout_s) + 1)
+
+    def call_raylet(self, msg: Any, timeout_s: float | None = None) -> Any:
+        raylet = self.raylet
+        if raylet is None:
+            raise exc.LumosSystemError("not connected to the raylet")
+        return self.run_sync(raylet.call(msg, timeout_s or self.config.rpc_timeout_s),
+                             (timeout_s or self.config.rpc_timeout_s) + 1)
+
+    # ================================================================== references
+
+    def on_ref_deserialized(self, object_id: bytes, owner: m.Address | None) -> ObjectRef:
+        e = self.objects.ref_created(object_id, owner, self.worker_id)
+        if not e.owned and not e.registered and owner is not None and not self._in_arg_context():
+            e.registered = True
+            self._post(self._send_add_borrower, object_id, owner)
+        return ObjectRef(object_id, owner, True)
+
+    def _in_arg_context(self) -> bool:
+        ex = self.executor
+        return ex is not None and ex.deserializing_args()
+
+    def _send_add_borrower(self, object_id: bytes, owner: m.Address) -> None:
+        self._spawn(self._notify_peer(owner, m.AddBorrowers([object_id], self.address)), "add-borrower")
+
+    async def _notify_peer(self, address: m.Address, msg: Any) -> None:
+        try:
+            conn = await self._peer(address)
+        except (OSError, ConnectionLost, TimeoutError) as e:
+            logger.debug("cannot reach %s for %s: %s", short(address.worker_id), type(msg).__name__, e)
+            return
+        conn.notify(msg)
+
+    def drain_refs(self) -> None:
+        """Apply dropped ObjectRefs (user threads call this at API entry)."""
+        if self.objects.decrements:
+            freed = self.objects.drain()
+            if freed:
+                self._release(freed)
+
+    def _release(self, freed: list[Freed]) -> None:
+        """Entries went away: free owned values, release borrowed ones (any thread)."""
+        store_frees: list[bytes] = []
+        recyclable: list[bool] = []
+        unborrow: dict[bytes, tuple[m.Address, list[bytes]]] = {}
+        for f in freed:
+            e = f.entry
+            if e.owned:
+                if e.node_id is not None and e.data is None:
+                    store_frees.append(f.object_id)
+                    recyclable.append(self.store.release(f.object_id, e.shared))
+            else:
+                self.store.release(f.object_id, True)
+                if e.registered and e.owner is not None:
+                    unborrow.setdefault(e.owner.worker_id, (e.owner, []))[1].append(f.object_id)
+        if store_frees or unborrow:
+            self._post(self._send_releases, store_frees, recyclable, unborrow)
+
+    def _send_releases(self, store_frees: list[bytes], recyclable: list[bool],
+                       unborrow: dict[bytes, tuple[m.Address, list[bytes]]]) -> None:
+        if store_frees and self.raylet is not None:
+            self.raylet.notify(m.FreeObjects(store_frees, recyclable))
+        for owner, ids in unborrow.values():
+            self._spawn(self._notify_peer(owner, m.RemoveBorrowers(ids, self.worker_id)), "remove-borrower")
+
+    def _handle_add_borrowers(self, conn: Connection, msg: m.AddBorrowers) -> bool:
+        for oid in msg.object_ids:
+            self.objects.add_borrower(oid, msg.borrower)
+        return True
+
+    def _handle_remove_borrowers(self, conn: Connection, msg: m.RemoveBorrowers) -> None:
+        freed = self.objects.remove_borrower(msg.object_ids, msg.borrower_worker_id)
+        if freed:
+            self._release(freed)
+
+    def _handle_drop_slots(self, conn: Connection, msg: m.DropSlots) -> None:
+        for slot in msg.slots:
+            self.store.drop_slot(slot)
+
+    # ================================================================== put
+
+    def put(self, value: Any, *, _owner: m.Address | None = None) -> ObjectRef:
+        if isinstance(value, ObjectRef):
+            raise TypeError("lumos.put() of an ObjectRef is not allowed; pass the ref itself instead")
+        self.drain_refs()
+        sv = ser.serialize(value)
+        self._put_counter += 1
+        oid = put_object_id(self.current_task_id, self._put_counter)
+        nested = [(r._id, r._owner or self.address) for r in sv.nested_refs]
+        if sv.total_size < self.config.max_inline_object_bytes:
+            data = sv.to_bytes()
+            with self.objects.lock:
+                e = self.objects.add_owned(oid)
+                e.state = READY
+                e.data = data
+                e.size = len(data)
+        else:
+            self._write_to_store(oid, sv, keep_mapping=True)
+            with self.objects.lock:
+                e = self.objects.add_owned(oid)
+                e.state = READY
+                e.node_id = self.node_id
+                e.size = sv.total_size
+        if nested:
+            for r in sv.nested_refs:
+                self.objects.add_submitted  # noqa: B018 (documentation: nested refs are 'contained')
+            self.objects.add_contained(nested, registered=True)
+            with self.objects.lock:
+                e.nested = nested
+                for noid, _ in nested:
+                    ne = self.objects.entries.get(noid)
+                    if ne is not None:
+                        ne.shared = True
+        return ObjectRef(oid, self.address, True)
+
+    def _write_to_store(self, oid: bytes, sv: ser.SerializedValue, keep_mapping: bool) -> None:
+        """Create the object in this node's store and copy the value in (user thread)."""
+        try:
+            slot, path, final_path, file_size, reused = self.call_raylet(
+                m.CreateObject(oid, sv.total_size, self.worker_id),
+                self.config.object_store_full_timeout_s + self.config.rpc_timeout_s)
+        except RemoteError as e:
+            if e.type_name == "_StoreFull":
+                raise exc.ObjectStoreFullError(e.text) from None
+            raise
+        try:
+            self.store.write(oid, path, final_path, slot, file_size, reused, sv.total_size,
+                             lambda dest, copy: sv.write_into(dest, copy), keep_mapping)
+        except BaseException:
+            self._post(self._send_releases, [oid], [False], {})
+            raise
+        self._post(self._notify_raylet, m.SealObject(oid, sv.total_size))
+
+    def _notify_raylet(self, msg: Any) -> None:
+        if self.raylet is not None:
+            self.raylet.notify(msg)
+
+    # ================================================================== get / wait
+
+    def get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
+        self.drain_refs()
+        entries = self.objects.entries
+        missing: list[ObjectRef] = []
+        for ref in refs:
+            e = entries.get(ref._id)
+            if e is None or e.state == PENDING:
+                missing.append(ref)
+        if missing:
+            self._wait_for(missing, len({r._id for r in missing}), timeout, fetch=True)
+        return [self._value_of(ref) for ref in refs]
+
+    def _wait_for(self, refs: list[ObjectRef], num: int, timeout: float | None, fetch: bool) -> list[bytes]:
+        """Block until ``num`` of ``refs`` are ready. Returns ids in completion order."""
+        waiter = Waiter(num)
+        to_fetch: list[tuple[bytes, m.Address]] = []
+        seen: set[bytes] = set()
+        with self.objects.lock:
+            for ref in refs:
+                oid = ref._id
+                if oid in seen:
+                    continue
+                seen.add(oid)
+                e = self.objects.entries.get(oid)
+                if e is None:
+                    waiter.hit(oid)  # unknown here: _value_of explains
+                elif e.state != PENDING:
+                    waiter.hit(oid)
+                else:
+                    if e.waiters is None:
+                        e.waiters = []
+                    e.waiters.append(waiter)
+                    if not e.owned and not e.fetching and e.owner is not None:
+                        e.fetching = True
+                        to_fetch.append((oid, e.owner))
+                if waiter.remaining <= 0:
+                    break
+        if waiter.remaining <= 0:
+            return waiter.order
+        for oid, owner in to_fetch:
+            self._post(self._start_fetch, oid, owner)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._set_blocked(True)
+        try:
+            while True:
+                slice_s = self.config.wait_slice_s
+                if deadline is not None:
+                    slice_s = min(slice_s, deadline - time.monotonic())
+                    if slice_s <= 0:
+                        break
+                if waiter.lock.acquire(timeout=slice_s):
+                    break
+        except KeyboardInterrupt:
+            self._cancel_refs_on_interrupt(refs)
+            raise
+        finally:
+            self._set_blocked(False)
+            if waiter.remaining > 0:
+                with self.objects.lock:
+                    for ref in refs:
+                        e = self.objects.entries.get(ref._id)
+                        if e is not None and e.waiters and waiter in e.waiters:
+                            e.waiters.remove(waiter)
+        if waiter.remaining > 0 and num == len(seen) and timeout is not None:
+            raise exc.GetTimeoutError(
+                f"get timed out after {timeout}s: {waiter.remaining} of {num} objects not ready")
+        return waiter.order
+
+    def _set_blocked(self, blocked: bool) -> None:
+        if self.mode != WORKER or self.executor is None or not self.executor.running_task():
+            return
+        if blocked:
+            self._blocked_depth += 1
+            if self._blocked_depth == 1:
+                self._post(self._notify_raylet, m.WorkerBlocked(self.worker_id))
+        else:
+            self._blocked_depth -= 1
+            if self._blocked_depth == 0:
+                self._post(self._notify_raylet, m.WorkerUnblocked(self.worker_id))
+
+    def _cancel_refs_on_interrupt(self, refs: list[ObjectRef]) -> None:
+        for ref in refs:
+            e = self.objects.entries.get(ref._id)
+            if e is not None and e.owned and e.state == PENDING:
+                try:
+                    self.cancel(ref, force=False, recursive=True)
+                except Exception:
+                    logger.exception("cancel on Ctrl-C failed")
+
+    def wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None,
+             fetch_local: bool) -> tuple[list[ObjectRef], list[ObjectRef]]:
+        self.drain_refs()
+        by_id: dict[bytes, ObjectRef] = {}
+        for ref in refs:
+            by_id.setdefault(ref._id, ref)
+        order = self._wait_for(refs, num_returns, timeout, fetch=fetch_local)
+        ready_ids = order[:num_returns]
+        ready_set = set(ready_ids)
+        # Several objects may have become ready at once: add any others already done.
+        if len(ready_ids) < num_returns:
+            with self.objects.lock:
+                for oid in by_id:
+                    if oid not in ready_set:
+                        e = self.objects.entries.get(oid)
+                        if e is not None and e.state != PENDING and len(ready_ids) < num_returns:
+                            ready_ids.append(oid)
+                            ready_set.add(oid)
+        ready = [by_id[oid] for oid in ready_ids if oid in by_id]
+        not_ready = [r for r in refs if r._id not in ready_set]
+        return ready, not_ready
+
+    def _value_of(self, ref: ObjectRef) -> Any:
+        e = self.objects.entries.get(ref._id)
+        if e is None:
+            raise exc.ObjectFreedError(ref._id.hex(), "no reference to it is held in this process "
+                                       "(was the ObjectRef created by hand?)")
+        data = e.data
+        if data is not None:
+            kind, value = ser.deserialize(data)
+        elif e.node_id is not None:
+            kind, value = self._read_from_store(ref._id, e.node_id)
+        else:
+            raise exc.ObjectLostError(ref._id.hex(), "its value was never recorded")
+        if kind == ser.KIND_ERROR:
+            if isinstance(value, exc.TaskError):
+                raise value.as_instanceof_cause()
+            raise value
+        return value
+
+    def _read_from_store(self, oid: bytes, node_id: bytes) -> tuple[int, Any]:
+        view = self.store.view(oid)
+        if view is None:
+            if node_id != self.node_id:
+                raise exc.ObjectLostError(oid.hex(), f"it lives on node {short(node_id)}, and this "
+                                          "process cannot read it")
+            raise exc.ObjectLostError(oid.hex(), "its file is gone from this node's object store")
+        return ser.deserialize(view)
+
+    def _start_fetch(self, oid: bytes, owner: m.Address) -> None:
+        self._spawn(self._fetch(oid, owner), "fetch")
+
+    async def _fetch(self, oid: bytes, owner: m.Address) -> None:
+        """Ask a borrowed object's owner for its value (long poll)."""
+        try:
+            conn = await self._peer(owner)
+            st: m.ObjectStatus = await conn.call(m.GetObjectStatus(oid, True, self.address))
+        except (OSError, ConnectionLost, TimeoutError) as e:
+            self._complete_error(oid, exc.OwnerDiedError(oid.hex(), f"owner {short(owner.worker_id)} "
+                                                         f"unreachable: {e}"))
+            return
+        except RemoteError as e:
+            self._complete_error(oid, exc.ObjectLostError(oid.hex(), str(e)))
+            return
+        if st.status == _STATUS_READY:
+            freed = []
+            e = self.objects.complete(oid, READY, st.data, st.node_id, st.size, None)
+            if e is not None:
+                e.fetching = False
+            self._run_callbacks(oid, e)
+            if freed:
+                self._release(freed)
+        elif st.status == _STATUS_FREED:
+            self._complete_error(oid, exc.ObjectFreedError(oid.hex(), st.error or "its owner freed it"))
+        else:
+            self._complete_error(oid, exc.ObjectLostError(oid.hex(), st.error or "its owner lost it"))
+
+    def _complete_error(self, oid: bytes, error: BaseException) -> None:
+        e = self.objects.complete(oid, FAILED, error_blob(error), None, 0, None)
+        if e is not None:
+            e.fetching = False
+        self._run_callbacks(oid, e)
+
+    def _handle_get_object_status(self, conn: Connection, msg: m.GetObjectStatus) -> Any:
+        e = self.objects.entries.get(msg.object_id)
+        if e is None or not e.owned:
+            return m.ObjectStatus(_STATUS_FREED, None, None, 0, "its owner no longer holds it")
+        if msg.borrower is not None:
+            e.shared = True
+        if e.state != PENDING or not msg.wait:
+            return self._status_of(e)
+        fut: asyncio.Future[m.ObjectStatus] = asyncio.get_running_loop().create_future()
+
+        def ready(entry: Any) -> None:
+            if not fut.done():
+                fut.set_result(self._status_of(entry) if entry is not None else
+                               m.ObjectStatus(_STATUS_FREED, None, None, 0, "freed while pending"))
+        with self.objects.lock:
+            if e.state != PENDING:
+                return self._status_of(e)
+            if e.callbacks is None:
+                e.callbacks = []
+            e.callbacks.append(ready)
+        return fut
+
+    @staticmethod
+    def _status_of(e: Any) -> m.ObjectStatus:
+        if e.state == PENDING:
+            return m.ObjectStatus(_STATUS_PENDING, None, None, 0)
+        return m.ObjectStatus(_STATUS_READY, e.data, e.node_id, e.size)
+
+    def _run_callbacks(self, oid: bytes, e: Any) -> None:
+        if e is None:
+            return
+        with self.objects.lock:
+            cbs, e.callbacks = e.callbacks, None
+        if cbs:
+            for cb in cbs:
+                try:
+                    cb(e)
+                except Exception:
+                    logger.exception("object-ready callback failed")
+
+    def future_of(self, ref: ObjectRef) -> concurrent.futures.Future[Any]:
+        """A future resolved with the value when the object is ready (never blocks)."""
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.drain_refs()
+
+        def resolve(_: Any = None) -> None:
+            try:
+                fut.set_result(self._value_of(ref))
+            except BaseException as e:  # the future carries the error to the awaiting side
+                fut.set_exception(e)
+
+        def on_io() -> None:
+            e = self.objects.entries.get(ref._id)
+            if e is None or e.state != PENDING:
+                threading.Thread(target=resolve, name="lumos-future", daemon=True).start() \
+                    if (e is not None and e.node_id is not None and e.data is None) else resolve()
+                return
+            with self.objects.lock:
+                if e.callbacks is None:
+                    e.callbacks = []
+                e.callbacks.append(lambda entry: resolve())
+            if not e.owned and not e.fetching and e.owner is not None:
+                e.fetching = True
+                self._start_fetch(ref._id, e.owner)
+        self._post(on_io)
+        return fut
+
+    # ================================================================== submission
+
+    def export_function(self, template: TaskTemplate) -> None:
+        if template.function_id in self._exported or template.pickled_function is None:
+            return
+        self._exported.add(template.function_id)
+        assert self.gcs is not None
+        self.gcs.notify(m.KvPut("fn", self.job_id + template.function_id, template.pickled_function, True))
+
+    def submit_task(self, template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    actor_fields: tuple[Any, ...] | None = None) -> list[ObjectRef]:
+        """Submit one call (user thread). Returns refs to its ``num_returns`` results."""
+        if self.objects.decrements:
+            self.drain_refs()
+        deps: list[ObjectRef] = []
+        if any(type(a) is ObjectRef for a in args):
+            new_args: list[Any] = []
+            for a in args:
+                if type(a) is ObjectRef:
+                    new_args.append(_ArgRef(len(deps)))
+                    deps.append(a)
+                else:
+                    new_args.append(a)
+            args = tuple(new_args)
+        if kwargs and any(type(v) is ObjectRef for v in kwargs.values()):
+            kwargs = dict(kwargs)
+            for k, v in kwargs.items():
+                if type(v) is ObjectRef:
+                    kwargs[k] = _ArgRef(len(deps))
+                    deps.append(v)
+        payload: Any = (args, kwargs) if kwargs else args
+        sv = ser.serialize(payload)
+        if sv.total_size > self.config.max_inline_arg_bytes:
+            payload, sv, deps = self._promote_large_args(args, kwargs, deps)
+        task_id = new_task_id()
+        n = template.num_returns
+        return_ids = [return_object_id(task_id, i + 1) for i in range(max(n, 1))] if n else []
+        nested = sv.nested_refs
+        spec = m.TaskSpec(
+            task_id, self.job_id, self.current_task_id, template.kind, template.name,
+            template.function_id, template.function_name, sv.to_bytes(), [], 
+            [[r._id, r._owner or self.address] for r in nested] if nested else [],
+            n, template.resources, template.max_retries, template.retry_exceptions,
+            template.retry_exception_types, self.address, 0, template.strategy)
+        if actor_fields is not None:
+            spec.actor_id, spec.sequence_no, spec.caller_id, spec.actor_options = actor_fields
+        spec.root_task_id = self.root_task_id()
+        dep_ids = [d._id for d in deps]
+        task = PendingTask(spec, template, return_ids, dep_ids, [r._id for r in nested], time.time())
+        spec.deps = [m.Dep(d._id, d._owner or self.address, None, None) for d in deps]
+        objects = self.objects
+        with objects.lock:
+            for oid in return_ids:
+                objects.add_owned(oid)
+            if dep_ids:
+                objects.add_submitted(dep_ids)
+            if task.nested_ids:
+                objects.add_submitted(task.nested_ids)
+        self._events.append((task_id, 0, "SUBMITTED", task.submit_time, self._event_info(task), None, None, None))
+        self._post(self._on_submit, task)
+        address = self.address
+        return [ObjectRef(oid, address, True) for oid in return_ids]
+
+    def root_task_id(self) -> bytes:
+        ex = self.executor
+        if ex is not None:
+            root = ex.current_root_task_id()
+            if root:
+                return root  # type: ignore[no-any-return]
+        return self.current_task_id
+
+    def _promote_large_args(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                            deps: list[ObjectRef]) -> tuple[Any, ser.SerializedValue, list[ObjectRef]]:
+        """Put large by-value arguments into the object store and pass them by ref."""
+        limit = self.config.max_inline_arg_bytes // 4
+        deps = list(deps)
+        keep: list[ObjectRef] = []
+
+        def promote(v: Any) -> Any:
+            if type(v) is _ArgRef:
+                return v
+            try:
+                size = ser.serialize(v).total_size
+            except ser.SerializationError:
+                raise
+            if size <= limit:
+                return v
+            ref = self.put(v)
+            keep.append(ref)
+            deps.append(ref)
+            return _ArgRef(len(deps) - 1)
+
+        new_args = tuple(promote(a) for a in args)
+        new_kwargs = {k: promote(v) for k, v in kwargs.items()}
+        payload: Any = (new_args, new_kwargs) if new_kwargs else new_args
+        return payload, ser.serialize(payload), deps
+
+    def _event_info(self, task: PendingTask) -> dict[str, Any]:
+        spec = task.spec
+        info: dict[str, Any] = {"name": spec.name, "function_name": spec.function_name,
+                                "parent": spec.parent_task_id, "args": task.dep_ids + task.nested_ids,
+                                "returns": task.return_ids, "resources": spec.resources,
+                                "type": ("NORMAL_TASK", "ACTOR_CREATION_TASK", "ACTOR_TASK")[spec.kind]}
+        if spec.actor_id:
+            info["actor_id"] = spec.actor_id
+            info["caller_id"] = spec.caller_id
+        return info
+
+    # -------------------------------------------------------------- io thread: args
+
+    def _on_submit(self, task: PendingTask) -> None:
+        self.export_function(task.template)
+        self.tasks[task.spec.task_id] = task
+        if task.dep_ids:
+            self._resolve_deps(task)
+        else:
+            self._enqueue(task)
+
+    def _resolve_deps(self, task: PendingTask) -> None:
+        task.state = WAITING_ARGS
+        waiting = 0
+        entries = self.objects.entries
+        for dep in task.spec.deps:
+            e = entries.get(dep.object_id)
+            if e is None:
+                self._fail_task(task, exc.ObjectFreedError(dep.object_id.hex(), "an argument was freed"))
+                return
+            with self.objects.lock:
+                if e.state == PENDING:
+                    waiting += 1
+                    if e.callbacks is None:
+                        e.callbacks = []
+                    e.callbacks.append(lambda entry, t=task: self._dep_ready(t))
+                    if not e.owned and not e.fetching and e.owner is not None:
+                        e.fetching = True
+                        self._start_fetch(dep.object_id, e.owner)
+        task.deps_waiting = waiting
+        if waiting == 0:
+            self._deps_done(task)
+
+    def _dep_ready(self, task: PendingTask) -> None:
+        task.deps_waiting -= 1
+        if task.deps_waiting == 0 and task.state == WAITING_ARGS:
+            self._deps_done(task)
+
+    def _deps_done(self, task: PendingTask) -> None:
+        if task.cancelled:
+            return
+        entries = self.objects.entries
+        for dep in task.spec.deps:
+            e = entries.get(dep.object_id)
+            if e is None:
+                self._fail_task(task, exc.ObjectFreedError(dep.object_id.hex(), "an argument was freed"))
+                return
+            if e.state == FAILED or (e.data is not None and ser.kind_of(e.data) == ser.KIND_ERROR):
+                self._fail_task_with_blob(task, e.data or error_blob(exc.ObjectLostError(dep.object_id.hex())))
+                return
+            dep.data = e.data
+            dep.node_id = e.node_id
+            if e.owned:
+                e.shared = True
+        self._enqueue(task)
+
+    # -------------------------------------------------------------- io thread: scheduling
+
+    def _enqueue(self, task: PendingTask, front: bool = False) -> None:
+        if task.spec.kind != 0 and self.actor_submitter is not None:
+            self.actor_submitter.enqueue(task)
+            return
+        key = task.template.key
+        q = self._queues.get(key)
+        if q is None:
+            q = self._queues[key] = SchedulingQueue(key, task.template)
+        task.state = QUEUED
+        task.queue = q
+        if front:
+            q.tasks.appendleft(task)
+        else:
+            q.tasks.append(task)
+        self._pump(q)
+
+    actor_submitter: Any = None
+
+    def _pump(self, q: SchedulingQueue) -> None:
+        depth = self.config.max_tasks_in_flight_per_worker
+        tasks = q.tasks
+        while tasks:
+            best = None
+            for lease in q.leases:
+                if lease.conn is not None and not lease.dead and len(lease.tasks) < depth and (
+                        best is None or len(lease.tasks) < len(best.tasks)):
+                    best = lease
+                    if not lease.tasks:
+                        break
+            if best is None:
+                break
+            task = tasks.popleft()
+            if task.cancelled:
+                continue
+            self._push(task, best)
+        if tasks:
+            usable = sum(1 for l in q.leases if not l.dead)
+            if q.requesting == 0 and usable < self.config.max_leases_per_scheduling_key:
+                q.requesting += 1
+                self._spawn(self._request_lease(q), "lease")
+
+    async def _request_lease(self, q: SchedulingQueue) -> None:
+        t = q.template
+        raylet = self.raylet
+        try:
+            assert raylet is not None
+            grant: m.LeaseGrant = await raylet.call(m.RequestWorkerLease(
+                self.job_id, t.resources, self.worker_id, t.strategy, t.function_name))
+        except (ConnectionLost, RemoteError) as e:
+            q.requesting -= 1
+            if not self._closed:
+                logger.warning("lease request for %s failed: %s", t.function_name, e)
+                for task in list(q.tasks):
+                    q.tasks.remove(task)
+                    self._fail_task(task, exc.LumosSystemError(f"could not lease a worker: {e}"))
+            return
+        q.requesting -= 1
+        lease = LeasedWorker(grant, q, raylet)
+        q.leases.append(lease)
+        try:
+            lease.conn = await self._peer(grant.worker_address)
+        except (OSError, ConnectionLost, TimeoutError) as e:
+            logger.warning("cannot reach leased worker %s: %s", short(grant.worker_id), e)
+            self._lease_failed(lease)
+            return
+        if not q.tasks:
+            self._start_idle_timer(lease)
+        self._pump(q)
+
+    def _push(self, task: PendingTask, lease: LeasedWorker) -> None:
+        task.state = PUSHED
+        task.lease = lease
+        lease.tasks[task.spec.task_id] = task
+        if lease.idle_timer is not None:
+            lease.idle_timer.cancel()
+            lease.idle_timer = None
+        spec = task.spec
+        self._events.append((spec.task_id, spec.attempt, "SCHEDULED", time.time(), None,
+                             lease.node_id, lease.worker_id, None))
+        assert lease.conn is not None
+        lease.conn.notify(m.PushTask(spec, lease.resource_ids))
+
+    def _start_idle_timer(self, lease: LeasedWorker) -> None:
+        if lease.idle_timer is None and self.loop is not None:
+            lease.idle_timer = self.loop.call_later(self.config.lease_idle_timeout_ms / 1000,
+                                                    self._idle_expired, lease)
+
+    def _idle_expired(self, lease: LeasedWorker) -> None:
+        lease.idle_timer = None
+        if not lease.tasks and not lease.queue.tasks:
+            self._return_lease(lease, disconnect=False)
+
+    def _return_lease(self, lease: LeasedWorker, disconnect: bool) -> None:
+        q = lease.queue
+        if lease in q.leases:
+            q.leases.remove(lease)
+        if lease.idle_timer is not None:
+            lease.idle_timer.cancel()
+            lease.idle_timer = None
+        lease.dead = True
+        if not lease.raylet.is_closed:
+            lease.raylet.notify(m.ReturnWorker(lease.lease_id, disconnect))
+
+    def _lease_failed(self, lease: LeasedWorker) -> None:
+        self._return_lease(lease, disconnect=True)
+        self._pump(lease.queue)
+
+    async def _peer(self, address: m.Address) -> Connection:
+        wid = address.worker_id
+        conn = self._peers.get(wid)
+        if conn is not None and not conn.is_closed:
+            return conn
+        pending = self._peer_connecting.get(wid)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        assert self.loop is not None
+        fut: asyncio.Future[Connection] = self.loop.create_future()
+        self._peer_connecting[wid] = fut
+        try:
+            conn = await connect(address, token=self.token, config=self.config,
+                                 handlers={m.TaskReply: self._handle_task_reply,
+                                           m.GetObjectStatus: self._handle_get_object_status,
+                                           m.AddBorrowers: self._handle_add_borrowers,
+                                           m.RemoveBorrowers: self._handle_remove_borrowers},
+                                 name=f"core-worker->{short(wid)}", on_close=self._peer_closed,
+                                 use_unix=address.node_id == self.node_id)
+            conn.peer_info = wid
+            self._peers[wid] = conn
+            fut.set_result(conn)
+            return conn
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()
+            raise
+        finally:
+            self._peer_connecting.pop(wid, None)
+
+    def _peer_closed(self, conn: Connection) -> None:
+        wid = conn.peer_info
+        if self._peers.get(wid) is conn:
+            del self._peers[wid]
+        if self._closed:
+            return
+        for q in list(self._queues.values()):
+            for lease in list(q.leases):
+                if lease.conn is conn:
+                    self._worker_failed(lease)
+        if self.actor_submitter is not None:
+            self.actor_submitter.connection_lost(conn)
+
+    def _worker_failed(self, lease: LeasedWorker) -> None:
+        """The connection to a leased worker dropped: its in-flight tasks failed."""
+        in_flight = list(lease.tasks.values())
+        lease.tasks.clear()
+        self._return_lease(lease, disconnect=True)
+        if in_flight:
+            self._spawn(self._handle_worker_death(lease, in_flight), "worker-death")
+        self._pump(lease.queue)
+
+    async def _handle_worker_death(self, lease: LeasedWorker, tasks: list[PendingTask]) -> None:
+        cause = None
+        try:
+            cause = await lease.raylet.call(m.GetWorkerExit(lease.worker_id, 2.0), 5.0)
+        except (ConnectionLost, TimeoutError, RemoteError):
+            pass
+        for task in tasks:
+            if task.state == DONE:
+                continue
+            if task.force_cancelled or task.cancelled:
+                self._fail_task(task, exc.TaskCancelledError(task.spec.task_id.hex(), "force-cancelled"))
+                continue
+            name = task.spec.name
+            text = (f"worker {short(lease.worker_id)} on node {short(lease.node_id)} died"
+                    f" ({cause or 'cause unknown'}) while running {name}()")
+            if task.retries_left != 0:
+                if task.retries_left > 0:
+                    task.retries_left -= 1
+                self._retry(task, text)
+            else:
+                tries = task.template.max_retries
+                self._fail_task(task, exc.WorkerCrashedError(
+                    f"{text}. " + (f"Retried {tries} times (max_retries={tries})." if tries > 0 else
+                                   "Not retried (max_retries=0).")))
+
+    def _retry(self, task: PendingTask, why: str) -> None:
+        spec = task.spec
+        logger.info("retrying %s (%s): %s", spec.name, short(spec.task_id), why)
+        self._events.append((spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, None, why))
+        spec.attempt += 1
+        task.lease = None
+        if task.spec.kind == 0:
+            self._enqueue(task, front=True)
+        else:
+            self._enqueue(task)
+
+    # -------------------------------------------------------------- io thread: replies
+
+    def _handle_task_reply(self, conn: Connection, reply: m.TaskReply) -> None:
+        task = self.tasks.get(reply.task_id)
+        if task is None or task.state == DONE:
+            self._free_orphan_returns(reply)
+            return
+        lease = task.lease
+        if lease is not None:
+            lease.tasks.pop(reply.task_id, None)
+        if self.actor_submitter is not None and task.spec.kind != 0:
+            self.actor_submitter.on_reply(task, reply)
+        if reply.system_error is not None:
+            if reply.error_kind == "cancelled" or task.cancelled:
+                self._fail_task(task, exc.TaskCancelledError(task.spec.task_id.hex(), reply.system_error))
+            elif reply.error_kind == "actor_died":
+                self._fail_task(task, exc.ActorDiedError((task.spec.actor_id or b"").hex(), reply.system_error))
+            else:
+                self._fail_task(task, exc.LumosSystemError(reply.system_error))
+        elif reply.app_error and reply.retryable and task.retries_left != 0 and not task.cancelled:
+            if task.retries_left > 0:
+                task.retries_left -= 1
+            self._free_orphan_returns(reply)
+            self._retry(task, "the task raised a retryable exception")
+        else:
+            self._finish_task(task, reply)
+        if lease is not None and not lease.dead:
+            if not lease.tasks and not lease.queue.tasks:
+                self._start_idle_timer(lease)
+            self._pump(lease.queue)
+
+    def _finish_task(self, task: PendingTask, reply: m.TaskReply) -> None:
+        task.state = DONE
+        self.tasks.pop(task.spec.task_id, None)
+        spec = task.spec
+        objects = self.objects
+        orphans: list[bytes] = []
+        for ret in reply.returns:
+            nested = [(r[0], r[1]) for r in ret.nested_refs] if ret.nested_refs else None
+            if nested:
+                objects.add_contained(nested, registered=True)
+            e = objects.complete(ret.object_id, READY, ret.data, ret.node_id, ret.size, nested)
+            if e is None:
+                if ret.data is None and ret.node_id is not None:
+                    orphans.append(ret.object_id)
+                if nested:
+                    freed = objects.release_nested(nested)
+                    if freed:
+                        self._release(freed)
+            else:
+                e.shared = True
+                self._run_callbacks(ret.object_id, e)
+        if orphans and self.raylet is not None:
+            self.raylet.notify(m.FreeObjects(orphans, [False] * len(orphans)))
+        state = "FAILED" if reply.app_error else "FINISHED"
+        self._events.append((spec.task_id, spec.attempt, state, reply.end_time or time.time(), None,
+                             None, reply.worker_id, "application error" if reply.app_error else None))
+        if reply.borrowed:
+            self._spawn(self._register_borrowers(task, reply.borrowed,
+                                                 task.lease.address if task.lease else None), "borrowers")
+        else:
+            self._release_args(task)
+
+    async def _register_borrowers(self, task: PendingTask, borrowed: list[Any],
+                                  executor: m.Address | None) -> None:
+        """The executor kept refs from the arguments: make their owners know, then let go."""
+        if executor is not None:
+            by_owner: dict[bytes, tuple[m.Address, list[bytes]]] = {}
+            for oid, owner in borrowed:
+                if owner.worker_id == self.worker_id:
+                    self.objects.add_borrower(oid, executor)
+                else:
+                    by_owner.setdefault(owner.worker_id, (owner, []))[1].append(oid)
+            for owner, ids in by_owner.values():
+                try:
+                    conn = await self._peer(owner)
+                    await conn.call(m.AddBorrowers(ids, executor), self.config.rpc_timeout_s)
+                except (OSError, ConnectionLost, TimeoutError, RemoteError) as e:
+                    logger.debug("could not register borrower at %s: %s", short(owner.worker_id), e)
+        self._release_args(task)
+
+    def _release_args(self, task: PendingTask) -> None:
+        ids = task.dep_ids + task.nested_ids
+        if ids:
+            freed = self.objects.remove_submitted(ids)
+            if freed:
+                self._release(freed)
+
+    def _free_orphan_returns(self, reply: m.TaskReply) -> None:
+        ids = [r.object_id for r in reply.returns if r.data is None and r.node_id is not None]
+        if ids and self.raylet is not None:
+            self.raylet.notify(m.FreeObjects(ids, [False] * len(ids)))
+
+    def _fail_task(self, task: PendingTask, error: BaseException) -> None:
+        self._fail_task_with_blob(task, error_blob(error), str(error))
+
+    def _fail_task_with_blob(self, task: PendingTask, blob: bytes, text: str = "") -> None:
+        if task.state == DONE:
+            return
+        task.state = DONE
+        self.tasks.pop(task.spec.task_id, None)
+        if task.lease is not None:
+            task.lease.tasks.pop(task.spec.task_id, None)
+        if task.queue is not None and task in task.queue.tasks:
+            task.queue.tasks.remove(task)
+        for oid in task.return_ids:
+            e = self.objects.complete(oid, FAILED, blob, None, len(blob), None)
+            self._run_callbacks(oid, e)
+        spec = task.spec
+        state = "CANCELLED" if task.cancelled else "FAILED"
+        self._events.append((spec.task_id, spec.attempt, state, time.time(), None, None, None,
+                             text or "failed"))
+        if self.actor_submitter is not None and spec.kind != 0:
+            self.actor_submitter.on_failed(task)
+        self._release_args(task)
+
+    # -------------------------------------------------------------- cancel
+
+    def cancel(self, ref: ObjectRef, force: bool, recursive: bool) -> None:
+        self._post(self._cancel, ref._id[:16], force, recursive)
+
+    def _cancel(self, task_id: bytes, force: bool, recursive: bool) -> None:
+        task = self.tasks.get(task_id)
+        if task is None or task.state == DONE:
+            return
+        task.cancelled = True
+        if task.state in (WAITING_ARGS, QUEUED):
+            self._fail_task(task, exc.TaskCancelledError(task_id.hex(), "cancelled before it started"))
+            return
+        lease = task.lease
+        if lease is None or lease.conn is None:
+            return
+        if force:
+            if task.spec.kind == 2:
+                raise ValueError("force=True is not supported for actor tasks; use lumos.kill(actor)")
+            task.force_cancelled = True
+            lease.raylet.notify(m.KillWorker(lease.worker_id, f"force-cancelled task {task.spec.name}"))
+        else:
+            lease.conn.notify(m.CancelTask(task_id, False, recursive))
+
+    def cancel_children(self, parent_task_id: bytes, force: bool) -> None:
+        """Cancel every task this process submitted from ``parent_task_id`` (io thread)."""
+        for task in list(self.tasks.values()):
+            if task.spec.parent_task_id == parent_task_id:
+                self._cancel(task.spec.task_id, force, True)
+
+    # ================================================================== executor side
+
+    def _handle_push_task(self, conn: Connection, msg: m.PushTask) -> None:
+        if self.executor is None:
+            raise ValueError("this process does not execute tasks")
+        self.executor.push(conn, msg)
+
+    def _handle_cancel_task(self, conn: Connection, msg: m.CancelTask) -> None:
+        if self.executor is not None:
+            self.executor.cancel(msg.task_id, msg.force, msg.recursive)
+
+    def _handle_exit_worker(self, conn: Connection, msg: m.ExitWorker) -> None:
+        logger.info("asked to exit: %s", msg.reason)
+        if self.mode == WORKER:
+            self._flush_events()
+            self.loop.call_later(0.05, os._exit, 0)  # type: ignore[union-attr]
+
+    def send_reply(self, conn: Connection, reply: m.TaskReply) -> None:
+        """Executor (main thread) hands a finished task's reply to the io thread."""
+        self._post(conn.notify, reply)
+
+    # ================================================================== pub/sub, events
+
+    def _handle_publish(self, conn: Connection, msg: m.Publish) -> None:
+        if msg.channel == "logs":
+            try:
+                self.log_handler(msg.data)
+            except Exception:
+                logger.exception("log handler failed")
+        elif msg.channel == "errors":
+            kind, text = msg.data
+            self.error_handler(kind, text)
+        elif msg.channel == "workers" and isinstance(msg.data, m.WorkerInfo) and msg.data.state == "DEAD":
+            freed = self.objects.remove_borrowers_on({msg.data.worker_id})
+            if freed:
+                self._release(freed)
+        handler = self.extra_publish_handlers.get(msg.channel)
+        if handler is not None:
+            handler(msg)
+
+    extra_publish_handlers: dict[str, Callable[[m.Publish], None]] = {}
+
+    def record_event(self, task_id: bytes, attempt: int, state: str, t: float,
+                     node_id: bytes | None = None, worker_id: bytes | None = None,
+                     error: str | None = None, info: Any = None) -> None:
+        self._events.append((task_id, attempt, state, t, info, node_id, worker_id, error))
+
+    async def _flush_loop(self) -> None:
+        interval = self.config.task_event_flush_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            self._flush_events()
+            if self.objects.decrements:
+                freed = self.objects.drain()
+                if freed:
+                    self._release(freed)
+            if self.executor is not None:
+                self.executor.flush_output()
+
+    def _flush_events(self) -> None:
+        if not self._events or self.gcs is None or self.gcs.is_closed:
+            return
+        raw, self._events = self._events, []
+        job = self.job_id
+        events = [m.TaskEvent(tid, attempt, state, t, job, info, node, worker, err)
+                  for (tid, attempt, state, t, info, node, worker, err) in raw]
+        self.gcs.notify(m.AddTaskEvents(events))
+
+    # ================================================================== introspection
+
+    def describe_object(self, oid: bytes) -> dict[str, Any]:
+        e = self.objects.entries.get(oid)
+        if e is None:
+            return {"state": "unknown"}
+        state = {PENDING: "pending", READY: "ready", FAILED: "failed"}[e.state]
+        return {"state": state, "size": e.size, "owned": e.owned,
+                "owner": (e.owner.worker_id.hex() if e.owner else self.worker_id.hex()),
+                "node_id": (e.node_id or (self.node_id if e.data is not None else b"")).hex(),
+                "inline": e.data is not None}
+
+    def stats(self) -> dict[str, Any]:
+        objects = []
+        with self.objects.lock:
+            for oid, e in list(self.objects.entries.items())[:10_000]:
+                objects.append({
+                    "object_id": oid.hex(), "owned": e.owned,
+                    "state": {PENDING: "PENDING", READY: "READY", FAILED: "FAILED"}[e.state],
+                    "size_bytes": e.size, "local_refs": e.local, "submitted_refs": e.submitted,
+                    "contained_refs": e.contained, "borrowers": len(e.borrowers or ()),
+                    "in_store": e.data is None and e.node_id is not None,
+                    "node_id": (e.node_id or b"").hex() or None,
+                })
+        return {"worker_id": self.worker_id.hex(), "pid": os.getpid(), "job_id": self.job_id.hex(),
+                "node_id": self.node_id.hex(), "is_driver": self.mode == DRIVER,
+                "num_pending_tasks": len(self.tasks), "objects": objects, "store": self.store.stats()}
+
+
+def _job_config() -> bytes:
+    import json
+    paths = [p for p in sys.path if p and os.path.isdir(p)]
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None)
+    if main_file:
+        paths.insert(0, os.path.dirname(os.path.abspath(main_file)))
+    return json.dumps({"cwd": os.getcwd(), "sys_path": [os.getcwd()] + paths}).encode()
+
+
+def _print_worker_lines(lines: list[Any]) -> None:
+    for _job, _task_id, task_name, pid, is_stderr, text in lines:
+        stream = sys.stderr if is_stderr else sys.stdout
+        prefix = f"({task_name} pid={pid}) " if task_name else f"(pid={pid}) "
+        try:
+            stream.write("".join(prefix + line + "\n" for line in text.split("\n")))
+            stream.flush()
+        except (ValueError, OSError):
+            pass
+
+
+def _print_cluster_error(kind: str, text: str) -> None:
+    try:
+        sys.stderr.write(f"lumos warning ({kind}): {text}\n")
+        sys.stderr.flush()
+    except (ValueError, OSError):
+        pass
+
+
+def function_id_of(pickled: bytes) -> bytes:
+    return hashlib.sha256(pickled).digest()[:16]
+
+
+__all__ = ["CoreWorker", "DRIVER", "WORKER", "TaskTemplate", "error_blob", "function_id_of"]
+
+_ = (Iterable, signal, traceback, PUSHED)

@@ -1,0 +1,488 @@
+"""The executing side of a worker: runs pushed tasks on the main thread.
+
+The io thread hands each ``PushTask`` to ``push`` (a lock-free queue put); the main
+thread takes it, loads the function (from the GCS, once per function), resolves the
+arguments (inline values, zero-copy views of the local store, or a fetch from the
+owner), runs the user's code, stores the results (inline or in the store), and hands
+the ``TaskReply`` back to the io thread. User code runs on the main thread so that
+signals (cancel) reach it and so that it may block freely.
+
+Worker output (``print``, stderr) is captured per line, tagged with the running task,
+and sent to the raylet in batches; the driver prints it with a ``(name pid=N)`` prefix.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import pickle
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+from lumos import exceptions as exc
+from lumos._private import serialization as ser
+from lumos._private.core_worker.core_worker import CoreWorker, _ArgRef
+from lumos._private.ids import return_object_id, short
+from lumos._private.protocol import messages as m
+from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
+
+logger = logging.getLogger(__name__)
+
+
+class _Cancelled(Exception):
+    pass
+
+
+class Executor:
+    def __init__(self, cw: CoreWorker) -> None:
+        self.cw = cw
+        self.queue: queue.SimpleQueue[tuple[Connection, m.PushTask] | None] = queue.SimpleQueue()
+        #: Function id -> the user's function (or class).
+        self.functions: dict[bytes, Any] = {}
+        self._jobs_bound: set[bytes] = set()
+        #: Task ids cancelled before they started.
+        self._cancelled: set[bytes] = set()
+        self._running: m.TaskSpec | None = None
+        self._running_root: bytes | None = None
+        self._cancel_requested: bytes | None = None
+        self._in_args = False
+        #: Borrowed refs deserialized from this task's arguments.
+        self._arg_borrowed: list[tuple[bytes, m.Address]] = []
+        self._main_ident = threading.get_ident()
+        self._output: list[list[Any]] = []
+        self._output_lock = threading.Lock()
+        self._gpu_ids_visible = _visible_gpus()
+        self._original_cuda = os.environ.get("CUDA_VISIBLE_DEVICES")
+        #: Hook for actors: replaces the plain function call.
+        self.invoke: Callable[[m.TaskSpec, Any, tuple[Any, ...], dict[str, Any]], Any] | None = None
+
+    # ------------------------------------------------------------------ io thread side
+
+    def push(self, conn: Connection, msg: m.PushTask) -> None:
+        self.queue.put((conn, msg))
+
+    def cancel(self, task_id: bytes, force: bool, recursive: bool) -> None:
+        running = self._running
+        if running is not None and running.task_id == task_id:
+            self._cancel_requested = task_id
+            if recursive:
+                self.cw.cancel_children(task_id, force)
+            signal.pthread_kill(self._main_ident, signal.SIGINT)
+        else:
+            self._cancelled.add(task_id)
+
+    def running_task(self) -> bool:
+        return self._running is not None
+
+    def current_root_task_id(self) -> bytes | None:
+        return self._running_root
+
+    def deserializing_args(self) -> bool:
+        return self._in_args and threading.get_ident() == self._main_ident
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self) -> None:
+        while True:
+            try:
+                item = self.queue.get()
+                if item is None:
+                    return
+                conn, msg = item
+                reply = self.execute(msg)
+                self.cw.send_reply(conn, reply)
+                self.flush_output_soon()
+            except KeyboardInterrupt:
+                continue  # a cancel that arrived after its task finished
+
+    def flush_output_soon(self) -> None:
+        if self._output:
+            self.cw._post(self.flush_output)
+
+    def execute(self, msg: m.PushTask) -> m.TaskReply:
+        spec = msg.spec
+        cw = self.cw
+        if spec.task_id in self._cancelled:
+            self._cancelled.discard(spec.task_id)
+            return self._system_reply(spec, "cancelled before it started", "cancelled")
+        start = time.time()
+        self._bind_job(spec.job_id)
+        self._running = spec
+        self._running_root = spec.root_task_id
+        self._cancel_requested = None
+        cw.current_task_id = spec.task_id
+        cw.current_task_name = spec.name
+        cw.current_resource_ids = msg.resource_ids
+        cw._put_counter = 0
+        cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, cw.node_id, cw.worker_id)
+        self._set_gpus(msg.resource_ids)
+        self._arg_borrowed = []
+        app_error = False
+        retryable = False
+        try:
+            try:
+                fn = self._function(spec)
+                args, kwargs = self._resolve_args(spec)
+                if self.invoke is not None:
+                    result = self.invoke(spec, fn, args, kwargs)
+                else:
+                    result = fn(*args, **kwargs)
+                if self._cancel_requested == spec.task_id:
+                    raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                if self._cancel_requested == spec.task_id:
+                    return self._system_reply(spec, "cancelled while running", "cancelled", start)
+                raise
+            returns = self._store_returns(spec, result)
+        except _TaskFailed as failed:
+            app_error = True
+            retryable = self._is_retryable(spec, failed.cause)
+            returns = self._error_returns(spec, failed.blob)
+        except Exception as e:
+            app_error = True
+            retryable = self._is_retryable(spec, e)
+            returns = self._error_returns(spec, self._task_error_blob(spec, e))
+        finally:
+            self._running = None
+            self._running_root = None
+            self._restore_gpus()
+        borrowed = self._still_borrowed()
+        end = time.time()
+        return m.TaskReply(spec.task_id, returns, app_error, retryable, borrowed, cw.worker_id, start, end)
+
+    def _system_reply(self, spec: m.TaskSpec, text: str, kind: str, start: float = 0.0) -> m.TaskReply:
+        return m.TaskReply(spec.task_id, [], False, False, self._still_borrowed(), self.cw.worker_id,
+                           start, time.time(), text, kind)
+
+    # ------------------------------------------------------------------ functions, jobs
+
+    def _bind_job(self, job_id: bytes) -> None:
+        cw = self.cw
+        if cw.job_id != job_id:
+            cw.job_id = job_id
+            cw._exported.clear()
+        if job_id in self._jobs_bound:
+            return
+        self._jobs_bound.add(job_id)
+        try:
+            raw = cw.call_gcs(m.KvGet("job", job_id, 5.0), 10.0)
+        except (TimeoutError, RemoteError, ConnectionLost) as e:
+            logger.warning("could not load job %s config: %s", job_id.hex(), e)
+            return
+        if not raw:
+            return
+        conf = json.loads(raw)
+        for path in reversed(conf.get("sys_path", [])):
+            if path not in sys.path and os.path.isdir(path):
+                sys.path.insert(0, path)
+        cwd = conf.get("cwd")
+        if cwd and os.path.isdir(cwd):
+            try:
+                os.chdir(cwd)
+            except OSError:
+                pass
+
+    def _function(self, spec: m.TaskSpec) -> Any:
+        fn = self.functions.get(spec.function_id)
+        if fn is not None:
+            return fn
+        try:
+            pickled = self.cw.call_gcs(m.KvGet("fn", spec.job_id + spec.function_id, 30.0), 35.0)
+        except (TimeoutError, RemoteError, ConnectionLost) as e:
+            raise exc.LumosSystemError(f"could not load {spec.function_name}: {e}") from None
+        if pickled is None:
+            raise exc.LumosSystemError(f"function {spec.function_name} was never exported by its driver")
+        try:
+            fn = pickle.loads(pickled)
+        except Exception as e:
+            raise _TaskFailed(self._task_error_blob(spec, e, prefix=(
+                f"could not load {spec.function_name} in the worker (is its module importable "
+                f"there?)")), e) from None
+        self.functions[spec.function_id] = fn
+        return fn
+
+    # ------------------------------------------------------------------ arguments
+
+    def _resolve_args(self, spec: m.TaskSpec) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        values = [self._dep_value(spec, dep) for dep in spec.deps]
+        self._in_args = True
+        try:
+            kind, payload = ser.deserialize(spec.args)
+        finally:
+            self._in_args = False
+        if type(payload) is tuple and len(payload) == 2 and type(payload[0]) is tuple \
+                and type(payload[1]) is dict and _looks_like_kwargs(payload[1]):
+            args, kwargs = payload
+        else:
+            args, kwargs = payload, {}
+        if values:
+            args = tuple(values[a] if type(a) is _ArgRef else a for a in args)
+            if kwargs:
+                kwargs = {k: (values[v] if type(v) is _ArgRef else v) for k, v in kwargs.items()}
+        return args, kwargs
+
+    def _dep_value(self, spec: m.TaskSpec, dep: m.Dep) -> Any:
+        data = dep.data
+        node_id = dep.node_id
+        if data is None and (node_id is None or node_id != self.cw.node_id):
+            st = self._fetch_status(dep)
+            data, node_id = st.data, st.node_id
+        self._in_args = True
+        try:
+            if data is not None:
+                kind, value = ser.deserialize(data)
+            else:
+                view = self.cw.store.view(dep.object_id)
+                if view is None:
+                    raise _TaskFailed(_error(exc.ObjectLostError(
+                        dep.object_id.hex(), f"argument of {spec.name} is gone from the object store")),
+                        None)
+                kind, value = ser.deserialize(view)
+                self.cw.store.release(dep.object_id, True)  # the views keep the mapping alive
+        finally:
+            self._in_args = False
+        if kind == ser.KIND_ERROR:
+            raise _TaskFailed(data if data is not None else _error(value), value)
+        return value
+
+    def _fetch_status(self, dep: m.Dep) -> m.ObjectStatus:
+        cw = self.cw
+
+        async def ask() -> m.ObjectStatus:
+            conn = await cw._peer(dep.owner)
+            return await conn.call(m.GetObjectStatus(dep.object_id, True, cw.address))  # type: ignore[no-any-return]
+
+        try:
+            st: m.ObjectStatus = cw.run_sync(ask())
+        except (OSError, ConnectionLost, TimeoutError) as e:
+            raise _TaskFailed(_error(exc.OwnerDiedError(dep.object_id.hex(), str(e))), None) from None
+        if st.status != 1:
+            raise _TaskFailed(_error(exc.ObjectLostError(dep.object_id.hex(), st.error or "")), None)
+        if st.data is None and st.node_id != cw.node_id:
+            raise _TaskFailed(_error(exc.ObjectLostError(
+                dep.object_id.hex(), f"it is on node {short(st.node_id)}; cross-node transfer is not "
+                "available from this node")), None)
+        return st
+
+    def note_arg_borrow(self, object_id: bytes, owner: m.Address) -> None:
+        self._arg_borrowed.append((object_id, owner))
+
+    def _still_borrowed(self) -> list[Any]:
+        out: list[Any] = []
+        seen: set[bytes] = set()
+        objects = self.cw.objects
+        with objects.lock:
+            for oid, e in objects.entries.items():
+                if not e.owned and not e.registered and e.owner is not None and e.alive() and oid not in seen:
+                    seen.add(oid)
+                    e.registered = True
+                    out.append([oid, e.owner])
+        return out
+
+    # ------------------------------------------------------------------ results
+
+    def _store_returns(self, spec: m.TaskSpec, result: Any) -> list[m.ReturnObject]:
+        n = spec.num_returns
+        if n == 0:
+            return []
+        if n == 1:
+            values = [result]
+        else:
+            try:
+                values = list(result)
+            except TypeError:
+                raise TypeError(f"{spec.name} has num_returns={n} but returned a "
+                                f"{type(result).__name__}, not a sequence") from None
+            if len(values) != n:
+                raise ValueError(f"{spec.name} has num_returns={n} but returned {len(values)} values")
+        cw = self.cw
+        returns = []
+        third_party: dict[bytes, tuple[m.Address, list[bytes]]] = {}
+        for i, value in enumerate(values):
+            oid = return_object_id(spec.task_id, i + 1)
+            try:
+                sv = ser.serialize(value)
+            except ser.SerializationError as e:
+                raise TypeError(f"the return value of {spec.name} could not be serialized: {e}") from None
+            nested = []
+            for ref in sv.nested_refs:
+                owner = ref._owner or cw.address
+                nested.append([ref._id, owner])
+                if owner.worker_id == cw.worker_id:
+                    cw.objects.add_borrower(ref._id, spec.owner)
+                elif owner.worker_id != spec.owner.worker_id:
+                    third_party.setdefault(owner.worker_id, (owner, []))[1].append(ref._id)
+            if sv.total_size < cw.config.max_inline_object_bytes:
+                returns.append(m.ReturnObject(oid, sv.to_bytes(), sv.total_size, None, nested))
+            else:
+                cw._write_to_store(oid, sv, keep_mapping=False)
+                returns.append(m.ReturnObject(oid, None, sv.total_size, cw.node_id, nested))
+        for owner, ids in third_party.values():
+            self._register_at(owner, ids, spec.owner)
+        return returns
+
+    def _register_at(self, owner: m.Address, ids: list[bytes], borrower: m.Address) -> None:
+        cw = self.cw
+
+        async def add() -> Any:
+            conn = await cw._peer(owner)
+            return await conn.call(m.AddBorrowers(ids, borrower), cw.config.rpc_timeout_s)
+
+        try:
+            cw.run_sync(add())
+        except (OSError, ConnectionLost, TimeoutError, RemoteError) as e:
+            logger.warning("could not hand refs over to %s: %s", short(owner.worker_id), e)
+
+    def _error_returns(self, spec: m.TaskSpec, blob: bytes) -> list[m.ReturnObject]:
+        return [m.ReturnObject(return_object_id(spec.task_id, i + 1), blob, len(blob), None, [])
+                for i in range(max(spec.num_returns, 1))] if spec.num_returns else []
+
+    def _task_error_blob(self, spec: m.TaskSpec, e: BaseException, prefix: str = "") -> bytes:
+        tb = e.__traceback__
+        # Drop this module's frames: the user's traceback starts at their function.
+        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            tb = tb.tb_next
+        text = "".join(traceback.format_exception(type(e), e, tb))
+        if prefix:
+            text = prefix + "\n" + text
+        err = exc.TaskError(spec.name, text, e, pid=os.getpid(), node_ip=self.cw.node_ip,
+                            task_id_hex=spec.task_id.hex())
+        try:
+            return ser.serialize(err, ser.KIND_ERROR).to_bytes()
+        except ser.SerializationError:
+            err = exc.TaskError(spec.name, text, None, f"{type(e).__name__}: {e}", os.getpid(),
+                                self.cw.node_ip, spec.task_id.hex())
+            return ser.serialize(err, ser.KIND_ERROR).to_bytes()
+
+    def _is_retryable(self, spec: m.TaskSpec, e: BaseException | None) -> bool:
+        if spec.retry_exceptions == 0 or e is None:
+            return False
+        if spec.retry_exceptions == 1:
+            return isinstance(e, Exception)
+        try:
+            classes = tuple(pickle.loads(spec.retry_exception_types or b""))
+        except Exception:
+            return False
+        return isinstance(e, classes)
+
+    # ------------------------------------------------------------------ GPUs
+
+    def _set_gpus(self, resource_ids: dict[str, list[Any]]) -> None:
+        gpus = resource_ids.get("GPU")
+        if gpus:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(self.physical_gpu(int(i))) for i, _ in gpus)
+
+    def _restore_gpus(self) -> None:
+        if self._original_cuda is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = self._original_cuda
+
+    def physical_gpu(self, index: int) -> Any:
+        visible = self._gpu_ids_visible
+        if visible is not None and index < len(visible):
+            v = visible[index]
+            return int(v) if v.isdigit() else v
+        return index
+
+    # ------------------------------------------------------------------ output
+
+    def write_output(self, text: str, is_stderr: bool) -> None:
+        spec = self._running
+        rec = [self.cw.job_id or None, spec.task_id if spec else None,
+               spec.name if spec else "", os.getpid(), is_stderr, text]
+        with self._output_lock:
+            self._output.append(rec)
+
+    def flush_output(self) -> None:
+        if not self._output:
+            return
+        with self._output_lock:
+            lines, self._output = self._output, []
+        raylet = self.cw.raylet
+        if raylet is not None and self.cw.config.log_to_driver:
+            raylet.notify(m.LogBatch(lines))
+
+
+class _TaskFailed(Exception):
+    """The task failed with a ready-made error value (an upstream error, a load failure)."""
+
+    def __init__(self, blob: bytes, cause: BaseException | None) -> None:
+        super().__init__("task failed")
+        self.blob = blob
+        self.cause = cause
+
+
+def _error(e: BaseException) -> bytes:
+    return ser.serialize(e, ser.KIND_ERROR).to_bytes()
+
+
+def _looks_like_kwargs(d: dict[Any, Any]) -> bool:
+    return all(type(k) is str for k in d)
+
+
+def _visible_gpus() -> list[str] | None:
+    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is None or raw.strip() == "":
+        return None
+    return [x.strip() for x in raw.split(",") if x.strip()]
+
+
+class TaskOutput(io.TextIOBase):
+    """``sys.stdout``/``sys.stderr`` of a worker: lines go to the driver, tagged."""
+
+    def __init__(self, executor: Executor, is_stderr: bool, passthrough: Any) -> None:
+        self._executor = executor
+        self._is_stderr = is_stderr
+        self._passthrough = passthrough
+        self._partial = ""
+        self._lock = threading.Lock()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        with self._lock:
+            data = self._partial + text
+            if "\n" in data:
+                complete, _, self._partial = data.rpartition("\n")
+                self._executor.write_output(complete, self._is_stderr)
+            else:
+                self._partial = data
+                if len(data) > 8192:
+                    self._executor.write_output(data, self._is_stderr)
+                    self._partial = ""
+        try:
+            self._passthrough.write(text)
+        except (ValueError, OSError):
+            pass
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._partial:
+                self._executor.write_output(self._partial, self._is_stderr)
+                self._partial = ""
+        try:
+            self._passthrough.flush()
+        except (ValueError, OSError):
+            pass
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+    def fileno(self) -> int:
+        return int(self._passthrough.fileno())

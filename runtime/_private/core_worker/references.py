@@ -1,0 +1,282 @@
+"""One process's table of objects: values it owns, refs it borrows, and their counts.
+
+Owned by the ``CoreWorker``; used from user threads and the ``lumos-io`` thread under
+one reentrant lock. An entry lives while anything holds the object:
+
+- ``local``: live ``ObjectRef`` instances in this process;
+- ``submitted``: tasks this process submitted that take it as an argument;
+- ``contained``: objects this process holds whose values contain this ref;
+- ``borrowers`` (owned objects): other processes that hold refs to it.
+
+When all reach zero the entry goes: an owned object is freed (its store file too), a
+borrowed one is released at its owner. ``ObjectRef.__del__`` only appends to
+``decrements`` (safe from any thread, during GC, without the lock); ``drain`` folds
+them in at well-defined points.
+
+```
+  owner (this process)                    borrower
+  entry.borrowers += B  <── AddBorrowers ──  (via the task reply or a get)
+  entry.borrowers -= B  <── RemoveBorrowers  local+submitted+contained == 0
+```
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any, Iterable
+
+from lumos._private.protocol import messages as m
+
+PENDING, READY, FAILED = 0, 1, 2
+
+
+class Waiter:
+    """A user thread waiting for ``remaining`` objects; released when it reaches zero."""
+
+    __slots__ = ("lock", "remaining", "order")
+
+    def __init__(self, remaining: int) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.remaining = remaining
+        #: Object ids in the order they became ready.
+        self.order: list[bytes] = []
+
+    def hit(self, object_id: bytes) -> None:
+        self.order.append(object_id)
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.lock.release()
+
+
+class ObjectEntry:
+    __slots__ = ("owned", "owner", "local", "submitted", "contained", "borrowers", "state",
+                 "data", "node_id", "size", "waiters", "nested", "shared", "registered",
+                 "fetching", "callbacks")
+
+    def __init__(self, owned: bool, owner: m.Address | None) -> None:
+        self.owned = owned
+        #: Owner's address (None when owned here).
+        self.owner = owner
+        self.local = 0
+        self.submitted = 0
+        self.contained = 0
+        #: Borrower worker id -> address (owned objects only).
+        self.borrowers: dict[bytes, m.Address] | None = None
+        self.state = PENDING
+        #: The serialized value when it is small (inline), else None.
+        self.data: bytes | None = None
+        #: Node whose store holds the value when it is large.
+        self.node_id: bytes | None = None
+        self.size = 0
+        self.waiters: list[Waiter] | None = None
+        #: Refs nested in the value: ``[(object_id, owner Address)]``; held while this lives.
+        self.nested: list[tuple[bytes, m.Address]] | None = None
+        #: The ref left this process (its store file may have other readers).
+        self.shared = False
+        #: Borrowed: the owner knows we hold it (we must tell it when we let go).
+        self.registered = False
+        #: Borrowed: a status request to the owner is in flight.
+        self.fetching = False
+        #: Functions to call (on the io thread) when the object is ready.
+        self.callbacks: list[Any] | None = None
+
+    def alive(self) -> bool:
+        return bool(self.local or self.submitted or self.contained or self.borrowers)
+
+
+class Freed:
+    """An entry that just went away; the core worker releases what it held."""
+
+    __slots__ = ("object_id", "entry")
+
+    def __init__(self, object_id: bytes, entry: ObjectEntry) -> None:
+        self.object_id = object_id
+        self.entry = entry
+
+
+class ObjectTable:
+    def __init__(self, worker_id: bytes) -> None:
+        self.worker_id = worker_id
+        # Reentrant: a drain may run from a __del__ while the same thread holds it.
+        self.lock = threading.RLock()
+        #: Object id -> entry.
+        self.entries: dict[bytes, ObjectEntry] = {}
+        #: Object ids whose ObjectRef instances died (from any thread).
+        self.decrements: deque[bytes] = deque()
+
+    # ------------------------------------------------------------------ creation
+
+    def add_owned(self, object_id: bytes, local: int = 1) -> ObjectEntry:
+        e = self.entries.get(object_id)
+        if e is None:
+            e = self.entries[object_id] = ObjectEntry(True, None)
+        e.local += local
+        return e
+
+    def ref_created(self, object_id: bytes, owner: m.Address | None, worker_id: bytes) -> ObjectEntry:
+        """An ObjectRef instance appeared (deserialized or copied)."""
+        with self.lock:
+            e = self.entries.get(object_id)
+            if e is None:
+                owned = owner is None or owner.worker_id == worker_id
+                e = self.entries[object_id] = ObjectEntry(owned, None if owned else owner)
+            e.local += 1
+            return e
+
+    # ------------------------------------------------------------------ counts
+
+    def drain(self) -> list[Freed]:
+        """Apply pending ``ObjectRef`` deaths. Returns the entries that went away."""
+        decs = self.decrements
+        if not decs:
+            return []
+        freed: list[Freed] = []
+        with self.lock:
+            entries = self.entries
+            while decs:
+                oid = decs.popleft()
+                e = entries.get(oid)
+                if e is None:
+                    continue
+                e.local -= 1
+                if e.local <= 0 and not e.alive():
+                    self._remove(oid, e, freed)
+        return freed
+
+    def add_submitted(self, ids: Iterable[bytes]) -> None:
+        with self.lock:
+            for oid in ids:
+                e = self.entries.get(oid)
+                if e is not None:
+                    e.submitted += 1
+                    e.shared = True
+
+    def remove_submitted(self, ids: Iterable[bytes]) -> list[Freed]:
+        freed: list[Freed] = []
+        with self.lock:
+            for oid in ids:
+                e = self.entries.get(oid)
+                if e is None:
+                    continue
+                e.submitted -= 1
+                if not e.alive():
+                    self._remove(oid, e, freed)
+        return freed
+
+    def add_contained(self, refs: Iterable[tuple[bytes, m.Address]], registered: bool) -> None:
+        """Refs nested in a value this process holds; keep them while it lives."""
+        with self.lock:
+            for oid, owner in refs:
+                e = self.entries.get(oid)
+                if e is None:
+                    owned = owner.worker_id == self.worker_id
+                    e = self.entries[oid] = ObjectEntry(owned, None if owned else owner)
+                e.contained += 1
+                if registered and not e.owned:
+                    e.registered = True
+
+    def add_borrower(self, oid: bytes, borrower: m.Address) -> bool:
+        with self.lock:
+            e = self.entries.get(oid)
+            if e is None or not e.owned:
+                return False
+            if e.borrowers is None:
+                e.borrowers = {}
+            e.borrowers[borrower.worker_id] = borrower
+            e.shared = True
+            return True
+
+    def remove_borrower(self, ids: Iterable[bytes], borrower_worker_id: bytes) -> list[Freed]:
+        freed: list[Freed] = []
+        with self.lock:
+            for oid in ids:
+                e = self.entries.get(oid)
+                if e is None or not e.borrowers:
+                    continue
+                e.borrowers.pop(borrower_worker_id, None)
+                if not e.borrowers:
+                    e.borrowers = None
+                if not e.alive():
+                    self._remove(oid, e, freed)
+        return freed
+
+    def remove_borrowers_on(self, worker_ids: set[bytes]) -> list[Freed]:
+        """Processes died: drop them as borrowers everywhere."""
+        freed: list[Freed] = []
+        with self.lock:
+            for oid, e in list(self.entries.items()):
+                if e.borrowers and worker_ids.intersection(e.borrowers):
+                    for wid in worker_ids:
+                        e.borrowers.pop(wid, None)
+                    if not e.borrowers:
+                        e.borrowers = None
+                    if not e.alive():
+                        self._remove(oid, e, freed)
+        return freed
+
+    def release_nested(self, nested: list[tuple[bytes, m.Address]]) -> list[Freed]:
+        freed: list[Freed] = []
+        with self.lock:
+            for oid, _owner in nested:
+                e = self.entries.get(oid)
+                if e is None:
+                    continue
+                e.contained -= 1
+                if not e.alive():
+                    self._remove(oid, e, freed)
+        return freed
+
+    def _remove(self, oid: bytes, e: ObjectEntry, freed: list[Freed]) -> None:
+        del self.entries[oid]
+        freed.append(Freed(oid, e))
+        if e.nested:
+            for noid, _owner in e.nested:
+                ne = self.entries.get(noid)
+                if ne is None:
+                    continue
+                ne.contained -= 1
+                if not ne.alive():
+                    self._remove(noid, ne, freed)
+        if e.waiters:
+            # Nobody can be waiting on an object nobody references; release defensively.
+            for w in e.waiters:
+                w.hit(oid)
+
+    # ------------------------------------------------------------------ values
+
+    def complete(self, oid: bytes, state: int, data: bytes | None, node_id: bytes | None,
+                 size: int, nested: list[tuple[bytes, m.Address]] | None) -> ObjectEntry | None:
+        """The value is known. Returns the entry (None if nobody holds it any more)."""
+        with self.lock:
+            e = self.entries.get(oid)
+            if e is None:
+                return None
+            if e.state != PENDING and e.owned:
+                return e  # a late duplicate (retry raced a reply)
+            e.state = state
+            e.data = data
+            e.node_id = node_id
+            e.size = size
+            if nested:
+                e.nested = list(nested)
+            waiters, e.waiters = e.waiters, None
+            if waiters:
+                for w in waiters:
+                    w.hit(oid)
+            return e
+
+    def reset_pending(self, oid: bytes) -> None:
+        """A retried or reconstructed task will produce this value again."""
+        with self.lock:
+            e = self.entries.get(oid)
+            if e is not None:
+                e.state = PENDING
+                e.data = None
+                e.node_id = None
+
+    def stats(self) -> dict[str, int]:
+        with self.lock:
+            owned = sum(1 for e in self.entries.values() if e.owned)
+            return {"entries": len(self.entries), "owned": owned, "borrowed": len(self.entries) - owned}

@@ -1,0 +1,109 @@
+"""Owner-side task records, scheduling queues and leases (io thread only).
+
+A ``TaskTemplate`` is everything about a remote function call that does not change
+between calls (resources, retries, strategy), computed once per function and options.
+A ``PendingTask`` is one submitted call until its reply. Tasks whose arguments are ready
+wait in the ``SchedulingQueue`` of their shape; the queue holds the ``LeasedWorker``s
+granted by raylets and pipelines tasks to them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from lumos._private.protocol import messages as m
+from lumos._private.transport.connection import Connection
+
+# PendingTask.state
+WAITING_ARGS, QUEUED, PUSHED, DONE = 0, 1, 2, 3
+
+
+class TaskTemplate:
+    """Per-function, per-options facts of a task, shared by all its calls."""
+
+    __slots__ = ("function_id", "function_name", "name", "num_returns", "resources", "max_retries",
+                 "retry_exceptions", "retry_exception_types", "strategy", "key", "kind",
+                 "actor_options", "pickled_function", "runtime_env")
+
+    def __init__(self, function_id: bytes, function_name: str, name: str, num_returns: int,
+                 resources: dict[str, float], max_retries: int, retry_exceptions: int,
+                 retry_exception_types: bytes | None, strategy: Any, kind: int = 0,
+                 actor_options: Any = None, pickled_function: bytes | None = None) -> None:
+        self.function_id = function_id
+        self.function_name = function_name
+        self.name = name
+        self.num_returns = num_returns
+        self.resources = resources
+        self.max_retries = max_retries
+        self.retry_exceptions = retry_exceptions
+        self.retry_exception_types = retry_exception_types
+        self.strategy = strategy
+        self.kind = kind
+        self.actor_options = actor_options
+        #: The function, pickled; exported to the GCS on first use in a job.
+        self.pickled_function = pickled_function
+        #: Tasks of the same key can share a leased worker.
+        self.key = (tuple(sorted(resources.items())), repr(strategy))
+
+
+class PendingTask:
+    __slots__ = ("spec", "template", "return_ids", "dep_ids", "nested_ids", "retries_left", "state",
+                 "lease", "deps_waiting", "cancelled", "force_cancelled", "queue", "submit_time",
+                 "unowned_deps")
+
+    def __init__(self, spec: m.TaskSpec, template: TaskTemplate, return_ids: list[bytes],
+                 dep_ids: list[bytes], nested_ids: list[bytes], submit_time: float) -> None:
+        self.spec = spec
+        self.template = template
+        self.return_ids = return_ids
+        #: Top-level ref arguments (resolved to values before the push).
+        self.dep_ids = dep_ids
+        #: Refs nested inside arguments (arrive as refs; the executor borrows them).
+        self.nested_ids = nested_ids
+        self.retries_left = template.max_retries
+        self.state = WAITING_ARGS
+        self.lease: LeasedWorker | None = None
+        #: Arguments not ready yet.
+        self.deps_waiting = 0
+        self.cancelled = False
+        self.force_cancelled = False
+        self.queue: SchedulingQueue | None = None
+        self.submit_time = submit_time
+        #: Dep ids that are borrowed (their owner is another process).
+        self.unowned_deps: list[bytes] | None = None
+
+
+class LeasedWorker:
+    __slots__ = ("lease_id", "worker_id", "address", "node_id", "resource_ids", "conn", "tasks",
+                 "idle_timer", "queue", "raylet", "dead")
+
+    def __init__(self, grant: m.LeaseGrant, queue: "SchedulingQueue", raylet: Connection) -> None:
+        self.lease_id = grant.lease_id
+        self.worker_id = grant.worker_id
+        self.address = grant.worker_address
+        self.node_id = grant.node_id
+        self.resource_ids = grant.resource_ids
+        self.conn: Connection | None = None
+        #: Task id -> task pushed to this worker and not yet answered.
+        self.tasks: dict[bytes, PendingTask] = {}
+        self.idle_timer: Any = None
+        self.queue = queue
+        #: The raylet that granted the lease (it takes the lease back).
+        self.raylet = raylet
+        self.dead = False
+
+
+class SchedulingQueue:
+    """Ready tasks of one shape and the workers leased for them."""
+
+    __slots__ = ("key", "template", "tasks", "leases", "requesting")
+
+    def __init__(self, key: Any, template: TaskTemplate) -> None:
+        self.key = key
+        #: A template of this shape (resources and strategy for lease requests).
+        self.template = template
+        self.tasks: deque[PendingTask] = deque()
+        self.leases: list[LeasedWorker] = []
+        #: Lease requests in flight.
+        self.requesting = 0

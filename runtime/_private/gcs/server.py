@@ -1,0 +1,347 @@
+"""The GCS process: control-state tables, pub/sub, node health, task-event log.
+
+One per cluster, on the head node. Raylets, drivers and workers connect to it (TCP,
+authenticated). It holds the node, job, worker and KV tables and the task-event log,
+publishes changes to subscribers, and marks nodes dead when heartbeats stop or their
+raylet's connection drops.
+
+```
+raylet ──RegisterNode, NodeHeartbeat, LogBatch──►┐
+driver ──RegisterJob, Kv*, AddTaskEvents───────► GcsServer ──Publish(nodes|jobs|logs|...)──► subscribers
+worker ──Kv*, AddTaskEvents, ReportWorker──────►┘
+```
+Run as ``python -m lumos._private.gcs.server``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from collections import OrderedDict
+from typing import Any
+
+import msgpack
+
+from lumos._private.config import Config
+from lumos._private.gcs.storage import GcsStorage, create_storage
+from lumos._private.gcs.task_log import TaskEventTable
+from lumos._private.ids import new_job_id, short
+from lumos._private.process import die_with_parent, read_token, report_ready, setup_logging
+from lumos._private.protocol import messages as m
+from lumos._private.transport.connection import Connection, RpcServer
+
+logger = logging.getLogger(__name__)
+
+
+class GcsServer:
+    """Owns the GCS tables and the RPC server that exposes them."""
+
+    def __init__(self, config: Config, token: bytes, storage: GcsStorage, session_dir: str,
+                 private_cluster: bool = False) -> None:
+        self.config = config
+        self.token = token
+        self.storage = storage
+        self.session_dir = session_dir
+        #: Exit when the first job's driver disconnects (a cluster started by init()).
+        self.private_cluster = private_cluster
+        #: Node id -> NodeInfo (alive and dead).
+        self.nodes: dict[bytes, m.NodeInfo] = {}
+        #: Node id -> latest heartbeat.
+        self.node_load: dict[bytes, m.NodeHeartbeat] = {}
+        self._last_heartbeat: dict[bytes, float] = {}
+        self._node_conns: dict[bytes, Connection] = {}
+        #: Job id -> JobInfo.
+        self.jobs: OrderedDict[bytes, m.JobInfo] = OrderedDict()
+        self._job_conns: dict[Connection, bytes] = {}
+        #: Worker id -> WorkerInfo.
+        self.workers: dict[bytes, m.WorkerInfo] = {}
+        #: (namespace, key) -> value.
+        self.kv: dict[tuple[str, bytes], bytes] = {}
+        self._kv_waiters: dict[tuple[str, bytes], list[asyncio.Future[bytes]]] = {}
+        self.task_events = TaskEventTable(config.task_event_max_records,
+                                          os.path.join(session_dir, "logs", "task_events.jsonl"))
+        #: channel -> {connection: key filter or None}
+        self._subscribers: dict[str, dict[Connection, bytes | None]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.stopped = asyncio.Event()
+        handlers = {
+            m.RegisterNode: self._register_node,
+            m.NodeHeartbeat: self._heartbeat,
+            m.GetAllNodes: lambda c, msg: list(self.nodes.values()),
+            m.RegisterJob: self._register_job,
+            m.MarkJobFinished: self._mark_job_finished,
+            m.GetAllJobs: lambda c, msg: list(self.jobs.values()),
+            m.KvPut: self._kv_put,
+            m.KvGet: self._kv_get,
+            m.KvDel: self._kv_del,
+            m.KvKeys: self._kv_keys,
+            m.AddTaskEvents: self._add_task_events,
+            m.GetTasks: lambda c, msg: self.task_events.list(msg.job_id, msg.limit),
+            m.Subscribe: self._subscribe,
+            m.ReportWorker: self._report_worker,
+            m.GetAllWorkers: lambda c, msg: list(self.workers.values()),
+            m.LogBatch: self._log_batch,
+            m.PublishError: self._publish_error,
+            m.GetClusterStatus: self._cluster_status,
+            m.ShutdownNode: self._shutdown_request,
+        }
+        self.server = RpcServer(token=token, config=config, handlers=handlers, name="gcs",
+                                on_close=self._conn_closed)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, host: str, port: int, unix_path: str | None = None) -> None:
+        await self.server.start(unix_path=unix_path, host=host, port=port)
+        self._spawn(self._health_loop(), "gcs.health")
+        logger.info("GCS listening on %s:%d", self.server.host, self.server.port)
+
+    async def stop(self) -> None:
+        for node_id, conn in list(self._node_conns.items()):
+            conn.notify(m.ShutdownNode("cluster is shutting down"))
+        await asyncio.sleep(0.05)
+        for task in list(self._tasks):
+            task.cancel()
+        await self.server.stop()
+        self.task_events.close()
+        await self.storage.aclose()
+        self.stopped.set()
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                logger.error("%s failed", name, exc_info=t.exception())
+        task.add_done_callback(done)
+
+    # ------------------------------------------------------------------ pub/sub
+
+    def publish(self, channel: str, key: bytes | None, data: Any) -> None:
+        subs = self._subscribers.get(channel)
+        if not subs:
+            return
+        msg = m.Publish(channel, key, data)
+        for conn, want in list(subs.items()):
+            if want is None or want == key:
+                conn.notify(msg)
+
+    def _subscribe(self, conn: Connection, msg: m.Subscribe) -> None:
+        self._subscribers.setdefault(msg.channel, {})[conn] = msg.key
+
+    # ------------------------------------------------------------------ nodes
+
+    async def _register_node(self, conn: Connection, msg: m.RegisterNode) -> None:
+        info = msg.info
+        info.state = "ALIVE"
+        self.nodes[info.node_id] = info
+        self._node_conns[info.node_id] = conn
+        conn.peer_info = ("node", info.node_id)
+        self._last_heartbeat[info.node_id] = time.monotonic()
+        await self.storage.put("nodes", info.node_id, msgpack.packb(info.pids))
+        logger.info("node %s joined (%s, %s)", short(info.node_id), info.hostname, info.resources_total)
+        self.publish("nodes", info.node_id, info)
+
+    def _heartbeat(self, conn: Connection, msg: m.NodeHeartbeat) -> None:
+        if msg.node_id not in self.nodes or self.nodes[msg.node_id].state != "ALIVE":
+            return
+        self.node_load[msg.node_id] = msg
+        self._last_heartbeat[msg.node_id] = time.monotonic()
+
+    def mark_node_dead(self, node_id: bytes, reason: str) -> None:
+        info = self.nodes.get(node_id)
+        if info is None or info.state == "DEAD":
+            return
+        info.state = "DEAD"
+        info.end_time = time.time()
+        info.death_reason = reason
+        self.node_load.pop(node_id, None)
+        self._node_conns.pop(node_id, None)
+        logger.warning("node %s marked dead: %s", short(node_id), reason)
+        for w in self.workers.values():
+            if w.node_id == node_id and w.state == "ALIVE":
+                w.state = "DEAD"
+                w.end_time = time.time()
+                w.exit_detail = f"node died: {reason}"
+        self.publish("nodes", node_id, info)
+
+    async def _health_loop(self) -> None:
+        interval = self.config.heartbeat_interval_ms / 1000
+        timeout = self.config.node_death_timeout_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for node_id, info in list(self.nodes.items()):
+                if info.state == "ALIVE" and now - self._last_heartbeat.get(node_id, now) > timeout:
+                    self.mark_node_dead(node_id, f"no heartbeat for {timeout:.1f}s")
+
+    def _cluster_status(self, conn: Connection, msg: m.GetClusterStatus) -> list[m.NodeResources]:
+        out = []
+        for node_id, info in self.nodes.items():
+            if info.state != "ALIVE":
+                continue
+            hb = self.node_load.get(node_id)
+            out.append(m.NodeResources(
+                node_id, info.resources_total,
+                hb.resources_available if hb else dict(info.resources_total),
+                hb.queue_length if hb else 0, hb.store_used_bytes if hb else 0,
+                info.object_store_bytes, hb.num_workers if hb else 0,
+                hb.infeasible if hb else []))
+        return out
+
+    # ------------------------------------------------------------------ jobs
+
+    def _register_job(self, conn: Connection, msg: m.RegisterJob) -> m.JobInfo:
+        job_id = new_job_id()
+        while job_id in self.jobs:
+            job_id = new_job_id()
+        info = m.JobInfo(job_id, msg.driver, msg.pid, msg.namespace, msg.entrypoint, "RUNNING",
+                         time.time(), 0.0)
+        self.jobs[job_id] = info
+        self._job_conns[conn] = job_id
+        conn.peer_info = ("job", job_id)
+        logger.info("job %s started (driver pid %d)", job_id.hex(), msg.pid)
+        self.publish("jobs", job_id, info)
+        return info
+
+    def _mark_job_finished(self, conn: Connection, msg: m.MarkJobFinished) -> None:
+        self._finish_job(msg.job_id)
+
+    def _finish_job(self, job_id: bytes) -> None:
+        info = self.jobs.get(job_id)
+        if info is None or info.state != "RUNNING":
+            return
+        info.state = "FINISHED"
+        info.end_time = time.time()
+        logger.info("job %s finished", job_id.hex())
+        self.publish("jobs", job_id, info)
+
+    # ------------------------------------------------------------------ workers
+
+    def _report_worker(self, conn: Connection, msg: m.ReportWorker) -> None:
+        info = msg.info
+        self.workers[info.worker_id] = info
+        if len(self.workers) > 20_000:  # keep the dead ones bounded
+            for wid in [w for w, i in self.workers.items() if i.state != "ALIVE"][:5_000]:
+                del self.workers[wid]
+        self.publish("workers", info.worker_id, info)
+
+    # ------------------------------------------------------------------ KV
+
+    def _kv_put(self, conn: Connection, msg: m.KvPut) -> bool:
+        key = (msg.namespace, msg.key)
+        if not msg.overwrite and key in self.kv:
+            return False
+        self.kv[key] = msg.value
+        for fut in self._kv_waiters.pop(key, []):
+            if not fut.done():
+                fut.set_result(msg.value)
+        self._spawn(self.storage.put("kv", msg.namespace.encode() + b"\0" + msg.key, msg.value), "gcs.kv_put")
+        return True
+
+    async def _kv_get(self, conn: Connection, msg: m.KvGet) -> bytes | None:
+        key = (msg.namespace, msg.key)
+        value = self.kv.get(key)
+        if value is not None or msg.wait_s <= 0:
+            return value
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._kv_waiters.setdefault(key, []).append(fut)
+        try:
+            async with asyncio.timeout(min(msg.wait_s, 300.0)):
+                return await fut
+        except TimeoutError:
+            return None
+        finally:
+            waiters = self._kv_waiters.get(key)
+            if waiters and fut in waiters:
+                waiters.remove(fut)
+                if not waiters:
+                    del self._kv_waiters[key]
+
+    def _kv_del(self, conn: Connection, msg: m.KvDel) -> bool:
+        found = self.kv.pop((msg.namespace, msg.key), None) is not None
+        self._spawn(self.storage.delete("kv", msg.namespace.encode() + b"\0" + msg.key), "gcs.kv_del")
+        return found
+
+    def _kv_keys(self, conn: Connection, msg: m.KvKeys) -> list[bytes]:
+        return [k for (ns, k) in self.kv if ns == msg.namespace and k.startswith(msg.prefix)]
+
+    # ------------------------------------------------------------------ events and logs
+
+    def _add_task_events(self, conn: Connection, msg: m.AddTaskEvents) -> None:
+        self.task_events.add(msg.events)
+        self.publish("task_events", None, len(msg.events))
+
+    def _log_batch(self, conn: Connection, msg: m.LogBatch) -> None:
+        by_job: dict[bytes | None, list[Any]] = {}
+        for line in msg.lines:
+            by_job.setdefault(line[0], []).append(line)
+        for job_id, lines in by_job.items():
+            self.publish("logs", job_id, lines)
+
+    def _publish_error(self, conn: Connection, msg: m.PublishError) -> None:
+        self.publish("errors", msg.job_id, [msg.kind, msg.text])
+
+    # ------------------------------------------------------------------ disconnects
+
+    def _conn_closed(self, conn: Connection) -> None:
+        for subs in self._subscribers.values():
+            subs.pop(conn, None)
+        info = conn.peer_info
+        if not info:
+            return
+        kind, ident = info
+        if kind == "node" and self._node_conns.get(ident) is conn:
+            self.mark_node_dead(ident, "its raylet disconnected")
+        elif kind == "job":
+            self._job_conns.pop(conn, None)
+            self._finish_job(ident)
+            if self.private_cluster:
+                logger.info("driver of private cluster disconnected; shutting down")
+                self._spawn(self.stop(), "gcs.stop")
+
+    def _shutdown_request(self, conn: Connection, msg: m.ShutdownNode) -> None:
+        logger.info("shutdown requested: %s", msg.reason)
+        self._spawn(self.stop(), "gcs.stop")
+
+
+async def _amain(args: argparse.Namespace) -> None:
+    config = Config.from_json(args.config) if args.config else Config.resolve()
+    token = read_token(args.token_file)
+    storage = create_storage(args.storage)
+    gcs = GcsServer(config, token, storage, args.session_dir, private_cluster=args.private)
+    await gcs.start(args.host, args.port, args.unix_path or None)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(gcs.stop()))
+    report_ready(args.ready_fd, {"host": gcs.server.host, "port": gcs.server.port, "pid": os.getpid()})
+    await gcs.stopped.wait()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="lumos-gcs")
+    p.add_argument("--session-dir", required=True)
+    p.add_argument("--token-file", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--unix-path", default="")
+    p.add_argument("--storage", default="memory")
+    p.add_argument("--config", default="")
+    p.add_argument("--ready-fd", type=int, default=-1)
+    p.add_argument("--private", action="store_true")
+    p.add_argument("--die-with-parent", type=int, default=0)
+    args = p.parse_args()
+    if args.die_with_parent:
+        die_with_parent(args.die_with_parent)
+    setup_logging(os.path.join(args.session_dir, "logs"), "gcs")
+    asyncio.run(_amain(args))
+
+
+if __name__ == "__main__":
+    main()

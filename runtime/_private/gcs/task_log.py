@@ -1,0 +1,151 @@
+"""The GCS task-event log: every task's state changes, folded into one record per task.
+
+Core workers send ``TaskEvent``s in batches. A SUBMITTED event carries the task's
+static facts (name, parent, argument and return ids, actor); later events carry a
+state and a time. Beyond ``max_records`` the oldest finished records are flushed to a
+JSONL file in the session's log directory and dropped from memory (the paper's GCS
+flushing), so the GCS stays bounded under millions of tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from typing import Any, TextIO
+
+from lumos._private.protocol import messages as m
+
+logger = logging.getLogger(__name__)
+
+TERMINAL = frozenset(("FINISHED", "FAILED", "CANCELLED"))
+# States in the order a task passes through them; a late event never moves it back.
+_ORDER = {s: i for i, s in enumerate(
+    ("SUBMITTED", "PENDING_ARGS", "SCHEDULED", "RUNNING", "RETRIED", "FINISHED", "FAILED", "CANCELLED"))}
+
+
+class TaskRecord:
+    __slots__ = ("task_id", "job_id", "info", "state", "attempt", "events", "node_id",
+                 "worker_id", "error", "retries")
+
+    def __init__(self, task_id: bytes, job_id: bytes) -> None:
+        self.task_id = task_id
+        self.job_id = job_id
+        #: Static facts from SUBMITTED (name, parent, args, returns, ...).
+        self.info: dict[str, Any] = {}
+        self.state = "SUBMITTED"
+        self.attempt = 0
+        #: [state, time, attempt] in arrival order.
+        self.events: list[list[Any]] = []
+        self.node_id: bytes | None = None
+        self.worker_id: bytes | None = None
+        self.error: str | None = None
+        self.retries = 0
+
+    def apply(self, ev: m.TaskEvent) -> None:
+        if ev.info:
+            self.info = ev.info
+        self.events.append([ev.state, ev.time, ev.attempt])
+        if ev.state == "RETRIED":
+            self.retries += 1
+        newer = ev.attempt > self.attempt or (
+            ev.attempt == self.attempt and _ORDER.get(ev.state, 0) >= _ORDER.get(self.state, 0))
+        if newer:
+            self.attempt = ev.attempt
+            self.state = ev.state
+        if ev.node_id:
+            self.node_id = ev.node_id
+        if ev.worker_id:
+            self.worker_id = ev.worker_id
+        if ev.error:
+            self.error = ev.error
+
+    def to_dict(self) -> dict[str, Any]:
+        info = self.info
+        times = {}
+        for state, t, _attempt in self.events:
+            times.setdefault(state, t)
+            if state in ("RUNNING", "FINISHED", "FAILED"):
+                times[state] = t
+        return {
+            "task_id": self.task_id.hex(),
+            "job_id": self.job_id.hex(),
+            "name": info.get("name", ""),
+            "func_or_class_name": info.get("function_name", ""),
+            "type": info.get("type", "NORMAL_TASK"),
+            "state": self.state,
+            "attempt_number": self.attempt,
+            "retries": self.retries,
+            "parent_task_id": (info.get("parent") or b"").hex(),
+            "actor_id": (info.get("actor_id") or b"").hex() or None,
+            "caller_id": (info.get("caller_id") or b"").hex() or None,
+            "prev_call_task_id": (info.get("prev_call") or b"").hex() or None,
+            "arg_object_ids": [a.hex() for a in info.get("args", [])],
+            "return_object_ids": [r.hex() for r in info.get("returns", [])],
+            "required_resources": info.get("resources", {}),
+            "node_id": self.node_id.hex() if self.node_id else None,
+            "worker_id": self.worker_id.hex() if self.worker_id else None,
+            "error_message": self.error,
+            "submitted_time": times.get("SUBMITTED"),
+            "start_time": times.get("RUNNING"),
+            "end_time": times.get("FINISHED") or times.get("FAILED") or times.get("CANCELLED"),
+            "events": [[s, t, a] for s, t, a in self.events],
+        }
+
+
+class TaskEventTable:
+    """Task records by id, bounded, with overflow flushed to a JSONL archive."""
+
+    def __init__(self, max_records: int, archive_path: str) -> None:
+        self.max_records = max_records
+        self.archive_path = archive_path
+        #: Task id -> record, oldest first.
+        self.records: OrderedDict[bytes, TaskRecord] = OrderedDict()
+        self.num_archived = 0
+        self._archive: TextIO | None = None
+
+    def add(self, events: list[m.TaskEvent]) -> None:
+        records = self.records
+        for ev in events:
+            rec = records.get(ev.task_id)
+            if rec is None:
+                rec = records[ev.task_id] = TaskRecord(ev.task_id, ev.job_id)
+            rec.apply(ev)
+        if len(records) > self.max_records:
+            self._flush_oldest(len(records) - self.max_records)
+
+    def _flush_oldest(self, n: int) -> None:
+        if self._archive is None:
+            try:
+                self._archive = open(self.archive_path, "a", encoding="utf-8")
+            except OSError as e:
+                logger.error("cannot open task archive %s: %s; dropping old task records", self.archive_path, e)
+        flushed = 0
+        for task_id in list(self.records):
+            if flushed >= n:
+                break
+            rec = self.records[task_id]
+            if rec.state not in TERMINAL and len(self.records) - flushed <= 2 * self.max_records:
+                continue  # keep live tasks unless the log is far over its bound
+            if self._archive is not None:
+                self._archive.write(json.dumps(rec.to_dict()) + "\n")
+            del self.records[task_id]
+            flushed += 1
+        self.num_archived += flushed
+        if self._archive is not None:
+            self._archive.flush()
+
+    def list(self, job_id: bytes | None, limit: int) -> list[dict[str, Any]]:
+        out = []
+        for rec in reversed(self.records.values()):
+            if job_id is None or rec.job_id == job_id:
+                out.append(rec.to_dict())
+                if len(out) >= limit:
+                    break
+        out.reverse()
+        return out
+
+    def close(self) -> None:
+        if self._archive is not None:
+            self._archive.close()
+            self._archive = None

@@ -1,0 +1,208 @@
+"""Starting and stopping a node's processes (GCS, raylet) and its session directory.
+
+Used by ``lumos.init()`` (a private local cluster that dies with its driver) and by
+``lumos start`` (long-lived clusters). A session directory holds the cluster token
+(0600), logs and Unix sockets:
+
+```
+/tmp/lumos/session_<time>_<pid>/
+    token            the cluster token (HMAC key of every connection)
+    node.json        addresses and pids of this node's processes
+    logs/            gcs.log, raylet-*.log, worker-*.log, worker-*.out, task_events.jsonl
+    sockets/         gcs.sock, raylet-*.sock, driver-*.sock, worker-*.sock
+/dev/shm/lumos-<session>-<node>/   the node's object store
+```
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from lumos._private.config import Config
+from lumos._private.ids import random_id
+from lumos._private.process import write_private_file
+
+ROOT = os.environ.get("LUMOS_TMPDIR", "/tmp/lumos")
+CURRENT_CLUSTER = os.path.join(ROOT, "current_cluster.json")
+
+
+def new_session_dir() -> str:
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    path = os.path.join(ROOT, f"session_{stamp}_{os.getpid()}_{secrets.token_hex(3)}")
+    os.makedirs(os.path.join(path, "logs"), exist_ok=True)
+    os.makedirs(os.path.join(path, "sockets"), exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def detect_gpus() -> int:
+    """GPUs visible to this process: ``CUDA_VISIBLE_DEVICES`` if set, else ``nvidia-smi``."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([x for x in visible.split(",") if x.strip() and x.strip() != "-1"])
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    if out.returncode != 0:
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def default_store_bytes() -> int:
+    import psutil
+    total = psutil.virtual_memory().total
+    want = int(total * 0.3)
+    try:
+        shm = shutil.disk_usage("/dev/shm")
+        want = min(want, int(shm.free * 0.8))
+    except OSError:
+        pass
+    return max(want, 64 * 1024 * 1024)
+
+
+def node_resources(num_cpus: float | None, num_gpus: float | None, resources: dict[str, float] | None,
+                   memory: int | None) -> dict[str, float]:
+    import psutil
+    out: dict[str, float] = {}
+    out["CPU"] = float(os.cpu_count() or 1) if num_cpus is None else float(num_cpus)
+    gpus = detect_gpus() if num_gpus is None else num_gpus
+    if gpus:
+        out["GPU"] = float(gpus)
+    out["memory"] = float(memory if memory is not None else int(psutil.virtual_memory().available * 0.7))
+    for name, amount in (resources or {}).items():
+        if name in ("CPU", "GPU"):
+            raise ValueError(f"use num_cpus/num_gpus instead of resources={{'{name}': ...}}")
+        out[name] = float(amount)
+    return out
+
+
+class NodeProcesses:
+    """The GCS (head only) and raylet of one node, started as child processes."""
+
+    def __init__(self, session_dir: str, config: Config) -> None:
+        self.session_dir = session_dir
+        self.config = config
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.gcs_address: tuple[str, int] | None = None
+        self.gcs_unix = os.path.join(session_dir, "sockets", "gcs.sock")
+        self.raylet_socket = ""
+        self.node_id = b""
+        self.store_dir = ""
+        self.token_path = os.path.join(session_dir, "token")
+
+    def write_token(self, token: bytes) -> None:
+        write_private_file(self.token_path, token)
+
+    def _spawn(self, args: list[str], tie_to_parent: bool) -> tuple[subprocess.Popen[bytes], int]:
+        r, w = os.pipe()
+        cmd = [sys.executable, "-m", *args, "--ready-fd", str(w)]
+        if tie_to_parent:
+            cmd += ["--die-with-parent", str(os.getpid())]
+        log = open(os.path.join(self.session_dir, "logs", f"{args[0].rsplit('.', 2)[-2]}.out"), "ab")
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    pass_fds=(w,), close_fds=True,
+                                    start_new_session=not tie_to_parent)
+        finally:
+            os.close(w)
+            log.close()
+        self.procs.append(proc)
+        return proc, r
+
+    def _await_ready(self, proc: subprocess.Popen[bytes], fd: int, what: str, timeout_s: float) -> dict[str, Any]:
+        import select
+        deadline = time.monotonic() + timeout_s
+        buf = b""
+        try:
+            while b"\n" not in buf:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{what} did not start within {timeout_s:.0f}s; see {self.session_dir}/logs")
+                ready, _, _ = select.select([fd], [], [], min(left, 0.5))
+                if ready:
+                    chunk = os.read(fd, 4096)
+                    if not chunk:
+                        break
+                    buf += chunk
+                elif proc.poll() is not None:
+                    break
+        finally:
+            os.close(fd)
+        if b"\n" not in buf:
+            code = proc.poll()
+            raise RuntimeError(f"{what} exited during start-up (exit code {code}); "
+                               f"see {self.session_dir}/logs/{what}.log")
+        return json.loads(buf.split(b"\n", 1)[0])  # type: ignore[no-any-return]
+
+    def start_gcs_and_raylet(self, *, resources: dict[str, float], store_bytes: int, host: str,
+                             gcs_port: int, private: bool, storage: str = "memory",
+                             labels: dict[str, str] | None = None) -> None:
+        """Start a head node: GCS and raylet in parallel (the raylet waits for the GCS socket)."""
+        cfg = self.config.to_json()
+        gcs_args = ["lumos._private.gcs.server", "--session-dir", self.session_dir,
+                    "--token-file", self.token_path, "--host", host, "--port", str(gcs_port),
+                    "--unix-path", self.gcs_unix, "--storage", storage, "--config", cfg]
+        if private:
+            gcs_args.append("--private")
+        gcs, gcs_fd = self._spawn(gcs_args, tie_to_parent=private)
+        raylet, raylet_fd = self._start_raylet(f"unix:{self.gcs_unix}", resources, store_bytes, host,
+                                               head=True, tie_to_parent=private, labels=labels)
+        info = self._await_ready(gcs, gcs_fd, "gcs", 30)
+        self.gcs_address = (info["host"], int(info["port"]))
+        self._finish_raylet(raylet, raylet_fd)
+
+    def start_raylet(self, gcs_address: str, *, resources: dict[str, float], store_bytes: int, host: str,
+                     tie_to_parent: bool, labels: dict[str, str] | None = None) -> None:
+        raylet, fd = self._start_raylet(gcs_address, resources, store_bytes, host, head=False,
+                                        tie_to_parent=tie_to_parent, labels=labels)
+        self._finish_raylet(raylet, fd)
+
+    def _start_raylet(self, gcs_address: str, resources: dict[str, float], store_bytes: int, host: str,
+                      head: bool, tie_to_parent: bool,
+                      labels: dict[str, str] | None) -> tuple[subprocess.Popen[bytes], int]:
+        self.node_id = random_id(16)
+        self.store_dir = f"/dev/shm/lumos-{os.path.basename(self.session_dir)}-{self.node_id.hex()[:8]}"
+        args = ["lumos._private.raylet.server", "--node-id", self.node_id.hex(),
+                "--session-dir", self.session_dir, "--token-file", self.token_path,
+                "--gcs-address", gcs_address, "--resources", json.dumps(resources),
+                "--store-dir", self.store_dir, "--object-store-memory", str(store_bytes),
+                "--node-ip", host, "--labels", json.dumps(labels or {}), "--config", self.config.to_json()]
+        if head:
+            args.append("--head")
+        return self._spawn(args, tie_to_parent=tie_to_parent)
+
+    def _finish_raylet(self, proc: subprocess.Popen[bytes], fd: int) -> None:
+        info = self._await_ready(proc, fd, "raylet", 60)
+        self.raylet_socket = info["unix_path"]
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop what this object started: SIGTERM, then SIGKILL after ``timeout_s``."""
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + timeout_s
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(2.0)
+        self.procs.clear()
+        if self.store_dir:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
+        shutil.rmtree(os.path.join(self.session_dir, "sockets"), ignore_errors=True)

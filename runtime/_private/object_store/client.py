@@ -1,0 +1,220 @@
+"""A process's window onto its node's object store: write, map, view.
+
+Owned by the core worker; called from user threads (put, get, task execution), never
+from the event loop, because copies of large buffers are slow. Space is granted by the
+raylet (``ObjectStoreState``); this class only creates, maps and renames files.
+
+Writes go to ``<id>.w`` and are renamed to ``<id>`` when complete, so a file under its
+final name is always sealed. A process keeps the writable mapping of what it created
+while the object lives (its own gets are views of it) and, when the raylet pools the
+slot, keeps it for the next create of that slot: those writes hit already-faulted
+pages. Views handed to user code are read-only and tracked (``_Mapping.live_views``)
+so a slot is never reused while any view of it is alive.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import mmap
+import os
+import threading
+import weakref
+from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
+
+
+class _Mapping:
+    __slots__ = ("mm", "size", "live_views", "slot", "__weakref__")
+
+    def __init__(self, mm: mmap.mmap, size: int, slot: int) -> None:
+        self.mm = mm
+        self.size = size
+        #: Read-only views of this mapping still referenced by user code.
+        self.live_views = 0
+        self.slot = slot
+
+
+class StoreClient:
+    """Creates and maps object files in one node's store directory."""
+
+    def __init__(self, directory: str, memcpy_threads: int, memcpy_threshold_bytes: int,
+                 recycle_bytes: int) -> None:
+        self.directory = directory
+        self._memcpy_threads = memcpy_threads
+        self._memcpy_threshold = memcpy_threshold_bytes
+        self._recycle_bytes = recycle_bytes
+        # Reentrant: a view's weakref callback may run inside a locked region (GC).
+        self._lock = threading.RLock()
+        #: Object id -> writable mapping of a file this process created.
+        self._created: dict[bytes, _Mapping] = {}
+        #: Object id -> read-only mapping of a file another process created.
+        self._read: dict[bytes, mmap.mmap] = {}
+        #: Slot -> mapping kept after free, for the next create of that slot.
+        self._slots: dict[int, _Mapping] = {}
+        self._slot_bytes = 0
+        #: weakref callbacks need the ctypes views alive only through user references.
+        self._weak: set[weakref.ref[Any]] = set()
+
+    # ------------------------------------------------------------------ writing
+
+    def write(self, object_id: bytes, grant_path: str, final_path: str, slot: int,
+              file_size: int, reused: bool, size: int,
+              fill: Callable[[memoryview, Callable[[memoryview, memoryview], None]], None],
+              keep_mapping: bool) -> None:
+        """Write ``size`` bytes through ``fill(dest, copy)`` and seal by renaming.
+
+        ``keep_mapping``: this process will read the object (it owns it), so keep the
+        writable mapping for views and for reuse of the slot.
+        """
+        with self._lock:
+            mapping = self._slots.pop(slot, None)
+            if mapping is not None:
+                self._slot_bytes -= mapping.size
+        if mapping is None or mapping.size < size:
+            fd = os.open(grant_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                if not reused:
+                    os.ftruncate(fd, file_size)
+                flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if reused else 0)
+                mm = mmap.mmap(fd, file_size, flags=flags)
+            finally:
+                os.close(fd)
+            mapping = _Mapping(mm, file_size, slot)
+        with memoryview(mapping.mm) as dest:
+            fill(dest[:size], self._copy)
+        os.rename(grant_path, final_path)
+        if keep_mapping:
+            with self._lock:
+                self._created[object_id] = mapping
+        else:
+            self._close(mapping)
+
+    def _copy(self, dst: memoryview, src: memoryview) -> None:
+        n = src.nbytes
+        if n < self._memcpy_threshold or self._memcpy_threads <= 1:
+            dst[:] = src
+            return
+        import pyarrow as pa  # only processes that copy large buffers pay for the import
+        target = pa.py_buffer(dst)
+        writer = pa.FixedSizeBufferWriter(target)
+        try:
+            writer.set_memcopy_threads(self._memcpy_threads)
+            writer.set_memcopy_threshold(self._memcpy_threshold)
+            writer.write(src)
+        finally:
+            writer.close()
+            del writer, target
+
+    # ------------------------------------------------------------------ reading
+
+    def view(self, object_id: bytes) -> memoryview | None:
+        """A read-only view of a sealed object in this node's store, or None if absent."""
+        with self._lock:
+            mapping = self._created.get(object_id)
+            if mapping is not None:
+                return self._tracked_view(mapping)
+            mm = self._read.get(object_id)
+        if mm is None:
+            path = os.path.join(self.directory, object_id.hex())
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+            try:
+                size = os.fstat(fd).st_size
+                if size == 0:
+                    return None
+                mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+            with self._lock:
+                mm = self._read.setdefault(object_id, mm)
+        return memoryview(mm)
+
+    def _tracked_view(self, mapping: _Mapping) -> memoryview:
+        # A ctypes array over the mapping is the exporter every derived view keeps
+        # alive; its death (all user views gone) decrements live_views. Lock held.
+        arr = (ctypes.c_char * mapping.size).from_buffer(mapping.mm)
+        mapping.live_views += 1
+        lock = self._lock
+        ref = weakref.ref(mapping)
+
+        def gone(w: Any, ref: Any = ref) -> None:
+            self._weak.discard(w)
+            m = ref()
+            if m is not None:
+                with lock:
+                    m.live_views -= 1
+
+        self._weak.add(weakref.ref(arr, gone))
+        return memoryview(arr).cast("B").toreadonly()
+
+    def contains_local(self, object_id: bytes) -> bool:
+        return object_id in self._created or os.path.exists(os.path.join(self.directory, object_id.hex()))
+
+    # ------------------------------------------------------------------ freeing
+
+    def release(self, object_id: bytes, shared: bool) -> bool:
+        """The object is freed: drop or pool our mapping. True if the slot may be reused."""
+        with self._lock:
+            mm = self._read.pop(object_id, None)
+            mapping = self._created.pop(object_id, None)
+            if mapping is None:
+                recyclable = False
+            else:
+                recyclable = (not shared and mapping.live_views == 0
+                              and self._slot_bytes + mapping.size <= self._recycle_bytes)
+                if recyclable:
+                    self._slots[mapping.slot] = mapping
+                    self._slot_bytes += mapping.size
+        if mm is not None:
+            self._close_mm(mm)
+        if mapping is not None and not recyclable:
+            self._close(mapping)
+        return recyclable
+
+    def drop_slot(self, slot: int) -> None:
+        """The raylet unlinked a pooled slot: unmap it so its pages are released."""
+        with self._lock:
+            mapping = self._slots.pop(slot, None)
+            if mapping is not None:
+                self._slot_bytes -= mapping.size
+        if mapping is not None:
+            self._close(mapping)
+
+    def _close(self, mapping: _Mapping) -> None:
+        self._close_mm(mapping.mm)
+
+    @staticmethod
+    def _close_mm(mm: mmap.mmap) -> None:
+        try:
+            mm.close()
+        except BufferError:
+            pass  # user views remain; the mapping goes when they do
+
+    def close(self) -> None:
+        with self._lock:
+            maps = [m.mm for m in self._created.values()] + [m.mm for m in self._slots.values()]
+            maps += list(self._read.values())
+            self._created.clear()
+            self._slots.clear()
+            self._read.clear()
+            self._slot_bytes = 0
+        for mm in maps:
+            self._close_mm(mm)
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"created": len(self._created), "read": len(self._read),
+                    "pooled_slots": len(self._slots), "pooled_bytes": self._slot_bytes}
+
+
+def unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError as e:
+        if e.errno != errno.ENOENT:
+            logger.warning("could not remove %s: %s", path, e)

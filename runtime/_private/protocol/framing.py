@@ -1,0 +1,58 @@
+"""Length-prefixed frames.
+
+A frame is a 4-byte little-endian length followed by that many bytes. The decoder
+checks every length against a maximum before it waits for (or allocates) the body,
+so a peer cannot make us buffer more than that maximum.
+"""
+
+from __future__ import annotations
+
+import struct
+
+HEADER = struct.Struct("<I")
+HEADER_SIZE = HEADER.size
+_pack_len = HEADER.pack
+_unpack_len = HEADER.unpack_from
+
+
+class ProtocolError(Exception):
+    """A peer sent something we cannot accept. The connection is closed; nothing else."""
+
+
+def frame(payload: bytes) -> bytes:
+    return _pack_len(len(payload)) + payload
+
+
+class FrameDecoder:
+    """Splits a byte stream into frames, enforcing ``max_frame_bytes``."""
+
+    __slots__ = ("_buf", "max_frame_bytes")
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self._buf = bytearray()
+        #: Frames above this length are a protocol error; may be raised after auth.
+        self.max_frame_bytes = max_frame_bytes
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add bytes; return every complete frame. Raises ``ProtocolError``."""
+        buf = self._buf
+        buf += data
+        frames: list[bytes] = []
+        pos = 0
+        end = len(buf)
+        while end - pos >= HEADER_SIZE:
+            (n,) = _unpack_len(buf, pos)
+            if n > self.max_frame_bytes:
+                raise ProtocolError(f"frame of {n} bytes exceeds the limit of {self.max_frame_bytes}")
+            if end - pos - HEADER_SIZE < n:
+                break
+            start = pos + HEADER_SIZE
+            frames.append(bytes(buf[start:start + n]))
+            pos = start + n
+        if pos:
+            del buf[:pos]
+        return frames
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buf)

@@ -1,0 +1,578 @@
+"""Message types of the lumos protocol and their msgpack encoding.
+
+Every message is a ``@dataclass(slots=True)`` registered under a one-byte code. On the
+wire a message is a msgpack extension type whose payload is the list of its fields, so
+messages nest (a ``PushTask`` carries a ``TaskSpec`` that carries ``Address``es).
+
+A frame's payload is ``[kind, request_id, body]``; ``body`` is a message for
+``REQUEST`` and ``NOTIFY``, any msgpack value for ``REPLY``, and ``[type_name, text]``
+for ``ERROR``.
+
+Who sends what:
+
+```
+core worker --RegisterJob/Kv*/AddTaskEvents/Subscribe--> GCS
+raylet      --RegisterNode/NodeHeartbeat/WorkerLogBatch--> GCS
+core worker --RequestWorkerLease/ReturnWorker/CreateObject/FreeObjects--> raylet
+owner       --PushTask/CancelTask--> executing worker
+borrower    --GetObjectStatus/AddBorrowers/RemoveBorrowers--> owner
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any, Callable
+
+import msgpack
+
+from lumos._private.protocol.framing import ProtocolError
+
+REQUEST = 0
+REPLY = 1
+ERROR = 2
+NOTIFY = 3
+
+_REGISTRY: dict[int, type] = {}
+
+
+def message(code: int) -> Callable[[type], type]:
+    """Register a dataclass as message ``code`` (0..127)."""
+
+    def wrap(cls: type) -> type:
+        if code in _REGISTRY:
+            raise RuntimeError(f"message code {code} used twice ({_REGISTRY[code].__name__}, {cls.__name__})")
+        cls = dataclasses.dataclass(slots=True)(cls)
+        names = [f.name for f in dataclasses.fields(cls)]
+        if len(names) > 1:
+            getter: Callable[[Any], tuple[Any, ...]] = operator.attrgetter(*names)
+        elif names:
+            single = operator.attrgetter(names[0])
+            getter = lambda obj: (single(obj),)  # noqa: E731
+        else:
+            getter = lambda obj: ()  # noqa: E731
+        cls._code = code  # type: ignore[attr-defined]
+        cls._fields_of = getter  # type: ignore[attr-defined]
+        _REGISTRY[code] = cls
+        return cls
+
+    return wrap
+
+
+def _default(obj: Any) -> Any:
+    code = getattr(type(obj), "_code", None)
+    if code is None:
+        if isinstance(obj, (set, frozenset)):
+            return list(obj)
+        raise TypeError(f"cannot encode {type(obj).__name__} in a lumos message")
+    return msgpack.ExtType(code, msgpack.packb(type(obj)._fields_of(obj), default=_default, use_bin_type=True))
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    cls = _REGISTRY.get(code)
+    if cls is None:
+        raise ProtocolError(f"unknown message code {code}")
+    fields = msgpack.unpackb(data, ext_hook=_ext_hook, raw=False)
+    if not isinstance(fields, list):
+        raise ProtocolError(f"malformed {cls.__name__}")
+    try:
+        return cls(*fields)
+    except TypeError as e:
+        raise ProtocolError(f"malformed {cls.__name__}: {e}") from None
+
+
+def encode(kind: int, request_id: int, body: Any) -> bytes:
+    return msgpack.packb((kind, request_id, body), default=_default, use_bin_type=True)
+
+
+def decode(payload: bytes) -> tuple[int, int, Any]:
+    try:
+        obj = msgpack.unpackb(payload, ext_hook=_ext_hook, raw=False)
+    except ProtocolError:
+        raise
+    except Exception as e:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"undecodable frame: {type(e).__name__}: {e}") from None
+    if not (isinstance(obj, list) and len(obj) == 3 and isinstance(obj[0], int) and isinstance(obj[1], int)):
+        raise ProtocolError("frame is not [kind, request_id, body]")
+    return obj[0], obj[1], obj[2]
+
+
+# --------------------------------------------------------------------------- common
+
+
+@message(1)
+class Address:
+    """Where a process listens: a Unix socket on its node, TCP from elsewhere."""
+
+    node_id: bytes
+    worker_id: bytes
+    unix_path: str
+    host: str
+    port: int
+
+
+@message(2)
+class Dep:
+    """A task argument passed by reference, as the owner knows it at push time."""
+
+    object_id: bytes
+    owner: Address
+    #: The serialized value when the owner holds it inline, else None.
+    data: bytes | None
+    #: Node whose store holds the value (None when inline or unknown).
+    node_id: bytes | None
+
+
+@message(3)
+class TaskSpec:
+    task_id: bytes
+    job_id: bytes
+    parent_task_id: bytes
+    #: 0 normal task, 1 actor creation, 2 actor method call.
+    kind: int
+    name: str
+    function_id: bytes
+    function_name: str
+    #: Serialized ``(args, kwargs)``; top-level refs replaced by placeholders for ``deps``.
+    args: bytes
+    deps: list[Dep]
+    #: Refs nested inside ``args``: ``[object_id, owner Address]`` pairs.
+    nested_refs: list[Any]
+    num_returns: int
+    resources: dict[str, float]
+    max_retries: int
+    #: 0 never, 1 any exception, 2 the classes pickled in ``retry_exception_types``.
+    retry_exceptions: int
+    retry_exception_types: bytes | None
+    owner: Address
+    attempt: int
+    #: Scheduling strategy as a plain list (see options.py), or None for default.
+    strategy: Any
+    #: Actor fields: the actor, the caller's sequence number, the caller id.
+    actor_id: bytes | None = None
+    sequence_no: int = 0
+    caller_id: bytes | None = None
+    #: Extra options for actor creation (max_concurrency, ...), or None.
+    actor_options: Any = None
+    #: Root task of the driver call tree, used to route output to a notebook cell.
+    root_task_id: bytes | None = None
+
+
+@message(4)
+class ReturnObject:
+    object_id: bytes
+    #: The serialized value when small enough to travel inline, else None.
+    data: bytes | None
+    size: int
+    #: Node whose store holds the value when ``data`` is None.
+    node_id: bytes | None
+    #: Refs nested in the value: ``[object_id, owner Address]`` pairs.
+    nested_refs: list[Any]
+
+
+@message(5)
+class TaskReply:
+    task_id: bytes
+    returns: list[ReturnObject]
+    #: The user's code raised; the returns hold the error.
+    app_error: bool
+    #: The error matches ``retry_exceptions``.
+    retryable: bool
+    #: Refs from the arguments the executor still holds: ``[object_id, owner Address]``.
+    borrowed: list[Any]
+    worker_id: bytes
+    start_time: float
+    end_time: float
+    #: Set when the task never ran (cancelled before start, unknown function, ...).
+    system_error: str | None = None
+    #: The error's kind: "cancelled", "actor_died", ... (None for other errors).
+    error_kind: str | None = None
+
+
+# --------------------------------------------------------------------------- GCS
+
+
+@message(10)
+class NodeInfo:
+    node_id: bytes
+    address: Address
+    hostname: str
+    pid: int
+    resources_total: dict[str, float]
+    state: str
+    start_time: float
+    object_store_dir: str
+    object_store_bytes: int
+    session_dir: str
+    is_head: bool
+    labels: dict[str, str]
+    #: Process ids of the node's services (for ``lumos stop``).
+    pids: list[int]
+    end_time: float = 0.0
+    death_reason: str = ""
+    dashboard_url: str = ""
+
+
+@message(11)
+class RegisterNode:
+    info: NodeInfo
+
+
+@message(12)
+class NodeHeartbeat:
+    node_id: bytes
+    resources_available: dict[str, float]
+    #: Lease requests queued at the node's local scheduler.
+    queue_length: int
+    store_used_bytes: int
+    num_workers: int
+    #: Resource shapes that nothing on the node can run (infeasible).
+    infeasible: list[dict[str, float]]
+
+
+@message(13)
+class GetAllNodes:
+    pass
+
+
+@message(14)
+class RegisterJob:
+    driver: Address
+    pid: int
+    namespace: str
+    entrypoint: str
+
+
+@message(15)
+class JobInfo:
+    job_id: bytes
+    driver: Address
+    pid: int
+    namespace: str
+    entrypoint: str
+    state: str
+    start_time: float
+    end_time: float
+
+
+@message(16)
+class MarkJobFinished:
+    job_id: bytes
+
+
+@message(17)
+class GetAllJobs:
+    pass
+
+
+@message(18)
+class KvPut:
+    namespace: str
+    key: bytes
+    value: bytes
+    overwrite: bool
+
+
+@message(19)
+class KvGet:
+    namespace: str
+    key: bytes
+    #: Wait up to this long for the key to appear (0: answer at once).
+    wait_s: float = 0.0
+
+
+@message(20)
+class KvDel:
+    namespace: str
+    key: bytes
+
+
+@message(21)
+class KvKeys:
+    namespace: str
+    prefix: bytes
+
+
+@message(22)
+class TaskEvent:
+    task_id: bytes
+    attempt: int
+    #: SUBMITTED, PENDING_ARGS, SCHEDULED, RUNNING, FINISHED, FAILED, RETRIED, CANCELLED
+    state: str
+    time: float
+    job_id: bytes
+    #: Static facts, sent with SUBMITTED only (None otherwise).
+    info: Any = None
+    node_id: bytes | None = None
+    worker_id: bytes | None = None
+    error: str | None = None
+
+
+@message(23)
+class AddTaskEvents:
+    events: list[TaskEvent]
+
+
+@message(24)
+class GetTasks:
+    job_id: bytes | None
+    limit: int
+
+
+@message(25)
+class Subscribe:
+    #: "nodes", "workers", "jobs", "logs", "actors", "errors"
+    channel: str
+    #: Only messages with this key (a job id for logs), or None for all.
+    key: bytes | None
+
+
+@message(26)
+class Publish:
+    channel: str
+    key: bytes | None
+    data: Any
+
+
+@message(27)
+class WorkerInfo:
+    worker_id: bytes
+    node_id: bytes
+    pid: int
+    address: Address
+    job_id: bytes | None
+    is_driver: bool
+    state: str
+    start_time: float
+    end_time: float = 0.0
+    exit_detail: str = ""
+
+
+@message(28)
+class ReportWorker:
+    info: WorkerInfo
+
+
+@message(29)
+class GetAllWorkers:
+    pass
+
+
+@message(30)
+class LogBatch:
+    """Worker output: lines ``[job_id, task_id, task_name, pid, is_stderr, text]``."""
+
+    lines: list[Any]
+
+
+@message(31)
+class PublishError:
+    job_id: bytes | None
+    kind: str
+    text: str
+
+
+@message(32)
+class GetClusterStatus:
+    pass
+
+
+@message(33)
+class NodeResources:
+    node_id: bytes
+    total: dict[str, float]
+    available: dict[str, float]
+    queue_length: int
+    store_used_bytes: int
+    store_capacity_bytes: int
+    num_workers: int
+    infeasible: list[dict[str, float]]
+
+
+# --------------------------------------------------------------------------- raylet
+
+
+@message(40)
+class RegisterClient:
+    """A worker or driver introduces itself to its node's raylet."""
+
+    worker_id: bytes
+    pid: int
+    address: Address
+    is_driver: bool
+    job_id: bytes | None
+
+
+@message(41)
+class RequestWorkerLease:
+    job_id: bytes
+    resources: dict[str, float]
+    owner_worker_id: bytes
+    #: Scheduling strategy (see options.py) or None.
+    strategy: Any
+    #: Used in log lines and infeasibility warnings.
+    function_name: str
+    #: For an actor creation, the actor id (the worker is dedicated to it).
+    actor_id: bytes | None = None
+    #: Bytes of arguments on each node: ``{node_id: bytes}``, for locality.
+    arg_bytes_by_node: dict[bytes, int] | None = None
+    #: Bundle reference ``[pg_id, bundle_index]`` when scheduled in a placement group.
+    bundle: Any = None
+
+
+@message(42)
+class LeaseGrant:
+    lease_id: int
+    worker_id: bytes
+    worker_address: Address
+    #: ``{"GPU": [[index, fraction], ...], ...}`` for resources with instances.
+    resource_ids: dict[str, list[Any]]
+    node_id: bytes
+
+
+@message(43)
+class ReturnWorker:
+    lease_id: int
+    #: The owner saw the worker fail; do not reuse it.
+    disconnect: bool
+
+
+@message(44)
+class CancelLeaseRequest:
+    owner_worker_id: bytes
+    request_id: int
+
+
+@message(45)
+class WorkerBlocked:
+    worker_id: bytes
+
+
+@message(46)
+class WorkerUnblocked:
+    worker_id: bytes
+
+
+@message(47)
+class CreateObject:
+    object_id: bytes
+    size_bytes: int
+    owner_worker_id: bytes
+
+
+@message(48)
+class SealObject:
+    object_id: bytes
+    size_bytes: int
+    #: The creator is the only process that ever mapped it (safe to recycle later).
+    private: bool = True
+
+
+@message(49)
+class FreeObjects:
+    object_ids: list[bytes]
+    #: Per id: no process but the creator mapped it, and the creator's views are gone.
+    recyclable: list[bool]
+
+
+@message(50)
+class GetWorkerExit:
+    worker_id: bytes
+    wait_s: float
+
+
+@message(51)
+class KillWorker:
+    worker_id: bytes
+    reason: str
+
+
+@message(52)
+class GetNodeStats:
+    pass
+
+
+@message(53)
+class MarkShared:
+    """A process other than the creator is about to map these objects."""
+
+    object_ids: list[bytes]
+
+
+@message(54)
+class ShutdownNode:
+    reason: str
+
+
+@message(55)
+class DropSlots:
+    """Raylet to creator: these pooled files are gone; unmap them."""
+
+    slots: list[int]
+
+
+# --------------------------------------------------------------------------- core worker
+
+
+@message(60)
+class PushTask:
+    spec: TaskSpec
+    #: Instances granted with the lease, e.g. ``{"GPU": [[0, 1.0]]}``.
+    resource_ids: dict[str, list[Any]]
+
+
+@message(61)
+class CancelTask:
+    task_id: bytes
+    force: bool
+    recursive: bool
+
+
+@message(62)
+class GetObjectStatus:
+    object_id: bytes
+    #: Wait until the object is ready (long poll) instead of answering at once.
+    wait: bool
+    #: The asker (registered as borrower while it waits).
+    borrower: Address | None = None
+
+
+@message(63)
+class ObjectStatus:
+    #: 0 pending, 1 ready, 2 freed or never known, 3 lost
+    status: int
+    data: bytes | None
+    node_id: bytes | None
+    size: int
+    error: str | None = None
+
+
+@message(64)
+class AddBorrowers:
+    #: ``[object_id, ...]`` owned by the receiver.
+    object_ids: list[bytes]
+    borrower: Address
+
+
+@message(65)
+class RemoveBorrowers:
+    object_ids: list[bytes]
+    borrower_worker_id: bytes
+
+
+@message(66)
+class GetCoreWorkerStats:
+    pass
+
+
+@message(67)
+class ExitWorker:
+    reason: str
+
+
+@message(68)
+class ReportTaskOutput:
+    """Worker output for the driver that owns the root task (per-cell routing)."""
+
+    lines: list[Any]

@@ -1,0 +1,537 @@
+"""The raylet process: one per node. Local scheduler, worker pool, object store manager.
+
+```
+          ┌────────────── RayletServer ──────────────┐
+owners ──►│ RequestWorkerLease ─► LocalSchedulerState │──► worker processes (spawn, reap)
+          │ CreateObject/Free  ─► ObjectStoreState    │──► files in /dev/shm/<store dir>
+workers ─►│ RegisterClient, LogBatch, WorkerBlocked   │
+          └───────────────┬──────────────────────────┘
+                          └── RegisterNode, NodeHeartbeat, LogBatch ──► GCS
+```
+The two ``…State`` classes decide; this class owns the loop, sockets, timers, processes
+and files, and executes their actions. Run as ``python -m lumos._private.raylet.server``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from lumos._private.config import Config
+from lumos._private.ids import random_id, short
+from lumos._private.object_store import store_state as st
+from lumos._private.object_store.client import unlink_quietly
+from lumos._private.process import die_with_parent, read_token, report_ready, setup_logging
+from lumos._private.protocol import messages as m
+from lumos._private.raylet import scheduler as sc
+from lumos._private.transport.connection import (Connection, ConnectionLost, RpcServer, connect_with_retry,
+                                                 parse_address)
+
+logger = logging.getLogger(__name__)
+
+_TICK_S = 0.1
+
+
+class _WorkerProc:
+    __slots__ = ("worker_id", "popen", "pidfd", "conn", "address", "exit_info", "kill_reason",
+                 "started", "job_id", "is_driver")
+
+    def __init__(self, worker_id: bytes, popen: subprocess.Popen[bytes] | None) -> None:
+        self.worker_id = worker_id
+        self.popen = popen
+        self.pidfd = -1
+        self.conn: Connection | None = None
+        self.address: m.Address | None = None
+        #: "exit code N" / "signal SIGKILL" once the process is gone.
+        self.exit_info: str | None = None
+        self.kill_reason = ""
+        self.started = time.monotonic()
+        self.job_id: bytes | None = None
+        self.is_driver = False
+
+
+class RayletServer:
+    def __init__(self, config: Config, token: bytes, *, node_id: bytes, session_dir: str,
+                 gcs_address: str, resources: dict[str, float], store_dir: str,
+                 store_bytes: int, node_ip: str, is_head: bool, labels: dict[str, str]) -> None:
+        self.config = config
+        self.token = token
+        self.node_id = node_id
+        self.session_dir = session_dir
+        self.gcs_address = gcs_address
+        self.node_ip = node_ip
+        self.is_head = is_head
+        self.labels = labels
+        self.resources_total = resources
+        self.store_dir = store_dir
+        cpus = int(resources.get("CPU", 1))
+        prestart = config.num_prestart_workers if config.num_prestart_workers >= 0 else cpus
+        max_workers = config.max_workers_per_node if config.max_workers_per_node > 0 else 4 * cpus + 8
+        self.scheduler = sc.LocalSchedulerState(resources, prestart, max_workers,
+                                                config.worker_idle_timeout_s, validate=config.validate)
+        self.store = st.ObjectStoreState(store_dir, store_bytes, config.object_store_recycle_bytes,
+                                         config.object_store_full_timeout_s, validate=config.validate)
+        self.num_prestart = prestart
+        #: Worker id -> process (workers) or registration (drivers).
+        self.procs: dict[bytes, _WorkerProc] = {}
+        #: Worker id -> exit description, kept after the process is gone.
+        self.exits: dict[bytes, str] = {}
+        self._exit_waiters: dict[bytes, list[asyncio.Future[str]]] = {}
+        #: Lease request id -> (owner connection, future of the reply).
+        self._lease_waiters: dict[int, tuple[Connection, asyncio.Future[Any]]] = {}
+        #: Lease id -> owner connection.
+        self._lease_owner: dict[int, Connection] = {}
+        #: Create request id -> future of the reply.
+        self._create_waiters: dict[int, asyncio.Future[Any]] = {}
+        self._next_request = 1
+        self._warned_infeasible: set[int] = set()
+        self.gcs: Connection | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._unlinker = ThreadPoolExecutor(1, thread_name_prefix="raylet.unlink")
+        self.stopped = asyncio.Event()
+        self._stopping = False
+        self.unix_path = os.path.join(session_dir, "sockets", f"raylet-{node_id.hex()[:12]}.sock")
+        handlers = {
+            m.RegisterClient: self._register_client,
+            m.RequestWorkerLease: self._request_lease,
+            m.ReturnWorker: self._return_worker,
+            m.WorkerBlocked: lambda c, msg: self._sched(sc.WorkerBlocked(msg.worker_id)),
+            m.WorkerUnblocked: lambda c, msg: self._sched(sc.WorkerUnblocked(msg.worker_id)),
+            m.CreateObject: self._create_object,
+            m.SealObject: lambda c, msg: self._store(st.ObjectSealed(msg.object_id, msg.size_bytes)),
+            m.FreeObjects: lambda c, msg: self._store(st.ObjectsFreed(msg.object_ids, msg.recyclable)),
+            m.MarkShared: lambda c, msg: self._store(st.MarkedShared(msg.object_ids)),
+            m.GetWorkerExit: self._get_worker_exit,
+            m.KillWorker: self._kill_worker_request,
+            m.GetNodeStats: self._node_stats,
+            m.LogBatch: self._forward_logs,
+            m.ShutdownNode: self._shutdown_request,
+        }
+        self.server = RpcServer(token=token, config=config, handlers=handlers, name="raylet",
+                                on_close=self._client_closed)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        os.makedirs(self.store_dir, exist_ok=True)
+        os.makedirs(os.path.dirname(self.unix_path), exist_ok=True)
+        await self.server.start(unix_path=self.unix_path, host=self.node_ip, port=0)
+        for _ in range(self.num_prestart):
+            self._start_worker()
+        self.gcs = await connect_with_retry(
+            parse_address(self.gcs_address), token=self.token, config=self.config,
+            handlers={m.Publish: self._on_publish, m.ShutdownNode: self._shutdown_request},
+            name="raylet->gcs", on_close=self._gcs_lost)
+        await self.gcs.call(m.RegisterNode(self.node_info()), self.config.rpc_timeout_s)
+        self.gcs.notify(m.Subscribe("jobs", None))
+        self._spawn(self._heartbeat_loop(), "raylet.heartbeat")
+        self._spawn(self._tick_loop(), "raylet.tick")
+        logger.info("raylet %s up: %s, store %d MiB at %s", short(self.node_id), self.resources_total,
+                    self.store.capacity_bytes >> 20, self.store_dir)
+
+    def node_info(self) -> m.NodeInfo:
+        address = m.Address(self.node_id, b"", self.unix_path, self.server.host, self.server.port)
+        return m.NodeInfo(self.node_id, address, socket.gethostname(), os.getpid(),
+                          dict(self.resources_total), "ALIVE", time.time(), self.store_dir,
+                          self.store.capacity_bytes, self.session_dir, self.is_head, dict(self.labels),
+                          [os.getpid()])
+
+    async def stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        logger.info("raylet stopping")
+        for proc in list(self.procs.values()):
+            if proc.popen is not None and proc.exit_info is None:
+                try:
+                    proc.popen.send_signal(signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 2.0
+        for proc in list(self.procs.values()):
+            if proc.popen is not None:
+                try:
+                    proc.popen.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    logger.error("worker pid %d did not exit", proc.popen.pid)
+            if proc.pidfd >= 0:
+                try:
+                    asyncio.get_running_loop().remove_reader(proc.pidfd)
+                except (ValueError, RuntimeError):
+                    pass
+                os.close(proc.pidfd)
+                proc.pidfd = -1
+        for task in list(self._tasks):
+            task.cancel()
+        if self.gcs is not None:
+            self.gcs.close()
+        await self.server.stop()
+        self._unlinker.shutdown(wait=True)
+        shutil.rmtree(self.store_dir, ignore_errors=True)
+        self.stopped.set()
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                logger.error("%s failed", name, exc_info=t.exception())
+        task.add_done_callback(done)
+
+    def _gcs_lost(self, conn: Connection) -> None:
+        if not self._stopping:
+            logger.error("lost the GCS connection; stopping this node")
+            self._spawn(self.stop(), "raylet.stop")
+
+    def _shutdown_request(self, conn: Connection, msg: m.ShutdownNode) -> None:
+        logger.info("shutdown requested: %s", msg.reason)
+        self._spawn(self.stop(), "raylet.stop")
+
+    def _on_publish(self, conn: Connection, msg: m.Publish) -> None:
+        if msg.channel == "jobs" and isinstance(msg.data, m.JobInfo) and msg.data.state != "RUNNING":
+            self._sched(sc.JobFinished(msg.data.job_id))
+
+    # ------------------------------------------------------------------ loops
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.config.heartbeat_interval_ms / 1000
+        while True:
+            assert self.gcs is not None
+            s = self.scheduler
+            self.gcs.notify(m.NodeHeartbeat(
+                self.node_id, s.available_floats(), len(s.queue), self.store.used_bytes,
+                sum(1 for p in self.procs.values() if not p.is_driver and p.exit_info is None),
+                s.infeasible_shapes()))
+            await asyncio.sleep(interval)
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(_TICK_S)
+            now = time.monotonic()
+            self._sched(sc.Ticked())
+            self._store(st.Ticked())
+            self._warn_infeasible(now)
+
+    def _warn_infeasible(self, now: float) -> None:
+        for rid, req in self.scheduler.queue.items():
+            if req.infeasible and rid not in self._warned_infeasible and \
+                    now - req.since >= self.config.infeasible_warning_s:
+                self._warned_infeasible.add(rid)
+                text = (f"task {req.event.function_name or '?'} needs {req.event.resources}, but no node "
+                        f"has that much (this node: {self.resources_total}); it stays pending until a node "
+                        "that fits joins the cluster")
+                logger.warning("%s", text)
+                if self.gcs is not None:
+                    self.gcs.notify(m.PublishError(req.event.job_id, "infeasible", text))
+
+    # ------------------------------------------------------------------ scheduler plumbing
+
+    def _sched(self, event: sc.Event) -> None:
+        for action in self.scheduler.handle(event, time.monotonic()):
+            self._execute(action)
+
+    def _execute(self, action: sc.Action) -> None:
+        if isinstance(action, sc.GrantLease):
+            waiter = self._lease_waiters.pop(action.request_id, None)
+            proc = self.procs.get(action.worker_id)
+            if waiter is None or proc is None or proc.address is None:
+                # The owner gave up, or the worker vanished: hand the lease straight back.
+                self._sched(sc.LeaseReturned(action.lease_id, proc is None))
+                return
+            conn, fut = waiter
+            self._lease_owner[action.lease_id] = conn
+            if not fut.done():
+                fut.set_result(m.LeaseGrant(action.lease_id, action.worker_id, proc.address,
+                                            action.resource_ids, self.node_id))
+        elif isinstance(action, sc.StartWorker):
+            self._start_worker()
+        elif isinstance(action, sc.StopWorker):
+            self._kill_worker(action.worker_id, action.reason, sig=signal.SIGKILL)
+        elif isinstance(action, sc.ReportInfeasible):
+            logger.info("lease request %d for %s is infeasible here", action.request_id, action.resources)
+        elif isinstance(action, sc.FailLease):
+            waiter = self._lease_waiters.pop(action.request_id, None)
+            if waiter is not None and not waiter[1].done():
+                waiter[1].set_exception(RuntimeError(action.reason))
+
+    # ------------------------------------------------------------------ workers
+
+    def _start_worker(self) -> None:
+        worker_id = random_id(16)
+        cmd = [sys.executable, "-m", "lumos._private.worker.main",
+               "--raylet-socket", self.unix_path,
+               "--gcs-address", self.gcs_address,
+               "--token-file", os.path.join(self.session_dir, "token"),
+               "--session-dir", self.session_dir,
+               "--node-id", self.node_id.hex(),
+               "--worker-id", worker_id.hex(),
+               "--store-dir", self.store_dir,
+               "--node-ip", self.node_ip,
+               "--config", self.config.to_json(),
+               "--parent-pid", str(os.getpid())]
+        log_dir = os.path.join(self.session_dir, "logs")
+        out = open(os.path.join(log_dir, f"worker-{worker_id.hex()[:12]}.out"), "ab")
+        try:
+            popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                     close_fds=True, start_new_session=False)
+        finally:
+            out.close()
+        proc = _WorkerProc(worker_id, popen)
+        self.procs[worker_id] = proc
+        self.scheduler.add_starting_worker(worker_id)
+        try:
+            proc.pidfd = os.pidfd_open(popen.pid)
+            asyncio.get_running_loop().add_reader(proc.pidfd, self._on_worker_exit, worker_id)
+        except (AttributeError, OSError):  # no pidfd: poll from the tick loop instead
+            proc.pidfd = -1
+        logger.debug("started worker %s pid %d", short(worker_id), popen.pid)
+
+    def _on_worker_exit(self, worker_id: bytes) -> None:
+        proc = self.procs.get(worker_id)
+        if proc is None or proc.popen is None:
+            return
+        if proc.pidfd >= 0:
+            asyncio.get_running_loop().remove_reader(proc.pidfd)
+            os.close(proc.pidfd)
+            proc.pidfd = -1
+        code = proc.popen.wait()
+        if code < 0:
+            try:
+                desc = f"signal {signal.Signals(-code).name}"
+            except ValueError:
+                desc = f"signal {-code}"
+        else:
+            desc = f"exit code {code}"
+        if proc.kill_reason:
+            desc += f" ({proc.kill_reason})"
+        proc.exit_info = desc
+        self.exits[worker_id] = desc
+        if len(self.exits) > 10_000:
+            for wid in list(self.exits)[:1000]:
+                del self.exits[wid]
+        for fut in self._exit_waiters.pop(worker_id, []):
+            if not fut.done():
+                fut.set_result(desc)
+        del self.procs[worker_id]
+        level = logging.INFO if proc.kill_reason else logging.WARNING
+        logger.log(level, "worker %s pid %d exited: %s", short(worker_id), proc.popen.pid, desc)
+        self._report_worker(proc, "DEAD", desc)
+        for lease_id, conn in list(self._lease_owner.items()):
+            lease = self.scheduler.leases.get(lease_id)
+            if lease is not None and lease.worker_id == worker_id:
+                del self._lease_owner[lease_id]
+        self._store(st.ClientGone(worker_id))
+        self._sched(sc.WorkerExited(worker_id))
+        if not self._stopping:
+            alive = sum(1 for p in self.procs.values() if not p.is_driver)
+            if alive < self.num_prestart and not proc.kill_reason:
+                self._start_worker()
+
+    def _kill_worker(self, worker_id: bytes, reason: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.get(worker_id)
+        if proc is None or proc.popen is None or proc.exit_info is not None:
+            return
+        proc.kill_reason = reason
+        try:
+            proc.popen.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    def _report_worker(self, proc: _WorkerProc, state: str, detail: str = "") -> None:
+        if self.gcs is None or proc.address is None:
+            return
+        pid = proc.popen.pid if proc.popen is not None else 0
+        self.gcs.notify(m.ReportWorker(m.WorkerInfo(
+            proc.worker_id, self.node_id, pid, proc.address, proc.job_id, proc.is_driver, state,
+            time.time(), time.time() if state == "DEAD" else 0.0, detail)))
+
+    # ------------------------------------------------------------------ handlers
+
+    def _register_client(self, conn: Connection, msg: m.RegisterClient) -> m.NodeInfo:
+        proc = self.procs.get(msg.worker_id)
+        if msg.is_driver:
+            proc = _WorkerProc(msg.worker_id, None)
+            proc.is_driver = True
+            self.procs[msg.worker_id] = proc
+        elif proc is None:
+            raise PermissionError(f"worker {short(msg.worker_id)} was not started by this raylet")
+        proc.conn = conn
+        proc.address = msg.address
+        proc.job_id = msg.job_id
+        conn.peer_info = msg.worker_id
+        if not msg.is_driver:
+            self._sched(sc.WorkerRegistered(msg.worker_id))
+        self._report_worker(proc, "ALIVE")
+        return self.node_info()
+
+    async def _request_lease(self, conn: Connection, msg: m.RequestWorkerLease) -> m.LeaseGrant:
+        rid = self._next_request
+        self._next_request += 1
+        fut: asyncio.Future[m.LeaseGrant] = asyncio.get_running_loop().create_future()
+        self._lease_waiters[rid] = (conn, fut)
+        self._sched(sc.LeaseRequested(rid, msg.job_id, msg.resources, msg.function_name, msg.actor_id))
+        try:
+            return await fut
+        finally:
+            if self._lease_waiters.pop(rid, None) is not None:
+                self._sched(sc.LeaseCancelled(rid))
+
+    def _return_worker(self, conn: Connection, msg: m.ReturnWorker) -> None:
+        self._lease_owner.pop(msg.lease_id, None)
+        self._sched(sc.LeaseReturned(msg.lease_id, msg.disconnect))
+
+    async def _create_object(self, conn: Connection, msg: m.CreateObject) -> list[Any]:
+        rid = self._next_request
+        self._next_request += 1
+        fut: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self._create_waiters[rid] = fut
+        try:
+            self._store(st.CreateRequested(rid, msg.object_id, msg.size_bytes, msg.owner_worker_id))
+            return await fut
+        finally:
+            self._create_waiters.pop(rid, None)
+
+    def _store(self, event: st.Event) -> None:
+        for action in self.store.handle(event, time.monotonic()):
+            if isinstance(action, st.GrantCreate):
+                fut = self._create_waiters.pop(action.request, None)
+                if fut is not None and not fut.done():
+                    fut.set_result([action.slot, action.path, action.final_path, action.file_size, action.reused])
+                else:  # the creator went away while waiting
+                    self._store(st.ObjectsFreed([action.object_id], [False]))
+            elif isinstance(action, st.RejectCreate):
+                fut = self._create_waiters.pop(action.request, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(_StoreFull(action.reason))
+            elif isinstance(action, st.RenameFile):
+                try:
+                    os.rename(action.src, action.dst)
+                except OSError as e:
+                    logger.error("store rename %s -> %s failed: %s", action.src, action.dst, e)
+            elif isinstance(action, st.UnlinkFile):
+                self._unlinker.submit(unlink_quietly, action.path)
+            elif isinstance(action, st.DropSlot):
+                proc = self.procs.get(action.client)
+                if proc is not None and proc.conn is not None:
+                    proc.conn.notify(m.DropSlots([action.slot]))
+
+    async def _get_worker_exit(self, conn: Connection, msg: m.GetWorkerExit) -> str | None:
+        if msg.worker_id in self.exits:
+            return self.exits[msg.worker_id]
+        if msg.wait_s <= 0 or msg.worker_id not in self.procs:
+            return None
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._exit_waiters.setdefault(msg.worker_id, []).append(fut)
+        try:
+            async with asyncio.timeout(min(msg.wait_s, 30.0)):
+                return await fut
+        except TimeoutError:
+            return None
+
+    def _kill_worker_request(self, conn: Connection, msg: m.KillWorker) -> bool:
+        if msg.worker_id not in self.procs:
+            return False
+        self._kill_worker(msg.worker_id, msg.reason)
+        return True
+
+    def _node_stats(self, conn: Connection, msg: m.GetNodeStats) -> dict[str, Any]:
+        workers = []
+        for p in self.procs.values():
+            lease = self.scheduler.lease_of_worker(p.worker_id)
+            workers.append({
+                "worker_id": p.worker_id.hex(), "pid": p.popen.pid if p.popen else None,
+                "is_driver": p.is_driver, "job_id": p.job_id.hex() if p.job_id else None,
+                "state": "LEASED" if lease else ("IDLE" if p.address else "STARTING"),
+                "resources": self.scheduler.resources.as_floats(lease.units) if lease else {},
+            })
+        return {"node_id": self.node_id.hex(), "store": self.store.stats(), "workers": workers,
+                "available": self.scheduler.available_floats(), "total": dict(self.resources_total),
+                "queue_length": len(self.scheduler.queue), "infeasible": self.scheduler.infeasible_shapes()}
+
+    def _forward_logs(self, conn: Connection, msg: m.LogBatch) -> None:
+        if self.gcs is not None:
+            self.gcs.notify(msg)
+
+    def _client_closed(self, conn: Connection) -> None:
+        worker_id = conn.peer_info
+        for rid, (owner, fut) in list(self._lease_waiters.items()):
+            if owner is conn:
+                del self._lease_waiters[rid]
+                fut.cancel()
+                self._sched(sc.LeaseCancelled(rid))
+        for lease_id, owner in list(self._lease_owner.items()):
+            if owner is conn:
+                del self._lease_owner[lease_id]
+                self._sched(sc.LeaseReturned(lease_id, True))  # its owner is gone: so is the work
+        if worker_id is None:
+            return
+        proc = self.procs.get(worker_id)
+        if proc is not None and proc.is_driver:
+            del self.procs[worker_id]
+            self._store(st.ClientGone(worker_id))
+
+
+class _StoreFull(Exception):
+    """Surfaces at the client as RemoteError('_StoreFull', reason)."""
+
+
+async def _amain(args: argparse.Namespace) -> None:
+    import json
+    config = Config.from_json(args.config) if args.config else Config.resolve()
+    token = read_token(args.token_file)
+    raylet = RayletServer(
+        config, token, node_id=bytes.fromhex(args.node_id), session_dir=args.session_dir,
+        gcs_address=args.gcs_address, resources=json.loads(args.resources),
+        store_dir=args.store_dir, store_bytes=args.object_store_memory, node_ip=args.node_ip,
+        is_head=args.head, labels=json.loads(args.labels))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(raylet.stop()))
+    try:
+        await raylet.start()
+    except (OSError, ConnectionLost, TimeoutError) as e:
+        logger.error("raylet could not start: %s", e)
+        await raylet.stop()
+        raise SystemExit(1)
+    report_ready(args.ready_fd, {"unix_path": raylet.unix_path, "host": raylet.server.host,
+                                 "port": raylet.server.port, "pid": os.getpid(),
+                                 "node_id": raylet.node_id.hex()})
+    await raylet.stopped.wait()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="lumos-raylet")
+    p.add_argument("--node-id", required=True)
+    p.add_argument("--session-dir", required=True)
+    p.add_argument("--token-file", required=True)
+    p.add_argument("--gcs-address", required=True)
+    p.add_argument("--resources", required=True)
+    p.add_argument("--store-dir", required=True)
+    p.add_argument("--object-store-memory", type=int, required=True)
+    p.add_argument("--node-ip", default="127.0.0.1")
+    p.add_argument("--head", action="store_true")
+    p.add_argument("--labels", default="{}")
+    p.add_argument("--config", default="")
+    p.add_argument("--ready-fd", type=int, default=-1)
+    p.add_argument("--die-with-parent", type=int, default=0)
+    args = p.parse_args()
+    if args.die_with_parent:
+        die_with_parent(args.die_with_parent)
+    setup_logging(os.path.join(args.session_dir, "logs"), f"raylet-{args.node_id[:12]}")
+    asyncio.run(_amain(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""The serialized form of user values, shared by inline values and store files.
+
+```
+offset 0   u8 version | u8 kind | u16 reserved | u32 nbuf | u64 pickle_len
+offset 16  nbuf x (u64 offset, u64 length)        buffer table, offsets from the start
+           pickle-5 stream (cloudpickle when the value needs code by value)
+           out-of-band buffers, each at a 64-byte aligned offset
+```
+A store file is exactly this blob, so a reader maps the file and hands memoryviews of
+the buffer regions to ``pickle.loads``: numpy arrays and Arrow buffers come back
+zero-copy and read-only. Inline values use the same bytes.
+
+Refs found while pickling (``ObjectRef.__reduce__``) are collected in a thread-local
+context so the caller can track them as nested references.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+import threading
+from typing import Any, Callable
+
+import cloudpickle
+
+VERSION = 1
+KIND_VALUE = 0
+KIND_ERROR = 1
+ALIGN = 64
+
+_HEAD = struct.Struct("<BBHIQ")
+_ENTRY = struct.Struct("<QQ")
+_PLAIN_SCALARS = frozenset((int, float, str, bytes, bool, type(None), complex))
+
+_local = threading.local()
+
+_np_ndarray: type | None = None
+
+
+def _ndarray_type() -> type | None:
+    global _np_ndarray
+    if _np_ndarray is None:
+        import sys
+        np = sys.modules.get("numpy")
+        if np is None:
+            return None
+        _np_ndarray = np.ndarray
+    return _np_ndarray
+
+
+class SerializationError(TypeError):
+    """A value could not be pickled; says which and why."""
+
+
+class DeserializationError(Exception):
+    """A serialized value could not be rebuilt in this process."""
+
+
+def _is_plain(value: Any, depth: int = 0) -> bool:
+    t = type(value)
+    if t in _PLAIN_SCALARS:
+        return True
+    if depth < 2:
+        if t is tuple or t is list:
+            return len(value) <= 64 and all(_is_plain(v, depth + 1) for v in value)
+        if t is dict:
+            return len(value) <= 64 and all(
+                type(k) in _PLAIN_SCALARS and _is_plain(v, depth + 1) for k, v in value.items())
+    nd = _ndarray_type()
+    if nd is not None and t is nd and value.dtype.kind != "O":
+        return True
+    return False
+
+
+class SerializedValue:
+    """A pickled value with its out-of-band buffers, not yet laid out."""
+
+    __slots__ = ("kind", "pickled", "buffers", "nested_refs", "total_size", "_offsets")
+
+    def __init__(self, kind: int, pickled: bytes, buffers: list[memoryview],
+                 nested_refs: list[Any]) -> None:
+        self.kind = kind
+        self.pickled = pickled
+        #: Raw (1-D, byte) views of the out-of-band buffers.
+        self.buffers = buffers
+        #: ObjectRefs met while pickling.
+        self.nested_refs = nested_refs
+        header = _HEAD.size + _ENTRY.size * len(buffers)
+        pos = header + len(pickled)
+        offsets = []
+        for buf in buffers:
+            pos = (pos + ALIGN - 1) & ~(ALIGN - 1)
+            offsets.append(pos)
+            pos += buf.nbytes
+        self._offsets = offsets
+        #: Size of the laid-out blob.
+        self.total_size = pos
+
+    def _header(self) -> bytes:
+        parts = [_HEAD.pack(VERSION, self.kind, 0, len(self.buffers), len(self.pickled))]
+        for off, buf in zip(self._offsets, self.buffers):
+            parts.append(_ENTRY.pack(off, buf.nbytes))
+        return b"".join(parts)
+
+    def to_bytes(self) -> bytes:
+        """The blob as one bytes object (for inline values)."""
+        if not self.buffers:
+            return _HEAD.pack(VERSION, self.kind, 0, 0, len(self.pickled)) + self.pickled
+        out = bytearray(self.total_size)
+        self.write_into(memoryview(out))
+        return bytes(out)
+
+    def write_into(self, dest: memoryview, copy: Callable[[memoryview, memoryview], None] | None = None) -> None:
+        """Lay the blob out in ``dest`` (at least ``total_size`` bytes).
+
+        ``copy(dst, src)`` copies large buffers (the store passes a multi-threaded one).
+        """
+        header = self._header()
+        n = len(header)
+        dest[:n] = header
+        dest[n:n + len(self.pickled)] = self.pickled
+        for off, buf in zip(self._offsets, self.buffers):
+            target = dest[off:off + buf.nbytes]
+            if copy is not None:
+                copy(target, buf)
+            else:
+                target[:] = buf
+
+
+def serialize(value: Any, kind: int = KIND_VALUE) -> SerializedValue:
+    """Pickle ``value`` with protocol 5, buffers out of band. Raises ``SerializationError``."""
+    buffers: list[memoryview] = []
+
+    def on_buffer(pb: pickle.PickleBuffer) -> bool:
+        buffers.append(pb.raw())
+        return False
+
+    prev = getattr(_local, "refs", None)
+    refs: list[Any] = []
+    _local.refs = refs
+    try:
+        if _is_plain(value):
+            pickled = pickle.dumps(value, protocol=5, buffer_callback=on_buffer)
+        else:
+            pickled = cloudpickle.dumps(value, protocol=5, buffer_callback=on_buffer)
+    except SerializationError:
+        raise
+    except Exception as e:
+        raise SerializationError(_describe_failure(value, e)) from e
+    finally:
+        _local.refs = prev
+    return SerializedValue(kind, pickled, buffers, refs)
+
+
+def _describe_failure(value: Any, e: Exception) -> str:
+    what = type(value).__name__
+    return (f"could not serialize a value of type {what}: {type(e).__name__}: {e}. "
+            "Values sent to tasks and actors must be picklable (cloudpickle); "
+            "objects holding locks, sockets or open files are not.")
+
+
+def record_ref(ref: Any) -> None:
+    """Called by ``ObjectRef.__reduce__``: note a ref nested in the value being pickled."""
+    refs = getattr(_local, "refs", None)
+    if refs is not None:
+        refs.append(ref)
+
+
+def dumps_code(obj: Any) -> bytes:
+    """Pickle a function or class for export (by value when it is not importable)."""
+    try:
+        return cloudpickle.dumps(obj, protocol=5)
+    except Exception as e:
+        raise SerializationError(_describe_failure(obj, e)) from e
+
+
+def parse(blob: memoryview) -> tuple[int, memoryview, list[memoryview]]:
+    """Split a blob into ``(kind, pickle stream, buffers)`` without copying."""
+    if blob.nbytes < _HEAD.size:
+        raise DeserializationError("serialized value is truncated")
+    version, kind, _, nbuf, plen = _HEAD.unpack_from(blob, 0)
+    if version != VERSION:
+        raise DeserializationError(f"serialized value has format version {version}, expected {VERSION}")
+    pos = _HEAD.size
+    buffers = []
+    for _ in range(nbuf):
+        off, length = _ENTRY.unpack_from(blob, pos)
+        pos += _ENTRY.size
+        if off + length > blob.nbytes:
+            raise DeserializationError("serialized value is truncated")
+        buffers.append(blob[off:off + length])
+    return kind, blob[pos:pos + plen], buffers
+
+
+def deserialize(blob: bytes | memoryview) -> tuple[int, Any]:
+    """Rebuild a value. Returns ``(kind, value)``; buffers stay views of ``blob``."""
+    view = blob if isinstance(blob, memoryview) else memoryview(blob)
+    kind, stream, buffers = parse(view)
+    try:
+        return kind, pickle.loads(stream, buffers=buffers)
+    except Exception as e:
+        raise DeserializationError(f"could not deserialize a value: {type(e).__name__}: {e}") from e
+
+
+def kind_of(blob: bytes) -> int:
+    return blob[1] if len(blob) > 1 else KIND_VALUE

@@ -1,0 +1,1 @@
+"""Worker process entry point."""

@@ -1,0 +1,69 @@
+"""A worker process: started by its raylet, runs tasks (or hosts one actor).
+
+``python -m lumos._private.worker.main --raylet-socket ... --worker-id ...``
+
+The main thread runs the ``Executor`` loop; the ``lumos-io`` thread runs the core
+worker. The process exits when its raylet goes away (connection loss, or the kernel's
+parent-death signal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+from lumos._private.config import Config
+from lumos._private.core_worker.core_worker import WORKER, CoreWorker
+from lumos._private.core_worker.executor import Executor, TaskOutput
+from lumos._private.process import die_with_parent, read_token, setup_logging
+from lumos._private.transport.connection import parse_address
+
+logger = logging.getLogger(__name__)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="lumos-worker")
+    p.add_argument("--raylet-socket", required=True)
+    p.add_argument("--gcs-address", required=True)
+    p.add_argument("--token-file", required=True)
+    p.add_argument("--session-dir", required=True)
+    p.add_argument("--node-id", required=True)
+    p.add_argument("--worker-id", required=True)
+    p.add_argument("--store-dir", required=True)
+    p.add_argument("--node-ip", default="127.0.0.1")
+    p.add_argument("--config", default="")
+    p.add_argument("--parent-pid", type=int, default=0)
+    args = p.parse_args()
+    if args.parent_pid:
+        die_with_parent(args.parent_pid)
+    setup_logging(os.path.join(args.session_dir, "logs"), f"worker-{args.worker_id[:12]}")
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # cancel() interrupts user code
+    config = Config.from_json(args.config) if args.config else Config.resolve()
+    cw = CoreWorker(mode=WORKER, config=config, token=read_token(args.token_file),
+                    gcs_address=parse_address(args.gcs_address), raylet_socket=args.raylet_socket,
+                    session_dir=args.session_dir, node_id=bytes.fromhex(args.node_id),
+                    store_dir=args.store_dir, worker_id=bytes.fromhex(args.worker_id),
+                    node_ip=args.node_ip)
+    executor = Executor(cw)
+    cw.executor = executor
+    sys.stdout = TaskOutput(executor, False, sys.__stdout__)
+    sys.stderr = TaskOutput(executor, True, sys.__stderr__)
+    try:
+        cw.start()
+    except Exception as e:
+        logger.error("worker could not connect: %s", e)
+        os._exit(1)
+    import lumos._private.worker_context as ctx
+    ctx.set_worker_mode(cw)
+    try:
+        executor.run()
+    finally:
+        cw.shutdown()
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,440 @@
+"""The public API: init, shutdown, get, put, wait, cancel, and cluster queries.
+
+Each function validates its arguments, hands the work to the process's core worker and
+returns; no sockets or event loops here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import numbers
+import os
+import socket
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+from lumos import exceptions as exc
+from lumos._private import worker_context
+from lumos._private.config import Config
+from lumos._private.core_worker.core_worker import DRIVER, CoreWorker
+from lumos._private.ids import random_id
+from lumos._private.node import (CURRENT_CLUSTER, NodeProcesses, default_store_bytes, new_session_dir,
+                                 node_resources)
+from lumos._private.protocol import auth
+from lumos._private.protocol import messages as m
+from lumos._private.transport.connection import parse_address
+from lumos.object_ref import ObjectRef
+
+logger = logging.getLogger(__name__)
+
+
+class LumosContext:
+    """What ``init()`` returns: addresses, the dashboard link, and ``with`` support.
+
+    ``with lumos.init(): ...`` shuts the cluster down at the end of the block.
+    """
+
+    def __init__(self, address_info: dict[str, Any], dashboard_url: str) -> None:
+        self.address_info = address_info
+        #: Ray's attribute name: the dashboard login link (empty without a dashboard).
+        self.dashboard_url = dashboard_url
+
+    def __enter__(self) -> "LumosContext":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        shutdown()
+
+    def __getitem__(self, key: str) -> Any:
+        return self.address_info[key]
+
+    def __repr__(self) -> str:
+        return (f"LumosContext(gcs_address={self.address_info.get('gcs_address')!r}, "
+                f"node_id={self.address_info.get('node_id')!r}, dashboard_url={self.dashboard_url!r})")
+
+    def _repr_html_(self) -> str:
+        from html import escape
+        res = cluster_resources() if is_initialized() else {}
+        rows = "".join(f"<tr><td>{escape(str(k))}</td><td>{escape(str(v))}</td></tr>"
+                       for k, v in sorted(res.items()) if not k.startswith("node:"))
+        link = (f"<a href='{escape(self.dashboard_url)}' target='_blank'>dashboard</a>"
+                if self.dashboard_url else "no dashboard")
+        return (f"<div><b>lumos</b> cluster at <code>{escape(str(self.address_info.get('gcs_address')))}</code>"
+                f" — {link}<table>{rows}</table></div>")
+
+
+def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus: float | None = None,
+         resources: dict[str, float] | None = None, memory: int | None = None,
+         object_store_memory: int | None = None, namespace: str | None = None,
+         ignore_reinit_error: bool = False, include_dashboard: bool | None = None,
+         dashboard_host: str = "127.0.0.1", dashboard_port: int | None = None,
+         log_to_driver: bool = True, runtime_env: dict[str, Any] | None = None,
+         _system_config: dict[str, Any] | None = None, _token: str | None = None,
+         _node_ip_address: str = "127.0.0.1", **kwargs: Any) -> LumosContext:
+    """Start a private local cluster, or connect to a running one.
+
+    Args:
+        address: None or "local" starts a private cluster for this process (it ends
+            with ``shutdown()`` or at exit). "auto" joins the cluster started on this
+            machine with ``lumos start --head``; "HOST:PORT" joins that GCS (the
+            cluster token comes from ``_token`` or ``LUMOS_CLUSTER_TOKEN``).
+        num_cpus, num_gpus, resources, memory, object_store_memory: the private
+            cluster's node (GPUs are detected when ``num_gpus`` is None).
+        namespace: namespace for named actors.
+        ignore_reinit_error: return quietly if already initialized.
+        _system_config: overrides of ``Config`` fields.
+
+    Returns:
+        A ``LumosContext`` (``dashboard_url``, ``address_info``; a context manager).
+
+    Raises:
+        RuntimeError: already initialized (and not ``ignore_reinit_error``).
+        ConnectionError: the cluster at ``address`` cannot be reached.
+
+    Example:
+        >>> import lumos as ray
+        >>> ray.init(num_cpus=2)
+    """
+    with worker_context.lock:
+        if worker_context.core_worker is not None:
+            if worker_context.is_worker or ignore_reinit_error:
+                return worker_context.context or LumosContext({}, "")
+            raise RuntimeError("lumos.init() was already called; call lumos.shutdown() first, "
+                               "or pass ignore_reinit_error=True")
+        unknown = set(kwargs) - _IGNORED_INIT_ARGS
+        if unknown:
+            raise TypeError(f"init() got unexpected arguments {sorted(unknown)}")
+        _check_number("num_cpus", num_cpus)
+        _check_number("num_gpus", num_gpus)
+        _check_number("object_store_memory", object_store_memory)
+        _check_number("memory", memory)
+        if resources is not None and not isinstance(resources, dict):
+            raise TypeError("resources must be a dict of name -> amount")
+        overrides = dict(_system_config or {})
+        if not log_to_driver:
+            overrides["log_to_driver"] = False
+        config = Config.resolve(overrides)
+        if address is None:
+            address = os.environ.get("LUMOS_ADDRESS") or None
+        if address in (None, "local"):
+            ctx = _start_private(config, num_cpus, num_gpus, resources, memory, object_store_memory,
+                                 namespace or "", _node_ip_address)
+        else:
+            if any(v is not None for v in (num_cpus, num_gpus, resources, object_store_memory)):
+                raise ValueError("num_cpus, num_gpus, resources and object_store_memory describe a new "
+                                 "cluster; they cannot be given when connecting to an existing one")
+            ctx = _connect(config, address, namespace or "", _token)
+        worker_context.context = ctx
+        return ctx
+
+
+_IGNORED_INIT_ARGS = {"logging_level", "logging_format", "configure_logging", "local_mode",
+                      "_temp_dir", "job_config", "_plasma_directory", "_enable_object_reconstruction",
+                      "log_to_driver", "_metrics_export_port", "storage"}
+
+
+def _check_number(name: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+def _start_private(config: Config, num_cpus: float | None, num_gpus: float | None,
+                   resources: dict[str, float] | None, memory: int | None, store_bytes: int | None,
+                   namespace: str, node_ip: str) -> LumosContext:
+    session_dir = new_session_dir()
+    node = NodeProcesses(session_dir, config)
+    token = auth.new_token().hex().encode()
+    node.write_token(token)
+    res = node_resources(num_cpus, num_gpus, resources, memory)
+    res[f"node:{node_ip}"] = 1.0
+    res["node:__internal_head__"] = 1.0
+    store = int(store_bytes) if store_bytes else (config.object_store_memory or default_store_bytes())
+    worker_context.local_node = node
+    try:
+        node.start_gcs_and_raylet(resources=res, store_bytes=store, host=node_ip, gcs_port=0, private=True)
+        assert node.gcs_address is not None
+        cw = _start_core_worker(config, token, node.gcs_unix, node.raylet_socket, session_dir,
+                                node.node_id, node.store_dir, node_ip, namespace)
+    except BaseException:
+        node.stop()
+        worker_context.local_node = None
+        raise
+    worker_context.core_worker = cw
+    _register_exit_handler()
+    gcs = f"{node.gcs_address[0]}:{node.gcs_address[1]}"
+    return LumosContext({"gcs_address": gcs, "address": gcs, "node_id": node.node_id.hex(),
+                         "session_dir": session_dir, "node_ip_address": node_ip,
+                         "raylet_socket_name": node.raylet_socket, "job_id": cw.job_id.hex()}, "")
+
+
+def _start_core_worker(config: Config, token: bytes, gcs_address: Any, raylet_socket: str, session_dir: str,
+                       node_id: bytes, store_dir: str, node_ip: str, namespace: str) -> CoreWorker:
+    main = sys.modules.get("__main__")
+    entry = getattr(main, "__file__", None) or "interactive"
+    cw = CoreWorker(mode=DRIVER, config=config, token=token, gcs_address=gcs_address,
+                    raylet_socket=raylet_socket, session_dir=session_dir, node_id=node_id,
+                    store_dir=store_dir, worker_id=random_id(16), node_ip=node_ip,
+                    namespace=namespace or random_id(8).hex(), entrypoint=entry)
+    cw.start()
+    return cw
+
+
+def _connect(config: Config, address: str, namespace: str, token_arg: str | None) -> LumosContext:
+    token_text = token_arg or os.environ.get("LUMOS_CLUSTER_TOKEN")
+    session_hint = None
+    if address == "auto":
+        try:
+            with open(CURRENT_CLUSTER) as f:
+                current = json.load(f)
+        except (OSError, ValueError):
+            raise ConnectionError("no lumos cluster was started on this machine "
+                                  "(run `lumos start --head` first, or call lumos.init() with no address)") from None
+        address = current["gcs_address"]
+        session_hint = current.get("session_dir")
+    elif os.path.exists(CURRENT_CLUSTER):
+        try:
+            with open(CURRENT_CLUSTER) as f:
+                current = json.load(f)
+            if current.get("gcs_address") == address:
+                session_hint = current.get("session_dir")
+        except (OSError, ValueError):
+            pass
+    if token_text is None and session_hint:
+        try:
+            with open(os.path.join(session_hint, "token"), "rb") as f:
+                token_text = f.read().decode().strip()
+        except OSError:
+            pass
+    if not token_text:
+        raise ConnectionError(f"connecting to {address} needs the cluster token: pass _token=... or set "
+                              "LUMOS_CLUSTER_TOKEN (see `lumos status` on the head node)")
+    token = token_text.encode()
+    gcs_address = parse_address(address)
+    nodes = _fetch_nodes(config, token, gcs_address)
+    here = {socket.gethostname()}
+    local = [n for n in nodes if n.state == "ALIVE" and n.hostname in here and os.path.exists(n.address.unix_path)]
+    if not local:
+        raise ConnectionError(f"no lumos node of the cluster at {address} runs on this machine; "
+                              f"run `lumos start --address {address}` here first")
+    node = local[0]
+    cw = _start_core_worker(config, token, gcs_address, node.address.unix_path, node.session_dir,
+                            node.node_id, node.object_store_dir, node.address.host, namespace)
+    worker_context.core_worker = cw
+    _register_exit_handler()
+    return LumosContext({"gcs_address": address, "address": address, "node_id": node.node_id.hex(),
+                         "session_dir": node.session_dir, "node_ip_address": node.address.host,
+                         "job_id": cw.job_id.hex()}, node.dashboard_url)
+
+
+def _fetch_nodes(config: Config, token: bytes, gcs_address: Any) -> list[m.NodeInfo]:
+    import asyncio
+    from lumos._private.transport.connection import ConnectionLost, connect
+
+    async def ask() -> list[m.NodeInfo]:
+        conn = await connect(gcs_address, token=token, config=config, name="init->gcs")
+        try:
+            return await conn.call(m.GetAllNodes(), config.rpc_timeout_s)  # type: ignore[no-any-return]
+        finally:
+            conn.close()
+
+    try:
+        return asyncio.run(ask())
+    except (OSError, ConnectionLost, TimeoutError) as e:
+        raise ConnectionError(f"cannot reach the lumos GCS at {gcs_address}: {e}") from None
+
+
+_exit_registered = False
+
+
+def _register_exit_handler() -> None:
+    global _exit_registered
+    if not _exit_registered:
+        atexit.register(shutdown)
+        _exit_registered = True
+
+
+def shutdown() -> None:
+    """Disconnect; stop the private cluster if ``init()`` started one. Safe to call twice."""
+    with worker_context.lock:
+        if worker_context.is_worker:
+            return
+        cw = worker_context.core_worker
+        worker_context.core_worker = None
+        worker_context.context = None
+        if cw is not None:
+            cw.shutdown()
+        node = worker_context.local_node
+        worker_context.local_node = None
+        if node is not None:
+            node.stop()
+
+
+def is_initialized() -> bool:
+    return worker_context.core_worker is not None
+
+
+# ------------------------------------------------------------------------- objects
+
+
+def put(value: Any, *, _owner: Any = None) -> ObjectRef:
+    """Store ``value`` in the cluster; returns its ``ObjectRef``.
+
+    Large values (>= 100 KiB serialized) go to the node's shared-memory store, where
+    numpy arrays and Arrow buffers are later read zero-copy.
+
+    Raises:
+        TypeError: ``value`` is an ObjectRef or cannot be pickled.
+        ObjectStoreFullError: no room in the object store.
+    """
+    return worker_context.require_or_init().put(value)
+
+
+def get(object_refs: ObjectRef | Sequence[ObjectRef], *, timeout: float | None = None) -> Any:
+    """Wait for and return the value(s) of one ref or a list of refs.
+
+    Raises:
+        GetTimeoutError: not ready within ``timeout`` seconds.
+        TaskError: the task raised (also an instance of the user's exception class).
+        WorkerCrashedError, ObjectLostError, OwnerDiedError, TaskCancelledError.
+    """
+    cw = worker_context.require_or_init()
+    _check_timeout(timeout)
+    if isinstance(object_refs, ObjectRef):
+        return cw.get([object_refs], timeout)[0]
+    if not isinstance(object_refs, (list, tuple)):
+        raise TypeError(f"get() expects an ObjectRef or a list of ObjectRefs, got {type(object_refs).__name__}")
+    refs = list(object_refs)
+    for r in refs:
+        if not isinstance(r, ObjectRef):
+            raise TypeError(f"get() expects a list of ObjectRefs, but it contains a {type(r).__name__}")
+    return cw.get(refs, timeout)
+
+
+def wait(object_refs: Sequence[ObjectRef], *, num_returns: int = 1, timeout: float | None = None,
+         fetch_local: bool = True) -> tuple[list[ObjectRef], list[ObjectRef]]:
+    """Wait until ``num_returns`` of the refs are ready or ``timeout`` passes.
+
+    Returns:
+        ``(ready, not_ready)``; ``ready`` lists refs in the order they completed.
+    """
+    cw = worker_context.require_or_init()
+    if isinstance(object_refs, ObjectRef) or not isinstance(object_refs, (list, tuple)):
+        raise TypeError(f"wait() expects a list of ObjectRefs, got {type(object_refs).__name__}")
+    refs = list(object_refs)
+    for r in refs:
+        if not isinstance(r, ObjectRef):
+            raise TypeError(f"wait() expects a list of ObjectRefs, but it contains a {type(r).__name__}")
+    if len({r.binary() for r in refs}) != len(refs):
+        raise ValueError("wait() requires a list of unique ObjectRefs")
+    if isinstance(num_returns, bool) or not isinstance(num_returns, int) or num_returns < 1 and refs:
+        raise ValueError(f"num_returns must be a positive int, got {num_returns!r}")
+    if num_returns > len(refs):
+        raise ValueError(f"num_returns ({num_returns}) cannot exceed the number of refs ({len(refs)})")
+    _check_timeout(timeout)
+    if not refs:
+        return [], []
+    return cw.wait(refs, num_returns, timeout, fetch_local)
+
+
+def _check_timeout(timeout: Any) -> None:
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout must be a number of seconds or None, not {type(timeout).__name__}")
+    if timeout < 0:
+        raise ValueError(f"timeout must be >= 0, got {timeout}")
+
+
+def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:
+    """Cancel the task that produces ``object_ref``.
+
+    A queued task never runs; a running one gets ``KeyboardInterrupt`` (``force=True``
+    kills its worker process instead). ``get`` then raises ``TaskCancelledError``.
+    """
+    if not isinstance(object_ref, ObjectRef):
+        raise TypeError(f"cancel() expects an ObjectRef, got {type(object_ref).__name__}")
+    cw = worker_context.require()
+    e = cw.objects.entries.get(object_ref.binary())
+    if e is not None and not e.owned:
+        raise ValueError("cancel() works on refs this process created (it owns the task)")
+    cw.cancel(object_ref, force, recursive)
+
+
+# ------------------------------------------------------------------------- cluster
+
+
+def nodes() -> list[dict[str, Any]]:
+    """Every node the cluster has seen, alive or dead, in Ray's format."""
+    cw = worker_context.require()
+    out = []
+    for n in cw.call_gcs(m.GetAllNodes()):
+        out.append({
+            "NodeID": n.node_id.hex(), "Alive": n.state == "ALIVE", "alive": n.state == "ALIVE",
+            "NodeManagerAddress": n.address.host, "NodeManagerHostname": n.hostname,
+            "NodeManagerPort": n.address.port, "RayletSocketName": n.address.unix_path,
+            "ObjectStoreSocketName": n.object_store_dir, "Resources": dict(n.resources_total),
+            "Labels": dict(n.labels), "IsHead": n.is_head, "DeathReason": n.death_reason,
+        })
+    return out
+
+
+def cluster_resources() -> dict[str, float]:
+    """Total resources of the alive nodes."""
+    cw = worker_context.require()
+    total: dict[str, float] = {}
+    for n in cw.call_gcs(m.GetClusterStatus()):
+        for k, v in n.total.items():
+            total[k] = total.get(k, 0) + v
+        total["object_store_memory"] = total.get("object_store_memory", 0) + n.store_capacity_bytes
+    return total
+
+
+def available_resources() -> dict[str, float]:
+    """Resources free right now (this node exact, others as of their last heartbeat)."""
+    cw = worker_context.require()
+    avail: dict[str, float] = {}
+    local = cw.call_raylet(m.GetNodeStats())
+    for n in cw.call_gcs(m.GetClusterStatus()):
+        source = local["available"] if n.node_id == cw.node_id else n.available
+        for k, v in source.items():
+            if v > 0:
+                avail[k] = avail.get(k, 0) + v
+        free = n.store_capacity_bytes - (local["store"]["used_bytes"] if n.node_id == cw.node_id
+                                         else n.store_used_bytes)
+        avail["object_store_memory"] = avail.get("object_store_memory", 0) + max(free, 0)
+    return avail
+
+
+def get_gpu_ids() -> list[Any]:
+    """GPU ids assigned to the current task or actor (empty in the driver)."""
+    cw = worker_context.require()
+    gpus = cw.current_resource_ids.get("GPU") if worker_context.is_worker else None
+    if not gpus:
+        return []
+    ex = cw.executor
+    return [ex.physical_gpu(int(i)) if ex is not None else int(i) for i, _ in gpus]
+
+
+def timeline(filename: str | None = None) -> list[dict[str, Any]]:
+    """Task executions as Chrome trace events (``chrome://tracing``)."""
+    from lumos import state
+    events = []
+    for t in state.list_tasks(limit=100_000):
+        if t["start_time"] and t["end_time"]:
+            events.append({"cat": "task", "name": t["name"], "ph": "X", "pid": t["node_id"] or "?",
+                           "tid": t["worker_id"] or "?", "ts": t["start_time"] * 1e6,
+                           "dur": (t["end_time"] - t["start_time"]) * 1e6, "args": {"task_id": t["task_id"]}})
+    if filename:
+        with open(filename, "w") as f:
+            json.dump(events, f)
+    return events
+
+
+_ = (Callable, time, exc)

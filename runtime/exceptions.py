@@ -1,0 +1,240 @@
+"""Errors a lumos user can meet.
+
+Every error derives from ``LumosError`` and keeps Ray's name available
+(``RayTaskError``, ``RayActorError``, ...). Every one pickles to an equal message,
+so errors cross processes intact. A task's exception reaches ``get`` as a
+``TaskError`` that is also an instance of the user's exception class and carries the
+remote traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "LumosError", "RayError", "TaskError", "RayTaskError", "GetTimeoutError",
+    "WorkerCrashedError", "TaskCancelledError", "ObjectLostError", "OwnerDiedError",
+    "ObjectFreedError", "ObjectReconstructionFailedError", "ActorDiedError", "RayActorError",
+    "ActorUnavailableError", "ObjectStoreFullError", "OutOfMemoryError", "NodeDiedError",
+    "LumosSystemError", "RaySystemError", "TaskUnschedulableError", "ActorUnschedulableError",
+    "LocalRayletDiedError", "PendingCallsLimitExceeded", "TaskPlacementGroupRemoved",
+    "ActorPlacementGroupRemoved", "CrossLanguageError", "RuntimeEnvSetupError",
+]
+
+
+class LumosError(Exception):
+    """Base of every lumos error."""
+
+    def __reduce__(self) -> Any:
+        return (type(self), self.args)
+
+
+RayError = LumosError
+
+
+class LumosSystemError(LumosError):
+    """lumos itself failed (a bug or a broken installation), not the user's code."""
+
+
+RaySystemError = LumosSystemError
+
+
+class TaskError(LumosError):
+    """A task or actor method raised. ``cause`` is the original exception.
+
+    ``get`` raises ``as_instanceof_cause()``: an object that is both a ``TaskError`` and
+    an instance of the cause's class, so ``except ValueError`` still catches it.
+    """
+
+    def __init__(self, function_name: str, traceback_str: str, cause: BaseException | None = None,
+                 cause_repr: str = "", pid: int = 0, node_ip: str = "", task_id_hex: str = "") -> None:
+        self.function_name = function_name
+        self.traceback_str = traceback_str
+        self.cause = cause
+        self.cause_repr = cause_repr or (f"{type(cause).__name__}: {cause}" if cause is not None else "")
+        self.pid = pid
+        self.node_ip = node_ip
+        self.task_id_hex = task_id_hex
+        super().__init__(function_name, traceback_str, cause, self.cause_repr, pid, node_ip, task_id_hex)
+
+    def __reduce__(self) -> Any:
+        return (TaskError, (self.function_name, self.traceback_str, self.cause, self.cause_repr,
+                            self.pid, self.node_ip, self.task_id_hex))
+
+    def __str__(self) -> str:
+        where = f" (pid={self.pid}, ip={self.node_ip})" if self.pid else ""
+        return f"lumos::{self.function_name}(){where}\n{self.traceback_str.rstrip()}"
+
+    def as_instanceof_cause(self) -> "TaskError":
+        """This error as an instance of both ``TaskError`` and the cause's class."""
+        cause = self.cause
+        if cause is None:
+            return self
+        cls = type(cause)
+        while issubclass(cls, TaskError):  # a nested task's error: use the user's class inside
+            inner = getattr(cause, "cause", None)
+            if inner is None:
+                return self
+            cause, cls = inner, type(inner)
+        dual = _dual_class(cls)
+        if dual is None:
+            return self
+        err = dual.__new__(dual)
+        err.__dict__.update(self.__dict__)
+        err.args = (str(self),)
+        return err
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows only the remote frames, with the cell's own line numbers."""
+        return [f"{type(self).__name__}: lumos::{self.function_name}()"
+                + (f" (pid={self.pid}, ip={self.node_ip})" if self.pid else ""),
+                self.traceback_str.rstrip()]
+
+
+RayTaskError = TaskError
+
+_dual_cache: dict[type, type | None] = {}
+
+
+def _dual_class(cause_cls: type) -> type | None:
+    if cause_cls in _dual_cache:
+        return _dual_cache[cause_cls]
+    try:
+        def __init__(self: Any, *args: Any) -> None:  # never called by lumos; user code may
+            Exception.__init__(self, *args)
+
+        def __getattr__(self: Any, name: str) -> Any:
+            cause = self.__dict__.get("cause")
+            if cause is None or name.startswith("__"):
+                raise AttributeError(name)
+            return getattr(cause, name)
+
+        def __reduce__(self: Any) -> Any:
+            return (_rebuild_dual, (TaskError(self.function_name, self.traceback_str, self.cause,
+                                              self.cause_repr, self.pid, self.node_ip,
+                                              self.task_id_hex),))
+
+        dual = type(f"TaskError({cause_cls.__name__})", (TaskError, cause_cls), {
+            "__init__": __init__, "__getattr__": __getattr__, "__reduce__": __reduce__,
+            "__str__": TaskError.__str__, "__module__": "lumos.exceptions",
+        })
+    except TypeError:  # layout conflicts, final classes
+        dual = None
+    _dual_cache[cause_cls] = dual
+    return dual
+
+
+def _rebuild_dual(err: TaskError) -> TaskError:
+    return err.as_instanceof_cause()
+
+
+class GetTimeoutError(LumosError, TimeoutError):
+    """``get`` or ``wait`` ran out of time before the values were ready."""
+
+
+class WorkerCrashedError(LumosError):
+    """The worker process running a task died (and retries, if any, were used up)."""
+
+
+class TaskCancelledError(LumosError):
+    """The task was cancelled with ``lumos.cancel``."""
+
+    def __init__(self, task_id_hex: str = "", detail: str = "") -> None:
+        self.task_id_hex = task_id_hex
+        self.detail = detail
+        super().__init__(task_id_hex, detail)
+
+    def __str__(self) -> str:
+        return f"task {self.task_id_hex[:16]} was cancelled" + (f": {self.detail}" if self.detail else "")
+
+
+class ObjectLostError(LumosError):
+    """An object's value is gone and cannot be rebuilt."""
+
+    def __init__(self, object_id_hex: str = "", detail: str = "") -> None:
+        self.object_id_hex = object_id_hex
+        self.detail = detail
+        super().__init__(object_id_hex, detail)
+
+    def __str__(self) -> str:
+        return f"object {self.object_id_hex[:16]} is lost" + (f": {self.detail}" if self.detail else "")
+
+
+class OwnerDiedError(ObjectLostError):
+    """The process that owned the object (submitted its task or called put) died."""
+
+    def __str__(self) -> str:
+        return (f"object {self.object_id_hex[:16]} is lost because its owner died"
+                + (f": {self.detail}" if self.detail else ""))
+
+
+class ObjectFreedError(ObjectLostError):
+    """The object was freed (its last reference went away) before this read."""
+
+
+class ObjectReconstructionFailedError(ObjectLostError):
+    """The object was lost and re-running its lineage failed."""
+
+
+class ActorDiedError(LumosError):
+    """The actor is dead: killed, crashed beyond ``max_restarts``, or its ``__init__`` failed."""
+
+    def __init__(self, actor_id_hex: str = "", detail: str = "", cause: BaseException | None = None) -> None:
+        self.actor_id_hex = actor_id_hex
+        self.detail = detail
+        self.cause = cause
+        super().__init__(actor_id_hex, detail, cause)
+
+    def __str__(self) -> str:
+        return f"actor {self.actor_id_hex[:16]} died: {self.detail}"
+
+
+RayActorError = ActorDiedError
+
+
+class ActorUnavailableError(LumosError):
+    """The actor is restarting; the call may be retried."""
+
+
+class ActorUnschedulableError(LumosError):
+    """No node can host the actor."""
+
+
+class TaskUnschedulableError(LumosError):
+    """No node can run the task."""
+
+
+class ObjectStoreFullError(LumosError, MemoryError):
+    """The node's object store has no room for a new object."""
+
+
+class OutOfMemoryError(LumosError, MemoryError):
+    """A worker was killed because its node ran out of memory."""
+
+
+class NodeDiedError(LumosError):
+    """The node running a task or holding an object died."""
+
+
+class LocalRayletDiedError(LumosError):
+    """This process's raylet died."""
+
+
+class PendingCallsLimitExceeded(LumosError):
+    """An actor has more pending calls than ``max_pending_calls``."""
+
+
+class TaskPlacementGroupRemoved(LumosError):
+    """The task's placement group was removed."""
+
+
+class ActorPlacementGroupRemoved(LumosError):
+    """The actor's placement group was removed."""
+
+
+class CrossLanguageError(LumosError):
+    """Kept for Ray compatibility; lumos is Python only."""
+
+
+class RuntimeEnvSetupError(LumosError):
+    """A runtime environment could not be set up."""

@@ -1,0 +1,126 @@
+"""``ObjectRef``: a reference to an immutable value somewhere in the cluster.
+
+A ref is an object id plus the address of its *owner* (the process that submitted the
+task or called ``put``). Refs are counted: while any process holds one, the value
+stays. Pickling a ref (inside a task argument or a value) makes the receiver a
+borrower; the owner keeps the value until every borrower lets go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from typing import Any, Generator
+
+from lumos._private import serialization
+from lumos._private.protocol import messages as m
+
+#: The core worker of this process, set by ``lumos.init`` / worker start-up.
+_core_worker: Any = None
+
+
+class ObjectRef:
+    """A reference to a (possibly not yet computed) value. Get it with ``lumos.get``."""
+
+    __slots__ = ("_id", "_owner", "_counted", "__weakref__")
+
+    def __init__(self, object_id: bytes, owner: m.Address | None = None, _counted: bool = False) -> None:
+        self._id = object_id
+        self._owner = owner
+        #: This instance was added to its entry's ``local`` count.
+        self._counted = _counted
+
+    def __del__(self) -> None:
+        if self._counted:
+            cw = _core_worker
+            if cw is not None:
+                cw.objects.decrements.append(self._id)
+
+    # ------------------------------------------------------------------ identity
+
+    def binary(self) -> bytes:
+        return self._id
+
+    def hex(self) -> str:
+        return self._id.hex()
+
+    def task_id(self) -> "TaskIDView":
+        return TaskIDView(self._id[:16])
+
+    def owner_address(self) -> m.Address | None:
+        return self._owner
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ObjectRef) and other._id == self._id
+
+    def __hash__(self) -> int:
+        return hash(self._id)
+
+    def __repr__(self) -> str:
+        return f"ObjectRef({self._id.hex()})"
+
+    def __copy__(self) -> "ObjectRef":
+        return _new_counted(self._id, self._owner)
+
+    def __deepcopy__(self, memo: Any) -> "ObjectRef":
+        return _new_counted(self._id, self._owner)
+
+    def __reduce__(self) -> Any:
+        serialization.record_ref(self)
+        return (_deserialize_ref, (self._id, self._owner))
+
+    # ------------------------------------------------------------------ async
+
+    def future(self) -> concurrent.futures.Future[Any]:
+        """A ``concurrent.futures.Future`` that resolves to the value (or its error)."""
+        cw = _require_core_worker()
+        return cw.future_of(self)  # type: ignore[no-any-return]
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return asyncio.wrap_future(self.future()).__await__()
+
+    def _repr_html_(self) -> str:
+        from html import escape
+        state = "?"
+        cw = _core_worker
+        if cw is not None:
+            state = cw.describe_object(self._id).get("state", "?")
+        return (f"<code>ObjectRef({escape(self._id.hex()[:16])}…)</code> "
+                f"<span style='color:#666'>{escape(str(state))}</span>")
+
+
+class TaskIDView:
+    __slots__ = ("_id",)
+
+    def __init__(self, task_id: bytes) -> None:
+        self._id = task_id
+
+    def hex(self) -> str:
+        return self._id.hex()
+
+    def binary(self) -> bytes:
+        return self._id
+
+    def __repr__(self) -> str:
+        return f"TaskID({self._id.hex()})"
+
+
+def _new_counted(object_id: bytes, owner: m.Address | None) -> ObjectRef:
+    cw = _core_worker
+    if cw is None:
+        return ObjectRef(object_id, owner)
+    cw.objects.ref_created(object_id, owner, cw.worker_id)
+    return ObjectRef(object_id, owner, True)
+
+
+def _deserialize_ref(object_id: bytes, owner: m.Address | None) -> ObjectRef:
+    cw = _core_worker
+    if cw is None:
+        return ObjectRef(object_id, owner)
+    return cw.on_ref_deserialized(object_id, owner)  # type: ignore[no-any-return]
+
+
+def _require_core_worker() -> Any:
+    if _core_worker is None:
+        raise RuntimeError("lumos is not initialized; call lumos.init() first")
+    return _core_worker

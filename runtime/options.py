@@ -1,0 +1,192 @@
+"""The one table of task and actor options: name, check, default, who accepts it.
+
+Serves ``@lumos.remote(...)``, ``.options(...)`` and the ``%%remote`` flags alike.
+Names and defaults are Ray's.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Callable
+
+TASK, ACTOR = "task", "actor"
+
+
+def _non_negative_number(name: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name} must be a number, not {type(v).__name__}")
+    if v < 0 or math.isnan(v) or math.isinf(v):
+        raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+
+
+def _num_gpus(name: str, v: Any) -> None:
+    _non_negative_number(name, v)
+    if v > 1 and v != int(v):
+        raise ValueError(f"{name}={v!r}: fractions are allowed only below 1; above 1 use a whole number")
+
+
+def _int_at_least(minimum: int) -> Callable[[str, Any], None]:
+    def check(name: str, v: Any) -> None:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+        if v < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    return check
+
+
+def _resources(name: str, v: Any) -> None:
+    if not isinstance(v, dict):
+        raise TypeError(f"resources must be a dict of name -> amount, not {type(v).__name__}")
+    for k, amount in v.items():
+        if not isinstance(k, str):
+            raise TypeError(f"resource names must be str, got {k!r}")
+        if k in ("CPU", "GPU"):
+            raise ValueError(f"use num_cpus/num_gpus instead of resources={{'{k}': ...}}")
+        _non_negative_number(f"resources[{k!r}]", amount)
+
+
+def _retry_exceptions(name: str, v: Any) -> None:
+    if isinstance(v, bool):
+        return
+    if isinstance(v, (list, tuple)) and all(isinstance(c, type) and issubclass(c, BaseException) for c in v):
+        return
+    raise TypeError("retry_exceptions must be a bool or a list of exception classes")
+
+
+def _str_or_none(name: str, v: Any) -> None:
+    if v is not None and not isinstance(v, str):
+        raise TypeError(f"{name} must be a str, not {type(v).__name__}")
+
+
+def _num_returns(name: str, v: Any) -> None:
+    if v == "dynamic" or v == "streaming":
+        raise ValueError(f"num_returns={v!r} is not supported by lumos; return a list instead")
+    _int_at_least(0)(name, v)
+
+
+def _strategy(name: str, v: Any) -> None:
+    from lumos.util.scheduling_strategies import strategy_to_wire
+    strategy_to_wire(v)
+
+
+def _lifetime(name: str, v: Any) -> None:
+    if v not in (None, "detached", "non_detached"):
+        raise ValueError(f"lifetime must be None, 'detached' or 'non_detached', got {v!r}")
+
+
+def _bool(name: str, v: Any) -> None:
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be a bool, not {type(v).__name__}")
+
+
+def _anything(name: str, v: Any) -> None:
+    return None
+
+
+def _runtime_env(name: str, v: Any) -> None:
+    if v is None:
+        return
+    if not isinstance(v, dict):
+        raise TypeError("runtime_env must be a dict")
+    unsupported = set(v) - {"env_vars"}
+    if unsupported:
+        raise ValueError(f"runtime_env keys {sorted(unsupported)} are not supported; lumos supports env_vars")
+
+
+@dataclass(frozen=True)
+class Option:
+    check: Callable[[str, Any], None]
+    task_default: Any
+    actor_default: Any
+    applies: frozenset[str]
+    doc: str
+
+
+_BOTH = frozenset((TASK, ACTOR))
+_T = frozenset((TASK,))
+_A = frozenset((ACTOR,))
+
+OPTIONS: dict[str, Option] = {
+    "num_cpus": Option(_non_negative_number, 1, None, _BOTH, "CPUs reserved (actors: 1 to place, 0 held)"),
+    "num_gpus": Option(_num_gpus, 0, 0, _BOTH, "GPUs reserved; fractions below 1 share a GPU"),
+    "memory": Option(_non_negative_number, None, None, _BOTH, "bytes of memory reserved"),
+    "resources": Option(_resources, None, None, _BOTH, "custom resources, name -> amount"),
+    "accelerator_type": Option(_str_or_none, None, None, _BOTH, "accelerator type label"),
+    "num_returns": Option(_num_returns, 1, None, _T, "number of return values (refs)"),
+    "max_retries": Option(_int_at_least(-1), 3, None, _T, "retries after a worker dies (-1: forever)"),
+    "retry_exceptions": Option(_retry_exceptions, False, None, _T, "also retry when the task raises"),
+    "name": Option(_str_or_none, None, None, _BOTH, "task name (shown in the dashboard), or actor name"),
+    "scheduling_strategy": Option(_strategy, None, None, _BOTH, "DEFAULT, SPREAD, node affinity, PG"),
+    "runtime_env": Option(_runtime_env, None, None, _BOTH, "environment for the worker (env_vars)"),
+    "max_calls": Option(_int_at_least(0), 0, None, _T, "accepted for Ray compatibility; ignored"),
+    "max_restarts": Option(_int_at_least(-1), None, 0, _A, "restarts after the actor's process dies"),
+    "max_task_retries": Option(_int_at_least(-1), None, 0, _A, "retries of calls in flight at a restart"),
+    "max_concurrency": Option(_int_at_least(1), None, None, _A, "calls run at once (threads or async)"),
+    "namespace": Option(_str_or_none, None, None, _A, "namespace of a named actor"),
+    "lifetime": Option(_lifetime, None, None, _A, "'detached': outlives its driver"),
+    "get_if_exists": Option(_bool, None, False, _A, "return the existing named actor"),
+    "max_pending_calls": Option(_int_at_least(-1), None, -1, _A, "calls queued before raising"),
+    "concurrency_groups": Option(_anything, None, None, _A, "accepted for Ray compatibility"),
+    "placement_group": Option(_anything, None, None, _BOTH, "legacy: use scheduling_strategy"),
+    "placement_group_bundle_index": Option(_int_at_least(-1), None, None, _BOTH, "legacy"),
+    "placement_group_capture_child_tasks": Option(_anything, None, None, _BOTH, "legacy"),
+    "_metadata": Option(_anything, None, None, _BOTH, "ignored"),
+    "label_selector": Option(_anything, None, None, _BOTH, "ignored"),
+}
+
+
+def validate(options: dict[str, Any], kind: str) -> dict[str, Any]:
+    """Check ``options`` for a task or actor; raise TypeError/ValueError naming the problem."""
+    for name, value in options.items():
+        opt = OPTIONS.get(name)
+        if opt is None or kind not in opt.applies:
+            valid = sorted(n for n, o in OPTIONS.items() if kind in o.applies and not n.startswith("_"))
+            raise ValueError(f"invalid option {name!r} for a remote {'function' if kind == TASK else 'class'}; "
+                             f"valid options: {', '.join(valid)}")
+        if value is not None or name in ("num_cpus", "num_gpus"):
+            if value is None:
+                continue
+            opt.check(name, value)
+    return options
+
+
+def resolved(options: dict[str, Any], kind: str) -> dict[str, Any]:
+    """Options with defaults filled in."""
+    out = {}
+    for name, opt in OPTIONS.items():
+        if kind in opt.applies:
+            default = opt.task_default if kind == TASK else opt.actor_default
+            out[name] = options.get(name, default)
+    return out
+
+
+def resource_request(opts: dict[str, Any], kind: str) -> dict[str, float]:
+    """The resources a task (or an actor's creation) asks for."""
+    res: dict[str, float] = {}
+    cpus = opts.get("num_cpus")
+    if cpus is None:
+        cpus = 1 if kind == TASK else 0
+    if cpus:
+        res["CPU"] = float(cpus)
+    if opts.get("num_gpus"):
+        res["GPU"] = float(opts["num_gpus"])
+    if opts.get("memory"):
+        res["memory"] = float(opts["memory"])
+    for k, v in (opts.get("resources") or {}).items():
+        if v:
+            res[k] = float(v)
+    if opts.get("accelerator_type"):
+        res[f"accelerator_type:{opts['accelerator_type']}"] = 0.001
+    return res
+
+
+def strategy_of(opts: dict[str, Any]) -> Any:
+    from lumos.util.scheduling_strategies import PlacementGroupSchedulingStrategy, strategy_to_wire
+    strategy = opts.get("scheduling_strategy")
+    if strategy is None and opts.get("placement_group") not in (None, "default"):
+        strategy = PlacementGroupSchedulingStrategy(
+            opts["placement_group"], opts.get("placement_group_bundle_index") or -1,
+            opts.get("placement_group_capture_child_tasks"))
+    return strategy_to_wire(strategy)

@@ -1,0 +1,111 @@
+"""``@lumos.remote`` on a function: a ``RemoteFunction`` whose ``.remote()`` submits tasks."""
+
+from __future__ import annotations
+
+import functools
+import pickle
+from typing import Any, Callable
+
+from lumos import options as opts_mod
+from lumos._private import serialization as ser
+from lumos._private import worker_context
+from lumos._private.core_worker.core_worker import function_id_of
+from lumos._private.core_worker.tasks import TaskTemplate
+from lumos.object_ref import ObjectRef
+
+
+class RemoteFunction:
+    """A function that runs as a task on the cluster.
+
+    Example:
+        >>> @lumos.remote
+        ... def square(x):
+        ...     return x * x
+        >>> lumos.get(square.remote(3))
+        9
+    """
+
+    def __init__(self, function: Callable[..., Any], options: dict[str, Any]) -> None:
+        if not callable(function):
+            raise TypeError(f"@lumos.remote needs a function or class, got {type(function).__name__}")
+        self._function = function
+        self._options = opts_mod.validate(dict(options), opts_mod.TASK)
+        self._pickled: bytes | None = None
+        self._templates: dict[Any, TaskTemplate] = {}
+        functools.update_wrapper(self, function, updated=())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        name = getattr(self._function, "__name__", "f")
+        raise TypeError(f"remote function {name}() cannot be called directly; "
+                        f"use {name}.remote(...) to run it as a task, and lumos.get() for its result")
+
+    def __repr__(self) -> str:
+        return f"<lumos.remote function {getattr(self._function, '__qualname__', self._function)!r}>"
+
+    def __reduce__(self) -> Any:
+        return (RemoteFunction, (self._function, self._options))
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        """Submit a call; returns an ``ObjectRef`` (a list of them when ``num_returns > 1``)."""
+        return self._remote(args, kwargs, self._options, None)
+
+    def options(self, **options: Any) -> "_BoundOptions":
+        """A copy of this function with some options changed, e.g. ``f.options(num_cpus=2)``."""
+        opts_mod.validate(options, opts_mod.TASK)
+        merged = dict(self._options)
+        merged.update(options)
+        return _BoundOptions(self, merged)
+
+    def _template(self, options: dict[str, Any]) -> TaskTemplate:
+        key = tuple(sorted((k, repr(v)) for k, v in options.items()))
+        template = self._templates.get(key)
+        if template is not None:
+            return template
+        if self._pickled is None:
+            self._pickled = ser.dumps_code(self._function)
+        o = opts_mod.resolved(options, opts_mod.TASK)
+        retry = o["retry_exceptions"]
+        if retry is True:
+            retry_kind, retry_types = 1, None
+        elif retry:
+            retry_kind, retry_types = 2, pickle.dumps(list(retry))
+        else:
+            retry_kind, retry_types = 0, None
+        fn = self._function
+        fname = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', getattr(fn, '__name__', '?'))}"
+        template = TaskTemplate(
+            function_id_of(self._pickled), fname, o["name"] or getattr(fn, "__name__", "task"),
+            o["num_returns"], opts_mod.resource_request(o, opts_mod.TASK), o["max_retries"],
+            retry_kind, retry_types, opts_mod.strategy_of(o), pickled_function=self._pickled)
+        self._templates[key] = template
+        return template
+
+    def _remote(self, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any],
+                actor_fields: Any) -> Any:
+        cw = worker_context.require_or_init()
+        template = self._template(options)
+        refs = cw.submit_task(template, args, kwargs)
+        n = template.num_returns
+        if n == 1:
+            return refs[0]
+        if n == 0:
+            return None
+        return refs
+
+
+class _BoundOptions:
+    def __init__(self, fn: RemoteFunction, options: dict[str, Any]) -> None:
+        self._fn = fn
+        self._options = options
+
+    def remote(self, *args: Any, **kwargs: Any) -> ObjectRef | list[ObjectRef] | None:
+        return self._fn._remote(args, kwargs, self._options, None)  # type: ignore[no-any-return]
+
+    def options(self, **options: Any) -> "_BoundOptions":
+        opts_mod.validate(options, opts_mod.TASK)
+        merged = dict(self._options)
+        merged.update(options)
+        return _BoundOptions(self._fn, merged)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, **kwargs)

@@ -1,0 +1,72 @@
+"""``lumos.get_runtime_context()``: ids and resources of the current process and task."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lumos._private import worker_context
+
+
+class RuntimeContext:
+    """Where the calling code runs: job, node, worker, task, actor."""
+
+    def get_job_id(self) -> str:
+        return worker_context.require().job_id.hex()
+
+    def get_node_id(self) -> str:
+        return worker_context.require().node_id.hex()
+
+    def get_worker_id(self) -> str:
+        return worker_context.require().worker_id.hex()
+
+    def get_task_id(self) -> str | None:
+        cw = worker_context.require()
+        if not worker_context.is_worker:
+            return None
+        return cw.current_task_id.hex()
+
+    def get_actor_id(self) -> str | None:
+        actor = worker_context.require().current_actor_id
+        return actor.hex() if actor else None
+
+    def get_task_name(self) -> str | None:
+        cw = worker_context.require()
+        return cw.current_task_name or None
+
+    def get_assigned_resources(self) -> dict[str, float]:
+        cw = worker_context.require()
+        if not worker_context.is_worker or cw.executor is None:
+            return {}
+        spec = cw.executor._running
+        return dict(spec.resources) if spec is not None else {}
+
+    def get_accelerator_ids(self) -> dict[str, list[str]]:
+        from lumos.api import get_gpu_ids
+        return {"GPU": [str(g) for g in get_gpu_ids()]}
+
+    @property
+    def namespace(self) -> str:
+        return worker_context.require().namespace
+
+    @property
+    def gcs_address(self) -> str:
+        addr = worker_context.require().gcs_address
+        return addr if isinstance(addr, str) else f"{addr[0]}:{addr[1]}"
+
+    @property
+    def was_current_actor_reconstructed(self) -> bool:
+        cw = worker_context.require()
+        return bool(getattr(cw.executor, "actor_restarted", False))
+
+    def get(self) -> dict[str, Any]:
+        return {"job_id": self.get_job_id(), "node_id": self.get_node_id(),
+                "worker_id": self.get_worker_id(), "task_id": self.get_task_id(),
+                "actor_id": self.get_actor_id(), "namespace": self.namespace}
+
+    def __repr__(self) -> str:
+        return f"RuntimeContext({self.get()!r})"
+
+
+def get_runtime_context() -> RuntimeContext:
+    worker_context.require()
+    return RuntimeContext()

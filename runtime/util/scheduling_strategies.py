@@ -1,0 +1,65 @@
+"""Scheduling strategies, with Ray's names and fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class NodeAffinitySchedulingStrategy:
+    """Run on the node ``node_id`` (hex). ``soft=True`` falls back to other nodes."""
+
+    def __init__(self, node_id: str, soft: bool, _spill_on_unavailable: bool = False,
+                 _fail_on_unavailable: bool = False) -> None:
+        if not isinstance(node_id, str):
+            raise TypeError(f"node_id must be a hex string, not {type(node_id).__name__}")
+        try:
+            bytes.fromhex(node_id)
+        except ValueError:
+            raise ValueError(f"node_id {node_id!r} is not a hex node id (see lumos.nodes())") from None
+        self.node_id = node_id
+        self.soft = bool(soft)
+        self._spill_on_unavailable = _spill_on_unavailable
+        self._fail_on_unavailable = _fail_on_unavailable
+
+    def __repr__(self) -> str:
+        return f"NodeAffinitySchedulingStrategy(node_id={self.node_id!r}, soft={self.soft})"
+
+    def to_wire(self) -> list[Any]:
+        return ["NODE", bytes.fromhex(self.node_id), self.soft]
+
+
+class PlacementGroupSchedulingStrategy:
+    """Run inside a placement group's bundle (``-1``: any bundle)."""
+
+    def __init__(self, placement_group: Any, placement_group_bundle_index: int = -1,
+                 placement_group_capture_child_tasks: bool | None = None) -> None:
+        if not hasattr(placement_group, "id"):
+            raise TypeError("placement_group must be a PlacementGroup from lumos.util.placement_group()")
+        if not isinstance(placement_group_bundle_index, int):
+            raise TypeError("placement_group_bundle_index must be an int")
+        self.placement_group = placement_group
+        self.placement_group_bundle_index = placement_group_bundle_index
+        self.placement_group_capture_child_tasks = placement_group_capture_child_tasks
+
+    def __repr__(self) -> str:
+        return (f"PlacementGroupSchedulingStrategy({self.placement_group!r}, "
+                f"bundle={self.placement_group_bundle_index})")
+
+    def to_wire(self) -> list[Any]:
+        return ["PG", self.placement_group.id.binary(), self.placement_group_bundle_index,
+                bool(self.placement_group_capture_child_tasks)]
+
+
+def strategy_to_wire(strategy: Any) -> Any:
+    """The strategy as sent in task specs: None, ["SPREAD"], ["NODE", ...], ["PG", ...]."""
+    if strategy is None or strategy == "DEFAULT":
+        return None
+    if strategy == "SPREAD":
+        return ["SPREAD"]
+    if isinstance(strategy, (NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy)):
+        return strategy.to_wire()
+    raise ValueError(f"unknown scheduling_strategy {strategy!r}; use 'DEFAULT', 'SPREAD', "
+                     "NodeAffinitySchedulingStrategy or PlacementGroupSchedulingStrategy")
+
+
+__all__ = ["NodeAffinitySchedulingStrategy", "PlacementGroupSchedulingStrategy"]
