@@ -42,8 +42,12 @@ class Config:
     task_event_max_records: int = 100_000
     #: How long an owner keeps an idle leased worker before returning it.
     lease_idle_timeout_ms: int = 200
-    #: Tasks pushed to one leased worker before its earlier ones finish.
+    #: Tasks pushed to one leased worker before its earlier ones finish (short tasks only).
     max_tasks_in_flight_per_worker: int = 8
+    #: Tasks of a shape whose mean run time is below this are pipelined; others go one at a time.
+    pipeline_below_ms: float = 2.0
+    #: Lease requests one owner keeps in flight per scheduling key.
+    max_pending_lease_requests: int = 10
     #: Leases one owner holds at once for one scheduling key.
     max_leases_per_scheduling_key: int = 64
     #: Workers started ahead of demand per node (-1: one per CPU).

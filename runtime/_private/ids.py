@@ -5,16 +5,16 @@ readers and mypy. They are turned into hex only at the edges (logs, state API, U
 
 Layout:
 - ``JobID``: 4 bytes. ``NodeID``, ``WorkerID``, ``ActorID``, ``PlacementGroupID``: 16 random bytes.
-- ``TaskID``: 16 bytes, an 8-byte per-process random prefix and an 8-byte counter, so a
-  process mints task ids without a syscall.
+- ``TaskID``: 16 bytes: 8 pseudo-random bytes (so short forms differ) and an 8-byte
+  per-process random suffix; minted without a syscall.
 - ``ObjectID``: 20 bytes, the ``TaskID`` that created it plus a 4-byte index: return
   values count 1, 2, ...; objects from ``put`` set the top bit.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
+import random
 import struct
 from typing import NewType
 
@@ -30,18 +30,18 @@ TASK_ID_SIZE = 16
 OBJECT_ID_SIZE = 20
 _PUT_BIT = 0x8000_0000
 
-_prefix = os.urandom(8)
-_counter = itertools.count(1)
-_pack_q = struct.Struct(">Q").pack
+_suffix = os.urandom(8)
+_rand64 = random.getrandbits
 _pack_i = struct.Struct(">I").pack
 _unpack_i = struct.Struct(">I").unpack
 
 
-def reseed_after_fork() -> None:
-    """Give a forked child its own prefix so ids never collide with the parent's."""
-    global _prefix, _counter
-    _prefix = os.urandom(8)
-    _counter = itertools.count(1)
+def _reseed_after_fork() -> None:
+    global _suffix
+    _suffix = os.urandom(8)
+
+
+os.register_at_fork(after_in_child=_reseed_after_fork)
 
 
 def random_id(size: int = 16) -> bytes:
@@ -49,7 +49,7 @@ def random_id(size: int = 16) -> bytes:
 
 
 def new_task_id() -> TaskID:
-    return TaskID(_prefix + _pack_q(next(_counter)))
+    return TaskID(_rand64(64).to_bytes(8, "little") + _suffix)
 
 
 def return_object_id(task_id: TaskID, index: int) -> ObjectID:

@@ -5,7 +5,7 @@ Used by ``lumos.init()`` (a private local cluster that dies with its driver) and
 (0600), logs and Unix sockets:
 
 ```
-/tmp/lumos/session_<time>_<pid>/
+/tmp/lumos_sessions/session_<time>_<pid>/
     token            the cluster token (HMAC key of every connection)
     node.json        addresses and pids of this node's processes
     logs/            gcs.log, raylet-*.log, worker-*.log, worker-*.out, task_events.jsonl
@@ -30,7 +30,9 @@ from lumos._private.config import Config
 from lumos._private.ids import random_id
 from lumos._private.process import write_private_file
 
-ROOT = os.environ.get("LUMOS_TMPDIR", "/tmp/lumos")
+# Not /tmp/lumos: with an editable install, a directory named like the package in the
+# working directory (often /tmp) would shadow it as a namespace package.
+ROOT = os.environ.get("LUMOS_TMPDIR", "/tmp/lumos_sessions")
 CURRENT_CLUSTER = os.path.join(ROOT, "current_cluster.json")
 
 

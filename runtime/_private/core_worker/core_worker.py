@@ -34,6 +34,7 @@ from lumos import exceptions as exc
 from lumos import object_ref as object_ref_mod
 from lumos._private import serialization as ser
 from lumos._private.config import Config
+from lumos._private.transport import eventloop
 from lumos._private.core_worker.references import FAILED, PENDING, READY, Freed, ObjectTable, Waiter
 from lumos._private.core_worker.tasks import (DONE, PUSHED, QUEUED, WAITING_ARGS, LeasedWorker,
                                               PendingTask, SchedulingQueue, TaskTemplate)
@@ -142,7 +143,7 @@ class CoreWorker:
         object_ref_mod._core_worker = self
 
     def _run_loop(self, ready: concurrent.futures.Future[None]) -> None:
-        loop = asyncio.new_event_loop()
+        loop = eventloop.new_event_loop()
         self.loop = loop
         asyncio.set_event_loop(loop)
 
@@ -891,7 +892,11 @@ class CoreWorker:
     actor_submitter: Any = None
 
     def _pump(self, q: SchedulingQueue) -> None:
-        depth = self.config.max_tasks_in_flight_per_worker
+        # Pipelining hides the round trip for short tasks; long or unknown ones go one per
+        # worker so a slow task never holds others back while a worker idles.
+        mean = q.mean_exec_s
+        depth = (self.config.max_tasks_in_flight_per_worker
+                 if mean is not None and mean * 1000 < self.config.pipeline_below_ms else 1)
         tasks = q.tasks
         while tasks:
             best = None
@@ -909,7 +914,9 @@ class CoreWorker:
             self._push(task, best)
         if tasks:
             usable = sum(1 for l in q.leases if not l.dead)
-            if q.requesting == 0 and usable < self.config.max_leases_per_scheduling_key:
+            want = min(len(tasks), self.config.max_pending_lease_requests,
+                       self.config.max_leases_per_scheduling_key - usable)
+            while q.requesting < want:
                 q.requesting += 1
                 self._spawn(self._request_lease(q), "lease")
 
@@ -1077,6 +1084,9 @@ class CoreWorker:
         lease = task.lease
         if lease is not None:
             lease.tasks.pop(reply.task_id, None)
+            q = lease.queue
+            took = reply.end_time - reply.start_time
+            q.mean_exec_s = took if q.mean_exec_s is None else 0.8 * q.mean_exec_s + 0.2 * took
         if self.actor_submitter is not None and task.spec.kind != 0:
             self.actor_submitter.on_reply(task, reply)
         if reply.system_error is not None:

@@ -97,7 +97,7 @@ class LeasedWorker:
 class SchedulingQueue:
     """Ready tasks of one shape and the workers leased for them."""
 
-    __slots__ = ("key", "template", "tasks", "leases", "requesting")
+    __slots__ = ("key", "template", "tasks", "leases", "requesting", "mean_exec_s")
 
     def __init__(self, key: Any, template: TaskTemplate) -> None:
         self.key = key
@@ -107,3 +107,5 @@ class SchedulingQueue:
         self.leases: list[LeasedWorker] = []
         #: Lease requests in flight.
         self.requesting = 0
+        #: Moving average of execution time; short tasks are pipelined deeper.
+        self.mean_exec_s: float | None = None

@@ -28,6 +28,7 @@ from typing import Any
 import msgpack
 
 from lumos._private.config import Config
+from lumos._private.transport import eventloop
 from lumos._private.gcs.storage import GcsStorage, create_storage
 from lumos._private.gcs.task_log import TaskEventTable
 from lumos._private.ids import new_job_id, short
@@ -340,7 +341,7 @@ def main() -> None:
     if args.die_with_parent:
         die_with_parent(args.die_with_parent)
     setup_logging(os.path.join(args.session_dir, "logs"), "gcs")
-    asyncio.run(_amain(args))
+    eventloop.run(_amain(args))
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ class StoreClient:
         self._slots: dict[int, _Mapping] = {}
         self._slot_bytes = 0
         #: weakref callbacks need the ctypes views alive only through user references.
-        self._weak: set[weakref.ref[Any]] = set()
+        self._weak: dict[int, weakref.ref[Any]] = {}
 
     # ------------------------------------------------------------------ writing
 
@@ -143,13 +143,14 @@ class StoreClient:
         ref = weakref.ref(mapping)
 
         def gone(w: Any, ref: Any = ref) -> None:
-            self._weak.discard(w)
+            self._weak.pop(id(w), None)
             m = ref()
             if m is not None:
                 with lock:
                     m.live_views -= 1
 
-        self._weak.add(weakref.ref(arr, gone))
+        w = weakref.ref(arr, gone)
+        self._weak[id(w)] = w
         return memoryview(arr).cast("B").toreadonly()
 
     def contains_local(self, object_id: bytes) -> bool:

@@ -101,6 +101,8 @@ class StartWorker:
 class StopWorker:
     worker_id: bytes
     reason: str
+    #: The process may already be exiting on its own; do not blame the kill for it.
+    quiet: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -225,17 +227,22 @@ class LocalSchedulerState:
     def _schedule(self, now: float, actions: list[Action]) -> None:
         starting = sum(1 for w in self.workers.values() if w.state == STARTING)
         waiting_for_worker = 0
+        #: Resources of requests that fit but wait for a worker process: counted as taken,
+        #: so one free CPU starts one worker, not one per queued request.
+        reserved: dict[str, int] = {}
         for rid, req in list(self.queue.items()):
             if req.infeasible:
                 if self.resources.feasible(req.units):
                     req.infeasible = False
                 else:
                     continue
-            if not self.resources.fits(req.units):
+            if not self.resources.fits(_plus(req.units, reserved)):
                 continue
             worker = self._idle_worker_for(req.event.job_id)
             if worker is None:
                 waiting_for_worker += 1
+                for k, v in req.units.items():
+                    reserved[k] = reserved.get(k, 0) + v
                 continue
             del self.queue[rid]
             ids = self.resources.allocate(req.units)
@@ -273,7 +280,8 @@ class LocalSchedulerState:
         if w is None or w.state == DEAD:
             return
         if disconnect or w.actor_id is not None:
-            actions.append(StopWorker(w.worker_id, "returned as failed" if disconnect else "its actor ended"))
+            actions.append(StopWorker(w.worker_id, "returned as failed" if disconnect else "its actor ended",
+                                      quiet=disconnect))
             w.state = DEAD
             return
         w.state = IDLE
@@ -336,3 +344,13 @@ class LocalSchedulerState:
             w = self.workers.get(lease.worker_id)
             if w is None or w.state != LEASED or w.lease_id != lease.lease_id:
                 raise AssertionError(f"lease {lease.lease_id} points at a worker that does not hold it")
+
+
+def _plus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    if not b:
+        return a
+    out = dict(a)
+    for k, v in b.items():
+        if k in out:
+            out[k] += v
+    return out

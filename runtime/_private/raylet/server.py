@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from lumos._private.config import Config
+from lumos._private.transport import eventloop
 from lumos._private.ids import random_id, short
 from lumos._private.object_store import store_state as st
 from lumos._private.object_store.client import unlink_quietly
@@ -258,7 +259,7 @@ class RayletServer:
         elif isinstance(action, sc.StartWorker):
             self._start_worker()
         elif isinstance(action, sc.StopWorker):
-            self._kill_worker(action.worker_id, action.reason, sig=signal.SIGKILL)
+            self._kill_worker(action.worker_id, "" if action.quiet else action.reason)
         elif isinstance(action, sc.ReportInfeasible):
             logger.info("lease request %d for %s is infeasible here", action.request_id, action.resources)
         elif isinstance(action, sc.FailLease):
@@ -341,9 +342,10 @@ class RayletServer:
 
     def _kill_worker(self, worker_id: bytes, reason: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.get(worker_id)
-        if proc is None or proc.popen is None or proc.exit_info is not None:
+        if proc is None or proc.popen is None or proc.exit_info is not None or proc.popen.poll() is not None:
             return
-        proc.kill_reason = reason
+        if reason:
+            proc.kill_reason = reason
         try:
             proc.popen.send_signal(sig)
         except ProcessLookupError:
@@ -530,7 +532,7 @@ def main() -> None:
     if args.die_with_parent:
         die_with_parent(args.die_with_parent)
     setup_logging(os.path.join(args.session_dir, "logs"), f"raylet-{args.node_id[:12]}")
-    asyncio.run(_amain(args))
+    eventloop.run(_amain(args))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,176 @@
+"""Micro-benchmarks, run against Ray or lumos imported by name.
+
+    python bench/microbench.py --impl lumos
+    python bench/microbench.py --impl ray
+    python bench/microbench.py --compare          # both, one after the other, and the ratio
+
+Each implementation runs in its own subprocess on a fresh local cluster with the same
+number of CPUs, so the two columns come from one run on one machine. ``ray`` is an
+optional extra (``pip install -e ".[bench]"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+MiB = 1024 * 1024
+
+
+def _timeit(fn: Callable[[], Any], min_time_s: float = 1.0, max_iters: int = 1_000_000) -> float:
+    """Seconds per call of fn, running for at least min_time_s after a warm-up."""
+    fn()
+    n = 0
+    t0 = time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        el = time.perf_counter() - t0
+        if el >= min_time_s or n >= max_iters:
+            return el / n
+
+
+def run(impl: str, num_cpus: int, quick: bool) -> dict[str, float]:
+    ray = importlib.import_module(impl)
+    results: dict[str, float] = {}
+    scale = 0.3 if quick else 1.0
+
+    t0 = time.perf_counter()
+    ray.init(num_cpus=num_cpus, include_dashboard=False, **({"log_to_driver": False}))
+
+    @ray.remote
+    def noop(*args: Any) -> None:
+        return None
+
+    ray.get(noop.remote())
+    results["init + first task (s)"] = time.perf_counter() - t0
+
+    # Warm the worker pool: every CPU has a worker with the function loaded.
+    ray.get([noop.remote() for _ in range(200)])
+
+    lat = []
+    for _ in range(int(2000 * scale)):
+        t = time.perf_counter()
+        ray.get(noop.remote())
+        lat.append(time.perf_counter() - t)
+    lat.sort()
+    results["sync task round trip p50 (us)"] = lat[len(lat) // 2] * 1e6
+    results["sync task round trip p99 (us)"] = lat[int(len(lat) * 0.99)] * 1e6
+
+    n = int(10000 * scale)
+    t = time.perf_counter()
+    ray.get([noop.remote() for _ in range(n)])
+    results["async tasks (/s)"] = n / (time.perf_counter() - t)
+
+    @ray.remote
+    def parent(k: int) -> None:
+        ray.get([noop.remote() for _ in range(k)])
+
+    per, parents = 100, max(2, num_cpus)
+    t = time.perf_counter()
+    ray.get([parent.remote(per) for _ in range(parents)])
+    ray.get([parent.remote(per) for _ in range(parents)])
+    results["nested subtasks (/s)"] = 2 * per * parents / (time.perf_counter() - t)
+
+    results["put small (/s)"] = 1 / _timeit(lambda: ray.put(0), 1.0 * scale)
+    small = ray.put(0)
+    results["get small (/s)"] = 1 / _timeit(lambda: ray.get(small), 1.0 * scale)
+
+    arr = np.random.randint(0, 255, size=100 * MiB, dtype=np.uint8)
+
+    def put_big() -> None:
+        ref = ray.put(arr)
+        del ref
+
+    results["put 100 MiB (GB/s)"] = 100 * MiB / _timeit(put_big, 2.0 * scale, 200) / 1e9
+    big = ray.put(arr)
+    results["zero-copy get 100 MiB (us)"] = _timeit(lambda: ray.get(big), 1.0 * scale) * 1e6
+    del big
+
+    one = ray.put(np.zeros(MiB, dtype=np.uint8))
+    n = int(2000 * scale)
+    t = time.perf_counter()
+    ray.get([noop.remote(one) for _ in range(n)])
+    results["1 MiB ref-arg tasks (/s)"] = n / (time.perf_counter() - t)
+
+    refs = [ray.put(i) for i in range(1000)]
+    results["wait on 1000 refs (/s)"] = 1 / _timeit(
+        lambda: ray.wait(refs, num_returns=len(refs)), 1.0 * scale, 20000)
+
+    ray.shutdown()
+    return results
+
+
+HIGHER_IS_BETTER = {"(/s)": True, "(GB/s)": True, "(us)": False, "(s)": False}
+
+
+def _better(key: str) -> bool:
+    for suffix, higher in HIGHER_IS_BETTER.items():
+        if key.endswith(suffix):
+            return higher
+    return True
+
+
+def compare(num_cpus: int, quick: bool) -> int:
+    cols: dict[str, dict[str, float]] = {}
+    for impl in ("ray", "lumos"):
+        cmd = [sys.executable, __file__, "--impl", impl, "--json", "--num-cpus", str(num_cpus)]
+        if quick:
+            cmd.append("--quick")
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            print(f"{impl} failed:\n{out.stderr[-3000:]}", file=sys.stderr)
+            return 1
+        cols[impl] = json.loads(out.stdout.strip().splitlines()[-1])
+    print(format_table(cols["ray"], cols["lumos"]))
+    return 0
+
+
+def format_table(ray: dict[str, float], lumos: dict[str, float]) -> str:
+    lines = ["| benchmark | Ray | lumos | lumos vs Ray |", "|---|---:|---:|---:|"]
+    for key in lumos:
+        r, l = ray.get(key), lumos[key]
+        if r is None:
+            continue
+        ratio = (l / r) if _better(key) else (r / l if l else float("inf"))
+        lines.append(f"| {key} | {_fmt(r)} | {_fmt(l)} | {ratio:.2f}x |")
+    return "\n".join(lines)
+
+
+def _fmt(v: float) -> str:
+    if v >= 100:
+        return f"{v:,.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--impl", choices=["ray", "lumos"], default="lumos")
+    p.add_argument("--compare", action="store_true", help="run both and print the ratio")
+    p.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--json", action="store_true", help="print results as one JSON line")
+    p.add_argument("--quick", action="store_true", help="shorter runs (noisier)")
+    args = p.parse_args()
+    if args.compare:
+        return compare(args.num_cpus, args.quick)
+    results = run(args.impl, args.num_cpus, args.quick)
+    if args.json:
+        print(json.dumps(results))
+    else:
+        for k, v in results.items():
+            print(f"{k:36s} {_fmt(v):>12s}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
