@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lumos import exceptions, util
+from lumos import exceptions, state, util
 from lumos.api import (LumosContext, available_resources, cancel, cluster_resources, get, get_gpu_ids, init,
                        is_initialized, nodes, put, shutdown, timeline, wait)
 from lumos.object_ref import ObjectRef
@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "shutdown", "is_initialized", "remote", "get", "put", "wait", "cancel", "nodes",
     "cluster_resources", "available_resources", "get_gpu_ids", "get_runtime_context", "timeline",
-    "ObjectRef", "LumosContext", "exceptions", "util", "load_ipython_extension", "__version__",
+    "ObjectRef", "LumosContext", "exceptions", "state", "util", "load_ipython_extension", "__version__",
 ]
 
 

@@ -478,11 +478,15 @@ class CoreWorker:
             if e is None or e.state == PENDING:
                 missing.append(ref)
         if missing:
-            self._wait_for(missing, len({r._id for r in missing}), timeout, fetch=True)
+            self._wait_for(missing, len({r._id for r in missing}), timeout, fetch=True, for_get=True)
         return [self._value_of(ref) for ref in refs]
 
-    def _wait_for(self, refs: list[ObjectRef], num: int, timeout: float | None, fetch: bool) -> list[bytes]:
-        """Block until ``num`` of ``refs`` are ready. Returns ids in completion order."""
+    def _wait_for(self, refs: list[ObjectRef], num: int, timeout: float | None, fetch: bool,
+                  for_get: bool = False) -> list[bytes]:
+        """Block until ``num`` of ``refs`` are ready. Returns ids in completion order.
+
+        ``for_get``: raise ``GetTimeoutError`` at the deadline (``wait`` just returns).
+        """
         waiter = Waiter(num)
         to_fetch: list[tuple[bytes, m.Address]] = []
         seen: set[bytes] = set()
@@ -532,7 +536,7 @@ class CoreWorker:
                         e = self.objects.entries.get(ref._id)
                         if e is not None and e.waiters and waiter in e.waiters:
                             e.waiters.remove(waiter)
-        if waiter.remaining > 0 and num == len(seen) and timeout is not None:
+        if waiter.remaining > 0 and for_get:
             raise exc.GetTimeoutError(
                 f"get timed out after {timeout}s: {waiter.remaining} of {num} objects not ready")
         return waiter.order

@@ -59,6 +59,8 @@ class GcsServer:
         #: Job id -> JobInfo.
         self.jobs: OrderedDict[bytes, m.JobInfo] = OrderedDict()
         self._job_conns: dict[Connection, bytes] = {}
+        #: Private clusters: the job whose driver started the cluster (the first one).
+        self._owner_job: bytes | None = None
         #: Worker id -> WorkerInfo.
         self.workers: dict[bytes, m.WorkerInfo] = {}
         #: (namespace, key) -> value.
@@ -206,6 +208,8 @@ class GcsServer:
                          time.time(), 0.0)
         self.jobs[job_id] = info
         self._job_conns[conn] = job_id
+        if self._owner_job is None:
+            self._owner_job = job_id
         conn.peer_info = ("job", job_id)
         logger.info("job %s started (driver pid %d)", job_id.hex(), msg.pid)
         self.publish("jobs", job_id, info)
@@ -303,8 +307,8 @@ class GcsServer:
         elif kind == "job":
             self._job_conns.pop(conn, None)
             self._finish_job(ident)
-            if self.private_cluster:
-                logger.info("driver of private cluster disconnected; shutting down")
+            if self.private_cluster and ident == self._owner_job:
+                logger.info("the driver that started this private cluster disconnected; shutting down")
                 self._spawn(self.stop(), "gcs.stop")
 
     def _shutdown_request(self, conn: Connection, msg: m.ShutdownNode) -> None:

@@ -1,0 +1,164 @@
+"""Errors and failures: user exceptions, worker crashes, retries, cancellation."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import lumos
+from lumos.exceptions import TaskCancelledError, TaskError, WorkerCrashedError
+
+
+class MyError(Exception):
+    pass
+
+
+@lumos.remote
+def raises(msg):
+    raise MyError(msg)
+
+
+def test_task_error_is_instance_of_user_class_with_remote_traceback(fresh_cluster):
+    fresh_cluster()
+    with pytest.raises(MyError) as info:
+        lumos.get(raises.remote("boom"), timeout=30)
+    err = info.value
+    assert isinstance(err, TaskError)
+    assert isinstance(err.cause, MyError)
+    assert "boom" in str(err)
+    assert "in raises" in err.traceback_str and "test_failures.py" in err.traceback_str
+    assert "executor.py" not in err.traceback_str
+
+
+def test_error_propagates_through_dependent_tasks(fresh_cluster):
+    fresh_cluster()
+
+    @lumos.remote
+    def plus_one(x):
+        return x + 1
+
+    with pytest.raises(MyError):
+        lumos.get(plus_one.remote(raises.remote("upstream")), timeout=30)
+
+
+def test_worker_death_is_retried_then_worker_crashed_error(fresh_cluster, tmp_path):
+    fresh_cluster()
+    counter = tmp_path / "attempts"
+
+    @lumos.remote(max_retries=2)
+    def die(path):
+        with open(path, "a") as f:
+            f.write("x")
+        os._exit(1)
+
+    with pytest.raises(WorkerCrashedError, match="max_retries=2") as info:
+        lumos.get(die.remote(str(counter)), timeout=60)
+    assert counter.read_text() == "xxx"
+    assert "exit code 1" in str(info.value)
+    # The cluster still works afterwards.
+    with pytest.raises(MyError):
+        lumos.get(raises.remote("still alive"), timeout=30)
+
+
+def test_worker_death_then_success_on_retry(fresh_cluster, tmp_path):
+    fresh_cluster()
+    marker = tmp_path / "died-once"
+
+    @lumos.remote(max_retries=1)
+    def flaky(path):
+        if not os.path.exists(path):
+            open(path, "w").close()
+            os._exit(1)
+        return "ok"
+
+    assert lumos.get(flaky.remote(str(marker)), timeout=60) == "ok"
+
+
+def test_retry_exceptions(fresh_cluster, tmp_path):
+    fresh_cluster()
+    attempts = tmp_path / "n"
+
+    @lumos.remote(max_retries=3, retry_exceptions=[MyError])
+    def sometimes(path):
+        with open(path, "a") as f:
+            f.write("x")
+        if len(open(path).read()) < 3:
+            raise MyError("not yet")
+        return "done"
+
+    assert lumos.get(sometimes.remote(str(attempts)), timeout=60) == "done"
+    assert attempts.read_text() == "xxx"
+
+    @lumos.remote(max_retries=3, retry_exceptions=[KeyError])
+    def wrong_kind():
+        raise MyError("not retried")
+
+    with pytest.raises(MyError):
+        lumos.get(wrong_kind.remote(), timeout=30)
+
+
+def test_cancel_queued_task(fresh_cluster):
+    fresh_cluster(num_cpus=1)
+
+    @lumos.remote
+    def block(t):
+        time.sleep(t)
+        return t
+
+    first = block.remote(1.0)
+    queued = block.remote(0)
+    lumos.cancel(queued)
+    with pytest.raises(TaskCancelledError):
+        lumos.get(queued, timeout=30)
+    assert lumos.get(first, timeout=30) == 1.0
+
+
+def test_cancel_running_task_interrupts_it(fresh_cluster):
+    fresh_cluster()
+
+    @lumos.remote
+    def spin():
+        time.sleep(30)
+
+    ref = spin.remote()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    lumos.cancel(ref)
+    with pytest.raises(TaskCancelledError):
+        lumos.get(ref, timeout=30)
+    assert time.monotonic() - t0 < 5
+
+
+def test_force_cancel_kills_the_worker(fresh_cluster):
+    fresh_cluster()
+
+    @lumos.remote
+    def stubborn():
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        time.sleep(30)
+
+    @lumos.remote
+    def pid():
+        return os.getpid()
+
+    ref = stubborn.remote()
+    time.sleep(0.5)
+    lumos.cancel(ref, force=True)
+    with pytest.raises(TaskCancelledError):
+        lumos.get(ref, timeout=30)
+    assert lumos.get(pid.remote(), timeout=30) > 0
+
+
+def test_unpicklable_return_value_is_a_task_error(fresh_cluster):
+    fresh_cluster()
+
+    @lumos.remote
+    def gives_lock():
+        import threading
+        return threading.Lock()
+
+    with pytest.raises(TaskError, match="could not be serialized"):
+        lumos.get(gives_lock.remote(), timeout=30)

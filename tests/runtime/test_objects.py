@@ -1,0 +1,183 @@
+"""Objects: put/get, zero-copy reads from the shared-memory store, reference counting."""
+
+from __future__ import annotations
+
+import gc
+import glob
+import os
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import lumos
+from lumos.exceptions import ObjectStoreFullError
+
+from ..conftest import wait_for
+
+
+def store_dir() -> str:
+    session = os.path.basename(lumos.api.worker_context.context.address_info["session_dir"])
+    (d,) = glob.glob(f"/dev/shm/lumos-{session}-*")
+    return d
+
+
+def store_used() -> int:
+    cw = lumos.api.worker_context.require()
+    return cw.call_raylet(lumos._private.protocol.messages.GetNodeStats())["store"]["used_bytes"]
+
+
+def test_put_get_small_and_large(fresh_cluster):
+    fresh_cluster()
+    assert lumos.get(lumos.put({"a": [1, 2]}), timeout=30) == {"a": [1, 2]}
+    arr = np.arange(2_000_000, dtype=np.int64)
+    out = lumos.get(lumos.put(arr), timeout=30)
+    assert np.array_equal(out, arr)
+
+
+def test_large_values_live_in_dev_shm_and_small_ones_do_not(fresh_cluster):
+    fresh_cluster()
+    before = set(os.listdir(store_dir()))
+    small = lumos.put(b"x" * 1000)
+    assert set(os.listdir(store_dir())) == before
+    big = lumos.put(np.zeros(10 * 1024 * 1024, dtype=np.uint8))
+    files = set(os.listdir(store_dir())) - before
+    assert big.hex() in files
+    del small, big
+
+
+def test_numpy_get_is_zero_copy_read_only_and_shared(fresh_cluster):
+    fresh_cluster()
+
+    @lumos.remote
+    def make():
+        return np.arange(5_000_000, dtype=np.float64)
+
+    ref = make.remote()  # written by a worker process
+    a = lumos.get(ref, timeout=30)
+    b = lumos.get(ref, timeout=30)
+    assert not a.flags.writeable
+    assert not a.flags.owndata
+    assert np.shares_memory(a, b)
+    with pytest.raises(ValueError):
+        a[0] = 1.0
+    assert a[-1] == 4_999_999.0
+
+
+def test_put_by_driver_is_zero_copy_in_worker(fresh_cluster):
+    fresh_cluster()
+    ref = lumos.put(np.ones(4_000_000))
+
+    @lumos.remote
+    def probe(arr):
+        return arr.flags.writeable, arr.flags.owndata, float(arr.sum())
+
+    assert lumos.get(probe.remote(ref), timeout=30) == (False, False, 4_000_000.0)
+
+
+def test_arrow_table_get_is_zero_copy(fresh_cluster):
+    fresh_cluster()
+
+    @lumos.remote
+    def table():
+        return pa.table({"x": pa.array(np.arange(2_000_000, dtype=np.int64))})
+
+    ref = table.remote()
+    t1 = lumos.get(ref, timeout=30)
+    t2 = lumos.get(ref, timeout=30)
+    assert t1.num_rows == 2_000_000
+    buf1 = t1.column("x").chunk(0).buffers()[1]
+    buf2 = t2.column("x").chunk(0).buffers()[1]
+    assert buf1.address == buf2.address  # the same mapped memory
+    assert not buf1.is_mutable
+
+
+def test_put_and_drop_keeps_store_use_bounded(fresh_cluster):
+    fresh_cluster(object_store_memory=600 * 1024 * 1024)
+    arr = np.ones(50 * 1024 * 1024, dtype=np.uint8)
+    peak = 0
+    for _ in range(200):
+        ref = lumos.put(arr)
+        del ref
+        peak = max(peak, store_used())
+    assert peak <= 3 * 60 * 1024 * 1024, f"store use grew to {peak >> 20} MiB"
+
+
+def test_freeing_last_ref_removes_the_file(fresh_cluster):
+    fresh_cluster(_system_config={"object_store_recycle_bytes": 0})
+
+    @lumos.remote
+    def make():
+        return np.zeros(3_000_000)
+
+    ref = make.remote()
+    lumos.get(ref, timeout=30)
+    name = ref.hex()
+    assert name in os.listdir(store_dir())
+    del ref
+    gc.collect()
+    lumos.put(0)  # API calls apply dropped refs
+    wait_for(lambda: name not in os.listdir(store_dir()), 10)
+
+
+def test_value_survives_while_views_are_alive(fresh_cluster):
+    fresh_cluster()
+    ref = lumos.put(np.full(3_000_000, 7.0))
+    view = lumos.get(ref, timeout=30)
+    del ref
+    for _ in range(5):  # reuse of freed slots must not overwrite live views
+        lumos.put(np.zeros(3_000_000))
+    assert view[0] == 7.0 and view[-1] == 7.0
+
+
+def test_put_larger_than_store_fails_clearly_and_nothing_breaks(fresh_cluster):
+    fresh_cluster(object_store_memory=64 * 1024 * 1024)
+    with pytest.raises(ObjectStoreFullError, match="larger than the object store"):
+        lumos.put(np.zeros(100 * 1024 * 1024, dtype=np.uint8))
+    ok = lumos.put(np.zeros(10 * 1024 * 1024, dtype=np.uint8))
+    assert lumos.get(ok, timeout=30).nbytes == 10 * 1024 * 1024
+
+
+def test_store_full_of_live_objects_raises_after_waiting(fresh_cluster):
+    fresh_cluster(object_store_memory=64 * 1024 * 1024)
+    keep = [lumos.put(np.zeros(20 * 1024 * 1024, dtype=np.uint8)) for _ in range(3)]
+    with pytest.raises(ObjectStoreFullError, match="full"):
+        lumos.put(np.zeros(20 * 1024 * 1024, dtype=np.uint8))
+    del keep
+    gc.collect()
+    lumos.put(0)
+    assert lumos.get(lumos.put(np.zeros(20 * 1024 * 1024, dtype=np.uint8)), timeout=30).size
+
+
+def test_put_of_objectref_is_rejected(fresh_cluster):
+    fresh_cluster()
+    with pytest.raises(TypeError, match="ObjectRef"):
+        lumos.put(lumos.put(1))
+
+
+def test_ref_created_in_task_and_returned_nested_stays_readable(fresh_cluster):
+    fresh_cluster()
+
+    @lumos.remote
+    def make_inner():
+        return [lumos.put(np.full(1_000_000, 3.0)), lumos.put("small")]
+
+    outer = lumos.get(make_inner.remote(), timeout=30)
+    gc.collect()
+    big, small = lumos.get(outer, timeout=30)
+    assert big[0] == 3.0 and small == "small"
+
+
+def test_ref_round_trip_through_task_keeps_driver_object_alive(fresh_cluster):
+    fresh_cluster()
+
+    @lumos.remote
+    def echo(items):
+        return items
+
+    ref = lumos.put(np.full(1_000_000, 5.0))
+    back = echo.remote([ref])
+    del ref
+    gc.collect()
+    (inner,) = lumos.get(back, timeout=30)
+    assert lumos.get(inner, timeout=30)[0] == 5.0

@@ -1,0 +1,184 @@
+"""Tasks on a real local cluster: submission, arguments, returns, nesting, wait."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import lumos
+from lumos.exceptions import GetTimeoutError, TaskError
+
+
+@lumos.remote
+def add(x, y=0):
+    return x + y
+
+
+@lumos.remote
+def sleep_then(t, value=None):
+    time.sleep(t)
+    return t if value is None else value
+
+
+def test_remote_function_returns_value(cluster):
+    assert lumos.get(add.remote(1, 2), timeout=30) == 3
+
+
+def test_kwargs_and_options(cluster):
+    assert lumos.get(add.remote(1, y=5), timeout=30) == 6
+    assert lumos.get(add.options(num_cpus=0.5, name="half").remote(2, 3), timeout=30) == 5
+
+
+def test_get_list_keeps_order(cluster):
+    refs = [add.remote(i, i) for i in range(50)]
+    assert lumos.get(refs, timeout=30) == [2 * i for i in range(50)]
+
+
+def test_top_level_ref_args_are_resolved(cluster):
+    ref = lumos.put(40)
+    assert lumos.get(add.remote(ref, 2), timeout=30) == 42
+    chained = add.remote(add.remote(1, 1), y=add.remote(2, 2))
+    assert lumos.get(chained, timeout=30) == 6
+
+
+def test_refs_nested_in_containers_arrive_as_refs(cluster):
+    @lumos.remote
+    def inspect(items):
+        return [type(x).__name__ for x in items], lumos.get(items[0]) + lumos.get(items[1]["k"])
+
+    names, total = lumos.get(inspect.remote([lumos.put(1), {"k": lumos.put(2)}]), timeout=30)
+    assert names == ["ObjectRef", "dict"]
+    assert total == 3
+
+
+def test_num_returns(cluster):
+    @lumos.remote(num_returns=3)
+    def three():
+        return 1, "two", [3]
+
+    a, b, c = three.remote()
+    assert lumos.get([a, b, c], timeout=30) == [1, "two", [3]]
+
+    @lumos.remote(num_returns=0)
+    def nothing():
+        return None
+
+    assert nothing.remote() is None
+
+
+def test_num_returns_mismatch_is_a_task_error(cluster):
+    @lumos.remote(num_returns=2)
+    def one():
+        return 1, 2, 3
+
+    a, _ = one.remote()
+    with pytest.raises(TaskError, match="num_returns=2"):
+        lumos.get(a, timeout=30)
+
+
+def test_nested_tasks(cluster):
+    @lumos.remote
+    def fan_out(n):
+        return sum(lumos.get([add.remote(i, 1) for i in range(n)], timeout=30))
+
+    assert lumos.get(fan_out.remote(20), timeout=60) == sum(range(1, 21))
+
+
+def test_deeply_nested_tasks_do_not_deadlock_on_two_cpus(cluster):
+    @lumos.remote
+    def depth(n):
+        if n == 0:
+            return 0
+        return 1 + lumos.get(depth.remote(n - 1), timeout=60)
+
+    assert lumos.get(depth.remote(6), timeout=90) == 6
+
+
+def test_get_timeout_raises_get_timeout_error(cluster):
+    ref = sleep_then.remote(5)
+    t0 = time.monotonic()
+    with pytest.raises(GetTimeoutError) as info:
+        lumos.get(ref, timeout=0.2)
+    assert isinstance(info.value, TimeoutError)
+    assert time.monotonic() - t0 < 3
+    lumos.cancel(ref, force=True)
+
+
+def test_wait_ready_in_completion_order(cluster):
+    refs = [sleep_then.remote(0.9, "slow"), sleep_then.remote(0.05, "fast")]
+    ready, not_ready = lumos.wait(refs, num_returns=2, timeout=30)
+    assert lumos.get(ready, timeout=30) == ["fast", "slow"]
+    assert not_ready == []
+
+
+def test_wait_num_returns_and_timeout(cluster):
+    refs = [sleep_then.remote(0.05, 1), sleep_then.remote(10, 2)]
+    ready, not_ready = lumos.wait(refs, num_returns=1, timeout=5)
+    assert ready == [refs[0]] and not_ready == [refs[1]]
+    ready, not_ready = lumos.wait(refs, num_returns=2, timeout=0.1)
+    assert ready == [refs[0]] and not_ready == [refs[1]]
+    lumos.cancel(refs[1], force=True)
+
+
+def test_wait_validates_arguments(cluster):
+    ref = lumos.put(1)
+    with pytest.raises(TypeError):
+        lumos.wait(ref)
+    with pytest.raises(ValueError, match="exceed"):
+        lumos.wait([ref], num_returns=2)
+    with pytest.raises(ValueError, match="unique"):
+        lumos.wait([ref, ref])
+
+
+def test_calling_remote_function_directly_is_a_clear_error(cluster):
+    with pytest.raises(TypeError, match=r"add\.remote"):
+        add(1, 2)
+
+
+def test_unpicklable_argument_fails_at_call_site(cluster):
+    import threading
+    with pytest.raises(TypeError, match="could not serialize"):
+        add.remote(threading.Lock())
+    assert lumos.get(add.remote(1, 1), timeout=30) == 2
+
+
+def test_bad_options_are_rejected_with_choices(cluster):
+    with pytest.raises(ValueError, match="valid options"):
+        add.options(num_cpu=1)
+    with pytest.raises(ValueError, match=">= 0"):
+        add.options(num_cpus=-1)
+    with pytest.raises(ValueError, match="fractions"):
+        add.options(num_gpus=1.5)
+    with pytest.raises(TypeError):
+        lumos.get("not a ref")
+
+
+def test_large_arguments_by_value_go_through_the_store(cluster):
+    import numpy as np
+
+    @lumos.remote
+    def total(a):
+        return float(a.sum())
+
+    arr = np.ones(1_000_000)
+    assert lumos.get(total.remote(arr), timeout=30) == 1_000_000.0
+
+
+def test_many_tasks(cluster):
+    refs = [add.remote(i) for i in range(3000)]
+    assert sum(lumos.get(refs, timeout=60)) == sum(range(3000))
+
+
+def test_runtime_context_in_task(cluster):
+    @lumos.remote
+    def ctx():
+        c = lumos.get_runtime_context()
+        return c.get_job_id(), c.get_node_id(), c.get_task_id(), c.get_worker_id()
+
+    job, node, task, worker = lumos.get(ctx.remote(), timeout=30)
+    driver = lumos.get_runtime_context()
+    assert job == driver.get_job_id()
+    assert node == driver.get_node_id()
+    assert task and worker and worker != driver.get_worker_id()
+    assert driver.get_task_id() is None
