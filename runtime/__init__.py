@@ -15,18 +15,20 @@ from __future__ import annotations
 from typing import Any
 
 from lumos import exceptions, state, util
+from lumos.actor import ActorClass, ActorHandle, get_actor, kill, method
 from lumos.api import (LumosContext, available_resources, cancel, cluster_resources, get, get_gpu_ids, init,
                        is_initialized, nodes, put, shutdown, timeline, wait)
 from lumos.object_ref import ObjectRef
+from lumos.progress import progress
 from lumos.remote_function import RemoteFunction
 from lumos.runtime_context import get_runtime_context
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "remote", "get", "put", "wait", "cancel", "nodes",
+    "init", "shutdown", "is_initialized", "remote", "kill", "get_actor", "method", "ActorHandle", "ActorClass", "get", "put", "wait", "cancel", "nodes",
     "cluster_resources", "available_resources", "get_gpu_ids", "get_runtime_context", "timeline",
-    "ObjectRef", "LumosContext", "exceptions", "state", "util", "load_ipython_extension", "__version__",
+    "ObjectRef", "progress", "LumosContext", "exceptions", "state", "util", "load_ipython_extension", "__version__",
 ]
 
 
@@ -48,9 +50,16 @@ def remote(*args: Any, **options: Any) -> Any:
 
 def _make_remote(target: Any, options: dict[str, Any]) -> Any:
     if isinstance(target, type):
-        from lumos.actor import ActorClass
         return ActorClass(target, options)
     return RemoteFunction(target, options)
+
+
+def __getattr__(name: str) -> Any:
+    # ``lumos.dashboard`` and ``lumos.kernelext`` load Bokeh/IPython: only when asked for.
+    if name in ("dashboard", "kernelext"):
+        import importlib
+        return importlib.import_module(f"lumos.{name}")
+    raise AttributeError(f"module 'lumos' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython: Any) -> None:

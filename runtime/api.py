@@ -120,8 +120,11 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
         if address is None:
             address = os.environ.get("LUMOS_ADDRESS") or None
         if address in (None, "local"):
+            dashboard = _dashboard_wanted(include_dashboard)
             ctx = _start_private(config, num_cpus, num_gpus, resources, memory, object_store_memory,
-                                 namespace or "", _node_ip_address)
+                                 namespace or "", _node_ip_address,
+                                 (dashboard_host, 8265 if dashboard_port is None else dashboard_port)
+                                 if dashboard else None)
         else:
             if any(v is not None for v in (num_cpus, num_gpus, resources, object_store_memory)):
                 raise ValueError("num_cpus, num_gpus, resources and object_store_memory describe a new "
@@ -145,9 +148,18 @@ def _check_number(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be >= 0, got {value}")
 
 
+def _dashboard_wanted(include_dashboard: bool | None) -> bool:
+    """``include_dashboard=None`` (Ray's default) starts it unless ``LUMOS_INCLUDE_DASHBOARD=0``."""
+    if include_dashboard is None:
+        return os.environ.get("LUMOS_INCLUDE_DASHBOARD", "1").lower() not in ("0", "false", "no", "off")
+    if not isinstance(include_dashboard, bool):
+        raise TypeError(f"include_dashboard must be a bool or None, not {type(include_dashboard).__name__}")
+    return include_dashboard
+
+
 def _start_private(config: Config, num_cpus: float | None, num_gpus: float | None,
                    resources: dict[str, float] | None, memory: int | None, store_bytes: int | None,
-                   namespace: str, node_ip: str) -> LumosContext:
+                   namespace: str, node_ip: str, dashboard: tuple[str, int] | None = None) -> LumosContext:
     session_dir = new_session_dir()
     node = NodeProcesses(session_dir, config)
     token = auth.new_token().hex().encode()
@@ -157,21 +169,35 @@ def _start_private(config: Config, num_cpus: float | None, num_gpus: float | Non
     res["node:__internal_head__"] = 1.0
     store = int(store_bytes) if store_bytes else (config.object_store_memory or default_store_bytes())
     worker_context.local_node = node
+    dash = None
     try:
+        if dashboard is not None:  # starts in parallel with the GCS; it connects on first use
+            from lumos._private.dashboard_process import spawn_dashboard
+            dash = spawn_dashboard(session_dir, f"unix:{node.gcs_unix}", node.token_path, *dashboard)
+            node.procs.append(dash[0])  # node.stop() (shutdown) stops it with the others
         node.start_gcs_and_raylet(resources=res, store_bytes=store, host=node_ip, gcs_port=0, private=True)
         assert node.gcs_address is not None
         cw = _start_core_worker(config, token, node.gcs_unix, node.raylet_socket, session_dir,
                                 node.node_id, node.store_dir, node_ip, namespace)
     except BaseException:
+        if dash is not None:
+            os.close(dash[1])
         node.stop()
         worker_context.local_node = None
         raise
     worker_context.core_worker = cw
     _register_exit_handler()
     gcs = f"{node.gcs_address[0]}:{node.gcs_address[1]}"
+    dashboard_url = ""
+    if dash is not None:
+        from lumos._private.dashboard_process import DashboardStartError, await_dashboard
+        try:
+            dashboard_url = await_dashboard(dash[0], dash[1], session_dir)
+        except DashboardStartError as e:
+            logger.warning("the cluster runs without its dashboard: %s", e)
     return LumosContext({"gcs_address": gcs, "address": gcs, "node_id": node.node_id.hex(),
                          "session_dir": session_dir, "node_ip_address": node_ip,
-                         "raylet_socket_name": node.raylet_socket, "job_id": cw.job_id.hex()}, "")
+                         "raylet_socket_name": node.raylet_socket, "job_id": cw.job_id.hex()}, dashboard_url)
 
 
 def _start_core_worker(config: Config, token: bytes, gcs_address: Any, raylet_socket: str, session_dir: str,
@@ -220,6 +246,7 @@ def _connect(config: Config, address: str, namespace: str, token_arg: str | None
     nodes = _fetch_nodes(config, token, gcs_address)
     here = {socket.gethostname()}
     local = [n for n in nodes if n.state == "ALIVE" and n.hostname in here and os.path.exists(n.address.unix_path)]
+    local.sort(key=lambda n: not n.is_head)  # the head's raylet when several nodes share this machine
     if not local:
         raise ConnectionError(f"no lumos node of the cluster at {address} runs on this machine; "
                               f"run `lumos start --address {address}` here first")
@@ -236,9 +263,15 @@ def _connect(config: Config, address: str, namespace: str, token_arg: str | None
 def _fetch_nodes(config: Config, token: bytes, gcs_address: Any) -> list[m.NodeInfo]:
     import asyncio
     from lumos._private.transport.connection import ConnectionLost, connect
+    where = f"{gcs_address[0]}:{gcs_address[1]}" if isinstance(gcs_address, tuple) else gcs_address
 
     async def ask() -> list[m.NodeInfo]:
-        conn = await connect(gcs_address, token=token, config=config, name="init->gcs")
+        try:
+            conn = await connect(gcs_address, token=token, config=config, name="init->gcs")
+        except ConnectionLost:
+            raise ConnectionError(f"the lumos GCS at {where} closed the connection during authentication: "
+                                  "the cluster token is probably wrong (pass the token `lumos start --head` printed, "
+                                  "as _token=... or LUMOS_CLUSTER_TOKEN)") from None
         try:
             return await conn.call(m.GetAllNodes(), config.rpc_timeout_s)  # type: ignore[no-any-return]
         finally:
@@ -246,8 +279,12 @@ def _fetch_nodes(config: Config, token: bytes, gcs_address: Any) -> list[m.NodeI
 
     try:
         return asyncio.run(ask())
-    except (OSError, ConnectionLost, TimeoutError) as e:
-        raise ConnectionError(f"cannot reach the lumos GCS at {gcs_address}: {e}") from None
+    except ConnectionError as e:
+        if "authentication" in str(e):
+            raise
+        raise ConnectionError(f"cannot reach the lumos GCS at {where}: {e}") from None
+    except (OSError, TimeoutError) as e:
+        raise ConnectionError(f"cannot reach the lumos GCS at {where}: {e or type(e).__name__}") from None
 
 
 _exit_registered = False
@@ -328,10 +365,13 @@ def wait(object_refs: Sequence[ObjectRef], *, num_returns: int = 1, timeout: flo
     if isinstance(object_refs, ObjectRef) or not isinstance(object_refs, (list, tuple)):
         raise TypeError(f"wait() expects a list of ObjectRefs, got {type(object_refs).__name__}")
     refs = list(object_refs)
+    ids = set()
+    add = ids.add
     for r in refs:
-        if not isinstance(r, ObjectRef):
+        if r.__class__ is not ObjectRef and not isinstance(r, ObjectRef):
             raise TypeError(f"wait() expects a list of ObjectRefs, but it contains a {type(r).__name__}")
-    if len({r.binary() for r in refs}) != len(refs):
+        add(r._id)
+    if len(ids) != len(refs):
         raise ValueError("wait() requires a list of unique ObjectRefs")
     if isinstance(num_returns, bool) or not isinstance(num_returns, int) or num_returns < 1 and refs:
         raise ValueError(f"num_returns must be a positive int, got {num_returns!r}")

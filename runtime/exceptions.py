@@ -90,6 +90,15 @@ class TaskError(LumosError):
                 + (f" (pid={self.pid}, ip={self.node_ip})" if self.pid else ""),
                 self.traceback_str.rstrip()]
 
+    def _repr_html_(self) -> str:
+        """Notebook display: the task, where it ran, and the remote traceback."""
+        from html import escape
+        where = f" (pid={self.pid}, ip={escape(self.node_ip)})" if self.pid else ""
+        return (f"<div class='lumos-task-error'><b style='color:#cf222e'>{escape(type(self).__name__)}</b>: "
+                f"task <code>{escape(self.function_name)}</code>{where} failed"
+                f"<pre style='background:#fff5f5;border-left:3px solid #cf222e;padding:4px 6px;"
+                f"white-space:pre-wrap'>{escape(self.traceback_str.rstrip())}</pre></div>")
+
 
 RayTaskError = TaskError
 
@@ -190,6 +199,10 @@ class ActorDiedError(LumosError):
 
 
 RayActorError = ActorDiedError
+
+
+class ActorExitRequest(SystemExit):
+    """Raised by ``lumos.actor.exit_actor()``: ends the actor on purpose (no restart)."""
 
 
 class ActorUnavailableError(LumosError):

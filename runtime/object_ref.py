@@ -80,13 +80,29 @@ class ObjectRef:
         return asyncio.wrap_future(self.future()).__await__()
 
     def _repr_html_(self) -> str:
+        """Notebook display: id, state, size, owner and node."""
         from html import escape
-        state = "?"
+        info: dict[str, Any] = {"state": "?"}
         cw = _core_worker
         if cw is not None:
-            state = cw.describe_object(self._id).get("state", "?")
-        return (f"<code>ObjectRef({escape(self._id.hex()[:16])}…)</code> "
-                f"<span style='color:#666'>{escape(str(state))}</span>")
+            info = cw.describe_object(self._id)
+        state = str(info.get("state", "?"))
+        colour = {"ready": "#1a7f37", "pending": "#1f6feb", "failed": "#cf222e"}.get(state, "#666")
+        size = info.get("size")
+        size_text = "" if not size else (f"{size} B" if size < 1024 else f"{size / 1024:.1f} KiB"
+                                         if size < 1024 ** 2 else f"{size / 1024 ** 2:.1f} MiB")
+        owner = info.get("owner") or (self._owner.worker_id.hex() if self._owner is not None else "")
+        node = info.get("node_id") or ""
+        where = "inline" if info.get("inline") else (f"node {escape(node[:8])}" if node else "")
+        parts = [f"<span style='color:{colour}'>{escape(state)}</span>"]
+        if size_text:
+            parts.append(escape(size_text))
+        if owner:
+            parts.append(f"owner {escape(owner[:8])}")
+        if where:
+            parts.append(where)
+        return (f"<span class='lumos-ref'><code>ObjectRef({escape(self._id.hex()[:16])}…)</code> "
+                f"<span style='color:#666'>{' · '.join(parts)}</span></span>")
 
 
 class TaskIDView:

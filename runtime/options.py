@@ -127,6 +127,8 @@ OPTIONS: dict[str, Option] = {
     "namespace": Option(_str_or_none, None, None, _A, "namespace of a named actor"),
     "lifetime": Option(_lifetime, None, None, _A, "'detached': outlives its driver"),
     "get_if_exists": Option(_bool, None, False, _A, "return the existing named actor"),
+    "checkpoint_interval": Option(_int_at_least(1), None, 1, _A,
+                                  "calls between checkpoints (classes with __lumos_checkpoint__)"),
     "max_pending_calls": Option(_int_at_least(-1), None, -1, _A, "calls queued before raising"),
     "concurrency_groups": Option(_anything, None, None, _A, "accepted for Ray compatibility"),
     "placement_group": Option(_anything, None, None, _BOTH, "legacy: use scheduling_strategy"),
@@ -150,6 +152,14 @@ def validate(options: dict[str, Any], kind: str) -> dict[str, Any]:
                 continue
             opt.check(name, value)
     return options
+
+
+def merged(base: dict[str, Any], changes: dict[str, Any], kind: str) -> dict[str, Any]:
+    """``base`` with ``changes`` applied, after checking ``changes`` (``.options(...)``)."""
+    validate(changes, kind)
+    out = dict(base)
+    out.update(changes)
+    return out
 
 
 def resolved(options: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -187,6 +197,7 @@ def strategy_of(opts: dict[str, Any]) -> Any:
     strategy = opts.get("scheduling_strategy")
     if strategy is None and opts.get("placement_group") not in (None, "default"):
         strategy = PlacementGroupSchedulingStrategy(
-            opts["placement_group"], opts.get("placement_group_bundle_index") or -1,
+            opts["placement_group"], -1 if opts.get("placement_group_bundle_index") is None
+            else opts["placement_group_bundle_index"],
             opts.get("placement_group_capture_child_tasks"))
     return strategy_to_wire(strategy)

@@ -51,10 +51,7 @@ class RemoteFunction:
 
     def options(self, **options: Any) -> "_BoundOptions":
         """A copy of this function with some options changed, e.g. ``f.options(num_cpus=2)``."""
-        opts_mod.validate(options, opts_mod.TASK)
-        merged = dict(self._options)
-        merged.update(options)
-        return _BoundOptions(self, merged)
+        return _BoundOptions(self, opts_mod.merged(self._options, options, opts_mod.TASK))
 
     def _template(self, options: dict[str, Any]) -> TaskTemplate:
         key = tuple(sorted((k, repr(v)) for k, v in options.items()))
@@ -102,10 +99,7 @@ class _BoundOptions:
         return self._fn._remote(args, kwargs, self._options, None)  # type: ignore[no-any-return]
 
     def options(self, **options: Any) -> "_BoundOptions":
-        opts_mod.validate(options, opts_mod.TASK)
-        merged = dict(self._options)
-        merged.update(options)
-        return _BoundOptions(self._fn, merged)
+        return _BoundOptions(self._fn, opts_mod.merged(self._options, options, opts_mod.TASK))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._fn(*args, **kwargs)

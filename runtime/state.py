@@ -49,7 +49,8 @@ def _check_filters(filters: Iterable[Filter] | None) -> list[Filter]:
 
 def list_tasks(filters: Iterable[Filter] | None = None, limit: int = 10_000,
                all_jobs: bool = False) -> list[dict[str, Any]]:
-    """Tasks of this job (or all jobs), oldest first, from the GCS task-event log.
+    """The newest ``limit`` tasks of this job (or all jobs) that match ``filters``, oldest first,
+    from the GCS task-event log.
 
     Each row: task_id, name, func_or_class_name, type, state, attempt_number, retries,
     parent_task_id, actor_id, arg_object_ids, return_object_ids, node_id, worker_id,
@@ -58,8 +59,11 @@ def list_tasks(filters: Iterable[Filter] | None = None, limit: int = 10_000,
     flt = _check_filters(filters)
     cw = worker_context.require()
     cw._post(cw._flush_events)  # include what this process has not sent yet
-    rows = cw.call_gcs(m.GetTasks(None if all_jobs else cw.job_id or None, max(limit, 1) * (4 if flt else 1)))
-    return [r for r in rows if _match(r, flt)][:limit]
+    # With filters, matches may be older than the newest ``limit`` records: scan the whole log.
+    fetch = max(limit, cw.config.task_event_max_records) if flt else max(limit, 1)
+    rows = cw.call_gcs(m.GetTasks(None if all_jobs else cw.job_id or None, fetch))
+    matches = [r for r in rows if _match(r, flt)]
+    return matches[-limit:] if limit > 0 else []
 
 
 def get_task(task_id: str) -> dict[str, Any] | None:
@@ -161,12 +165,21 @@ def list_objects(filters: Iterable[Filter] | None = None, limit: int = 10_000) -
     return rows
 
 
-def list_actors(filters: Iterable[Filter] | None = None) -> list[dict[str, Any]]:
-    """Actors the GCS knows (state, class, node, pid, restarts)."""
+def list_actors(filters: Iterable[Filter] | None = None, all_jobs: bool = True) -> list[dict[str, Any]]:
+    """Actors the GCS knows: state, class, name, node, pid, restarts, death cause."""
     flt = _check_filters(filters)
     cw = worker_context.require()
-    get_all = getattr(m, "GetAllActors", None)
-    if get_all is None:
-        return []
-    rows = cw.call_gcs(get_all())
+    infos = cw.call_gcs(m.ListActors(None if all_jobs else cw.job_id))
+    rows = []
+    for a in infos:
+        rows.append({
+            "actor_id": a.actor_id.hex(), "class_name": a.class_name, "state": a.state,
+            "name": a.name, "namespace": a.namespace, "job_id": a.job_id.hex(),
+            "node_id": a.node_id.hex() if a.node_id else None, "pid": a.pid or None,
+            "num_restarts": a.num_restarts, "max_restarts": a.max_restarts,
+            "is_detached": a.detached, "death_cause": a.death_cause or None,
+            "required_resources": dict(a.resources), "start_time": a.start_time,
+            "end_time": a.end_time or None,
+            "pending_calls": cw.actor_submitter.pending_calls(a.actor_id),
+        })
     return [r for r in rows if _match(r, flt)]

@@ -34,7 +34,7 @@ def lumos_children() -> list[psutil.Process]:
             cmd = " ".join(p.cmdline())
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-        if "lumos._private" in cmd:
+        if "lumos._private" in cmd or "-m lumos.dashboard" in cmd:
             out.append(p)
     return out
 

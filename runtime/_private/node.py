@@ -28,7 +28,7 @@ from typing import Any
 
 from lumos._private.config import Config
 from lumos._private.ids import random_id
-from lumos._private.process import write_private_file
+from lumos._private.process import await_ready, write_private_file
 
 # Not /tmp/lumos: with an editable install, a directory named like the package in the
 # working directory (often /tmp) would shadow it as a namespace package.
@@ -100,9 +100,12 @@ class NodeProcesses:
         self.gcs_address: tuple[str, int] | None = None
         self.gcs_unix = os.path.join(session_dir, "sockets", "gcs.sock")
         self.raylet_socket = ""
+        self.raylet_address: tuple[str, int] | None = None
         self.node_id = b""
         self.store_dir = ""
         self.token_path = os.path.join(session_dir, "token")
+        self.gcs_proc: subprocess.Popen[bytes] | None = None
+        self.raylet_proc: subprocess.Popen[bytes] | None = None
 
     def write_token(self, token: bytes) -> None:
         write_private_file(self.token_path, token)
@@ -124,44 +127,40 @@ class NodeProcesses:
         return proc, r
 
     def _await_ready(self, proc: subprocess.Popen[bytes], fd: int, what: str, timeout_s: float) -> dict[str, Any]:
-        import select
-        deadline = time.monotonic() + timeout_s
-        buf = b""
         try:
-            while b"\n" not in buf:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"{what} did not start within {timeout_s:.0f}s; see {self.session_dir}/logs")
-                ready, _, _ = select.select([fd], [], [], min(left, 0.5))
-                if ready:
-                    chunk = os.read(fd, 4096)
-                    if not chunk:
-                        break
-                    buf += chunk
-                elif proc.poll() is not None:
-                    break
-        finally:
-            os.close(fd)
-        if b"\n" not in buf:
-            code = proc.poll()
-            raise RuntimeError(f"{what} exited during start-up (exit code {code}); "
+            info = await_ready(proc, fd, timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"{what} did not start within {timeout_s:.0f}s; see {self.session_dir}/logs") from None
+        if info is None:
+            raise RuntimeError(f"{what} exited during start-up (exit code {proc.poll()}); "
                                f"see {self.session_dir}/logs/{what}.log")
-        return json.loads(buf.split(b"\n", 1)[0])  # type: ignore[no-any-return]
+        return info
 
     def start_gcs_and_raylet(self, *, resources: dict[str, float], store_bytes: int, host: str,
                              gcs_port: int, private: bool, storage: str = "memory",
-                             labels: dict[str, str] | None = None) -> None:
-        """Start a head node: GCS and raylet in parallel (the raylet waits for the GCS socket)."""
+                             labels: dict[str, str] | None = None,
+                             tie_to_parent: bool | None = None) -> None:
+        """Start a head node: GCS and raylet in parallel (the raylet waits for the GCS socket).
+
+        ``private``: the GCS ends when the first driver disconnects (``lumos.init()``).
+        ``tie_to_parent`` (default: ``private``): the processes die with this process.
+        """
+        tie = private if tie_to_parent is None else tie_to_parent
         cfg = self.config.to_json()
         gcs_args = ["lumos._private.gcs.server", "--session-dir", self.session_dir,
                     "--token-file", self.token_path, "--host", host, "--port", str(gcs_port),
                     "--unix-path", self.gcs_unix, "--storage", storage, "--config", cfg]
         if private:
             gcs_args.append("--private")
-        gcs, gcs_fd = self._spawn(gcs_args, tie_to_parent=private)
+        gcs, gcs_fd = self._spawn(gcs_args, tie_to_parent=tie)
+        self.gcs_proc = gcs
         raylet, raylet_fd = self._start_raylet(f"unix:{self.gcs_unix}", resources, store_bytes, host,
-                                               head=True, tie_to_parent=private, labels=labels)
-        info = self._await_ready(gcs, gcs_fd, "gcs", 30)
+                                               head=True, tie_to_parent=tie, labels=labels)
+        try:
+            info = self._await_ready(gcs, gcs_fd, "gcs", 30)
+        except BaseException:
+            os.close(raylet_fd)
+            raise
         self.gcs_address = (info["host"], int(info["port"]))
         self._finish_raylet(raylet, raylet_fd)
 
@@ -183,13 +182,31 @@ class NodeProcesses:
                 "--node-ip", host, "--labels", json.dumps(labels or {}), "--config", self.config.to_json()]
         if head:
             args.append("--head")
-        return self._spawn(args, tie_to_parent=tie_to_parent)
+        proc, fd = self._spawn(args, tie_to_parent=tie_to_parent)
+        self.raylet_proc = proc
+        return proc, fd
 
     def _finish_raylet(self, proc: subprocess.Popen[bytes], fd: int) -> None:
         info = self._await_ready(proc, fd, "raylet", 60)
         self.raylet_socket = info["unix_path"]
+        self.raylet_address = (info["host"], int(info["port"]))
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def kill_raylet(self) -> None:
+        """SIGKILL the raylet (its workers follow through their parent-death signal), no grace."""
+        proc = self.raylet_proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        if proc is not None:
+            proc.wait(5.0)
+        if self.store_dir:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
+        if self.raylet_socket:
+            try:
+                os.unlink(self.raylet_socket)
+            except FileNotFoundError:
+                pass
+
+    def stop(self, timeout_s: float = 5.0, remove_sockets: bool = True) -> None:
         """Stop what this object started: SIGTERM, then SIGKILL after ``timeout_s``."""
         for proc in reversed(self.procs):
             if proc.poll() is None:
@@ -207,4 +224,103 @@ class NodeProcesses:
         self.procs.clear()
         if self.store_dir:
             shutil.rmtree(self.store_dir, ignore_errors=True)
-        shutil.rmtree(os.path.join(self.session_dir, "sockets"), ignore_errors=True)
+        if remove_sockets:
+            shutil.rmtree(os.path.join(self.session_dir, "sockets"), ignore_errors=True)
+        elif self.raylet_socket:
+            try:
+                os.unlink(self.raylet_socket)
+            except FileNotFoundError:
+                pass
+
+
+# ----------------------------------------------------------------------------- lumos start / stop
+
+#: One JSON record per node that ``lumos start`` started on this machine (for ``lumos stop``).
+STARTED_DIR = os.path.join(ROOT, "started")
+
+
+def process_identity(pid: int) -> dict[str, Any]:
+    """A pid plus its start time, so ``lumos stop`` never signals a reused pid."""
+    import psutil
+    try:
+        created = psutil.Process(pid).create_time()
+    except psutil.Error:
+        created = 0.0
+    return {"pid": pid, "create_time": created}
+
+
+def record_started_node(record: dict[str, Any]) -> str:
+    """Write the record of a node ``lumos start`` started; returns its path."""
+    os.makedirs(STARTED_DIR, exist_ok=True)
+    path = os.path.join(STARTED_DIR, f"{record['node_id']}.json")
+    write_private_file(path, json.dumps(record, indent=1).encode())
+    return path
+
+
+def started_nodes() -> list[tuple[str, dict[str, Any]]]:
+    """``(path, record)`` of every node ``lumos start`` recorded on this machine."""
+    out = []
+    try:
+        names = sorted(os.listdir(STARTED_DIR))
+    except FileNotFoundError:
+        return []
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        path = os.path.join(STARTED_DIR, name)
+        try:
+            with open(path) as f:
+                out.append((path, json.load(f)))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _same_process(ident: dict[str, Any]) -> Any:
+    """The psutil process for a recorded identity, or None if it is gone or the pid was reused."""
+    import psutil
+    try:
+        p = psutil.Process(int(ident["pid"]))
+        if ident.get("create_time") and abs(p.create_time() - float(ident["create_time"])) > 0.01:
+            return None
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return p
+    except (psutil.Error, KeyError, ValueError, TypeError):
+        return None
+
+
+def recorded_alive(record: dict[str, Any]) -> bool:
+    return any(_same_process(ident) is not None for ident in record.get("processes", []))
+
+
+def stop_recorded_node(record: dict[str, Any], timeout_s: float = 5.0) -> list[int]:
+    """End the processes of one recorded node (SIGTERM, then SIGKILL) and remove its files.
+
+    Raylets first, so their workers go with them, then the GCS. Returns the pids signalled.
+    """
+    import psutil
+    procs = []
+    for ident in record.get("processes", []):
+        p = _same_process(ident)
+        if p is not None:
+            procs.append(p)
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=2.0)
+    store = record.get("store_dir")
+    if store and os.path.basename(store).startswith("lumos-"):
+        shutil.rmtree(store, ignore_errors=True)
+    session = record.get("session_dir")
+    if session:
+        shutil.rmtree(os.path.join(session, "sockets"), ignore_errors=True)
+    return [p.pid for p in procs]

@@ -18,13 +18,17 @@ from typing import Any
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(expected_parent: int | None = None) -> None:
-    """Ask the kernel to SIGKILL this process when its parent exits (Linux only)."""
+def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent exits (Linux only).
+
+    Services pass SIGTERM: their stop path then still removes sockets and the object
+    store when the driver that started them is SIGKILLed.
+    """
     if not sys.platform.startswith("linux"):
         return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):
         return
     if expected_parent is not None and os.getppid() != expected_parent:
@@ -56,6 +60,38 @@ def report_ready(fd: int, info: dict[str, Any]) -> None:
         os.write(fd, data)
     finally:
         os.close(fd)
+
+
+def await_ready(proc: Any, fd: int, timeout_s: float) -> dict[str, Any] | None:
+    """Read the ready line a child writes with ``report_ready``; closes ``fd``.
+
+    Returns the line's JSON, or None when ``proc`` exited (or closed the pipe) first.
+
+    Raises:
+        TimeoutError: nothing arrived within ``timeout_s``.
+    """
+    import select
+    import time
+    deadline = time.monotonic() + timeout_s
+    buf = b""
+    try:
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no ready line within {timeout_s:.0f}s")
+            ready, _, _ = select.select([fd], [], [], min(left, 0.2))
+            if ready:
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    break
+                buf += chunk
+            elif proc.poll() is not None:
+                break
+    finally:
+        os.close(fd)
+    if b"\n" not in buf:
+        return None
+    return json.loads(buf.split(b"\n", 1)[0])  # type: ignore[no-any-return]
 
 
 def read_token(path: str) -> bytes:

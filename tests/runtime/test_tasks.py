@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -182,3 +183,23 @@ def test_runtime_context_in_task(cluster):
     assert node == driver.get_node_id()
     assert task and worker and worker != driver.get_worker_id()
     assert driver.get_task_id() is None
+
+
+def test_task_queued_behind_a_blocked_task_runs_elsewhere(cluster: lumos.LumosContext) -> None:
+    """A task that waits in get() must not hold back, on its worker, the task it waits for."""
+
+    @lumos.remote
+    def slow_input() -> int:
+        time.sleep(0.5)
+        return 1
+
+    @lumos.remote
+    def step(kind: str, box: Any) -> int:
+        if kind == "wait":
+            return lumos.get(box[0], timeout=30) + 1
+        return box + 1
+
+    lumos.get([step.remote("make", 0) for _ in range(50)])  # short tasks: pipelined deeply
+    producer = step.remote("make", slow_input.remote())  # ready only after slow_input
+    consumer = step.remote("wait", [producer])  # pushed first, waits for producer
+    assert lumos.get(consumer, timeout=30) == 3

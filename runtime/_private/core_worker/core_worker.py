@@ -23,12 +23,10 @@ import concurrent.futures
 import hashlib
 import logging
 import os
-import signal
 import sys
 import threading
 import time
-import traceback
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from lumos import exceptions as exc
 from lumos import object_ref as object_ref_mod
@@ -41,7 +39,8 @@ from lumos._private.core_worker.tasks import (DONE, PUSHED, QUEUED, WAITING_ARGS
 from lumos._private.ids import new_task_id, put_object_id, return_object_id, short
 from lumos._private.object_store.client import StoreClient
 from lumos._private.protocol import messages as m
-from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError, RpcServer, connect
+from lumos._private.transport.connection import (Connection, ConnectionCache, ConnectionLost, RemoteError,
+                                                 RpcServer, connect)
 from lumos.object_ref import ObjectRef
 
 logger = logging.getLogger(__name__)
@@ -109,8 +108,7 @@ class CoreWorker:
         self.tasks: dict[bytes, PendingTask] = {}
         self._queues: dict[Any, SchedulingQueue] = {}
         #: Worker id -> open connection (or the future of one being opened).
-        self._peers: dict[bytes, Connection] = {}
-        self._peer_connecting: dict[bytes, asyncio.Future[Connection]] = {}
+        self._peers = ConnectionCache()
         #: Function ids already exported to the GCS for this job.
         self._exported: set[bytes] = set()
         self._bg: set[asyncio.Task[Any]] = set()
@@ -127,6 +125,12 @@ class CoreWorker:
         #: Hooks the executor (workers) installs.
         self.executor: Any = None
         self.on_closed: Callable[[], None] | None = None
+        #: Publish channel -> extra handler (front ends, actors).
+        self.extra_publish_handlers: dict[str, Callable[[m.Publish], None]] = {}
+        #: Actor id -> the last call this process submitted to it (stateful edges).
+        self._last_actor_call: dict[bytes, bytes] = {}
+        from lumos._private.core_worker.actor_submitter import ActorSubmitter
+        self.actor_submitter = ActorSubmitter(self)
 
     # ================================================================== lifecycle
 
@@ -164,9 +168,22 @@ class CoreWorker:
                 t.cancel()
             if pending:
                 loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
+            # Whatever an interrupted close left open is closed here, so the loop can go.
+            self._peers.close_all()
+            for conn in (self.raylet, self.gcs):
+                if conn is not None:
+                    conn.close()
+            if self.server is not None:
+                loop.run_until_complete(asyncio.wait_for(self.server.stop(), 2.0))
+            loop.run_until_complete(asyncio.sleep(0.01))
             loop.run_until_complete(loop.shutdown_asyncgens())
+        except Exception as e:
+            logger.debug("io loop clean-up: %s", e)
         finally:
-            loop.close()
+            try:
+                loop.close()
+            except OSError as e:  # a handle libuv still counts as active
+                logger.debug("io loop close: %s", e)
 
     async def _connect(self) -> None:
         cfg = self.config
@@ -201,7 +218,8 @@ class CoreWorker:
             self.job_id = job.job_id
             self.gcs.notify(m.Subscribe("logs", self.job_id))
             self.gcs.notify(m.Subscribe("errors", self.job_id))
-            await self.gcs.call(m.KvPut("job", self.job_id, _job_config(), True), cfg.rpc_timeout_s)
+            await self.gcs.call(m.KvPut("job", self.job_id, _job_config(self.namespace), True),
+                                  cfg.rpc_timeout_s)
         self.gcs.notify(m.Subscribe("workers", None))
         self.node_info = await self.raylet.call(
             m.RegisterClient(self.worker_id, os.getpid(), self.address, self.mode == DRIVER,
@@ -238,8 +256,7 @@ class CoreWorker:
         await asyncio.sleep(0)
         for t in list(self._bg):
             t.cancel()
-        for conn in list(self._peers.values()):
-            conn.close()
+        self._peers.close_all()
         if self.raylet is not None:
             self.raylet.close()
         if self.gcs is not None:
@@ -343,9 +360,14 @@ class CoreWorker:
 
     def on_ref_deserialized(self, object_id: bytes, owner: m.Address | None) -> ObjectRef:
         e = self.objects.ref_created(object_id, owner, self.worker_id)
-        if not e.owned and not e.registered and owner is not None and not self._in_arg_context():
-            e.registered = True
-            self._post(self._send_add_borrower, object_id, owner)
+        if not e.owned and not e.registered and owner is not None:
+            if self._in_arg_context():
+                # Passed in a task's arguments: the executor reports it with the reply if
+                # the task keeps it (the caller then registers this process as borrower).
+                self.executor.note_arg_borrow(object_id, owner)
+            else:
+                e.registered = True
+                self._post(self._send_add_borrower, object_id, owner)
         return ObjectRef(object_id, owner, True)
 
     def _in_arg_context(self) -> bool:
@@ -434,8 +456,6 @@ class CoreWorker:
                 e.node_id = self.node_id
                 e.size = sv.total_size
         if nested:
-            for r in sv.nested_refs:
-                self.objects.add_submitted  # noqa: B018 (documentation: nested refs are 'contained')
             self.objects.add_contained(nested, registered=True)
             with self.objects.lock:
                 e.nested = nested
@@ -479,7 +499,32 @@ class CoreWorker:
                 missing.append(ref)
         if missing:
             self._wait_for(missing, len({r._id for r in missing}), timeout, fetch=True, for_get=True)
+        if len(refs) > 1:
+            self._pull_remote_together(refs)
         return [self._value_of(ref) for ref in refs]
+
+    def _pull_remote_together(self, refs: list[ObjectRef]) -> None:
+        """Copy the objects of ``refs`` that live on other nodes here, all pulls at once
+        (then each read finds its copy local; a failed pull is reported by that read)."""
+        entries = self.objects.entries
+        remote: dict[bytes, bytes] = {}
+        for ref in refs:
+            e = entries.get(ref._id)
+            if e is not None and e.state == READY and e.data is None and e.node_id is not None \
+                    and e.node_id != self.node_id:
+                remote[ref._id] = e.node_id
+        if len(remote) < 2 or self.raylet is None:
+            return
+        raylet = self.raylet
+
+        async def pull_all() -> None:
+            await asyncio.gather(*(raylet.call(m.PullObject(oid, node, 0, self.worker_id))
+                                   for oid, node in remote.items()), return_exceptions=True)
+
+        try:
+            self.run_sync(pull_all(), 3600.0)
+        except (TimeoutError, exc.LumosSystemError):
+            pass
 
     def _wait_for(self, refs: list[ObjectRef], num: int, timeout: float | None, fetch: bool,
                   for_get: bool = False) -> list[bytes]:
@@ -548,6 +593,7 @@ class CoreWorker:
             self._blocked_depth += 1
             if self._blocked_depth == 1:
                 self._post(self._notify_raylet, m.WorkerBlocked(self.worker_id))
+                self.executor.requeue_waiting()
         else:
             self._blocked_depth -= 1
             if self._blocked_depth == 0:
@@ -564,7 +610,28 @@ class CoreWorker:
 
     def wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None,
              fetch_local: bool) -> tuple[list[ObjectRef], list[ObjectRef]]:
-        self.drain_refs()
+        if self.objects.decrements:
+            self.drain_refs()
+        # Fast path: enough of them are done already (one pass, no waiter).
+        get = self.objects.entries.get
+        done: list[ObjectRef] = []
+        rest: list[ObjectRef] = []
+        with self.objects.lock:
+            if num_returns == len(refs):
+                for r in refs:
+                    e = get(r._id)
+                    if e is not None and e.state == PENDING:
+                        break
+                else:
+                    return list(refs), []
+            for r in refs:
+                e = get(r._id)
+                if (e is None or e.state != PENDING) and len(done) < num_returns:
+                    done.append(r)
+                else:
+                    rest.append(r)
+        if len(done) >= num_returns or timeout == 0:
+            return done, rest
         by_id: dict[bytes, ObjectRef] = {}
         for ref in refs:
             by_id.setdefault(ref._id, ref)
@@ -604,12 +671,23 @@ class CoreWorker:
 
     def _read_from_store(self, oid: bytes, node_id: bytes) -> tuple[int, Any]:
         view = self.store.view(oid)
+        if view is None and node_id != self.node_id:
+            self.pull_to_local(oid, node_id)
+            view = self.store.view(oid)
         if view is None:
             if node_id != self.node_id:
                 raise exc.ObjectLostError(oid.hex(), f"it lives on node {short(node_id)}, and this "
                                           "process cannot read it")
             raise exc.ObjectLostError(oid.hex(), "its file is gone from this node's object store")
         return ser.deserialize(view)
+
+    def pull_to_local(self, oid: bytes, node_id: bytes) -> None:
+        """Have the local raylet copy ``oid`` from node ``node_id`` into this node's store (blocks)."""
+        try:
+            self.call_raylet(m.PullObject(oid, node_id, 0, self.worker_id), 3600.0)
+        except (RemoteError, ConnectionLost, TimeoutError) as e:
+            raise exc.ObjectLostError(oid.hex(), f"it lives on node {short(node_id)} and could not be "
+                                      f"copied to this node: {e}") from None
 
     def _start_fetch(self, oid: bytes, owner: m.Address) -> None:
         self._spawn(self._fetch(oid, owner), "fetch")
@@ -721,11 +799,9 @@ class CoreWorker:
         assert self.gcs is not None
         self.gcs.notify(m.KvPut("fn", self.job_id + template.function_id, template.pickled_function, True))
 
-    def submit_task(self, template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
-                    actor_fields: tuple[Any, ...] | None = None) -> list[ObjectRef]:
-        """Submit one call (user thread). Returns refs to its ``num_returns`` results."""
-        if self.objects.decrements:
-            self.drain_refs()
+    def _pack_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]
+                   ) -> tuple[ser.SerializedValue, list[ObjectRef]]:
+        """Serialize a call's arguments; top-level refs become placeholders listed in deps."""
         deps: list[ObjectRef] = []
         if any(type(a) is ObjectRef for a in args):
             new_args: list[Any] = []
@@ -746,6 +822,14 @@ class CoreWorker:
         sv = ser.serialize(payload)
         if sv.total_size > self.config.max_inline_arg_bytes:
             payload, sv, deps = self._promote_large_args(args, kwargs, deps)
+        return sv, deps
+
+    def submit_task(self, template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    actor_fields: tuple[Any, ...] | None = None) -> list[ObjectRef]:
+        """Submit one call (user thread). Returns refs to its ``num_returns`` results."""
+        if self.objects.decrements:
+            self.drain_refs()
+        sv, deps = self._pack_args(args, kwargs)
         task_id = new_task_id()
         n = template.num_returns
         return_ids = [return_object_id(task_id, i + 1) for i in range(max(n, 1))] if n else []
@@ -774,6 +858,61 @@ class CoreWorker:
         self._post(self._on_submit, task)
         address = self.address
         return [ObjectRef(oid, address, True) for oid in return_ids]
+
+    def create_actor(self, template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     actor_id: bytes, actor_options: dict[str, Any]) -> m.ActorInfo:
+        """Register an actor with the GCS, which creates it (user thread).
+
+        Returns the GCS's row for the actor: a different actor's row when
+        ``get_if_exists`` found one with the same name.
+        """
+        if self.objects.decrements:
+            self.drain_refs()
+        sv, deps = self._pack_args(args, kwargs)
+        nested = sv.nested_refs
+        task_id = new_task_id()
+        spec = m.TaskSpec(
+            task_id, self.job_id, self.current_task_id, 1, template.name, template.function_id,
+            template.function_name, sv.to_bytes(), [m.Dep(d._id, d._owner or self.address, None, None) for d in deps],
+            [[r._id, r._owner or self.address] for r in nested] if nested else [], 1, template.resources, 0, 0,
+            None, self.address, 0, template.strategy, actor_id=actor_id, actor_options=actor_options)
+        spec.root_task_id = self.root_task_id()
+        pinned = [d._id for d in deps] + [r._id for r in nested]
+        if pinned:
+            with self.objects.lock:
+                self.objects.add_submitted(pinned)
+
+        async def register() -> m.ActorInfo:
+            self.export_function(template)
+            assert self.gcs is not None
+            return await self.gcs.call(m.RegisterActor(spec), self.config.rpc_timeout_s)  # type: ignore[no-any-return]
+
+        try:
+            info: m.ActorInfo = self.run_sync(register(), self.config.rpc_timeout_s + 1)
+        except BaseException as e:
+            self._post(self._unpin, pinned)
+            if isinstance(e, RemoteError) and e.type_name in ("ValueError", "TypeError"):
+                raise (ValueError if e.type_name == "ValueError" else TypeError)(e.text) from None
+            if isinstance(e, (RemoteError, ConnectionLost)):
+                raise exc.LumosSystemError(f"could not create actor {template.name}: {e}") from None
+            raise
+        if info.actor_id != actor_id:  # get_if_exists: an existing actor
+            self._post(self._unpin, pinned)
+        else:
+            self._events.append((task_id, 0, "SUBMITTED", time.time(), {
+                "name": template.name, "function_name": template.function_name,
+                "parent": self.current_task_id, "args": pinned, "returns": [],
+                "resources": template.resources, "type": "ACTOR_CREATION_TASK", "actor_id": actor_id}, None, None, None))
+            if pinned:
+                self._post(self.actor_submitter.pin_creation_args, actor_id, pinned)
+        self._post(self.actor_submitter.track, info.actor_id, info)
+        return info
+
+    def _unpin(self, ids: list[bytes]) -> None:
+        if ids:
+            freed = self.objects.remove_submitted(ids)
+            if freed:
+                self._release(freed)
 
     def root_task_id(self) -> bytes:
         ex = self.executor
@@ -818,6 +957,11 @@ class CoreWorker:
         if spec.actor_id:
             info["actor_id"] = spec.actor_id
             info["caller_id"] = spec.caller_id
+            if spec.kind == 2:
+                prev = self._last_actor_call.get(spec.actor_id)
+                if prev is not None:
+                    info["prev_call"] = prev
+                self._last_actor_call[spec.actor_id] = spec.task_id
         return info
 
     # -------------------------------------------------------------- io thread: args
@@ -825,6 +969,10 @@ class CoreWorker:
     def _on_submit(self, task: PendingTask) -> None:
         self.export_function(task.template)
         self.tasks[task.spec.task_id] = task
+        if task.spec.kind == 2:
+            self.actor_submitter.add(task)
+            if task.state == DONE:
+                return
         if task.dep_ids:
             self._resolve_deps(task)
         else:
@@ -878,7 +1026,7 @@ class CoreWorker:
     # -------------------------------------------------------------- io thread: scheduling
 
     def _enqueue(self, task: PendingTask, front: bool = False) -> None:
-        if task.spec.kind != 0 and self.actor_submitter is not None:
+        if task.spec.kind == 2:
             self.actor_submitter.enqueue(task)
             return
         key = task.template.key
@@ -893,8 +1041,6 @@ class CoreWorker:
             q.tasks.append(task)
         self._pump(q)
 
-    actor_submitter: Any = None
-
     def _pump(self, q: SchedulingQueue) -> None:
         # Pipelining hides the round trip for short tasks; long or unknown ones go one per
         # worker so a slow task never holds others back while a worker idles.
@@ -905,7 +1051,7 @@ class CoreWorker:
         while tasks:
             best = None
             for lease in q.leases:
-                if lease.conn is not None and not lease.dead and len(lease.tasks) < depth and (
+                if lease.conn is not None and not lease.dead and not lease.blocked and len(lease.tasks) < depth and (
                         best is None or len(lease.tasks) < len(best.tasks)):
                     best = lease
                     if not lease.tasks:
@@ -924,14 +1070,33 @@ class CoreWorker:
                 q.requesting += 1
                 self._spawn(self._request_lease(q), "lease")
 
+    def _arg_bytes_by_node(self, q: SchedulingQueue) -> dict[bytes, int] | None:
+        """Where the next task's large arguments are, for locality-aware placement."""
+        if not q.tasks:
+            return None
+        out: dict[bytes, int] = {}
+        for dep in q.tasks[0].spec.deps:
+            if dep.data is None and dep.node_id is not None:
+                e = self.objects.entries.get(dep.object_id)
+                out[dep.node_id] = out.get(dep.node_id, 0) + (e.size if e is not None else 0)
+        return out or None
+
     async def _request_lease(self, q: SchedulingQueue) -> None:
         t = q.template
         raylet = self.raylet
         try:
             assert raylet is not None
-            grant: m.LeaseGrant = await raylet.call(m.RequestWorkerLease(
-                self.job_id, t.resources, self.worker_id, t.strategy, t.function_name))
-        except (ConnectionLost, RemoteError) as e:
+            request = m.RequestWorkerLease(self.job_id, t.resources, self.worker_id, t.strategy, t.function_name,
+                                           arg_bytes_by_node=self._arg_bytes_by_node(q))
+            reply = await raylet.call(request)
+            hops = 0
+            # Bottom-up scheduling: a raylet that does not serve the request names another node.
+            while isinstance(reply, m.SpillbackReply):
+                hops += 1
+                raylet = await self._raylet_at(reply.retry_at)
+                reply = await raylet.call(m.RequestSpilledLease(request, hops))
+            grant: m.LeaseGrant = reply
+        except (ConnectionLost, RemoteError, OSError, TimeoutError) as e:
             q.requesting -= 1
             if not self._closed:
                 logger.warning("lease request for %s failed: %s", t.function_name, e)
@@ -952,6 +1117,13 @@ class CoreWorker:
             self._start_idle_timer(lease)
         self._pump(q)
 
+    async def _raylet_at(self, address: m.Address) -> Connection:
+        """The raylet a spillback named: the local one, or a shared TCP connection to another node's."""
+        if address.node_id == self.node_id and self.raylet is not None:
+            return self.raylet
+        return await self._peer(m.Address(address.node_id, b"raylet:" + address.node_id, "",
+                                          address.host, address.port))
+
     def _push(self, task: PendingTask, lease: LeasedWorker) -> None:
         task.state = PUSHED
         task.lease = lease
@@ -960,7 +1132,8 @@ class CoreWorker:
             lease.idle_timer.cancel()
             lease.idle_timer = None
         spec = task.spec
-        self._events.append((spec.task_id, spec.attempt, "SCHEDULED", time.time(), None,
+        self._events.append((spec.task_id, spec.attempt, "SCHEDULED", time.time(),
+                             {"resource_ids": lease.resource_ids} if lease.resource_ids else None,
                              lease.node_id, lease.worker_id, None))
         assert lease.conn is not None
         lease.conn.notify(m.PushTask(spec, lease.resource_ids))
@@ -992,16 +1165,8 @@ class CoreWorker:
 
     async def _peer(self, address: m.Address) -> Connection:
         wid = address.worker_id
-        conn = self._peers.get(wid)
-        if conn is not None and not conn.is_closed:
-            return conn
-        pending = self._peer_connecting.get(wid)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        assert self.loop is not None
-        fut: asyncio.Future[Connection] = self.loop.create_future()
-        self._peer_connecting[wid] = fut
-        try:
+
+        async def open_conn() -> Connection:
             conn = await connect(address, token=self.token, config=self.config,
                                  handlers={m.TaskReply: self._handle_task_reply,
                                            m.GetObjectStatus: self._handle_get_object_status,
@@ -1010,28 +1175,19 @@ class CoreWorker:
                                  name=f"core-worker->{short(wid)}", on_close=self._peer_closed,
                                  use_unix=address.node_id == self.node_id)
             conn.peer_info = wid
-            self._peers[wid] = conn
-            fut.set_result(conn)
             return conn
-        except BaseException as e:
-            fut.set_exception(e)
-            fut.exception()
-            raise
-        finally:
-            self._peer_connecting.pop(wid, None)
+
+        return await self._peers.get(wid, open_conn)
 
     def _peer_closed(self, conn: Connection) -> None:
-        wid = conn.peer_info
-        if self._peers.get(wid) is conn:
-            del self._peers[wid]
+        self._peers.discard(conn.peer_info, conn)
         if self._closed:
             return
         for q in list(self._queues.values()):
             for lease in list(q.leases):
                 if lease.conn is conn:
                     self._worker_failed(lease)
-        if self.actor_submitter is not None:
-            self.actor_submitter.connection_lost(conn)
+        self.actor_submitter.connection_lost(conn)
 
     def _worker_failed(self, lease: LeasedWorker) -> None:
         """The connection to a leased worker dropped: its in-flight tasks failed."""
@@ -1086,12 +1242,22 @@ class CoreWorker:
             self._free_orphan_returns(reply)
             return
         lease = task.lease
+        if reply.error_kind == "requeue" and task.spec.kind == 0 and lease is not None:
+            # The worker blocked in get() with this task queued behind: run it elsewhere.
+            lease.tasks.pop(reply.task_id, None)
+            lease.blocked = True
+            task.lease = None
+            task.state = QUEUED
+            lease.queue.tasks.appendleft(task)
+            self._pump(lease.queue)
+            return
         if lease is not None:
             lease.tasks.pop(reply.task_id, None)
+            lease.blocked = False
             q = lease.queue
             took = reply.end_time - reply.start_time
             q.mean_exec_s = took if q.mean_exec_s is None else 0.8 * q.mean_exec_s + 0.2 * took
-        if self.actor_submitter is not None and task.spec.kind != 0:
+        if task.spec.kind == 2:
             self.actor_submitter.on_reply(task, reply)
         if reply.system_error is not None:
             if reply.error_kind == "cancelled" or task.cancelled:
@@ -1137,10 +1303,11 @@ class CoreWorker:
             self.raylet.notify(m.FreeObjects(orphans, [False] * len(orphans)))
         state = "FAILED" if reply.app_error else "FINISHED"
         self._events.append((spec.task_id, spec.attempt, state, reply.end_time or time.time(), None,
-                             None, reply.worker_id, "application error" if reply.app_error else None))
+                             None, reply.worker_id, _error_text(reply) if reply.app_error else None))
         if reply.borrowed:
-            self._spawn(self._register_borrowers(task, reply.borrowed,
-                                                 task.lease.address if task.lease else None), "borrowers")
+            executor = (task.lease.address if task.lease is not None
+                        else self.actor_submitter.address_of(spec.actor_id or b""))
+            self._spawn(self._register_borrowers(task, reply.borrowed, executor), "borrowers")
         else:
             self._release_args(task)
 
@@ -1193,7 +1360,7 @@ class CoreWorker:
         state = "CANCELLED" if task.cancelled else "FAILED"
         self._events.append((spec.task_id, spec.attempt, state, time.time(), None, None, None,
                              text or "failed"))
-        if self.actor_submitter is not None and spec.kind != 0:
+        if spec.kind == 2:
             self.actor_submitter.on_failed(task)
         self._release_args(task)
 
@@ -1210,12 +1377,15 @@ class CoreWorker:
         if task.state in (WAITING_ARGS, QUEUED):
             self._fail_task(task, exc.TaskCancelledError(task_id.hex(), "cancelled before it started"))
             return
+        if task.spec.kind == 2:
+            conn = self.actor_submitter.connection_of(task.spec.actor_id or b"")
+            if conn is not None and not force:
+                conn.notify(m.CancelTask(task_id, False, recursive))
+            return
         lease = task.lease
         if lease is None or lease.conn is None:
             return
         if force:
-            if task.spec.kind == 2:
-                raise ValueError("force=True is not supported for actor tasks; use lumos.kill(actor)")
             task.force_cancelled = True
             lease.raylet.notify(m.KillWorker(lease.worker_id, f"force-cancelled task {task.spec.name}"))
         else:
@@ -1232,6 +1402,10 @@ class CoreWorker:
     def _handle_push_task(self, conn: Connection, msg: m.PushTask) -> None:
         if self.executor is None:
             raise ValueError("this process does not execute tasks")
+        spec = msg.spec
+        if type(spec) is not m.TaskSpec or type(spec.task_id) is not bytes or type(spec.args) is not bytes \
+                or type(spec.deps) is not list or spec.kind not in (0, 1, 2) or type(spec.num_returns) is not int:
+            raise ValueError("malformed PushTask")
         self.executor.push(conn, msg)
 
     def _handle_cancel_task(self, conn: Connection, msg: m.CancelTask) -> None:
@@ -1266,8 +1440,6 @@ class CoreWorker:
         handler = self.extra_publish_handlers.get(msg.channel)
         if handler is not None:
             handler(msg)
-
-    extra_publish_handlers: dict[str, Callable[[m.Publish], None]] = {}
 
     def record_event(self, task_id: bytes, attempt: int, state: str, t: float,
                      node_id: bytes | None = None, worker_id: bytes | None = None,
@@ -1324,18 +1496,32 @@ class CoreWorker:
                 "num_pending_tasks": len(self.tasks), "objects": objects, "store": self.store.stats()}
 
 
-def _job_config() -> bytes:
+def _job_config(namespace: str) -> bytes:
     import json
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     main = sys.modules.get("__main__")
     main_file = getattr(main, "__file__", None)
     if main_file:
         paths.insert(0, os.path.dirname(os.path.abspath(main_file)))
-    return json.dumps({"cwd": os.getcwd(), "sys_path": [os.getcwd()] + paths}).encode()
+    return json.dumps({"cwd": os.getcwd(), "sys_path": [os.getcwd()] + paths, "namespace": namespace}).encode()
+
+
+def _error_text(reply: m.TaskReply) -> str:
+    """The last line of a failed task's error (for the task-event log), at most 500 chars."""
+    blob = reply.returns[0].data if reply.returns else None
+    if not blob:
+        return "application error"
+    try:
+        _kind, err = ser.deserialize(blob)
+        lines = [ln for ln in str(err).splitlines() if ln.strip()]
+        return (lines[-1] if lines else type(err).__name__)[:500]
+    except Exception:
+        return "application error"
 
 
 def _print_worker_lines(lines: list[Any]) -> None:
-    for _job, _task_id, task_name, pid, is_stderr, text in lines:
+    for rec in lines:
+        _job, _task_id, task_name, pid, is_stderr, text = rec[:6]
         stream = sys.stderr if is_stderr else sys.stdout
         prefix = f"({task_name} pid={pid}) " if task_name else f"(pid={pid}) "
         try:
@@ -1359,4 +1545,3 @@ def function_id_of(pickled: bytes) -> bytes:
 
 __all__ = ["CoreWorker", "DRIVER", "WORKER", "TaskTemplate", "error_blob", "function_id_of"]
 
-_ = (Iterable, signal, traceback, PUSHED)

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from lumos import exceptions as exc
 from lumos._private import serialization as ser
+from lumos._private.core_worker.actor_host import ActorHost
 from lumos._private.core_worker.core_worker import CoreWorker, _ArgRef
 from lumos._private.ids import return_object_id, short
 from lumos._private.protocol import messages as m
@@ -60,12 +61,16 @@ class Executor:
         self._output_lock = threading.Lock()
         self._gpu_ids_visible = _visible_gpus()
         self._original_cuda = os.environ.get("CUDA_VISIBLE_DEVICES")
-        #: Hook for actors: replaces the plain function call.
-        self.invoke: Callable[[m.TaskSpec, Any, tuple[Any, ...], dict[str, Any]], Any] | None = None
+        #: The actor this worker hosts, once its creation task ran.
+        self.actor: ActorHost | None = None
 
     # ------------------------------------------------------------------ io thread side
 
     def push(self, conn: Connection, msg: m.PushTask) -> None:
+        if self.cw._blocked_depth > 0 and self.actor is None and msg.spec.kind == 0:
+            # The running task waits in get(): this one would wait behind it, maybe for ever.
+            conn.notify(self._system_reply(msg.spec, "requeued: the worker blocked", "requeue"))
+            return
         self.queue.put((conn, msg))
 
     def cancel(self, task_id: bytes, force: bool, recursive: bool) -> None:
@@ -77,6 +82,26 @@ class Executor:
             signal.pthread_kill(self._main_ident, signal.SIGINT)
         else:
             self._cancelled.add(task_id)
+
+    def requeue_waiting(self) -> None:
+        """The running task blocks in get(): hand the tasks queued behind it back to their
+        owners, which run them elsewhere (one of them may be what the running task waits
+        for). Actor calls stay: their order matters and the actor is theirs alone."""
+        if self.actor is not None:
+            return
+        keep: list[Any] = []
+        while True:
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None or item[1].spec.kind != 0:
+                keep.append(item)
+                continue
+            conn, msg = item
+            self.cw.send_reply(conn, self._system_reply(msg.spec, "requeued: the worker blocked", "requeue"))
+        for item in keep:
+            self.queue.put(item)
 
     def running_task(self) -> bool:
         return self._running is not None
@@ -96,11 +121,32 @@ class Executor:
                 if item is None:
                     return
                 conn, msg = item
-                reply = self.execute(msg)
-                self.cw.send_reply(conn, reply)
+                actor = self.actor
+                if actor is not None and msg.spec.kind == 2:
+                    if actor.concurrent:
+                        actor.dispatch(conn, msg)
+                        continue
+                    reply = self.execute(msg)
+                    if self.actor is actor:
+                        actor.after_call(conn, reply, not self.queue.empty())
+                    else:
+                        self.cw.send_reply(conn, reply)
+                else:
+                    reply = self.execute(msg)
+                    self.cw.send_reply(conn, reply)
                 self.flush_output_soon()
             except KeyboardInterrupt:
                 continue  # a cancel that arrived after its task finished
+            except Exception:
+                # A malformed task from a peer must not end this worker.
+                logger.exception("could not run a pushed task")
+                spec = getattr(item[1], "spec", None) if item is not None else None
+                if isinstance(spec, m.TaskSpec) and isinstance(spec.task_id, bytes):
+                    try:
+                        self.cw.send_reply(item[0], self._system_reply(spec, "the worker could not run this task "
+                                                                       "(malformed request)", "malformed"))
+                    except Exception:
+                        logger.exception("could not answer a malformed task")
 
     def flush_output_soon(self) -> None:
         if self._output:
@@ -119,7 +165,7 @@ class Executor:
         self._cancel_requested = None
         cw.current_task_id = spec.task_id
         cw.current_task_name = spec.name
-        cw.current_resource_ids = msg.resource_ids
+        cw.current_resource_ids = msg.resource_ids if self.actor is None else self.actor.resource_ids
         cw._put_counter = 0
         cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, cw.node_id, cw.worker_id)
         self._set_gpus(msg.resource_ids)
@@ -130,8 +176,8 @@ class Executor:
             try:
                 fn = self._function(spec)
                 args, kwargs = self._resolve_args(spec)
-                if self.invoke is not None:
-                    result = self.invoke(spec, fn, args, kwargs)
+                if spec.kind == 1:
+                    result = self._create_actor(spec, fn, args, kwargs, msg.resource_ids)
                 else:
                     result = fn(*args, **kwargs)
                 if self._cancel_requested == spec.task_id:
@@ -141,6 +187,14 @@ class Executor:
                     return self._system_reply(spec, "cancelled while running", "cancelled", start)
                 raise
             returns = self._store_returns(spec, result)
+        except _NotHere as e:
+            return self._system_reply(spec, str(e), "actor_died", start)
+        except SystemExit as e:
+            if spec.kind != 2 or self.actor is None:
+                raise
+            why = str(e) if isinstance(e, exc.ActorExitRequest) else "the actor called sys.exit()"
+            self.actor.exiting(why)
+            return self._system_reply(spec, why, "actor_died", start)
         except _TaskFailed as failed:
             app_error = True
             retryable = self._is_retryable(spec, failed.cause)
@@ -156,6 +210,37 @@ class Executor:
         borrowed = self._still_borrowed()
         end = time.time()
         return m.TaskReply(spec.task_id, returns, app_error, retryable, borrowed, cw.worker_id, start, end)
+
+    def _success_reply(self, spec: m.TaskSpec, result: Any, start: float) -> m.TaskReply:
+        """A concurrent actor call's reply (any thread)."""
+        try:
+            returns = self._store_returns(spec, result)
+        except Exception as e:
+            return self._failed_reply(spec, e, start)
+        return m.TaskReply(spec.task_id, returns, False, False, self._still_borrowed(), self.cw.worker_id,
+                           start, time.time())
+
+    def _failed_reply(self, spec: m.TaskSpec, e: BaseException, start: float) -> m.TaskReply:
+        if isinstance(e, _NotHere):
+            return self._system_reply(spec, str(e), "actor_died", start)
+        blob = e.blob if isinstance(e, _TaskFailed) else self._task_error_blob(spec, e)
+        return m.TaskReply(spec.task_id, self._error_returns(spec, blob), True, False, self._still_borrowed(),
+                           self.cw.worker_id, start, time.time())
+
+    def _create_actor(self, spec: m.TaskSpec, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      resource_ids: dict[str, list[Any]]) -> None:
+        if self.actor is not None:
+            raise exc.LumosSystemError("this worker already hosts an actor")
+        if not isinstance(cls, type):
+            raise TypeError(f"{spec.function_name} is not a class")
+        instance = cls(*args, **kwargs)
+        host = ActorHost(self, spec, instance, resource_ids)
+        host.restore()
+        self.actor = host
+        self.cw.current_actor_id = spec.actor_id
+        if resource_ids.get("GPU"):
+            self._original_cuda = os.environ.get("CUDA_VISIBLE_DEVICES")  # the actor keeps its GPUs
+        return None
 
     def _system_reply(self, spec: m.TaskSpec, text: str, kind: str, start: float = 0.0) -> m.TaskReply:
         return m.TaskReply(spec.task_id, [], False, False, self._still_borrowed(), self.cw.worker_id,
@@ -179,6 +264,7 @@ class Executor:
         if not raw:
             return
         conf = json.loads(raw)
+        cw.namespace = conf.get("namespace") or ""
         for path in reversed(conf.get("sys_path", [])):
             if path not in sys.path and os.path.isdir(path):
                 sys.path.insert(0, path)
@@ -190,6 +276,8 @@ class Executor:
                 pass
 
     def _function(self, spec: m.TaskSpec) -> Any:
+        if spec.kind == 2:
+            return self._method(spec)
         fn = self.functions.get(spec.function_id)
         if fn is not None:
             return fn
@@ -207,6 +295,19 @@ class Executor:
                 f"there?)")), e) from None
         self.functions[spec.function_id] = fn
         return fn
+
+    def _method(self, spec: m.TaskSpec) -> Any:
+        actor = self.actor
+        if actor is None or actor.actor_id != spec.actor_id:
+            raise _NotHere(f"this worker does not host actor {(spec.actor_id or b'').hex()[:16]} "
+                           "(it was restarted or never created here)")
+        name = spec.function_name
+        if name in ("__lumos_terminate__", "__ray_terminate__"):
+            return _terminate
+        try:
+            return getattr(actor.instance, name)
+        except AttributeError:
+            raise AttributeError(f"actor class {actor.class_name} has no method {name!r}") from None
 
     # ------------------------------------------------------------------ arguments
 
@@ -240,6 +341,12 @@ class Executor:
                 kind, value = ser.deserialize(data)
             else:
                 view = self.cw.store.view(dep.object_id)
+                if view is None and node_id is not None and node_id != self.cw.node_id:
+                    try:
+                        self.cw.pull_to_local(dep.object_id, node_id)
+                    except exc.ObjectLostError as e:
+                        raise _TaskFailed(_error(e), None) from None
+                    view = self.cw.store.view(dep.object_id)
                 if view is None:
                     raise _TaskFailed(_error(exc.ObjectLostError(
                         dep.object_id.hex(), f"argument of {spec.name} is gone from the object store")),
@@ -265,23 +372,24 @@ class Executor:
             raise _TaskFailed(_error(exc.OwnerDiedError(dep.object_id.hex(), str(e))), None) from None
         if st.status != 1:
             raise _TaskFailed(_error(exc.ObjectLostError(dep.object_id.hex(), st.error or "")), None)
-        if st.data is None and st.node_id != cw.node_id:
-            raise _TaskFailed(_error(exc.ObjectLostError(
-                dep.object_id.hex(), f"it is on node {short(st.node_id)}; cross-node transfer is not "
-                "available from this node")), None)
         return st
 
     def note_arg_borrow(self, object_id: bytes, owner: m.Address) -> None:
         self._arg_borrowed.append((object_id, owner))
 
     def _still_borrowed(self) -> list[Any]:
+        """Refs from the arguments that are still alive here: the caller must make their
+        owners count this process as a borrower. Only refs noted while deserializing
+        arguments are looked at (not the whole object table)."""
+        noted, self._arg_borrowed = self._arg_borrowed, []
+        if not noted:
+            return []
         out: list[Any] = []
-        seen: set[bytes] = set()
         objects = self.cw.objects
         with objects.lock:
-            for oid, e in objects.entries.items():
-                if not e.owned and not e.registered and e.owner is not None and e.alive() and oid not in seen:
-                    seen.add(oid)
+            for oid, _owner in noted:
+                e = objects.entries.get(oid)
+                if e is not None and not e.owned and not e.registered and e.owner is not None and e.alive():
                     e.registered = True
                     out.append([oid, e.owner])
         return out
@@ -397,7 +505,8 @@ class Executor:
     def write_output(self, text: str, is_stderr: bool) -> None:
         spec = self._running
         rec = [self.cw.job_id or None, spec.task_id if spec else None,
-               spec.name if spec else "", os.getpid(), is_stderr, text]
+               spec.name if spec else "", os.getpid(), is_stderr, text,
+               spec.root_task_id if spec else None]
         with self._output_lock:
             self._output.append(rec)
 
@@ -409,6 +518,14 @@ class Executor:
         raylet = self.cw.raylet
         if raylet is not None and self.cw.config.log_to_driver:
             raylet.notify(m.LogBatch(lines))
+
+
+class _NotHere(Exception):
+    """A call reached a worker that does not host its actor."""
+
+
+def _terminate() -> None:
+    raise exc.ActorExitRequest("the actor was terminated by __lumos_terminate__()")
 
 
 class _TaskFailed(Exception):

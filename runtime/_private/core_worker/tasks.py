@@ -43,8 +43,9 @@ class TaskTemplate:
         self.actor_options = actor_options
         #: The function, pickled; exported to the GCS on first use in a job.
         self.pickled_function = pickled_function
-        #: Tasks of the same key can share a leased worker.
-        self.key = (tuple(sorted(resources.items())), repr(strategy))
+        #: Tasks of the same key share leased workers (and a mean run time, which sets
+        #: how deep they are pipelined): one function, one resource shape, one strategy.
+        self.key = (function_id, tuple(sorted(resources.items())), repr(strategy))
 
 
 class PendingTask:
@@ -76,7 +77,7 @@ class PendingTask:
 
 class LeasedWorker:
     __slots__ = ("lease_id", "worker_id", "address", "node_id", "resource_ids", "conn", "tasks",
-                 "idle_timer", "queue", "raylet", "dead")
+                 "idle_timer", "queue", "raylet", "dead", "blocked")
 
     def __init__(self, grant: m.LeaseGrant, queue: "SchedulingQueue", raylet: Connection) -> None:
         self.lease_id = grant.lease_id
@@ -92,6 +93,8 @@ class LeasedWorker:
         #: The raylet that granted the lease (it takes the lease back).
         self.raylet = raylet
         self.dead = False
+        #: The worker's running task waits in get(): push nothing more until it answers.
+        self.blocked = False
 
 
 class SchedulingQueue:

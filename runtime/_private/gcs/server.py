@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import time
 from collections import OrderedDict
@@ -29,6 +30,7 @@ import msgpack
 
 from lumos._private.config import Config
 from lumos._private.transport import eventloop
+from lumos._private.gcs.actor_manager import ActorManager
 from lumos._private.gcs.storage import GcsStorage, create_storage
 from lumos._private.gcs.task_log import TaskEventTable
 from lumos._private.ids import new_job_id, short
@@ -68,8 +70,8 @@ class GcsServer:
         self._kv_waiters: dict[tuple[str, bytes], list[asyncio.Future[bytes]]] = {}
         self.task_events = TaskEventTable(config.task_event_max_records,
                                           os.path.join(session_dir, "logs", "task_events.jsonl"))
-        #: channel -> {connection: key filter or None}
-        self._subscribers: dict[str, dict[Connection, bytes | None]] = {}
+        #: channel -> {connection: the keys it follows, or None for every key}
+        self._subscribers: dict[str, dict[Connection, set[bytes] | None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.stopped = asyncio.Event()
         handlers = {
@@ -85,6 +87,7 @@ class GcsServer:
             m.KvKeys: self._kv_keys,
             m.AddTaskEvents: self._add_task_events,
             m.GetTasks: lambda c, msg: self.task_events.list(msg.job_id, msg.limit),
+            m.GetTaskUpdates: lambda c, msg: self.task_events.updates(msg.since, msg.limit),
             m.Subscribe: self._subscribe,
             m.ReportWorker: self._report_worker,
             m.GetAllWorkers: lambda c, msg: list(self.workers.values()),
@@ -93,6 +96,16 @@ class GcsServer:
             m.GetClusterStatus: self._cluster_status,
             m.ShutdownNode: self._shutdown_request,
         }
+        self.actors = ActorManager(self)
+        handlers.update(self.actors.handlers())
+        # Multi-node: the global scheduler serves lease requests that raylets spill.
+        from lumos._private.gcs.global_scheduler import GlobalScheduler
+        self.global_scheduler = GlobalScheduler(self)
+        handlers.update(self.global_scheduler.handlers())
+        # Placement groups; their ScheduleLease wraps the global scheduler's (bundles' nodes first).
+        from lumos._private.gcs.placement_groups import PlacementGroupTable
+        self.placement_groups = PlacementGroupTable(self)
+        handlers.update(self.placement_groups.handlers())
         self.server = RpcServer(token=token, config=config, handlers=handlers, name="gcs",
                                 on_close=self._conn_closed)
 
@@ -109,12 +122,21 @@ class GcsServer:
         await asyncio.sleep(0.05)
         for task in list(self._tasks):
             task.cancel()
+        self.actors.close()
+        self.placement_groups.close()
         await self.server.stop()
         self.task_events.close()
         await self.storage.aclose()
+        if self.private_cluster:
+            # The driver that owns this session may be gone (SIGKILL): its socket and those
+            # of killed workers would be left behind.
+            shutil.rmtree(os.path.join(self.session_dir, "sockets"), ignore_errors=True)
         self.stopped.set()
 
     def _spawn(self, coro: Any, name: str) -> None:
+        self._spawn_task(coro, name)
+
+    def _spawn_task(self, coro: Any, name: str) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
 
@@ -123,6 +145,7 @@ class GcsServer:
             if not t.cancelled() and t.exception() is not None:
                 logger.error("%s failed", name, exc_info=t.exception())
         task.add_done_callback(done)
+        return task
 
     # ------------------------------------------------------------------ pub/sub
 
@@ -132,11 +155,19 @@ class GcsServer:
             return
         msg = m.Publish(channel, key, data)
         for conn, want in list(subs.items()):
-            if want is None or want == key:
+            if want is None or key in want:
                 conn.notify(msg)
 
     def _subscribe(self, conn: Connection, msg: m.Subscribe) -> None:
-        self._subscribers.setdefault(msg.channel, {})[conn] = msg.key
+        subs = self._subscribers.setdefault(msg.channel, {})
+        if msg.key is None:
+            subs[conn] = None
+        elif conn not in subs:
+            subs[conn] = {msg.key}
+        else:
+            keys = subs[conn]
+            if keys is not None:
+                keys.add(msg.key)
 
     # ------------------------------------------------------------------ nodes
 
@@ -150,6 +181,8 @@ class GcsServer:
         await self.storage.put("nodes", info.node_id, msgpack.packb(info.pids))
         logger.info("node %s joined (%s, %s)", short(info.node_id), info.hostname, info.resources_total)
         self.publish("nodes", info.node_id, info)
+        self.actors.nodes_changed()
+        self.placement_groups.nodes_changed()
 
     def _heartbeat(self, conn: Connection, msg: m.NodeHeartbeat) -> None:
         if msg.node_id not in self.nodes or self.nodes[msg.node_id].state != "ALIVE":
@@ -173,6 +206,8 @@ class GcsServer:
                 w.end_time = time.time()
                 w.exit_detail = f"node died: {reason}"
         self.publish("nodes", node_id, info)
+        self.placement_groups.on_node_dead(node_id)
+        self.actors.on_node_dead(node_id, reason)
 
     async def _health_loop(self) -> None:
         interval = self.config.heartbeat_interval_ms / 1000
@@ -226,6 +261,8 @@ class GcsServer:
         info.end_time = time.time()
         logger.info("job %s finished", job_id.hex())
         self.publish("jobs", job_id, info)
+        self.actors.on_job_finished(job_id)
+        self.placement_groups.on_job_finished(job_id)
 
     # ------------------------------------------------------------------ workers
 
@@ -236,6 +273,8 @@ class GcsServer:
             for wid in [w for w, i in self.workers.items() if i.state != "ALIVE"][:5_000]:
                 del self.workers[wid]
         self.publish("workers", info.worker_id, info)
+        if info.state == "DEAD":
+            self.actors.on_worker_dead(info.worker_id, info.exit_detail)
 
     # ------------------------------------------------------------------ KV
 
@@ -343,7 +382,7 @@ def main() -> None:
     p.add_argument("--die-with-parent", type=int, default=0)
     args = p.parse_args()
     if args.die_with_parent:
-        die_with_parent(args.die_with_parent)
+        die_with_parent(args.die_with_parent, signal.SIGTERM)
     setup_logging(os.path.join(args.session_dir, "logs"), "gcs")
     eventloop.run(_amain(args))
 

@@ -5,6 +5,10 @@ static facts (name, parent, argument and return ids, actor); later events carry 
 state and a time. Beyond ``max_records`` the oldest finished records are flushed to a
 JSONL file in the session's log directory and dropped from memory (the paper's GCS
 flushing), so the GCS stays bounded under millions of tasks.
+
+Every applied event gives its record a new sequence number, so a reader that polls
+(the dashboard) asks only for what changed since its last look (``updates``) instead
+of the whole table: with 100,000 records a full ``list`` costs the GCS about a second.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ _ORDER = {s: i for i, s in enumerate(
 
 class TaskRecord:
     __slots__ = ("task_id", "job_id", "info", "state", "attempt", "events", "node_id",
-                 "worker_id", "error", "retries")
+                 "worker_id", "error", "retries", "seq")
 
     def __init__(self, task_id: bytes, job_id: bytes) -> None:
         self.task_id = task_id
@@ -41,10 +45,14 @@ class TaskRecord:
         self.worker_id: bytes | None = None
         self.error: str | None = None
         self.retries = 0
+        #: Sequence number of the last event applied (see ``TaskEventTable.updates``).
+        self.seq = 0
 
     def apply(self, ev: m.TaskEvent) -> None:
         if ev.info:
-            self.info = ev.info
+            # SUBMITTED carries the static facts; a later event may add some (the GPU ids
+            # of its lease): merge, so neither hides the other.
+            self.info = {**self.info, **ev.info} if self.info else ev.info
         self.events.append([ev.state, ev.time, ev.attempt])
         if ev.state == "RETRIED":
             self.retries += 1
@@ -60,13 +68,29 @@ class TaskRecord:
         if ev.error:
             self.error = ev.error
 
-    def to_dict(self) -> dict[str, Any]:
-        info = self.info
-        times = {}
+    def _times(self) -> dict[str, float]:
+        times: dict[str, float] = {}
         for state, t, _attempt in self.events:
             times.setdefault(state, t)
             if state in ("RUNNING", "FINISHED", "FAILED"):
                 times[state] = t
+        return times
+
+    def to_row(self) -> list[Any]:
+        """The compact form sent to pollers: values in ``ROW_FIELDS`` order, ids as bytes."""
+        info = self.info
+        times = self._times()
+        return [self.task_id, self.job_id, info.get("name", ""), info.get("function_name", ""),
+                info.get("type", "NORMAL_TASK"), self.state, self.attempt, self.retries,
+                info.get("parent") or None, info.get("actor_id") or None, info.get("prev_call") or None,
+                list(info.get("args", ())), list(info.get("returns", ())), self.node_id, self.worker_id,
+                self.error, times.get("SUBMITTED"), times.get("RUNNING"),
+                times.get("FINISHED") or times.get("FAILED") or times.get("CANCELLED"),
+                info.get("resources") or {}, info.get("resource_ids") or None]
+
+    def to_dict(self) -> dict[str, Any]:
+        info = self.info
+        times = self._times()
         return {
             "task_id": self.task_id.hex(),
             "job_id": self.job_id.hex(),
@@ -93,6 +117,12 @@ class TaskRecord:
         }
 
 
+#: Field names of ``TaskRecord.to_row`` (the reply rows of ``GetTaskUpdates``).
+ROW_FIELDS = ("task_id", "job_id", "name", "function_name", "type", "state", "attempt", "retries",
+              "parent", "actor_id", "prev_call", "args", "returns", "node_id", "worker_id", "error",
+              "submitted_time", "start_time", "end_time", "resources", "resource_ids")
+
+
 class TaskEventTable:
     """Task records by id, bounded, with overflow flushed to a JSONL archive."""
 
@@ -103,14 +133,25 @@ class TaskEventTable:
         self.records: OrderedDict[bytes, TaskRecord] = OrderedDict()
         self.num_archived = 0
         self._archive: TextIO | None = None
+        #: Sequence number of the last applied event.
+        self.seq = 0
+        #: Task ids in the order of their last change (the oldest change first).
+        self._changed: OrderedDict[bytes, None] = OrderedDict()
 
     def add(self, events: list[m.TaskEvent]) -> None:
         records = self.records
+        changed = self._changed
+        seq = self.seq
         for ev in events:
             rec = records.get(ev.task_id)
             if rec is None:
                 rec = records[ev.task_id] = TaskRecord(ev.task_id, ev.job_id)
             rec.apply(ev)
+            seq += 1
+            rec.seq = seq
+            changed[ev.task_id] = None
+            changed.move_to_end(ev.task_id)
+        self.seq = seq
         if len(records) > self.max_records:
             self._flush_oldest(len(records) - self.max_records)
 
@@ -130,6 +171,7 @@ class TaskEventTable:
             if self._archive is not None:
                 self._archive.write(json.dumps(rec.to_dict()) + "\n")
             del self.records[task_id]
+            self._changed.pop(task_id, None)
             flushed += 1
         self.num_archived += flushed
         if self._archive is not None:
@@ -144,6 +186,31 @@ class TaskEventTable:
                     break
         out.reverse()
         return out
+
+    def updates(self, since: int, limit: int) -> list[Any]:
+        """Records changed after sequence number ``since``: ``[last_seq, rows, more]``.
+
+        Costs O(records changed since then), not O(table). A ``since`` from before a GCS
+        restart (larger than anything here) starts over from the beginning.
+        """
+        if since > self.seq:
+            since = 0
+        limit = max(1, limit)
+        recent: list[TaskRecord] = []
+        records = self.records
+        for task_id in reversed(self._changed):
+            rec = records[task_id]
+            if rec.seq <= since:
+                break
+            recent.append(rec)
+        recent.reverse()
+        more = len(recent) > limit
+        if more:
+            recent = recent[:limit]
+            last = recent[-1].seq
+        else:
+            last = self.seq
+        return [last, [rec.to_row() for rec in recent], more]
 
     def close(self) -> None:
         if self._archive is not None:

@@ -612,3 +612,274 @@ class ReportTaskOutput:
     """Worker output for the driver that owns the root task (per-cell routing)."""
 
     lines: list[Any]
+
+
+# --------------------------------------------------------------------------- actors (70-89)
+
+
+@message(70)
+class ActorInfo:
+    """One row of the GCS actor table, as published on the "actors" channel."""
+
+    actor_id: bytes
+    job_id: bytes
+    #: PENDING_CREATION, ALIVE, RESTARTING, DEAD
+    state: str
+    class_name: str
+    name: str
+    namespace: str
+    detached: bool
+    #: The worker hosting the actor while ALIVE.
+    address: Address | None
+    node_id: bytes | None
+    pid: int
+    num_restarts: int
+    max_restarts: int
+    #: Why it died or restarted (empty while healthy).
+    death_cause: str
+    #: Serialized error that calls raise once the actor is dead (e.g. its ``__init__``'s).
+    death_error: bytes | None
+    #: Increases with every change; subscribers ignore older rows.
+    version: int
+    start_time: float
+    end_time: float
+    resources: dict[str, float]
+    #: Pickled method table of the class (for handles made by ``get_actor``).
+    handle_meta: bytes
+    owner_worker_id: bytes
+    #: Calls not yet answered, as last reported (dashboard only).
+    pending_calls: int = 0
+
+
+@message(71)
+class RegisterActor:
+    """Create an actor from its creation task (``spec.kind == 1``); returns ``ActorInfo``.
+
+    ``spec.actor_options`` holds name, namespace, detached, max_restarts, get_if_exists,
+    max_concurrency, checkpoint_interval, class_name and handle_meta.
+    """
+
+    spec: TaskSpec
+
+
+@message(72)
+class GetActorInfo:
+    actor_id: bytes
+
+
+@message(73)
+class GetNamedActor:
+    name: str
+    namespace: str
+
+
+@message(74)
+class KillActor:
+    actor_id: bytes
+    no_restart: bool
+    reason: str
+
+
+@message(75)
+class ListActors:
+    #: Only this job's actors, or all when None.
+    job_id: bytes | None
+
+
+@message(76)
+class ActorExiting:
+    """The actor's worker is ending the actor on purpose (``exit_actor()``); no restart."""
+
+    actor_id: bytes
+    reason: str
+
+
+# --------------------------------------------------------------------------- dashboard / state (90-99)
+
+
+@message(90)
+class GetTaskUpdates:
+    """Task records changed after ``since`` (a GCS task-log sequence number), oldest change first.
+
+    Replies ``[last_seq, rows, more]``: ``rows`` are compact lists (see
+    ``task_log.ROW_FIELDS``), ``last_seq`` is what to pass as ``since`` next time, and
+    ``more`` is true when ``limit`` cut the answer short.
+    """
+
+    since: int
+    limit: int
+
+
+# --------------------------------------------------------------------------- multi-node (110-139)
+# Bottom-up scheduling (spillback to the GCS global scheduler), object transfer between
+# nodes, placement groups. Owned by the multi-node area (raylet, global_scheduler.py).
+
+
+@message(110)
+class ScheduleLease:
+    """Raylet -> GCS: pick a node for a lease request this raylet should not serve itself.
+
+    The reply is a ``SpillbackReply`` (possibly naming the asking node). An infeasible
+    request is held by the GCS until a node that fits joins.
+    """
+
+    job_id: bytes
+    resources: dict[str, float]
+    strategy: Any
+    function_name: str
+    from_node: bytes
+    #: Bytes of the task's arguments held on each node, for locality.
+    arg_bytes_by_node: dict[bytes, int] | None = None
+    #: ``[pg_id, bundle_index]`` when the task runs in a placement group bundle.
+    bundle: Any = None
+    #: The asking raylet's resources free right now (fresher than its last heartbeat).
+    local_available: dict[str, float] | None = None
+    #: Lease requests queued at the asking raylet right now.
+    local_queue: int = 0
+
+
+@message(111)
+class SpillbackReply:
+    """Reply to ``RequestWorkerLease``: ask the raylet at ``retry_at`` instead."""
+
+    retry_at: Address
+    node_id: bytes
+
+
+@message(112)
+class RequestSpilledLease:
+    """Owner -> the raylet a spillback named: queue this request here, do not forward it again."""
+
+    request: RequestWorkerLease
+    #: How many times the request was forwarded already.
+    hops: int
+
+
+@message(113)
+class PullObject:
+    """Worker -> its raylet: make a local copy of an object held by ``from_node`` (blocks until sealed)."""
+
+    object_id: bytes
+    #: The node whose store holds the object.
+    from_node: bytes
+    #: Object size in bytes when known (0: ask the holder).
+    size: int
+    #: The owner's worker id (the local copy's accounting owner).
+    owner_worker_id: bytes
+
+
+@message(114)
+class ReadObjectChunk:
+    """Raylet -> raylet: ``length`` bytes at ``offset`` of a sealed object (reply: bytes or None)."""
+
+    object_id: bytes
+    offset: int
+    length: int
+
+
+@message(115)
+class GetObjectSize:
+    """Raylet -> raylet: size of a sealed local object (reply: int, or -1 when not here)."""
+
+    object_id: bytes
+
+
+@message(116)
+class FreeObjectCopies:
+    """Raylet -> raylet: an owner freed these objects; drop local copies (not forwarded again)."""
+
+    object_ids: list[bytes]
+
+
+# --------------------------------------------------------------------------- placement groups (117-139)
+# GCS placement-group table (gcs/placement_groups.py) and bundle reservation on raylets.
+
+
+@message(117)
+class ReserveBundles:
+    """GCS -> raylet: reserve these bundles of a placement group now, all or none.
+
+    Replies ``[ok, reason]``.
+    """
+
+    pg_id: bytes
+    #: ``[[bundle index, {resource: amount}], ...]``.
+    bundles: list[Any]
+
+
+@message(118)
+class ReleaseBundles:
+    """GCS -> raylet: free bundles of a placement group (workers running in them are stopped)."""
+
+    pg_id: bytes
+    #: Bundle indices; None for every bundle of the group on that node.
+    indices: list[int] | None = None
+
+
+@message(119)
+class PlacementGroupInfo:
+    pg_id: bytes
+    name: str
+    namespace: str
+    #: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD.
+    strategy: str
+    #: One ``{resource: amount}`` per bundle.
+    bundles: list[dict[str, float]]
+    #: PENDING, CREATED, RESCHEDULING or REMOVED.
+    state: str
+    #: The node holding each bundle (None while unplaced).
+    bundle_nodes: list[bytes | None]
+    job_id: bytes
+    detached: bool
+    creation_time: float
+    #: Why it is still pending, or what happened to it.
+    detail: str = ""
+    #: Bumped on every change (published on the "placement_groups" channel).
+    version: int = 0
+
+
+@message(120)
+class CreatePlacementGroup:
+    """Driver -> GCS: add a placement group (reply: ``PlacementGroupInfo``); bundles are reserved async."""
+
+    pg_id: bytes
+    bundles: list[dict[str, float]]
+    strategy: str
+    name: str
+    namespace: str
+    job_id: bytes
+    detached: bool
+
+
+@message(121)
+class RemovePlacementGroup:
+    """Driver -> GCS: free a placement group's bundles (reply: False when it was removed already)."""
+
+    pg_id: bytes
+
+
+@message(122)
+class GetPlacementGroup:
+    """Driver -> GCS: a group by id, or by name in a namespace (reply: ``PlacementGroupInfo`` or None)."""
+
+    pg_id: bytes | None
+    name: str = ""
+    namespace: str = ""
+
+
+@message(123)
+class ListPlacementGroups:
+    """Reply: every ``PlacementGroupInfo`` (removed ones too, bounded)."""
+
+    job_id: bytes | None = None
+
+
+@message(124)
+class WaitPlacementGroupReady:
+    """Driver -> GCS: reply True once every bundle is reserved, False after ``timeout_s``.
+
+    Raises ValueError when the group was removed (or never existed).
+    """
+
+    pg_id: bytes
+    timeout_s: float

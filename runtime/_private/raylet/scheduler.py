@@ -12,6 +12,9 @@ LeaseRequested ─► fits and an idle worker of the job? ─► GrantLease
                   exceeds the node's totals          ─► stays queued, ReportInfeasible once
 LeaseReturned / WorkerExited ─► resources back ─► grant what now fits
 WorkerBlocked (a task waits in get) ─► its CPUs are lent out until WorkerUnblocked
+BundlesRequested (GCS, placement group) ─► all fit now? take them from the node ─► AnswerBundles
+LeaseRequested in a bundle ─► granted from that bundle's own pool (its GPUs, its CPUs)
+BundlesRemoved ─► workers in them stopped, queued requests failed, resources back to the node
 ```
 """
 
@@ -21,7 +24,7 @@ import dataclasses
 from collections import OrderedDict
 from typing import Any, Union
 
-from lumos._private.raylet.resources import NodeResources, from_units, request_units
+from lumos._private.raylet.resources import NodeResources, from_units, request_units, to_units
 
 # ----------------------------------------------------------------------------- events
 
@@ -34,6 +37,8 @@ class LeaseRequested:
     function_name: str = ""
     #: Actor creation: the worker becomes this actor's and is never pooled again.
     actor_id: bytes | None = None
+    #: ``(placement group id, bundle index)`` to run in (index -1: any of its bundles here).
+    bundle: tuple[bytes, int] | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -78,8 +83,25 @@ class Ticked:
     pass
 
 
+@dataclasses.dataclass(slots=True)
+class BundlesRequested:
+    """The GCS asks to reserve a placement group's bundles here: all or none."""
+
+    request_id: int
+    pg_id: bytes
+    #: ``[(bundle index, resources)]``.
+    bundles: list[tuple[int, dict[str, float]]]
+
+
+@dataclasses.dataclass(slots=True)
+class BundlesRemoved:
+    pg_id: bytes
+    #: Bundle indices to free; None frees every bundle of the group here.
+    indices: list[int] | None = None
+
+
 Event = Union[LeaseRequested, LeaseCancelled, LeaseReturned, WorkerRegistered, WorkerExited,
-              WorkerBlocked, WorkerUnblocked, JobFinished, Ticked]
+              WorkerBlocked, WorkerUnblocked, JobFinished, Ticked, BundlesRequested, BundlesRemoved]
 
 # ----------------------------------------------------------------------------- actions
 
@@ -118,7 +140,14 @@ class FailLease:
     reason: str
 
 
-Action = Union[GrantLease, StartWorker, StopWorker, ReportInfeasible, FailLease]
+@dataclasses.dataclass(slots=True)
+class AnswerBundles:
+    request_id: int
+    ok: bool
+    reason: str = ""
+
+
+Action = Union[GrantLease, StartWorker, StopWorker, ReportInfeasible, FailLease, AnswerBundles]
 
 IDLE, LEASED, STARTING, DEAD = "IDLE", "LEASED", "STARTING", "DEAD"
 
@@ -142,6 +171,42 @@ class _Lease:
     units: dict[str, int]
     resource_ids: dict[str, list[Any]]
     job_id: bytes
+    #: The bundle whose pool the units came from (None: the node's own pool).
+    bundle: tuple[bytes, int] | None = None
+
+
+class _Bundle:
+    """One reserved placement-group bundle: taken from the node, lent out to its leases.
+
+    Its pool is a ``NodeResources`` of its own; pool instance ``i`` of a GPU is node GPU
+    ``index_map["GPU"][i]``, so tasks in the bundle see exactly the bundle's GPUs.
+    """
+
+    __slots__ = ("key", "units", "node_ids", "pool", "index_map")
+
+    def __init__(self, key: tuple[bytes, int], units: dict[str, int], node_ids: dict[str, list[Any]]) -> None:
+        self.key = key
+        #: Units taken from the node's pool (given back on removal).
+        self.units = units
+        #: The node instances it holds (``{"GPU": [[node index, fraction], ...]}``).
+        self.node_ids = node_ids
+        self.pool = NodeResources({k: from_units(v) for k, v in units.items()})
+        #: Resource -> node instance index of each pool instance.
+        self.index_map: dict[str, list[int]] = {}
+        for name, picks in node_ids.items():
+            self.pool.instances[name] = [to_units(frac) for _, frac in picks]
+            self.index_map[name] = [int(idx) for idx, _ in picks]
+
+    def to_node_ids(self, ids: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        return {name: [[self.index_map[name][int(i)], f] for i, f in picks] if name in self.index_map else picks
+                for name, picks in ids.items()}
+
+    def to_pool_ids(self, ids: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {}
+        for name, picks in ids.items():
+            m = self.index_map.get(name)
+            out[name] = [[m.index(int(i)), f] for i, f in picks] if m is not None else picks
+        return out
 
 
 @dataclasses.dataclass(slots=True)
@@ -168,6 +233,8 @@ class LocalSchedulerState:
         self.leases: dict[int, _Lease] = {}
         #: Requests waiting for resources or a worker, in arrival order.
         self.queue: OrderedDict[int, _Request] = OrderedDict()
+        #: (placement group id, bundle index) -> bundle reserved on this node.
+        self.bundles: dict[tuple[bytes, int], _Bundle] = {}
         self._next_lease = 1
 
     # ------------------------------------------------------------------ API
@@ -181,7 +248,13 @@ class LocalSchedulerState:
         if isinstance(event, LeaseRequested):
             units = request_units(event.resources)
             req = _Request(event, units, now)
-            if not self.resources.feasible(units):
+            if event.bundle is not None:
+                reason = self._bundle_problem(event.bundle, units, event.resources)
+                if reason:
+                    actions.append(FailLease(event.request_id, reason))
+                    self._schedule(now, actions)
+                    return actions
+            elif not self.resources.feasible(units):
                 req.infeasible = True
                 actions.append(ReportInfeasible(event.request_id, dict(event.resources), event.function_name))
             self.queue[event.request_id] = req
@@ -200,23 +273,28 @@ class LocalSchedulerState:
             w = self.workers.get(event.worker_id)
             if w is not None and w.state == LEASED and not w.blocked:
                 w.blocked = True
-                cpus = self.leases[w.lease_id].units.get("CPU", 0)
-                self.resources.take("CPU", -cpus)
+                lease = self.leases[w.lease_id]
+                self._pool_of(lease).take("CPU", -lease.units.get("CPU", 0))
         elif isinstance(event, WorkerUnblocked):
             w = self.workers.get(event.worker_id)
             if w is not None and w.state == LEASED and w.blocked:
                 w.blocked = False
-                cpus = self.leases[w.lease_id].units.get("CPU", 0)
-                self.resources.take("CPU", cpus)
+                lease = self.leases[w.lease_id]
+                self._pool_of(lease).take("CPU", lease.units.get("CPU", 0))
         elif isinstance(event, JobFinished):
+            # Actor workers are the GCS's to end: detached actors outlive their job.
             for w in list(self.workers.values()):
-                if w.job_id == event.job_id and w.state != DEAD:
+                if w.job_id == event.job_id and w.state != DEAD and w.actor_id is None:
                     actions.append(StopWorker(w.worker_id, "its job finished"))
             for rid, req in list(self.queue.items()):
-                if req.event.job_id == event.job_id:
+                if req.event.job_id == event.job_id and req.event.actor_id is None:
                     del self.queue[rid]
         elif isinstance(event, Ticked):
             self._reap_idle(now, actions)
+        elif isinstance(event, BundlesRequested):
+            self._reserve_bundles(event, actions)
+        elif isinstance(event, BundlesRemoved):
+            self._remove_bundles(event.pg_id, event.indices, actions)
         self._schedule(now, actions)
         if self.validate:
             self.check_invariants()
@@ -230,22 +308,35 @@ class LocalSchedulerState:
         #: Resources of requests that fit but wait for a worker process: counted as taken,
         #: so one free CPU starts one worker, not one per queued request.
         reserved: dict[str, int] = {}
+        #: The same, per bundle.
+        bundle_reserved: dict[tuple[bytes, int], dict[str, int]] = {}
         for rid, req in list(self.queue.items()):
-            if req.infeasible:
-                if self.resources.feasible(req.units):
-                    req.infeasible = False
-                else:
+            bundle: _Bundle | None = None
+            if req.event.bundle is not None:
+                bundle = self._bundle_that_fits(req.event.bundle, req.units, bundle_reserved)
+                if bundle is None:
                     continue
-            if not self.resources.fits(_plus(req.units, reserved)):
-                continue
+                held = bundle_reserved.setdefault(bundle.key, {})
+            else:
+                if req.infeasible:
+                    if self.resources.feasible(req.units):
+                        req.infeasible = False
+                    else:
+                        continue
+                if not self.resources.fits(_plus(req.units, reserved)):
+                    continue
+                held = reserved
             worker = self._idle_worker_for(req.event.job_id)
             if worker is None:
                 waiting_for_worker += 1
                 for k, v in req.units.items():
-                    reserved[k] = reserved.get(k, 0) + v
+                    held[k] = held.get(k, 0) + v
                 continue
             del self.queue[rid]
-            ids = self.resources.allocate(req.units)
+            if bundle is None:
+                ids = self.resources.allocate(req.units)
+            else:
+                ids = bundle.to_node_ids(bundle.pool.allocate(req.units))
             lease_id = self._next_lease
             self._next_lease += 1
             worker.state = LEASED
@@ -253,7 +344,8 @@ class LocalSchedulerState:
             worker.job_id = req.event.job_id
             if req.event.actor_id is not None:
                 worker.actor_id = req.event.actor_id
-            self.leases[lease_id] = _Lease(lease_id, rid, worker.worker_id, req.units, ids, req.event.job_id)
+            self.leases[lease_id] = _Lease(lease_id, rid, worker.worker_id, req.units, ids, req.event.job_id,
+                                           bundle.key if bundle is not None else None)
             actions.append(GrantLease(rid, lease_id, worker.worker_id, ids))
         alive = sum(1 for w in self.workers.values() if w.state != DEAD)
         to_start = min(waiting_for_worker - starting, self.max_workers - alive)
@@ -294,7 +386,96 @@ class LocalSchedulerState:
             units = dict(units)
             units["CPU"] = 0  # already lent out while blocked
             w.blocked = False
-        self.resources.release(units, lease.resource_ids)
+        if lease.bundle is None:
+            self.resources.release(units, lease.resource_ids)
+            return
+        bundle = self.bundles.get(lease.bundle)
+        if bundle is not None:  # else removed, and its whole reservation went back already
+            bundle.pool.release(units, bundle.to_pool_ids(lease.resource_ids))
+
+    def _pool_of(self, lease: _Lease) -> NodeResources:
+        if lease.bundle is not None:
+            bundle = self.bundles.get(lease.bundle)
+            if bundle is not None:
+                return bundle.pool
+            return NodeResources({})  # removed: nothing to lend or take back
+        return self.resources
+
+    # ------------------------------------------------------------------ placement-group bundles
+
+    def _bundles_of(self, ref: tuple[bytes, int]) -> list[_Bundle]:
+        pg_id, index = ref
+        if index >= 0:
+            b = self.bundles.get((pg_id, index))
+            return [b] if b is not None else []
+        return [b for key, b in self.bundles.items() if key[0] == pg_id]
+
+    def has_bundle(self, ref: tuple[bytes, int]) -> bool:
+        return bool(self._bundles_of(ref))
+
+    def _bundle_problem(self, ref: tuple[bytes, int], units: dict[str, int], resources: dict[str, float]) -> str:
+        bundles = self._bundles_of(ref)
+        which = "any bundle" if ref[1] < 0 else f"bundle {ref[1]}"
+        if not bundles:
+            return (f"placement group {ref[0].hex()}: {which} is not reserved on this node "
+                    "(the group was removed, or the bundle moved after a node failure)")
+        if not any(b.pool.feasible(units) for b in bundles):
+            sizes = [b.pool.as_floats(b.pool.total) for b in bundles]
+            return (f"the request {resources} does not fit in {which} of placement group {ref[0].hex()} "
+                    f"(bundle resources: {sizes[0] if len(sizes) == 1 else sizes}); ask for at most what "
+                    "the bundle holds")
+        return ""
+
+    def _bundle_that_fits(self, ref: tuple[bytes, int], units: dict[str, int],
+                          reserved: dict[tuple[bytes, int], dict[str, int]]) -> _Bundle | None:
+        for b in self._bundles_of(ref):
+            if b.pool.fits(_plus(units, reserved.get(b.key, {}))):
+                return b
+        return None
+
+    def _reserve_bundles(self, event: BundlesRequested, actions: list[Action]) -> None:
+        new = [(i, request_units(res)) for i, res in event.bundles if (event.pg_id, i) not in self.bundles]
+        want: dict[str, int] = {}
+        for _, units in new:
+            for k, v in units.items():
+                want[k] = want.get(k, 0) + v
+        # GPUs: each bundle needs its own whole instances, so check them one by one on a scratch copy.
+        scratch = NodeResources({})
+        scratch.total, scratch.available = self.resources.total, dict(self.resources.available)
+        scratch.instances = {k: list(v) for k, v in self.resources.instances.items()}
+        for _, units in new:
+            if not scratch.fits(units):
+                free = self.resources.as_floats({k: max(v, 0) for k, v in self.resources.available.items()})
+                actions.append(AnswerBundles(event.request_id, False,
+                                             f"bundles need {self.resources.as_floats(want)}, free here: {free}"))
+                return
+            scratch.allocate(units)
+        for index, units in new:
+            ids = self.resources.allocate(units)
+            self.bundles[(event.pg_id, index)] = _Bundle((event.pg_id, index), units, ids)
+        actions.append(AnswerBundles(event.request_id, True))
+
+    def _remove_bundles(self, pg_id: bytes, indices: list[int] | None, actions: list[Action]) -> None:
+        keys = [k for k in self.bundles if k[0] == pg_id and (indices is None or k[1] in indices)]
+        if not keys:
+            return
+        gone = set(keys)
+        for lease_id, lease in list(self.leases.items()):
+            if lease.bundle in gone:
+                del self.leases[lease_id]
+                w = self.workers.get(lease.worker_id)
+                if w is not None and w.state != DEAD:
+                    actions.append(StopWorker(w.worker_id, "its placement group was removed"))
+                    w.state = DEAD
+        for rid, req in list(self.queue.items()):
+            ref = req.event.bundle
+            if ref is not None and ref[0] == pg_id and not any(
+                    k not in gone for k in self.bundles if k[0] == pg_id and (ref[1] < 0 or k[1] == ref[1])):
+                del self.queue[rid]
+                actions.append(FailLease(rid, f"placement group {pg_id.hex()} was removed"))
+        for key in keys:
+            b = self.bundles.pop(key)
+            self.resources.release(b.units, b.node_ids)
 
     def _worker_exited(self, worker_id: bytes) -> None:
         w = self.workers.get(worker_id)
@@ -335,11 +516,23 @@ class LocalSchedulerState:
 
     def check_invariants(self) -> None:
         res = self.resources
-        for name, total in res.total.items():
-            held = sum(l.units.get(name, 0) for l in self.leases.values()
+
+        def held_by(leases: list[_Lease], name: str) -> int:
+            return sum(l.units.get(name, 0) for l in leases
                        if not (name == "CPU" and self.workers.get(l.worker_id, _Worker(b"", DEAD)).blocked))
+
+        node_leases = [l for l in self.leases.values() if l.bundle is None]
+        for name, total in res.total.items():
+            held = held_by(node_leases, name) + sum(b.units.get(name, 0) for b in self.bundles.values())
             if res.available.get(name, 0) + held != total:
                 raise AssertionError(f"{name}: available {res.available.get(name)} + leased {held} != total {total}")
+        for key, b in self.bundles.items():
+            in_bundle = [l for l in self.leases.values() if l.bundle == key]
+            for name, total in b.pool.total.items():
+                held = held_by(in_bundle, name)
+                if b.pool.available.get(name, 0) + held != total:
+                    raise AssertionError(f"bundle {key[1]} of {key[0].hex()[:8]} {name}: available "
+                                         f"{b.pool.available.get(name)} + leased {held} != total {total}")
         for lease in self.leases.values():
             w = self.workers.get(lease.worker_id)
             if w is None or w.state != LEASED or w.lease_id != lease.lease_id:

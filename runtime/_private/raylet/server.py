@@ -35,7 +35,10 @@ from lumos._private.object_store.client import unlink_quietly
 from lumos._private.process import die_with_parent, read_token, report_ready, setup_logging
 from lumos._private.protocol import messages as m
 from lumos._private.raylet import scheduler as sc
-from lumos._private.transport.connection import (Connection, ConnectionLost, RpcServer, connect_with_retry,
+from lumos._private.raylet.object_manager import ObjectManager
+from lumos._private.raylet.resources import request_units
+from lumos._private.transport.connection import (Connection, ConnectionLost, RemoteError, RpcServer,
+                                                 connect_with_retry,
                                                  parse_address)
 
 logger = logging.getLogger(__name__)
@@ -45,7 +48,7 @@ _TICK_S = 0.1
 
 class _WorkerProc:
     __slots__ = ("worker_id", "popen", "pidfd", "conn", "address", "exit_info", "kill_reason",
-                 "started", "job_id", "is_driver")
+                 "started", "job_id", "is_driver", "pid")
 
     def __init__(self, worker_id: bytes, popen: subprocess.Popen[bytes] | None) -> None:
         self.worker_id = worker_id
@@ -59,6 +62,7 @@ class _WorkerProc:
         self.started = time.monotonic()
         self.job_id: bytes | None = None
         self.is_driver = False
+        self.pid = popen.pid if popen is not None else 0
 
 
 class RayletServer:
@@ -83,6 +87,10 @@ class RayletServer:
         self.store = st.ObjectStoreState(store_dir, store_bytes, config.object_store_recycle_bytes,
                                          config.object_store_full_timeout_s, validate=config.validate)
         self.num_prestart = prestart
+        #: Workers that died before registering, in a row; starts back off while it grows.
+        self._failed_starts = 0
+        self._start_backoff_until = 0.0
+        self._start_deferred = False
         #: Worker id -> process (workers) or registration (drivers).
         self.procs: dict[bytes, _WorkerProc] = {}
         #: Worker id -> exit description, kept after the process is gone.
@@ -96,27 +104,39 @@ class RayletServer:
         self._create_waiters: dict[int, asyncio.Future[Any]] = {}
         self._next_request = 1
         self._warned_infeasible: set[int] = set()
+        #: Bundle reservation request id -> [ok, reason] (answered within the same event).
+        self._bundle_answers: dict[int, list[Any]] = {}
+        #: Alive nodes of the cluster (this one included), from the GCS "nodes" channel.
+        self.alive_nodes: dict[bytes, m.NodeInfo] = {}
         self.gcs: Connection | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._unlinker = ThreadPoolExecutor(1, thread_name_prefix="raylet.unlink")
         self.stopped = asyncio.Event()
+        self.object_manager = ObjectManager(self)
         self._stopping = False
         self.unix_path = os.path.join(session_dir, "sockets", f"raylet-{node_id.hex()[:12]}.sock")
         handlers = {
             m.RegisterClient: self._register_client,
             m.RequestWorkerLease: self._request_lease,
+            m.RequestSpilledLease: lambda c, msg: self._request_lease(c, msg.request, msg.hops),
             m.ReturnWorker: self._return_worker,
             m.WorkerBlocked: lambda c, msg: self._sched(sc.WorkerBlocked(msg.worker_id)),
             m.WorkerUnblocked: lambda c, msg: self._sched(sc.WorkerUnblocked(msg.worker_id)),
             m.CreateObject: self._create_object,
             m.SealObject: lambda c, msg: self._store(st.ObjectSealed(msg.object_id, msg.size_bytes)),
-            m.FreeObjects: lambda c, msg: self._store(st.ObjectsFreed(msg.object_ids, msg.recyclable)),
+            m.FreeObjects: self._free_objects,
+            m.FreeObjectCopies: lambda c, msg: self._store(st.ObjectsFreed(msg.object_ids, [False] * len(msg.object_ids))),
+            m.PullObject: self._pull_object,
+            m.GetObjectSize: lambda c, msg: self.object_manager.object_size(msg.object_id),
+            m.ReadObjectChunk: lambda c, msg: self.object_manager.read_chunk(msg.object_id, msg.offset, msg.length),
             m.MarkShared: lambda c, msg: self._store(st.MarkedShared(msg.object_ids)),
             m.GetWorkerExit: self._get_worker_exit,
             m.KillWorker: self._kill_worker_request,
             m.GetNodeStats: self._node_stats,
             m.LogBatch: self._forward_logs,
             m.ShutdownNode: self._shutdown_request,
+            m.ReserveBundles: self._reserve_bundles,
+            m.ReleaseBundles: lambda c, msg: self._sched(sc.BundlesRemoved(msg.pg_id, msg.indices)),
         }
         self.server = RpcServer(token=token, config=config, handlers=handlers, name="raylet",
                                 on_close=self._client_closed)
@@ -127,6 +147,7 @@ class RayletServer:
         os.makedirs(self.store_dir, exist_ok=True)
         os.makedirs(os.path.dirname(self.unix_path), exist_ok=True)
         await self.server.start(unix_path=self.unix_path, host=self.node_ip, port=0)
+        self.object_manager.start(self.node_ip)
         for _ in range(self.num_prestart):
             self._start_worker()
         self.gcs = await connect_with_retry(
@@ -135,6 +156,10 @@ class RayletServer:
             name="raylet->gcs", on_close=self._gcs_lost)
         await self.gcs.call(m.RegisterNode(self.node_info()), self.config.rpc_timeout_s)
         self.gcs.notify(m.Subscribe("jobs", None))
+        self.gcs.notify(m.Subscribe("nodes", None))
+        for info in await self.gcs.call(m.GetAllNodes(), self.config.rpc_timeout_s):
+            if info.state == "ALIVE":
+                self.alive_nodes[info.node_id] = info
         self._spawn(self._heartbeat_loop(), "raylet.heartbeat")
         self._spawn(self._tick_loop(), "raylet.tick")
         logger.info("raylet %s up: %s, store %d MiB at %s", short(self.node_id), self.resources_total,
@@ -177,6 +202,7 @@ class RayletServer:
         if self.gcs is not None:
             self.gcs.close()
         await self.server.stop()
+        self.object_manager.close()
         self._unlinker.shutdown(wait=True)
         shutil.rmtree(self.store_dir, ignore_errors=True)
         self.stopped.set()
@@ -203,6 +229,12 @@ class RayletServer:
     def _on_publish(self, conn: Connection, msg: m.Publish) -> None:
         if msg.channel == "jobs" and isinstance(msg.data, m.JobInfo) and msg.data.state != "RUNNING":
             self._sched(sc.JobFinished(msg.data.job_id))
+        elif msg.channel == "nodes" and isinstance(msg.data, m.NodeInfo):
+            if msg.data.state == "ALIVE":
+                self.alive_nodes[msg.data.node_id] = msg.data
+            else:
+                self.alive_nodes.pop(msg.data.node_id, None)
+                self.object_manager.node_gone(msg.data.node_id)
 
     # ------------------------------------------------------------------ loops
 
@@ -266,10 +298,20 @@ class RayletServer:
             waiter = self._lease_waiters.pop(action.request_id, None)
             if waiter is not None and not waiter[1].done():
                 waiter[1].set_exception(RuntimeError(action.reason))
+        elif isinstance(action, sc.AnswerBundles):
+            self._bundle_answers[action.request_id] = [action.ok, action.reason]
 
     # ------------------------------------------------------------------ workers
 
     def _start_worker(self) -> None:
+        now = time.monotonic()
+        if now < self._start_backoff_until:
+            # Workers have been dying before they registered: start the next one later,
+            # not in a loop that burns the machine.
+            if not self._start_deferred:
+                self._start_deferred = True
+                asyncio.get_running_loop().call_later(self._start_backoff_until - now, self._deferred_start)
+            return
         worker_id = random_id(16)
         cmd = [sys.executable, "-m", "lumos._private.worker.main",
                "--raylet-socket", self.unix_path,
@@ -299,6 +341,11 @@ class RayletServer:
             proc.pidfd = -1
         logger.debug("started worker %s pid %d", short(worker_id), popen.pid)
 
+    def _deferred_start(self) -> None:
+        self._start_deferred = False
+        if not self._stopping:
+            self._start_worker()
+
     def _on_worker_exit(self, worker_id: bytes) -> None:
         proc = self.procs.get(worker_id)
         if proc is None or proc.popen is None:
@@ -326,6 +373,8 @@ class RayletServer:
             if not fut.done():
                 fut.set_result(desc)
         del self.procs[worker_id]
+        if proc.address is not None and proc.address.unix_path:
+            unlink_quietly(proc.address.unix_path)  # a killed worker cannot remove its own socket
         level = logging.INFO if proc.kill_reason else logging.WARNING
         logger.log(level, "worker %s pid %d exited: %s", short(worker_id), proc.popen.pid, desc)
         self._report_worker(proc, "DEAD", desc)
@@ -333,11 +382,23 @@ class RayletServer:
             lease = self.scheduler.leases.get(lease_id)
             if lease is not None and lease.worker_id == worker_id:
                 del self._lease_owner[lease_id]
+        if proc.address is None and not proc.kill_reason and not self._stopping and code > 0:
+            self._failed_starts += 1
+            delay = min(0.1 * 2 ** self._failed_starts, 2.0)
+            self._start_backoff_until = time.monotonic() + delay
+            if self._failed_starts in (1, 5) or self._failed_starts % 20 == 0:
+                logger.error("worker %s exited before registering (%s); %d in a row, next start in %.1fs "
+                             "(see logs/worker-%s.out)", short(worker_id), desc, self._failed_starts, delay,
+                             worker_id.hex()[:12])
+        elif proc.address is not None:
+            self._failed_starts = 0
         self._store(st.ClientGone(worker_id))
         self._sched(sc.WorkerExited(worker_id))
         if not self._stopping:
             alive = sum(1 for p in self.procs.values() if not p.is_driver)
-            if alive < self.num_prestart and not proc.kill_reason:
+            # Keep the pre-started pool full (also after a job's workers were stopped), but
+            # never refill what the idle reaper just trimmed.
+            if alive < self.num_prestart and proc.kill_reason != "idle":
                 self._start_worker()
 
     def _kill_worker(self, worker_id: bytes, reason: str, sig: int = signal.SIGKILL) -> None:
@@ -354,7 +415,7 @@ class RayletServer:
     def _report_worker(self, proc: _WorkerProc, state: str, detail: str = "") -> None:
         if self.gcs is None or proc.address is None:
             return
-        pid = proc.popen.pid if proc.popen is not None else 0
+        pid = proc.pid
         self.gcs.notify(m.ReportWorker(m.WorkerInfo(
             proc.worker_id, self.node_id, pid, proc.address, proc.job_id, proc.is_driver, state,
             time.time(), time.time() if state == "DEAD" else 0.0, detail)))
@@ -366,6 +427,7 @@ class RayletServer:
         if msg.is_driver:
             proc = _WorkerProc(msg.worker_id, None)
             proc.is_driver = True
+            proc.pid = msg.pid
             self.procs[msg.worker_id] = proc
         elif proc is None:
             raise PermissionError(f"worker {short(msg.worker_id)} was not started by this raylet")
@@ -378,32 +440,124 @@ class RayletServer:
         self._report_worker(proc, "ALIVE")
         return self.node_info()
 
-    async def _request_lease(self, conn: Connection, msg: m.RequestWorkerLease) -> m.LeaseGrant:
+    async def _request_lease(self, conn: Connection, msg: m.RequestWorkerLease,
+                             hops: int = 0) -> m.LeaseGrant | m.SpillbackReply:
+        spill = self._should_spill(msg, hops)
+        if spill:
+            assert self.gcs is not None
+            decision: m.SpillbackReply = await self.gcs.call(m.ScheduleLease(
+                msg.job_id, msg.resources, msg.strategy, msg.function_name, self.node_id,
+                msg.arg_bytes_by_node, msg.bundle, self.scheduler.available_floats(),
+                len(self.scheduler.queue)), None)
+            if decision.node_id != self.node_id:
+                return decision
         rid = self._next_request
         self._next_request += 1
         fut: asyncio.Future[m.LeaseGrant] = asyncio.get_running_loop().create_future()
         self._lease_waiters[rid] = (conn, fut)
-        self._sched(sc.LeaseRequested(rid, msg.job_id, msg.resources, msg.function_name, msg.actor_id))
+        self._sched(sc.LeaseRequested(rid, msg.job_id, msg.resources, msg.function_name, msg.actor_id,
+                                      _bundle_of(msg)))
         try:
-            return await fut
+            while True:
+                done, _ = await asyncio.wait({fut}, timeout=RESPILL_AFTER_S)
+                if done:
+                    return fut.result()
+                # Still waiting here: the picture may have changed (another node freed up
+                # since the first decision). Ask again; leave if another node is better now.
+                if not self._should_spill(msg, hops) or _bundle_of(msg) is not None:
+                    continue
+                assert self.gcs is not None
+                try:
+                    decision = await self.gcs.call(m.ScheduleLease(
+                        msg.job_id, msg.resources, msg.strategy, msg.function_name, self.node_id,
+                        msg.arg_bytes_by_node, msg.bundle, self.scheduler.available_floats(),
+                        len(self.scheduler.queue)), self.config.rpc_timeout_s)
+                except (ConnectionLost, TimeoutError, RemoteError):
+                    continue
+                if fut.done():
+                    return fut.result()
+                if isinstance(decision, m.SpillbackReply) and decision.node_id != self.node_id:
+                    return decision
         finally:
             if self._lease_waiters.pop(rid, None) is not None:
                 self._sched(sc.LeaseCancelled(rid))
+
+    def _should_spill(self, msg: m.RequestWorkerLease, hops: int) -> bool:
+        """Bottom-up: serve here while the request fits and nothing waits; else ask the GCS.
+
+        Never for requests the GCS itself placed here (actor creation), nor for ones already
+        spilled here (``hops``), nor when this is the only node.
+        """
+        if hops > 0 or msg.owner_worker_id == b"gcs" or self.gcs is None or self.gcs.is_closed:
+            return False
+        strategy = msg.strategy
+        if strategy and strategy[0] == "NODE":
+            return bytes(strategy[1]) != self.node_id
+        bundle = _bundle_of(msg)
+        if bundle is not None:  # the GCS knows where the group's bundles are
+            return not self.scheduler.has_bundle(bundle)
+        if len(self.alive_nodes) <= 1 and self.node_id in self.alive_nodes:
+            return False
+        if strategy and strategy[0] == "SPREAD":
+            return True
+        args = msg.arg_bytes_by_node
+        if args:
+            here = args.get(self.node_id, 0)
+            if max(args.values()) - here >= LOCALITY_MIN_BYTES:
+                return True  # most of the arguments live on another node: let the GCS weigh it
+        s = self.scheduler
+        units = request_units(msg.resources)
+        if not s.resources.feasible(units):
+            return True
+        return bool(s.queue) or not s.resources.fits(units)
+
+    def _reserve_bundles(self, conn: Connection, msg: m.ReserveBundles) -> list[Any]:
+        """Reserve all of ``msg.bundles`` here now, or none: ``[ok, reason]``."""
+        rid = self._next_request
+        self._next_request += 1
+        bundles = [(int(i), dict(res)) for i, res in msg.bundles]
+        self._sched(sc.BundlesRequested(rid, msg.pg_id, bundles))
+        answer = self._bundle_answers.pop(rid, [False, "no answer"])
+        logger.info("bundles %s of placement group %s %s%s", [i for i, _ in bundles], short(msg.pg_id),
+                    "reserved" if answer[0] else "not reserved: ", answer[1])
+        return answer
 
     def _return_worker(self, conn: Connection, msg: m.ReturnWorker) -> None:
         self._lease_owner.pop(msg.lease_id, None)
         self._sched(sc.LeaseReturned(msg.lease_id, msg.disconnect))
 
     async def _create_object(self, conn: Connection, msg: m.CreateObject) -> list[Any]:
+        return await self.create_local(msg.object_id, msg.size_bytes, msg.owner_worker_id)
+
+    async def create_local(self, object_id: bytes, size_bytes: int, client: bytes) -> list[Any]:
+        """Space for a new object: ``[slot, write path, final path, file size, reused]``."""
         rid = self._next_request
         self._next_request += 1
         fut: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self._create_waiters[rid] = fut
         try:
-            self._store(st.CreateRequested(rid, msg.object_id, msg.size_bytes, msg.owner_worker_id))
+            self._store(st.CreateRequested(rid, object_id, size_bytes, client))
             return await fut
         finally:
             self._create_waiters.pop(rid, None)
+
+    def seal_local(self, object_id: bytes, size_bytes: int) -> None:
+        self._store(st.ObjectSealed(object_id, size_bytes))
+        self._store(st.MarkedShared([object_id]))
+
+    def abort_local(self, object_id: bytes) -> None:
+        obj = self.store.objects.get(object_id)
+        if obj is not None and not obj.sealed:
+            self._store(st.ObjectsFreed([object_id], [False]))
+
+    def _free_objects(self, conn: Connection, msg: m.FreeObjects) -> None:
+        self._store(st.ObjectsFreed(msg.object_ids, msg.recyclable))
+        if len(self.alive_nodes) > 1:
+            self.object_manager.free_copies(msg.object_ids)
+
+    async def _pull_object(self, conn: Connection, msg: m.PullObject) -> bool:
+        await self.object_manager.pull(msg.object_id, msg.from_node)
+        return True
 
     def _store(self, event: st.Event) -> None:
         for action in self.store.handle(event, time.monotonic()):
@@ -457,10 +611,16 @@ class RayletServer:
                 "is_driver": p.is_driver, "job_id": p.job_id.hex() if p.job_id else None,
                 "state": "LEASED" if lease else ("IDLE" if p.address else "STARTING"),
                 "resources": self.scheduler.resources.as_floats(lease.units) if lease else {},
+                "resource_ids": lease.resource_ids if lease else {},
             })
         return {"node_id": self.node_id.hex(), "store": self.store.stats(), "workers": workers,
                 "available": self.scheduler.available_floats(), "total": dict(self.resources_total),
-                "queue_length": len(self.scheduler.queue), "infeasible": self.scheduler.infeasible_shapes()}
+                "queue_length": len(self.scheduler.queue), "infeasible": self.scheduler.infeasible_shapes(),
+                "transfer": self.object_manager.stats(),
+                "bundles": [{"placement_group_id": pg.hex(), "index": i,
+                             "total": b.pool.as_floats(b.pool.total), "node_ids": b.node_ids,
+                             "available": {k: v for k, v in b.pool.as_floats(b.pool.available).items()}}
+                            for (pg, i), b in self.scheduler.bundles.items()]}
 
     def _forward_logs(self, conn: Connection, msg: m.LogBatch) -> None:
         if self.gcs is not None:
@@ -483,6 +643,23 @@ class RayletServer:
         if proc is not None and proc.is_driver:
             del self.procs[worker_id]
             self._store(st.ClientGone(worker_id))
+
+
+#: A lease request still queued here after this long is offered to the GCS again.
+RESPILL_AFTER_S = 0.5
+
+#: Arguments elsewhere worth at least this many more bytes send a request to the GCS.
+LOCALITY_MIN_BYTES = 1024 * 1024
+
+
+def _bundle_of(msg: m.RequestWorkerLease) -> tuple[bytes, int] | None:
+    """``(placement group id, bundle index)`` of a request in a placement group, else None."""
+    ref = msg.bundle
+    if ref is None and msg.strategy and msg.strategy[0] == "PG":
+        ref = msg.strategy[1:3]
+    if ref is None:
+        return None
+    return bytes(ref[0]), int(ref[1])
 
 
 class _StoreFull(Exception):
@@ -530,7 +707,7 @@ def main() -> None:
     p.add_argument("--die-with-parent", type=int, default=0)
     args = p.parse_args()
     if args.die_with_parent:
-        die_with_parent(args.die_with_parent)
+        die_with_parent(args.die_with_parent, signal.SIGTERM)
     setup_logging(os.path.join(args.session_dir, "logs"), f"raylet-{args.node_id[:12]}")
     eventloop.run(_amain(args))
 

@@ -329,6 +329,46 @@ async def connect(address: m.Address | tuple[str, int] | str, *, token: bytes, c
     return conn
 
 
+class ConnectionCache:
+    """One open connection per key (a worker or node id), opened once even when many
+    coroutines ask for it at the same time."""
+
+    def __init__(self) -> None:
+        self.conns: dict[Any, Connection] = {}
+        self._opening: dict[Any, asyncio.Future[Connection]] = {}
+
+    async def get(self, key: Any, open_fn: Callable[[], Awaitable[Connection]]) -> Connection:
+        conn = self.conns.get(key)
+        if conn is not None and not conn.is_closed:
+            return conn
+        pending = self._opening.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
+        self._opening[key] = fut
+        try:
+            conn = await open_fn()
+            self.conns[key] = conn
+            fut.set_result(conn)
+            return conn
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()  # retrieved: waiters re-raise it, nobody logs it as lost
+            raise
+        finally:
+            self._opening.pop(key, None)
+
+    def discard(self, key: Any, conn: Connection | None = None) -> None:
+        """Forget ``key``'s connection (only if it is ``conn``, when given)."""
+        if conn is None or self.conns.get(key) is conn:
+            self.conns.pop(key, None)
+
+    def close_all(self) -> None:
+        for conn in list(self.conns.values()):
+            conn.close()
+        self.conns.clear()
+
+
 class RpcServer:
     """Accepts authenticated connections on a Unix socket and/or a TCP port."""
 

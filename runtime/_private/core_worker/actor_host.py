@@ -1,0 +1,193 @@
+"""Executing side of an actor: the instance, its concurrency, and its checkpoints.
+
+A worker hosts at most one actor. The creation task builds the instance (and restores
+the last checkpoint after a restart); method calls then run:
+
+- one at a time on the worker's main thread, in arrival order (the default), or
+- on a thread pool of ``max_concurrency`` threads (threaded actors), or
+- as coroutines on one event loop thread, at most ``max_concurrency`` at once (async
+  actors: any ``async def`` method makes the actor async; default limit 1000).
+
+Checkpointing (opt-in): when the class defines ``__lumos_checkpoint__()`` and
+``__lumos_restore__(state)``, the state is taken after every ``checkpoint_interval``
+calls, or sooner when no call is waiting, and stored in the GCS before the replies of
+those calls are released. A restarted actor therefore never forgets a call whose
+result its caller has seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from lumos._private import serialization as ser
+from lumos._private.gcs.actor_manager import CHECKPOINT_NS
+from lumos._private.protocol import messages as m
+from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
+
+if TYPE_CHECKING:
+    from lumos._private.core_worker.executor import Executor
+
+logger = logging.getLogger(__name__)
+
+
+def is_async_class(cls: type) -> bool:
+    return any(inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+               for _, fn in inspect.getmembers(cls, predicate=inspect.isfunction))
+
+
+class ActorHost:
+    def __init__(self, executor: "Executor", spec: m.TaskSpec, instance: Any,
+                 resource_ids: dict[str, list[Any]]) -> None:
+        self.ex = executor
+        self.cw = executor.cw
+        self.actor_id: bytes = spec.actor_id or b""
+        self.instance = instance
+        self.resource_ids = resource_ids
+        opts: dict[str, Any] = spec.actor_options or {}
+        self.class_name: str = opts.get("class_name", spec.function_name)
+        cls = type(instance)
+        self.is_async = is_async_class(cls)
+        limit = opts.get("max_concurrency")
+        self.max_concurrency = int(limit) if limit else (1000 if self.is_async else 1)
+        self.concurrent = self.is_async or self.max_concurrency > 1
+        self.checkpointing = (callable(getattr(instance, "__lumos_checkpoint__", None))
+                              and callable(getattr(instance, "__lumos_restore__", None)))
+        self.checkpoint_interval = max(1, int(opts.get("checkpoint_interval") or 1))
+        self._since_checkpoint = 0
+        self._held: list[tuple[Connection, m.TaskReply]] = []
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sem: asyncio.Semaphore | None = None
+        if self.is_async:
+            self._start_loop()
+        elif self.concurrent:
+            self._pool = concurrent.futures.ThreadPoolExecutor(self.max_concurrency,
+                                                               thread_name_prefix="lumos-actor")
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def restore(self) -> None:
+        """Load the last checkpoint into a freshly built instance (after a restart)."""
+        if not self.checkpointing:
+            return
+        blob = self.cw.call_gcs(m.KvGet(CHECKPOINT_NS, self.actor_id, 0.0))
+        if blob:
+            _kind, state = ser.deserialize(blob)
+            self.instance.__lumos_restore__(state)
+            logger.info("actor %s restored from its checkpoint", self.actor_id.hex()[:8])
+
+    def after_call(self, conn: Connection, reply: m.TaskReply, more_waiting: bool) -> None:
+        """Main thread, sync actors: release the reply, after a checkpoint when one is due."""
+        if not self.checkpointing:
+            self.cw.send_reply(conn, reply)
+            return
+        self._held.append((conn, reply))
+        self._since_checkpoint += 1
+        if self._since_checkpoint >= self.checkpoint_interval or not more_waiting:
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        held, self._held = self._held, []
+        self._since_checkpoint = 0
+        try:
+            state = self.instance.__lumos_checkpoint__()
+            blob = ser.serialize(state).to_bytes()
+            self.cw.call_gcs(m.KvPut(CHECKPOINT_NS, self.actor_id, blob, True))
+        except (ConnectionLost, TimeoutError, RemoteError) as e:
+            logger.error("actor checkpoint could not be stored: %s", e)
+        except Exception:
+            logger.exception("__lumos_checkpoint__ failed; replies are released without a checkpoint")
+        for conn, reply in held:
+            self.cw.send_reply(conn, reply)
+
+    # ------------------------------------------------------------------ concurrent calls
+
+    def _start_loop(self) -> None:
+        ready = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self._loop = loop
+            self._sem = asyncio.Semaphore(self.max_concurrency)
+            ready.set()
+            loop.run_forever()
+
+        threading.Thread(target=run, name="lumos-actor-loop", daemon=True).start()
+        ready.wait(10)
+
+    def dispatch(self, conn: Connection, msg: m.PushTask) -> None:
+        """Main thread: resolve the arguments, then run the call concurrently."""
+        spec = msg.spec
+        ex = self.ex
+        start = time.time()
+        try:
+            method = ex._function(spec)
+            args, kwargs = ex._resolve_args(spec)
+        except Exception as e:
+            self.cw.send_reply(conn, ex._failed_reply(spec, e, start))
+            return
+        if self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self._run_async(conn, spec, method, args, kwargs), self._loop)
+        else:
+            assert self._pool is not None
+            self._pool.submit(self._run_threaded, conn, spec, method, args, kwargs)
+
+    async def _run_async(self, conn: Connection, spec: m.TaskSpec, method: Any, args: Any, kwargs: Any) -> None:
+        assert self._sem is not None
+        async with self._sem:
+            start = time.time()
+            self.cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, self.cw.node_id, self.cw.worker_id)
+            try:
+                result = method(*args, **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+                reply = self.ex._success_reply(spec, result, start)
+            except asyncio.CancelledError:
+                reply = self.ex._system_reply(spec, "cancelled while running", "cancelled", start)
+            except SystemExit as e:
+                reply = self._exit_reply(spec, e, start)
+            except Exception as e:
+                reply = self.ex._failed_reply(spec, e, start)
+            self.cw.send_reply(conn, reply)
+
+    def _run_threaded(self, conn: Connection, spec: m.TaskSpec, method: Any, args: Any, kwargs: Any) -> None:
+        start = time.time()
+        self.cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, self.cw.node_id, self.cw.worker_id)
+        try:
+            reply = self.ex._success_reply(spec, method(*args, **kwargs), start)
+        except SystemExit as e:
+            reply = self._exit_reply(spec, e, start)
+        except Exception as e:
+            reply = self.ex._failed_reply(spec, e, start)
+        self.cw.send_reply(conn, reply)
+
+    def _exit_reply(self, spec: m.TaskSpec, e: SystemExit, start: float) -> m.TaskReply:
+        from lumos import exceptions as exc
+        why = str(e) if isinstance(e, exc.ActorExitRequest) else "the actor called sys.exit()"
+        self.exiting(why)
+        return self.ex._system_reply(spec, why, "actor_died", start)
+
+    def exiting(self, reason: str) -> None:
+        """Tell the GCS the actor ends on purpose (no restart), then let the process go."""
+        try:
+            self.cw.call_gcs(m.ActorExiting(self.actor_id, reason), 5.0)
+        except (ConnectionLost, TimeoutError, RemoteError) as e:
+            logger.warning("could not tell the GCS the actor is exiting: %s", e)
+
+        def leave() -> None:
+            assert self.cw.loop is not None
+            self.cw._flush_events()
+            self.ex.flush_output()
+            self.cw.loop.call_later(0.05, os._exit, 0)
+        self.cw._post(leave)
+
+
+__all__ = ["ActorHost", "is_async_class"]

@@ -1,0 +1,369 @@
+"""Caller side of actor calls: ordering, connection to the actor, restarts (io thread).
+
+Each actor this process calls has an ``_ActorQueue``. Calls enter it in submission
+order when submitted; a call is sent once its arguments are ready and every earlier
+call has been sent (head of line), so one caller's calls reach the actor in order over
+one connection. The actor's address comes from the GCS (the "actors" channel). When
+the connection drops, calls in flight are put back in order if ``max_task_retries``
+allows, otherwise they wait for the GCS to say why (restart or death) and fail with
+``ActorDiedError``. Unsent calls wait for the restarted actor.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Any
+
+from lumos import exceptions as exc
+from lumos._private.core_worker.tasks import DONE, PUSHED, QUEUED, PendingTask
+from lumos._private.ids import short
+from lumos._private.protocol import messages as m
+from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
+
+if TYPE_CHECKING:
+    from lumos._private.core_worker.core_worker import CoreWorker
+
+logger = logging.getLogger(__name__)
+
+ALIVE, DEAD = "ALIVE", "DEAD"
+
+
+class _ActorQueue:
+    __slots__ = ("actor_id", "info", "conn", "conn_worker", "connecting", "queue", "ready", "inflight",
+                 "lost", "subscribed", "last_call", "pinned", "check_timer", "released", "lost_since")
+
+    def __init__(self, actor_id: bytes) -> None:
+        self.actor_id = actor_id
+        self.info: m.ActorInfo | None = None
+        self.conn: Connection | None = None
+        #: The worker the connection goes to (a restart means a new one).
+        self.conn_worker: bytes | None = None
+        self.connecting = False
+        #: Calls not sent yet, in submission order.
+        self.queue: deque[PendingTask] = deque()
+        #: Task ids whose arguments are ready.
+        self.ready: set[bytes] = set()
+        #: Sent, not answered, in send order.
+        self.inflight: OrderedDict[bytes, PendingTask] = OrderedDict()
+        #: In flight when the connection dropped and not retryable: waiting for the GCS's verdict.
+        self.lost: list[PendingTask] = []
+        self.lost_since = 0.0
+        self.subscribed = False
+        #: The last call this process submitted (for stateful edges in the task graph).
+        self.last_call: bytes | None = None
+        #: Arguments of the creation task, held while the actor may restart (owner only).
+        self.pinned: list[bytes] = []
+        self.check_timer: Any = None
+        #: The owner's handles are all gone: end the actor once its calls are answered.
+        self.released = False
+
+
+class ActorSubmitter:
+    def __init__(self, cw: "CoreWorker") -> None:
+        self.cw = cw
+        self.actors: dict[bytes, _ActorQueue] = {}
+        cw.extra_publish_handlers["actors"] = self._on_publish
+        #: Calls not yet answered, for actors with ``max_pending_calls`` (any thread).
+        self._counted: dict[bytes, int] = {}
+        self._count_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ tracking
+
+    def track(self, actor_id: bytes, info: m.ActorInfo | None = None) -> _ActorQueue:
+        """Start following an actor (io thread)."""
+        q = self.actors.get(actor_id)
+        if q is None:
+            q = self.actors[actor_id] = _ActorQueue(actor_id)
+        if info is not None:
+            self._apply(q, info)
+        if not q.subscribed:
+            q.subscribed = True
+            gcs = self.cw.gcs
+            if gcs is not None and not gcs.is_closed:
+                gcs.notify(m.Subscribe("actors", actor_id))
+                self.cw._spawn(self._refresh(q), "actor.info")
+        return q
+
+    def pin_creation_args(self, actor_id: bytes, ids: list[bytes]) -> None:
+        self.track(actor_id).pinned.extend(ids)
+
+    async def _refresh(self, q: _ActorQueue) -> None:
+        gcs = self.cw.gcs
+        if gcs is None:
+            return
+        try:
+            info = await gcs.call(m.GetActorInfo(q.actor_id), self.cw.config.rpc_timeout_s)
+        except (ConnectionLost, TimeoutError, RemoteError) as e:
+            logger.debug("actor info for %s: %s", short(q.actor_id), e)
+            return
+        if info is not None:
+            self._apply(q, info)
+        elif q.info is None:
+            self._fail_all(q, exc.ActorDiedError(q.actor_id.hex(), "the GCS does not know this actor"))
+
+    def _on_publish(self, msg: m.Publish) -> None:
+        info = msg.data
+        if not isinstance(info, m.ActorInfo):
+            return
+        q = self.actors.get(info.actor_id)
+        if q is not None:
+            self._apply(q, info)
+
+    def _apply(self, q: _ActorQueue, info: m.ActorInfo) -> None:
+        if q.info is not None and info.version <= q.info.version:
+            return
+        q.info = info
+        if info.state == DEAD:
+            self._fail_all(q, self._death_error(q))
+            if q.pinned:
+                ids, q.pinned = q.pinned, []
+                freed = self.cw.objects.remove_submitted(ids)
+                if freed:
+                    self.cw._release(freed)
+            return
+        if info.state != ALIVE:
+            # Restarting or not created yet: calls that were lost without retries fail now.
+            if q.lost:
+                lost, q.lost = q.lost, []
+                err = exc.ActorDiedError(q.actor_id.hex(), f"the actor failed while running this call "
+                                         f"({info.death_cause or 'cause unknown'}); it is being restarted")
+                for task in lost:
+                    self.cw._fail_task(task, err)
+            return
+        if q.lost:  # the same actor is alive again without our connection: those calls are gone
+            lost, q.lost = q.lost, []
+            err = exc.ActorDiedError(q.actor_id.hex(), "the connection to the actor dropped while this "
+                                     f"call ran ({info.death_cause or 'cause unknown'})")
+            for task in lost:
+                self.cw._fail_task(task, err)
+        assert info.address is not None
+        if q.conn_worker != info.address.worker_id or q.conn is None or q.conn.is_closed:
+            if not q.connecting:
+                q.connecting = True
+                self.cw._spawn(self._connect(q, info), "actor.connect")
+        else:
+            self._send(q)
+
+    def _death_error(self, q: _ActorQueue) -> BaseException:
+        info = q.info
+        if info is not None and info.death_error:
+            from lumos._private import serialization as ser
+            try:
+                _kind, err = ser.deserialize(info.death_error)
+                if isinstance(err, BaseException):
+                    return err
+            except Exception as e:  # the class of the error may not load here
+                return exc.ActorDiedError(q.actor_id.hex(), f"{info.death_cause} (error not loadable: {e})")
+        cause = info.death_cause if info is not None else "unknown"
+        name = info.class_name if info is not None else "actor"
+        return exc.ActorDiedError(q.actor_id.hex(), f"the actor {name} is dead: {cause}")
+
+    async def _connect(self, q: _ActorQueue, info: m.ActorInfo) -> None:
+        try:
+            assert info.address is not None
+            conn = await self.cw._peer(info.address)
+        except (OSError, ConnectionLost, TimeoutError) as e:
+            q.connecting = False
+            logger.info("cannot reach actor %s at %s: %s", short(q.actor_id), short(info.address.worker_id), e)
+            self._schedule_check(q)
+            return
+        q.connecting = False
+        if q.info is not info and q.info is not None and q.info.state != ALIVE:
+            return
+        q.conn = conn
+        q.conn_worker = info.address.worker_id
+        self._send(q)
+
+    def _schedule_check(self, q: _ActorQueue, delay_s: float = 0.5) -> None:
+        """Ask the GCS again later: a connection dropped and no verdict arrived yet."""
+        loop = self.cw.loop
+        if loop is None or q.check_timer is not None:
+            return
+
+        def fire() -> None:
+            q.check_timer = None
+            if q.lost or (q.queue and q.conn is None and not q.connecting):
+                self.cw._spawn(self._refresh_then_recheck(q), "actor.recheck")
+
+        q.check_timer = loop.call_later(delay_s, fire)
+
+    async def _refresh_then_recheck(self, q: _ActorQueue) -> None:
+        await self._refresh(q)
+        grace = self.cw.config.node_death_timeout_ms / 1000 + 5.0
+        if q.lost and time.monotonic() - q.lost_since > grace:
+            # The GCS still reports the same instance alive: the connection, not the actor,
+            # broke. Those calls' fate is unknown; say so rather than wait for ever.
+            lost, q.lost = q.lost, []
+            err = exc.ActorDiedError(q.actor_id.hex(), "the connection to the actor dropped while this call "
+                                     "ran, and the actor did not fail; the call may or may not have run")
+            for task in lost:
+                self.cw._fail_task(task, err)
+        if q.lost or (q.queue and (q.conn is None or q.conn.is_closed) and not q.connecting):
+            if q.info is not None and q.info.state == ALIVE and not q.lost:
+                self._apply_force(q)
+            self._schedule_check(q, 1.0)
+
+    def _apply_force(self, q: _ActorQueue) -> None:
+        info = q.info
+        if info is not None and info.state == ALIVE and not q.connecting:
+            q.connecting = True
+            self.cw._spawn(self._connect(q, info), "actor.connect")
+
+    # ------------------------------------------------------------------ calls
+
+    def add(self, task: PendingTask) -> None:
+        """A call was submitted (before its arguments are ready): take its place in line."""
+        q = self.actors.get(task.spec.actor_id or b"")
+        if q is None:
+            q = self.track(task.spec.actor_id or b"")
+        if q.info is not None and q.info.state == DEAD:
+            self.cw._fail_task(task, self._death_error(q))
+            return
+        task.state = QUEUED
+        q.queue.append(task)
+
+    def event_info(self, task: PendingTask, info: dict[str, Any]) -> None:
+        q = self.actors.get(task.spec.actor_id or b"")
+        if q is not None:
+            if q.last_call:
+                info["prev_call"] = q.last_call
+            q.last_call = task.spec.task_id
+
+    def enqueue(self, task: PendingTask) -> None:
+        """The call's arguments are ready (or it is being retried)."""
+        q = self.actors.get(task.spec.actor_id or b"")
+        if q is None or task.state == DONE:
+            return
+        q.ready.add(task.spec.task_id)
+        if task not in q.queue:  # a retry put back by the core worker
+            q.queue.appendleft(task)
+        self._send(q)
+
+    def _send(self, q: _ActorQueue) -> None:
+        conn = q.conn
+        if conn is None or conn.is_closed or q.info is None or q.info.state != ALIVE:
+            return
+        queue = q.queue
+        events = self.cw._events
+        while queue and queue[0].spec.task_id in q.ready:
+            task = queue.popleft()
+            q.ready.discard(task.spec.task_id)
+            if task.state == DONE:
+                continue
+            task.state = PUSHED
+            q.inflight[task.spec.task_id] = task
+            spec = task.spec
+            events.append((spec.task_id, spec.attempt, "SCHEDULED", time.time(), None,
+                           q.info.node_id, q.conn_worker, None))
+            conn.notify(m.PushTask(spec, {}))
+
+    def on_reply(self, task: PendingTask, reply: m.TaskReply) -> None:
+        if reply.system_error is None:  # otherwise the task fails and on_failed counts it
+            self._uncount(task.spec.actor_id or b"")
+        q = self.actors.get(task.spec.actor_id or b"")
+        if q is not None:
+            q.inflight.pop(task.spec.task_id, None)
+            if q.released:
+                self._maybe_release(q)
+
+    def release_handle(self, actor_id: bytes) -> None:
+        q = self.actors.get(actor_id)
+        if q is not None:
+            q.released = True
+            self._maybe_release(q)
+
+    def _maybe_release(self, q: _ActorQueue) -> None:
+        if q.queue or q.inflight or q.lost or (q.info is not None and q.info.state == DEAD):
+            return
+        q.released = False
+        gcs = self.cw.gcs
+        if gcs is not None and not gcs.is_closed:
+            gcs.notify(m.KillActor(q.actor_id, True, "every handle to the actor went out of scope"))
+
+    def on_failed(self, task: PendingTask) -> None:
+        self._uncount(task.spec.actor_id or b"")
+        q = self.actors.get(task.spec.actor_id or b"")
+        if q is None:
+            return
+        q.inflight.pop(task.spec.task_id, None)
+        q.ready.discard(task.spec.task_id)
+        try:
+            q.queue.remove(task)
+        except ValueError:
+            pass
+        else:
+            self._send(q)
+        if q.released:
+            self._maybe_release(q)  # a failed head of line must not block the calls behind it
+
+    def connection_lost(self, conn: Connection) -> None:
+        for q in self.actors.values():
+            if q.conn is not conn:
+                continue
+            q.conn = None
+            inflight = list(q.inflight.values())
+            q.inflight.clear()
+            retry: list[PendingTask] = []
+            for task in inflight:
+                if task.state == DONE:
+                    continue
+                if task.retries_left != 0:
+                    if task.retries_left > 0:
+                        task.retries_left -= 1
+                    spec = task.spec
+                    self.cw._events.append((spec.task_id, spec.attempt, "RETRIED", time.time(), None, None,
+                                            None, "the actor's connection dropped"))
+                    spec.attempt += 1
+                    task.state = QUEUED
+                    retry.append(task)
+                else:
+                    if not q.lost:
+                        q.lost_since = time.monotonic()
+                    q.lost.append(task)
+            for task in reversed(retry):
+                q.queue.appendleft(task)
+                q.ready.add(task.spec.task_id)
+            self._schedule_check(q)
+
+    def _fail_all(self, q: _ActorQueue, error: BaseException) -> None:
+        tasks = list(q.inflight.values()) + list(q.queue) + q.lost
+        q.inflight.clear()
+        q.queue.clear()
+        q.ready.clear()
+        q.lost = []
+        for task in tasks:
+            self.cw._fail_task(task, error)
+
+    def address_of(self, actor_id: bytes) -> m.Address | None:
+        q = self.actors.get(actor_id)
+        return q.info.address if q is not None and q.info is not None else None
+
+    def connection_of(self, actor_id: bytes) -> Connection | None:
+        q = self.actors.get(actor_id)
+        return q.conn if q is not None else None
+
+    def reserve_call(self, actor_id: bytes, limit: int) -> bool:
+        """User thread: count one more call, unless ``limit`` calls are pending already."""
+        with self._count_lock:
+            n = self._counted.get(actor_id, 0)
+            if n >= limit:
+                return False
+            self._counted[actor_id] = n + 1
+            return True
+
+    def _uncount(self, actor_id: bytes) -> None:
+        if actor_id in self._counted:
+            with self._count_lock:
+                n = self._counted.get(actor_id, 0)
+                if n > 0:
+                    self._counted[actor_id] = n - 1
+
+    def pending_calls(self, actor_id: bytes) -> int:
+        q = self.actors.get(actor_id)
+        return 0 if q is None else len(q.queue) + len(q.inflight)
+
+
+__all__ = ["ActorSubmitter"]

@@ -1,0 +1,377 @@
+"""Object transfer between nodes: a raylet pulls a sealed object from another raylet.
+
+```
+worker ──PullObject(id, from_node)──► local raylet (ObjectManager)
+                                        │ one pull per object; later askers wait on it
+                                        ├─GetObjectSize──────────► holder raylet
+                                        ├─ReadObjectChunk × N ───► holder raylet (pread in a thread)
+                                        │   (CHUNK_BYTES each, MAX_CHUNKS_IN_FLIGHT at once)
+                                        └─ create in the local store, write chunks (threads), seal
+```
+Chunks travel on a separate data channel: a plain TCP listener served by threads,
+authenticated with the same HMAC handshake as every lumos connection, where the holder
+``sendfile``s straight from its ``/dev/shm`` file and the puller ``recv_into``s straight
+into the mapped destination (no copies through Python objects). ``ReadObjectChunk``
+over the RPC connection remains for peers without that channel.
+
+After the pull the object is an ordinary sealed file in this node's store: readers map
+it zero-copy. Frees reach the copies through ``FreeObjectCopies``, which the raylet
+that hears a free from an owner sends to every other alive raylet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import mmap
+import os
+import socket
+import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from lumos._private.protocol import auth
+
+from lumos._private.ids import short
+from lumos._private.protocol import messages as m
+from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError, connect
+
+logger = logging.getLogger(__name__)
+
+CHUNK_BYTES = 8 * 1024 * 1024
+MAX_CHUNKS_IN_FLIGHT = 4
+#: Data-channel streams per pull (each a TCP connection carrying one byte range).
+STREAMS_PER_PULL = 4
+#: Below this, one stream.
+MIN_STREAM_BYTES = 4 * 1024 * 1024
+_REQ = struct.Struct("<QQ")
+_LEN = struct.Struct("<q")
+
+
+class ObjectUnavailable(Exception):
+    """The object cannot be pulled (its node is gone, or it no longer holds it)."""
+
+
+class ObjectManager:
+    """Pulls objects into this node's store and serves chunks of local ones to peers."""
+
+    def __init__(self, raylet: Any) -> None:
+        self.raylet = raylet
+        #: Object id -> the one pull in progress for it.
+        self._pulls: dict[bytes, asyncio.Future[None]] = {}
+        #: Node id -> connection to that node's raylet (TCP).
+        self._peers: dict[bytes, Connection] = {}
+        self._connecting: dict[bytes, asyncio.Future[Connection]] = {}
+        self._io = ThreadPoolExecutor(16, thread_name_prefix="raylet.transfer")
+        self._listener: socket.socket | None = None
+        #: Port of the data channel (0 until ``start``).
+        self.data_port = 0
+        self._closing = False
+        #: Transfer counters, for stats and tests.
+        self.bytes_pulled = 0
+        self.bytes_served = 0
+        self.pulls_done = 0
+
+    def start(self, host: str) -> None:
+        """Open the data channel on ``host`` (an ephemeral port), served by threads."""
+        self._listener = socket.create_server((host, 0))
+        self.data_port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept_loop, name="raylet.transfer-accept", daemon=True).start()
+
+    def close(self) -> None:
+        self._closing = True
+        for conn in self._peers.values():
+            conn.close()
+        self._peers.clear()
+        if self._listener is not None:
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._listener.close()
+        self._io.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ data channel (threads)
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._closing:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve_data, args=(sock,), name="raylet.transfer-serve",
+                             daemon=True).start()
+
+    def _serve_data(self, sock: socket.socket) -> None:
+        authed = False
+        try:
+            sock.settimeout(self.raylet.config.handshake_timeout_s)
+            nonce = auth.new_nonce()
+            sock.sendall(nonce)
+            if not auth.check(self.raylet.token, nonce, _recv_exact(sock, auth.DIGEST_BYTES)):
+                logger.warning("data channel: peer failed authentication; dropped")
+                return
+            sock.sendall(auth.OK)
+            authed = True
+            sock.settimeout(self.raylet.config.rpc_timeout_s)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            while True:
+                head = sock.recv(1)
+                if not head:
+                    return
+                n = head[0]
+                if n > 64:
+                    logger.warning("data channel: bad request; dropped")
+                    return
+                object_id = _recv_exact(sock, n)
+                offset, length = _REQ.unpack(_recv_exact(sock, _REQ.size))
+                self._send_range(sock, object_id, offset, length)
+        except (OSError, ConnectionError) as e:
+            if authed:
+                logger.debug("data channel connection ended: %s", e)
+            else:  # silent or truncated handshakes are peer faults too
+                logger.warning("data channel: peer did not authenticate (%s); dropped", e or type(e).__name__)
+        finally:
+            sock.close()
+
+    def _send_range(self, sock: socket.socket, object_id: bytes, offset: int, length: int) -> None:
+        try:
+            f = open(self.raylet.store.final_path(object_id), "rb")
+        except OSError:
+            sock.sendall(_LEN.pack(-1))
+            return
+        with f:
+            if offset + length > os.fstat(f.fileno()).st_size:
+                sock.sendall(_LEN.pack(-1))
+                return
+            sock.sendall(_LEN.pack(length))
+            # socket.sendfile copes with the timeout (non-blocking fd) that os.sendfile does not.
+            if sock.sendfile(f, offset, length) != length:
+                raise ConnectionError("peer stopped reading")
+            self.bytes_served += length
+
+    def _fetch_range(self, host: str, port: int, object_id: bytes, mm: mmap.mmap, offset: int,
+                     length: int) -> None:
+        """Thread: one stream of a pull, received straight into the destination mapping."""
+        timeout = self.raylet.config.rpc_timeout_s
+        with socket.create_connection((host, port), timeout=self.raylet.config.connect_timeout_s) as sock:
+            sock.settimeout(timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            nonce = _recv_exact(sock, auth.NONCE_BYTES)
+            sock.sendall(auth.answer(self.raylet.token, nonce))
+            if _recv_exact(sock, len(auth.OK)) != auth.OK:
+                raise ConnectionError("data channel refused the handshake")
+            sock.sendall(bytes([len(object_id)]) + object_id + _REQ.pack(offset, length))
+            (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+            if n != length:
+                raise ObjectUnavailable(f"holder no longer has object {object_id.hex()}")
+            with memoryview(mm) as whole, whole[offset:offset + length] as view:
+                got = 0
+                while got < length:
+                    with view[got:] as rest:
+                        k = sock.recv_into(rest, length - got)
+                    if k == 0:
+                        raise ConnectionError("holder closed the data channel mid-object")
+                    got += k
+
+    # ------------------------------------------------------------------ pulling
+
+    async def pull(self, object_id: bytes, from_node: bytes) -> None:
+        """Return once ``object_id`` is sealed in this node's store (pulling it if needed)."""
+        if self._have(object_id):
+            return
+        fut = self._pulls.get(object_id)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            self._pulls[object_id] = fut
+            self.raylet._spawn(self._run_pull(object_id, from_node, fut), f"raylet.pull.{short(object_id)}")
+        await asyncio.shield(fut)
+
+    def _have(self, object_id: bytes) -> bool:
+        obj = self.raylet.store.objects.get(object_id)
+        return obj is not None and obj.sealed
+
+    async def _run_pull(self, object_id: bytes, from_node: bytes, fut: asyncio.Future[None]) -> None:
+        try:
+            await self._pull_once(object_id, from_node)
+        except BaseException as e:
+            if not fut.done():
+                fut.set_exception(e if isinstance(e, Exception) else ObjectUnavailable("pull cancelled"))
+                fut.exception()
+            if not isinstance(e, Exception):
+                raise
+        else:
+            if not fut.done():
+                fut.set_result(None)
+        finally:
+            self._pulls.pop(object_id, None)
+
+    async def _pull_once(self, object_id: bytes, from_node: bytes) -> None:
+        if from_node == self.raylet.node_id:
+            raise ObjectUnavailable(f"object {object_id.hex()} should be on this node, but its file is gone")
+        try:
+            conn = await self._peer(from_node)
+            answer = await conn.call(m.GetObjectSize(object_id), self.raylet.config.rpc_timeout_s)
+        except (OSError, ConnectionLost, TimeoutError, RemoteError) as e:
+            raise ObjectUnavailable(f"node {short(from_node)} holding object {object_id.hex()} is unreachable: {e}") \
+                from None
+        size, data_port = (answer[0], answer[1]) if isinstance(answer, list) else (answer, 0)
+        if size < 0:
+            raise ObjectUnavailable(f"node {short(from_node)} no longer holds object {object_id.hex()}")
+        info = self.raylet.alive_nodes.get(from_node)
+        host = info.address.host if info is not None else ""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        slot, path, final_path, file_size, reused = await self.raylet.create_local(object_id, size, b"object-manager")
+        ok = False
+        try:
+            mm = await loop.run_in_executor(self._io, _open_for_write, path, file_size, reused)
+            try:
+                if data_port and host:
+                    streams = max(1, min(STREAMS_PER_PULL, size // MIN_STREAM_BYTES))
+                    step = -(-size // streams)
+                    # Every stream finishes (or fails) before the mapping closes: a stream
+                    # still writing would make close() fail and hide the real error.
+                    results = await asyncio.gather(*(
+                        loop.run_in_executor(self._io, self._fetch_range, host, data_port, object_id, mm, off,
+                                             min(step, size - off))
+                        for off in range(0, size, step)), return_exceptions=True)
+                    for r in results:
+                        if isinstance(r, BaseException):
+                            raise r
+                    return_early = True
+                else:
+                    return_early = False
+                sem = asyncio.Semaphore(MAX_CHUNKS_IN_FLIGHT)
+
+                async def one(offset: int) -> None:
+                    async with sem:
+                        length = min(CHUNK_BYTES, size - offset)
+                        data = await conn.call(m.ReadObjectChunk(object_id, offset, length),
+                                               self.raylet.config.rpc_timeout_s)
+                        if not isinstance(data, bytes) or len(data) != length:
+                            raise ObjectUnavailable(f"node {short(from_node)} sent a bad chunk of {object_id.hex()}")
+                        await loop.run_in_executor(self._io, _write, mm, offset, data)
+
+                if not return_early:
+                    await asyncio.gather(*(one(off) for off in range(0, size, CHUNK_BYTES)))
+            finally:
+                mm.close()
+            os.rename(path, final_path)
+            ok = True
+        except (ConnectionLost, TimeoutError, RemoteError, OSError, ConnectionError) as e:
+            raise ObjectUnavailable(f"pulling object {object_id.hex()} from node {short(from_node)} failed: {e}") \
+                from None
+        finally:
+            if ok:
+                self.raylet.seal_local(object_id, size)
+                self.bytes_pulled += size
+                self.pulls_done += 1
+            else:
+                self.raylet.abort_local(object_id)
+        logger.info("pulled %s (%d bytes) from %s in %.3fs", short(object_id), size, short(from_node),
+                    loop.time() - t0)
+
+    async def _peer(self, node_id: bytes) -> Connection:
+        conn = self._peers.get(node_id)
+        if conn is not None and not conn.is_closed:
+            return conn
+        pending = self._connecting.get(node_id)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        info = self.raylet.alive_nodes.get(node_id)
+        if info is None:
+            raise ObjectUnavailable(f"node {short(node_id)} is not alive")
+        fut: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
+        self._connecting[node_id] = fut
+        try:
+            conn = await connect((info.address.host, info.address.port), token=self.raylet.token,
+                                 config=self.raylet.config, name=f"raylet->raylet {short(node_id)}")
+            self._peers[node_id] = conn
+            fut.set_result(conn)
+            return conn
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()
+            raise
+        finally:
+            self._connecting.pop(node_id, None)
+
+    def stats(self) -> dict[str, int]:
+        return {"bytes_pulled": self.bytes_pulled, "bytes_served": self.bytes_served, "pulls": self.pulls_done,
+                "pulls_in_progress": len(self._pulls)}
+
+    def node_gone(self, node_id: bytes) -> None:
+        conn = self._peers.pop(node_id, None)
+        if conn is not None:
+            conn.close()
+
+    def free_copies(self, object_ids: list[bytes]) -> None:
+        """Tell every other alive raylet to drop its copies of these objects."""
+        for node_id in list(self.raylet.alive_nodes):
+            if node_id == self.raylet.node_id:
+                continue
+            self.raylet._spawn(self._send_free(node_id, object_ids), "raylet.free_copies")
+
+    async def _send_free(self, node_id: bytes, object_ids: list[bytes]) -> None:
+        try:
+            conn = await self._peer(node_id)
+        except (OSError, ConnectionLost, TimeoutError, ObjectUnavailable) as e:
+            logger.debug("cannot reach node %s to free copies: %s", short(node_id), e)
+            return
+        conn.notify(m.FreeObjectCopies(object_ids))
+
+    # ------------------------------------------------------------------ serving
+
+    def object_size(self, object_id: bytes) -> list[int]:
+        """``[size, data channel port]``; size -1 when the object is not sealed here."""
+        obj = self.raylet.store.objects.get(object_id)
+        if obj is None or not obj.sealed:
+            return [-1, self.data_port]
+        return [int(obj.size_bytes), self.data_port]
+
+    async def read_chunk(self, object_id: bytes, offset: int, length: int) -> bytes | None:
+        obj = self.raylet.store.objects.get(object_id)
+        if obj is None or not obj.sealed or offset < 0 or length < 0 or offset + length > obj.size_bytes \
+                or length > CHUNK_BYTES * 4:
+            return None
+        path = self.raylet.store.final_path(object_id)
+        data = await asyncio.get_running_loop().run_in_executor(self._io, _pread, path, offset, length)
+        self.bytes_served += len(data)
+        return data
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError("peer closed the data channel")
+        got += k
+    return bytes(buf)
+
+
+def _open_for_write(path: str, file_size: int, reused: bool) -> mmap.mmap:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        if not reused:
+            os.ftruncate(fd, file_size)
+        return mmap.mmap(fd, file_size)
+    finally:
+        os.close(fd)
+
+
+def _write(mm: mmap.mmap, offset: int, data: bytes) -> None:
+    mm[offset:offset + len(data)] = data
+
+
+def _pread(path: str, offset: int, length: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.pread(fd, length, offset)
+    finally:
+        os.close(fd)

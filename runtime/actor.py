@@ -1,0 +1,333 @@
+"""``@lumos.remote`` on a class: actors, their handles and methods.
+
+    @lumos.remote
+    class Counter:
+        def __init__(self):
+            self.n = 0
+        def incr(self, by=1):
+            self.n += by
+            return self.n
+
+    c = Counter.remote()                 # an ActorHandle; the GCS creates the actor
+    lumos.get(c.incr.remote())           # 1
+    lumos.get([c.incr.remote() for _ in range(3)])   # [2, 3, 4]: one caller's calls run in order
+
+A handle can be passed to tasks and other actors. The actor lives until it is killed
+(``lumos.kill``), exits (``exit_actor()``), its job ends (unless detached), or every
+handle in the process that created it is gone and no copy was sent elsewhere.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import pickle
+from typing import Any, Callable
+
+from lumos import exceptions as exc
+from lumos import options as opts_mod
+from lumos._private import serialization as ser
+from lumos._private import worker_context
+from lumos._private.core_worker.core_worker import function_id_of
+from lumos._private.core_worker.tasks import TaskTemplate
+from lumos._private.ids import random_id
+from lumos.object_ref import ObjectRef
+
+_METHOD_OPTIONS = {"num_returns", "max_task_retries", "retry_exceptions", "concurrency_group", "name"}
+
+
+def method(*args: Any, **options: Any) -> Callable[[Any], Any]:
+    """Options for one actor method: ``@lumos.method(num_returns=2)``."""
+    if args:
+        raise TypeError("use @lumos.method(num_returns=N) with keyword options")
+    unknown = set(options) - _METHOD_OPTIONS
+    if unknown:
+        raise ValueError(f"invalid option(s) {sorted(unknown)} for @lumos.method; valid: {sorted(_METHOD_OPTIONS)}")
+    if "num_returns" in options:
+        opts_mod.OPTIONS["num_returns"].check("num_returns", options["num_returns"])
+
+    def decorate(fn: Any) -> Any:
+        fn.__lumos_method_options__ = dict(options)
+        return fn
+    return decorate
+
+
+def exit_actor() -> None:
+    """End the current actor on purpose: no restart; its handles then raise ``ActorDiedError``."""
+    cw = worker_context.core_worker
+    if cw is None or not worker_context.is_worker or cw.current_actor_id is None:
+        raise TypeError("exit_actor() can only be called inside an actor")
+    raise exc.ActorExitRequest("the actor exited via exit_actor()")
+
+
+def _method_table(cls: type) -> dict[str, dict[str, Any]]:
+    table: dict[str, dict[str, Any]] = {}
+    for name, fn in inspect.getmembers(cls, predicate=lambda f: inspect.isfunction(f) or inspect.ismethod(f)):
+        if name.startswith("__") and name.endswith("__") and name not in ("__call__",):
+            continue
+        table[name] = dict(getattr(fn, "__lumos_method_options__", {}))
+    return table
+
+
+class ActorClass:
+    """A class made remote. ``.remote(...)`` creates an actor and returns its handle."""
+
+    def __init__(self, cls: type, options: dict[str, Any]) -> None:
+        self._cls = cls
+        self._options = opts_mod.validate(dict(options), opts_mod.ACTOR)
+        self._pickled: bytes | None = None
+        self._methods = _method_table(cls)
+        self.__name__ = cls.__name__
+        self.__qualname__ = cls.__qualname__
+        self.__module__ = cls.__module__
+        self.__doc__ = cls.__doc__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"actor class {self._cls.__name__} cannot be instantiated directly; "
+                        f"use {self._cls.__name__}.remote(...) to create an actor")
+
+    def __repr__(self) -> str:
+        return f"<lumos.remote actor class {self._cls.__qualname__!r}>"
+
+    def __reduce__(self) -> Any:
+        return (ActorClass, (self._cls, self._options))
+
+    def remote(self, *args: Any, **kwargs: Any) -> "ActorHandle":
+        """Create an actor; its ``__init__`` runs on the cluster with these arguments."""
+        return self._remote(args, kwargs, self._options)
+
+    def options(self, **options: Any) -> "_ActorClassOptions":
+        """A copy with some options changed, e.g. ``Cls.options(name="a", num_gpus=1)``."""
+        return _ActorClassOptions(self, opts_mod.merged(self._options, options, opts_mod.ACTOR))
+
+    def bind(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("lumos does not implement Ray DAGs (.bind)")
+
+    def _remote(self, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any]) -> "ActorHandle":
+        cw = worker_context.require_or_init()
+        o = opts_mod.resolved(options, opts_mod.ACTOR)
+        cls = self._cls
+        if self._pickled is None:
+            try:
+                self._pickled = ser.dumps_code(cls)
+            except Exception as e:
+                raise TypeError(f"actor class {cls.__qualname__} cannot be pickled: {e}") from None
+        name = o["name"]
+        if o["get_if_exists"] and not name:
+            raise ValueError("get_if_exists=True needs a name=...")
+        if name is not None and not name:
+            raise ValueError("an actor name must be a non-empty string")
+        namespace = o["namespace"] if o["namespace"] is not None else _current_namespace(cw)
+        detached = o["lifetime"] == "detached"
+        max_task_retries = o["max_task_retries"] or 0
+        qualname = f"{cls.__module__}.{cls.__qualname__}"
+        template = TaskTemplate(
+            function_id_of(self._pickled), qualname, f"{cls.__name__}.__init__", 1,
+            opts_mod.resource_request(o, opts_mod.ACTOR), 0, 0, None, opts_mod.strategy_of(o), kind=1,
+            pickled_function=self._pickled)
+        max_pending = o["max_pending_calls"] if o["max_pending_calls"] is not None else -1
+        meta = {"methods": self._methods, "max_task_retries": max_task_retries, "class_name": cls.__name__,
+                "max_pending_calls": max_pending}
+        actor_options = {
+            "name": name or "", "namespace": namespace, "detached": detached,
+            "max_restarts": o["max_restarts"] or 0, "get_if_exists": bool(o["get_if_exists"]),
+            "max_concurrency": o["max_concurrency"], "checkpoint_interval": o["checkpoint_interval"],
+            "class_name": cls.__name__, "handle_meta": pickle.dumps(meta),
+        }
+        actor_id = random_id(16)
+        info = cw.create_actor(template, args, kwargs, actor_id, actor_options)
+        if info.actor_id != actor_id:
+            return _handle_from_info(info)
+        owned = not detached and not name
+        return ActorHandle(actor_id, cls.__name__, self._methods, max_task_retries, owned, max_pending)
+
+
+class _ActorClassOptions:
+    def __init__(self, actor_class: ActorClass, options: dict[str, Any]) -> None:
+        self._actor_class = actor_class
+        self._options = options
+
+    def remote(self, *args: Any, **kwargs: Any) -> "ActorHandle":
+        return self._actor_class._remote(args, kwargs, self._options)
+
+    def options(self, **options: Any) -> "_ActorClassOptions":
+        return _ActorClassOptions(self._actor_class, opts_mod.merged(self._options, options, opts_mod.ACTOR))
+
+
+def _current_namespace(cw: Any) -> str:
+    return cw.namespace or f"anonymous-{cw.job_id.hex()}"
+
+
+class ActorHandle:
+    """A reference to an actor: ``handle.method.remote(...)`` calls it.
+
+    Handles pickle: pass them to tasks and other actors.
+    """
+
+    def __init__(self, actor_id: bytes, class_name: str, methods: dict[str, dict[str, Any]],
+                 max_task_retries: int, owned: bool = False, max_pending_calls: int = -1) -> None:
+        self._actor_id = actor_id
+        self._class_name = class_name
+        self._methods = methods
+        self._max_task_retries = max_task_retries
+        self._seq = itertools.count()
+        #: This is the creating process's handle; the actor ends when it is collected
+        #: (unless a copy was sent elsewhere).
+        self._owned = owned
+        self._escaped = False
+        self._templates: dict[Any, TaskTemplate] = {}
+        self._max_pending_calls = max_pending_calls
+
+    def __getattr__(self, name: str) -> "ActorMethod":
+        if name.startswith("_") and name not in self._methods and name not in ("__lumos_terminate__",
+                                                                                  "__ray_terminate__"):
+            raise AttributeError(name)
+        if name not in self._methods and name not in ("__lumos_terminate__", "__ray_terminate__"):
+            raise AttributeError(f"actor {self._class_name} has no method {name!r}")
+        # Not cached on the handle: a cycle would keep the handle (and its actor) alive.
+        return ActorMethod(self, name, self._methods.get(name, {}))
+
+    def __repr__(self) -> str:
+        return f"ActorHandle({self._class_name}, {self._actor_id.hex()[:16]})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ActorHandle) and other._actor_id == self._actor_id
+
+    def __hash__(self) -> int:
+        return hash(self._actor_id)
+
+    def __reduce__(self) -> Any:
+        self._escaped = True
+        return (_rebuild_handle, (self._actor_id, self._class_name, self._methods, self._max_task_retries,
+                                  self._max_pending_calls))
+
+    def __del__(self) -> None:
+        if not self._owned or self._escaped:
+            return
+        cw = worker_context.core_worker
+        if cw is None or cw._closed:
+            return
+        try:
+            cw._post(cw.actor_submitter.release_handle, self._actor_id)
+        except Exception:
+            pass
+
+    @property
+    def _actor_id_hex(self) -> str:
+        return self._actor_id.hex()
+
+    def _submit(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                options: dict[str, Any]) -> Any:
+        cw = worker_context.require()
+        limit = self._max_pending_calls
+        if limit > 0 and not cw.actor_submitter.reserve_call(self._actor_id, limit):
+            raise exc.PendingCallsLimitExceeded(
+                f"actor {self._class_name} has {limit} calls pending (max_pending_calls={limit})")
+        template = self._templates_get(name, options)
+        refs = cw.submit_task(template, args, kwargs, (self._actor_id, next(self._seq), cw.worker_id, None))
+        n = template.num_returns
+        if n == 1:
+            return refs[0]
+        if n == 0:
+            return None
+        return refs
+
+    def _templates_get(self, name: str, options: dict[str, Any]) -> TaskTemplate:
+        key = (name, repr(sorted(options.items()))) if options else name
+        cache = self._templates
+        t = cache.get(key)
+        if t is None:
+            n = options.get("num_returns", 1)
+            retries = options.get("max_task_retries", self._max_task_retries)
+            t = TaskTemplate(b"", name, options.get("name") or f"{self._class_name}.{name}", n, {}, retries,
+                             0, None, None, kind=2)
+            cache[key] = t
+        return t
+
+
+def _rebuild_handle(actor_id: bytes, class_name: str, methods: dict[str, dict[str, Any]],
+                    max_task_retries: int, max_pending_calls: int = -1) -> ActorHandle:
+    return ActorHandle(actor_id, class_name, methods, max_task_retries, False, max_pending_calls)
+
+
+def _handle_from_info(info: Any) -> ActorHandle:
+    meta = pickle.loads(info.handle_meta) if info.handle_meta else {}
+    return ActorHandle(info.actor_id, meta.get("class_name", info.class_name), meta.get("methods", {}),
+                       meta.get("max_task_retries", 0), False, meta.get("max_pending_calls", -1))
+
+
+class ActorMethod:
+    """``handle.method``: ``.remote(...)`` submits a call; ``.options(num_returns=...)``."""
+
+    __slots__ = ("_handle", "_name", "_options")
+
+    def __init__(self, handle: ActorHandle, name: str, options: dict[str, Any]) -> None:
+        self._handle = handle
+        self._name = name
+        self._options = options
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self._handle._submit(self._name, args, kwargs, self._options)
+
+    def options(self, **options: Any) -> "ActorMethod":
+        unknown = set(options) - _METHOD_OPTIONS
+        if unknown:
+            raise ValueError(f"invalid option(s) {sorted(unknown)} for an actor method")
+        merged = dict(self._options)
+        merged.update(options)
+        return ActorMethod(self._handle, self._name, merged)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"actor methods cannot be called directly; use "
+                        f"handle.{self._name}.remote(...) instead of handle.{self._name}(...)")
+
+    def __repr__(self) -> str:
+        return f"<actor method {self._handle._class_name}.{self._name}>"
+
+
+def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
+    """The handle of the named actor ``name`` (in ``namespace``, default: this job's).
+
+    Raises:
+        ValueError: no live actor has that name there.
+    """
+    from lumos._private.protocol import messages as m
+    if not isinstance(name, str) or not name:
+        raise TypeError("get_actor() needs the actor's name as a non-empty string")
+    cw = worker_context.require()
+    ns = namespace if namespace is not None else _current_namespace(cw)
+    info = cw.call_gcs(m.GetNamedActor(name, ns))
+    if info is None or info.state == "DEAD":
+        raise ValueError(f"no actor named {name!r} in namespace {ns!r}")
+    cw._post(cw.actor_submitter.track, info.actor_id, info)
+    return _handle_from_info(info)
+
+
+def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
+    """Kill an actor now. Calls in flight and later calls raise ``ActorDiedError``.
+
+    With ``no_restart=False`` the actor is restarted if its ``max_restarts`` allows.
+    """
+    from lumos._private.protocol import messages as m
+    if not isinstance(actor, ActorHandle):
+        raise TypeError(f"lumos.kill() takes an actor handle, not {type(actor).__name__}"
+                        + ("; use lumos.cancel() for tasks" if isinstance(actor, ObjectRef) else ""))
+    cw = worker_context.require()
+    cw.call_gcs(m.KillActor(actor._actor_id, bool(no_restart), "killed by lumos.kill()"))
+
+
+__all__ = ["ActorClass", "ActorHandle", "ActorMethod", "method", "exit_actor", "get_actor", "kill",
+           "list_named_actors"]
+
+
+def list_named_actors(all_namespaces: bool = False) -> list[Any]:
+    """Names of live named actors in this job's namespace, or ``{"name", "namespace"}``
+    dicts for every namespace with ``all_namespaces=True`` (Ray's ``ray.util.list_named_actors``)."""
+    from lumos._private.protocol import messages as m
+    cw = worker_context.require()
+    infos = cw.call_gcs(m.ListActors(None))
+    live = [a for a in infos if a.name and a.state != "DEAD"]
+    if all_namespaces:
+        return [{"name": a.name, "namespace": a.namespace} for a in live]
+    ns = _current_namespace(cw)
+    return [a.name for a in live if a.namespace == ns]

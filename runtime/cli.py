@@ -1,0 +1,474 @@
+"""The ``lumos`` command: ``demo``, ``start``, ``stop``, ``status``.
+
+```
+lumos start --head [--port P] ...        GCS + raylet, detached; writes current_cluster.json
+lumos start --address H:P --token T      a raylet that joins the GCS at H:P
+lumos status [--address H:P --token T]   nodes, resources (available/total), dashboard
+lumos stop                               ends what `lumos start` started on this machine
+lumos demo                               a small parallel job on a private local cluster
+```
+Every node ``lumos start`` starts is recorded under ``/tmp/lumos_sessions/started/``
+(pids with their start times); ``lumos stop`` signals exactly those processes, never
+anything found by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any, Sequence
+
+DEFAULT_PORT = 6379
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except _CliError as e:
+        print(f"lumos {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+class _CliError(Exception):
+    """A failure the user can act on; printed without a traceback."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lumos", description="lumos cluster command line")
+    sub = p.add_subparsers(dest="command")
+
+    demo = sub.add_parser("demo", help="run a small parallel job on a private local cluster")
+    demo.add_argument("--num-cpus", type=float, default=None, help="CPUs of the private cluster")
+    demo.add_argument("--tasks", type=int, default=32, help="number of sampling tasks")
+    demo.set_defaults(func=cmd_demo)
+
+    start = sub.add_parser("start", help="start a head node, or a node that joins a cluster")
+    start.add_argument("--head", action="store_true", help="start the GCS and this node's raylet")
+    start.add_argument("--address", default=None, help="HOST:PORT of the head's GCS to join")
+    start.add_argument("--token", default=None, help="the cluster token (printed by `lumos start --head`)")
+    start.add_argument("--port", type=int, default=DEFAULT_PORT, help="GCS port of a head node (0: any free)")
+    start.add_argument("--node-ip-address", default="127.0.0.1",
+                       help="address this node listens on and advertises (default 127.0.0.1)")
+    start.add_argument("--num-cpus", type=float, default=None)
+    start.add_argument("--num-gpus", type=float, default=None)
+    start.add_argument("--memory", type=int, default=None)
+    start.add_argument("--resources", default=None, help='custom resources as JSON, e.g. \'{"TPU": 4}\'')
+    start.add_argument("--labels", default=None, help="node labels as JSON")
+    start.add_argument("--object-store-memory", type=int, default=None, help="store capacity in bytes")
+    start.add_argument("--include-dashboard", dest="no_dashboard", action="store_false", default=None)
+    start.add_argument("--no-dashboard", dest="no_dashboard", action="store_true")
+    start.add_argument("--dashboard-host", default="127.0.0.1")
+    start.add_argument("--dashboard-port", type=int, default=8265)
+    start.add_argument("--gcs-storage", default="memory", help="GCS storage: memory or redis://...")
+    start.add_argument("--system-config", default=None, help="JSON overrides of lumos Config fields")
+    start.add_argument("--block", action="store_true", help="stay in the foreground; Ctrl-C stops the node")
+    start.set_defaults(func=cmd_start)
+
+    stop = sub.add_parser("stop", help="stop the lumos processes `lumos start` started on this machine")
+    stop.add_argument("--grace-period", type=float, default=5.0, help="seconds before SIGKILL")
+    stop.set_defaults(func=cmd_stop)
+
+    status = sub.add_parser("status", help="nodes of the cluster and their resources")
+    status.add_argument("--address", default=None, help="HOST:PORT of the GCS (default: this machine's)")
+    status.add_argument("--token", default=None)
+    status.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    status.set_defaults(func=cmd_status)
+    return p
+
+
+# ----------------------------------------------------------------------------- demo
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import random
+
+    import lumos
+
+    if args.tasks < 1:
+        raise _CliError("--tasks must be at least 1")
+
+    @lumos.remote
+    def sample(n: int, seed: int) -> int:
+        rng = random.Random(seed)
+        return sum(1 for _ in range(n) if rng.random() ** 2 + rng.random() ** 2 <= 1.0)
+
+    @lumos.remote
+    def total(*counts: int) -> int:
+        return sum(counts)
+
+    per_task = 50_000
+    t0 = time.perf_counter()
+    lumos.init(num_cpus=args.num_cpus, include_dashboard=False)
+    try:
+        t1 = time.perf_counter()
+        refs = [sample.remote(per_task, seed) for seed in range(args.tasks)]
+        inside = lumos.get(total.remote(*refs), timeout=120)
+        t2 = time.perf_counter()
+        cpus = lumos.cluster_resources().get("CPU", 0)
+    finally:
+        lumos.shutdown()
+    t3 = time.perf_counter()
+    samples = per_task * args.tasks
+    print(f"pi ~= {4 * inside / samples:.5f}  ({samples:,} random points)")
+    print(f"tasks run: {args.tasks + 1} ({args.tasks} sampling tasks + 1 reduce) on {cpus:g} CPUs")
+    print(f"wall time: {t2 - t1:.3f} s for the tasks, {t3 - t0:.3f} s including cluster start and stop")
+    return 0
+
+
+# ----------------------------------------------------------------------------- start
+
+
+def _json_arg(text: str | None, what: str) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise _CliError(f"{what} is not valid JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise _CliError(f"{what} must be a JSON object, got {text!r}")
+    return value
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    from lumos._private.config import Config
+    from lumos._private.node import (CURRENT_CLUSTER, NodeProcesses, default_store_bytes, new_session_dir,
+                                     node_resources, process_identity, record_started_node)
+    from lumos._private.protocol import auth
+
+    if args.head == bool(args.address):
+        raise _CliError("give either --head (start a new cluster) or --address HOST:PORT (join one)")
+    resources = _json_arg(args.resources, "--resources")
+    for k, v in resources.items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+            raise _CliError(f"--resources: amount of {k!r} must be a number >= 0, got {v!r}")
+    labels = {str(k): str(v) for k, v in _json_arg(args.labels, "--labels").items()}
+    for name, value in (("--num-cpus", args.num_cpus), ("--num-gpus", args.num_gpus),
+                        ("--object-store-memory", args.object_store_memory), ("--memory", args.memory)):
+        if value is not None and value < 0:
+            raise _CliError(f"{name} must be >= 0, got {value}")
+    try:
+        config = Config.resolve(_json_arg(args.system_config, "--system-config"))
+        res = node_resources(args.num_cpus, args.num_gpus, resources, args.memory)
+    except (ValueError, TypeError) as e:
+        raise _CliError(str(e)) from None
+    ip = args.node_ip_address
+    res[f"node:{ip}"] = 1.0
+
+    if args.head:
+        existing = _live_head()
+        if existing is not None:
+            raise _CliError(f"a lumos cluster started here is already running at {existing['gcs_address']}; "
+                            "run `lumos stop` first")
+        token = auth.new_token().hex().encode()
+    else:
+        token_text = args.token or os.environ.get("LUMOS_CLUSTER_TOKEN")
+        if not token_text:
+            raise _CliError("joining a cluster needs its token: --token TOKEN (printed by `lumos start --head`)")
+        token = token_text.strip().encode()
+        from lumos._private.transport.connection import parse_address
+        try:
+            gcs = parse_address(args.address)
+        except ValueError as e:
+            raise _CliError(str(e)) from None
+        _check_gcs(config, token, gcs, args.address)
+
+    store = args.object_store_memory or config.object_store_memory or default_store_bytes()
+    session_dir = new_session_dir()
+    node = NodeProcesses(session_dir, config)
+    node.write_token(token)
+    dashboard_url = ""
+    try:
+        if args.head:
+            res["node:__internal_head__"] = 1.0
+            node.start_gcs_and_raylet(resources=res, store_bytes=store, host=ip, gcs_port=args.port,
+                                      private=False, storage=args.gcs_storage, labels=labels)
+            assert node.gcs_address is not None
+            gcs_address = f"{node.gcs_address[0]}:{node.gcs_address[1]}"
+            if not args.no_dashboard:
+                try:
+                    dashboard_url = _start_dashboard(args, node, gcs_address, token)
+                except Exception as e:  # the cluster is useful without its dashboard
+                    print(f"lumos: the dashboard did not start ({e}); continuing without it", file=sys.stderr)
+        else:
+            gcs_address = args.address
+            node.start_raylet(gcs_address, resources=res, store_bytes=store, host=ip, tie_to_parent=False,
+                              labels=labels)
+    except BaseException as e:
+        # Whatever went wrong, nothing this command started may outlive it unrecorded.
+        node.stop()
+        _remove_session(session_dir)
+        if isinstance(e, (RuntimeError, TimeoutError, OSError)):
+            raise _CliError(f"could not start the node: {e}") from None
+        raise
+    # Dashboard and raylet first, then the GCS.
+    processes = [process_identity(p.pid) for p in reversed(node.procs)]
+    record = {"node_id": node.node_id.hex(), "head": bool(args.head), "gcs_address": gcs_address,
+              "session_dir": session_dir, "token_path": node.token_path, "store_dir": node.store_dir,
+              "raylet_socket": node.raylet_socket, "processes": processes,
+              "pids": [p["pid"] for p in processes], "dashboard_url": dashboard_url,
+              "started": time.time()}
+    record_started_node(record)
+    if args.head or _live_head() is None:
+        # ``lumos.init(address="auto")`` on this machine reads this file (and the token file).
+        from lumos._private.process import write_private_file
+        write_private_file(CURRENT_CLUSTER, json.dumps(record, indent=1).encode())
+    _print_started(args, record, token.decode())
+    if args.block:
+        return _block(node, record)
+    return 0
+
+
+def _start_dashboard(args: argparse.Namespace, node: Any, gcs_address: str, token: bytes) -> str:
+    """Start the head's dashboard (outliving this command); returns its login URL, or "" on failure."""
+    from lumos._private.dashboard_process import DashboardStartError, start_dashboard
+    try:
+        proc, url = start_dashboard(node.session_dir, f"unix:{node.gcs_unix}", node.token_path,
+                                    args.dashboard_host, args.dashboard_port, private=False)
+    except (DashboardStartError, ValueError, OSError) as e:
+        print(f"lumos start: warning: the cluster runs without its dashboard: {e}", file=sys.stderr)
+        return ""
+    node.procs.append(proc)  # recorded with the others, so `lumos stop` ends it
+    return url
+
+
+def _print_started(args: argparse.Namespace, record: dict[str, Any], token: str) -> None:
+    addr = record["gcs_address"]
+    if args.head:
+        print(f"lumos head node started: GCS at {addr}, node {record['node_id'][:8]}")
+    else:
+        print(f"lumos node {record['node_id'][:8]} joined the cluster at {addr}")
+    print(f"  session directory: {record['session_dir']}")
+    if record.get("dashboard_url"):
+        print(f"  dashboard: {record['dashboard_url']}")
+    if args.head:
+        print("\nTo connect from Python on this machine:\n"
+              "    import lumos\n"
+              "    lumos.init(address=\"auto\")\n"
+              "\nTo join another node (run on that machine):\n"
+              f"    lumos start --address {addr} --token {token}\n"
+              "\nFrom a driver elsewhere (that machine must run a node):\n"
+              f"    lumos.init(address=\"{addr}\", _token=\"{token}\")   # or LUMOS_CLUSTER_TOKEN\n"
+              f"\nThe token is also in {record['token_path']}.")
+    print("Stop with `lumos stop`; inspect with `lumos status`.")
+
+
+def _block(node: Any, record: dict[str, Any]) -> int:
+    from lumos._private.node import STARTED_DIR, stop_recorded_node
+    stopping = False
+
+    def on_signal(signum: int, frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    while not stopping and all(p.poll() is None for p in node.procs if hasattr(p, "poll")):
+        time.sleep(0.2)
+    stop_recorded_node(record)
+    _forget(record, os.path.join(STARTED_DIR, f"{record['node_id']}.json"))
+    return 0
+
+
+def _live_head() -> dict[str, Any] | None:
+    from lumos._private.node import CURRENT_CLUSTER, recorded_alive
+    try:
+        with open(CURRENT_CLUSTER) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return record if recorded_alive(record) else None
+
+
+def _check_gcs(config: Any, token: bytes, gcs: Any, text: str) -> list[Any]:
+    """Ask the GCS for its nodes: proves it is reachable and accepts ``token``."""
+    try:
+        return _gcs_call(config, token, gcs, "GetAllNodes")
+    except ConnectionError as e:
+        raise _CliError(str(e)) from None
+
+
+def _gcs_call(config: Any, token: bytes, gcs: Any, what: str) -> Any:
+    from lumos._private.protocol import messages as m
+    from lumos._private.transport.connection import ConnectionLost, connect
+
+    async def ask() -> Any:
+        try:
+            conn = await connect(gcs, token=token, config=config, name="cli->gcs")
+        except ConnectionLost:
+            raise ConnectionError(f"the GCS at {_fmt(gcs)} refused the connection during authentication: "
+                                  "the cluster token is wrong (use the token `lumos start --head` printed)") from None
+        try:
+            return await conn.call(getattr(m, what)(), config.rpc_timeout_s)
+        finally:
+            conn.close()
+
+    try:
+        return asyncio.run(ask())
+    except (OSError, TimeoutError) as e:
+        if isinstance(e, ConnectionError) and "authentication" in str(e):
+            raise
+        raise ConnectionError(f"cannot reach the lumos GCS at {_fmt(gcs)}: {e or type(e).__name__}") from None
+
+
+def _fmt(gcs: Any) -> str:
+    return f"{gcs[0]}:{gcs[1]}" if isinstance(gcs, tuple) else f"unix:{gcs}"
+
+
+def _remove_session(session_dir: str) -> None:
+    import shutil
+    shutil.rmtree(session_dir, ignore_errors=True)
+
+
+def _forget(record: dict[str, Any], path: str) -> None:
+    from lumos._private.node import CURRENT_CLUSTER
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    try:
+        with open(CURRENT_CLUSTER) as f:
+            current = json.load(f)
+        if current.get("node_id") == record.get("node_id"):
+            os.unlink(CURRENT_CLUSTER)
+    except (OSError, ValueError):
+        pass
+
+
+# ----------------------------------------------------------------------------- stop
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from lumos._private.node import CURRENT_CLUSTER, started_nodes, stop_recorded_node
+    records = started_nodes()
+    if not records:
+        print("no lumos processes started by `lumos start` on this machine")
+        try:
+            os.unlink(CURRENT_CLUSTER)
+        except FileNotFoundError:
+            pass
+        return 0
+    # Worker nodes first, so they are not left reconnecting to a GCS that is going away.
+    records.sort(key=lambda pr: bool(pr[1].get("head")))
+    total = 0
+    for path, record in records:
+        pids = stop_recorded_node(record, args.grace_period)
+        total += len(pids)
+        _forget(record, path)
+        kind = "head node" if record.get("head") else "node"
+        print(f"stopped {kind} {str(record.get('node_id', '?'))[:8]} ({len(pids)} processes)")
+    try:
+        os.unlink(CURRENT_CLUSTER)
+    except FileNotFoundError:
+        pass
+    print(f"stopped {len(records)} node(s), {total} process(es)")
+    return 0
+
+
+# ----------------------------------------------------------------------------- status
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from lumos._private.config import Config
+    from lumos._private.node import CURRENT_CLUSTER
+    from lumos._private.transport.connection import parse_address
+
+    config = Config.resolve()
+    address, token_text, dashboard = args.address, args.token or os.environ.get("LUMOS_CLUSTER_TOKEN"), ""
+    current: dict[str, Any] = {}
+    try:
+        with open(CURRENT_CLUSTER) as f:
+            current = json.load(f)
+    except (OSError, ValueError):
+        pass
+    if address is None:
+        if not current:
+            raise _CliError("no lumos cluster was started on this machine; "
+                            "pass --address HOST:PORT --token TOKEN, or run `lumos start --head`")
+        address = current["gcs_address"]
+    if not token_text and current.get("gcs_address") == address:
+        try:
+            with open(current["token_path"], "rb") as f:
+                token_text = f.read().decode().strip()
+        except (OSError, KeyError):
+            pass
+    if not token_text:
+        raise _CliError(f"the cluster at {address} needs its token: --token TOKEN or LUMOS_CLUSTER_TOKEN")
+    try:
+        gcs = parse_address(address)
+    except ValueError as e:
+        raise _CliError(str(e)) from None
+    token = token_text.encode()
+    try:
+        nodes = _gcs_call(config, token, gcs, "GetAllNodes")
+        loads = {r.node_id: r for r in _gcs_call(config, token, gcs, "GetClusterStatus")}
+    except ConnectionError as e:
+        raise _CliError(str(e)) from None
+    dashboard = next((n.dashboard_url for n in nodes if n.dashboard_url), "") or current.get("dashboard_url", "")
+    if args.json:
+        print(json.dumps({"gcs_address": address, "dashboard_url": dashboard, "nodes": [
+            _node_json(n, loads.get(n.node_id)) for n in nodes]}, indent=1))
+        return 0
+    alive = [n for n in nodes if n.state == "ALIVE"]
+    print(f"lumos cluster at {address}: {len(alive)} node(s) alive, {len(nodes) - len(alive)} dead")
+    print(f"dashboard: {dashboard}" if dashboard else "dashboard: none")
+    total: dict[str, float] = {}
+    avail: dict[str, float] = {}
+    for n in nodes:
+        load = loads.get(n.node_id)
+        head = " (head)" if n.is_head else ""
+        print(f"\nnode {n.node_id.hex()[:12]}{head}  {n.state}  {n.address.host}:{n.address.port}  "
+              f"host {n.hostname}")
+        if n.state != "ALIVE":
+            print(f"  died: {n.death_reason}")
+            continue
+        avail_now = load.available if load else n.resources_total
+        for name, amount in sorted(n.resources_total.items()):
+            if name.startswith("node:"):
+                continue
+            free = avail_now.get(name, 0.0)
+            total[name] = total.get(name, 0.0) + amount
+            avail[name] = avail.get(name, 0.0) + free
+            print(f"  {name:<20} {_amount(name, free)} / {_amount(name, amount)} available")
+        if load is not None:
+            print(f"  {'object_store':<20} {load.store_used_bytes / 2**20:.1f} MiB used / "
+                  f"{load.store_capacity_bytes / 2**20:.1f} MiB")
+            print(f"  {'workers':<20} {load.num_workers}   queued lease requests: {load.queue_length}")
+            for shape in load.infeasible:
+                print(f"  infeasible request pending: {shape}")
+    if alive:
+        print("\ncluster total (available / total):")
+        for name in sorted(total):
+            print(f"  {name:<20} {_amount(name, avail[name])} / {_amount(name, total[name])}")
+    return 0
+
+
+def _amount(name: str, value: float) -> str:
+    if name == "memory":
+        return f"{value / 2**30:.2f} GiB"
+    return f"{value:g}"
+
+
+def _node_json(n: Any, load: Any) -> dict[str, Any]:
+    return {"node_id": n.node_id.hex(), "state": n.state, "is_head": n.is_head,
+            "address": f"{n.address.host}:{n.address.port}", "hostname": n.hostname,
+            "resources_total": dict(n.resources_total),
+            "resources_available": dict(load.available) if load else {},
+            "queue_length": load.queue_length if load else 0,
+            "death_reason": n.death_reason, "dashboard_url": n.dashboard_url}
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())

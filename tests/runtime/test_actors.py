@@ -1,0 +1,521 @@
+"""Actors: creation, ordering, names, kill and exit, restarts, concurrency, pools, events."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+import lumos
+from lumos.exceptions import ActorDiedError, TaskError
+from lumos.util import ActorPool
+
+from tests.conftest import wait_for
+
+
+@lumos.remote
+class Counter:
+    def __init__(self, start: int = 0) -> None:
+        self.n = start
+
+    def incr(self, by: int = 1) -> int:
+        self.n += by
+        return self.n
+
+    def value(self) -> int:
+        return self.n
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def fail(self) -> None:
+        raise KeyError("boom")
+
+    def die(self) -> None:
+        os._exit(3)
+
+    @lumos.method(num_returns=2)
+    def pair(self) -> tuple[int, int]:
+        return self.n, -self.n
+
+
+@lumos.remote
+class Log:
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def add(self, i: int) -> None:
+        self.seen.append(i)
+
+    def get(self) -> list[int]:
+        return self.seen
+
+
+class InitError(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------- basics
+
+
+def test_create_call_and_options(cluster: lumos.LumosContext) -> None:
+    c = Counter.remote(10)
+    assert isinstance(c, lumos.ActorHandle)
+    assert lumos.get(c.incr.remote()) == 11
+    assert lumos.get(c.incr.remote(by=5)) == 16
+    a, b = c.pair.remote()
+    assert lumos.get([a, b]) == [16, -16]
+    assert lumos.get(c.pair.options(num_returns=1).remote()) == (16, -16)
+    c2 = Counter.options(num_cpus=0.5, name=None).remote()
+    assert lumos.get(c2.value.remote()) == 0
+
+
+def test_misuse_gives_clear_errors(cluster: lumos.LumosContext) -> None:
+    with pytest.raises(TypeError, match="cannot be instantiated directly"):
+        Counter()
+    c = Counter.remote()
+    with pytest.raises(TypeError, match="cannot be called directly"):
+        c.incr()
+    with pytest.raises(AttributeError, match="no method 'nope'"):
+        c.nope.remote()
+    with pytest.raises(ValueError, match="invalid option"):
+        Counter.options(num_returns=2)
+    with pytest.raises(TypeError, match="actor handle"):
+        lumos.kill("not a handle")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="get_if_exists"):
+        Counter.options(get_if_exists=True).remote()
+
+
+def test_calls_from_one_caller_run_in_order(cluster: lumos.LumosContext) -> None:
+    log = Log.remote()
+    n = 3000
+    for i in range(n):
+        log.add.remote(i)
+    assert lumos.get(log.get.remote()) == list(range(n))
+
+
+def test_order_kept_when_an_earlier_call_waits_for_its_argument(cluster: lumos.LumosContext) -> None:
+    @lumos.remote
+    def slow(x: int) -> int:
+        time.sleep(0.3)
+        return x
+
+    log = Log.remote()
+    log.add.remote(slow.remote(0))
+    log.add.remote(1)
+    assert lumos.get(log.get.remote()) == [0, 1]
+
+
+def test_handles_work_in_tasks_and_other_actors(cluster: lumos.LumosContext) -> None:
+    c = Counter.remote()
+
+    @lumos.remote
+    def bump(handle: lumos.ActorHandle, times: int) -> int:
+        return lumos.get([handle.incr.remote() for _ in range(times)])[-1]
+
+    @lumos.remote
+    class Forwarder:
+        def __init__(self, target: lumos.ActorHandle) -> None:
+            self.target = target
+
+        def go(self) -> int:
+            return lumos.get(self.target.incr.remote(100))
+
+    assert lumos.get(bump.remote(c, 3)) == 3
+    f = Forwarder.remote(c)
+    assert lumos.get(f.go.remote()) == 103
+    assert lumos.get(c.value.remote()) == 103
+
+
+def test_refs_as_arguments_and_large_values(cluster: lumos.LumosContext) -> None:
+    import numpy as np
+
+    @lumos.remote
+    class Holder:
+        def __init__(self, arr: np.ndarray) -> None:
+            self.arr = arr
+
+        def total(self, extra: np.ndarray) -> float:
+            return float(self.arr.sum() + extra.sum())
+
+        def big(self) -> np.ndarray:
+            return np.ones(1_000_000)
+
+    arr = np.ones(500_000)
+    h = Holder.remote(lumos.put(arr))
+    assert lumos.get(h.total.remote(arr)) == 1_000_000.0
+    assert lumos.get(h.big.remote()).sum() == 1_000_000
+
+
+# --------------------------------------------------------------------------- names
+
+
+def test_named_actors(cluster: lumos.LumosContext) -> None:
+    a = Counter.options(name="shared-counter").remote(5)
+    b = lumos.get_actor("shared-counter")
+    assert lumos.get(b.incr.remote()) == 6
+    assert lumos.get(a.value.remote()) == 6
+    with pytest.raises(ValueError, match="already exists"):
+        Counter.options(name="shared-counter").remote()
+    assert "shared-counter" in lumos.util.list_named_actors()
+    same = Counter.options(name="shared-counter", get_if_exists=True).remote(100)
+    assert lumos.get(same.value.remote()) == 6
+    with pytest.raises(ValueError, match="no actor named 'missing'"):
+        lumos.get_actor("missing")
+    other = Counter.options(name="shared-counter", namespace="elsewhere").remote(1)
+    assert lumos.get(lumos.get_actor("shared-counter", namespace="elsewhere").value.remote()) == 1
+    assert {"name": "shared-counter", "namespace": "elsewhere"} in lumos.util.list_named_actors(all_namespaces=True)
+    lumos.kill(other)
+    lumos.kill(a)
+    with pytest.raises(ValueError):
+        wait_for(lambda: not _named_exists("shared-counter"), 5)
+        lumos.get_actor("shared-counter")
+
+
+def _named_exists(name: str) -> bool:
+    try:
+        lumos.get_actor(name)
+        return True
+    except ValueError:
+        return False
+
+
+# --------------------------------------------------------------------------- kill, exit
+
+
+def test_kill_fails_pending_and_later_calls(cluster: lumos.LumosContext) -> None:
+    c = Counter.remote()
+    pid = lumos.get(c.pid.remote())
+    lumos.kill(c)
+    with pytest.raises(ActorDiedError, match="killed by lumos.kill"):
+        lumos.get(c.incr.remote(), timeout=10)
+    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10)
+
+
+def test_kill_with_restart_restarts(cluster: lumos.LumosContext) -> None:
+    c = Counter.options(max_restarts=1).remote(7)
+    pid = lumos.get(c.pid.remote())
+    lumos.kill(c, no_restart=False)
+    new_pid = wait_for(lambda: _pid_or_none(c, pid), 15)
+    assert new_pid != pid
+    assert lumos.get(c.value.remote()) == 7  # constructor re-ran
+
+
+def _pid_or_none(c: lumos.ActorHandle, old: int) -> int | None:
+    try:
+        p = lumos.get(c.pid.remote(), timeout=5)
+    except ActorDiedError:
+        return None
+    return p if p != old else None
+
+
+def test_exit_actor(cluster: lumos.LumosContext) -> None:
+    @lumos.remote
+    class Quitter:
+        def bye(self) -> None:
+            lumos.actor.exit_actor()
+
+        def ping(self) -> str:
+            return "pong"
+
+    q = Quitter.options(max_restarts=3).remote()
+    assert lumos.get(q.ping.remote()) == "pong"
+    with pytest.raises(ActorDiedError, match="exit_actor"):
+        lumos.get(q.bye.remote(), timeout=10)
+    with pytest.raises(ActorDiedError, match="exit_actor"):
+        lumos.get(q.ping.remote(), timeout=10)
+    with pytest.raises(TypeError, match="inside an actor"):
+        lumos.actor.exit_actor()
+
+    t = Quitter.remote()
+    assert lumos.get(t.ping.remote()) == "pong"
+    t.__ray_terminate__.remote()
+    with pytest.raises(ActorDiedError):
+        lumos.get(t.ping.remote(), timeout=10)
+
+
+def test_actor_ends_when_its_handles_go_out_of_scope(cluster: lumos.LumosContext) -> None:
+    c = Counter.remote()
+    pid = lumos.get(c.pid.remote())
+    ref = c.incr.remote()
+    del c
+    assert lumos.get(ref) == 1  # calls already submitted still run
+    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10)
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def test_exception_in_method_fails_only_that_call(cluster: lumos.LumosContext) -> None:
+    c = Counter.remote()
+    with pytest.raises(KeyError) as info:
+        lumos.get(c.fail.remote())
+    assert isinstance(info.value, TaskError)
+    assert "boom" in str(info.value) and ", in fail" in str(info.value)
+    assert lumos.get(c.incr.remote()) == 1
+
+
+def test_exception_in_init_makes_every_call_raise_it(cluster: lumos.LumosContext) -> None:
+    @lumos.remote
+    class Broken:
+        def __init__(self) -> None:
+            raise InitError("bad config")
+
+        def f(self) -> int:
+            return 1
+
+    b = Broken.remote()
+    for _ in range(2):
+        with pytest.raises(InitError, match="bad config"):
+            lumos.get(b.f.remote(), timeout=10)
+
+
+def test_process_death_without_restarts_is_actor_died(cluster: lumos.LumosContext) -> None:
+    c = Counter.remote()
+    lumos.get(c.incr.remote())
+    with pytest.raises(ActorDiedError, match="died"):
+        lumos.get(c.die.remote(), timeout=15)
+    with pytest.raises(ActorDiedError, match="max_restarts=0"):
+        lumos.get(c.incr.remote(), timeout=15)
+
+
+def test_restart_reruns_init_and_retries_calls(cluster: lumos.LumosContext) -> None:
+    c = Counter.options(max_restarts=2, max_task_retries=0).remote(1)
+    pid = lumos.get(c.pid.remote())
+    with pytest.raises(ActorDiedError):
+        lumos.get(c.die.remote(), timeout=15)  # in flight at the crash, no retries
+    assert lumos.get(c.incr.remote(), timeout=15) == 2  # queued behind it: runs on the new instance
+    assert lumos.get(c.pid.remote()) != pid
+
+    r = Counter.options(max_restarts=1, max_task_retries=1).remote()
+    first = lumos.get(r.pid.remote())
+    os.kill(first, signal.SIGKILL)
+    assert lumos.get(r.pid.remote(), timeout=15) != first  # retried on the restarted actor
+    os.kill(lumos.get(r.pid.remote()), signal.SIGKILL)
+    with pytest.raises(ActorDiedError, match="restarted 1 times"):
+        lumos.get([r.pid.remote() for _ in range(3)], timeout=15)
+
+
+def test_checkpointed_actor_loses_no_acknowledged_state(cluster: lumos.LumosContext) -> None:
+    @lumos.remote(max_restarts=-1, max_task_retries=-1)
+    class Account:
+        def __init__(self) -> None:
+            self.balance = 0
+
+        def deposit(self, amount: int) -> int:
+            self.balance += amount
+            return self.balance
+
+        def pid(self) -> int:
+            return os.getpid()
+
+        def __lumos_checkpoint__(self) -> dict[str, int]:
+            return {"balance": self.balance}
+
+        def __lumos_restore__(self, state: dict[str, int]) -> None:
+            self.balance = state["balance"]
+
+    acct = Account.options(checkpoint_interval=4).remote()
+    acknowledged = 0
+    stop = threading.Event()
+    kills = []
+
+    def killer() -> None:
+        while not stop.is_set() and len(kills) < 3:
+            time.sleep(0.3)
+            try:
+                pid = lumos.get(acct.pid.remote(), timeout=10)
+                os.kill(pid, signal.SIGKILL)
+                kills.append(pid)
+            except (ProcessLookupError, ActorDiedError):
+                pass
+
+    th = threading.Thread(target=killer)
+    th.start()
+    try:
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            refs = [acct.deposit.remote(1) for _ in range(10)]
+            values = lumos.get(refs, timeout=30)
+            # at-least-once: a retried deposit may apply twice, never zero times
+            assert values[-1] >= acknowledged + 10, (values, acknowledged)
+            acknowledged = values[-1]
+    finally:
+        stop.set()
+        th.join()
+    assert len(kills) >= 2
+    assert lumos.get(acct.deposit.remote(0), timeout=30) >= acknowledged
+
+
+# --------------------------------------------------------------------------- concurrency
+
+
+def test_async_actor_runs_calls_concurrently(cluster: lumos.LumosContext) -> None:
+    @lumos.remote
+    class AsyncWorker:
+        def __init__(self) -> None:
+            self.running = 0
+            self.peak = 0
+
+        async def work(self, t: float) -> int:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+            await asyncio.sleep(t)
+            self.running -= 1
+            return self.peak
+
+        def peak_seen(self) -> int:
+            return self.peak
+
+    a = AsyncWorker.remote()
+    t0 = time.monotonic()
+    lumos.get([a.work.remote(0.5) for _ in range(20)])
+    assert time.monotonic() - t0 < 3.0
+    assert lumos.get(a.peak_seen.remote()) == 20
+
+    limited = AsyncWorker.options(max_concurrency=3).remote()
+    lumos.get([limited.work.remote(0.1) for _ in range(12)])
+    assert lumos.get(limited.peak_seen.remote()) == 3
+
+
+def test_threaded_actor(cluster: lumos.LumosContext) -> None:
+    @lumos.remote(max_concurrency=4)
+    class Threaded:
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+            self.running = 0
+            self.peak = 0
+
+        def work(self) -> None:
+            with self.lock:
+                self.running += 1
+                self.peak = max(self.peak, self.running)
+            time.sleep(0.3)
+            with self.lock:
+                self.running -= 1
+
+        def peak_seen(self) -> int:
+            return self.peak
+
+    t = Threaded.remote()
+    lumos.get([t.work.remote() for _ in range(8)])
+    assert lumos.get(t.peak_seen.remote()) == 4
+
+
+# --------------------------------------------------------------------------- pool, events
+
+
+def test_actor_pool(cluster: lumos.LumosContext) -> None:
+    @lumos.remote
+    class Doubler:
+        def double(self, v: int) -> int:
+            time.sleep(0.01 * (v % 3))
+            return 2 * v
+
+    pool = ActorPool([Doubler.remote() for _ in range(3)])
+    assert list(pool.map(lambda a, v: a.double.remote(v), range(10))) == [2 * v for v in range(10)]
+    assert sorted(pool.map_unordered(lambda a, v: a.double.remote(v), range(10))) == [2 * v for v in range(10)]
+    for v in range(5):
+        pool.submit(lambda a, v: a.double.remote(v), v)
+    assert [pool.get_next() for _ in range(5)] == [0, 2, 4, 6, 8]
+    assert not pool.has_next()
+    with pytest.raises(StopIteration):
+        pool.get_next()
+
+
+def test_task_events_for_actor_creation_and_calls(cluster: lumos.LumosContext) -> None:
+    c = Counter.remote()
+    refs = [c.incr.remote() for _ in range(3)]
+    lumos.get(refs)
+
+    def rows() -> list[dict]:
+        actor_hex = c._actor_id.hex()
+        found = [t for t in lumos.state.list_tasks() if t["actor_id"] == actor_hex]
+        done = [t for t in found if t["state"] == "FINISHED" and t["start_time"] and t["end_time"]]
+        return found if len(done) == 4 and len(found) == 4 else []
+
+    found = wait_for(rows, 10)
+    creation = [t for t in found if t["type"] == "ACTOR_CREATION_TASK"]
+    calls = [t for t in found if t["type"] == "ACTOR_TASK"]
+    assert len(creation) == 1 and len(calls) == 3
+    calls.sort(key=lambda t: t["submitted_time"])
+    assert calls[0]["prev_call_task_id"] is None
+    assert calls[1]["prev_call_task_id"] == calls[0]["task_id"]
+    assert calls[2]["prev_call_task_id"] == calls[1]["task_id"]
+    assert all(t["caller_id"] for t in calls)
+    assert all(t["start_time"] <= t["end_time"] for t in calls)
+
+
+def test_exit_actor_from_async_and_threaded_methods(cluster: lumos.LumosContext) -> None:
+    @lumos.remote
+    class AsyncQuitter:
+        async def bye(self) -> None:
+            lumos.actor.exit_actor()
+
+    @lumos.remote(max_concurrency=2)
+    class ThreadedQuitter:
+        def bye(self) -> None:
+            lumos.actor.exit_actor()
+
+    for cls in (AsyncQuitter, ThreadedQuitter):
+        q = cls.remote()
+        with pytest.raises(ActorDiedError, match="exit_actor"):
+            lumos.get(q.bye.remote(), timeout=10)
+
+
+def test_state_lists_actors(cluster: lumos.LumosContext) -> None:
+    c = Counter.options(name="listed").remote()
+    pid = lumos.get(c.pid.remote())
+    rows = [r for r in lumos.state.list_actors() if r["actor_id"] == c._actor_id.hex()]
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["state"] == "ALIVE" and row["class_name"] == "Counter" and row["name"] == "listed"
+    assert row["pid"] == pid and row["num_restarts"] == 0
+    lumos.kill(c)
+    dead = wait_for(lambda: [r for r in lumos.state.list_actors(filters=[("state", "=", "DEAD")])
+                             if r["actor_id"] == c._actor_id.hex()], 10)
+    assert "lumos.kill" in dead[0]["death_cause"]
+
+
+def test_max_pending_calls(cluster: lumos.LumosContext) -> None:
+    @lumos.remote(max_pending_calls=3)
+    class Slow:
+        def work(self) -> None:
+            time.sleep(0.3)
+
+    s = Slow.remote()
+    refs = [s.work.remote() for _ in range(3)]
+    with pytest.raises(lumos.exceptions.PendingCallsLimitExceeded, match="max_pending_calls=3"):
+        s.work.remote()
+    lumos.get(refs)
+    lumos.get(s.work.remote())  # room again once they are answered
+
+
+def test_actor_keeps_a_ref_it_was_passed_after_the_caller_drops_it(cluster: lumos.LumosContext) -> None:
+    import gc
+
+    import numpy as np
+
+    @lumos.remote
+    class Keeper:
+        def keep(self, box: list) -> None:
+            self.ref = box[0]  # a borrowed ref outlives the call
+
+        def total(self) -> float:
+            return float(lumos.get(self.ref).sum())
+
+    k = Keeper.remote()
+    ref = lumos.put(np.ones(1_000_000))
+    lumos.get(k.keep.remote([ref]))
+    del ref
+    gc.collect()
+    time.sleep(0.5)  # the driver's release would have freed it by now if the borrow were lost
+    assert lumos.get(k.total.remote(), timeout=20) == 1_000_000.0

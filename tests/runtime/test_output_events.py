@@ -1,0 +1,389 @@
+"""Worker output reaches the driver; task state changes reach the GCS task-event log;
+``lumos.state`` lists tasks, objects, workers and nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import lumos
+from lumos._private import worker_context
+from lumos._private.protocol import messages as m
+from lumos.exceptions import TaskError
+
+from ..conftest import TEST_CONFIG, wait_for
+
+# --------------------------------------------------------------------------- output to the driver
+
+_DRIVER = textwrap.dedent("""
+    import json, os, sys
+    import lumos
+
+    lumos.init(num_cpus=2, object_store_memory=128 * 1024 * 1024, _system_config=json.loads(sys.argv[1]),
+               log_to_driver=sys.argv[2] == "on")
+
+    @lumos.remote
+    def chatty(tag):
+        print(f"out-{tag} line one")
+        print(f"out-{tag} line two", flush=True)
+        sys.stderr.write(f"err-{tag} problem\\n")
+        return os.getpid()
+
+    pids = {
+        "plain": lumos.get(chatty.remote("plain"), timeout=60),
+        "named": lumos.get(chatty.options(name="custom_name").remote("named"), timeout=60),
+    }
+    print("DRIVER " + json.dumps(pids), flush=True)
+    sys.stdin.read()   # the test closes stdin once it has seen what it waits for
+    lumos.shutdown()
+""")
+
+
+class _Driver:
+    def __init__(self, log_to_driver: bool) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _DRIVER, json.dumps(TEST_CONFIG), "on" if log_to_driver else "off"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd=os.path.dirname(os.path.abspath(__file__)))
+        self.out = b""
+        self.err = b""
+
+    def read_until(self, predicate, timeout_s: float) -> None:
+        """Collect stdout/stderr until ``predicate(out, err)`` holds or the deadline passes."""
+        deadline = time.monotonic() + timeout_s
+        streams = {self.proc.stdout.fileno(): "out", self.proc.stderr.fileno(): "err"}
+        while not predicate(self.out.decode(), self.err.decode()) and time.monotonic() < deadline:
+            ready, _, _ = select.select(list(streams), [], [], 0.1)
+            for fd in ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    streams.pop(fd)
+                elif streams[fd] == "out":
+                    self.out += chunk
+                else:
+                    self.err += chunk
+            if not streams:
+                break
+
+    def finish(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        self.proc.stdin = None  # communicate() must not touch the closed pipe
+        try:
+            out, err = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate(timeout=10)
+        self.out += out
+        self.err += err
+
+
+def _pids(out: str) -> dict[str, int]:
+    for line in out.splitlines():
+        if line.startswith("DRIVER "):
+            # print() writes the text and the newline separately: a worker line printed by the
+            # driver's io thread may land between them, on the same line.
+            value, _ = json.JSONDecoder().raw_decode(line[len("DRIVER "):])
+            return value  # type: ignore[no-any-return]
+    return {}
+
+
+@pytest.mark.timeout(90)
+def test_worker_print_and_stderr_reach_the_driver_prefixed_with_task_and_pid():
+    d = _Driver(log_to_driver=True)
+    try:
+        def done(out: str, err: str) -> bool:
+            return bool(_pids(out)) and "out-named line two" in out and "err-named problem" in err \
+                and "out-plain line two" in out and "err-plain problem" in err
+        d.read_until(done, 60)
+    finally:
+        d.finish()
+    out, err = d.out.decode(), d.err.decode()
+    pids = _pids(out)
+    assert pids, f"driver failed:\n{out}\n{err}"
+    plain, named = pids["plain"], pids["named"]
+    seen = f"driver stdout:\n{out}\ndriver stderr:\n{err}"
+    assert f"(chatty pid={plain}) out-plain line one\n" in out, seen
+    assert f"(chatty pid={plain}) out-plain line two\n" in out, seen
+    assert f"(custom_name pid={named}) out-named line one\n" in out, seen
+    # stderr goes to the driver's stderr, as in Ray, with the same prefix.
+    assert f"(chatty pid={plain}) err-plain problem\n" in err, seen
+    assert f"(custom_name pid={named}) err-named problem\n" in err, seen
+    assert "err-plain" not in out and "out-plain" not in err, seen
+    assert d.proc.returncode == 0, seen
+
+
+@pytest.mark.timeout(90)
+def test_log_to_driver_false_keeps_worker_output_out_of_the_driver():
+    d = _Driver(log_to_driver=False)
+    try:
+        d.read_until(lambda out, err: bool(_pids(out)), 60)
+        time.sleep(1.0)  # give output that should not come a chance to arrive
+        d.read_until(lambda out, err: False, 0.5)
+    finally:
+        d.finish()
+    out, err = d.out.decode(), d.err.decode()
+    assert _pids(out), f"driver failed:\n{out}\n{err}"
+    assert "out-plain" not in out and "err-plain" not in err
+
+
+# --------------------------------------------------------------------------- task-event log
+
+
+@lumos.remote
+def add(x, y=0):
+    return x + y
+
+
+def _task(task_id: str) -> dict:
+    rows = [t for t in lumos.state.list_tasks() if t["task_id"] == task_id]
+    return rows[0] if rows else {}
+
+
+def _task_of(ref: lumos.ObjectRef, state: str = "FINISHED") -> dict:
+    def find():
+        for t in lumos.state.list_tasks():
+            # RUNNING comes in the worker's batch, which may arrive after the owner's.
+            if ref.hex() in t["return_object_ids"] and t["state"] == state and (
+                    t["start_time"] or state not in ("FINISHED", "FAILED")):
+                return t
+        return None
+    return wait_for(find, 10)
+
+
+def _states(row: dict) -> list[str]:
+    return [s for s, _, _ in row["events"]]
+
+
+def test_task_events_record_states_times_ids_node_and_worker(fresh_cluster):
+    ctx = fresh_cluster()
+
+    @lumos.remote
+    def where(x):
+        c = lumos.get_runtime_context()
+        return c.get_task_id(), c.get_worker_id()
+
+    arg = lumos.put(np.ones(200_000))  # by reference
+    ref = where.options(name="where_task").remote(arg)
+    task_id, worker_id = lumos.get(ref, timeout=30)
+    # FINISHED comes from the owner, RUNNING from the worker: wait for both batches.
+    row = wait_for(lambda: {"RUNNING", "FINISHED"} <= set(_states(_task(task_id) or {"events": []}))
+                   and _task(task_id), 10)
+    assert row["name"] == "where_task"
+    assert row["func_or_class_name"].endswith("where")
+    assert row["state"] == "FINISHED"
+    assert row["type"] == "NORMAL_TASK"
+    assert row["job_id"] == ctx.address_info["job_id"]
+    states = _states(row)
+    for s in ("SUBMITTED", "SCHEDULED", "RUNNING", "FINISHED"):
+        assert s in states, states
+    times = {s: t for s, t, _ in row["events"]}
+    assert times["SUBMITTED"] <= times["SCHEDULED"] <= times["RUNNING"] <= times["FINISHED"]
+    assert row["submitted_time"] <= row["start_time"] <= row["end_time"] <= time.time()
+    assert row["return_object_ids"] == [ref.hex()]
+    assert row["arg_object_ids"] == [arg.hex()]
+    assert row["node_id"] == ctx.address_info["node_id"]
+    assert row["worker_id"] == worker_id
+    assert row["attempt_number"] == 0 and row["retries"] == 0
+    assert row["error_message"] is None
+    assert row["required_resources"] == {"CPU": 1}
+
+
+def test_failed_task_event_carries_the_error(fresh_cluster):
+    fresh_cluster()
+
+    @lumos.remote
+    def boom():
+        raise KeyError("the-missing-key")
+
+    ref = boom.remote()
+    with pytest.raises(TaskError):
+        lumos.get(ref, timeout=30)
+    row = _task_of(ref, "FAILED")
+    assert "FAILED" in _states(row)
+    assert "the-missing-key" in (row["error_message"] or "")
+    assert row["end_time"] >= row["start_time"]
+
+
+def test_retried_task_events_show_each_attempt(fresh_cluster, tmp_path):
+    fresh_cluster()
+    marker = str(tmp_path / "died")
+
+    @lumos.remote(max_retries=2)
+    def flaky(path):
+        if not os.path.exists(path):
+            open(path, "w").close()
+            os._exit(1)
+        return "ok"
+
+    ref = flaky.remote(marker)
+    assert lumos.get(ref, timeout=60) == "ok"
+    _task_of(ref)
+    # The second attempt's RUNNING comes from its worker's next batch. (The first attempt's
+    # RUNNING was buffered in the worker that died, and is lost with it, as in Ray.)
+    row = wait_for(lambda: [t for t in lumos.state.list_tasks() if ref.hex() in t["return_object_ids"]
+                            and [1, "RUNNING"] in [[a, s] for s, _, a in t["events"]]], 10)[0]
+    assert row["retries"] == 1
+    assert row["attempt_number"] == 1
+    assert row["state"] == "FINISHED"
+    states = _states(row)
+    assert "RETRIED" in states and states.count("SCHEDULED") == 2
+    retried = [e for e in row["events"] if e[0] == "RETRIED"][0]
+    finished = [e for e in row["events"] if e[0] == "FINISHED"][0]
+    assert finished[2] == 1 and retried[1] <= finished[1]
+
+
+def test_cancelled_task_event(fresh_cluster):
+    fresh_cluster(num_cpus=1)
+
+    @lumos.remote
+    def block(t):
+        time.sleep(t)
+
+    first = block.remote(1.0)
+    queued = block.remote(0)
+    lumos.cancel(queued)
+    with pytest.raises(lumos.exceptions.TaskCancelledError):
+        lumos.get(queued, timeout=30)
+    _task_of(queued, "CANCELLED")
+    lumos.get(first, timeout=30)
+
+
+def test_nested_tasks_record_their_parent(fresh_cluster):
+    fresh_cluster()
+
+    @lumos.remote
+    def child(i):
+        return lumos.get_runtime_context().get_task_id()
+
+    @lumos.remote
+    def parent():
+        own = lumos.get_runtime_context().get_task_id()
+        return own, lumos.get([child.remote(i) for i in range(3)], timeout=30)
+
+    parent_ref = parent.remote()
+    parent_id, child_ids = lumos.get(parent_ref, timeout=60)
+    other = add.remote(1)
+    lumos.get(other, timeout=30)
+
+    def rows():
+        got = {t["task_id"]: t for t in lumos.state.list_tasks()}
+        return got if all(c in got for c in child_ids) and parent_id in got else None
+    got = wait_for(rows, 10)
+    for c in child_ids:
+        assert got[c]["parent_task_id"] == parent_id
+    # Tasks the driver submits share the driver's own task id as parent.
+    driver_parent = got[parent_id]["parent_task_id"]
+    assert driver_parent and driver_parent not in got
+    assert _task_of(other)["parent_task_id"] == driver_parent
+
+
+def test_task_events_are_buffered_and_sent_in_batches(fresh_cluster):
+    """Nothing is sent per state change: with a long flush interval the GCS has no record of
+    finished tasks until the process flushes, and then one flush carries all of them."""
+    fresh_cluster(_system_config={"task_event_flush_interval_ms": 60_000})
+    cw = worker_context.require()
+    refs = [add.remote(i) for i in range(30)]
+    assert lumos.get(refs, timeout=30) == list(range(30))
+    raw = cw.call_gcs(m.GetTasks(cw.job_id, 1000))
+    assert raw == [], "task events reached the GCS before a flush"
+    rows = lumos.state.list_tasks()  # flushes this process's buffer first
+    mine = {r for ref in refs for r in [ref.hex()]}
+    finished = [t for t in rows if set(t["return_object_ids"]) & mine and t["state"] == "FINISHED"]
+    assert len(finished) == 30
+
+
+# --------------------------------------------------------------------------- lumos.state
+
+
+def test_list_tasks_filters_and_limit(fresh_cluster):
+    fresh_cluster()
+
+    @lumos.remote
+    def bad():
+        raise ValueError("no")
+
+    failing = bad.remote()
+    with pytest.raises(ValueError):
+        lumos.get(failing, timeout=30)
+    lumos.get([add.remote(i) for i in range(20)], timeout=30)
+    wait_for(lambda: len(lumos.state.list_tasks(filters=[("state", "=", "FINISHED")])) == 20, 10)
+    failed = lumos.state.list_tasks(filters=[("state", "=", "FAILED")])
+    assert [t["return_object_ids"] for t in failed] == [[failing.hex()]]
+    # An older match is found even when many newer tasks exist and the limit is small.
+    assert [t["state"] for t in lumos.state.list_tasks(filters=[("state", "=", "FAILED")], limit=1)] == ["FAILED"]
+    assert len(lumos.state.list_tasks(filters=[("name", "=", "add")])) == 20
+    assert len(lumos.state.list_tasks(filters=[("state", "!=", "FINISHED")])) == 1
+    assert len(lumos.state.list_tasks(limit=5)) == 5
+    assert lumos.state.summarize_tasks() == {"add": {"FINISHED": 20}, "bad": {"FAILED": 1}}
+    row = lumos.state.list_tasks(limit=1)[0]
+    assert lumos.state.get_task(row["task_id"])["task_id"] == row["task_id"]
+    assert lumos.state.get_task("0" * 32) is None
+    with pytest.raises(ValueError, match="operator"):
+        lumos.state.list_tasks(filters=[("state", ">", "x")])
+    with pytest.raises(TypeError, match="filter"):
+        lumos.state.list_tasks(filters=["state=FAILED"])
+
+
+def test_list_objects_shows_owned_objects(fresh_cluster):
+    ctx = fresh_cluster()
+    small = lumos.put("tiny")
+    big = lumos.put(np.zeros(2_000_000))
+    rows = {r["object_id"]: r for r in lumos.state.list_objects()}
+    assert rows[small.hex()]["owned"] and not rows[small.hex()]["in_store"]
+    assert rows[big.hex()]["owned"] and rows[big.hex()]["in_store"]
+    assert rows[big.hex()]["size_bytes"] >= 16_000_000
+    assert rows[big.hex()]["node_id"] == ctx.address_info["node_id"]
+    assert rows[big.hex()]["state"] == "READY"
+    assert rows[big.hex()]["local_refs"] >= 1
+    me = lumos.get_runtime_context().get_worker_id()
+    assert rows[big.hex()]["owner_worker_id"] == me
+    only = lumos.state.list_objects(filters=[("object_id", "=", big.hex())])
+    assert [r["object_id"] for r in only] == [big.hex()]
+    # A value held by a running task's worker is reported by that worker too.
+    assert len(lumos.state.list_objects(limit=1)) == 1
+
+
+def test_list_workers_nodes_and_jobs(fresh_cluster):
+    ctx = fresh_cluster(num_cpus=2)
+    pids = set(lumos.get([_pid.remote() for _ in range(4)], timeout=30))
+    workers = lumos.state.list_workers()
+    drivers = lumos.state.list_workers(filters=[("is_driver", "=", True)])
+    assert [d["pid"] for d in drivers] == [os.getpid()]
+    alive = {w["pid"] for w in lumos.state.list_workers(filters=[("state", "=", "ALIVE")])
+             if not w["is_driver"]}
+    assert pids <= alive
+    for w in workers:
+        assert w["node_id"] == ctx.address_info["node_id"]
+    (node,) = lumos.state.list_nodes()
+    assert node["state"] == "ALIVE" and node["is_head_node"]
+    assert node["node_id"] == ctx.address_info["node_id"]
+    assert node["resources_total"]["CPU"] == 2
+    assert node["object_store_capacity_bytes"] > 0
+    assert lumos.state.list_nodes(filters=[("state", "=", "DEAD")]) == []
+    jobs = {j["job_id"]: j for j in lumos.state.list_jobs()}
+    assert jobs[ctx.address_info["job_id"]]["state"] == "RUNNING"
+    assert jobs[ctx.address_info["job_id"]]["driver_pid"] == os.getpid()
+
+
+def test_state_api_needs_init():
+    assert not lumos.is_initialized()
+    with pytest.raises(RuntimeError, match="init"):
+        lumos.state.list_tasks()
+
+
+@lumos.remote
+def _pid():
+    time.sleep(0.2)
+    return os.getpid()

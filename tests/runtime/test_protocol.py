@@ -1,0 +1,658 @@
+"""The wire protocol: frames, messages, and hostile peers on every listening socket.
+
+The first half tests ``protocol.framing`` and ``protocol.messages`` as pure code. The
+second half starts a private cluster, finds every socket its processes listen on (the
+GCS's TCP port and Unix socket, the raylet's, the driver's and each worker's core
+worker) and attacks each one with a tiny client written here on plain sockets: random
+bytes, oversized length prefixes, a wrong HMAC answer, silence, and malformed msgpack
+after a correct handshake. Each time the peer must be dropped, the drop logged in that
+process's log, every lumos process must keep running and the next task must work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import hmac
+import logging
+import os
+import random
+import socket
+import struct
+import time
+from typing import Any, Iterator
+
+import msgpack
+import psutil
+import pytest
+
+import lumos
+from lumos._private import worker_context
+from lumos._private.config import Config
+from lumos._private.protocol import auth
+from lumos._private.protocol import messages as m
+from lumos._private.protocol.framing import HEADER, FrameDecoder, ProtocolError, frame
+
+from ..conftest import check_no_leaks, lumos_children, start, wait_for
+
+# --------------------------------------------------------------------------- pure: framing
+
+
+def test_frame_is_little_endian_length_then_payload():
+    assert frame(b"abc") == b"\x03\x00\x00\x00abc"
+    assert frame(b"") == b"\x00\x00\x00\x00"
+
+
+def test_decoder_returns_whole_frames_in_order():
+    d = FrameDecoder(1024)
+    data = frame(b"one") + frame(b"") + frame(b"three")
+    assert d.feed(data) == [b"one", b"", b"three"]
+    assert d.buffered_bytes == 0
+
+
+def test_decoder_reassembles_frames_split_at_every_byte():
+    payloads = [b"a" * 10, b"", bytes(range(200)), b"xyz"]
+    data = b"".join(frame(p) for p in payloads)
+    for cut in range(len(data) + 1):
+        d = FrameDecoder(1024)
+        got = d.feed(data[:cut]) + d.feed(data[cut:])
+        assert got == payloads, cut
+    d = FrameDecoder(1024)
+    got = []
+    for i in range(len(data)):
+        got += d.feed(data[i:i + 1])
+    assert got == payloads
+    assert d.buffered_bytes == 0
+
+
+def test_decoder_keeps_incomplete_tail_buffered():
+    d = FrameDecoder(1024)
+    assert d.feed(frame(b"done") + HEADER.pack(5) + b"ab") == [b"done"]
+    assert d.buffered_bytes == 4 + 2
+    assert d.feed(b"cde") == [b"abcde"]
+
+
+def test_decoder_rejects_oversized_length_before_the_body_arrives():
+    d = FrameDecoder(100)
+    assert d.feed(frame(b"x" * 100)) == [b"x" * 100]  # exactly the limit is fine
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        d.feed(HEADER.pack(101))  # header only: rejected without waiting for 101 bytes
+    d = FrameDecoder(1024)
+    with pytest.raises(ProtocolError, match="4294967295"):
+        d.feed(b"\xff\xff\xff\xff")
+
+
+def test_decoder_rejects_oversized_frame_split_inside_the_header():
+    d = FrameDecoder(1024)
+    assert d.feed(b"\x00\x00") == []
+    with pytest.raises(ProtocolError):
+        d.feed(b"\x10\x00")  # 0x00100000 = 1 MiB > 1024
+
+
+def test_decoder_limit_can_be_raised_after_auth():
+    d = FrameDecoder(8)
+    d.max_frame_bytes = 1 << 20
+    assert d.feed(frame(b"y" * 5000)) == [b"y" * 5000]
+
+
+# --------------------------------------------------------------------------- pure: messages
+
+
+def _sample(tp: Any, name: str) -> Any:
+    """A non-default value of a message field's annotated type."""
+    t = str(tp)
+    if t.startswith("Address"):
+        return m.Address(b"n" * 16, b"w" * 16, "/tmp/x.sock", "127.0.0.1", 4242)
+    if t.startswith("bytes"):
+        return name.encode() + b"\x00\xff"
+    if t.startswith("str"):
+        return f"{name}-ü"
+    if t.startswith("int"):
+        return 7
+    if t.startswith("float"):
+        return 1.5
+    if t.startswith("bool"):
+        return True
+    if t.startswith("dict[str, float]"):
+        return {"CPU": 1.0, "GPU": 0.5}
+    if t.startswith("dict[str, str]"):
+        return {"zone": "a"}
+    if t.startswith("dict[bytes, int]"):
+        return {b"node": 12}
+    if t.startswith("dict[str, list"):
+        return {"GPU": [[0, 0.5]]}
+    if t.startswith("list[bytes]"):
+        return [b"a", b"b"]
+    if t.startswith("list[bool]"):
+        return [True, False]
+    if t.startswith("list[int]"):
+        return [1, 2]
+    if t.startswith("list[float]"):
+        return [0.5]
+    if t.startswith("list[dict"):
+        return [{"CPU": 2.0}]
+    if t.startswith("list[Dep]"):
+        return [m.Dep(b"o" * 16, _sample("Address", "owner"), b"inline", None)]
+    if t.startswith("list[ReturnObject]"):
+        return [m.ReturnObject(b"r" * 16, None, 10, b"n" * 16, [])]
+    if t.startswith("list[TaskEvent]"):
+        return [m.TaskEvent(b"t" * 16, 0, "RUNNING", 1.0, b"j" * 4)]
+    if t.startswith("TaskSpec"):
+        return _instance(m.TaskSpec)
+    if t.startswith("NodeInfo"):
+        return _instance(m.NodeInfo)
+    if t.startswith("WorkerInfo"):
+        return _instance(m.WorkerInfo)
+    if t.startswith("list"):
+        return [[b"id", "text", 3]]
+    return {"any": [1, "two", None, b"\x00"]}
+
+
+def _instance(cls: type) -> Any:
+    return cls(*[_sample(f.type, f.name) for f in dataclasses.fields(cls)])
+
+
+ALL_MESSAGES = sorted(m._REGISTRY.items())
+
+
+@pytest.mark.parametrize("code,cls", ALL_MESSAGES, ids=[c.__name__ for _, c in ALL_MESSAGES])
+def test_every_message_class_round_trips(code, cls):
+    msg = _instance(cls)
+    for kind in (m.REQUEST, m.NOTIFY):
+        k, rid, body = m.decode(m.encode(kind, 123456, msg))
+        assert (k, rid) == (kind, 123456)
+        assert type(body) is cls and body == msg
+    # Nested in a reply, and with every defaulted field left at its default.
+    required = [f for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    minimal = cls(*[_sample(f.type, f.name) for f in required])
+    assert m.decode(m.encode(m.REPLY, 1, [minimal, {"k": minimal}]))[2] == [minimal, {"k": minimal}]
+
+
+def test_message_codes_are_unique_and_in_range():
+    assert all(0 <= code <= 127 for code in m._REGISTRY)
+    assert len({c.__name__ for c in m._REGISTRY.values()}) == len(m._REGISTRY)
+    with pytest.raises(RuntimeError, match="used twice"):
+        m.message(1)(type("Clash", (), {"__annotations__": {"x": int}}))
+
+
+def test_encode_rejects_values_that_are_not_messages():
+    with pytest.raises(TypeError, match="cannot encode object"):
+        m.encode(m.REQUEST, 1, object())
+    # The failed pack must not poison the reused packer for the next message.
+    assert m.decode(m.encode(m.REQUEST, 2, m.GetAllNodes())) == (m.REQUEST, 2, m.GetAllNodes())
+
+
+def test_sets_travel_as_lists():
+    assert m.decode(m.encode(m.REPLY, 1, {1, 2}))[2] in ([1, 2], [2, 1])
+
+
+MALFORMED_PAYLOADS = {
+    "reserved_byte": b"\xc1",
+    "empty": b"",
+    "truncated_array": b"\x93\x00",
+    "trailing_garbage": msgpack.packb([0, 1, None]) + b"\x00",
+    "not_a_list": msgpack.packb({"kind": 0}),
+    "short_list": msgpack.packb([0, 1]),
+    "string_kind": msgpack.packb(["0", 1, None]),
+    "unknown_ext_code": msgpack.packb([0, 1, msgpack.ExtType(127, msgpack.packb([]))]),
+    "ext_fields_not_a_list": msgpack.packb([0, 1, msgpack.ExtType(m.Address._code, msgpack.packb(5))]),
+    "ext_wrong_arity": msgpack.packb([0, 1, msgpack.ExtType(m.GetAllNodes._code, msgpack.packb([1, 2, 3]))]),
+    "ext_garbage": msgpack.packb([0, 1, msgpack.ExtType(m.KvGet._code, b"\xc1\xc1")]),
+    "huge_declared_bin": b"\x93\x00\x01\xc6\xff\xff\xff\xff",
+    "deep_nesting": b"\x93\x00\x01" + b"\x91" * 200_000 + b"\xc0",
+    "random": random.Random(7).randbytes(512),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED_PAYLOADS))
+def test_decode_turns_any_malformed_frame_into_protocol_error(name):
+    with pytest.raises(ProtocolError):
+        m.decode(MALFORMED_PAYLOADS[name])
+
+
+def test_decode_survives_random_garbage():
+    rng = random.Random(1234)
+    for i in range(3000):
+        data = rng.randbytes(rng.randrange(1, 64))
+        try:
+            m.decode(data)
+        except ProtocolError:
+            pass
+        # Anything else (a msgpack exception type, RecursionError, ...) fails the test.
+
+
+def test_auth_answer_checks_token_and_length():
+    nonce = auth.new_nonce()
+    assert len(nonce) == auth.NONCE_BYTES and nonce != auth.new_nonce()
+    good = auth.answer(b"token-a", nonce)
+    assert auth.check(b"token-a", nonce, good)
+    assert not auth.check(b"token-b", nonce, good)
+    assert not auth.check(b"token-a", auth.new_nonce(), good)
+    assert not auth.check(b"token-a", nonce, good[:-1])
+    assert not auth.check(b"token-a", nonce, b"")
+
+
+# --------------------------------------------------------------------------- a raw client
+
+
+class RawPeer:
+    """A hand-written protocol client on a plain socket."""
+
+    def __init__(self, ep: "Endpoint") -> None:
+        if ep.transport == "unix":
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(5)
+            self.sock.connect(ep.address)
+        else:
+            self.sock = socket.create_connection(ep.address, timeout=5)
+        self.buf = b""
+
+    def __enter__(self) -> "RawPeer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.sock.close()
+
+    def _read(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError(f"closed after {len(self.buf)} bytes")
+            self.buf += chunk
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def recv_frame(self) -> bytes:
+        (n,) = HEADER.unpack(self._read(4))
+        return self._read(n)
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send_frame(self, payload: bytes) -> None:
+        self.send(frame(payload))
+
+    def read_nonce(self) -> bytes:
+        nonce = self.recv_frame()
+        assert len(nonce) == auth.NONCE_BYTES
+        return nonce
+
+    def handshake(self, token: bytes) -> None:
+        nonce = self.read_nonce()
+        self.send_frame(hmac.new(token, nonce, hashlib.sha256).digest())
+        assert self.recv_frame() == auth.OK
+
+    def call(self, msg: Any, rid: int = 1) -> tuple[int, int, Any]:
+        self.send_frame(m.encode(m.REQUEST, rid, msg))
+        return m.decode(self.recv_frame())
+
+    def expect_closed(self, timeout_s: float = 5.0) -> bytes:
+        """Wait for the server to close; return whatever it still sent first."""
+        self.sock.settimeout(0.2)
+        got = self.buf
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                chunk = self.sock.recv(65536)
+            except socket.timeout:
+                continue
+            except (ConnectionResetError, BrokenPipeError):
+                return got
+            if not chunk:
+                return got
+            got += chunk
+        raise AssertionError(f"the server did not drop the connection within {timeout_s}s")
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+@dataclasses.dataclass
+class Endpoint:
+    role: str          # gcs, raylet, driver, worker
+    transport: str     # unix, tcp
+    address: Any       # path or (host, port)
+    pid: int
+    log: str | None    # the process's log file (None: the driver, checked through caplog)
+
+    @property
+    def id(self) -> str:
+        return f"{self.role}-{self.transport}"
+
+
+#: A short handshake deadline so silent peers are dropped quickly.
+PROTOCOL_CONFIG = {"handshake_timeout_s": 1.0}
+
+
+@pytest.fixture(scope="class")
+def proto_cluster() -> Iterator[dict[str, Any]]:
+    ctx = start(num_cpus=2, _system_config=PROTOCOL_CONFIG)
+    session = ctx.address_info["session_dir"]
+    try:
+        assert lumos.get(echo.remote(0), timeout=30) == 0
+        wait_for(lambda: len(_workers()) >= 2, 60)
+        with open(os.path.join(session, "token"), "rb") as f:
+            token = f.read().strip()
+        yield {"ctx": ctx, "session": session, "token": token,
+               "pids": {p.pid for p in lumos_children()}}
+    finally:
+        lumos.shutdown()
+        check_no_leaks(session)
+
+
+@lumos.remote
+def echo(x):
+    return x
+
+
+def _workers() -> list[m.WorkerInfo]:
+    cw = worker_context.require()
+    return [w for w in cw.call_gcs(m.GetAllWorkers())
+            if w.state == "ALIVE" and not w.is_driver and psutil.pid_exists(w.pid)]
+
+
+def _pid_of(module: str) -> int:
+    (p,) = [p for p in lumos_children() if module in " ".join(p.cmdline())]
+    return p.pid
+
+
+def endpoints(session: str) -> list[Endpoint]:
+    """Every socket a lumos process of this cluster listens on, found from the GCS tables."""
+    cw = worker_context.require()
+    logs = os.path.join(session, "logs")
+    gcs_host, gcs_port = worker_context.context.address_info["gcs_address"].rsplit(":", 1)
+    gcs_pid = _pid_of("lumos._private.gcs.server")
+    (node,) = lumos.nodes()
+    raylet_pid = _pid_of("lumos._private.raylet.server")
+    raylet_log = os.path.join(logs, f"raylet-{node['NodeID'][:12]}.log")
+    out = [
+        Endpoint("gcs", "tcp", (gcs_host, int(gcs_port)), gcs_pid, os.path.join(logs, "gcs.log")),
+        Endpoint("gcs", "unix", os.path.join(session, "sockets", "gcs.sock"), gcs_pid,
+                 os.path.join(logs, "gcs.log")),
+        Endpoint("raylet", "unix", node["RayletSocketName"], raylet_pid, raylet_log),
+        Endpoint("raylet", "tcp", (node["NodeManagerAddress"], node["NodeManagerPort"]), raylet_pid, raylet_log),
+        Endpoint("driver", "unix", cw.address.unix_path, os.getpid(), None),
+        Endpoint("driver", "tcp", (cw.address.host, cw.address.port), os.getpid(), None),
+    ]
+    # The object manager's data channel: a raw (unframed) TCP protocol on another raylet port.
+    for c in psutil.Process(raylet_pid).net_connections(kind="inet"):
+        if c.status == psutil.CONN_LISTEN and c.laddr.port != node["NodeManagerPort"]:
+            out.append(Endpoint("raylet-data", "tcp", (c.laddr.ip, c.laddr.port), raylet_pid, raylet_log))
+    for i, w in enumerate(sorted(_workers(), key=lambda w: w.pid)):
+        log = os.path.join(logs, f"worker-{w.worker_id.hex()[:12]}.log")
+        out.append(Endpoint(f"worker{i}", "unix", w.address.unix_path, w.pid, log))
+        out.append(Endpoint(f"worker{i}", "tcp", (w.address.host, w.address.port), w.pid, log))
+    return out
+
+
+def _log_drops(ep: Endpoint, caplog: pytest.LogCaptureFixture) -> int:
+    if ep.log is None:
+        return sum(1 for r in caplog.records if "dropping connection" in r.getMessage())
+    try:
+        with open(ep.log, errors="replace") as f:
+            return f.read().count("dropping connection")
+    except FileNotFoundError:
+        return 0
+
+
+def _attack(name: str, peer: RawPeer, token: bytes) -> None:
+    """Do one hostile thing to ``peer``'s server."""
+    if name == "random_bytes":
+        peer.send(random.Random(11).randbytes(4096))
+    elif name == "random_bytes_before_the_nonce_is_read":
+        peer.send(random.Random(12).randbytes(64))
+    elif name == "random_frame_as_auth_answer":
+        peer.read_nonce()
+        peer.send_frame(random.Random(13).randbytes(auth.DIGEST_BYTES))
+    elif name == "oversized_length_before_auth":
+        peer.read_nonce()
+        peer.send(struct.pack("<I", 0xFFFFFFF0) + b"x" * 100)
+    elif name == "length_just_above_preauth_limit":
+        peer.read_nonce()
+        peer.send(struct.pack("<I", Config.max_preauth_frame_bytes + 1))
+    elif name == "wrong_token":
+        nonce = peer.read_nonce()
+        peer.send_frame(hmac.new(b"not-the-cluster-token", nonce, hashlib.sha256).digest())
+    elif name == "answer_for_another_nonce":
+        peer.read_nonce()
+        peer.send_frame(hmac.new(token, auth.new_nonce(), hashlib.sha256).digest())
+    elif name == "message_before_auth":
+        peer.read_nonce()
+        peer.send_frame(m.encode(m.REQUEST, 1, m.GetAllNodes()))
+    elif name == "silence":
+        peer.read_nonce()  # and then nothing: the handshake deadline drops us
+    elif name == "half_a_header":
+        peer.read_nonce()
+        peer.send(b"\x20\x00")
+    elif name == "oversized_length_after_auth":
+        peer.handshake(token)
+        peer.send(struct.pack("<I", 0xFFFFFFFF))
+    elif name.startswith("malformed:"):
+        peer.handshake(token)
+        peer.send_frame(MALFORMED_PAYLOADS[name.split(":", 1)[1]])
+    elif name == "unknown_frame_kind":
+        peer.handshake(token)
+        peer.send_frame(msgpack.packb([9, 1, None]))
+    elif name == "message_the_server_does_not_handle":
+        peer.handshake(token)
+        peer.send_frame(m.encode(m.REQUEST, 1, m.DropSlots([1])))  # only core-worker->raylet clients get it
+    else:
+        raise AssertionError(name)
+
+
+ATTACKS = [
+    "random_bytes", "random_bytes_before_the_nonce_is_read", "random_frame_as_auth_answer",
+    "oversized_length_before_auth", "length_just_above_preauth_limit", "wrong_token",
+    "answer_for_another_nonce", "message_before_auth", "silence", "half_a_header",
+    "oversized_length_after_auth", "unknown_frame_kind", "message_the_server_does_not_handle",
+] + [f"malformed:{k}" for k in sorted(MALFORMED_PAYLOADS) if k != "empty"]
+
+POST_AUTH = {a for a in ATTACKS if a.startswith("malformed:")} | {
+    "oversized_length_after_auth", "unknown_frame_kind", "message_the_server_does_not_handle"}
+
+ROLES = ["gcs-tcp", "gcs-unix", "raylet-unix", "raylet-tcp", "driver-unix", "driver-tcp",
+         "worker0-unix", "worker0-tcp", "worker1-unix", "worker1-tcp"]
+
+
+def _check_still_serving(proto_cluster: dict[str, Any], nonce: int) -> None:
+    gone = [pid for pid in proto_cluster["pids"] if not psutil.pid_exists(pid)
+            or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE]
+    assert not gone, f"lumos processes died: {gone}"
+    assert lumos.get(echo.remote(nonce), timeout=30) == nonce
+
+
+class TestHostilePeers:
+    """One cluster (class scope) attacked on every socket; torn down before other clusters start."""
+
+    def test_endpoints_cover_every_listening_socket(self, proto_cluster):
+        """No socket of the cluster escapes the attacks below."""
+        eps = endpoints(proto_cluster["session"])
+        assert {e.role for e in eps} >= {"gcs", "raylet", "raylet-data", "driver", "worker0", "worker1"}
+        unix = {e.address for e in eps if e.transport == "unix"}
+        files = set(glob.glob(os.path.join(proto_cluster["session"], "sockets", "*")))
+        assert files == unix, f"socket files nobody attacks: {files - unix}; missing: {unix - files}"
+        tcp = {(e.pid, e.address[1]) for e in eps if e.transport == "tcp"}
+        procs = [psutil.Process()] + [p for p in lumos_children() if "dashboard" not in " ".join(p.cmdline())]
+        listening = set()
+        for p in procs:
+            for c in p.net_connections(kind="inet"):
+                if c.status == psutil.CONN_LISTEN:
+                    listening.add((p.pid, c.laddr.port))
+                    assert c.laddr.ip == "127.0.0.1", f"pid {p.pid} listens on {c.laddr.ip}"
+        assert listening == tcp, f"TCP ports nobody attacks: {listening - tcp}"
+
+    @pytest.mark.parametrize("attack", ATTACKS)
+    @pytest.mark.parametrize("target", ROLES)
+    def test_hostile_peer_is_dropped_logged_and_cluster_keeps_working(self, proto_cluster, caplog, target, attack):
+        caplog.set_level(logging.WARNING)
+        (ep,) = [e for e in endpoints(proto_cluster["session"]) if e.id == target]
+        before = _log_drops(ep, caplog)
+        with RawPeer(ep) as peer:
+            _attack(attack, peer, proto_cluster["token"])
+            sent_back = peer.expect_closed()
+        if attack not in POST_AUTH:
+            assert auth.OK not in sent_back, "an unauthenticated peer was told ok"
+        wait_for(lambda: _log_drops(ep, caplog) > before, 5)
+        _check_still_serving(proto_cluster, hash((target, attack)) & 0xFFFF)
+
+    @pytest.mark.parametrize("target", ROLES)
+    def test_correct_handshake_is_accepted_on_every_socket(self, proto_cluster, target):
+        """The control for the attacks: the same client with the right token gets served."""
+        (ep,) = [e for e in endpoints(proto_cluster["session"]) if e.id == target]
+        probe = {"gcs": m.GetAllNodes(), "raylet": m.GetNodeStats()}.get(ep.role, m.GetCoreWorkerStats())
+        with RawPeer(ep) as peer:
+            peer.handshake(proto_cluster["token"])
+            kind, rid, body = peer.call(probe, rid=77)
+            assert (kind, rid) == (m.REPLY, 77)
+            assert body
+            # A request for an unknown id's reply is ignored; the connection stays usable.
+            peer.send_frame(m.encode(m.REPLY, 999, None))
+            kind, rid, _ = peer.call(probe, rid=78)
+            assert (kind, rid) == (m.REPLY, 78)
+
+    def test_many_concurrent_unauthenticated_peers_do_not_starve_the_cluster(self, proto_cluster):
+        eps = [e for e in endpoints(proto_cluster["session"]) if e.role in ("gcs", "raylet")]
+        peers = [RawPeer(e) for e in eps for _ in range(25)]
+        try:
+            for p in peers:
+                p.send(b"\x01")  # a started header, then silence
+            assert lumos.get([echo.remote(i) for i in range(20)], timeout=30) == list(range(20))
+            for p in peers:
+                p.expect_closed(10)
+        finally:
+            for p in peers:
+                p.sock.close()
+        _check_still_serving(proto_cluster, 5)
+
+
+class TestObjectTransferDataChannel:
+    """The raylet's data channel: nonce, HMAC answer, then ``[n][object id][offset, length]``
+    requests answered with a signed length and the bytes (no msgpack framing)."""
+
+    @staticmethod
+    def _ep(proto_cluster: dict[str, Any]) -> Endpoint:
+        (ep,) = [e for e in endpoints(proto_cluster["session"]) if e.role == "raylet-data"]
+        return ep
+
+    @staticmethod
+    def _auth(peer: RawPeer, token: bytes) -> None:
+        nonce = peer._read(auth.NONCE_BYTES)
+        peer.send(hmac.new(token, nonce, hashlib.sha256).digest())
+        assert peer._read(len(auth.OK)) == auth.OK
+
+    @staticmethod
+    def _request(peer: RawPeer, object_id: bytes, offset: int, length: int) -> bytes | None:
+        peer.send(bytes([len(object_id)]) + object_id + struct.pack("<QQ", offset, length))
+        (n,) = struct.unpack("<q", peer._read(8))
+        return None if n < 0 else peer._read(n)
+
+    def test_authenticated_reads_serve_store_bytes(self, proto_cluster):
+        import numpy as np
+        ref = lumos.put(np.arange(1_000_000, dtype=np.int64))
+        path = os.path.join(glob.glob(f"/dev/shm/lumos-{os.path.basename(proto_cluster['session'])}-*")[0],
+                            ref.hex())
+        with open(path, "rb") as f:
+            content = f.read()
+        with RawPeer(self._ep(proto_cluster)) as peer:
+            self._auth(peer, proto_cluster["token"])
+            assert self._request(peer, ref.binary(), 0, 4096) == content[:4096]
+            assert self._request(peer, ref.binary(), len(content) - 10, 10) == content[-10:]
+            # Out of range and unknown objects are refused; the connection stays usable.
+            assert self._request(peer, ref.binary(), 0, len(content) + 1) is None
+            assert self._request(peer, ref.binary(), 2 ** 64 - 1, 1) is None
+            assert self._request(peer, b"\x07" * 20, 0, 1) is None
+            assert self._request(peer, b"../../../../etc/passwd"[:20], 0, 1) is None
+            assert self._request(peer, ref.binary(), 8, 8) == content[8:16]
+        _check_still_serving(proto_cluster, 41)
+
+    @pytest.mark.parametrize("attack", ["random_bytes", "wrong_token", "silence", "oversized_id",
+                                        "request_before_auth"])
+    def test_hostile_peer_is_dropped_and_logged(self, proto_cluster, attack):
+        ep = self._ep(proto_cluster)
+        before = _log_drops_any(ep.log)
+        with RawPeer(ep) as peer:
+            if attack == "random_bytes":
+                peer.send(random.Random(5).randbytes(4096))
+            elif attack == "wrong_token":
+                nonce = peer._read(auth.NONCE_BYTES)
+                peer.send(hmac.new(b"wrong", nonce, hashlib.sha256).digest())
+            elif attack == "silence":
+                peer._read(auth.NONCE_BYTES)
+            elif attack == "oversized_id":
+                self._auth(peer, proto_cluster["token"])
+                peer.send(bytes([200]) + b"x" * 200)
+            elif attack == "request_before_auth":
+                peer._read(auth.NONCE_BYTES)
+                peer.send(bytes([20]) + b"\x01" * 20 + struct.pack("<QQ", 0, 100))
+            sent_back = peer.expect_closed()
+        if attack != "oversized_id":
+            assert auth.OK not in sent_back
+        wait_for(lambda: _log_drops_any(ep.log) > before, 5)
+        _check_still_serving(proto_cluster, 42)
+
+    def test_many_silent_peers_are_all_dropped(self, proto_cluster):
+        ep = self._ep(proto_cluster)
+        peers = [RawPeer(ep) for _ in range(50)]
+        try:
+            assert lumos.get([echo.remote(i) for i in range(10)], timeout=30) == list(range(10))
+            for p in peers:
+                p.expect_closed(10)
+        finally:
+            for p in peers:
+                p.sock.close()
+        _check_still_serving(proto_cluster, 43)
+
+
+def _log_drops_any(path: str | None) -> int:
+    """Lines that record a dropped peer on the data channel."""
+    assert path is not None
+    with open(path, errors="replace") as f:
+        return sum(1 for line in f if "data channel" in line and "drop" in line)
+
+
+# --------------------------------------------------------------------------- ill-typed messages
+
+#: Messages that legitimately stop the process they are sent to.
+_DESTRUCTIVE = {m.ShutdownNode, m.ExitWorker}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+@pytest.mark.parametrize("filler", [None, {"x": [1]}], ids=["none", "dict"])
+@pytest.mark.parametrize("role", ["gcs", "raylet", "driver", "worker0"])
+def test_authenticated_ill_typed_messages_never_kill_a_process(fresh_cluster, role, filler):
+    """Every message class with every field of the wrong type, to one server.
+
+    A handler may answer with an error or drop the peer; no process may die, and the
+    cluster must still run tasks (its invariants are checked: ``validate=True``).
+    """
+    ctx = fresh_cluster(_system_config=PROTOCOL_CONFIG)
+    session = ctx.address_info["session_dir"]
+    assert lumos.get(echo.remote(1), timeout=30) == 1
+    wait_for(lambda: len(_workers()) >= 2, 60)
+    with open(os.path.join(session, "token"), "rb") as f:
+        token = f.read().strip()
+    state = {"pids": {p.pid for p in lumos_children()}}
+    (ep,) = [e for e in endpoints(session) if e.id == f"{role}-unix"]
+    for code, cls in ALL_MESSAGES:
+        if cls in _DESTRUCTIVE:
+            continue
+        msg = cls(*[filler for _ in dataclasses.fields(cls)])
+        for kind in (m.REQUEST, m.NOTIFY):
+            with RawPeer(ep) as peer:
+                try:
+                    peer.handshake(token)
+                except ConnectionError as e:
+                    raise AssertionError(f"{ep.id} stopped serving after {last}: {e}") from None
+                peer.send_frame(m.encode(kind, 5, msg))
+                last = f"{cls.__name__}({filler!r}, ...) as {'request' if kind == m.REQUEST else 'notify'}"
+                if kind == m.REQUEST:
+                    try:
+                        reply = m.decode(peer.recv_frame())
+                    except (ConnectionError, socket.timeout):
+                        continue  # dropped, or the handler waits: both acceptable
+                    assert reply[0] in (m.REPLY, m.ERROR), (ep.id, cls.__name__, reply)
+    time.sleep(0.3)  # let notifications be handled before checking
+    _check_still_serving(state, 3)

@@ -1,0 +1,336 @@
+"""Resources: CPUs, custom resources and GPUs limit concurrency; the cluster's views of them.
+
+Concurrency is measured, not inferred from wall time: every task returns the
+``time.time()`` interval it ran in, and the test computes how many intervals overlap.
+Tasks that must be running at the same moment wait on files the test creates.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+import lumos
+from lumos.exceptions import GetTimeoutError
+
+from ..conftest import wait_for
+
+
+@lumos.remote
+def interval(t):
+    start = time.time()
+    time.sleep(t)
+    return start, time.time()
+
+
+@lumos.remote
+def hold_until(path, t_max=30.0):
+    """Run until ``path`` exists; return the interval and what the task saw."""
+    start = time.time()
+    deadline = start + t_max
+    while not os.path.exists(path) and time.time() < deadline:
+        time.sleep(0.01)
+    return {"start": start, "end": time.time(), "gpus": lumos.get_gpu_ids(),
+            "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.getpid()}
+
+
+def max_overlap(intervals):
+    """Largest number of intervals that contain one instant."""
+    points = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals],
+                    key=lambda p: (p[0], p[1]))  # an end before a start at the same instant
+    best = cur = 0
+    for _, d in points:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def settle() -> None:
+    """Wait until owners have returned their idle leases (they keep them briefly for reuse)."""
+    total = lumos.cluster_resources()
+    keys = [k for k in total if k not in ("memory", "object_store_memory")]
+    wait_for(lambda: all(lumos.available_resources().get(k, 0) == total[k] for k in keys), 30)
+
+
+def test_max_overlap_helper():
+    assert max_overlap([(0, 1), (1, 2)]) == 1
+    assert max_overlap([(0, 2), (1, 3), (1.5, 1.6)]) == 3
+    assert max_overlap([]) == 0
+
+
+# --------------------------------------------------------------------------- CPUs
+
+
+def test_num_cpus_limits_concurrency(fresh_cluster):
+    fresh_cluster(num_cpus=2)
+    runs = lumos.get([interval.remote(0.3) for _ in range(6)], timeout=60)
+    assert max_overlap(runs) == 2  # never more than the CPUs, and the CPUs were used
+    settle()
+    runs = lumos.get([interval.options(num_cpus=2).remote(0.2) for _ in range(3)], timeout=60)
+    assert max_overlap(runs) == 1
+    settle()
+    runs = lumos.get([interval.options(num_cpus=1.5).remote(0.2) for _ in range(3)], timeout=60)
+    assert max_overlap(runs) == 1
+
+
+def test_fractional_cpus_run_more_tasks_at_once(fresh_cluster, tmp_path):
+    fresh_cluster(num_cpus=1)
+    go = str(tmp_path / "go")
+    refs = [hold_until.options(num_cpus=0.25).remote(go) for _ in range(5)]
+    # Four fit on one CPU; they are all running before the fifth can start.
+    wait_for(lambda: lumos.available_resources().get("CPU", 0) == 0, 30)
+    ready, _ = lumos.wait(refs, num_returns=1, timeout=0.5)
+    assert not ready
+    open(go, "w").close()
+    runs = lumos.get(refs, timeout=60)
+    assert max_overlap([(r["start"], r["end"]) for r in runs]) == 4
+
+
+def test_zero_cpu_tasks_are_not_limited_by_cpus(fresh_cluster, tmp_path):
+    fresh_cluster(num_cpus=1)
+    go = str(tmp_path / "go")
+    refs = [hold_until.options(num_cpus=0).remote(go) for _ in range(3)]
+    wait_for(lambda: len(lumos.state.list_tasks(filters=[("state", "=", "RUNNING")])) == 3, 30)
+    open(go, "w").close()
+    runs = lumos.get(refs, timeout=60)
+    assert max_overlap([(r["start"], r["end"]) for r in runs]) == 3
+
+
+# --------------------------------------------------------------------------- custom resources
+
+
+def test_custom_resources_limit_concurrency(fresh_cluster):
+    fresh_cluster(num_cpus=4, resources={"accel": 2, "license": 1})
+    res = lumos.cluster_resources()
+    assert res["accel"] == 2 and res["license"] == 1
+    runs = lumos.get([interval.options(num_cpus=0, resources={"accel": 1}).remote(0.3) for _ in range(5)],
+                     timeout=60)
+    assert max_overlap(runs) == 2
+    settle()
+    runs = lumos.get([interval.options(resources={"license": 1}).remote(0.2) for _ in range(3)], timeout=60)
+    assert max_overlap(runs) == 1
+    settle()
+    runs = lumos.get([interval.options(resources={"accel": 0.5}).remote(0.3) for _ in range(4)], timeout=60)
+    assert max_overlap(runs) == 4
+
+
+def test_custom_resource_names_cannot_shadow_cpu_or_gpu():
+    try:
+        with pytest.raises(ValueError, match="num_cpus"):
+            lumos.init(resources={"CPU": 4})
+        with pytest.raises(ValueError, match="num_gpus"):
+            lumos.init(resources={"GPU": 1})
+        assert not lumos.is_initialized()
+    finally:
+        lumos.shutdown()
+
+
+# --------------------------------------------------------------------------- GPUs
+
+
+def test_declared_gpus_are_assigned_to_tasks(fresh_cluster, tmp_path):
+    fresh_cluster(num_cpus=4, num_gpus=2)
+    assert lumos.cluster_resources()["GPU"] == 2
+    assert lumos.get_gpu_ids() == []  # the driver holds none
+    go = str(tmp_path / "go")
+    a = hold_until.options(num_gpus=1).remote(go)
+    b = hold_until.options(num_gpus=1).remote(go)
+    wait_for(lambda: "GPU" not in lumos.available_resources(), 30)
+    open(go, "w").close()
+    ra, rb = lumos.get([a, b], timeout=30)
+    assert sorted(ra["gpus"] + rb["gpus"]) == [0, 1]
+    for r in (ra, rb):
+        assert len(r["gpus"]) == 1
+        assert r["cuda"] == str(r["gpus"][0])
+    both = lumos.get(hold_until.options(num_gpus=2).remote(go), timeout=30)
+    assert sorted(both["gpus"]) == [0, 1]
+    assert sorted(both["cuda"].split(",")) == ["0", "1"]
+
+
+def test_gpu_tasks_are_limited_by_gpus(fresh_cluster):
+    fresh_cluster(num_cpus=4, num_gpus=2)
+    runs = lumos.get([interval.options(num_gpus=1).remote(0.3) for _ in range(5)], timeout=60)
+    assert max_overlap(runs) == 2
+
+
+def test_cuda_visible_devices_is_restored_after_a_gpu_task(fresh_cluster):
+    fresh_cluster(num_cpus=1, num_gpus=1)
+
+    @lumos.remote
+    def cuda():
+        return os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES"), lumos.get_gpu_ids()
+
+    pid1, env1, ids1 = lumos.get(cuda.options(num_gpus=1).remote(), timeout=30)
+    assert (env1, ids1) == ("0", [0])
+    pid2, env2, ids2 = lumos.get(cuda.options(num_gpus=0).remote(), timeout=30)
+    assert ids2 == []
+    if pid2 == pid1:  # the same worker: the GPU task's setting must not leak into the next task
+        assert env2 != "0"
+
+
+def test_fractional_gpus_share_one_device_and_overlap(fresh_cluster, tmp_path):
+    fresh_cluster(num_cpus=4, num_gpus=2)
+    go = str(tmp_path / "go")
+    halves = [hold_until.options(num_gpus=0.5).remote(go) for _ in range(2)]
+    # Both halves are placed on one GPU, leaving the other whole.
+    wait_for(lambda: lumos.available_resources().get("GPU") == 1, 30)
+    whole = hold_until.options(num_gpus=1).remote(go)
+    wait_for(lambda: "GPU" not in lumos.available_resources(), 30)
+    open(go, "w").close()
+    h1, h2 = lumos.get(halves, timeout=30)
+    w = lumos.get(whole, timeout=30)
+    assert h1["gpus"] == h2["gpus"] and len(h1["gpus"]) == 1
+    assert w["gpus"] != h1["gpus"]
+    assert h1["cuda"] == h2["cuda"] == str(h1["gpus"][0])
+    assert max_overlap([(h1["start"], h1["end"]), (h2["start"], h2["end"])]) == 2
+
+
+def test_gpu_request_above_one_must_be_whole():
+    with pytest.raises(ValueError):
+        interval.options(num_gpus=1.5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU (nvidia-smi)")
+def test_gpus_are_detected_with_nvidia_smi(fresh_cluster):
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    count = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = len([v for v in visible.split(",") if v.strip()])
+    fresh_cluster(num_cpus=2)
+    assert lumos.cluster_resources().get("GPU", 0) == count
+    seen = lumos.get(hold_until.options(num_gpus=1).remote("/"), timeout=60)
+    assert len(seen["gpus"]) == 1 and seen["cuda"]
+
+
+# --------------------------------------------------------------------------- infeasible
+
+
+def test_infeasible_task_warns_stays_pending_and_does_not_block(fresh_cluster, capfd):
+    fresh_cluster(num_cpus=2)
+    stuck = interval.options(num_cpus=64).remote(0)
+    custom = interval.options(resources={"nowhere": 1}).remote(0)
+    # Other work goes on meanwhile.
+    assert len(lumos.get([interval.remote(0.01) for _ in range(10)], timeout=30)) == 10
+    with pytest.raises(GetTimeoutError):
+        lumos.get(stuck, timeout=0.5)
+    ready, _ = lumos.wait([stuck, custom], num_returns=1, timeout=0.5)
+    assert ready == []
+    err = wait_for(lambda: capfd.readouterr().err, 10)
+    seen = err
+    while "nowhere" not in seen or "64" not in seen:
+        seen += wait_for(lambda: capfd.readouterr().err, 10)
+    assert "infeasible" in seen
+    # The state API reports the shapes as infeasible too.
+    wait_for(lambda: lumos.state.list_nodes()[0]["infeasible"], 10)
+    shapes = lumos.state.list_nodes()[0]["infeasible"]
+    assert {"CPU": 64} in shapes or any(s.get("CPU") == 64 for s in shapes)
+    settle()  # the pending requests hold nothing
+    lumos.cancel(stuck)
+    lumos.cancel(custom)
+
+
+# --------------------------------------------------------------------------- cluster views
+
+
+def test_cluster_resources_report_the_node(fresh_cluster):
+    fresh_cluster(num_cpus=3, num_gpus=1, resources={"accel": 2.5}, object_store_memory=200 * 1024 * 1024)
+    res = lumos.cluster_resources()
+    assert res["CPU"] == 3 and res["GPU"] == 1 and res["accel"] == 2.5
+    assert res["object_store_memory"] == 200 * 1024 * 1024
+    assert res["memory"] > 0
+    assert res["node:127.0.0.1"] == 1
+    settle()
+
+
+def test_available_resources_change_while_tasks_run(fresh_cluster, tmp_path):
+    fresh_cluster(num_cpus=2, resources={"accel": 1})
+    full = lumos.available_resources()
+    assert full["CPU"] == 2 and full["accel"] == 1
+    go = str(tmp_path / "go")
+    one = hold_until.remote(go)
+    wait_for(lambda: lumos.available_resources().get("CPU") == 1, 30)
+    two = hold_until.options(resources={"accel": 1}).remote(go)
+    wait_for(lambda: "CPU" not in lumos.available_resources(), 30)
+    assert "accel" not in lumos.available_resources()
+    assert lumos.cluster_resources()["CPU"] == 2  # totals do not move
+    open(go, "w").close()
+    lumos.get([one, two], timeout=30)
+    wait_for(lambda: lumos.available_resources().get("CPU") == 2
+             and lumos.available_resources().get("accel") == 1, 30)
+
+
+def test_available_object_store_memory_drops_with_puts(fresh_cluster):
+    import numpy as np
+    fresh_cluster(object_store_memory=256 * 1024 * 1024, _system_config={"object_store_recycle_bytes": 0})
+    before = lumos.available_resources()["object_store_memory"]
+    ref = lumos.put(np.zeros(50 * 1024 * 1024, dtype=np.uint8))
+    after = lumos.available_resources()["object_store_memory"]
+    assert before - after >= 50 * 1024 * 1024
+    del ref
+
+
+def test_nodes_lists_this_node(fresh_cluster):
+    ctx = fresh_cluster(num_cpus=2, resources={"accel": 1})
+    (node,) = lumos.nodes()
+    assert node["Alive"] is True and node["alive"] is True
+    assert node["NodeID"] == ctx.address_info["node_id"] == lumos.get_runtime_context().get_node_id()
+    assert node["NodeManagerAddress"] == "127.0.0.1"
+    assert node["NodeManagerPort"] > 0
+    assert os.path.exists(node["RayletSocketName"])
+    assert node["Resources"]["CPU"] == 2 and node["Resources"]["accel"] == 1
+    assert node["IsHead"] is True
+
+
+# --------------------------------------------------------------------------- runtime context
+
+
+def test_runtime_context_in_driver_and_tasks(fresh_cluster):
+    ctx = fresh_cluster(num_cpus=2)
+
+    @lumos.remote
+    def where():
+        c = lumos.get_runtime_context()
+        return {"job": c.get_job_id(), "node": c.get_node_id(), "task": c.get_task_id(),
+                "worker": c.get_worker_id(), "pid": os.getpid(), "name": c.get_task_name(),
+                "resources": c.get_assigned_resources(), "actor": c.get_actor_id()}
+
+    @lumos.remote
+    def parent():
+        own = lumos.get_runtime_context().get_task_id()
+        return own, lumos.get(where.remote(), timeout=30)
+
+    driver = lumos.get_runtime_context()
+    assert driver.get_job_id() == ctx.address_info["job_id"]
+    assert driver.get_node_id() == ctx.address_info["node_id"]
+    assert driver.get_task_id() is None and driver.get_actor_id() is None
+    assert len(driver.get_worker_id()) == 32
+
+    a = lumos.get(where.options(name="where-a", num_cpus=0.5).remote(), timeout=30)
+    assert a["job"] == driver.get_job_id() and a["node"] == driver.get_node_id()
+    assert a["worker"] != driver.get_worker_id() and a["pid"] != os.getpid()
+    assert a["name"] == "where-a"
+    assert a["resources"] == {"CPU": 0.5}
+    assert a["actor"] is None
+    # The ids are the ones the cluster's tables use.
+    workers = {w["worker_id"]: w for w in lumos.state.list_workers()}
+    assert workers[a["worker"]]["pid"] == a["pid"]
+    assert workers[driver.get_worker_id()]["is_driver"]
+    wait_for(lambda: any(t["task_id"] == a["task"] and t["name"] == "where-a" for t in lumos.state.list_tasks()), 10)
+    # A different task has a different id; a nested task runs in the same job.
+    b = lumos.get(where.remote(), timeout=30)
+    assert b["task"] != a["task"]
+    parent_id, child = lumos.get(parent.remote(), timeout=60)
+    assert child["job"] == driver.get_job_id()
+    assert child["task"] not in (parent_id, a["task"], b["task"])
+
+
+def test_runtime_context_needs_init():
+    assert not lumos.is_initialized()
+    with pytest.raises(RuntimeError, match="init"):
+        lumos.get_runtime_context()

@@ -1,0 +1,668 @@
+"""Pure units, no processes: the local scheduler and object store state machines, resource
+arithmetic, configuration, serialization and the public errors.
+
+``…State`` classes are fed events and their actions compared; they run with
+``validate=True`` so every event also checks their invariants.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import lumos.exceptions as exc
+from lumos._private import serialization as ser
+from lumos._private.config import Config
+from lumos._private.object_store import store_state as st
+from lumos._private.protocol import messages as m
+from lumos._private.raylet import resources as rs
+from lumos._private.raylet import scheduler as sc
+from lumos.object_ref import ObjectRef
+
+JOB = b"job1"
+OTHER_JOB = b"job2"
+W1, W2, W3 = b"w1" * 8, b"w2" * 8, b"w3" * 8
+
+
+# =========================================================================== LocalSchedulerState
+
+
+def sched(resources=None, prestart=0, max_workers=8, idle_s=5.0, workers=()):
+    s = sc.LocalSchedulerState(resources or {"CPU": 1}, prestart, max_workers, idle_s, validate=True)
+    for w in workers:
+        s.add_starting_worker(w)
+        assert s.handle(sc.WorkerRegistered(w), now=0) == []
+    return s
+
+
+def req(rid, resources=None, job=JOB, actor=None):
+    return sc.LeaseRequested(rid, job, resources if resources is not None else {"CPU": 1}, f"f{rid}", actor)
+
+
+def grants(actions):
+    return [a for a in actions if isinstance(a, sc.GrantLease)]
+
+
+def test_second_lease_waits_for_cpu():
+    s = sched({"CPU": 1}, workers=[W1, W2])
+    (g,) = s.handle(req(1), now=0)
+    assert g == sc.GrantLease(1, g.lease_id, W1, {})
+    assert s.handle(req(2), now=0) == []
+    (g2,) = s.handle(sc.LeaseReturned(g.lease_id, False), now=1)
+    assert g2.request_id == 2 and g2.worker_id in (W1, W2)
+
+
+def test_a_request_without_an_idle_worker_starts_one_worker():
+    s = sched({"CPU": 4}, max_workers=8)
+    assert s.handle(req(1), now=0) == [sc.StartWorker()]
+    s.add_starting_worker(W1)  # the server spawns a process for each StartWorker at once
+    # One worker is starting for request 1: request 2 asks for one more, not two.
+    assert s.handle(req(2), now=0) == [sc.StartWorker()]
+    s.add_starting_worker(W2)
+    assert s.handle(sc.Ticked(), now=0) == []  # nothing more while they start
+    acts = s.handle(sc.WorkerRegistered(W1), now=0)
+    assert [g.request_id for g in grants(acts)] == [1]
+    assert not [a for a in acts if isinstance(a, sc.StartWorker)]
+    assert [g.request_id for g in grants(s.handle(sc.WorkerRegistered(W2), now=0))] == [2]
+
+
+def test_worker_start_is_capped_by_max_workers():
+    s = sched({"CPU": 8}, max_workers=2)
+    started = 0
+    for i in range(5):
+        for action in s.handle(req(i), now=0):
+            assert isinstance(action, sc.StartWorker)
+            s.add_starting_worker(bytes([i]) * 16)
+            started += 1
+    assert started == 2
+
+
+def test_one_free_cpu_starts_one_worker_not_one_per_request():
+    s = sched({"CPU": 1})
+    assert s.handle(req(1), now=0) == [sc.StartWorker()]
+    s.add_starting_worker(W1)
+    assert s.handle(req(2), now=0) == []  # would not fit next to request 1 anyway
+
+
+def test_infeasible_request_is_reported_once_and_does_not_block_others():
+    s = sched({"CPU": 2}, workers=[W1])
+    acts = s.handle(req(1, {"CPU": 8}), now=0)
+    assert acts == [sc.ReportInfeasible(1, {"CPU": 8}, "f1")]
+    assert s.infeasible_shapes() == [{"CPU": 8}]
+    (g,) = s.handle(req(2), now=0)
+    assert g.request_id == 2
+    assert s.handle(sc.Ticked(), now=1) == []
+    assert 1 in s.queue
+    s.handle(sc.LeaseCancelled(1), now=2)
+    assert s.infeasible_shapes() == [] and 1 not in s.queue
+
+
+def test_unknown_custom_resource_is_infeasible():
+    s = sched({"CPU": 2}, workers=[W1])
+    assert s.handle(req(1, {"CPU": 1, "tpu": 1}), now=0) == [sc.ReportInfeasible(1, {"CPU": 1, "tpu": 1}, "f1")]
+
+
+def test_blocked_worker_lends_its_cpu_until_unblocked():
+    s = sched({"CPU": 1}, workers=[W1, W2])
+    (g1,) = s.handle(req(1), now=0)
+    assert s.handle(req(2), now=0) == []
+    (g2,) = s.handle(sc.WorkerBlocked(g1.worker_id), now=1)  # e.g. waiting in get()
+    assert g2.request_id == 2
+    assert s.handle(sc.WorkerUnblocked(g1.worker_id), now=2) == []
+    assert s.resources.available["CPU"] == -rs.UNIT  # over-committed until a lease returns
+    assert s.handle(req(3), now=2) == []
+    s.handle(sc.LeaseReturned(g2.lease_id, False), now=3)
+    assert s.handle(sc.LeaseReturned(g1.lease_id, False), now=3)[0].request_id == 3
+
+
+def test_returning_a_blocked_lease_does_not_give_the_cpu_back_twice():
+    s = sched({"CPU": 1}, workers=[W1, W2])
+    (g1,) = s.handle(req(1), now=0)
+    s.handle(sc.WorkerBlocked(g1.worker_id), now=0)
+    s.handle(sc.LeaseReturned(g1.lease_id, False), now=1)
+    assert s.resources.available["CPU"] == rs.UNIT
+
+
+def test_worker_exit_releases_its_lease():
+    s = sched({"CPU": 1, "GPU": 1}, workers=[W1, W2])
+    (g,) = s.handle(req(1, {"CPU": 1, "GPU": 1}), now=0)
+    assert g.resource_ids == {"GPU": [[0, 1.0]]}
+    (g2,) = s.handle(req(2, {"CPU": 1, "GPU": 1}), now=0) or [None]
+    assert g2 is None
+    (g2,) = s.handle(sc.WorkerExited(g.worker_id), now=1)
+    assert g2.request_id == 2 and g2.resource_ids == {"GPU": [[0, 1.0]]}
+    assert g.lease_id not in s.leases
+
+
+def test_disconnected_lease_stops_its_worker():
+    s = sched({"CPU": 1}, workers=[W1])
+    (g,) = s.handle(req(1), now=0)
+    acts = s.handle(sc.LeaseReturned(g.lease_id, True), now=1)
+    assert acts[0] == sc.StopWorker(W1, "returned as failed", quiet=True)
+    assert s.handle(sc.LeaseReturned(g.lease_id, False), now=2) == []  # a second return is ignored
+
+
+def test_actor_worker_is_never_pooled_again():
+    s = sched({"CPU": 1}, workers=[W1, W2])
+    (g,) = s.handle(req(1, actor=b"actor"), now=0)
+    acts = s.handle(sc.LeaseReturned(g.lease_id, False), now=1)
+    assert sc.StopWorker(g.worker_id, "its actor ended") in acts
+
+
+def test_fractional_gpus_share_an_instance_and_whole_ones_do_not():
+    s = sched({"CPU": 8, "GPU": 2}, workers=[W1, W2, W3, b"w4" * 8])
+    (a,) = s.handle(req(1, {"GPU": 0.5}), now=0)
+    (b,) = s.handle(req(2, {"GPU": 0.5}), now=0)
+    assert a.resource_ids == b.resource_ids == {"GPU": [[0, 0.5]]}
+    (c,) = s.handle(req(3, {"GPU": 1}), now=0)
+    assert c.resource_ids == {"GPU": [[1, 1.0]]}
+    assert s.handle(req(4, {"GPU": 0.5}), now=0) == []
+
+
+def test_job_finished_stops_its_workers_and_drops_its_requests():
+    s = sched({"CPU": 1}, workers=[W1, W2])
+    (g,) = s.handle(req(1), now=0)
+    s.handle(req(2, job=JOB), now=0)
+    s.handle(req(3, job=OTHER_JOB), now=0)
+    acts = s.handle(sc.JobFinished(JOB), now=1)
+    assert sc.StopWorker(g.worker_id, "its job finished") in acts
+    assert list(s.queue) == [3]
+
+
+def test_idle_workers_above_the_prestart_count_are_reaped():
+    s = sched({"CPU": 4}, prestart=1, idle_s=5.0, workers=[W1, W2, W3])
+    assert s.handle(sc.Ticked(), now=4.0) == []
+    acts = s.handle(sc.Ticked(), now=6.0)
+    assert len(acts) == 2 and len({a.worker_id for a in acts}) == 2
+    assert all(isinstance(a, sc.StopWorker) and a.reason == "idle" for a in acts)
+    assert s.handle(sc.Ticked(), now=100.0) == []  # one stays: the prestart count
+
+
+def test_idle_worker_of_the_same_job_is_preferred():
+    s = sched({"CPU": 2}, workers=[W1, W2])
+    (g,) = s.handle(req(1, job=OTHER_JOB), now=0)
+    s.handle(sc.LeaseReturned(g.lease_id, False), now=1)
+    (g2,) = s.handle(req(2, job=OTHER_JOB), now=2)
+    assert g2.worker_id == g.worker_id
+
+
+def test_invariants_catch_drift():
+    s = sched({"CPU": 1}, workers=[W1])
+    s.handle(req(1), now=0)
+    s.resources.available["CPU"] += 1
+    with pytest.raises(AssertionError, match="CPU"):
+        s.check_invariants()
+
+
+# =========================================================================== resources.py
+
+
+def test_units_are_exact_for_fractions():
+    assert rs.to_units(0.1) + rs.to_units(0.2) == rs.to_units(0.3)
+    assert rs.from_units(rs.to_units(2)) == 2 and isinstance(rs.from_units(rs.to_units(2)), int)
+    assert rs.from_units(rs.to_units(0.25)) == 0.25
+    assert rs.request_units({"CPU": 1, "GPU": 0, "x": 0.5}) == {"CPU": rs.UNIT, "x": rs.UNIT // 2}
+
+
+def test_node_resources_fit_allocate_release():
+    r = rs.NodeResources({"CPU": 2, "GPU": 2, "memory": 0})
+    assert "memory" not in r.total
+    assert r.feasible({"CPU": 2 * rs.UNIT}) and not r.feasible({"CPU": 3 * rs.UNIT})
+    assert not r.feasible({"accel": 1})
+    ids = r.allocate({"CPU": rs.UNIT, "GPU": 2 * rs.UNIT})
+    assert ids == {"GPU": [[0, 1.0], [1, 1.0]]}
+    assert not r.fits({"GPU": rs.UNIT // 10})
+    r.release({"CPU": rs.UNIT, "GPU": 2 * rs.UNIT}, ids)
+    assert r.available == r.total and r.instances["GPU"] == [rs.UNIT, rs.UNIT]
+
+
+def test_gpu_instances_best_fit_fractions_and_whole_numbers():
+    r = rs.NodeResources({"GPU": 2})
+    a = r.allocate({"GPU": rs.to_units(0.7)})
+    b = r.allocate({"GPU": rs.to_units(0.3)})
+    assert a == {"GPU": [[0, 0.7]]} and b == {"GPU": [[0, 0.3]]}  # fills GPU 0 first
+    assert not r.fits({"GPU": rs.to_units(1.5)})  # above one must be whole
+    c = r.allocate({"GPU": rs.to_units(1)})
+    assert c == {"GPU": [[1, 1.0]]}
+    assert not r.fits({"GPU": rs.to_units(0.1)})
+    r.release({"GPU": rs.to_units(0.7)}, a)
+    assert r.fits({"GPU": rs.to_units(0.7)}) and not r.fits({"GPU": rs.to_units(1)})
+
+
+def test_whole_gpu_needs_an_untouched_instance():
+    r = rs.NodeResources({"GPU": 2})
+    r.allocate({"GPU": rs.to_units(0.5)})
+    r.allocate({"GPU": rs.to_units(0.5)})  # same instance (best fit)
+    assert r.fits({"GPU": rs.UNIT}) and not r.fits({"GPU": 2 * rs.UNIT})
+
+
+# =========================================================================== ObjectStoreState
+
+MiB = 1024 * 1024
+A, B, C, D = (bytes([i]) * 20 for i in range(1, 5))
+
+
+def store(capacity=100 * MiB, recycle=50 * MiB, timeout_s=2.0):
+    return st.ObjectStoreState("/dev/shm/lumos-test", capacity, recycle, timeout_s, validate=True)
+
+
+def create(s, rid, oid, size, client=W1, now=0.0):
+    return s.handle(st.CreateRequested(rid, oid, size, client), now)
+
+
+def test_create_grants_a_new_file_and_seal_counts_it():
+    s = store()
+    (g,) = create(s, 1, A, 10 * MiB)
+    assert isinstance(g, st.GrantCreate) and not g.reused
+    assert g.path.endswith(A.hex() + ".w") and g.final_path.endswith(A.hex())
+    assert g.file_size == 10 * MiB and s.used_bytes == 10 * MiB
+    assert s.handle(st.ObjectSealed(A, 10 * MiB), 0) == []
+    assert s.objects[A].sealed
+    assert s.stats()["num_objects"] == 1
+
+
+def test_duplicate_and_oversized_creates_are_rejected():
+    s = store()
+    create(s, 1, A, MiB)
+    (r,) = create(s, 2, A, MiB)
+    assert isinstance(r, st.RejectCreate) and "already exists" in r.reason
+    (r,) = create(s, 3, B, 200 * MiB)
+    assert isinstance(r, st.RejectCreate) and "larger than the object store" in r.reason
+    assert s.used_bytes == MiB
+
+
+def test_create_waits_for_frees_then_is_granted():
+    s = store(capacity=30 * MiB, recycle=0)
+    create(s, 1, A, 20 * MiB)
+    s.handle(st.ObjectSealed(A, 20 * MiB), 0)
+    assert create(s, 2, B, 20 * MiB) == []
+    assert s.stats()["pending_creates"] == 1
+    acts = s.handle(st.ObjectsFreed([A], [False]), 1)
+    assert st.UnlinkFile(s.final_path(A)) in acts
+    (g,) = [a for a in acts if isinstance(a, st.GrantCreate)]
+    assert g.request == 2 and g.object_id == B
+
+
+def test_pending_create_is_rejected_after_its_deadline():
+    s = store(capacity=30 * MiB, timeout_s=2.0)
+    create(s, 1, A, 20 * MiB)
+    create(s, 2, B, 20 * MiB, now=10.0)
+    assert s.handle(st.Ticked(), 11.0) == []
+    (r,) = s.handle(st.Ticked(), 12.5)
+    assert isinstance(r, st.RejectCreate) and r.request == 2 and "full" in r.reason and "waited" in r.reason
+
+
+def test_creates_are_first_come_first_served():
+    s = store(capacity=30 * MiB, recycle=0)
+    create(s, 1, A, 20 * MiB)
+    assert create(s, 2, B, 20 * MiB) == []
+    assert create(s, 3, C, 5 * MiB) == []  # would fit, but waits behind request 2
+    acts = s.handle(st.ObjectsFreed([A], [False]), 1)
+    assert [a.request for a in acts if isinstance(a, st.GrantCreate)] == [2, 3]
+
+
+def test_recyclable_free_pools_the_slot_and_the_next_create_reuses_it():
+    s = store()
+    (g,) = create(s, 1, A, 10 * MiB)
+    s.handle(st.ObjectSealed(A, 10 * MiB), 0)
+    acts = s.handle(st.ObjectsFreed([A], [True]), 1)
+    assert acts == [st.RenameFile(s.final_path(A), f"/dev/shm/lumos-test/pool-{g.slot}")]
+    assert s.pool_bytes == 10 * MiB and s.used_bytes == 10 * MiB
+    acts = create(s, 2, B, 9 * MiB)
+    assert acts[0] == st.RenameFile(f"/dev/shm/lumos-test/pool-{g.slot}", s._tmp_path(B))
+    assert acts[1].reused and acts[1].slot == g.slot and acts[1].file_size == 10 * MiB
+    assert s.pool_bytes == 0
+
+
+def test_slot_much_larger_than_the_request_is_not_reused():
+    s = store()
+    create(s, 1, A, 40 * MiB)
+    s.handle(st.ObjectSealed(A, 40 * MiB), 0)
+    s.handle(st.ObjectsFreed([A], [True]), 0)
+    (g,) = create(s, 2, B, MiB)
+    assert not g.reused
+
+
+def test_shared_objects_are_unlinked_not_pooled():
+    s = store()
+    (g,) = create(s, 1, A, MiB)
+    s.handle(st.ObjectSealed(A, MiB), 0)
+    s.handle(st.MarkedShared([A]), 0)
+    acts = s.handle(st.ObjectsFreed([A], [True]), 1)
+    assert acts == [st.UnlinkFile(s.final_path(A)), st.DropSlot(W1, g.slot)]
+    assert s.used_bytes == 0
+
+
+def test_pool_is_evicted_to_make_room():
+    s = store(capacity=30 * MiB, recycle=30 * MiB)
+    (g,) = create(s, 1, A, 20 * MiB)
+    s.handle(st.ObjectSealed(A, 20 * MiB), 0)
+    s.handle(st.ObjectsFreed([A], [True]), 0)
+    acts = create(s, 2, B, 25 * MiB, client=W2)  # does not fit the pooled slot's size window
+    assert st.UnlinkFile(f"/dev/shm/lumos-test/pool-{g.slot}") in acts
+    assert st.DropSlot(W1, g.slot) in acts
+    assert any(isinstance(a, st.GrantCreate) and not a.reused for a in acts)
+    assert s.pool_bytes == 0 and s.used_bytes == 25 * MiB
+
+
+def test_pool_is_bounded_by_recycle_bytes():
+    s = store(recycle=15 * MiB)
+    for i, oid in enumerate((A, B)):
+        create(s, i, oid, 10 * MiB)
+        s.handle(st.ObjectSealed(oid, 10 * MiB), 0)
+    s.handle(st.ObjectsFreed([A], [True]), 0)
+    acts = s.handle(st.ObjectsFreed([B], [True]), 0)
+    assert any(isinstance(a, st.UnlinkFile) for a in acts)  # A's slot made way
+    assert s.pool_bytes == 10 * MiB
+
+
+def test_client_gone_frees_its_unsealed_objects_and_pending_creates():
+    s = store(capacity=30 * MiB)
+    create(s, 1, A, 20 * MiB, client=W1)        # never sealed
+    create(s, 2, B, 5 * MiB, client=W2)
+    s.handle(st.ObjectSealed(B, 5 * MiB), 0)
+    assert create(s, 3, C, 20 * MiB, client=W1) == []  # pending
+    acts = s.handle(st.ClientGone(W1), 1)
+    assert st.UnlinkFile(s._tmp_path(A)) in acts
+    assert A not in s.objects and B in s.objects
+    assert s.stats()["pending_creates"] == 0
+    assert s.used_bytes == 5 * MiB
+
+
+def test_freeing_unknown_objects_is_harmless():
+    s = store()
+    assert s.handle(st.ObjectsFreed([D], [True]), 0) == []
+    assert s.used_bytes == 0
+
+
+# =========================================================================== config.py
+
+
+def test_config_defaults_env_and_overrides_precedence():
+    default = Config.resolve({}, environ={})
+    assert default == Config()
+    env = {"LUMOS_HEARTBEAT_INTERVAL_MS": "250", "LUMOS_VALIDATE": "yes", "LUMOS_WAIT_SLICE_S": "0.5"}
+    c = Config.resolve({}, environ=env)
+    assert c.heartbeat_interval_ms == 250 and c.validate is True and c.wait_slice_s == 0.5
+    c = Config.resolve({"heartbeat_interval_ms": 100}, environ=env)
+    assert c.heartbeat_interval_ms == 100 and c.validate is True
+    assert Config.from_json(c.to_json()) == c
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.validate = False  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("raw,value", [("1", True), ("true", True), ("ON", True), ("0", False), ("off", False)])
+def test_config_bool_env_values(raw, value):
+    assert Config.resolve({}, environ={"LUMOS_LOG_TO_DRIVER": raw}).log_to_driver is value
+
+
+@pytest.mark.parametrize("name,raw", [("LUMOS_HEARTBEAT_INTERVAL_MS", "fast"), ("LUMOS_VALIDATE", "maybe"),
+                                      ("LUMOS_WAIT_SLICE_S", "1,5")])
+def test_config_bad_env_values_are_rejected_naming_the_variable(name, raw):
+    with pytest.raises(ValueError, match=name):
+        Config.resolve({}, environ={name: raw})
+
+
+def test_config_unknown_override_lists_valid_keys():
+    with pytest.raises(ValueError, match="heartbeat_interval_ms"):
+        Config.resolve({"heartbeat_interval": 5}, environ={})
+
+
+def test_config_ignores_unrelated_env():
+    assert Config.resolve({}, environ={"LUMOS_NOT_A_FIELD": "x", "HEARTBEAT_INTERVAL_MS": "1"}) == Config()
+
+
+@pytest.mark.xfail(strict=True, reason="config.py Config.resolve does not check the type or range of "
+                   "_system_config values; a bad one reaches the GCS/raylet command line and they fail to start")
+@pytest.mark.parametrize("override", [{"heartbeat_interval_ms": "fast"}, {"validate": "yes"},
+                                      {"max_frame_bytes": -1}, {"handshake_timeout_s": None}])
+def test_config_bad_override_values_are_rejected(override):
+    with pytest.raises((TypeError, ValueError), match=next(iter(override))):
+        Config.resolve(override, environ={})
+
+
+# =========================================================================== serialization.py
+
+
+def roundtrip(value):
+    blob = ser.serialize(value).to_bytes()
+    kind, out = ser.deserialize(blob)
+    assert kind == ser.KIND_VALUE
+    return out
+
+
+@pytest.mark.parametrize("value", [
+    0, -1, 2 ** 100, 1.5, float("inf"), "text ü", b"\x00bytes", None, True, 3 + 4j,
+    [1, [2, [3, [4]]]], (1, "a"), {"k": {"nested": [1, 2]}}, set([1, 2]), frozenset(["a"]),
+    {i: str(i) for i in range(100)}, list(range(1000)),
+])
+def test_plain_values_round_trip(value):
+    assert roundtrip(value) == value
+
+
+def test_closures_and_lambdas_round_trip_by_value():
+    k = 7
+    f = lambda x: x + k  # noqa: E731
+    assert roundtrip(f)(1) == 8
+
+    class Local:
+        def __init__(self):
+            self.v = 3
+
+    assert roundtrip(Local()).v == 3
+
+
+def test_numpy_buffers_go_out_of_band_aligned_and_come_back_zero_copy():
+    arr = np.arange(100_000, dtype=np.float64)
+    sv = ser.serialize({"a": arr, "b": arr[::2].copy()})
+    assert len(sv.buffers) == 2
+    blob = bytearray(sv.total_size)
+    sv.write_into(memoryview(blob))
+    assert bytes(blob) == sv.to_bytes()
+    kind, stream, buffers = ser.parse(memoryview(blob))
+    base = np.frombuffer(blob, dtype=np.uint8).ctypes.data
+    for b in buffers:
+        assert (np.frombuffer(b, dtype=np.uint8).ctypes.data - base) % ser.ALIGN == 0
+    _, out = ser.deserialize(memoryview(blob))
+    assert np.array_equal(out["a"], arr)
+    assert np.shares_memory(out["a"], np.frombuffer(blob, dtype=np.uint8))  # a view, not a copy
+    _, ro = ser.deserialize(bytes(blob))
+    assert not ro["a"].flags.writeable  # from immutable bytes: read-only, like Ray
+
+
+@pytest.mark.parametrize("arr", [
+    np.zeros((3, 4), dtype=np.int32), np.arange(10)[::3], np.array(["a", "bc"]),
+    np.array([{"x": 1}, None], dtype=object), np.zeros(0), np.asfortranarray(np.ones((5, 6))),
+    np.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f8")]),
+])
+def test_numpy_arrays_of_all_kinds_round_trip(arr):
+    out = roundtrip(arr)
+    assert out.dtype == arr.dtype and out.shape == arr.shape
+    assert out.tolist() == arr.tolist()
+
+
+def test_arrow_table_round_trips_with_out_of_band_buffers():
+    table = pa.table({"x": pa.array(np.arange(50_000)), "s": pa.array([str(i) for i in range(50_000)])})
+    sv = ser.serialize(table)
+    assert sv.buffers, "arrow buffers should travel out of band"
+    assert len(sv.pickled) < 10_000
+    out = roundtrip(table)
+    assert out.equals(table)
+
+
+def test_nested_object_refs_are_recorded():
+    owner = m.Address(b"n" * 16, b"w" * 16, "/tmp/x.sock", "127.0.0.1", 1)
+    r1, r2 = ObjectRef(b"\x01" * 20, owner), ObjectRef(b"\x02" * 20, None)
+    sv = ser.serialize({"refs": [r1, (r2,)], "n": 1})
+    assert sv.nested_refs == [r1, r2]
+    _, out = ser.deserialize(sv.to_bytes())
+    assert out["refs"][0] == r1 and out["refs"][0].owner_address() == owner
+    assert ser.serialize([1, 2]).nested_refs == []
+
+
+def test_nested_serialize_keeps_ref_recording_separate():
+    r = ObjectRef(b"\x03" * 20)
+
+    class Inner:
+        def __reduce__(self):
+            assert ser.serialize("other").nested_refs == []
+            return (str, ("inner",))
+
+    sv = ser.serialize([Inner(), r])
+    assert sv.nested_refs == [r]
+
+
+@pytest.mark.parametrize("make,name", [
+    (threading.Lock, "lock"), (lambda: (x for x in range(3)), "generator"),
+    (lambda: {"deep": [threading.Lock()]}, "dict"),
+])
+def test_unpicklable_values_raise_a_clear_serialization_error(make, name):
+    with pytest.raises(ser.SerializationError, match="could not serialize a value of type") as info:
+        ser.serialize(make())
+    assert isinstance(info.value, TypeError)
+    assert "picklable" in str(info.value)
+
+
+def test_a_value_whose_reduce_raises_is_reported_with_the_cause():
+    class Bad:
+        def __reduce__(self):
+            raise RuntimeError("refuses to pickle")
+
+    with pytest.raises(ser.SerializationError, match="refuses to pickle"):
+        ser.serialize([Bad()])
+
+
+def test_corrupt_blobs_raise_deserialization_error():
+    good = ser.serialize(np.arange(1000)).to_bytes()
+    with pytest.raises(ser.DeserializationError, match="truncated"):
+        ser.deserialize(good[:8])
+    with pytest.raises(ser.DeserializationError, match="truncated"):
+        ser.deserialize(good[: len(good) // 2])
+    with pytest.raises(ser.DeserializationError, match="version"):
+        ser.deserialize(bytes([99]) + good[1:])
+    head_len = 16 + 16  # header + one buffer entry
+    broken = bytearray(good)
+    broken[head_len:head_len + 4] = b"\x00\x00\x00\x00"
+    with pytest.raises(ser.DeserializationError):
+        ser.deserialize(bytes(broken))
+
+
+def test_value_that_fails_to_unpickle_raises_deserialization_error():
+    class Boom:
+        def __reduce__(self):
+            return (_raise_on_load, ())
+
+    blob = ser.serialize(Boom()).to_bytes()
+    with pytest.raises(ser.DeserializationError, match="loading failed"):
+        ser.deserialize(blob)
+
+
+def _raise_on_load():
+    raise ValueError("loading failed")
+
+
+def test_error_kind_is_kept():
+    blob = ser.serialize(ValueError("x"), ser.KIND_ERROR).to_bytes()
+    assert ser.kind_of(blob) == ser.KIND_ERROR
+    kind, err = ser.deserialize(blob)
+    assert kind == ser.KIND_ERROR and isinstance(err, ValueError)
+
+
+# =========================================================================== exceptions.py
+
+
+class UserError(Exception):
+    pass
+
+
+class UserErrorWithArgs(Exception):
+    def __init__(self, code, detail):
+        super().__init__(code, detail)
+        self.code = code
+
+
+def _task_error(cause):
+    return exc.TaskError("train_step", "Traceback (most recent call last):\n  File \"x.py\", line 3\n"
+                         f"{type(cause).__name__}: {cause}\n", cause, pid=4411, node_ip="127.0.0.1",
+                         task_id_hex="ab" * 16)
+
+
+def test_task_error_is_an_instance_of_the_user_class_and_carries_the_traceback():
+    err = _task_error(UserError("bad input")).as_instanceof_cause()
+    assert isinstance(err, exc.TaskError) and isinstance(err, UserError)
+    assert isinstance(err, exc.RayTaskError)
+    assert "x.py" in err.traceback_str and "bad input" in str(err)
+    assert "train_step" in str(err) and "pid=4411" in str(err)
+    assert err.cause.args == ("bad input",)
+    with pytest.raises(UserError):
+        raise err
+
+
+def test_task_error_pickles_and_stays_an_instance_of_the_user_class():
+    err = _task_error(UserErrorWithArgs(7, "detail")).as_instanceof_cause()
+    back = pickle.loads(pickle.dumps(err))
+    assert isinstance(back, UserErrorWithArgs) and isinstance(back, exc.TaskError)
+    assert str(back) == str(err)
+    assert back.traceback_str == err.traceback_str
+    assert back.code == 7  # attributes of the cause are reachable
+    plain = pickle.loads(pickle.dumps(_task_error(UserError("p"))))
+    assert isinstance(plain, exc.TaskError) and str(plain) == str(_task_error(UserError("p")))
+
+
+def test_nested_task_error_uses_the_innermost_user_class():
+    inner = _task_error(UserError("deep")).as_instanceof_cause()
+    outer = exc.TaskError("outer", "tb", inner).as_instanceof_cause()
+    assert isinstance(outer, UserError)
+
+
+def test_task_error_of_builtin_exceptions_is_catchable_as_them():
+    for cause in (ValueError("v"), KeyError("k"), ZeroDivisionError("z"), OSError(2, "no file")):
+        err = _task_error(cause).as_instanceof_cause()
+        assert isinstance(err, type(cause))
+        assert isinstance(pickle.loads(pickle.dumps(err)), type(cause))
+
+
+def test_task_error_without_a_cause_is_plain():
+    err = exc.TaskError("f", "tb only")
+    assert err.as_instanceof_cause() is err
+    assert pickle.loads(pickle.dumps(err)).traceback_str == "tb only"
+
+
+def test_task_error_renders_remote_traceback_for_ipython():
+    lines = _task_error(UserError("shown")).as_instanceof_cause()._render_traceback_()
+    assert "train_step" in lines[0] and "x.py" in "\n".join(lines)
+
+
+_SIMPLE = [getattr(exc, name) for name in exc.__all__
+           if name not in ("TaskError", "RayTaskError") and isinstance(getattr(exc, name), type)]
+
+
+@pytest.mark.parametrize("cls", _SIMPLE, ids=[c.__name__ for c in _SIMPLE])
+def test_every_error_pickles_to_an_equal_message(cls):
+    if cls in (exc.TaskCancelledError,):
+        err = cls("ab" * 16, "by the user")
+    elif issubclass(cls, exc.ObjectLostError):
+        err = cls("cd" * 16, "its node died")
+    elif cls is exc.ActorDiedError:
+        err = cls("ef" * 16, "killed", UserError("x"))
+    else:
+        err = cls("something happened to task f: do this next")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is type(err)
+    assert str(back) == str(err)
+    assert isinstance(back, exc.LumosError)
+
+
+def test_builtin_bases_and_ray_names():
+    assert issubclass(exc.GetTimeoutError, TimeoutError)
+    assert issubclass(exc.ObjectStoreFullError, MemoryError)
+    assert issubclass(exc.OwnerDiedError, exc.ObjectLostError)
+    assert exc.RayError is exc.LumosError and exc.RayActorError is exc.ActorDiedError
+    assert exc.RaySystemError is exc.LumosSystemError
+    for name in exc.__all__:
+        assert hasattr(exc, name), name

@@ -1,0 +1,43 @@
+"""The raylet's worker pool: workers that cannot start are retried with backoff."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import lumos
+from tests.conftest import lumos_children
+
+
+def _workers() -> list:
+    return [p for p in lumos_children() if "lumos._private.worker.main" in " ".join(p.cmdline())]
+
+
+def test_workers_failing_at_start_do_not_respawn_in_a_loop(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
+    ctx = fresh_cluster(num_cpus=2, include_dashboard=False)
+    session = ctx.address_info["session_dir"]
+    token = os.path.join(session, "token")
+    with open(token, "rb") as f:
+        saved = f.read()
+    seen: set[int] = set()
+    try:
+        os.rename(token, token + ".away")  # new workers cannot authenticate: they exit at start
+        for p in _workers():
+            os.kill(p.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline:
+            seen.update(p.pid for p in _workers())
+            time.sleep(0.05)
+        # Backoff doubles from 0.2 s: a handful of attempts in 4 s, not hundreds.
+        assert len(seen) <= 10, f"{len(seen)} worker processes started in 4 s"
+    finally:
+        os.rename(token + ".away", token)
+    with open(token, "rb") as f:
+        assert f.read() == saved
+
+    @lumos.remote
+    def ok() -> int:
+        return 1
+
+    assert lumos.get(ok.remote(), timeout=60) == 1  # the pool recovers once workers can start
