@@ -1,0 +1,1 @@
+"""One module per dashboard page; each defines a ``Page`` subclass (see ``common``)."""

@@ -1,0 +1,97 @@
+"""Task stream: one row per worker, one bar per task or actor-call execution.
+
+Finished executions are streamed into a rolling source (only new ones travel to the
+browser); running ones sit in a small source replaced on every update, their bars
+growing to "now". Bars are coloured by function; hover shows name, id, state, timing.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from typing import Any
+
+from lumos.dashboard.components.common import Page, esc
+from lumos.dashboard.graph_layout import STATE_COLORS, state_class
+
+ROLLOVER = 20_000
+FIELDS = ("worker", "start", "end", "color", "name", "task_id", "state", "duration", "node", "type")
+
+
+def _palette() -> tuple[str, ...]:
+    from bokeh.palettes import Category20_20
+    return tuple(Category20_20)
+
+
+class TaskStreamPage(Page):
+    name = "tasks"
+
+    def layout(self) -> Any:
+        from bokeh.layouts import column
+        from bokeh.models import ColumnDataSource, DataRange1d, Div, FactorRange, HoverTool
+        from bokeh.plotting import figure
+        self.colors = _palette()
+        self.done_source = ColumnDataSource({f: [] for f in FIELDS})
+        self.running_source = ColumnDataSource({f: [] for f in FIELDS})
+        self.plotted: set[str] = set()
+        self.y_range = FactorRange(factors=[])
+        self.plot = figure(x_axis_type="datetime", y_range=self.y_range, height=420, sizing_mode="stretch_width",
+                           title="Task stream (one row per worker)", name="task_stream",
+                           x_range=DataRange1d(follow="end", follow_interval=120_000, range_padding=0.02),
+                           tools="xpan,xwheel_zoom,reset,save")
+        for src, alpha, name in ((self.done_source, 0.9, "done"), (self.running_source, 0.5, "running")):
+            self.plot.hbar(y="worker", left="start", right="end", height=0.8, color="color", source=src,
+                           fill_alpha=alpha, line_color="color", name=name)
+        self.plot.add_tools(HoverTool(tooltips=[("task", "@name"), ("id", "@task_id"), ("state", "@state"),
+                                                ("duration", "@duration"), ("worker", "@worker"),
+                                                ("type", "@type")]))
+        self.counts = Div(text="", name="counts")
+        return column(self.counts, self.plot, sizing_mode="stretch_width")
+
+    def _color(self, name: str) -> str:
+        return self.colors[zlib.crc32(name.encode()) % len(self.colors)]
+
+    def _row(self, t: Any, end: float) -> tuple[Any, ...]:
+        start = t.start_time or end
+        dur = end - start
+        return (self.source.worker_label(t.worker_id), start * 1000, end * 1000, self._color(t.function_name or t.name),
+                t.name, t.task_id, t.state, f"{dur * 1000:.1f} ms" if dur < 10 else f"{dur:.1f} s",
+                (t.node_id or "")[:8], t.type)
+
+    def update(self) -> None:
+        src = self.source
+        changed = src.changes_since(self.seen)
+        if changed is None or self.seen < 0:
+            candidates = list(src.tasks)
+        else:
+            candidates = [tid for tid in changed if tid in src.tasks]
+        new: dict[str, list[Any]] = {f: [] for f in FIELDS}
+        for tid in candidates:
+            t = src.tasks[tid]
+            if tid in self.plotted or not t.start_time or not t.end_time or t.state not in ("FINISHED", "FAILED"):
+                continue
+            self.plotted.add(tid)
+            for f, v in zip(FIELDS, self._row(t, t.end_time)):
+                new[f].append(v)
+        now = time.time()
+        running: dict[str, list[Any]] = {f: [] for f in FIELDS}
+        for t in src.tasks.values() if len(src.tasks) < 50_000 else ():
+            if t.state == "RUNNING" and t.start_time:
+                for f, v in zip(FIELDS, self._row(t, now)):
+                    running[f].append(v)
+        workers = set(self.y_range.factors)
+        fresh = {w for w in new["worker"] + running["worker"] if w not in workers}
+        if fresh:
+            self.y_range.factors = sorted(workers | fresh)
+        if new["worker"]:
+            self.done_source.stream(new, rollover=ROLLOVER)
+        if running["worker"] or self.running_source.data["worker"]:
+            self.running_source.data = running
+        if len(self.plotted) > 4 * ROLLOVER:
+            self.plotted = set(self.done_source.data["task_id"])
+        counts = src.counts_by_state()
+        cells = "".join(
+            f"<span class='lumos-count' data-state='{esc(s)}' style='margin-right:14px'>"
+            f"<span style='display:inline-block;width:10px;height:10px;background:{STATE_COLORS[state_class(s)]}'></span>"
+            f" {esc(s)}: <b>{n}</b></span>" for s, n in sorted(counts.items()))
+        self.counts.text = f"<div style='font-family:sans-serif'>Tasks by state: {cells or 'none yet'}</div>"

@@ -1,0 +1,153 @@
+"""The dashboard inside a Jupyter server: ``{base_url}lumos/``, behind Jupyter's login.
+
+What Binder and remote JupyterLab users need: no port but the notebook server's.
+The same Bokeh documents as the head node's server run in the Jupyter server process:
+
+```
+browser --GET {base}lumos/dashboard/graph?cluster=session_…  (Jupyter login required)
+        <-- 302 {base}lumos/bokeh/graph?cluster=…&bokeh-session-id=<signed>
+browser --GET that page, then WS {base}lumos/bokeh/graph/ws (same Origin, signed token)
+```
+Bokeh refuses pages without a session id signed by this server's secret (made fresh at
+start-up), so the launcher, which requires Jupyter's login, is the only way in.
+
+The cluster is found through its session directory (``?cluster=`` names it; it is
+checked against a strict pattern and must exist under lumos's session root), never
+from an address in the URL: the extension reads the token and the GCS's Unix socket
+from there, so only clusters on this machine, run by this user, can be shown.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+from typing import Any
+from urllib.parse import urlencode
+
+from lumos.dashboard.components.common import PAGE_TITLES
+
+logger = logging.getLogger(__name__)
+
+_CLUSTER = re.compile(r"^session_[A-Za-z0-9_-]{1,120}$")
+
+
+def session_root() -> str:
+    from lumos._private.node import ROOT
+    return ROOT
+
+
+def find_session(name: str) -> str:
+    """The session directory of cluster ``name`` (or of the newest live one when empty).
+
+    Raises:
+        LookupError: no such live cluster on this machine.
+        ValueError: ``name`` is not a session name.
+    """
+    root = session_root()
+    if not name:
+        live = []
+        try:
+            entries = os.listdir(root)
+        except OSError:
+            entries = []
+        for entry in entries:
+            if _CLUSTER.match(entry) and os.path.exists(os.path.join(root, entry, "sockets", "gcs.sock")):
+                live.append((os.path.getmtime(os.path.join(root, entry)), entry))
+        if not live:
+            raise LookupError("no lumos cluster is running on this machine; call lumos.init() in a notebook first")
+        name = max(live)[1]
+    if not _CLUSTER.match(name):
+        raise ValueError(f"not a lumos cluster name: {name[:80]!r}")
+    path = os.path.join(root, name)
+    if not os.path.exists(os.path.join(path, "sockets", "gcs.sock")):
+        raise LookupError(f"no running lumos cluster named {name}")
+    return path
+
+
+class _Sources:
+    """One ClusterSource per cluster, made on first use, on the Jupyter server's loop."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, Any] = {}
+
+    def get(self, name: str) -> Any:
+        from lumos._private.gcs.client import GcsClient
+        from lumos.dashboard.source import ClusterSource
+        path = find_session(name)
+        name = os.path.basename(path)
+        source = self.by_name.get(name)
+        if source is None:
+            source = ClusterSource(GcsClient.from_session_dir(path, name="jupyter-dashboard->gcs"), label=name)
+            self.by_name[name] = source
+        return source
+
+    def close(self) -> None:
+        for source in self.by_name.values():
+            source.close()
+        self.by_name.clear()
+
+
+def load(serverapp: Any) -> None:
+    """Mount the dashboard into a jupyter-server (``_load_jupyter_server_extension``)."""
+    import tornado.web
+    from bokeh.server.tornado import BokehTornado
+    from bokeh.util.token import generate_session_id
+    from jupyter_server.base.handlers import JupyterHandler
+    from jupyter_server.utils import url_path_join
+    from tornado.ioloop import IOLoop
+    from tornado.routing import PathMatches
+
+    from lumos.dashboard.app import applications, request_args, use_same_origin_ws
+
+    web_app = serverapp.web_app
+    base = web_app.settings["base_url"]
+    prefix = url_path_join(base, "lumos", "bokeh")
+    launch = url_path_join(base, "lumos", "dashboard")
+    secret = secrets.token_urlsafe(32).encode()
+    sources = _Sources()
+
+    def resolve(doc: Any) -> tuple[Any, Any]:
+        cluster = request_args(doc).get("cluster", "")
+        source = sources.get(cluster)
+        name = source.label
+
+        def links(page: str, args: dict[str, str]) -> str:
+            return url_path_join(launch, page) + "?" + urlencode({"cluster": name, **args})
+        return source, links
+
+    bokeh = BokehTornado(applications(resolve), prefix=prefix, use_index=False, redirect_root=False,
+                         secret_key=secret, sign_sessions=True, generate_session_ids=False)
+    use_same_origin_ws(bokeh)
+    bokeh.initialize(IOLoop.current())
+    bokeh.start()
+    web_app.settings["lumos_bokeh"] = bokeh
+    web_app.settings["lumos_sources"] = sources
+
+    class Launcher(JupyterHandler):  # type: ignore[misc]
+        """Jupyter-authenticated entry: mints a signed Bokeh session id and redirects."""
+
+        @tornado.web.authenticated
+        def get(self, page: str = "status") -> None:
+            if page not in PAGE_TITLES:
+                raise tornado.web.HTTPError(404, f"no dashboard page {page!r}; pages: {', '.join(PAGE_TITLES)}")
+            cluster = self.get_query_argument("cluster", "")
+            try:
+                name = os.path.basename(find_session(cluster))
+            except ValueError as e:
+                raise tornado.web.HTTPError(400, str(e)) from None
+            except LookupError as e:
+                raise tornado.web.HTTPError(404, str(e)) from None
+            args = {"cluster": name}
+            obj = self.get_query_argument("object", "")
+            if obj and obj.isalnum() and len(obj) <= 128:
+                args["object"] = obj
+            args["bokeh-session-id"] = generate_session_id(secret_key=secret, signed=True)
+            self.redirect(url_path_join(prefix, page) + "?" + urlencode(args))
+
+    # jupyter_server's add_handlers audits handler classes; a whole tornado application
+    # (Bokeh's router) goes in through tornado's own method.
+    tornado.web.Application.add_handlers(web_app, ".*$", [(PathMatches(prefix + "/.*"), bokeh)])
+    web_app.add_handlers(".*$", [(launch + r"/(\w+)", Launcher), (launch + "/?", Launcher)])
+    serverapp.log.info("lumos dashboard mounted at %s", launch)

@@ -1,0 +1,326 @@
+"""The dashboard's mirror of GCS state: one per cluster, shared by every open page.
+
+It owns a ``GcsClient`` on the process's asyncio loop (the dashboard's tornado loop or
+the Jupyter server's), subscribes to the nodes/jobs/workers/actors channels and polls
+the task log for changed records (``GetTaskUpdates``) and the resource view every
+``poll_interval_s``. Pages read its dicts from the same loop, so no locks are needed.
+
+It polls only while someone looks: pages call ``touch()`` from their periodic
+callbacks, and after ``idle_after_s`` without a touch the poll loop sleeps. An idle
+dashboard therefore costs the GCS nothing (the "never slows tasks" requirement).
+
+```
+GCS ──GetTaskUpdates / GetClusterStatus (poll)──► ClusterSource ──tasks, nodes, tick──► pages
+    ──Publish(nodes | jobs | workers | actors)──►
+```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import Any, Iterable
+
+from lumos._private.gcs.client import GcsClient
+from lumos._private.gcs.task_log import ROW_FIELDS
+from lumos._private.protocol import messages as m
+from lumos._private.transport.connection import ConnectionLost, RemoteError
+
+logger = logging.getLogger(__name__)
+
+PENDING_STATES = frozenset(("SUBMITTED", "PENDING_ARGS", "SCHEDULED", "RETRIED"))
+TERMINAL_STATES = frozenset(("FINISHED", "FAILED", "CANCELLED"))
+_HEX_FIELDS = ("task_id", "job_id", "parent", "actor_id", "prev_call", "node_id", "worker_id")
+_IDX = {name: i for i, name in enumerate(ROW_FIELDS)}
+
+
+class Task:
+    """One task as the dashboard knows it (ids in hex)."""
+
+    __slots__ = ROW_FIELDS + ("first_seen",)
+
+    task_id: str
+    job_id: str
+    name: str
+    function_name: str
+    type: str
+    state: str
+    attempt: int
+    retries: int
+    parent: str | None
+    actor_id: str | None
+    prev_call: str | None
+    args: list[str]
+    returns: list[str]
+    node_id: str | None
+    worker_id: str | None
+    error: str | None
+    submitted_time: float | None
+    start_time: float | None
+    end_time: float | None
+    resources: dict[str, float]
+    resource_ids: dict[str, list[Any]] | None
+    first_seen: int
+
+    def __init__(self, row: list[Any], tick: int) -> None:
+        self.first_seen = tick
+        self.update(row)
+
+    def update(self, row: list[Any]) -> None:
+        for name, value in zip(ROW_FIELDS, row):
+            if name in _HEX_FIELDS:
+                value = value.hex() if isinstance(value, bytes) and value else None
+            elif name in ("args", "returns"):
+                value = [v.hex() for v in value if isinstance(v, bytes)]
+            setattr(self, name, value)
+
+    @property
+    def reran(self) -> bool:
+        """Retried or rebuilt by lineage reconstruction (a later attempt ran)."""
+        return bool(self.retries) or self.attempt > 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in ROW_FIELDS}
+
+
+class ClusterSource:
+    """Mirror of one cluster's GCS state, refreshed while pages look at it."""
+
+    def __init__(self, client: GcsClient, *, poll_interval_s: float = 0.25, idle_after_s: float = 15.0,
+                 max_tasks: int = 200_000, label: str = "") -> None:
+        self.client = client
+        self.poll_interval_s = poll_interval_s
+        self.idle_after_s = idle_after_s
+        self.max_tasks = max_tasks
+        #: Shown in page headers (session directory name or GCS address).
+        self.label = label
+        #: Node id (hex) -> NodeInfo.
+        self.nodes: dict[str, m.NodeInfo] = {}
+        #: Node id (hex) -> NodeResources (load as of the last heartbeat).
+        self.status: dict[str, m.NodeResources] = {}
+        #: Worker id (hex) -> WorkerInfo.
+        self.workers: dict[str, m.WorkerInfo] = {}
+        #: Job id (hex) -> JobInfo.
+        self.jobs: dict[str, m.JobInfo] = {}
+        #: Actor id (hex) -> ActorInfo (when the GCS has an actor table).
+        self.actors: dict[str, Any] = {}
+        #: Task id (hex) -> Task, in the order first seen.
+        self.tasks: dict[str, Task] = {}
+        #: Object id (hex) -> id of the task that returns it.
+        self.producer: dict[str, str] = {}
+        #: Increases whenever anything changed; pages compare it with theirs.
+        self.tick = 0
+        self._changes: collections.deque[tuple[int, list[str]]] = collections.deque(maxlen=200)
+        self._seq = 0
+        self.connected = False
+        #: Why the last connection attempt or poll failed ("" when fine).
+        self.error = ""
+        self.last_poll = 0.0
+        self._last_touch = 0.0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the poll loop on the running loop (idempotent)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="dashboard.source")
+
+    def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self.client.close()
+
+    def touch(self) -> None:
+        """A page is looking: keep (or start) polling."""
+        self._last_touch = time.monotonic()
+        self.start()
+        self._wake.set()
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        for channel, cb in (("nodes", self._on_node), ("jobs", self._on_job), ("workers", self._on_worker),
+                            ("actors", self._on_actor)):
+            self.client.subscribe(channel, cb)
+        while not self._closed:
+            try:
+                if not self.client.connected:
+                    await self.client.connect(timeout_s=5.0)
+                    await self._load_tables()
+                    self.connected = True
+                    self.error = ""
+                    backoff = 0.1
+                await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except (ConnectionLost, OSError, TimeoutError, RemoteError) as e:
+                self.connected = False
+                self.error = f"{type(e).__name__}: {e}"
+                self.client.close()
+                self._bump([])
+                logger.info("GCS unreachable (%s); retrying in %.1fs", self.error, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                await self._idle_wait()  # a gone cluster nobody looks at is not retried
+                continue
+            except Exception:
+                logger.exception("dashboard poll failed")
+                await asyncio.sleep(1.0)
+                continue
+            if not await self._idle_wait():
+                await asyncio.sleep(self.poll_interval_s)
+
+    async def _idle_wait(self) -> bool:
+        """Sleep until a page touches the source again, if none did lately; True if it slept."""
+        if time.monotonic() - self._last_touch <= self.idle_after_s:
+            return False
+        self._wake.clear()
+        await self._wake.wait()
+        return True
+
+    async def _load_tables(self) -> None:
+        call = self.client.call
+        self.nodes = {n.node_id.hex(): n for n in await call(m.GetAllNodes())}
+        self.jobs = {j.job_id.hex(): j for j in await call(m.GetAllJobs())}
+        self.workers = {w.worker_id.hex(): w for w in await call(m.GetAllWorkers())}
+        list_actors = getattr(m, "ListActors", None)
+        if list_actors is not None:
+            try:
+                rows = await call(list_actors(None))
+            except RemoteError:  # a GCS without an actor table
+                rows = []
+            self.actors = {a.actor_id.hex(): a for a in rows if hasattr(a, "actor_id")}
+
+    async def poll(self) -> None:
+        """One refresh: changed task records (all pages of them) and the resource view."""
+        changed: list[str] = []
+        more = True
+        while more:
+            last, rows, more = await self.client.call(m.GetTaskUpdates(self._seq, 5000))
+            if last < self._seq:  # the GCS restarted: its log starts over
+                self.tasks.clear()
+                self.producer.clear()
+            self._seq = last
+            changed.extend(self._apply_rows(rows))
+        self.status = {s.node_id.hex(): s for s in await self.client.call(m.GetClusterStatus())}
+        self.last_poll = time.time()
+        self._bump(changed)
+
+    def _apply_rows(self, rows: Iterable[list[Any]]) -> list[str]:
+        tasks = self.tasks
+        tick = self.tick + 1
+        out = []
+        i_id = _IDX["task_id"]
+        for row in rows:
+            tid = row[i_id].hex()
+            task = tasks.get(tid)
+            if task is None:
+                task = tasks[tid] = Task(row, tick)
+                for oid in task.returns:
+                    self.producer[oid] = tid
+            else:
+                task.update(row)
+            out.append(tid)
+        if len(tasks) > self.max_tasks:
+            self._trim(len(tasks) - self.max_tasks)
+        return out
+
+    def _trim(self, n: int) -> None:
+        for tid in list(self.tasks)[:n * 2]:
+            if n <= 0:
+                break
+            task = self.tasks[tid]
+            if task.state in TERMINAL_STATES:
+                del self.tasks[tid]
+                for oid in task.returns:
+                    self.producer.pop(oid, None)
+                n -= 1
+
+    def _bump(self, changed: list[str]) -> None:
+        self.tick += 1
+        self._changes.append((self.tick, changed))
+
+    def changes_since(self, tick: int) -> set[str] | None:
+        """Task ids changed after ``tick``, or None when that is too long ago (rebuild)."""
+        if tick >= self.tick:
+            return set()
+        if not self._changes or self._changes[0][0] > tick + 1:
+            return None
+        out: set[str] = set()
+        for t, ids in self._changes:
+            if t > tick:
+                out.update(ids)
+        return out
+
+    # ------------------------------------------------------------------ subscriptions
+
+    def _on_node(self, msg: m.Publish) -> None:
+        if isinstance(msg.data, m.NodeInfo):
+            self.nodes[msg.data.node_id.hex()] = msg.data
+            self._bump([])
+
+    def _on_job(self, msg: m.Publish) -> None:
+        if isinstance(msg.data, m.JobInfo):
+            self.jobs[msg.data.job_id.hex()] = msg.data
+            self._bump([])
+
+    def _on_worker(self, msg: m.Publish) -> None:
+        if isinstance(msg.data, m.WorkerInfo):
+            self.workers[msg.data.worker_id.hex()] = msg.data
+            self._bump([])
+
+    def _on_actor(self, msg: m.Publish) -> None:
+        info = msg.data
+        if hasattr(info, "actor_id"):
+            key = info.actor_id.hex()
+            old = self.actors.get(key)
+            if old is None or getattr(info, "version", 0) >= getattr(old, "version", 0):
+                self.actors[key] = info
+                self._bump([])
+
+    # ------------------------------------------------------------------ derived views
+
+    def worker_label(self, worker_id: str | None) -> str:
+        if not worker_id:
+            return "?"
+        w = self.workers.get(worker_id)
+        if w is None:
+            return f"worker {worker_id[:8]}"
+        return f"{w.node_id.hex()[:6]} pid {w.pid}"
+
+    def counts_by_state(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.tasks.values():
+            out[t.state] = out.get(t.state, 0) + 1
+        return out
+
+    def lineage(self, object_id: str, max_tasks: int = 2000) -> list[Task]:
+        """Tasks that produced ``object_id``, transitively through their arguments."""
+        seen: set[str] = set()
+        out: list[Task] = []
+        todo = [object_id]
+        while todo and len(out) < max_tasks:
+            tid = self.producer.get(todo.pop())
+            if tid is None or tid in seen:
+                continue
+            seen.add(tid)
+            task = self.tasks.get(tid)
+            if task is None:
+                continue
+            out.append(task)
+            todo.extend(task.args)
+            if task.prev_call:  # an actor call depends on the actor's state: its earlier calls
+                prev = self.tasks.get(task.prev_call)
+                if prev is not None:
+                    todo.extend(prev.returns[:1])
+        return out
+
+    def pending_calls(self, actor_id: str) -> int:
+        return sum(1 for t in self.tasks.values()
+                   if t.actor_id == actor_id and t.type == "ACTOR_TASK" and t.state not in TERMINAL_STATES)
