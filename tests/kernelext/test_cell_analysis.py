@@ -1,0 +1,36 @@
+"""What a cell reads and binds (pure; no kernel)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lumos.kernelext.cell import analyze
+
+
+def test_reads_exclude_names_assigned_first_and_nested_locals() -> None:
+    a = analyze("y = x + 1\nz = y * w\ndef f(p):\n    return p + q\nfor i in items:\n    total += i\n")
+    assert a.reads == ["x", "w", "q", "items", "total"]
+    assert set(a.assigns) == {"y", "z", "f", "i", "total"}
+
+
+def test_binds_cover_imports_classes_globals_del_and_walrus() -> None:
+    a = analyze("import numpy as np\nimport os.path\nfrom json import dumps as d\nclass C: pass\n"
+                "def g():\n    global hidden\n    hidden = 1\ndel old\n(n := 3)\n")
+    assert set(a.assigns) == {"np", "os", "d", "C", "g", "hidden", "old", "n"}
+    assert a.reads == ["old"]  # `del old` needs it remotely
+
+
+def test_augmented_assignment_reads_the_name() -> None:
+    assert analyze("count += 1").reads == ["count"]
+
+
+def test_last_expression_and_semicolon() -> None:
+    assert analyze("x = 1\nx + 1").last_expr
+    assert not analyze("x = 1").last_expr
+    assert analyze("x + 1;").quiet
+    assert not analyze("x + 1").quiet
+
+
+def test_syntax_error_is_raised() -> None:
+    with pytest.raises(SyntaxError):
+        analyze("def (:")

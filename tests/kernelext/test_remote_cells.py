@@ -1,0 +1,260 @@
+"""``%%remote`` in a real ipykernel: shipping, results, output, errors, options."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from tests.kernelext.conftest import KernelSession, displays, errors, result_text, stdout
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_load_ext_registers_both_magics(kernel: KernelSession) -> None:
+    assert kernel.value("sorted(k for k in get_ipython().magics_manager.magics['cell'] if k == 'remote')") == \
+        ["remote"]
+    assert kernel.value("'lumos' in get_ipython().magics_manager.magics['line']")
+    cell = kernel.run("%load_ext lumos.kernelext")
+    assert not errors(cell)
+
+
+def test_cell_runs_on_a_worker_with_shipped_names_and_returns_assignments(kernel: KernelSession) -> None:
+    kernel.run("import os\nimport numpy as np\nk = 3\na = np.arange(5)\n"
+               "def sq(v):\n    return v * v\nclass Point:\n    def __init__(self, x): self.x = x")
+    cell = kernel.run("%%remote\nb = a * k\nc = sq(k)\np = Point(c)\npid = os.getpid()\n"
+                      "import json\nb.sum()")
+    assert not errors(cell), errors(cell)
+    assert result_text(cell) == "np.int64(30)"
+    assert kernel.value("b.tolist()") == [0, 3, 6, 9, 12]
+    assert kernel.value("c") == 9
+    assert kernel.value("p.x") == 9
+    assert kernel.value("json.__name__") == "json"  # imported remotely, re-imported here
+    assert kernel.value("pid != os.getpid()")
+
+
+def test_last_expression_semicolon_suppresses_display(kernel: KernelSession) -> None:
+    cell = kernel.run("%%remote\n1 + 1;")
+    assert result_text(cell) is None
+    cell = kernel.run("%%remote\nNone")
+    assert result_text(cell) is None
+
+
+def test_names_assigned_before_read_are_not_shipped(kernel: KernelSession) -> None:
+    kernel.run("shadow = 'notebook'")
+    cell = kernel.run("%%remote\nshadow = 'remote'\nout = shadow + '!'")
+    assert not errors(cell)
+    assert kernel.value("get_ipython()._lumos_magics.cells.last.shipped") == []
+    assert kernel.value("out") == "remote!"
+
+
+def test_print_streams_into_the_cell_while_it_runs(kernel: KernelSession, tmp_path: object) -> None:
+    flag = os.path.join(str(tmp_path), "go")
+    cell = kernel.add(
+        "%%remote\nimport os, time, sys\nprint('first line', flush=True)\n"
+        f"deadline = time.time() + 20\nwhile not os.path.exists({flag!r}) and time.time() < deadline:\n"
+        "    time.sleep(0.05)\nprint('saw flag' if os.path.exists(" + repr(flag) + ") else 'timed out')\n"
+        "print('to stderr', file=sys.stderr)")
+
+    def release_when_streamed() -> None:
+        # the cell waits for the flag; we set it only once its first line is in the cell
+        deadline = time.monotonic() + 25
+        while time.monotonic() < deadline:
+            if any("first line" in o.get("text", "") for o in list(cell.outputs)):
+                open(flag, "w").close()
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=release_when_streamed, name="test-watcher")
+    watcher.start()
+    try:
+        kernel.execute(cell)
+    finally:
+        watcher.join(30)
+    assert "saw flag" in stdout(cell), "output did not reach the cell while it was running"
+    assert "to stderr" in stdout(cell, "stderr")
+    assert "pid=" not in stdout(cell)  # no "(task pid=N)" prefix inside the cell
+
+
+def test_async_output_lands_in_the_submitting_cell(kernel: KernelSession) -> None:
+    first = kernel.run("%%remote --async\nimport time\ntime.sleep(1.0)\nprint('late line')\nlate_value = 7")
+    assert not errors(first)
+    assert kernel.value("type(late_value).__name__") == "ObjectRef"
+    second = kernel.run("import time\ntime.sleep(4)\nprint('second cell')")
+    assert "late line" not in stdout(second)
+    text = " ".join(str(d.get("text/plain")) for d in displays(first))
+    assert "late line" in text and "finished" in text, displays(first)
+    # a later remote cell receives the value, not the ref
+    third = kernel.run("%%remote\nlate_value * 6")
+    assert result_text(third) == "42"
+    assert kernel.value("type(late_value).__name__") == "ObjectRef"
+
+
+def test_display_inside_cell_reaches_notebook_with_rich_repr(kernel: KernelSession) -> None:
+    cell = kernel.run("%%remote\nclass Card:\n    def _repr_html_(self):\n        return '<b>rich card</b>'\n"
+                      "    def __repr__(self):\n        return 'Card()'\nprint('before')\ndisplay(Card())\n"
+                      "print('after')")
+    assert not errors(cell), errors(cell)
+    html = [d["text/html"] for d in displays(cell) if "text/html" in d]
+    assert html == ["<b>rich card</b>"]
+    kinds = [o.output_type for o in cell.outputs]
+    assert kinds.index("display_data") > 0  # after the first print, in order
+    assert "before" in stdout(cell) and "after" in stdout(cell)
+
+
+def test_error_shows_remote_traceback_with_cell_line_numbers(kernel: KernelSession) -> None:
+    cell = kernel.run("%%remote\nx = 1\ndef boom(v):\n    return v / 0\nboom(x)")
+    errs = errors(cell)
+    assert len(errs) == 1
+    assert "ZeroDivisionError" in errs[0]["ename"]
+    tb = "\n".join(errs[0]["traceback"])
+    assert "Cell In[" in tb and "line 5" in tb and "line 4" in tb  # boom(x) is cell line 5, v / 0 line 4
+    assert "return v / 0" in tb
+    assert "kernelext" not in tb and "run_cell" not in tb
+
+
+def test_unpicklable_value_names_the_variable(kernel: KernelSession) -> None:
+    kernel.run("import threading\nlk = threading.Lock()")
+    cell = kernel.run("%%remote\nprint(lk)")
+    errs = errors(cell)
+    assert errs and "'lk'" in errs[0]["evalue"], errs
+
+
+def test_large_value_is_put_once_and_reused_while_unchanged(kernel: KernelSession) -> None:
+    kernel.run("big = np.ones(1_000_000)")
+    cell = kernel.run("%%remote\ns1 = float(big.sum())")
+    assert not errors(cell), errors(cell)
+    stats = "get_ipython()._lumos_magics.cells.last.stats"
+    assert kernel.value(f"{stats}.put_bytes") >= 8_000_000
+    kernel.run("%%remote\ns2 = float(big.sum())")
+    assert kernel.value(f"{stats}.put_bytes") == 0
+    assert kernel.value(f"{stats}.reused_bytes") >= 8_000_000
+    kernel.run("big[0] = 101.0")
+    kernel.run("%%remote\ns3 = float(big.sum())")
+    assert kernel.value(f"{stats}.put_bytes") >= 8_000_000
+    assert kernel.value("[s1, s2, s3]") == [1e6, 1e6, 1e6 + 100]
+
+
+def test_objectrefs_stay_refs_and_resolve_on_cluster(kernel: KernelSession) -> None:
+    kernel.run("r = lumos.put(5)")
+    cell = kernel.run("%%remote\nkind = type(r).__name__\nval = lumos.get(r)")
+    assert not errors(cell), errors(cell)
+    assert kernel.value("[kind, val]") == ["ObjectRef", 5]
+
+
+def test_map_runs_per_element_and_returns_lists_in_order(kernel: KernelSession) -> None:
+    cell = kernel.run("%%remote --map x=range(5)\nimport os\nsq = x * x\nprint('item', x)\nsq + 1")
+    assert not errors(cell), errors(cell)
+    assert kernel.value("sq") == [0, 1, 4, 9, 16]
+    assert result_text(cell) == "[1, 2, 5, 10, 17]"
+    for i in range(5):
+        assert f"[{i}] item {i}" in stdout(cell)
+
+
+def test_async_map_results_are_resolved_by_a_later_cell(kernel: KernelSession) -> None:
+    kernel.run("%%remote --async --map i=[1, 2, 3]\nhalf = i / 2")
+    assert kernel.value("[type(h).__name__ for h in half]") == ["ObjectRef"] * 3
+    cell = kernel.run("%%remote\ntotal = sum(half)")
+    assert not errors(cell), errors(cell)
+    assert kernel.value("total") == 3.0
+
+
+def test_resource_options_reach_the_task(kernel: KernelSession) -> None:
+    node = kernel.value("lumos.nodes()[0]['NodeID']")
+    cell = kernel.run(f"%%remote --num-cpus 1 --num-gpus 0.5 --memory 1MB --resources '{{}}' --node {node[:8]} "
+                      "--retries 1 --name my-cell\ngpus = lumos.get_gpu_ids()\n"
+                      "here = lumos.get_runtime_context().get_node_id()")
+    assert not errors(cell), errors(cell)
+    assert len(kernel.value("gpus")) == 1
+    assert kernel.value("here") == node
+    opts = kernel.value("{k: str(v) for k, v in get_ipython()._lumos_magics.cells.last.options.items()}")
+    assert opts["num_gpus"] == "0.5" and opts["memory"] == "1000000" and opts["name"] == "my-cell"
+    assert opts["max_retries"] == "1" and "NodeAffinity" in opts["scheduling_strategy"]
+    cell = kernel.run("%%remote --strategy SPREAD\nok = 1")
+    assert not errors(cell)
+
+
+@pytest.mark.parametrize("flags, message", [
+    ("--node nosuchnode", "no alive node"),
+    ("--num-gpus 1.5", "fractions"),
+    ("--resources notjson", "JSON"),
+    ("--strategy PACKED", "SPREAD or DEFAULT"),
+    ("--bundle 1", "--placement-group"),
+    ("--map nothing", "NAME=ITERABLE"),
+    ("--pull a", "--session"),
+])
+def test_bad_options_give_clear_errors(kernel: KernelSession, flags: str, message: str) -> None:
+    cell = kernel.run(f"%%remote {flags}\nx = 1")
+    errs = errors(cell)
+    assert errs and message in errs[0]["evalue"], errs
+
+
+def test_placement_group_option(kernel: KernelSession) -> None:
+    has_pg = kernel.value("hasattr(lumos.util, 'placement_group')")
+    if has_pg:
+        kernel.run("_pg = lumos.util.placement_group([{'CPU': 1}], name='cellpg')\nlumos.get(_pg.ready(), timeout=30)")
+        cell = kernel.run("%%remote --placement-group cellpg --bundle 0\nin_pg = True")
+        assert not errors(cell), errors(cell)
+        assert kernel.value("in_pg") is True
+        kernel.run("lumos.util.remove_placement_group(_pg)")
+    else:
+        cell = kernel.run("%%remote --placement-group cellpg\nx = 1")
+        assert errors(cell) and "placement groups are not available" in errors(cell)[0]["evalue"]
+
+
+def test_timeout_cancels_the_cell(kernel: KernelSession) -> None:
+    start = time.monotonic()
+    cell = kernel.run("%%remote --timeout 1\nimport time\ntime.sleep(30)")
+    assert time.monotonic() - start < 20
+    errs = errors(cell)
+    assert errs and "GetTimeoutError" in errs[0]["ename"] and "--timeout 1" in errs[0]["evalue"], errs
+
+
+def test_shell_escape_runs_remotely(kernel: KernelSession) -> None:
+    cell = kernel.run("%%remote\n!echo from-the-worker")
+    assert "from-the-worker" in stdout(cell)
+
+
+def test_del_in_remote_cell_removes_the_notebook_name(kernel: KernelSession) -> None:
+    kernel.run("doomed = 1\nkeep = 2")
+    cell = kernel.run("%%remote\ndel doomed\nkeep2 = keep")
+    assert not errors(cell), errors(cell)
+    assert kernel.value("'doomed' in globals()") is False
+    assert kernel.value("keep2") == 2
+
+
+def test_notebook_function_calling_display_works_remotely(kernel: KernelSession) -> None:
+    kernel.run("class Tag:\n    def _repr_html_(self):\n        return '<i>tag</i>'\n"
+               "def show():\n    display(Tag())")
+    cell = kernel.run("%%remote\nshow()")
+    assert not errors(cell), errors(cell)
+    assert [d["text/html"] for d in displays(cell) if "text/html" in d] == ["<i>tag</i>"]
+
+
+def test_interrupt_cancels_the_remote_cell(kernel: KernelSession, tmp_path: object) -> None:
+    import signal
+    kernel_pid = kernel.value("__import__('os').getpid()")
+    marker = os.path.join(str(tmp_path), "not-cancelled")
+    cell = kernel.add("%%remote\nimport time\nprint('started', flush=True)\ntime.sleep(6)\n"
+                      f"open({marker!r}, 'w').close()")
+
+    def interrupt_when_started() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if any("started" in o.get("text", "") for o in list(cell.outputs)):
+                os.kill(kernel_pid, signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=interrupt_when_started, name="test-interrupter")
+    watcher.start()
+    try:
+        kernel.execute(cell)
+    finally:
+        watcher.join(30)
+    errs = errors(cell)
+    assert errs and errs[0]["ename"] == "KeyboardInterrupt", cell.outputs
+    time.sleep(7)
+    assert not os.path.exists(marker), "the remote cell kept running after Ctrl-C"
