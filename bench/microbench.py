@@ -75,6 +75,7 @@ def run(impl: str, num_cpus: int, quick: bool) -> dict[str, float]:
         ray.get([noop.remote() for _ in range(k)])
 
     per, parents = 100, max(2, num_cpus)
+    ray.get([parent.remote(per) for _ in range(parents)])  # warm-up: workers for blocked parents
     t = time.perf_counter()
     ray.get([parent.remote(per) for _ in range(parents)])
     ray.get([parent.remote(per) for _ in range(parents)])
@@ -105,8 +106,72 @@ def run(impl: str, num_cpus: int, quick: bool) -> dict[str, float]:
     results["wait on 1000 refs (/s)"] = 1 / _timeit(
         lambda: ray.wait(refs, num_returns=len(refs)), 1.0 * scale, 20000)
 
+    run_actors(ray, results, num_cpus, scale)
     ray.shutdown()
     return results
+
+
+def run_actors(ray: Any, results: dict[str, float], num_cpus: int, scale: float) -> None:
+    @ray.remote
+    class Target:
+        def ping(self, *args: Any) -> None:
+            return None
+
+    @ray.remote
+    class AsyncTarget:
+        async def ping(self, *args: Any) -> None:
+            return None
+
+    @ray.remote
+    class Caller:
+        def __init__(self, targets: list[Any]) -> None:
+            self.targets = targets
+
+        def run(self, n: int) -> int:
+            refs = [self.targets[i % len(self.targets)].ping.remote() for i in range(n)]
+            ray.get(refs)
+            return n
+
+    k = max(4, int(16 * scale))
+    ray.get([Target.remote().ping.remote() for _ in range(2)])  # warm-up
+    t = time.perf_counter()
+    actors = [Target.remote() for _ in range(k)]
+    ray.get([a.ping.remote() for a in actors])
+    results["actor creation (/s)"] = k / (time.perf_counter() - t)
+    for a in actors:
+        ray.kill(a)
+    del actors
+    time.sleep(2.0)  # let the killed actors' processes go before timing latencies
+
+    a = Target.remote()
+    ray.get(a.ping.remote())
+    lat = []
+    for _ in range(int(2000 * scale)):
+        t = time.perf_counter()
+        ray.get(a.ping.remote())
+        lat.append(time.perf_counter() - t)
+    lat.sort()
+    results["1:1 sync actor call p50 (us)"] = lat[len(lat) // 2] * 1e6
+
+    n = int(10000 * scale)
+    t = time.perf_counter()
+    ray.get([a.ping.remote() for _ in range(n)])
+    results["1:1 async actor calls (/s)"] = n / (time.perf_counter() - t)
+
+    pairs = max(2, num_cpus)
+    targets = [Target.remote() for _ in range(pairs)]
+    callers = [Caller.remote(targets) for _ in range(pairs)]
+    ray.get([c.run.remote(10) for c in callers])
+    per = int(4000 * scale)
+    t = time.perf_counter()
+    ray.get([c.run.remote(per) for c in callers])
+    results["n:n async actor calls (/s)"] = pairs * per / (time.perf_counter() - t)
+
+    aa = AsyncTarget.remote()
+    ray.get(aa.ping.remote())
+    t = time.perf_counter()
+    ray.get([aa.ping.remote() for _ in range(n)])
+    results["async-actor calls (/s)"] = n / (time.perf_counter() - t)
 
 
 HIGHER_IS_BETTER = {"(/s)": True, "(GB/s)": True, "(us)": False, "(s)": False}
