@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+import psutil
 import pytest
 
 import lumos
@@ -29,6 +31,81 @@ def test_object_on_a_dead_node_raises_object_lost() -> None:
         wait_for(lambda: not [n for n in lumos.nodes() if n["NodeID"] == node.node_id and n["Alive"]], 10)
         with pytest.raises(lumos.exceptions.ObjectLostError, match="could not be copied"):
             lumos.get(ref, timeout=30)
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_task_running_on_a_killed_node_is_retried_on_another(tmp_path: Any) -> None:
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
+    try:
+        nodes = {n.node_id: n for n in (cluster.add_node(num_cpus=1, resources={"w": 1}),
+                                         cluster.add_node(num_cpus=1, resources={"w": 1}))}
+        cluster.connect()
+        marker = str(tmp_path / "first_attempt")
+
+        @lumos.remote(resources={"w": 1}, max_retries=2)
+        def long_job(path: str) -> tuple[str, int]:
+            import os
+            import time
+            here = lumos.get_runtime_context().get_node_id()
+            if not os.path.exists(path):
+                with open(path + ".tmp", "w") as f:
+                    f.write(here)
+                os.rename(path + ".tmp", path)
+                time.sleep(300)  # ends only with its node
+            return here, os.getpid()
+
+        ref = long_job.remote(marker)
+        def first_node() -> str | None:
+            if not os.path.exists(marker):
+                return None
+            with open(marker) as f:
+                return f.read()
+
+        first = wait_for(first_node, 30, 0.05)
+        assert first in nodes
+        cluster.remove_node(nodes[first])
+        where, _pid = lumos.get(ref, timeout=60)
+        assert where != first and where in nodes
+        # The task's record shows the retry.
+        rows = [t for t in lumos.state.list_tasks() if t["name"].endswith("long_job")]
+        assert rows and max(r["attempt_number"] for r in rows) >= 1, rows
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_object_of_a_dead_owner_on_another_node_raises_owner_died() -> None:
+    import numpy as np
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
+    try:
+        cluster.add_node(num_cpus=1, resources={"far": 1})
+        cluster.connect()
+
+        @lumos.remote(resources={"far": 1})
+        class Owner:
+            def make(self, big: bool) -> list[Any]:
+                # The actor owns what it puts; the driver only borrows it.
+                return [lumos.put(np.ones(1_000_000) if big else 7)]
+
+            def pid(self) -> int:
+                return os.getpid()
+
+        owner = Owner.remote()
+        [small], [big] = lumos.get([owner.make.remote(False), owner.make.remote(True)], timeout=60)
+        assert lumos.get(small, timeout=30) == 7
+        pid = lumos.get(owner.pid.remote(), timeout=30)
+        lumos.kill(owner)  # returns at once, as Ray's does: wait until the process is gone
+        wait_for(lambda: not psutil.pid_exists(pid), 30, 0.05)
+        with pytest.raises(lumos.exceptions.OwnerDiedError):
+            lumos.get(big, timeout=30)
+        # Nothing else broke: new work runs.
+        assert lumos.get(lumos.remote(lambda: 1).remote(), timeout=30) == 1
     finally:
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)
