@@ -4,16 +4,69 @@ Owns every tunable knob. Resolved once when a process starts (defaults, then
 ``LUMOS_<FIELD>`` environment variables, then ``init(_system_config=...)``) and
 handed to child processes as JSON on their command line. Nothing below this module
 reads ``os.environ`` for configuration.
+
+``resolve`` checks every value against its field's annotation and range, so a bad
+knob fails in the caller (``init``, ``Cluster``, ``lumos start``) with the field's name,
+not later on a GCS or raylet command line. A numeric field accepts finite values ``>= 0``
+unless its default is wrapped in ``_positive`` (``> 0``) or an ``..._or_auto`` helper
+(also ``-1``, "pick for me").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import math
 import os
-from typing import Any, Mapping
+import reprlib
+import types
+import typing
+from typing import Any, Mapping, TypeVar
 
 _ENV_PREFIX = "LUMOS_"
+_T = TypeVar("_T")
+#: Value of a count that means "pick for me" (see the field's comment).
+_AUTO = -1
+#: Unit shown in error messages, by field-name suffix.
+_UNITS = {"_ms": "milliseconds", "_s": "seconds", "_bytes": "bytes"}
+#: How environment variables spell a bool (``_system_config`` takes only True and False).
+_ENV_BOOLS = {"1": True, "true": True, "yes": True, "on": True,
+              "0": False, "false": False, "no": False, "off": False}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Range:
+    """The numbers a numeric field accepts."""
+
+    #: ``> 0`` rather than ``>= 0``.
+    positive: bool = False
+    #: ``_AUTO`` is accepted too.
+    auto: bool = False
+
+    def admits(self, value: float) -> bool:
+        return (self.auto and value == _AUTO) or (value > 0 if self.positive else value >= 0)
+
+    def __str__(self) -> str:
+        bound = "> 0" if self.positive else ">= 0"
+        return f"{bound} or {_AUTO} (automatic)" if self.auto else bound
+
+
+def _knob(default: _T, rng: _Range) -> _T:
+    return dataclasses.field(default=default, metadata={"range": rng})
+
+
+def _positive(default: _T) -> _T:
+    """A size, interval, timeout or count where 0 would hang, spin or refuse everything."""
+    return _knob(default, _Range(positive=True))
+
+
+def _positive_or_auto(default: _T) -> _T:
+    return _knob(default, _Range(positive=True, auto=True))
+
+
+def _non_negative_or_auto(default: _T) -> _T:
+    return _knob(default, _Range(auto=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,41 +76,41 @@ class Config:
     #: Task arguments passed by value above this size are put into the object store.
     max_inline_arg_bytes: int = 100 * 1024
     #: Largest frame a connection accepts after authentication.
-    max_frame_bytes: int = 256 * 1024 * 1024
+    max_frame_bytes: int = _positive(256 * 1024 * 1024)
     #: Largest frame accepted before the peer has authenticated.
-    max_preauth_frame_bytes: int = 1024
+    max_preauth_frame_bytes: int = _positive(1024)
     #: Deadline for the authentication handshake.
-    handshake_timeout_s: float = 5.0
+    handshake_timeout_s: float = _positive(5.0)
     #: Deadline for connecting to a peer (GCS, raylet, worker).
-    connect_timeout_s: float = 10.0
+    connect_timeout_s: float = _positive(10.0)
     #: Deadline for one control-plane RPC that should answer at once.
-    rpc_timeout_s: float = 30.0
+    rpc_timeout_s: float = _positive(30.0)
     #: How often raylets report load and resources to the GCS.
-    heartbeat_interval_ms: int = 500
+    heartbeat_interval_ms: int = _positive(500)
     #: A node that misses heartbeats this long is declared dead.
-    node_death_timeout_ms: int = 5000
+    node_death_timeout_ms: int = _positive(5000)
     #: How often core workers flush buffered task events to the GCS.
-    task_event_flush_interval_ms: int = 100
+    task_event_flush_interval_ms: int = _positive(100)
     #: Task events kept by the GCS before the oldest are trimmed.
     task_event_max_records: int = 100_000
     #: How long an owner keeps an idle leased worker before returning it.
     lease_idle_timeout_ms: int = 200
     #: Tasks pushed to one leased worker before its earlier ones finish (short tasks only).
-    max_tasks_in_flight_per_worker: int = 8
+    max_tasks_in_flight_per_worker: int = _positive(8)
     #: Tasks of a shape whose mean run time is below this are pipelined; others go one at a time.
     pipeline_below_ms: float = 2.0
     #: Lease requests one owner keeps in flight per scheduling key.
-    max_pending_lease_requests: int = 10
+    max_pending_lease_requests: int = _positive(10)
     #: Leases one owner holds at once for one scheduling key.
-    max_leases_per_scheduling_key: int = 64
+    max_leases_per_scheduling_key: int = _positive(64)
     #: Workers started ahead of demand per node (-1: one per CPU).
-    num_prestart_workers: int = -1
+    num_prestart_workers: int = _non_negative_or_auto(-1)
     #: Idle workers above the prestart count are stopped after this long.
     worker_idle_timeout_s: float = 10.0
     #: Hard cap on worker processes per node (-1: 4 x CPUs + 8).
-    max_workers_per_node: int = -1
+    max_workers_per_node: int = _positive_or_auto(-1)
     #: Deadline for a new worker process to register with its raylet.
-    worker_register_timeout_s: float = 30.0
+    worker_register_timeout_s: float = _positive(30.0)
     #: Object store capacity per node in bytes (0: 30% of RAM, capped by /dev/shm).
     object_store_memory: int = 0
     #: Freed store files kept for reuse (already-faulted pages make puts faster).
@@ -65,11 +118,11 @@ class Config:
     #: How long a create waits for space (frees, spilling) before failing.
     object_store_full_timeout_s: float = 10.0
     #: Threads used to copy large buffers into the store.
-    memcpy_threads: int = 4
+    memcpy_threads: int = _positive(4)
     #: Buffers at least this large are copied with several threads.
     memcpy_threshold_bytes: int = 1024 * 1024
     #: Sync calls wait in slices of this length so Ctrl-C is noticed.
-    wait_slice_s: float = 0.1
+    wait_slice_s: float = _positive(0.1)
     #: Forward worker stdout/stderr to the driver.
     log_to_driver: bool = True
     #: Check the invariants of every ...State after each event (tests).
@@ -80,19 +133,27 @@ class Config:
     @classmethod
     def resolve(cls, overrides: Mapping[str, Any] | None = None,
                 environ: Mapping[str, str] | None = None) -> "Config":
-        """Defaults < ``LUMOS_<FIELD>`` environment variables < ``overrides``."""
+        """Defaults < ``LUMOS_<FIELD>`` environment variables < ``overrides``.
+
+        Raises:
+            ValueError: an unknown override key, an environment variable that does not
+                parse, or a number out of its field's range (or not finite).
+            TypeError: an override of the wrong type (``"yes"`` or ``1`` for a bool,
+                ``True`` for a number, ``None`` for a field that is not optional).
+        """
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         fields = {f.name: f for f in dataclasses.fields(cls)}
         for name, field in fields.items():
-            raw = environ.get(_ENV_PREFIX + name.upper())
+            var = _ENV_PREFIX + name.upper()
+            raw = environ.get(var)
             if raw is not None:
-                values[name] = _parse(field.type, raw, name)
+                values[name] = _check_env(field, raw, f"environment variable {var} ({name})")
         for name, value in (overrides or {}).items():
             if name not in fields:
                 raise ValueError(
                     f"unknown _system_config key {name!r}; valid keys: {', '.join(sorted(fields))}")
-            values[name] = value
+            values[name] = _check(fields[name], value, f"_system_config[{name!r}]")
         return cls(**values)
 
     def to_json(self) -> str:
@@ -103,19 +164,75 @@ class Config:
         return cls(**json.loads(text))
 
 
-def _parse(type_name: Any, raw: str, name: str) -> Any:
-    kind = type_name if isinstance(type_name, str) else getattr(type_name, "__name__", "str")
+@functools.cache
+def _hints() -> dict[str, Any]:
+    # Annotations are strings here (``from __future__ import annotations``).
+    return typing.get_type_hints(Config)
+
+
+def _split_optional(hint: Any) -> tuple[Any, bool]:
+    """``(T, True)`` for ``T | None``, else ``(hint, False)``."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) < len(typing.get_args(hint)):
+            return (args[0] if len(args) == 1 else typing.Union[tuple(args)]), True
+    return hint, False
+
+
+def _expected(field: dataclasses.Field[Any]) -> str:
+    hint, optional = _split_optional(_hints()[field.name])
+    rng = field.metadata.get("range", _Range())
+    unit = next((f" ({u})" for suffix, u in _UNITS.items() if field.name.endswith(suffix)), "")
+    if hint is bool:
+        text = "True or False"
+    elif hint is int:
+        text = f"an int {rng}{unit}"
+    elif hint is float:
+        text = f"a finite number {rng}{unit}"
+    else:
+        text = f"a {getattr(typing.get_origin(hint) or hint, '__name__', hint)}"
+    return f"{text} or None" if optional else text
+
+
+def _check(field: dataclasses.Field[Any], value: Any, label: str) -> Any:
+    """``value`` if ``field`` accepts it (an int for a float field comes back as a float)."""
+    hint, optional = _split_optional(_hints()[field.name])
+    if value is None and optional:
+        return None
+    got = f"got {reprlib.repr(value)} ({type(value).__name__})"
+    if hint in (int, float):
+        # bool is an int subclass; True for a count or a timeout is a mistake, not 1.
+        if isinstance(value, bool) or not isinstance(value, int if hint is int else (int, float)):
+            raise TypeError(f"{label} must be {_expected(field)}, {got}")
+        if hint is float:
+            try:
+                value = float(value)
+            except OverflowError:  # an int beyond 1e308
+                value = math.inf
+        if not math.isfinite(value) or not field.metadata.get("range", _Range()).admits(value):
+            raise ValueError(f"{label} must be {_expected(field)}, {got}")
+        return value
+    origin = typing.get_origin(hint) or hint
+    if isinstance(origin, type) and not isinstance(value, origin):
+        raise TypeError(f"{label} must be {_expected(field)}, {got}")
+    return value
+
+
+def _check_env(field: dataclasses.Field[Any], raw: str, label: str) -> Any:
+    """The value of ``field`` that the environment string ``raw`` spells."""
+    hint, _ = _split_optional(_hints()[field.name])
+    expected = f"one of {', '.join(_ENV_BOOLS)}" if hint is bool else _expected(field)
     try:
-        if kind == "bool":
-            if raw.lower() in ("1", "true", "yes", "on"):
-                return True
-            if raw.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if kind == "int":
-            return int(raw)
-        if kind == "float":
-            return float(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {_ENV_PREFIX}{name.upper()}={raw!r} is not a valid {kind}") from None
-    return raw
+        if hint is bool:
+            value: Any = _ENV_BOOLS[raw.lower()]
+        elif hint is int:
+            value = int(raw)
+        elif hint is float:
+            value = float(raw)
+        elif hint is dict or typing.get_origin(hint) is dict:
+            value = json.loads(raw)
+        else:
+            value = raw
+        return _check(field, value, label)
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{label} must be {expected}, got {raw!r}") from None

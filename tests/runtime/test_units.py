@@ -417,13 +417,36 @@ def test_config_ignores_unrelated_env():
     assert Config.resolve({}, environ={"LUMOS_NOT_A_FIELD": "x", "HEARTBEAT_INTERVAL_MS": "1"}) == Config()
 
 
-@pytest.mark.xfail(strict=True, reason="config.py Config.resolve does not check the type or range of "
-                   "_system_config values; a bad one reaches the GCS/raylet command line and they fail to start")
-@pytest.mark.parametrize("override", [{"heartbeat_interval_ms": "fast"}, {"validate": "yes"},
-                                      {"max_frame_bytes": -1}, {"handshake_timeout_s": None}])
+@pytest.mark.parametrize("override", [
+    {"heartbeat_interval_ms": "fast"}, {"validate": "yes"}, {"validate": 1},
+    {"max_frame_bytes": -1}, {"max_frame_bytes": 0}, {"heartbeat_interval_ms": 0}, {"wait_slice_s": 0.0},
+    {"handshake_timeout_s": None}, {"heartbeat_interval_ms": True}, {"object_store_memory": 1.5},
+    {"rpc_timeout_s": float("inf")}, {"rpc_timeout_s": float("nan")}, {"rpc_timeout_s": 10 ** 400},
+    {"rpc_timeout_s": False}, {"max_workers_per_node": 0}, {"num_prestart_workers": -2},
+])
 def test_config_bad_override_values_are_rejected(override):
     with pytest.raises((TypeError, ValueError), match=next(iter(override))):
         Config.resolve(override, environ={})
+
+
+@pytest.mark.parametrize("name,raw", [("LUMOS_HEARTBEAT_INTERVAL_MS", "0"), ("LUMOS_RPC_TIMEOUT_S", "nan"),
+                                      ("LUMOS_MAX_FRAME_BYTES", "-1")])
+def test_config_out_of_range_env_values_are_rejected_naming_the_variable(name, raw):
+    with pytest.raises(ValueError, match=name):
+        Config.resolve({}, environ={name: raw})
+
+
+def test_config_valid_overrides_of_each_type_are_accepted_unchanged():
+    assert Config.resolve(dataclasses.asdict(Config()), environ={}) == Config()
+    overrides = {"heartbeat_interval_ms": 1, "object_store_memory": 0, "num_prestart_workers": 0,
+                 "max_workers_per_node": -1, "handshake_timeout_s": 0.25, "pipeline_below_ms": 0.0,
+                 "validate": True, "log_to_driver": False}
+    c = Config.resolve(overrides, environ={})
+    for name, value in overrides.items():
+        assert getattr(c, name) == value and type(getattr(c, name)) is type(value), name
+    # An int is a fine number of seconds; the Config holds it as the float its field declares.
+    c = Config.resolve({"rpc_timeout_s": 2}, environ={})
+    assert c.rpc_timeout_s == 2.0 and type(c.rpc_timeout_s) is float
 
 
 # =========================================================================== serialization.py
