@@ -41,3 +41,26 @@ def test_workers_failing_at_start_do_not_respawn_in_a_loop(fresh_cluster) -> Non
         return 1
 
     assert lumos.get(ok.remote(), timeout=60) == 1  # the pool recovers once workers can start
+
+
+def test_actors_beyond_the_worker_cap_still_start(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
+    # The cap bounds the processes that run tasks; every actor has a process of its own.
+    fresh_cluster(num_cpus=1, include_dashboard=False, _system_config={"max_workers_per_node": 2})
+
+    @lumos.remote
+    class Box:
+        def pid(self) -> int:
+            return os.getpid()
+
+    boxes = [Box.remote() for _ in range(5)]
+    pids = lumos.get([b.pid.remote() for b in boxes], timeout=90)
+    assert len(set(pids)) == 5
+
+    @lumos.remote
+    def ok() -> int:
+        return 1
+
+    # Tasks still get a worker (the cap counts task workers only).
+    assert lumos.get([ok.remote() for _ in range(4)], timeout=60) == [1] * 4
+    for b in boxes:
+        lumos.kill(b)

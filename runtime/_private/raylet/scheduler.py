@@ -347,7 +347,9 @@ class LocalSchedulerState:
             self.leases[lease_id] = _Lease(lease_id, rid, worker.worker_id, req.units, ids, req.event.job_id,
                                            bundle.key if bundle is not None else None)
             actions.append(GrantLease(rid, lease_id, worker.worker_id, ids))
-        alive = sum(1 for w in self.workers.values() if w.state != DEAD)
+        # The cap is on workers that run tasks: each actor has a process of its own, and
+        # actors beyond the cap must not wait for ever (as in Ray).
+        alive = sum(1 for w in self.workers.values() if w.state != DEAD and w.actor_id is None)
         to_start = min(waiting_for_worker - starting, self.max_workers - alive)
         for _ in range(max(0, to_start)):
             actions.append(StartWorker())
