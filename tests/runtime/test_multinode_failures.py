@@ -109,3 +109,53 @@ def test_object_of_a_dead_owner_on_another_node_raises_owner_died() -> None:
     finally:
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_value_lost_with_its_node_is_rebuilt_from_lineage() -> None:
+    import numpy as np
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
+    try:
+        doomed = cluster.add_node(num_cpus=1, resources={"far": 1})
+        cluster.connect()
+
+        @lumos.remote(resources={"far": 1})
+        def make(seed: int) -> Any:
+            return np.random.default_rng(seed).random(500_000)  # 4 MB: kept in the node's store
+
+        @lumos.remote(resources={"far": 1})
+        def double(a: Any) -> Any:
+            return a * 2
+
+        @lumos.remote(resources={"far": 1}, max_retries=0)
+        def once() -> Any:
+            return np.ones(500_000)
+
+        base = make.remote(7)
+        chained = double.remote(base)  # its argument is lost with it: rebuilt first
+        single = once.remote()
+        lumos.wait([base, chained, single], num_returns=3, timeout=60)
+        cluster.remove_node(doomed)
+        wait_for(lambda: not [n for n in lumos.nodes() if n["NodeID"] == doomed.node_id and n["Alive"]], 10)
+        replacement = cluster.add_node(num_cpus=1, resources={"far": 1})
+
+        expected = np.random.default_rng(7).random(500_000)
+        assert np.array_equal(lumos.get(chained, timeout=60), expected * 2)
+        assert np.array_equal(lumos.get(base, timeout=60), expected)
+        # max_retries=0 also means no reconstruction (as in Ray): the loss is reported.
+        with pytest.raises(lumos.exceptions.ObjectLostError, match="cannot be rebuilt"):
+            lumos.get(single, timeout=30)
+        rows = [r for r in lumos.state.list_tasks() if r["name"].endswith(("make", "double"))]
+        assert len(rows) == 2 and all(r["attempt_number"] == 1 for r in rows), rows
+        assert all(r["node_id"] == replacement.node_id for r in rows), rows
+
+        # The lineage is kept while the values are referenced, and let go with them.
+        from lumos._private import worker_context
+        cw = worker_context.core_worker
+        assert cw is not None and len(cw.lineage) == 2
+        del base, chained
+        wait_for(lambda: not cw.lineage, 10, 0.05)
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)

@@ -36,7 +36,8 @@ from lumos._private.transport import eventloop
 from lumos._private.core_worker.references import FAILED, PENDING, READY, Freed, ObjectTable, Waiter
 from lumos._private.core_worker.tasks import (DONE, PUSHED, QUEUED, WAITING_ARGS, LeasedWorker,
                                               PendingTask, SchedulingQueue, TaskTemplate)
-from lumos._private.ids import new_task_id, put_object_id, return_object_id, short
+from lumos._private.ids import (TASK_ID_SIZE, is_put_object, new_task_id, put_object_id, return_object_id,
+                                short, task_id_of)
 from lumos._private.object_store.client import StoreClient
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import (Connection, ConnectionCache, ConnectionLost, RemoteError,
@@ -47,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 DRIVER, WORKER = 0, 1
 _STATUS_PENDING, _STATUS_READY, _STATUS_FREED, _STATUS_LOST = 0, 1, 2, 3
+#: Argument bytes of the lineage one process keeps; tasks beyond it cannot be rebuilt.
+LINEAGE_MAX_BYTES = 256 * 1024 * 1024
 
 
 class _ArgRef(int):
@@ -129,6 +132,11 @@ class CoreWorker:
         self.extra_publish_handlers: dict[str, Callable[[m.Publish], None]] = {}
         #: Actor id -> the last call this process submitted to it (stateful edges).
         self._last_actor_call: dict[bytes, bytes] = {}
+        #: Lineage (io thread): finished normal tasks whose values in an object store are
+        #: still referenced, by task id. Enough to run such a task again when its node dies
+        #: with the value (its arguments stay pinned while it is kept).
+        self.lineage: dict[bytes, PendingTask] = {}
+        self._lineage_bytes = 0
         from lumos._private.core_worker.actor_submitter import ActorSubmitter
         self.actor_submitter = ActorSubmitter(self)
 
@@ -341,6 +349,11 @@ class CoreWorker:
         except concurrent.futures.TimeoutError:
             fut.cancel()
             raise TimeoutError(f"lumos control call timed out after {timeout_s}s") from None
+        finally:
+            # A raised error's traceback holds this frame; the future holds the error. Left
+            # alone, that cycle keeps every caller's frame (and the ObjectRefs in them)
+            # alive until the garbage collector runs.
+            del fut
 
     def call_gcs(self, msg: Any, timeout_s: float | None = None) -> Any:
         gcs = self.gcs
@@ -397,8 +410,12 @@ class CoreWorker:
         store_frees: list[bytes] = []
         recyclable: list[bool] = []
         unborrow: dict[bytes, tuple[m.Address, list[bytes]]] = {}
+        lineage = self.lineage
+        dropped: list[bytes] = []
         for f in freed:
             e = f.entry
+            if lineage and e.owned and f.object_id[:TASK_ID_SIZE] in lineage:
+                dropped.append(f.object_id[:TASK_ID_SIZE])
             if e.owned:
                 if e.node_id is not None and e.data is None:
                     store_frees.append(f.object_id)
@@ -409,6 +426,8 @@ class CoreWorker:
                     unborrow.setdefault(e.owner.worker_id, (e.owner, []))[1].append(f.object_id)
         if store_frees or unborrow:
             self._post(self._send_releases, store_frees, recyclable, unborrow)
+        if dropped:
+            self._post(self._drop_lineage, dropped)
 
     def _send_releases(self, store_frees: list[bytes], recyclable: list[bool],
                        unborrow: dict[bytes, tuple[m.Address, list[bytes]]]) -> None:
@@ -501,7 +520,10 @@ class CoreWorker:
             self._wait_for(missing, len({r._id for r in missing}), timeout, fetch=True, for_get=True)
         if len(refs) > 1:
             self._pull_remote_together(refs)
-        return [self._value_of(ref) for ref in refs]
+        if timeout is None:
+            return [self._value_of(ref) for ref in refs]
+        deadline = time.monotonic() + timeout
+        return [self._value_of(ref, deadline) for ref in refs]
 
     def _pull_remote_together(self, refs: list[ObjectRef]) -> None:
         """Copy the objects of ``refs`` that live on other nodes here, all pulls at once
@@ -651,7 +673,7 @@ class CoreWorker:
         not_ready = [r for r in refs if r._id not in ready_set]
         return ready, not_ready
 
-    def _value_of(self, ref: ObjectRef) -> Any:
+    def _value_of(self, ref: ObjectRef, deadline: float | None = None) -> Any:
         e = self.objects.entries.get(ref._id)
         if e is None:
             raise exc.ObjectFreedError(ref._id.hex(), "no reference to it is held in this process "
@@ -660,7 +682,17 @@ class CoreWorker:
         if data is not None:
             kind, value = ser.deserialize(data)
         elif e.node_id is not None:
-            kind, value = self._read_from_store(ref._id, e.node_id)
+            lost_detail = None
+            try:
+                kind, value = self._read_from_store(ref._id, e.node_id)
+            except exc.ObjectLostError as lost:
+                if not e.owned or e.data is not None:
+                    raise
+                lost_detail = lost.detail
+            if lost_detail is not None:
+                # Outside the handler: the caught error's traceback would keep this frame,
+                # and ``ref`` with it, alive in a cycle.
+                kind, value = self._rebuild_and_read(ref, e.node_id, lost_detail, deadline)
         else:
             raise exc.ObjectLostError(ref._id.hex(), "its value was never recorded")
         if kind == ser.KIND_ERROR:
@@ -680,6 +712,33 @@ class CoreWorker:
                                           "process cannot read it")
             raise exc.ObjectLostError(oid.hex(), "its file is gone from this node's object store")
         return ser.deserialize(view)
+
+    def _rebuild_and_read(self, ref: ObjectRef, node_id: bytes, detail: str,
+                          deadline: float | None) -> tuple[int, Any]:
+        """An object this process owns was lost with its node: run the task that made it
+        again (lineage reconstruction), wait for the new value and read it (user thread)."""
+        oid = ref._id
+        for _ in range(4):
+            async def rebuild(node: bytes = node_id) -> str | None:
+                return self._reconstruct(oid, node)
+
+            why = self.run_sync(rebuild(), self.config.rpc_timeout_s)
+            if why is not None:
+                raise exc.ObjectLostError(oid.hex(), f"{detail}; it cannot be rebuilt: {why}")
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._wait_for([ref], 1, remaining, fetch=False, for_get=True)
+            e = self.objects.entries.get(oid)
+            if e is None or (e.data is None and e.node_id is None):
+                break
+            if e.data is not None:
+                return ser.deserialize(e.data)
+            again = None
+            try:
+                return self._read_from_store(oid, e.node_id)
+            except exc.ObjectLostError as lost:
+                again = lost.detail
+            detail, node_id = again, e.node_id
+        raise exc.ObjectLostError(oid.hex(), f"{detail}; rebuilding it did not succeed")
 
     def pull_to_local(self, oid: bytes, node_id: bytes) -> None:
         """Have the local raylet copy ``oid`` from node ``node_id`` into this node's store (blocks)."""
@@ -1304,6 +1363,8 @@ class CoreWorker:
         state = "FAILED" if reply.app_error else "FINISHED"
         self._events.append((spec.task_id, spec.attempt, state, reply.end_time or time.time(), None,
                              None, reply.worker_id, _error_text(reply) if reply.app_error else None))
+        if spec.kind == 0 and not reply.app_error and task.retries_left != 0:
+            self._keep_lineage(task, reply)
         if reply.borrowed:
             executor = (task.lease.address if task.lease is not None
                         else self.actor_submitter.address_of(spec.actor_id or b""))
@@ -1329,7 +1390,80 @@ class CoreWorker:
                     logger.debug("could not register borrower at %s: %s", short(owner.worker_id), e)
         self._release_args(task)
 
+    # -------------------------------------------------------------- io thread: lineage
+
+    def _keep_lineage(self, task: PendingTask, reply: m.TaskReply) -> None:
+        """Keep a finished task that can run again while its stored values are referenced."""
+        if not any(r.data is None and r.node_id is not None and r.object_id in self.objects.entries
+                   for r in reply.returns):
+            return  # inline values live here: nothing to rebuild
+        size = len(task.spec.args) + 512
+        if self._lineage_bytes + size > LINEAGE_MAX_BYTES:
+            return
+        self.lineage[task.spec.task_id] = task
+        self._lineage_bytes += size
+
+    def _drop_lineage(self, task_ids: list[bytes]) -> None:
+        """Returns of these tasks were freed: once none is left, forget the task and let
+        its arguments go."""
+        entries = self.objects.entries
+        for tid in task_ids:
+            task = self.lineage.get(tid)
+            if task is None or any(oid in entries for oid in task.return_ids):
+                continue
+            del self.lineage[tid]
+            self._lineage_bytes -= len(task.spec.args) + 512
+            self._release_args(task)
+
+    def _reconstruct(self, oid: bytes, lost_node: bytes | None) -> str | None:
+        """Run again the task that made ``oid`` (owned here), lost with node ``lost_node``.
+
+        Returns None once the new run is under way (or already was), else why it cannot.
+        Arguments of the task that were lost on the same node are rebuilt first.
+        """
+        e = self.objects.entries.get(oid)
+        if e is None:
+            return "no reference to it is held here"
+        if e.state == PENDING:
+            return None  # already being rebuilt
+        tid = task_id_of(oid)
+        task = self.lineage.get(tid)
+        if task is None:
+            if is_put_object(oid):
+                return "it was stored with put(), which has no lineage"
+            return ("the task that made it cannot run again (max_retries=0, retries used up, or "
+                    "its lineage was not kept)")
+        entries = self.objects.entries
+        for dep_id in task.dep_ids:
+            de = entries.get(dep_id)
+            if de is not None and de.owned and de.state == READY and de.data is None \
+                    and de.node_id is not None and de.node_id == lost_node:
+                why = self._reconstruct(dep_id, lost_node)
+                if why is not None:
+                    return f"its argument {short(dep_id)} was lost too and {why}"
+        del self.lineage[tid]
+        self._lineage_bytes -= len(task.spec.args) + 512
+        if task.retries_left > 0:
+            task.retries_left -= 1
+        for rid in task.return_ids:
+            self.objects.reset_pending(rid)
+        spec = task.spec
+        why = f"lineage reconstruction: its value was lost with node {short(lost_node or b'')}"
+        logger.info("running %s (%s) again: %s", spec.name, short(spec.task_id), why)
+        self._events.append((spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, None, why))
+        spec.attempt += 1
+        task.lease = None
+        task.cancelled = task.force_cancelled = False
+        self.tasks[spec.task_id] = task
+        if task.dep_ids:
+            self._resolve_deps(task)
+        else:
+            self._enqueue(task)
+        return None
+
     def _release_args(self, task: PendingTask) -> None:
+        if task.spec.task_id in self.lineage:
+            return  # pinned while the task may run again; _drop_lineage lets them go
         ids = task.dep_ids + task.nested_ids
         if ids:
             freed = self.objects.remove_submitted(ids)

@@ -267,10 +267,15 @@ class Connection(asyncio.Protocol):
     async def call(self, body: Any, timeout_s: float | None = None) -> Any:
         """Send a request and wait for its reply, at most ``timeout_s`` seconds."""
         fut = self.request(body)
-        if timeout_s is None:
-            return await fut
-        async with asyncio.timeout(timeout_s):
-            return await fut
+        try:
+            if timeout_s is None:
+                return await fut
+            async with asyncio.timeout(timeout_s):
+                return await fut
+        finally:
+            # A raised error's traceback holds this frame and the future holds the error:
+            # break the cycle, which would keep the callers' frames alive until a collection.
+            del fut
 
     def reply(self, rid: int, result: Any) -> None:
         self.send(m.REPLY, rid, result)
