@@ -105,3 +105,24 @@ def fresh_cluster() -> Iterator[Callable[..., lumos.LumosContext]]:
         lumos.shutdown()
         for s in sessions:
             check_no_leaks(s)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed test or fixture shows the tails of its cluster's GCS and raylet logs, so a
+    failure seen only in CI can be read from CI's output."""
+    report = yield
+    if report.failed:
+        from lumos._private import worker_context
+        ctx = worker_context.context
+        session = getattr(ctx, "address_info", {}).get("session_dir") if ctx is not None else None
+        if session:
+            for path in sorted(glob.glob(os.path.join(session, "logs", "gcs*.log")) +
+                               glob.glob(os.path.join(session, "logs", "raylet*.log")))[:4]:
+                try:
+                    with open(path, errors="replace") as f:
+                        tail = f.readlines()[-25:]
+                except OSError:
+                    continue
+                report.sections.append((f"lumos log {os.path.basename(path)} (last lines)", "".join(tail)))
+    return report

@@ -140,13 +140,20 @@ def test_value_lost_with_its_node_is_rebuilt_from_lineage() -> None:
         wait_for(lambda: not [n for n in lumos.nodes() if n["NodeID"] == doomed.node_id and n["Alive"]], 10)
         replacement = cluster.add_node(num_cpus=1, resources={"far": 1})
 
+        @lumos.remote
+        def total(a: Any) -> float:
+            return float(a.sum())
+
         expected = np.random.default_rng(7).random(500_000)
+        # A new task whose argument died with the node: the argument is rebuilt first.
+        assert lumos.get(total.remote(base), timeout=60) == pytest.approx(float(expected.sum()))
         assert np.array_equal(lumos.get(chained, timeout=60), expected * 2)
         assert np.array_equal(lumos.get(base, timeout=60), expected)
         # max_retries=0 also means no reconstruction (as in Ray): the loss is reported.
         with pytest.raises(lumos.exceptions.ObjectLostError, match="cannot be rebuilt"):
             lumos.get(single, timeout=30)
         rows = [r for r in lumos.state.list_tasks() if r["name"].endswith(("make", "double"))]
+        # make ran twice: once on the dead node, once to rebuild the value (for total and double).
         assert len(rows) == 2 and all(r["attempt_number"] == 1 for r in rows), rows
         assert all(r["node_id"] == replacement.node_id for r in rows), rows
 

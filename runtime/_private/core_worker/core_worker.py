@@ -136,6 +136,8 @@ class CoreWorker:
         #: still referenced, by task id. Enough to run such a task again when its node dies
         #: with the value (its arguments stay pinned while it is kept).
         self.lineage: dict[bytes, PendingTask] = {}
+        #: Nodes the GCS declared dead (io thread): values stored there are lost.
+        self.dead_nodes: set[bytes] = set()
         self._lineage_bytes = 0
         from lumos._private.core_worker.actor_submitter import ActorSubmitter
         self.actor_submitter = ActorSubmitter(self)
@@ -229,6 +231,7 @@ class CoreWorker:
             await self.gcs.call(m.KvPut("job", self.job_id, _job_config(self.namespace), True),
                                   cfg.rpc_timeout_s)
         self.gcs.notify(m.Subscribe("workers", None))
+        self.gcs.notify(m.Subscribe("nodes", None))
         self.node_info = await self.raylet.call(
             m.RegisterClient(self.worker_id, os.getpid(), self.address, self.mode == DRIVER,
                              self.job_id or None), cfg.rpc_timeout_s)
@@ -1068,6 +1071,8 @@ class CoreWorker:
         if task.cancelled:
             return
         entries = self.objects.entries
+        if self.dead_nodes and self._rebuild_lost_deps(task):
+            return
         for dep in task.spec.deps:
             e = entries.get(dep.object_id)
             if e is None:
@@ -1081,6 +1086,28 @@ class CoreWorker:
             if e.owned:
                 e.shared = True
         self._enqueue(task)
+
+    def _rebuild_lost_deps(self, task: PendingTask) -> bool:
+        """Arguments owned here whose only copy died with its node are rebuilt from their
+        lineage before the task runs. True when the task now waits for them (or failed)."""
+        entries = self.objects.entries
+        lost = []
+        for dep in task.spec.deps:
+            e = entries.get(dep.object_id)
+            if e is not None and e.owned and e.state == READY and e.data is None \
+                    and e.node_id is not None and e.node_id in self.dead_nodes:
+                lost.append((dep.object_id, e.node_id))
+        if not lost:
+            return False
+        for oid, node in lost:
+            why = self._reconstruct(oid, node)
+            if why is not None:
+                self._fail_task(task, exc.ObjectLostError(
+                    oid.hex(), f"an argument of {task.spec.name} was lost with node {short(node)}, and it "
+                    f"cannot be rebuilt: {why}"))
+                return True
+        self._resolve_deps(task)
+        return True
 
     # -------------------------------------------------------------- io thread: scheduling
 
@@ -1567,6 +1594,8 @@ class CoreWorker:
         elif msg.channel == "errors":
             kind, text = msg.data
             self.error_handler(kind, text)
+        elif msg.channel == "nodes" and isinstance(msg.data, m.NodeInfo) and msg.data.state == "DEAD":
+            self.dead_nodes.add(msg.data.node_id)
         elif msg.channel == "workers" and isinstance(msg.data, m.WorkerInfo) and msg.data.state == "DEAD":
             freed = self.objects.remove_borrowers_on({msg.data.worker_id})
             if freed:
