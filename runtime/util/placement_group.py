@@ -207,6 +207,11 @@ def get_current_placement_group() -> PlacementGroup | None:
         return None
     spec = getattr(cw.executor, "_running", None)
     strategy = getattr(spec, "strategy", None) if spec is not None else None
+    actor = getattr(cw.executor, "actor", None)
+    if not strategy and actor is not None:
+        strategy = actor.strategy  # a method call: the actor's own placement
+    if not strategy:
+        strategy = cw.capture_strategy
     if strategy and strategy[0] == "PG":
         return PlacementGroup(PlacementGroupID(bytes(strategy[1])))
     return None

@@ -42,8 +42,10 @@ class PlacementGroupSchedulingStrategy:
         self.placement_group_capture_child_tasks = placement_group_capture_child_tasks
 
     def __repr__(self) -> str:
+        # Also a cache key of ``.options()`` templates: every field that changes scheduling is in it.
         return (f"PlacementGroupSchedulingStrategy({self.placement_group!r}, "
-                f"bundle={self.placement_group_bundle_index})")
+                f"bundle={self.placement_group_bundle_index}, "
+                f"capture_child_tasks={bool(self.placement_group_capture_child_tasks)})")
 
     def to_wire(self) -> list[Any]:
         return ["PG", self.placement_group.id.binary(), self.placement_group_bundle_index,

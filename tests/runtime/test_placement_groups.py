@@ -158,6 +158,47 @@ class TestOneNode:
         with pytest.raises(ValueError, match="removed"):
             pg.wait(1)
 
+    def test_child_tasks_and_actors_are_captured_only_when_asked(self) -> None:
+        from lumos.util import get_current_placement_group
+
+        @lumos.remote(num_cpus=1)
+        def child() -> str | None:
+            pg = get_current_placement_group()
+            return pg.id.hex() if pg is not None else None
+
+        @lumos.remote
+        class Holder:
+            def group(self) -> str | None:
+                pg = get_current_placement_group()
+                return pg.id.hex() if pg is not None else None
+
+            def spawn(self) -> str | None:
+                return lumos.get(child.remote(), timeout=60)
+
+        @lumos.remote(num_cpus=1)
+        def parent() -> list[str | None]:
+            own = get_current_placement_group()
+            holder = Holder.remote()
+            return [own.id.hex() if own else None, lumos.get(child.remote(), timeout=60),
+                    lumos.get(holder.group.remote(), timeout=60), lumos.get(holder.spawn.remote(), timeout=60)]
+
+        pg = placement_group([{"CPU": 1}, {"CPU": 1}])
+        assert pg.wait(30)
+        try:
+            gid = pg.id.hex()
+            captured = PlacementGroupSchedulingStrategy(pg, 0, placement_group_capture_child_tasks=True)
+            assert lumos.get(parent.options(scheduling_strategy=captured).remote(), timeout=90) == [gid] * 4
+            # Without capture the children schedule on their own (outside the group).
+            assert lumos.get(parent.options(scheduling_strategy=_in(pg, 0)).remote(), timeout=90) == \
+                [gid, None, None, None]
+            # An actor placed with capture passes it on to the tasks its methods submit.
+            holder = Holder.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+                pg, -1, placement_group_capture_child_tasks=True)).remote()
+            assert lumos.get([holder.group.remote(), holder.spawn.remote()], timeout=60) == [gid, gid]
+            lumos.kill(holder)
+        finally:
+            remove_placement_group(pg)
+
     def test_tasks_in_a_bundle_run_from_its_cpus_only(self) -> None:
         pg = placement_group([{"CPU": 1}])
         assert pg.wait(30)

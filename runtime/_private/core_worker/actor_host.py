@@ -60,6 +60,8 @@ class ActorHost:
         self.checkpointing = (callable(getattr(instance, "__lumos_checkpoint__", None))
                               and callable(getattr(instance, "__lumos_restore__", None)))
         self.checkpoint_interval = max(1, int(opts.get("checkpoint_interval") or 1))
+        #: The creation task's scheduling strategy (its placement group, if any).
+        self.strategy = spec.strategy
         self._since_checkpoint = 0
         self._held: list[tuple[Connection, m.TaskReply]] = []
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None

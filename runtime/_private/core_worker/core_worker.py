@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import copy
 import hashlib
 import logging
 import os
@@ -97,6 +98,10 @@ class CoreWorker:
         #: The driver's own task id (parent of what it submits); in workers the running task's.
         self.current_task_id: bytes = new_task_id()
         self.current_task_name = ""
+        #: Strategy that child tasks without one of their own inherit (a placement group
+        #: that captures child tasks), set by the executor for the running task.
+        self.capture_strategy: list[Any] | None = None
+        self._captured_templates: dict[Any, tuple[TaskTemplate, TaskTemplate]] = {}
         self.current_resource_ids: dict[str, list[Any]] = {}
         self.current_actor_id: bytes | None = None
         self._put_counter = 0
@@ -891,6 +896,8 @@ class CoreWorker:
         """Submit one call (user thread). Returns refs to its ``num_returns`` results."""
         if self.objects.decrements:
             self.drain_refs()
+        if self.capture_strategy is not None and template.strategy is None and template.kind != 2:
+            template = self._captured(template)
         sv, deps = self._pack_args(args, kwargs)
         task_id = new_task_id()
         n = template.num_returns
@@ -930,6 +937,8 @@ class CoreWorker:
         """
         if self.objects.decrements:
             self.drain_refs()
+        if self.capture_strategy is not None and template.strategy is None:
+            template = self._captured(template)
         sv, deps = self._pack_args(args, kwargs)
         nested = sv.nested_refs
         task_id = new_task_id()
@@ -969,6 +978,21 @@ class CoreWorker:
                 self._post(self.actor_submitter.pin_creation_args, actor_id, pinned)
         self._post(self.actor_submitter.track, info.actor_id, info)
         return info
+
+    def _captured(self, template: TaskTemplate) -> TaskTemplate:
+        """``template`` scheduled into the placement group that captures this task's children."""
+        strategy = self.capture_strategy
+        key = (id(template), bytes(strategy[1]) if strategy else b"")
+        hit = self._captured_templates.get(key)
+        if hit is not None and hit[0] is template:
+            return hit[1]  # type: ignore[no-any-return]
+        t = copy.copy(template)
+        t.strategy = strategy
+        t.key = (template.function_id, tuple(sorted(template.resources.items())), repr(strategy))
+        if len(self._captured_templates) > 10_000:
+            self._captured_templates.clear()
+        self._captured_templates[key] = (template, t)
+        return t
 
     def _unpin(self, ids: list[bytes]) -> None:
         if ids:

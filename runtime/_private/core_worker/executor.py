@@ -164,6 +164,7 @@ class Executor:
         self._running_root = spec.root_task_id
         self._cancel_requested = None
         cw.current_task_id = spec.task_id
+        cw.capture_strategy = captured_strategy(self.actor.strategy if self.actor is not None else spec.strategy)
         cw.current_task_name = spec.name
         cw.current_resource_ids = msg.resource_ids if self.actor is None else self.actor.resource_ids
         cw._put_counter = 0
@@ -207,6 +208,8 @@ class Executor:
             self._running = None
             self._running_root = None
             self._restore_gpus()
+            if self.actor is None:
+                cw.capture_strategy = None
         borrowed = self._still_borrowed()
         end = time.time()
         return m.TaskReply(spec.task_id, returns, app_error, retryable, borrowed, cw.worker_id, start, end)
@@ -543,6 +546,15 @@ def _error(e: BaseException) -> bytes:
 
 def _looks_like_kwargs(d: dict[Any, Any]) -> bool:
     return all(type(k) is str for k in d)
+
+
+def captured_strategy(strategy: Any) -> list[Any] | None:
+    """The strategy child tasks inherit from a task (or actor) scheduled with
+    ``PlacementGroupSchedulingStrategy(..., placement_group_capture_child_tasks=True)``:
+    the same group, any bundle. None when children schedule on their own."""
+    if isinstance(strategy, (list, tuple)) and len(strategy) >= 4 and strategy[0] == "PG" and strategy[3]:
+        return ["PG", strategy[1], -1, True]
+    return None
 
 
 def _visible_gpus() -> list[str] | None:
