@@ -473,15 +473,8 @@ def resolve_node(text: str) -> str:
 
 
 def _placement_group_by_name(name: str) -> Any:
-    util = lumos.util
-    if not hasattr(util, "placement_group"):
-        raise RuntimeError("placement groups are not available in this lumos build "
-                           "(lumos.util.placement_group is missing), so --placement-group cannot be used")
-    getter = getattr(util, "get_placement_group", None)
-    if getter is None:
-        raise RuntimeError("lumos.util.get_placement_group is missing; cannot look up a placement group by name")
     try:
-        return getter(name)
+        return lumos.util.get_placement_group(name)
     except ValueError:
         raise
     except Exception as e:

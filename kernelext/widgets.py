@@ -172,17 +172,13 @@ class GpuPanel:
         self.summary.value = " ".join(parts) + (f"<br>{note}" if note else "")
 
     def reserve(self, count: int) -> Any:
-        """Reserve ``count`` GPUs (one bundle each) as a placement group used by the next cells."""
-        util = lumos.util
-        if not hasattr(util, "placement_group"):
-            self._render_summary("<span style='color:#cf222e'>placement groups are not available in this "
-                                 "lumos build; cannot reserve GPUs</span>")
-            return None
+        """Reserve ``count`` GPUs as a placement group used by the next cells: one bundle per
+        GPU, each with a CPU too, since a cell's task needs one to run."""
         if self._cells.defaults.placement_group is not None:
             self.release()
         try:
-            pg = util.placement_group([{"GPU": 1}] * int(count), strategy="PACK",
-                                      name=f"lumos-notebook-{os.getpid()}")
+            pg = lumos.util.placement_group([{"CPU": 1, "GPU": 1}] * int(count), strategy="PACK",
+                                            name=f"lumos-notebook-{os.getpid()}")
         except (ValueError, TypeError, lumos.exceptions.LumosError) as e:
             self._render_summary(f"<span style='color:#cf222e'>{html.escape(str(e))}</span>")
             return None
@@ -195,12 +191,10 @@ class GpuPanel:
         d = self._cells.defaults
         pg, d.placement_group = d.placement_group, None
         if pg is not None:
-            remove = getattr(lumos.util, "remove_placement_group", None)
-            if remove is not None:
-                try:
-                    remove(pg)
-                except lumos.exceptions.LumosError as e:
-                    logger.warning("releasing the notebook's placement group failed: %s", e)
+            try:
+                lumos.util.remove_placement_group(pg)
+            except lumos.exceptions.LumosError as e:
+                logger.warning("releasing the notebook's placement group failed: %s", e)
         self.release_button.disabled = True
         self._render_summary("released")
 

@@ -192,16 +192,21 @@ def test_bad_options_give_clear_errors(kernel: KernelSession, flags: str, messag
 
 
 def test_placement_group_option(kernel: KernelSession) -> None:
-    has_pg = kernel.value("hasattr(lumos.util, 'placement_group')")
-    if has_pg:
-        kernel.run("_pg = lumos.util.placement_group([{'CPU': 1}], name='cellpg')\nlumos.get(_pg.ready(), timeout=30)")
-        cell = kernel.run("%%remote --placement-group cellpg --bundle 0\nin_pg = True")
+    kernel.run("_pg = lumos.util.placement_group([{'CPU': 1}], name='cellpg')\nlumos.get(_pg.ready(), timeout=30)")
+    try:
+        cell = kernel.run("%%remote --placement-group cellpg --bundle 0\n"
+                          "import lumos\n_cur = lumos.util.get_current_placement_group()\n"
+                          "in_pg = _cur.id.hex() if _cur is not None else None")
         assert not errors(cell), errors(cell)
-        assert kernel.value("in_pg") is True
+        assert kernel.value("in_pg") == kernel.value("_pg.id.hex()")
+        # Without the option the cell runs outside the group.
+        kernel.run("%%remote\nimport lumos\n_cur = lumos.util.get_current_placement_group()\n"
+                   "outside = _cur.id.hex() if _cur is not None else None")
+        assert kernel.value("outside") is None
+        cell = kernel.run("%%remote --placement-group no-such-group\nx = 1")
+        assert errors(cell) and "no-such-group" in errors(cell)[0]["evalue"]
+    finally:
         kernel.run("lumos.util.remove_placement_group(_pg)")
-    else:
-        cell = kernel.run("%%remote --placement-group cellpg\nx = 1")
-        assert errors(cell) and "placement groups are not available" in errors(cell)[0]["evalue"]
 
 
 def test_timeout_cancels_the_cell(kernel: KernelSession) -> None:

@@ -96,12 +96,15 @@ def test_gpu_panel_controls_set_the_next_cells_request(kernel: KernelSession) ->
     assert "not applied" in kernel.value("panel.summary.value")
     # the reserve button makes a placement group the default (or says why it cannot)
     kernel.run("panel.reserve_count.value = 1\npanel.reserve_button.click()")
-    if kernel.value("hasattr(lumos.util, 'placement_group')"):
-        assert kernel.value("panel.spec['placement_group'] is not None")
-        kernel.run("panel.release_button.click()")
-        assert kernel.value("panel.spec['placement_group']") is None
-    else:
-        assert "placement groups are not available" in kernel.value("panel.summary.value")
+    assert kernel.value("panel.spec['placement_group'] is not None")
+    # The next cell runs inside the reserved group, and sees its GPU.
+    cell = kernel.run("%%remote\nimport lumos\n_cur = lumos.util.get_current_placement_group()\n"
+                      "reserved_in = _cur.id.hex() if _cur is not None else None\nreserved_gpus = lumos.get_gpu_ids()")
+    assert not errors(cell), errors(cell)
+    assert kernel.value("reserved_in") == kernel.value("panel.spec['placement_group']")
+    assert len(kernel.value("reserved_gpus")) == 1
+    kernel.run("panel.release_button.click()")
+    assert kernel.value("panel.spec['placement_group']") is None
     kernel.run("panel.num_gpus.value = 0\npanel.node.value = ''\npanel.strategy.value = 'DEFAULT'")
     assert kernel.value("panel.spec") == {"num_gpus": 0, "node": None, "strategy": "DEFAULT",
                                           "placement_group": None}
