@@ -215,3 +215,35 @@ def test_freed_object_leaves_no_copy_on_either_node(two_nodes: tuple[Cluster, An
     wait_for(lambda: all(v >= 32_000_000 for v in used().values()), 10)
     del value, ref
     wait_for(lambda: all(v < 1_000_000 for v in used().values()), 15)
+
+
+def test_a_flood_of_silent_data_channel_peers_costs_bounded_threads(two_nodes: tuple[Cluster, Any]) -> None:
+    import socket
+
+    import numpy as np
+    import psutil
+
+    from lumos._private.raylet.object_manager import MAX_DATA_CONNECTIONS
+    cluster, node = two_nodes
+    raylet = psutil.Process(node.raylet_pid)
+    ports = [c.laddr.port for c in raylet.net_connections(kind="inet")
+             if c.status == psutil.CONN_LISTEN and c.laddr.port != node.node_manager_port]
+    assert len(ports) == 1, ports
+    baseline = raylet.num_threads()
+    peers = []
+    try:
+        for _ in range(MAX_DATA_CONNECTIONS * 2):
+            peers.append(socket.create_connection((node.node_manager_address, ports[0]), timeout=5))
+        time.sleep(0.5)
+        assert raylet.num_threads() <= baseline + MAX_DATA_CONNECTIONS + 2, (baseline, raylet.num_threads())
+    finally:
+        for s in peers:
+            s.close()
+
+    @lumos.remote(resources={"special": 1})
+    def make() -> Any:
+        return np.ones(2_000_000)
+
+    # Transfers still work once the silent peers are dropped (each after the handshake deadline).
+    assert float(lumos.get(make.remote(), timeout=60).sum()) == 2_000_000.0
+    assert raylet.is_running()

@@ -45,6 +45,8 @@ MAX_CHUNKS_IN_FLIGHT = 4
 STREAMS_PER_PULL = 4
 #: Below this, one stream.
 MIN_STREAM_BYTES = 4 * 1024 * 1024
+#: Data-channel connections a raylet serves at once.
+MAX_DATA_CONNECTIONS = 64
 _REQ = struct.Struct("<QQ")
 _LEN = struct.Struct("<q")
 
@@ -64,6 +66,10 @@ class ObjectManager:
         self._peers: dict[bytes, Connection] = {}
         self._connecting: dict[bytes, asyncio.Future[Connection]] = {}
         self._io = ThreadPoolExecutor(16, thread_name_prefix="raylet.transfer")
+        #: Data-channel connections served at once (a thread each). Beyond it, connections
+        #: wait in the listen backlog until one ends: a flood of peers that never
+        #: authenticate costs at most this many threads, each for one handshake deadline.
+        self._serving = threading.BoundedSemaphore(MAX_DATA_CONNECTIONS)
         self._listener: socket.socket | None = None
         #: Port of the data channel (0 until ``start``).
         self.data_port = 0
@@ -97,14 +103,26 @@ class ObjectManager:
     def _accept_loop(self) -> None:
         assert self._listener is not None
         while not self._closing:
+            self._serving.acquire()
             try:
                 sock, _ = self._listener.accept()
             except OSError:
+                self._serving.release()
                 return
-            threading.Thread(target=self._serve_data, args=(sock,), name="raylet.transfer-serve",
-                             daemon=True).start()
+            try:
+                threading.Thread(target=self._serve_data, args=(sock,), name="raylet.transfer-serve",
+                                 daemon=True).start()
+            except RuntimeError:  # no thread could be started: drop this peer, keep serving
+                sock.close()
+                self._serving.release()
 
     def _serve_data(self, sock: socket.socket) -> None:
+        try:
+            self._serve_data_on(sock)
+        finally:
+            self._serving.release()
+
+    def _serve_data_on(self, sock: socket.socket) -> None:
         authed = False
         try:
             sock.settimeout(self.raylet.config.handshake_timeout_s)
