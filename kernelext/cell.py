@@ -35,6 +35,7 @@ import hashlib
 import io
 import json
 import linecache
+import os
 import pickle
 import symtable
 import sys
@@ -43,6 +44,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
+
+#: The matplotlib backend of remote cells (``mpl_backend``), as ``MPLBACKEND`` names it.
+MPL_BACKEND = "module://lumos.kernelext.mpl_backend"
+#: True while a remote cell runs in this process (its ``plt.show()`` displays figures).
+in_remote_cell = False
 
 #: Prefix of a stdout line that carries a ``display()`` bundle (JSON, base64).
 DISPLAY_MARKER = "\ue000lumos-display:"
@@ -396,6 +402,10 @@ def run_cell(spec: CellSpec, inline: dict[str, Any], *ref_values: Any,
     if spec.last_expr and tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
     meta = CellMeta()
+    if "matplotlib" not in sys.modules:
+        os.environ["MPLBACKEND"] = MPL_BACKEND  # read when the cell first imports matplotlib
+    global in_remote_cell
+    in_remote_cell = True
     out, err = sys.stdout, sys.stderr
     counting_out, counting_err = _Counting(out), _Counting(err)
     sys.stdout, sys.stderr = counting_out, counting_err  # type: ignore[assignment]
@@ -419,6 +429,8 @@ def run_cell(spec: CellSpec, inline: dict[str, Any], *ref_values: Any,
                 e.__traceback__ = tb
             raise
     finally:
+        _flush_figures()
+        in_remote_cell = False
         sys.stdout, sys.stderr = out, err
         if counting_out.written or counting_err.written or failed:
             meta.wrote_output = True
@@ -445,6 +457,19 @@ def run_cell(spec: CellSpec, inline: dict[str, Any], *ref_values: Any,
     if not spec.assigns:
         return meta  # num_returns=1: the task's one value
     return (meta, *values)
+
+
+def _flush_figures() -> None:
+    """Send the figures the cell left open to the notebook, as the inline backend does."""
+    backend = sys.modules.get("lumos.kernelext.mpl_backend")
+    if backend is None or "matplotlib.pyplot" not in sys.modules:
+        return
+    try:
+        import matplotlib
+        if matplotlib.get_backend() == MPL_BACKEND:
+            backend.flush_figures()
+    except Exception as e:  # a figure that cannot be drawn must not lose the cell's result
+        print(f"lumos: could not send the cell's figures: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 def _bind_input(ns: dict[str, Any], name: str, value: Any) -> None:

@@ -104,6 +104,23 @@ def test_display_inside_cell_reaches_notebook_with_rich_repr(kernel: KernelSessi
     assert "before" in stdout(cell) and "after" in stdout(cell)
 
 
+def test_matplotlib_figures_of_a_remote_cell_reach_the_notebook(kernel: KernelSession) -> None:
+    import base64
+    cell = kernel.run("%%remote\nimport matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('first')\n"
+                      "plt.show()\nprint('between')\nplt.figure()\nplt.bar([1, 2], [3, 4])\nbackend = plt.get_backend()")
+    assert not errors(cell), errors(cell)
+    pngs = [base64.b64decode(d["image/png"]) for d in displays(cell) if "image/png" in d]
+    # One at plt.show(), one left open when the cell ended: both shown, in order with the print.
+    assert len(pngs) == 2 and all(p.startswith(b"\x89PNG") for p in pngs)
+    kinds = [o.output_type for o in cell.outputs]
+    assert kinds.index("stream") > kinds.index("display_data")
+    assert kernel.value("backend") == "module://lumos.kernelext.mpl_backend"
+    # The figures were closed: the next cell shows only its own.
+    cell = kernel.run("%%remote\nimport matplotlib.pyplot as plt\nplt.plot([0, 1])\nopen_before = len(plt.get_fignums())")
+    assert len([d for d in displays(cell) if "image/png" in d]) == 1
+    assert kernel.value("open_before") == 1
+
+
 def test_error_shows_remote_traceback_with_cell_line_numbers(kernel: KernelSession) -> None:
     cell = kernel.run("%%remote\nx = 1\ndef boom(v):\n    return v / 0\nboom(x)")
     errs = errors(cell)
