@@ -2,15 +2,16 @@
 
 It owns a ``GcsClient`` on the process's asyncio loop (the dashboard's tornado loop or
 the Jupyter server's), subscribes to the nodes/jobs/workers/actors channels and polls
-the task log for changed records (``GetTaskUpdates``) and the resource view every
-``poll_interval_s``. Pages read its dicts from the same loop, so no locks are needed.
+the task log for changed records (``GetTaskUpdates``), the resource view and the
+placement groups (``ListPlacementGroups``; few rows, removed ones bounded by the GCS)
+every ``poll_interval_s``. Pages read its dicts from the same loop, so no locks are needed.
 
 It polls only while someone looks: pages call ``touch()`` from their periodic
 callbacks, and after ``idle_after_s`` without a touch the poll loop sleeps. An idle
 dashboard therefore costs the GCS nothing (the "never slows tasks" requirement).
 
 ```
-GCS ──GetTaskUpdates / GetClusterStatus (poll)──► ClusterSource ──tasks, nodes, tick──► pages
+GCS ──GetTaskUpdates / GetClusterStatus / ListPlacementGroups (poll)──► ClusterSource ──tasks, nodes, tick──► pages
     ──Publish(nodes | jobs | workers | actors)──►
 ```
 """
@@ -106,6 +107,8 @@ class ClusterSource:
         self.jobs: dict[str, m.JobInfo] = {}
         #: Actor id (hex) -> ActorInfo (when the GCS has an actor table).
         self.actors: dict[str, Any] = {}
+        #: Placement group id (hex) -> PlacementGroupInfo, for groups not removed.
+        self.placement_groups: dict[str, m.PlacementGroupInfo] = {}
         #: Task id (hex) -> Task, in the order first seen.
         self.tasks: dict[str, Task] = {}
         #: Object id (hex) -> id of the task that returns it.
@@ -198,7 +201,7 @@ class ClusterSource:
             self.actors = {a.actor_id.hex(): a for a in rows if hasattr(a, "actor_id")}
 
     async def poll(self) -> None:
-        """One refresh: changed task records (all pages of them) and the resource view."""
+        """One refresh: changed task records (all pages of them), the resource view and placement groups."""
         changed: list[str] = []
         more = True
         while more:
@@ -209,6 +212,8 @@ class ClusterSource:
             self._seq = last
             changed.extend(self._apply_rows(rows))
         self.status = {s.node_id.hex(): s for s in await self.client.call(m.GetClusterStatus())}
+        self.placement_groups = {g.pg_id.hex(): g for g in await self.client.call(m.ListPlacementGroups())
+                                 if g.state != "REMOVED"}
         self.last_poll = time.time()
         self._bump(changed)
 

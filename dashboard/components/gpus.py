@@ -1,8 +1,11 @@
 """GPUs page: per node, each GPU and the task, actor or placement-group bundle holding it.
 
 Holders come from the GCS only: running tasks and alive actors whose resources include
-GPUs. GPU indices are shown when the lease's ids reached the task log
-(``resource_ids``); otherwise the holder is listed with its amount and "?" as index.
+GPUs, and placed placement-group bundles that reserve GPUs (one row per GPU; tasks and
+actors running in a bundle have rows of their own too). GPU indices are shown when the
+lease's ids reached the task log (``resource_ids``) or the raylet named the bundle's
+(``PlacementGroupInfo.bundle_gpu_ids``); otherwise the holder is listed with its amount
+and "?" as index.
 """
 
 from __future__ import annotations
@@ -36,6 +39,18 @@ class GpusPage(Page):
                 data[k].append(v)
 
         holders: dict[str, list[tuple[str, str, str, float, Any, str]]] = {}
+        for pg_id, g in src.placement_groups.items():
+            for i, (bundle, node) in enumerate(zip(g.bundles, g.bundle_nodes)):
+                amount = bundle.get("GPU", 0)
+                if not amount or node is None:
+                    continue
+                name = f"pg {pg_id[:8]}{f' ({g.name})' if g.name else ''} bundle {i}"
+                ids = g.bundle_gpu_ids[i] if i < len(g.bundle_gpu_ids) else []
+                # One row per GPU it reserves; ids unknown (an older GCS): one row with index "?".
+                for gid in ids or [None]:
+                    each = amount / len(ids) if ids else amount
+                    holders.setdefault(node.hex(), []).append(
+                        ("bundle", name, pg_id, each, {"GPU": [[gid, each]]} if gid is not None else None, ""))
         actor_tasks = {}
         for t in src.tasks.values():
             gpus = (t.resources or {}).get("GPU", 0)

@@ -280,6 +280,8 @@ def _row(info: Any) -> dict[str, Any]:
         "namespace": info.namespace,
         "bundles": {i: dict(b) for i, b in enumerate(info.bundles)},
         "bundles_to_node_id": {i: n.hex() for i, n in enumerate(info.bundle_nodes) if n is not None},
+        # lumos only: the node GPU indices each placed bundle holds (what its tasks see).
+        "bundles_to_gpu_ids": {i: list(ids) for i, ids in enumerate(info.bundle_gpu_ids) if ids},
         "strategy": info.strategy,
         "state": info.state,
         "is_detached": info.detached,

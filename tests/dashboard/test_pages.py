@@ -169,6 +169,32 @@ def test_gpus_page_shows_the_holder(dash_cluster: lumos.LumosContext, workload: 
     assert not page.js_errors
 
 
+def test_gpus_page_shows_a_placement_group_bundle(dash_cluster: lumos.LumosContext, workload: dict[str, Any],
+                                                  page: Any) -> None:
+    pg = lumos.util.placement_group([{"GPU": 1}], name="gpu-pg")
+    try:
+        assert pg.wait(30)
+        gpu = lumos.util.placement_group_table(pg)["bundles_to_gpu_ids"][0][0]
+        login(page, dash_cluster, "/gpus")
+        row = wait_doc(page, "(d, col) => { const k = col('gpus_table', 'holder_kind'); const i = k.indexOf('bundle');"
+                             " return i >= 0 && col('gpus_table', 'gpu')[i] !== '?' ? i + 1 : 0; }", 40) - 1
+        assert column(page, "gpus_table", "gpu")[row] == str(gpu)
+        assert column(page, "gpus_table", "holder")[row] == f"pg {pg.id.hex()[:8]} (gpu-pg) bundle 0"
+        assert pg.id.hex().startswith(column(page, "gpus_table", "holder_id")[row])
+        assert column(page, "gpus_table", "amount")[row] == "1"
+        # The reserved GPU is not listed as free.
+        free = [g for g, k in zip(column(page, "gpus_table", "gpu"), column(page, "gpus_table", "holder_kind"))
+                if k == "free"]
+        assert str(gpu) not in free and len(free) == 1, free
+        screenshot(page, "gpus_bundle")
+    finally:
+        lumos.util.remove_placement_group(pg)
+    # Removed: the bundle's row disappears live and its GPU is free again.
+    wait_doc(page, "(d, col) => !col('gpus_table', 'holder_kind').includes('bundle')"
+                   " && col('gpus_table', 'holder_kind').filter(k => k === 'free').length === 2", 40)
+    assert not page.js_errors
+
+
 def test_pages_are_live_within_one_second(dash_cluster: lumos.LumosContext, workload: dict[str, Any],
                                           page: Any) -> None:
     login(page, dash_cluster, "/graph")

@@ -104,7 +104,7 @@ def test_local_scheduler_grants_bundle_leases_from_the_bundle_only() -> None:
     s = sc.LocalSchedulerState({"CPU": 2, "GPU": 2}, 0, 8, 60.0, validate=True)
     pg = b"p" * 16
     acts = s.handle(sc.BundlesRequested(1, pg, [(0, {"CPU": 1, "GPU": 1}), (1, {"CPU": 1, "GPU": 1})]), 0)
-    assert acts == [sc.AnswerBundles(1, True)]
+    assert acts == [sc.AnswerBundles(1, True, gpu_ids={0: [0], 1: [1]})]
     assert s.available_floats() == {"CPU": 0, "GPU": 0}
     assert s.handle(sc.BundlesRequested(2, b"q" * 16, [(0, {"CPU": 1})]), 0)[0].ok is False
     s.add_starting_worker(b"w1")
@@ -124,6 +124,20 @@ def test_local_scheduler_grants_bundle_leases_from_the_bundle_only() -> None:
     assert {a.worker_id for a in acts if isinstance(a, sc.StopWorker)} == {b"w1", b"w2"}
     assert any(isinstance(a, sc.FailLease) and a.request_id == 12 for a in acts)
     assert s.available_floats() == {"CPU": 2, "GPU": 2}
+
+
+def test_bundle_answer_names_the_node_gpus_each_bundle_got() -> None:
+    s = sc.LocalSchedulerState({"CPU": 4, "GPU": 4}, 0, 8, 60.0, validate=True)
+    s.handle(sc.BundlesRequested(1, b"a" * 16, [(0, {"GPU": 1})]), 0)  # takes node GPU 0
+    pg = b"p" * 16
+    acts = s.handle(sc.BundlesRequested(2, pg, [(0, {"CPU": 1}), (1, {"GPU": 2}), (2, {"GPU": 0.5})]), 0)
+    assert acts == [sc.AnswerBundles(2, True, gpu_ids={0: [], 1: [1, 2], 2: [3]})]
+    # A retried request (the GCS lost the reply) gets the same ids and takes nothing more.
+    assert s.handle(sc.BundlesRequested(3, pg, [(1, {"GPU": 2})]), 0) == \
+        [sc.AnswerBundles(3, True, gpu_ids={1: [1, 2]})]
+    assert s.available_floats()["GPU"] == 0.5
+    refused = s.handle(sc.BundlesRequested(4, b"q" * 16, [(0, {"GPU": 1})]), 0)
+    assert refused[0].ok is False and refused[0].gpu_ids == {}
 
 
 # ----------------------------------------------------------------------------- one node
@@ -152,6 +166,7 @@ class TestOneNode:
         wait_for(lambda: _free("CPU") == 1, 10)  # the bundles' CPUs left the node's pool
         row = placement_group_table(pg)
         assert row["state"] == "CREATED" and len(set(row["bundles_to_node_id"].values())) == 1
+        assert row["bundles_to_gpu_ids"] == {}  # CPU-only bundles
         remove_placement_group(pg)
         wait_for(lambda: _free("CPU") == 3, 10)
         assert placement_group_table(pg)["state"] == "REMOVED"
@@ -221,6 +236,9 @@ class TestOneNode:
             ids0 = {tuple(ids) for ids, _ in seen0}
             ids1 = {tuple(ids) for ids, _ in seen1}
             assert len(ids0) == 1 and len(ids1) == 1 and ids0 != ids1, (seen0, seen1)
+            # The GCS knows them too (from the raylet's reservation answer).
+            assert placement_group_table(pg)["bundles_to_gpu_ids"] == \
+                {0: [int(g) for g in next(iter(ids0))], 1: [int(g) for g in next(iter(ids1))]}
             assert {cuda for _, cuda in seen0} == {str(next(iter(ids0))[0])}
             actor = Probe.options(num_gpus=1, scheduling_strategy=_in(pg, 1)).remote()
             assert tuple(lumos.get(actor.gpus.remote(), timeout=60)) in ids1
@@ -402,12 +420,13 @@ def test_infeasible_strict_spread_stays_pending_until_a_node_joins() -> None:
 def test_bundles_of_a_dead_node_are_placed_again_and_its_actor_restarts_there() -> None:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
     try:
-        doomed = cluster.add_node(num_cpus=1, resources={"spot": 1})
-        spare = cluster.add_node(num_cpus=1, resources={"spot": 1})
+        doomed = cluster.add_node(num_cpus=1, num_gpus=1, resources={"spot": 1})
+        spare = cluster.add_node(num_cpus=1, num_gpus=1, resources={"spot": 1})
         cluster.connect()
-        pg = placement_group([{"CPU": 1, "spot": 1}], strategy="PACK")
+        pg = placement_group([{"CPU": 1, "spot": 1, "GPU": 1}], strategy="PACK")
         assert pg.wait(30)
         first = placement_group_table(pg)["bundles_to_node_id"][0]
+        assert placement_group_table(pg)["bundles_to_gpu_ids"] == {0: [0]}
         victim = doomed if first == doomed.node_id else spare
         survivor = spare if victim is doomed else doomed
         actor = Probe.options(num_cpus=1, max_restarts=1, scheduling_strategy=_in(pg, 0)).remote()
@@ -415,6 +434,7 @@ def test_bundles_of_a_dead_node_are_placed_again_and_its_actor_restarts_there() 
         cluster.remove_node(victim)
         wait_for(lambda: placement_group_table(pg)["bundles_to_node_id"].get(0) == survivor.node_id
                  and placement_group_table(pg)["state"] == "CREATED", 30)
+        assert placement_group_table(pg)["bundles_to_gpu_ids"] == {0: [0]}  # the survivor's reservation
         node = wait_for(lambda: _try_node(actor), 60)
         assert node == survivor.node_id
     finally:

@@ -6,7 +6,7 @@ asyncio loop calls ``connect``: the dashboard's tornado loop, or the Jupyter
 server's, which is why nothing here blocks.
 
 ```
-dashboard / jupyter-server ──GetAllNodes, GetClusterStatus, GetTaskUpdates, ListActors──► GCS
+dashboard / jupyter-server ──GetAllNodes, GetClusterStatus, GetTaskUpdates, ListActors, ListPlacementGroups──► GCS
                            ◄──Publish(nodes | jobs | workers | actors | errors)─────────────┘
 ```
 The GCS treats this connection as a plain subscriber: it registers no job, so it

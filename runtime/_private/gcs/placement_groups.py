@@ -17,7 +17,9 @@ RemovePlacementGroup / job finished ──► ReleaseBundles (workers in bundles
 ```
 
 ``plan_bundles`` is the pure part (strategy → node per bundle); the table plugs it
-into the GCS node views and heartbeats. Changes are published on the
+into the GCS node views and heartbeats. A raylet's answer names the node GPUs each
+bundle got; they are kept in ``PlacementGroupInfo.bundle_gpu_ids`` (for the dashboard)
+and follow the bundle when it is placed again. Changes are published on the
 "placement_groups" channel (key: the group id).
 """
 
@@ -190,7 +192,8 @@ class PlacementGroupTable:
                              f"{msg.namespace!r}; remove it first or pick another name")
         info = m.PlacementGroupInfo(msg.pg_id, msg.name, msg.namespace, msg.strategy,
                                     [dict(b) for b in msg.bundles], PENDING, [None] * len(msg.bundles),
-                                    msg.job_id, msg.detached, time.time(), "waiting for resources")
+                                    msg.job_id, msg.detached, time.time(), "waiting for resources",
+                                    bundle_gpu_ids=[[] for _ in msg.bundles])
         group = _Group(info)
         self.groups[msg.pg_id] = group
         if msg.name:
@@ -340,7 +343,7 @@ class PlacementGroupTable:
                 by_node.setdefault(nid, []).append(i)
             results = await asyncio.gather(*(self._reserve(nid, info.pg_id, [[i, info.bundles[i]] for i in idx])
                                              for nid, idx in by_node.items()))
-            ok = [nid for nid, res in zip(by_node, results) if res]
+            ok = [nid for nid, res in zip(by_node, results) if res is not None]
             if info.state == REMOVED or len(ok) != len(by_node):
                 for nid in ok:
                     self._release(nid, info.pg_id, by_node[nid])
@@ -348,10 +351,11 @@ class PlacementGroupTable:
                     return
                 await asyncio.sleep(interval)  # someone took the resources first: look again after a heartbeat
                 continue
-            for nid, idx in by_node.items():
+            for (nid, idx), gpus in zip(by_node.items(), results):
                 for i in idx:
                     if self.gcs.nodes[nid].state == "ALIVE":
                         info.bundle_nodes[i] = nid
+                        info.bundle_gpu_ids[i] = (gpus or {}).get(i, [])
         # (REMOVED: nothing held any more)
 
     async def _wait_changed(self, timeout_s: float) -> None:
@@ -371,16 +375,25 @@ class PlacementGroupTable:
         logger.info("placement group %s created: bundles on %s", short(info.pg_id),
                     [short(n) if n else None for n in info.bundle_nodes])
 
-    async def _reserve(self, node_id: bytes, pg_id: bytes, bundles: list[Any]) -> bool:
+    async def _reserve(self, node_id: bytes, pg_id: bytes, bundles: list[Any]) -> dict[int, list[int]] | None:
+        """Reserve ``bundles`` on a node: bundle index -> the node GPUs it holds, or None when refused."""
         try:
             raylet = await self._raylet(node_id)
-            ok, reason = await raylet.call(m.ReserveBundles(pg_id, bundles), self.gcs.config.rpc_timeout_s)
+            reply = await raylet.call(m.ReserveBundles(pg_id, bundles), self.gcs.config.rpc_timeout_s)
         except (OSError, ConnectionLost, TimeoutError, RemoteError, KeyError) as e:
             logger.info("could not reserve bundles of %s on node %s: %s", short(pg_id), short(node_id), e)
-            return False
-        if not ok:
-            logger.debug("node %s refused bundles of %s: %s", short(node_id), short(pg_id), reason)
-        return bool(ok)
+            return None
+        try:
+            ok, reason = reply[0], reply[1]
+            if not ok:
+                logger.debug("node %s refused bundles of %s: %s", short(node_id), short(pg_id), reason)
+                return None
+            # An older raylet answers [ok, reason] only: GPU indices unknown.
+            return {int(i): [int(g) for g in gpus] for i, gpus in (reply[2] if len(reply) > 2 else [])}
+        except (TypeError, ValueError, IndexError, KeyError) as e:
+            logger.warning("node %s sent a malformed bundle answer for %s: %s", short(node_id), short(pg_id), e)
+            self._release(node_id, pg_id, [int(b[0]) for b in bundles])
+            return None
 
     def _release(self, node_id: bytes, pg_id: bytes, indices: list[int] | None) -> None:
         conn = self._raylets.conns.get(node_id)
@@ -405,6 +418,7 @@ class PlacementGroupTable:
         for nid in {n for n in info.bundle_nodes if n is not None}:
             self._release(nid, info.pg_id, None)
         info.bundle_nodes = [None] * len(info.bundle_nodes)
+        info.bundle_gpu_ids = [[] for _ in info.bundle_nodes]
         g.ready.set()  # wake waiters: they see REMOVED
         self._publish(g)
         logger.info("placement group %s removed: %s", short(info.pg_id), why)
@@ -432,6 +446,7 @@ class PlacementGroupTable:
             lost = [i for i, n in enumerate(info.bundle_nodes) if n == node_id]
             for i in lost:
                 info.bundle_nodes[i] = None
+                info.bundle_gpu_ids[i] = []
             info.state = RESCHEDULING
             info.detail = f"bundles {lost} lost with node {short(node_id)}; placing them again"
             g.ready.clear()

@@ -799,7 +799,8 @@ class FreeObjectCopies:
 class ReserveBundles:
     """GCS -> raylet: reserve these bundles of a placement group now, all or none.
 
-    Replies ``[ok, reason]``.
+    Replies ``[ok, reason, [[bundle index, [GPU index, ...]], ...]]``: the node GPUs each
+    requested bundle holds (an older raylet replies ``[ok, reason]`` only).
     """
 
     pg_id: bytes
@@ -836,6 +837,9 @@ class PlacementGroupInfo:
     detail: str = ""
     #: Bumped on every change (published on the "placement_groups" channel).
     version: int = 0
+    #: The node GPU indices each bundle holds (``[]`` while unplaced or without GPUs;
+    #: the whole list is empty from a GCS that predates it).
+    bundle_gpu_ids: list[list[int]] = dataclasses.field(default_factory=list)
 
 
 @message(120)

@@ -145,6 +145,8 @@ class AnswerBundles:
     request_id: int
     ok: bool
     reason: str = ""
+    #: When ok: bundle index -> the node GPU indices it holds, for every requested bundle.
+    gpu_ids: dict[int, list[int]] = dataclasses.field(default_factory=dict)
 
 
 Action = Union[GrantLease, StartWorker, StopWorker, ReportInfeasible, FailLease, AnswerBundles]
@@ -455,7 +457,9 @@ class LocalSchedulerState:
         for index, units in new:
             ids = self.resources.allocate(units)
             self.bundles[(event.pg_id, index)] = _Bundle((event.pg_id, index), units, ids)
-        actions.append(AnswerBundles(event.request_id, True))
+        # Every requested bundle, also those held already (a retried request gets the same answer).
+        gpus = {i: list(self.bundles[(event.pg_id, i)].index_map.get("GPU", [])) for i, _ in event.bundles}
+        actions.append(AnswerBundles(event.request_id, True, gpu_ids=gpus))
 
     def _remove_bundles(self, pg_id: bytes, indices: list[int] | None, actions: list[Action]) -> None:
         keys = [k for k in self.bundles if k[0] == pg_id and (indices is None or k[1] in indices)]

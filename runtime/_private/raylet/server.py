@@ -104,7 +104,7 @@ class RayletServer:
         self._create_waiters: dict[int, asyncio.Future[Any]] = {}
         self._next_request = 1
         self._warned_infeasible: set[int] = set()
-        #: Bundle reservation request id -> [ok, reason] (answered within the same event).
+        #: Bundle reservation request id -> [ok, reason, [[index, GPU ids], ...]] (answered within the same event).
         self._bundle_answers: dict[int, list[Any]] = {}
         #: Alive nodes of the cluster (this one included), from the GCS "nodes" channel.
         self.alive_nodes: dict[bytes, m.NodeInfo] = {}
@@ -299,7 +299,8 @@ class RayletServer:
             if waiter is not None and not waiter[1].done():
                 waiter[1].set_exception(RuntimeError(action.reason))
         elif isinstance(action, sc.AnswerBundles):
-            self._bundle_answers[action.request_id] = [action.ok, action.reason]
+            self._bundle_answers[action.request_id] = [action.ok, action.reason,
+                                                       [[i, ids] for i, ids in action.gpu_ids.items()]]
 
     # ------------------------------------------------------------------ workers
 
@@ -512,12 +513,12 @@ class RayletServer:
         return bool(s.queue) or not s.resources.fits(units)
 
     def _reserve_bundles(self, conn: Connection, msg: m.ReserveBundles) -> list[Any]:
-        """Reserve all of ``msg.bundles`` here now, or none: ``[ok, reason]``."""
+        """Reserve all of ``msg.bundles`` here now, or none: ``[ok, reason, [[index, GPU ids], ...]]``."""
         rid = self._next_request
         self._next_request += 1
         bundles = [(int(i), dict(res)) for i, res in msg.bundles]
         self._sched(sc.BundlesRequested(rid, msg.pg_id, bundles))
-        answer = self._bundle_answers.pop(rid, [False, "no answer"])
+        answer = self._bundle_answers.pop(rid, [False, "no answer", []])
         logger.info("bundles %s of placement group %s %s%s", [i for i, _ in bundles], short(msg.pg_id),
                     "reserved" if answer[0] else "not reserved: ", answer[1])
         return answer
