@@ -689,3 +689,37 @@ def test_builtin_bases_and_ray_names():
     assert exc.RaySystemError is exc.LumosSystemError
     for name in exc.__all__:
         assert hasattr(exc, name), name
+
+
+# =========================================================================== gcs/task_log.py
+
+
+def test_task_log_stays_bounded_archives_the_oldest_and_keeps_live_tasks(tmp_path):
+    import json as _json
+
+    from lumos._private.gcs.task_log import TaskEventTable
+    from lumos._private.protocol import messages as msgs
+    archive = tmp_path / "tasks.jsonl"
+    table = TaskEventTable(100, str(archive))
+    job = b"\x01" * 4
+
+    def tid(i: int) -> bytes:
+        return i.to_bytes(16, "big")
+
+    # An old task that is still running, then many finished ones.
+    table.add([msgs.TaskEvent(tid(0), 0, "SUBMITTED", 1.0, job, {"name": "long"}),
+               msgs.TaskEvent(tid(0), 0, "RUNNING", 1.1, job)])
+    for i in range(1, 251):
+        table.add([msgs.TaskEvent(tid(i), 0, "SUBMITTED", 2.0, job, {"name": f"t{i}"}),
+                   msgs.TaskEvent(tid(i), 0, "FINISHED", 2.1, job)])
+    assert len(table.records) <= 100
+    assert tid(0) in table.records  # live: kept
+    assert tid(250) in table.records and tid(1) not in table.records  # newest kept, oldest archived
+    lines = [_json.loads(x) for x in archive.read_text().splitlines()]
+    assert len(lines) == table.num_archived == 251 - len(table.records)
+    assert {r["name"] for r in lines} == {f"t{i}" for i in range(1, 252 - len(table.records))}
+    assert all(r["state"] == "FINISHED" for r in lines)
+    # Changes the dashboard polls for do not mention archived tasks.
+    last, rows, more = table.updates(0, 10_000)
+    assert not more and {bytes(r[0]) for r in rows} == set(table.records)
+    table.close()

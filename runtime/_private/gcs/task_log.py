@@ -153,7 +153,9 @@ class TaskEventTable:
             changed.move_to_end(ev.task_id)
         self.seq = seq
         if len(records) > self.max_records:
-            self._flush_oldest(len(records) - self.max_records)
+            # Down to 90% of the bound at once: the archive is written in chunks, not one
+            # record per event batch.
+            self._flush_oldest(len(records) - self.max_records + self.max_records // 10)
 
     def _flush_oldest(self, n: int) -> None:
         if self._archive is None:
@@ -161,20 +163,29 @@ class TaskEventTable:
                 self._archive = open(self.archive_path, "a", encoding="utf-8")
             except OSError as e:
                 logger.error("cannot open task archive %s: %s; dropping old task records", self.archive_path, e)
-        flushed = 0
-        for task_id in list(self.records):
-            if flushed >= n:
+        records = self.records
+        far_over = len(records) > 2 * self.max_records
+        victims: list[TaskRecord] = []
+        live: list[bytes] = []
+        # Oldest first, stopping once n are found (no copy of the whole table per call).
+        for task_id, rec in records.items():
+            if len(victims) >= n:
                 break
-            rec = self.records[task_id]
-            if rec.state not in TERMINAL and len(self.records) - flushed <= 2 * self.max_records:
-                continue  # keep live tasks unless the log is far over its bound
+            if rec.state not in TERMINAL and not far_over:
+                live.append(task_id)  # kept, and moved behind so it is not scanned again
+                continue
+            victims.append(rec)
+        for task_id in live:
+            records.move_to_end(task_id)
+        lines = []
+        for rec in victims:
             if self._archive is not None:
-                self._archive.write(json.dumps(rec.to_dict()) + "\n")
-            del self.records[task_id]
-            self._changed.pop(task_id, None)
-            flushed += 1
-        self.num_archived += flushed
-        if self._archive is not None:
+                lines.append(json.dumps(rec.to_dict()))
+            del records[rec.task_id]
+            self._changed.pop(rec.task_id, None)
+        self.num_archived += len(victims)
+        if self._archive is not None and lines:
+            self._archive.write("\n".join(lines) + "\n")
             self._archive.flush()
 
     def list(self, job_id: bytes | None, limit: int) -> list[dict[str, Any]]:
