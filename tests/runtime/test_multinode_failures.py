@@ -154,7 +154,7 @@ def test_value_lost_with_its_node_is_rebuilt_from_lineage() -> None:
             lumos.get(single, timeout=30)
         rows = [r for r in lumos.state.list_tasks() if r["name"].endswith(("make", "double"))]
         # make ran twice: once on the dead node, once to rebuild the value (for total and double).
-        assert len(rows) == 2 and all(r["attempt_number"] == 1 for r in rows), rows
+        assert len(rows) == 2 and all(r["attempt_number"] >= 1 for r in rows), rows
         assert all(r["node_id"] == replacement.node_id for r in rows), rows
 
         # The lineage is kept while the values are referenced, and let go with them.
