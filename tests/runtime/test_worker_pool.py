@@ -7,7 +7,7 @@ import signal
 import time
 
 import lumos
-from tests.conftest import lumos_children
+from tests.conftest import lumos_children, wait_for
 
 
 def _workers() -> list:
@@ -35,6 +35,9 @@ def test_workers_failing_at_start_do_not_respawn_in_a_loop(fresh_cluster) -> Non
         os.rename(token + ".away", token)
     with open(token, "rb") as f:
         assert f.read() == saved
+    # Without any demand, the pre-started pool (one per CPU) comes back in full once a
+    # worker can register again (the backoff starts one at a time).
+    wait_for(lambda: len(_workers()) >= 2, 30)
 
     @lumos.remote
     def ok() -> int:

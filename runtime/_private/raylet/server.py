@@ -437,9 +437,22 @@ class RayletServer:
         proc.job_id = msg.job_id
         conn.peer_info = msg.worker_id
         if not msg.is_driver:
+            self._failed_starts = 0
+            self._start_backoff_until = 0.0
             self._sched(sc.WorkerRegistered(msg.worker_id))
+            self._refill_pool()
         self._report_worker(proc, "ALIVE")
         return self.node_info()
+
+    def _refill_pool(self) -> None:
+        """Start workers until the pre-started pool is full again. Run when a worker
+        registers: after a streak of workers that died at start, the backoff starts one
+        at a time, and the pool is refilled once one of them comes up."""
+        if self._stopping or self._start_deferred:
+            return
+        alive = sum(1 for p in self.procs.values() if not p.is_driver)
+        for _ in range(self.num_prestart - alive):
+            self._start_worker()
 
     async def _request_lease(self, conn: Connection, msg: m.RequestWorkerLease,
                              hops: int = 0) -> m.LeaseGrant | m.SpillbackReply:
