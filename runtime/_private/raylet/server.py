@@ -155,6 +155,11 @@ class RayletServer:
             handlers={m.Publish: self._on_publish, m.ShutdownNode: self._shutdown_request},
             name="raylet->gcs", on_close=self._gcs_lost)
         await self.gcs.call(m.RegisterNode(self.node_info()), self.config.rpc_timeout_s)
+        # Pre-started workers that registered here before the GCS connection was up were
+        # not reported (``_report_worker`` needs it): report them now.
+        for proc in list(self.procs.values()):
+            if proc.address is not None and not proc.is_driver and proc.exit_info is None:
+                self._report_worker(proc, "ALIVE")
         self.gcs.notify(m.Subscribe("jobs", None))
         self.gcs.notify(m.Subscribe("nodes", None))
         for info in await self.gcs.call(m.GetAllNodes(), self.config.rpc_timeout_s):
