@@ -332,7 +332,7 @@ def proto_cluster() -> Iterator[dict[str, Any]]:
     session = ctx.address_info["session_dir"]
     try:
         assert lumos.get(echo.remote(0), timeout=30) == 0
-        wait_for(lambda: len(_workers()) >= 2, 60)
+        _wait_for_two_workers(session)
         with open(os.path.join(session, "token"), "rb") as f:
             token = f.read().strip()
         yield {"ctx": ctx, "session": session, "token": token,
@@ -345,6 +345,20 @@ def proto_cluster() -> Iterator[dict[str, Any]]:
 @lumos.remote
 def echo(x):
     return x
+
+
+def _wait_for_two_workers(session: str) -> None:
+    """The fresh cluster's two pre-started workers are known to the GCS; if not, fail
+    with what the GCS and the raylet's process table say (the summary line shows it)."""
+    try:
+        wait_for(lambda: len(_workers()) >= 2, 60)
+    except AssertionError:
+        cw = worker_context.require()
+        table = [(w.state, w.pid, w.is_driver) for w in cw.call_gcs(m.GetAllWorkers())]
+        procs = [p.pid for p in lumos_children() if "lumos._private.worker.main" in " ".join(p.cmdline())]
+        outs = sorted(glob.glob(os.path.join(session, "logs", "worker-*.out")))
+        raise AssertionError(f"fewer than 2 workers after 60 s: GCS table {table}, worker processes {procs}, "
+                             f"{len(outs)} worker logs") from None
 
 
 def _workers() -> list[m.WorkerInfo]:
@@ -631,7 +645,7 @@ def test_authenticated_ill_typed_messages_never_kill_a_process(fresh_cluster, ro
     ctx = fresh_cluster(_system_config=PROTOCOL_CONFIG)
     session = ctx.address_info["session_dir"]
     assert lumos.get(echo.remote(1), timeout=30) == 1
-    wait_for(lambda: len(_workers()) >= 2, 60)
+    _wait_for_two_workers(session)
     with open(os.path.join(session, "token"), "rb") as f:
         token = f.read().strip()
     state = {"pids": {p.pid for p in lumos_children()}}
