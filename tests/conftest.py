@@ -26,6 +26,15 @@ TEST_CONFIG: dict[str, Any] = {
 }
 
 
+def process_gone(pid: int) -> bool:
+    """The process has exited (a zombie counts: it runs no more); safe against it
+    exiting while we look."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def lumos_children() -> list[psutil.Process]:
     """lumos processes started (directly or not) by this test process."""
     out = []

@@ -18,7 +18,7 @@ import lumos
 from lumos.exceptions import ActorDiedError, TaskError
 from lumos.util import ActorPool
 
-from tests.conftest import wait_for
+from tests.conftest import process_gone, wait_for
 
 
 @lumos.remote
@@ -197,7 +197,7 @@ def test_kill_fails_pending_and_later_calls(cluster: lumos.LumosContext) -> None
     lumos.kill(c)
     with pytest.raises(ActorDiedError, match="killed by lumos.kill"):
         lumos.get(c.incr.remote(), timeout=10)
-    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10)
+    wait_for(lambda: process_gone(pid), 10)
 
 
 def test_kill_with_restart_restarts(cluster: lumos.LumosContext) -> None:
@@ -248,7 +248,7 @@ def test_actor_ends_when_its_handles_go_out_of_scope(cluster: lumos.LumosContext
     ref = c.incr.remote()
     del c
     assert lumos.get(ref) == 1  # calls already submitted still run
-    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10)
+    wait_for(lambda: process_gone(pid), 10)
 
 
 # --------------------------------------------------------------------------- failures

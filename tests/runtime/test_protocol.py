@@ -34,7 +34,7 @@ from lumos._private.protocol import auth
 from lumos._private.protocol import messages as m
 from lumos._private.protocol.framing import HEADER, FrameDecoder, ProtocolError, frame
 
-from ..conftest import check_no_leaks, lumos_children, start, wait_for
+from ..conftest import check_no_leaks, lumos_children, process_gone, start, wait_for
 
 # --------------------------------------------------------------------------- pure: framing
 
@@ -471,8 +471,7 @@ ROLES = ["gcs-tcp", "gcs-unix", "raylet-unix", "raylet-tcp", "driver-unix", "dri
 
 
 def _check_still_serving(proto_cluster: dict[str, Any], nonce: int) -> None:
-    gone = [pid for pid in proto_cluster["pids"] if not psutil.pid_exists(pid)
-            or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE]
+    gone = [pid for pid in proto_cluster["pids"] if process_gone(pid)]
     assert not gone, f"lumos processes died: {gone}"
     assert lumos.get(echo.remote(nonce), timeout=30) == nonce
 
