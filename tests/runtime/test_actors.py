@@ -11,7 +11,6 @@ import textwrap
 import threading
 import time
 
-import psutil
 import pytest
 
 import lumos
