@@ -162,3 +162,28 @@ def test_unpicklable_return_value_is_a_task_error(fresh_cluster):
 
     with pytest.raises(TaskError, match="could not be serialized"):
         lumos.get(gives_lock.remote(), timeout=30)
+
+
+def test_gcs_death_gives_clear_errors_and_leaves_no_process(fresh_cluster):
+    # Without Redis storage the GCS's tables die with it: the node's raylet exits, and the
+    # driver's next calls fail at once with a clear error instead of hanging.
+    import signal
+
+    from tests.conftest import lumos_children, process_gone, wait_for
+    fresh_cluster(num_cpus=1, include_dashboard=False)
+
+    @lumos.remote
+    def inc(x):
+        return x + 1
+
+    assert lumos.get(inc.remote(1), timeout=30) == 2
+    (gcs,) = [p for p in lumos_children() if "lumos._private.gcs.server" in " ".join(p.cmdline())]
+    os.kill(gcs.pid, signal.SIGKILL)
+    raylets = [p.pid for p in lumos_children() if "lumos._private.raylet.server" in " ".join(p.cmdline())]
+    wait_for(lambda: all(process_gone(pid) for pid in raylets), 20)
+    start = time.monotonic()
+    with pytest.raises(lumos.exceptions.LumosSystemError, match="closed|lost|shut down"):
+        lumos.get(inc.remote(2), timeout=30)
+    with pytest.raises(lumos.exceptions.LumosSystemError, match="closed|lost|shut down"):
+        lumos.remote(type("A", (), {"ping": lambda self: 1})).remote()
+    assert time.monotonic() - start < 10
