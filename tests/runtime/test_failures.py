@@ -178,8 +178,9 @@ def test_gcs_death_gives_clear_errors_and_leaves_no_process(fresh_cluster):
 
     assert lumos.get(inc.remote(1), timeout=30) == 2
     (gcs,) = [p for p in lumos_children() if "lumos._private.gcs.server" in " ".join(p.cmdline())]
-    os.kill(gcs.pid, signal.SIGKILL)
     raylets = [p.pid for p in lumos_children() if "lumos._private.raylet.server" in " ".join(p.cmdline())]
+    assert raylets
+    os.kill(gcs.pid, signal.SIGKILL)
     wait_for(lambda: all(process_gone(pid) for pid in raylets), 20)
     start = time.monotonic()
     with pytest.raises(lumos.exceptions.LumosSystemError, match="closed|lost|shut down"):
