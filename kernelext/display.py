@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Any
 
+from lumos.dashboard.components.common import fmt_bytes
+
 logger = logging.getLogger(__name__)
 
 _MAX_TEXT_CHARS = 200_000
@@ -216,17 +218,9 @@ def traceback_html(text: str) -> str:
             f"font-size:12px;white-space:pre-wrap'>{html.escape(text.rstrip())}</pre>")
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def _fmt_amount(name: str, v: float) -> str:
     if name in ("memory", "object_store_memory"):
-        return _fmt_bytes(v)
+        return fmt_bytes(v)
     return f"{v:g}"
 
 
@@ -247,8 +241,8 @@ class ClusterStatus:
                     continue
                 used = total[k] - avail.get(k, 0) if n["state"] == "ALIVE" else 0
                 res.append(f"{k} {_fmt_amount(k, used)}/{_fmt_amount(k, total[k])}")
-            store = (f"{_fmt_bytes(n['object_store_used_bytes'])}/"
-                     f"{_fmt_bytes(n['object_store_capacity_bytes'])}")
+            store = (f"{fmt_bytes(n['object_store_used_bytes'])}/"
+                     f"{fmt_bytes(n['object_store_capacity_bytes'])}")
             rows.append((n["node_id"][:12] + (" (head)" if n["is_head_node"] else ""), n["node_ip"],
                          n["state"], ", ".join(res), store))
         return rows

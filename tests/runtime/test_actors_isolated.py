@@ -12,14 +12,7 @@ import pytest
 import lumos
 
 from tests.conftest import wait_for
-
-
-def _named_exists(name: str) -> bool:
-    try:
-        lumos.get_actor(name)
-        return True
-    except ValueError:
-        return False
+from tests.runtime.test_actors import _named_exists
 
 
 def test_detached_actor_outlives_its_driver() -> None:

@@ -27,7 +27,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Container
 
 from lumos import exceptions as exc
 from lumos import object_ref as object_ref_mod
@@ -63,6 +63,17 @@ class _ArgRef(int):
 
 
 ser._PLAIN_SCALARS = ser._PLAIN_SCALARS | {_ArgRef}  # pickles by reference: safe on the fast path
+
+
+def _lineage_size(task: PendingTask) -> int:
+    """What keeping ``task`` for lineage costs against ``LINEAGE_MAX_BYTES``."""
+    return len(task.spec.args) + 512
+
+
+def _stored_on(e: Any, nodes: Container[bytes]) -> bool:
+    """``e`` is an owned, ready value whose only copy is in the store of one of ``nodes``."""
+    return (e is not None and e.owned and e.state == READY and e.data is None
+            and e.node_id is not None and e.node_id in nodes)
 
 
 def error_blob(error: BaseException) -> bytes:
@@ -517,6 +528,7 @@ class CoreWorker:
     # ================================================================== get / wait
 
     def get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
         self.drain_refs()
         entries = self.objects.entries
         missing: list[ObjectRef] = []
@@ -528,9 +540,6 @@ class CoreWorker:
             self._wait_for(missing, len({r._id for r in missing}), timeout, fetch=True, for_get=True)
         if len(refs) > 1:
             self._pull_remote_together(refs)
-        if timeout is None:
-            return [self._value_of(ref) for ref in refs]
-        deadline = time.monotonic() + timeout
         return [self._value_of(ref, deadline) for ref in refs]
 
     def _pull_remote_together(self, refs: list[ObjectRef]) -> None:
@@ -1118,8 +1127,7 @@ class CoreWorker:
         lost = []
         for dep in task.spec.deps:
             e = entries.get(dep.object_id)
-            if e is not None and e.owned and e.state == READY and e.data is None \
-                    and e.node_id is not None and e.node_id in self.dead_nodes:
+            if _stored_on(e, self.dead_nodes):
                 lost.append((dep.object_id, e.node_id))
         if not lost:
             return False
@@ -1334,15 +1342,19 @@ class CoreWorker:
                                    "Not retried (max_retries=0).")))
 
     def _retry(self, task: PendingTask, why: str) -> None:
-        spec = task.spec
-        logger.info("retrying %s (%s): %s", spec.name, short(spec.task_id), why)
-        self._events.append((spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, None, why))
-        spec.attempt += 1
-        task.lease = None
+        self._next_attempt(task, why)
         if task.spec.kind == 0:
             self._enqueue(task, front=True)
         else:
             self._enqueue(task)
+
+    def _next_attempt(self, task: PendingTask, why: str) -> None:
+        """Record that ``task`` runs again (a retry or a rebuild) and start its next attempt."""
+        spec = task.spec
+        logger.info("running %s (%s) again: %s", spec.name, short(spec.task_id), why)
+        self._events.append((spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, None, why))
+        spec.attempt += 1
+        task.lease = None
 
     # -------------------------------------------------------------- io thread: replies
 
@@ -1448,7 +1460,7 @@ class CoreWorker:
         if not any(r.data is None and r.node_id is not None and r.object_id in self.objects.entries
                    for r in reply.returns):
             return  # inline values live here: nothing to rebuild
-        size = len(task.spec.args) + 512
+        size = _lineage_size(task)
         if self._lineage_bytes + size > LINEAGE_MAX_BYTES:
             return
         self.lineage[task.spec.task_id] = task
@@ -1463,7 +1475,7 @@ class CoreWorker:
             if task is None or any(oid in entries for oid in task.return_ids):
                 continue
             del self.lineage[tid]
-            self._lineage_bytes -= len(task.spec.args) + 512
+            self._lineage_bytes -= _lineage_size(task)
             self._release_args(task)
 
     def _reconstruct(self, oid: bytes, lost_node: bytes | None) -> str | None:
@@ -1486,26 +1498,19 @@ class CoreWorker:
                     "its lineage was not kept)")
         entries = self.objects.entries
         for dep_id in task.dep_ids:
-            de = entries.get(dep_id)
-            if de is not None and de.owned and de.state == READY and de.data is None \
-                    and de.node_id is not None and de.node_id == lost_node:
+            if lost_node is not None and _stored_on(entries.get(dep_id), (lost_node,)):
                 why = self._reconstruct(dep_id, lost_node)
                 if why is not None:
                     return f"its argument {short(dep_id)} was lost too and {why}"
         del self.lineage[tid]
-        self._lineage_bytes -= len(task.spec.args) + 512
+        self._lineage_bytes -= _lineage_size(task)
         if task.retries_left > 0:
             task.retries_left -= 1
         for rid in task.return_ids:
             self.objects.reset_pending(rid)
-        spec = task.spec
-        why = f"lineage reconstruction: its value was lost with node {short(lost_node or b'')}"
-        logger.info("running %s (%s) again: %s", spec.name, short(spec.task_id), why)
-        self._events.append((spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, None, why))
-        spec.attempt += 1
-        task.lease = None
+        self._next_attempt(task, f"lineage reconstruction: its value was lost with node {short(lost_node or b'')}")
         task.cancelled = task.force_cancelled = False
-        self.tasks[spec.task_id] = task
+        self.tasks[task.spec.task_id] = task
         if task.dep_ids:
             self._resolve_deps(task)
         else:

@@ -400,12 +400,10 @@ class RayletServer:
             self._failed_starts = 0
         self._store(st.ClientGone(worker_id))
         self._sched(sc.WorkerExited(worker_id))
-        if not self._stopping:
-            alive = sum(1 for p in self.procs.values() if not p.is_driver)
-            # Keep the pre-started pool full (also after a job's workers were stopped), but
-            # never refill what the idle reaper just trimmed.
-            if alive < self.num_prestart and proc.kill_reason != "idle":
-                self._start_worker()
+        # Keep the pre-started pool full (also after a job's workers were stopped), but
+        # never refill what the idle reaper just trimmed.
+        if proc.kill_reason != "idle":
+            self._refill_pool()
 
     def _kill_worker(self, worker_id: bytes, reason: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.get(worker_id)
@@ -450,9 +448,9 @@ class RayletServer:
         return self.node_info()
 
     def _refill_pool(self) -> None:
-        """Start workers until the pre-started pool is full again. Run when a worker
-        registers: after a streak of workers that died at start, the backoff starts one
-        at a time, and the pool is refilled once one of them comes up."""
+        """Start workers until the pre-started pool is full again: after a worker exits,
+        and when one registers (after a streak of workers that died at start, the backoff
+        starts one at a time, and the pool is refilled once one of them comes up)."""
         if self._stopping or self._start_deferred:
             return
         alive = sum(1 for p in self.procs.values() if not p.is_driver)
