@@ -491,10 +491,14 @@ class Executor:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(self.physical_gpu(int(i))) for i, _ in gpus)
 
     def _restore_gpus(self) -> None:
-        if self._original_cuda is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        # Compare first: writing os.environ costs a putenv and two encodes per task.
+        original = self._original_cuda
+        if os.environ.get("CUDA_VISIBLE_DEVICES") == original:
+            return
+        if original is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
         else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = self._original_cuda
+            os.environ["CUDA_VISIBLE_DEVICES"] = original
 
     def physical_gpu(self, index: int) -> Any:
         visible = self._gpu_ids_visible

@@ -197,7 +197,7 @@ class Connection(asyncio.Protocol):
         except Exception as e:
             self._handler_failed(kind, rid, body, e)
             return
-        if inspect.isawaitable(result):
+        if result is not None and inspect.isawaitable(result):
             task = self._loop.create_task(self._finish(kind, rid, body, result))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
