@@ -166,3 +166,68 @@ def test_value_lost_with_its_node_is_rebuilt_from_lineage() -> None:
     finally:
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_borrowers_and_queued_calls_get_a_lost_value_rebuilt_by_its_owner(tmp_path: Any) -> None:
+    import time
+
+    import numpy as np
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"home": 1},
+                                                            "_system_config": dict(TEST_CONFIG)})
+    try:
+        doomed = cluster.add_node(num_cpus=1, resources={"far": 1})
+        cluster.connect()
+
+        @lumos.remote(resources={"far": 1})
+        def make(seed: int) -> Any:
+            return np.random.default_rng(seed).random(500_000)  # 4 MB: kept in the node's store
+
+        @lumos.remote(num_cpus=0, resources={"home": 1})
+        class Holder:
+            def hold(self, refs: list[Any]) -> bool:
+                self.ref = refs[0]  # a borrowed ref: the driver owns it
+                # Learn where the value lives without copying it here.
+                ready, _ = lumos.wait([self.ref], timeout=30, fetch_local=False)
+                return bool(ready)
+
+            def wait_for(self, path: str) -> None:
+                while not os.path.exists(path):
+                    time.sleep(0.02)
+
+            def total_of(self, a: Any) -> float:
+                return float(a.sum())
+
+            def total_borrowed(self) -> float:
+                return float(lumos.get(self.ref, timeout=60).sum())
+
+        as_arg, borrowed = make.remote(1), make.remote(2)
+        lumos.wait([as_arg, borrowed], num_returns=2, timeout=60)
+        holder = Holder.remote()
+        assert lumos.get(holder.hold.remote([borrowed]), timeout=30)
+        gate = tmp_path / "go"
+        blocker = holder.wait_for.remote(str(gate))
+        # Sent to the actor now, with the argument's location; it runs after the node died.
+        queued = holder.total_of.remote(as_arg)
+        later = holder.total_borrowed.remote()
+        cluster.remove_node(doomed)
+        wait_for(lambda: not [n for n in lumos.nodes() if n["NodeID"] == doomed.node_id and n["Alive"]], 10)
+        replacement = cluster.add_node(num_cpus=1, resources={"far": 1})
+        gate.write_text("go")
+        lumos.get(blocker, timeout=30)
+
+        def expected(seed: int) -> float:
+            return pytest.approx(float(np.random.default_rng(seed).random(500_000).sum()))
+
+        # The queued call could not copy its argument from the dead node: the owner ran
+        # make(1) again, and the call read the new copy.
+        assert lumos.get(queued, timeout=60) == expected(1)
+        # The borrower knew the old location only: the owner rebuilt make(2) for it.
+        assert lumos.get(later, timeout=60) == expected(2)
+        rows = [r for r in lumos.state.list_tasks() if r["name"].endswith("make")]
+        assert len(rows) == 2 and all(r["attempt_number"] >= 1 for r in rows), rows
+        assert all(r["node_id"] == replacement.node_id for r in rows), rows
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)

@@ -703,13 +703,16 @@ class CoreWorker:
             try:
                 kind, value = self._read_from_store(ref._id, e.node_id)
             except exc.ObjectLostError as lost:
-                if not e.owned or e.data is not None:
+                if e.data is not None or (not e.owned and e.owner is None):
                     raise
                 lost_detail = lost.detail
             if lost_detail is not None:
                 # Outside the handler: the caught error's traceback would keep this frame,
                 # and ``ref`` with it, alive in a cycle.
-                kind, value = self._rebuild_and_read(ref, e.node_id, lost_detail, deadline)
+                if e.owned:
+                    kind, value = self._rebuild_and_read(ref, e.node_id, lost_detail, deadline)
+                else:
+                    kind, value = self._refetch_and_read(ref, e.owner, e.node_id, lost_detail, deadline)
         else:
             raise exc.ObjectLostError(ref._id.hex(), "its value was never recorded")
         if kind == ser.KIND_ERROR:
@@ -756,6 +759,54 @@ class CoreWorker:
                 again = lost.detail
             detail, node_id = again, e.node_id
         raise exc.ObjectLostError(oid.hex(), f"{detail}; rebuilding it did not succeed")
+
+    def _refetch_and_read(self, ref: ObjectRef, owner: m.Address, node_id: bytes, detail: str,
+                          deadline: float | None) -> tuple[int, Any]:
+        """A borrowed object's value was lost with its node: its owner rebuilds it from the
+        lineage, then the new copy is read (user thread)."""
+        oid = ref._id
+        for _ in range(4):
+            st = self.ask_owner_to_rebuild(oid, owner, node_id, deadline)
+            self.objects.complete(oid, READY, st.data, st.node_id, st.size, None)
+            if st.data is not None:
+                return ser.deserialize(st.data)
+            assert st.node_id is not None
+            try:
+                return self._read_from_store(oid, st.node_id)
+            except exc.ObjectLostError as lost:
+                detail, node_id = lost.detail, st.node_id
+        raise exc.ObjectLostError(oid.hex(), f"{detail}; rebuilding it did not succeed")
+
+    def ask_owner_to_rebuild(self, oid: bytes, owner: m.Address, lost_node: bytes,
+                             deadline: float | None) -> m.ObjectStatus:
+        """Tell ``oid``'s owner that its value cannot be read from ``lost_node``; the owner
+        runs the task that made it again when it can. Returns the new location, or raises
+        why there is none (user threads, blocking until the value is rebuilt)."""
+        if owner.worker_id == self.worker_id:
+            raise exc.ObjectLostError(oid.hex(), "its value is gone and this process owns it")
+
+        async def ask() -> m.ObjectStatus:
+            conn = await self._peer(owner)
+            return await conn.call(m.GetObjectStatus(oid, True, self.address, lost_node))  # type: ignore[no-any-return]
+
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        self._set_blocked(True)  # the rebuild may need this worker's CPU
+        try:
+            st: m.ObjectStatus = self.run_sync(ask(), remaining)
+        except TimeoutError:
+            raise exc.GetTimeoutError(f"get timed out while {short(oid)} was being rebuilt") from None
+        except (OSError, ConnectionLost) as e:
+            raise exc.OwnerDiedError(oid.hex(), f"its value was lost with node {short(lost_node)} and its "
+                                     f"owner {short(owner.worker_id)} is unreachable: {e}") from None
+        except RemoteError as e:
+            raise exc.ObjectLostError(oid.hex(), str(e)) from None
+        finally:
+            self._set_blocked(False)
+        if st.status == _STATUS_READY and (st.data is not None or st.node_id is not None):
+            return st
+        if st.status == _STATUS_FREED:
+            raise exc.ObjectFreedError(oid.hex(), st.error or "its owner freed it")
+        raise exc.ObjectLostError(oid.hex(), st.error or "its owner lost it")
 
     def pull_to_local(self, oid: bytes, node_id: bytes) -> None:
         """Have the local raylet copy ``oid`` from node ``node_id`` into this node's store (blocks)."""
@@ -805,6 +856,12 @@ class CoreWorker:
             return m.ObjectStatus(_STATUS_FREED, None, None, 0, "its owner no longer holds it")
         if msg.borrower is not None:
             e.shared = True
+        lost = msg.lost_node
+        if lost is not None and e.state == READY and e.data is None and e.node_id == lost:
+            why = self._reconstruct(msg.object_id, lost)
+            if why is not None:
+                return m.ObjectStatus(_STATUS_LOST, None, None, 0, f"its value was lost with node {short(lost)} "
+                                      f"and it cannot be rebuilt: {why}")
         if e.state != PENDING or not msg.wait:
             return self._status_of(e)
         fut: asyncio.Future[m.ObjectStatus] = asyncio.get_running_loop().create_future()

@@ -343,23 +343,43 @@ class Executor:
             if data is not None:
                 kind, value = ser.deserialize(data)
             else:
-                view = self.cw.store.view(dep.object_id)
-                if view is None and node_id is not None and node_id != self.cw.node_id:
-                    try:
-                        self.cw.pull_to_local(dep.object_id, node_id)
-                    except exc.ObjectLostError as e:
-                        raise _TaskFailed(_error(e), None) from None
-                    view = self.cw.store.view(dep.object_id)
-                if view is None:
-                    raise _TaskFailed(_error(exc.ObjectLostError(
-                        dep.object_id.hex(), f"argument of {spec.name} is gone from the object store")),
-                        None)
-                kind, value = ser.deserialize(view)
-                self.cw.store.release(dep.object_id, True)  # the views keep the mapping alive
+                kind, value = self._stored_arg(spec, dep, node_id)
         finally:
             self._in_args = False
         if kind == ser.KIND_ERROR:
             raise _TaskFailed(data if data is not None else _error(value), value)
+        return value
+
+    def _stored_arg(self, spec: m.TaskSpec, dep: m.Dep, node_id: bytes | None) -> tuple[int, Any]:
+        """Read an argument kept in an object store: this node's, a copy pulled from the
+        node holding it, or, when that node died, a copy its owner rebuilt from lineage."""
+        cw = self.cw
+        oid = dep.object_id
+        view = cw.store.view(oid)
+        if view is None and node_id is not None and node_id != cw.node_id:
+            lost = None
+            try:
+                cw.pull_to_local(oid, node_id)
+            except exc.ObjectLostError as e:
+                lost = e
+            if lost is not None:
+                try:
+                    st = cw.ask_owner_to_rebuild(oid, dep.owner, node_id, None)
+                except exc.ObjectLostError as e:
+                    raise _TaskFailed(_error(e), None) from None
+                if st.data is not None:
+                    return ser.deserialize(st.data)
+                if st.node_id != cw.node_id:
+                    try:
+                        cw.pull_to_local(oid, st.node_id or b"")
+                    except exc.ObjectLostError as e:
+                        raise _TaskFailed(_error(e), None) from None
+            view = cw.store.view(oid)
+        if view is None:
+            raise _TaskFailed(_error(exc.ObjectLostError(
+                oid.hex(), f"argument of {spec.name} is gone from the object store")), None)
+        value = ser.deserialize(view)
+        cw.store.release(oid, True)  # the views keep the mapping alive
         return value
 
     def _fetch_status(self, dep: m.Dep) -> m.ObjectStatus:

@@ -572,6 +572,9 @@ class GetObjectStatus:
     wait: bool
     #: The asker (registered as borrower while it waits).
     borrower: Address | None = None
+    #: The asker could not read the value from this node (it died): rebuild the value
+    #: from its lineage if it is still recorded there, then answer.
+    lost_node: bytes | None = None
 
 
 @message(63)
