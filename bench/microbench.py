@@ -41,10 +41,11 @@ def _timeit(fn: Callable[[], Any], min_time_s: float = 1.0, max_iters: int = 1_0
 def _latencies(call: Callable[[], Any], n: int, warm_s: float = 0.5) -> list[float]:
     """Sorted seconds of ``n`` calls of ``call``, after ``warm_s`` seconds of untimed calls.
 
-    The warm-up matters on virtual machines: after an idle spell the host takes a few
-    hundred milliseconds of back-to-back wake-ups before cross-process wake-ups are fast
-    again (measured here: the first 1,000 sync actor calls after 2 s idle ran 20-40%
-    slower, for Ray and lumos alike). Both implementations get the same warm-up.
+    The warm-up matters on virtual machines: after an idle spell it takes a few hundred
+    milliseconds of back-to-back calls before cross-process wake-ups are fast again. On
+    the 2-core VM of the README table, the first 1,000 lumos sync actor calls after 2 s
+    idle ran 20-40% slower than the next ones; Ray's (four times slower) calls changed by
+    about 5%. Both implementations get the same warm-up.
     """
     t_end = time.perf_counter() + warm_s
     while time.perf_counter() < t_end:
