@@ -79,7 +79,12 @@ class TaskError(LumosError):
         dual = _dual_class(cls)
         if dual is None:
             return self
-        err = dual.__new__(dual)
+        try:
+            err = dual.__new__(dual)
+        except TypeError:
+            # MemoryError's own __new__ refuses subclasses whose first base is not its own
+            # line; its layout is plain BaseException's, so that constructor is safe.
+            err = Exception.__new__(dual)
         err.__dict__.update(self.__dict__)
         err.args = (str(self),)
         return err

@@ -603,6 +603,10 @@ class UserError(Exception):
     pass
 
 
+class OutOfDeviceMemory(MemoryError):
+    pass
+
+
 class UserErrorWithArgs(Exception):
     def __init__(self, code, detail):
         super().__init__(code, detail)
@@ -644,7 +648,8 @@ def test_nested_task_error_uses_the_innermost_user_class():
 
 
 def test_task_error_of_builtin_exceptions_is_catchable_as_them():
-    for cause in (ValueError("v"), KeyError("k"), ZeroDivisionError("z"), OSError(2, "no file")):
+    for cause in (ValueError("v"), KeyError("k"), ZeroDivisionError("z"), OSError(2, "no file"),
+                  MemoryError("oom"), OutOfDeviceMemory("cuda"), exc.ObjectStoreFullError("full")):
         err = _task_error(cause).as_instanceof_cause()
         assert isinstance(err, type(cause))
         assert isinstance(pickle.loads(pickle.dumps(err)), type(cause))
