@@ -231,3 +231,39 @@ def test_borrowers_and_queued_calls_get_a_lost_value_rebuilt_by_its_owner(tmp_pa
     finally:
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_rebuild_on_a_node_that_holds_a_copy_uses_the_copy() -> None:
+    import numpy as np
+    from lumos.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
+    try:
+        doomed = cluster.add_node(num_cpus=1, resources={"far": 1})
+        cluster.connect()
+
+        @lumos.remote(resources={"far": 1})
+        def make(seed: int) -> Any:
+            return np.random.default_rng(seed).random(500_000)  # 4 MB: kept in the node's store
+
+        @lumos.remote
+        def total(a: Any) -> float:
+            return float(a.sum())
+
+        value = make.remote(3)
+        lumos.wait([value], timeout=60)
+        survivor = cluster.add_node(num_cpus=1, resources={"far": 1})
+        there = NodeAffinitySchedulingStrategy(survivor.node_id, soft=False)
+        expected = pytest.approx(float(np.random.default_rng(3).random(500_000).sum()))
+        # The survivor pulls a copy of the value into its own store.
+        assert lumos.get(total.options(scheduling_strategy=there).remote(value), timeout=60) == expected
+        cluster.remove_node(doomed)
+        wait_for(lambda: not [n for n in lumos.nodes() if n["NodeID"] == doomed.node_id and n["Alive"]], 10)
+        # make runs again on the survivor, whose store already holds the value: that is the result.
+        assert float(lumos.get(value, timeout=60).sum()) == expected
+        rows = [r for r in lumos.state.list_tasks() if r["name"].endswith("make")]
+        assert rows and rows[0]["node_id"] == survivor.node_id and rows[0]["state"] == "FINISHED", rows
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)

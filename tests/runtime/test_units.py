@@ -271,6 +271,12 @@ def test_duplicate_and_oversized_creates_are_rejected():
     create(s, 1, A, MiB)
     (r,) = create(s, 2, A, MiB)
     assert isinstance(r, st.RejectCreate) and "already exists" in r.reason
+    assert not r.exists  # still being written: not usable as a result
+    s.handle(st.ObjectSealed(A, MiB), 0)
+    (r,) = create(s, 4, A, MiB)
+    assert isinstance(r, st.RejectCreate) and r.exists  # sealed, same size: a re-run may use it
+    (r,) = create(s, 5, A, 2 * MiB)
+    assert isinstance(r, st.RejectCreate) and not r.exists
     (r,) = create(s, 3, B, 200 * MiB)
     assert isinstance(r, st.RejectCreate) and "larger than the object store" in r.reason
     assert s.used_bytes == MiB

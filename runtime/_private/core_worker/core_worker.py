@@ -512,6 +512,8 @@ class CoreWorker:
         except RemoteError as e:
             if e.type_name == "_StoreFull":
                 raise exc.ObjectStoreFullError(e.text) from None
+            if e.type_name == "_ObjectExists":
+                return  # a task run again where a copy of its result was pulled earlier
             raise
         try:
             self.store.write(oid, path, final_path, slot, file_size, reused, sv.total_size,

@@ -87,6 +87,9 @@ class RejectCreate:
     request: int
     object_id: bytes
     reason: str
+    #: The object is already here, sealed, with that size (a copy pulled earlier): a
+    #: task that made it again can use it as its result.
+    exists: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -197,8 +200,10 @@ class ObjectStoreState:
         return actions
 
     def _create(self, ev: CreateRequested, now: float, actions: list[Action]) -> None:
-        if ev.object_id in self.objects:
-            actions.append(RejectCreate(ev.request, ev.object_id, "object already exists in the store"))
+        obj = self.objects.get(ev.object_id)
+        if obj is not None:
+            same = obj.sealed and obj.size_bytes == ev.size_bytes
+            actions.append(RejectCreate(ev.request, ev.object_id, "object already exists in the store", same))
             return
         if ev.size_bytes > self.capacity_bytes:
             actions.append(RejectCreate(ev.request, ev.object_id, self._full_reason(ev.size_bytes, waited=False)))

@@ -587,7 +587,7 @@ class RayletServer:
             elif isinstance(action, st.RejectCreate):
                 fut = self._create_waiters.pop(action.request, None)
                 if fut is not None and not fut.done():
-                    fut.set_exception(_StoreFull(action.reason))
+                    fut.set_exception(_ObjectExists(action.reason) if action.exists else _StoreFull(action.reason))
             elif isinstance(action, st.RenameFile):
                 try:
                     os.rename(action.src, action.dst)
@@ -681,6 +681,11 @@ def _bundle_of(msg: m.RequestWorkerLease) -> tuple[bytes, int] | None:
 
 class _StoreFull(Exception):
     """Surfaces at the client as RemoteError('_StoreFull', reason)."""
+
+
+class _ObjectExists(Exception):
+    """Surfaces at the client as RemoteError('_ObjectExists', reason): the store already
+    holds the sealed object, with the same size."""
 
 
 async def _amain(args: argparse.Namespace) -> None:
