@@ -124,7 +124,7 @@ class ActorClass:
         template = TaskTemplate(
             function_id_of(self._pickled), qualname, f"{cls.__name__}.__init__", 1,
             opts_mod.resource_request(o, opts_mod.ACTOR), 0, 0, None, opts_mod.strategy_of(o), kind=1,
-            pickled_function=self._pickled)
+            pickled_function=self._pickled, runtime_env=opts_mod.env_vars_of(o["runtime_env"]))
         max_pending = o["max_pending_calls"] if o["max_pending_calls"] is not None else -1
         meta = {"methods": self._methods, "max_task_retries": max_task_retries, "class_name": cls.__name__,
                 "max_pending_calls": max_pending}

@@ -86,13 +86,27 @@ def _anything(name: str, v: Any) -> None:
 
 
 def _runtime_env(name: str, v: Any) -> None:
-    if v is None:
-        return
-    if not isinstance(v, dict):
-        raise TypeError("runtime_env must be a dict")
-    unsupported = set(v) - {"env_vars"}
+    env_vars_of(v)
+
+
+def env_vars_of(runtime_env: Any) -> dict[str, str] | None:
+    """The ``env_vars`` of a ``runtime_env`` option (checked), or None when it sets none."""
+    if runtime_env is None:
+        return None
+    if not isinstance(runtime_env, dict):
+        raise TypeError(f"runtime_env must be a dict, not {type(runtime_env).__name__}")
+    unsupported = set(runtime_env) - {"env_vars"}
     if unsupported:
         raise ValueError(f"runtime_env keys {sorted(unsupported)} are not supported; lumos supports env_vars")
+    env = runtime_env.get("env_vars")
+    if env is None:
+        return None
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise TypeError("runtime_env['env_vars'] must be a dict of str -> str")
+    if any(not k or "=" in k or "\0" in k or "\0" in v for k, v in env.items()):
+        raise ValueError("runtime_env['env_vars'] has a name that is empty or holds '=' or a NUL byte, "
+                         "or a value that holds a NUL byte")
+    return dict(env) or None
 
 
 @dataclass(frozen=True)

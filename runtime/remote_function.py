@@ -73,7 +73,8 @@ class RemoteFunction:
         template = TaskTemplate(
             function_id_of(self._pickled), fname, o["name"] or getattr(fn, "__name__", "task"),
             o["num_returns"], opts_mod.resource_request(o, opts_mod.TASK), o["max_retries"],
-            retry_kind, retry_types, opts_mod.strategy_of(o), pickled_function=self._pickled)
+            retry_kind, retry_types, opts_mod.strategy_of(o), pickled_function=self._pickled,
+            runtime_env=opts_mod.env_vars_of(o["runtime_env"]))
         self._templates[key] = template
         return template
 

@@ -45,6 +45,20 @@ class RuntimeContext:
         return {"GPU": [str(g) for g in get_gpu_ids()]}
 
     @property
+    def runtime_env(self) -> dict[str, Any]:
+        """The environment variables in effect here: the job's, under the task's or actor's
+        own (``{"env_vars": {...}}``, or ``{}`` when none are set)."""
+        cw = worker_context.require()
+        env: dict[str, str] = {}
+        if cw.executor is not None:
+            env.update(cw.executor._job_env.get(cw.job_id, {}))
+        elif cw.job_env_vars:
+            env.update(cw.job_env_vars)
+        if cw.inherited_env:
+            env.update(cw.inherited_env)
+        return {"env_vars": env} if env else {}
+
+    @property
     def namespace(self) -> str:
         return worker_context.require().namespace
 

@@ -89,7 +89,7 @@ class CoreWorker:
     def __init__(self, *, mode: int, config: Config, token: bytes, gcs_address: tuple[str, int],
                  raylet_socket: str, session_dir: str, node_id: bytes, store_dir: str,
                  worker_id: bytes, node_ip: str = "127.0.0.1", namespace: str = "",
-                 entrypoint: str = "") -> None:
+                 entrypoint: str = "", job_env_vars: dict[str, str] | None = None) -> None:
         self.mode = mode
         self.config = config
         self.token = token
@@ -101,6 +101,11 @@ class CoreWorker:
         self.worker_id = worker_id
         self.namespace = namespace
         self.entrypoint = entrypoint
+        #: Drivers: the job's environment variables (``init(runtime_env=...)``).
+        self.job_env_vars = job_env_vars
+        #: The running task's or actor's own environment variables, inherited by what it
+        #: submits (Ray's runtime_env inheritance); None in drivers and plain tasks.
+        self.inherited_env: dict[str, str] | None = None
         self.job_id: bytes = b""
         self.objects = ObjectTable(worker_id)
         self.store = StoreClient(store_dir, config.memcpy_threads, config.memcpy_threshold_bytes,
@@ -244,7 +249,7 @@ class CoreWorker:
             self.job_id = job.job_id
             self.gcs.notify(m.Subscribe("logs", self.job_id))
             self.gcs.notify(m.Subscribe("errors", self.job_id))
-            await self.gcs.call(m.KvPut("job", self.job_id, _job_config(self.namespace), True),
+            await self.gcs.call(m.KvPut("job", self.job_id, _job_config(self.namespace, self.job_env_vars), True),
                                   cfg.rpc_timeout_s)
         self.gcs.notify(m.Subscribe("workers", None))
         self.gcs.notify(m.Subscribe("nodes", None))
@@ -979,6 +984,8 @@ class CoreWorker:
             template.retry_exception_types, self.address, 0, template.strategy)
         if actor_fields is not None:
             spec.actor_id, spec.sequence_no, spec.caller_id, spec.actor_options = actor_fields
+        elif template.runtime_env is not None or self.inherited_env is not None:
+            spec.runtime_env = self._env_for(template)
         spec.root_task_id = self.root_task_id()
         dep_ids = [d._id for d in deps]
         task = PendingTask(spec, template, return_ids, dep_ids, [r._id for r in nested], time.time())
@@ -1016,6 +1023,8 @@ class CoreWorker:
             [[r._id, r._owner or self.address] for r in nested] if nested else [], 1, template.resources, 0, 0,
             None, self.address, 0, template.strategy, actor_id=actor_id, actor_options=actor_options)
         spec.root_task_id = self.root_task_id()
+        if template.runtime_env is not None or self.inherited_env is not None:
+            spec.runtime_env = self._env_for(template)
         pinned = [d._id for d in deps] + [r._id for r in nested]
         if pinned:
             with self.objects.lock:
@@ -1046,6 +1055,13 @@ class CoreWorker:
                 self._post(self.actor_submitter.pin_creation_args, actor_id, pinned)
         self._post(self.actor_submitter.track, info.actor_id, info)
         return info
+
+    def _env_for(self, template: TaskTemplate) -> dict[str, str] | None:
+        """A new task's or actor's environment variables: its own over its parent's."""
+        inherited, own = self.inherited_env, template.runtime_env
+        if inherited and own:
+            return {**inherited, **own}
+        return own or inherited
 
     def _captured(self, template: TaskTemplate) -> TaskTemplate:
         """``template`` scheduled into the placement group that captures this task's children."""
@@ -1747,14 +1763,15 @@ class CoreWorker:
                 "num_pending_tasks": len(self.tasks), "objects": objects, "store": self.store.stats()}
 
 
-def _job_config(namespace: str) -> bytes:
+def _job_config(namespace: str, env_vars: dict[str, str] | None = None) -> bytes:
     import json
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     main = sys.modules.get("__main__")
     main_file = getattr(main, "__file__", None)
     if main_file:
         paths.insert(0, os.path.dirname(os.path.abspath(main_file)))
-    return json.dumps({"cwd": os.getcwd(), "sys_path": [os.getcwd()] + paths, "namespace": namespace}).encode()
+    return json.dumps({"cwd": os.getcwd(), "sys_path": [os.getcwd()] + paths, "namespace": namespace,
+                       "env_vars": env_vars or {}}).encode()
 
 
 def _error_text(reply: m.TaskReply) -> str:

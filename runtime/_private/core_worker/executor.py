@@ -48,6 +48,8 @@ class Executor:
         #: Function id -> the user's function (or class).
         self.functions: dict[bytes, Any] = {}
         self._jobs_bound: set[bytes] = set()
+        #: Job id -> the job's environment variables (``init(runtime_env=...)``).
+        self._job_env: dict[bytes, dict[str, str]] = {}
         #: Task ids cancelled before they started.
         self._cancelled: set[bytes] = set()
         self._running: m.TaskSpec | None = None
@@ -173,8 +175,11 @@ class Executor:
         self._arg_borrowed = []
         app_error = False
         retryable = False
+        saved_env = None
         try:
             try:
+                if spec.kind != 2 and (spec.runtime_env or spec.job_id in self._job_env):
+                    saved_env = self._apply_env(spec)
                 fn = self._function(spec)
                 args, kwargs = self._resolve_args(spec)
                 if spec.kind == 1:
@@ -210,6 +215,9 @@ class Executor:
             self._restore_gpus()
             if self.actor is None:
                 cw.capture_strategy = None
+                if saved_env is not None:  # an actor keeps its environment for its lifetime
+                    cw.inherited_env = None
+                    _restore_env(saved_env)
         borrowed = self._still_borrowed()
         end = time.time()
         return m.TaskReply(spec.task_id, returns, app_error, retryable, borrowed, cw.worker_id, start, end)
@@ -268,6 +276,9 @@ class Executor:
             return
         conf = json.loads(raw)
         cw.namespace = conf.get("namespace") or ""
+        env = conf.get("env_vars")
+        if env and isinstance(env, dict):
+            self._job_env[job_id] = {str(k): str(v) for k, v in env.items()}
         for path in reversed(conf.get("sys_path", [])):
             if path not in sys.path and os.path.isdir(path):
                 sys.path.insert(0, path)
@@ -503,6 +514,23 @@ class Executor:
             return False
         return isinstance(e, classes)
 
+    # ------------------------------------------------------------------ runtime_env
+
+    def _apply_env(self, spec: m.TaskSpec) -> dict[str, str | None]:
+        """Set the task's environment variables (the job's, under the task's own); returns
+        the previous values. The task's own are inherited by the tasks it submits."""
+        own = spec.runtime_env
+        if own is not None and (type(own) is not dict
+                                or not all(type(k) is str and type(v) is str for k, v in own.items())):
+            raise TypeError("malformed runtime_env in the task's spec")
+        job_env = self._job_env.get(spec.job_id)
+        env = {**job_env, **own} if job_env and own else (own or job_env or {})
+        environ = os.environ
+        saved = {k: environ.get(k) for k in env}
+        environ.update(env)
+        self.cw.inherited_env = own or None
+        return saved
+
     # ------------------------------------------------------------------ GPUs
 
     def _set_gpus(self, resource_ids: dict[str, list[Any]]) -> None:
@@ -562,6 +590,15 @@ class _TaskFailed(Exception):
         super().__init__("task failed")
         self.blob = blob
         self.cause = cause
+
+
+def _restore_env(saved: dict[str, str | None]) -> None:
+    environ = os.environ
+    for k, v in saved.items():
+        if v is None:
+            environ.pop(k, None)
+        else:
+            environ[k] = v
 
 
 def _error(e: BaseException) -> bytes:

@@ -29,7 +29,8 @@ class TaskTemplate:
     def __init__(self, function_id: bytes, function_name: str, name: str, num_returns: int,
                  resources: dict[str, float], max_retries: int, retry_exceptions: int,
                  retry_exception_types: bytes | None, strategy: Any, kind: int = 0,
-                 actor_options: Any = None, pickled_function: bytes | None = None) -> None:
+                 actor_options: Any = None, pickled_function: bytes | None = None,
+                 runtime_env: dict[str, str] | None = None) -> None:
         self.function_id = function_id
         self.function_name = function_name
         self.name = name
@@ -43,6 +44,8 @@ class TaskTemplate:
         self.actor_options = actor_options
         #: The function, pickled; exported to the GCS on first use in a job.
         self.pickled_function = pickled_function
+        #: Environment variables set while the task (or the actor) runs; None: none.
+        self.runtime_env = runtime_env
         #: Tasks of the same key share leased workers (and a mean run time, which sets
         #: how deep they are pipelined): one function, one resource shape, one strategy.
         self.key = (function_id, tuple(sorted(resources.items())), repr(strategy))

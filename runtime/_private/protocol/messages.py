@@ -193,6 +193,9 @@ class TaskSpec:
     actor_options: Any = None
     #: Root task of the driver call tree, used to route output to a notebook cell.
     root_task_id: bytes | None = None
+    #: Environment variables of the task or actor (its own over its parent's), or None.
+    #: The job's (``init(runtime_env=...)``) come from the job config, under these.
+    runtime_env: dict[str, str] | None = None
 
 
 @message(4)
