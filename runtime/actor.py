@@ -65,7 +65,10 @@ def _method_table(cls: type) -> dict[str, dict[str, Any]]:
     for name, fn in inspect.getmembers(cls, predicate=lambda f: inspect.isfunction(f) or inspect.ismethod(f)):
         if name.startswith("__") and name.endswith("__") and name not in ("__call__",):
             continue
-        table[name] = dict(getattr(fn, "__lumos_method_options__", {}))
+        opts = dict(getattr(fn, "__lumos_method_options__", {}))
+        if "num_returns" not in opts and (inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)):
+            opts["num_returns"] = "streaming"
+        table[name] = opts
     return table
 
 
@@ -226,7 +229,7 @@ class ActorHandle:
         template = self._templates_get(name, options)
         refs = cw.submit_task(template, args, kwargs, (self._actor_id, next(self._seq), cw.worker_id, None))
         n = template.num_returns
-        if n == 1:
+        if n == 1 or n == -1:  # -1: an ObjectRefGenerator
             return refs[0]
         if n == 0:
             return None
@@ -238,6 +241,7 @@ class ActorHandle:
         t = cache.get(key)
         if t is None:
             n = options.get("num_returns", 1)
+            n = -1 if n == "streaming" else n
             retries = options.get("max_task_retries", self._max_task_retries)
             t = TaskTemplate(b"", name, options.get("name") or f"{self._class_name}.{name}", n, {}, retries,
                              0, None, None, kind=2)

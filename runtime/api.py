@@ -20,7 +20,7 @@ from lumos import exceptions as exc
 from lumos._private import worker_context
 from lumos._private.config import Config
 from lumos._private.core_worker.core_worker import DRIVER, CoreWorker
-from lumos._private.ids import random_id
+from lumos._private.ids import random_id, return_object_id
 from lumos._private.node import (CURRENT_CLUSTER, NodeProcesses, default_store_bytes, new_session_dir,
                                  node_resources)
 from lumos._private.protocol import auth
@@ -403,7 +403,10 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
     A queued task never runs; a running one gets ``KeyboardInterrupt`` (``force=True``
     kills its worker process instead). ``get`` then raises ``TaskCancelledError``.
     """
-    if not isinstance(object_ref, ObjectRef):
+    from lumos.generator import ObjectRefGenerator
+    if isinstance(object_ref, ObjectRefGenerator):  # a streaming task: cancel it by its id
+        object_ref = ObjectRef(return_object_id(object_ref._stream.task_id, 1))
+    elif not isinstance(object_ref, ObjectRef):
         raise TypeError(f"cancel() expects an ObjectRef, got {type(object_ref).__name__}")
     cw = worker_context.require()
     e = cw.objects.entries.get(object_ref.binary())

@@ -61,9 +61,24 @@ def _str_or_none(name: str, v: Any) -> None:
 
 
 def _num_returns(name: str, v: Any) -> None:
-    if v == "dynamic" or v == "streaming":
-        raise ValueError(f"num_returns={v!r} is not supported by lumos; return a list instead")
+    if v == "streaming":
+        return
+    if v == "dynamic":
+        raise ValueError("num_returns='dynamic' is not supported by lumos; use num_returns='streaming' "
+                         "(the default for generator functions), which yields refs as values are made")
     _int_at_least(0)(name, v)
+
+
+def num_returns_of(value: Any, fn: Any, given: bool) -> int:
+    """The wire form of ``num_returns``: -1 streams (``"streaming"``, and generator
+    functions unless ``num_returns`` was given)."""
+    import inspect
+    if inspect.isasyncgenfunction(fn):
+        raise TypeError(f"{getattr(fn, '__qualname__', fn)} is an async generator: lumos streams plain "
+                        "generator functions and methods of sync actors")
+    if value == "streaming" or (not given and inspect.isgeneratorfunction(fn)):
+        return -1
+    return int(value)
 
 
 def _strategy(name: str, v: Any) -> None:

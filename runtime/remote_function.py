@@ -72,7 +72,8 @@ class RemoteFunction:
         fname = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', getattr(fn, '__name__', '?'))}"
         template = TaskTemplate(
             function_id_of(self._pickled), fname, o["name"] or getattr(fn, "__name__", "task"),
-            o["num_returns"], opts_mod.resource_request(o, opts_mod.TASK), o["max_retries"],
+            opts_mod.num_returns_of(o["num_returns"], fn, "num_returns" in options),
+            opts_mod.resource_request(o, opts_mod.TASK), o["max_retries"],
             retry_kind, retry_types, opts_mod.strategy_of(o), pickled_function=self._pickled,
             runtime_env=opts_mod.env_vars_of(o["runtime_env"]))
         self._templates[key] = template
@@ -84,7 +85,7 @@ class RemoteFunction:
         template = self._template(options)
         refs = cw.submit_task(template, args, kwargs)
         n = template.num_returns
-        if n == 1:
+        if n == 1 or n == -1:  # -1: an ObjectRefGenerator
             return refs[0]
         if n == 0:
             return None

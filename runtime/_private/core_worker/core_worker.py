@@ -37,12 +37,13 @@ from lumos._private.transport import eventloop
 from lumos._private.core_worker.references import FAILED, PENDING, READY, Freed, ObjectTable, Waiter
 from lumos._private.core_worker.tasks import (DONE, PUSHED, QUEUED, WAITING_ARGS, LeasedWorker,
                                               PendingTask, SchedulingQueue, TaskTemplate)
-from lumos._private.ids import (TASK_ID_SIZE, is_put_object, new_task_id, put_object_id, return_object_id,
-                                short, task_id_of)
+from lumos._private.ids import (TASK_ID_SIZE, is_put_object, new_task_id, put_object_id, return_index,
+                                return_object_id, short, task_id_of)
 from lumos._private.object_store.client import StoreClient
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import (Connection, ConnectionCache, ConnectionLost, RemoteError,
                                                  RpcServer, connect)
+from lumos.generator import GeneratorStream, ObjectRefGenerator
 from lumos.object_ref import ObjectRef
 
 logger = logging.getLogger(__name__)
@@ -135,6 +136,8 @@ class CoreWorker:
         self._peers = ConnectionCache()
         #: Function ids already exported to the GCS for this job.
         self._exported: set[bytes] = set()
+        #: Task id -> the values of a streaming generator task that arrived so far.
+        self.streams: dict[bytes, GeneratorStream] = {}
         self._bg: set[asyncio.Task[Any]] = set()
         # cross-thread ---------------------------------------------------------------
         self._inbox: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
@@ -974,7 +977,7 @@ class CoreWorker:
         sv, deps = self._pack_args(args, kwargs)
         task_id = new_task_id()
         n = template.num_returns
-        return_ids = [return_object_id(task_id, i + 1) for i in range(max(n, 1))] if n else []
+        return_ids = [return_object_id(task_id, i + 1) for i in range(n)] if n > 0 else []
         nested = sv.nested_refs
         spec = m.TaskSpec(
             task_id, self.job_id, self.current_task_id, template.kind, template.name,
@@ -999,8 +1002,12 @@ class CoreWorker:
             if task.nested_ids:
                 objects.add_submitted(task.nested_ids)
         self._events.append((task_id, 0, "SUBMITTED", task.submit_time, self._event_info(task), None, None, None))
-        self._post(self._on_submit, task)
         address = self.address
+        if n == -1:
+            stream = self.streams[task_id] = GeneratorStream(task_id)
+            self._post(self._on_submit, task)
+            return [ObjectRefGenerator(stream, address, self)]  # type: ignore[list-item]
+        self._post(self._on_submit, task)
         return [ObjectRef(oid, address, True) for oid in return_ids]
 
     def create_actor(self, template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -1362,6 +1369,7 @@ class CoreWorker:
         async def open_conn() -> Connection:
             conn = await connect(address, token=self.token, config=self.config,
                                  handlers={m.TaskReply: self._handle_task_reply,
+                                           m.GeneratorItem: self._handle_generator_item,
                                            m.GetObjectStatus: self._handle_get_object_status,
                                            m.AddBorrowers: self._handle_add_borrowers,
                                            m.RemoveBorrowers: self._handle_remove_borrowers},
@@ -1475,7 +1483,75 @@ class CoreWorker:
                 self._start_idle_timer(lease)
             self._pump(lease.queue)
 
+    # -------------------------------------------------------------- io thread: streams
+
+    def _handle_generator_item(self, conn: Connection, msg: m.GeneratorItem) -> None:
+        ret = msg.item
+        if type(msg.index) is not int or msg.index < 0 or type(ret) is not m.ReturnObject \
+                or type(msg.task_id) is not bytes or len(msg.task_id) != TASK_ID_SIZE \
+                or ret.object_id != return_object_id(msg.task_id, msg.index + 1):
+            raise ValueError("malformed GeneratorItem")
+        task = self.tasks.get(msg.task_id)
+        stream = self.streams.get(msg.task_id)
+        if task is None or task.state == DONE or stream is None:
+            self._free_orphan_items([ret])
+            return
+        self._stream_item(stream, msg.index, ret)
+
+    def _stream_item(self, stream: GeneratorStream, index: int, ret: m.ReturnObject) -> None:
+        """A streaming task's value number ``index`` arrived (io thread)."""
+        if stream.dropped:
+            self._free_orphan_items([ret])
+            return
+        if index != stream.count:
+            return  # sent again by a retried run (the first copy stays), or out of order
+        objects = self.objects
+        nested = [(r[0], r[1]) for r in ret.nested_refs] if ret.nested_refs else None
+        with objects.lock:
+            objects.add_owned(ret.object_id)  # the stream's count, handed to the user's ref
+            if nested:
+                objects.add_contained(nested, registered=True)
+        e = objects.complete(ret.object_id, READY, ret.data, ret.node_id, ret.size, nested)
+        if e is not None:
+            e.shared = True
+            self._run_callbacks(ret.object_id, e)
+        with stream.cond:
+            stream.count = index + 1
+            stream.cond.notify_all()
+
+    def _end_stream(self, task: PendingTask, error_blob: bytes | None = None) -> None:
+        """A streaming task ended; an error becomes the value after the last one (io thread)."""
+        stream = self.streams.pop(task.spec.task_id, None)
+        if stream is None:
+            return
+        if error_blob is not None:
+            oid = return_object_id(task.spec.task_id, stream.count + 1)
+            self._stream_item(stream, stream.count, m.ReturnObject(oid, error_blob, len(error_blob), None, []))
+        with stream.cond:
+            stream.finished = True
+            stream.cond.notify_all()
+
+    def drop_stream(self, stream: GeneratorStream) -> None:
+        """The user's generator went away: release the values it did not take (io thread).
+        A running task's later values are freed as they arrive (``dropped``)."""
+        with stream.cond:
+            stream.dropped = True
+            untaken = range(stream.taken, stream.count)
+            stream.taken = stream.count
+        for index in untaken:
+            self.objects.decrements.append(return_object_id(stream.task_id, index + 1))
+        self.drain_refs()
+
+    def _free_orphan_items(self, returns: list[m.ReturnObject]) -> None:
+        ids = [r.object_id for r in returns if r.data is None and r.node_id is not None
+               and r.object_id not in self.objects.entries]
+        if ids and self.raylet is not None:
+            self.raylet.notify(m.FreeObjects(ids, [False] * len(ids)))
+
     def _finish_task(self, task: PendingTask, reply: m.TaskReply) -> None:
+        if task.spec.num_returns == -1:
+            self._finish_stream(task, reply)
+            return
         task.state = DONE
         self.tasks.pop(task.spec.task_id, None)
         spec = task.spec
@@ -1502,7 +1578,26 @@ class CoreWorker:
         self._events.append((spec.task_id, spec.attempt, state, reply.end_time or time.time(), None,
                              None, reply.worker_id, _error_text(reply) if reply.app_error else None))
         if spec.kind == 0 and not reply.app_error and task.retries_left != 0:
-            self._keep_lineage(task, reply)
+            self._keep_lineage(task, reply)  # (streaming tasks end in _finish_stream: no lineage)
+        if reply.borrowed:
+            executor = (task.lease.address if task.lease is not None
+                        else self.actor_submitter.address_of(spec.actor_id or b""))
+            self._spawn(self._register_borrowers(task, reply.borrowed, executor), "borrowers")
+        else:
+            self._release_args(task)
+
+    def _finish_stream(self, task: PendingTask, reply: m.TaskReply) -> None:
+        task.state = DONE
+        self.tasks.pop(task.spec.task_id, None)
+        spec = task.spec
+        stream = self.streams.get(spec.task_id)
+        if stream is not None:
+            for ret in reply.returns:  # the error that ended it, if any
+                self._stream_item(stream, return_index(ret.object_id) - 1, ret)
+        self._end_stream(task)
+        state = "FAILED" if reply.app_error else "FINISHED"
+        self._events.append((spec.task_id, spec.attempt, state, reply.end_time or time.time(), None,
+                             None, reply.worker_id, _error_text(reply) if reply.app_error else None))
         if reply.borrowed:
             executor = (task.lease.address if task.lease is not None
                         else self.actor_submitter.address_of(spec.actor_id or b""))
@@ -1621,6 +1716,8 @@ class CoreWorker:
         for oid in task.return_ids:
             e = self.objects.complete(oid, FAILED, blob, None, len(blob), None)
             self._run_callbacks(oid, e)
+        if task.spec.num_returns == -1:
+            self._end_stream(task, blob)
         spec = task.spec
         state = "CANCELLED" if task.cancelled else "FAILED"
         self._events.append((spec.task_id, spec.attempt, state, time.time(), None, None, None,

@@ -65,6 +65,10 @@ class Executor:
         self._original_cuda = os.environ.get("CUDA_VISIBLE_DEVICES")
         #: The actor this worker hosts, once its creation task ran.
         self.actor: ActorHost | None = None
+        #: The connection the running task came on (streaming items go back on it).
+        self._conn: Connection | None = None
+        #: Items the running streaming generator task has sent so far.
+        self._streamed = 0
 
     # ------------------------------------------------------------------ io thread side
 
@@ -128,12 +132,14 @@ class Executor:
                     if actor.concurrent:
                         actor.dispatch(conn, msg)
                         continue
+                    self._conn = conn
                     reply = self.execute(msg)
                     if self.actor is actor:
                         actor.after_call(conn, reply, not self.queue.empty())
                     else:
                         self.cw.send_reply(conn, reply)
                 else:
+                    self._conn = conn
                     reply = self.execute(msg)
                     self.cw.send_reply(conn, reply)
                 self.flush_output_soon()
@@ -182,17 +188,21 @@ class Executor:
                     saved_env = self._apply_env(spec)
                 fn = self._function(spec)
                 args, kwargs = self._resolve_args(spec)
+                self._streamed = 0
                 if spec.kind == 1:
                     result = self._create_actor(spec, fn, args, kwargs, msg.resource_ids)
                 else:
                     result = fn(*args, **kwargs)
+                if spec.num_returns == -1:
+                    returns = self._stream_returns(spec, result)
                 if self._cancel_requested == spec.task_id:
                     raise KeyboardInterrupt
             except KeyboardInterrupt:
                 if self._cancel_requested == spec.task_id:
                     return self._system_reply(spec, "cancelled while running", "cancelled", start)
                 raise
-            returns = self._store_returns(spec, result)
+            if spec.num_returns != -1:
+                returns = self._store_returns(spec, result)
         except _NotHere as e:
             return self._system_reply(spec, str(e), "actor_died", start)
         except SystemExit as e:
@@ -430,10 +440,34 @@ class Executor:
 
     # ------------------------------------------------------------------ results
 
+    def _stream_returns(self, spec: m.TaskSpec, result: Any) -> list[m.ReturnObject]:
+        """A streaming generator task: send each value it yields to its owner at once."""
+        try:
+            values = iter(result)
+        except TypeError:
+            raise TypeError(f"{spec.name} is a streaming task (num_returns='streaming') but returned a "
+                            f"{type(result).__name__}, not a generator or iterable") from None
+        conn = self._conn
+        assert conn is not None
+        for value in values:
+            index = self._streamed
+            third_party: dict[bytes, tuple[m.Address, list[bytes]]] = {}
+            ret = self._return_object(spec, return_object_id(spec.task_id, index + 1), value, third_party)
+            for owner, ids in third_party.values():
+                self._register_at(owner, ids, spec.owner)
+            self.cw.send_reply(conn, m.GeneratorItem(spec.task_id, index, ret))
+            self._streamed = index + 1
+            if self._cancel_requested == spec.task_id:
+                raise KeyboardInterrupt
+        return []
+
     def _store_returns(self, spec: m.TaskSpec, result: Any) -> list[m.ReturnObject]:
         n = spec.num_returns
         if n == 0:
             return []
+        if n < 0:
+            raise TypeError(f"{spec.name} is a generator method: lumos streams generator methods of "
+                            "actors that run one call at a time only (not async or threaded actors)")
         if n == 1:
             values = [result]
         else:
@@ -444,31 +478,34 @@ class Executor:
                                 f"{type(result).__name__}, not a sequence") from None
             if len(values) != n:
                 raise ValueError(f"{spec.name} has num_returns={n} but returned {len(values)} values")
-        cw = self.cw
-        returns = []
         third_party: dict[bytes, tuple[m.Address, list[bytes]]] = {}
-        for i, value in enumerate(values):
-            oid = return_object_id(spec.task_id, i + 1)
-            try:
-                sv = ser.serialize(value)
-            except ser.SerializationError as e:
-                raise TypeError(f"the return value of {spec.name} could not be serialized: {e}") from None
-            nested = []
-            for ref in sv.nested_refs:
-                owner = ref._owner or cw.address
-                nested.append([ref._id, owner])
-                if owner.worker_id == cw.worker_id:
-                    cw.objects.add_borrower(ref._id, spec.owner)
-                elif owner.worker_id != spec.owner.worker_id:
-                    third_party.setdefault(owner.worker_id, (owner, []))[1].append(ref._id)
-            if sv.total_size < cw.config.max_inline_object_bytes:
-                returns.append(m.ReturnObject(oid, sv.to_bytes(), sv.total_size, None, nested))
-            else:
-                cw._write_to_store(oid, sv, keep_mapping=False)
-                returns.append(m.ReturnObject(oid, None, sv.total_size, cw.node_id, nested))
+        returns = [self._return_object(spec, return_object_id(spec.task_id, i + 1), value, third_party)
+                   for i, value in enumerate(values)]
         for owner, ids in third_party.values():
             self._register_at(owner, ids, spec.owner)
         return returns
+
+    def _return_object(self, spec: m.TaskSpec, oid: bytes, value: Any,
+                       third_party: dict[bytes, tuple[m.Address, list[bytes]]]) -> m.ReturnObject:
+        """One return value, inline or written to this node's store. Refs inside it owned by
+        a third process are added to ``third_party`` (their owner must learn the borrower)."""
+        cw = self.cw
+        try:
+            sv = ser.serialize(value)
+        except ser.SerializationError as e:
+            raise TypeError(f"the return value of {spec.name} could not be serialized: {e}") from None
+        nested = []
+        for ref in sv.nested_refs:
+            owner = ref._owner or cw.address
+            nested.append([ref._id, owner])
+            if owner.worker_id == cw.worker_id:
+                cw.objects.add_borrower(ref._id, spec.owner)
+            elif owner.worker_id != spec.owner.worker_id:
+                third_party.setdefault(owner.worker_id, (owner, []))[1].append(ref._id)
+        if sv.total_size < cw.config.max_inline_object_bytes:
+            return m.ReturnObject(oid, sv.to_bytes(), sv.total_size, None, nested)
+        cw._write_to_store(oid, sv, keep_mapping=False)
+        return m.ReturnObject(oid, None, sv.total_size, cw.node_id, nested)
 
     def _register_at(self, owner: m.Address, ids: list[bytes], borrower: m.Address) -> None:
         cw = self.cw
@@ -483,6 +520,8 @@ class Executor:
             logger.warning("could not hand refs over to %s: %s", short(owner.worker_id), e)
 
     def _error_returns(self, spec: m.TaskSpec, blob: bytes) -> list[m.ReturnObject]:
+        if spec.num_returns == -1:  # a streaming task: the error is the item after the last one sent
+            return [m.ReturnObject(return_object_id(spec.task_id, self._streamed + 1), blob, len(blob), None, [])]
         return [m.ReturnObject(return_object_id(spec.task_id, i + 1), blob, len(blob), None, [])
                 for i in range(max(spec.num_returns, 1))] if spec.num_returns else []
 

@@ -192,6 +192,7 @@ class TaskSpec:
     #: Extra options for actor creation (max_concurrency, ...), or None.
     actor_options: Any = None
     #: Root task of the driver call tree, used to route output to a notebook cell.
+    #: (``num_returns`` is -1 for a streaming generator: see ``GeneratorItem``.)
     root_task_id: bytes | None = None
     #: Environment variables of the task or actor (its own over its parent's), or None.
     #: The job's (``init(runtime_env=...)``) come from the job config, under these.
@@ -208,6 +209,18 @@ class ReturnObject:
     node_id: bytes | None
     #: Refs nested in the value: ``[object_id, owner Address]`` pairs.
     nested_refs: list[Any]
+
+
+@message(6)
+class GeneratorItem:
+    """Executor -> owner: the next value of a streaming generator task, sent as soon as it
+    is yielded (``num_returns=-1`` in the spec). Items of one task arrive in order, before
+    its ``TaskReply``; a retried run sends them again from the first."""
+
+    task_id: bytes
+    #: 0-based position in the stream; the value's id is ``return_object_id(task_id, index + 1)``.
+    index: int
+    item: ReturnObject
 
 
 @message(5)

@@ -1,0 +1,136 @@
+"""``ObjectRefGenerator``: the refs a streaming generator task yields, as they come.
+
+A remote function (or a method of a sync actor) that is a generator returns one of
+these instead of a ref, as in Ray: the worker sends each value to the caller the moment
+it is yielded, and iterating gives one ``ObjectRef`` per value, in order, blocking until
+the next one exists. If the task raises after ``k`` values, the ``k+1``-th ref holds the
+error and the iteration ends there.
+
+    @lumos.remote
+    def rollout(n):
+        for step in range(n):
+            yield simulate(step)
+
+    for ref in rollout.remote(100):
+        print(lumos.get(ref))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+from lumos._private.ids import return_object_id
+from lumos.exceptions import GetTimeoutError
+from lumos.object_ref import ObjectRef
+
+
+class GeneratorStream:
+    """What the owner knows of one streaming task: how many values arrived, and whether
+    it ended (io thread writes, user threads read under ``cond``)."""
+
+    __slots__ = ("task_id", "count", "finished", "cond", "taken", "dropped")
+
+    def __init__(self, task_id: bytes) -> None:
+        self.task_id = task_id
+        #: Values that arrived (their entries hold one count each until taken).
+        self.count = 0
+        self.finished = False
+        self.cond = threading.Condition()
+        #: Values handed to the user as refs.
+        self.taken = 0
+        #: The user's generator is gone: values that arrive later are freed at once.
+        self.dropped = False
+
+
+class ObjectRefGenerator:
+    """Iterate (``for``, ``next()``, ``async for``) to get each yielded value's ref."""
+
+    def __init__(self, stream: GeneratorStream, owner: Any, core_worker: Any) -> None:
+        self._stream = stream
+        self._owner = owner
+        self._cw = core_worker
+
+    def __iter__(self) -> "ObjectRefGenerator":
+        return self
+
+    def __next__(self) -> ObjectRef:
+        ref = self._next(None)
+        if ref is None:
+            raise StopIteration
+        return ref
+
+    def __aiter__(self) -> "ObjectRefGenerator":
+        return self
+
+    async def __anext__(self) -> ObjectRef:
+        if self.next_ready():
+            ref = self._next(None)
+        else:
+            ref = await asyncio.get_running_loop().run_in_executor(None, self._next, None)
+        if ref is None:
+            raise StopAsyncIteration
+        return ref
+
+    def next_ready(self) -> bool:
+        """Whether ``next()`` would return (a ref, or the end) without waiting."""
+        s = self._stream
+        return s.taken < s.count or s.finished
+
+    def is_finished(self) -> bool:
+        """The task ended and every ref was handed out."""
+        s = self._stream
+        return s.finished and s.taken >= s.count
+
+    def _next(self, timeout_s: float | None) -> ObjectRef | None:
+        """The next ref, or None at the end; ``GetTimeoutError`` after ``timeout_s``."""
+        s = self._stream
+        cw = self._cw
+        cw.drain_refs()
+        with s.cond:
+            ready = s.taken < s.count or s.finished
+        if not ready:
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            cw._set_blocked(True)
+            try:
+                with s.cond:
+                    while s.taken >= s.count and not s.finished:
+                        wait_s = cw.config.wait_slice_s
+                        if deadline is not None:
+                            wait_s = min(wait_s, deadline - time.monotonic())
+                            if wait_s <= 0:
+                                raise GetTimeoutError(f"no value from the generator task within {timeout_s}s")
+                        s.cond.wait(wait_s)
+            finally:
+                cw._set_blocked(False)
+        with s.cond:
+            if s.taken >= s.count:
+                return None
+            index = s.taken
+            s.taken = index + 1
+        # The entry's count held for the stream becomes this ref's.
+        return ObjectRef(return_object_id(s.task_id, index + 1), self._owner, True)
+
+    def __del__(self) -> None:
+        s = self._stream
+        cw = self._cw
+        if cw is None or cw._closed:
+            return
+        try:
+            cw._post(cw.drop_stream, s)
+        except Exception:
+            pass
+
+    def __reduce__(self) -> Any:
+        raise TypeError("an ObjectRefGenerator cannot be passed to another task or stored; "
+                        "pass the refs it yields (or a list of them) instead")
+
+    def __repr__(self) -> str:
+        s = self._stream
+        state = "finished" if s.finished else "running"
+        return f"ObjectRefGenerator({s.task_id.hex()[:16]}, {state}, {s.taken}/{s.count} taken)"
+
+
+__all__ = ["ObjectRefGenerator"]

@@ -1,0 +1,173 @@
+"""Streaming generator tasks: refs to yielded values as they are made (ObjectRefGenerator)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import time
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+import lumos
+from lumos._private import worker_context
+from tests.conftest import wait_for
+
+
+@lumos.remote
+def count(n: int) -> Iterator[int]:
+    for i in range(n):
+        yield i
+
+
+@lumos.remote
+def big(n: int) -> Iterator[Any]:
+    for i in range(n):
+        yield np.full(500_000, i, dtype=np.float64)  # 4 MB: kept in the object store
+
+
+def test_a_generator_task_yields_refs_in_order(cluster: Any) -> None:
+    gen = count.remote(5)
+    assert isinstance(gen, lumos.ObjectRefGenerator)
+    refs = list(gen)
+    assert all(isinstance(r, lumos.ObjectRef) for r in refs)
+    assert lumos.get(refs, timeout=30) == [0, 1, 2, 3, 4]
+    assert gen.is_finished()
+    assert list(count.remote(0)) == []
+
+
+def test_values_arrive_while_the_task_still_runs(cluster: Any, tmp_path: Any) -> None:
+    gate = tmp_path / "go"
+
+    @lumos.remote
+    def slow() -> Iterator[str]:
+        yield "first"
+        while not os.path.exists(gate):
+            time.sleep(0.01)
+        yield "second"
+
+    gen = slow.remote()
+    assert lumos.get(next(gen), timeout=30) == "first"  # the task is still waiting for the gate
+    assert not gen.next_ready()
+    gate.write_text("go")
+    assert lumos.get(next(gen), timeout=30) == "second"
+    with pytest.raises(StopIteration):
+        next(gen)
+
+
+def test_stored_values_stream_too(cluster: Any) -> None:
+    for i, ref in enumerate(big.remote(3)):
+        value = lumos.get(ref, timeout=30)
+        assert value.shape == (500_000,) and value[0] == i
+
+
+def test_an_error_ends_the_stream_after_the_values_before_it(cluster: Any) -> None:
+    @lumos.remote
+    def fails_at(k: int) -> Iterator[int]:
+        for i in range(10):
+            if i == k:
+                raise ValueError(f"bad item {i}")
+            yield i
+
+    refs = list(fails_at.remote(2))
+    assert len(refs) == 3
+    assert lumos.get(refs[:2], timeout=30) == [0, 1]
+    with pytest.raises(ValueError, match="bad item 2"):
+        lumos.get(refs[2], timeout=30)
+
+
+def test_async_iteration(cluster: Any) -> None:
+    async def main() -> list[int]:
+        return [await ref async for ref in count.remote(4)]
+
+    assert asyncio.run(main()) == [0, 1, 2, 3]
+
+
+def test_actor_generator_methods_stream(cluster: Any) -> None:
+    @lumos.remote
+    class Env:
+        def __init__(self) -> None:
+            self.steps = 0
+
+        def rollout(self, n: int) -> Iterator[int]:
+            for _ in range(n):
+                self.steps += 1
+                yield self.steps
+
+        def total(self) -> int:
+            return self.steps
+
+    env = Env.remote()
+    assert lumos.get(list(env.rollout.remote(3)), timeout=30) == [1, 2, 3]
+    assert lumos.get(list(env.rollout.remote(2)), timeout=30) == [4, 5]
+    assert lumos.get(env.total.remote(), timeout=30) == 5
+
+
+def test_streaming_option_and_refusals(cluster: Any) -> None:
+    @lumos.remote(num_returns="streaming")
+    def listed() -> list[str]:
+        return ["a", "b"]
+
+    assert lumos.get(list(listed.remote()), timeout=30) == ["a", "b"]
+    # num_returns given explicitly: no stream, a plain ref.
+    assert isinstance(count.options(num_returns=1).remote(0), lumos.ObjectRef)
+    with pytest.raises(ValueError, match="streaming"):
+        count.options(num_returns="dynamic")
+
+    @lumos.remote
+    async def agen() -> Any:
+        yield 1
+
+    with pytest.raises(TypeError, match="async generator"):
+        agen.remote()
+    with pytest.raises(TypeError, match="cannot be passed"):
+        pickle.dumps(count.remote(1))
+
+
+def test_a_dropped_generator_releases_its_values(cluster: Any) -> None:
+    cw = worker_context.core_worker
+    assert cw is not None
+    gen = big.remote(4)
+    first = next(gen)
+    task_id = first.binary()[:16]
+    wait_for(lambda: gen.is_finished() or gen._stream.count == 4, 30)
+    del gen
+    cw.drain_refs()
+    mine = lambda: [oid for oid in list(cw.objects.entries) if oid[:16] == task_id]  # noqa: E731
+    wait_for(lambda: len(mine()) == 1, 10)  # only the ref still held
+    del first
+    wait_for(lambda: not (cw.drain_refs() or mine()), 10)
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_dying_mid_stream_is_retried_without_repeats(cluster: Any, tmp_path: Any) -> None:
+    marker = tmp_path / "died-once"
+
+    @lumos.remote(max_retries=2)
+    def flaky() -> Iterator[int]:
+        for i in range(5):
+            if i == 3 and not marker.exists():
+                marker.write_text("x")
+                os._exit(1)
+            yield i
+
+    assert lumos.get(list(flaky.remote()), timeout=60) == [0, 1, 2, 3, 4]
+
+
+def test_cancel_a_streaming_task(cluster: Any) -> None:
+    @lumos.remote
+    def endless() -> Iterator[int]:
+        i = 0
+        while True:
+            yield i
+            i += 1
+            time.sleep(0.01)
+
+    gen = endless.remote()
+    assert lumos.get(next(gen), timeout=30) == 0
+    lumos.cancel(gen)
+    with pytest.raises(lumos.exceptions.TaskCancelledError):
+        for ref in gen:
+            lumos.get(ref, timeout=30)
