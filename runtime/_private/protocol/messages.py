@@ -15,6 +15,7 @@ core worker --RegisterJob/Kv*/AddTaskEvents/Subscribe--> GCS
 raylet      --RegisterNode/NodeHeartbeat/WorkerLogBatch--> GCS
 core worker --RequestWorkerLease/ReturnWorker/CreateObject/FreeObjects--> raylet
 owner       --PushTask/CancelTask--> executing worker
+executing worker --GeneratorItem (streaming), TaskReply--> owner
 borrower    --GetObjectStatus/AddBorrowers/RemoveBorrowers--> owner
 ```
 """
