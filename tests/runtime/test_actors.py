@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -383,6 +384,55 @@ def test_async_actor_runs_calls_concurrently(cluster: lumos.LumosContext) -> Non
     limited = AsyncWorker.options(max_concurrency=3).remote()
     lumos.get([limited.work.remote(0.1) for _ in range(12)])
     assert lumos.get(limited.peak_seen.remote()) == 3
+
+
+def test_async_actor_plain_method_returning_a_ref_returns_the_ref(cluster: lumos.LumosContext) -> None:
+    @lumos.remote
+    class Holder:
+        def __init__(self) -> None:
+            self.ref = lumos.put(49)
+
+        def plain(self) -> list[Any]:
+            return [self.ref]  # a ref inside a value stays a ref
+
+        def bare(self) -> Any:
+            return self.ref  # an ObjectRef is awaitable: it must not be awaited for the caller
+
+        async def touch(self) -> None:
+            return None
+
+    h = Holder.remote()
+    (inner,) = lumos.get(h.plain.remote(), timeout=30)
+    bare = lumos.get(h.bare.remote(), timeout=30)
+    assert isinstance(bare, lumos.ObjectRef) and bare == inner
+    assert lumos.get(bare, timeout=30) == 49
+
+
+def test_cancel_stops_a_running_async_actor_call(cluster: lumos.LumosContext) -> None:
+    @lumos.remote
+    class Waiter:
+        def __init__(self) -> None:
+            self.cancelled = 0
+
+        async def wait(self) -> None:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+
+        async def count(self) -> int:
+            return self.cancelled
+
+    w = Waiter.remote()
+    ref = w.wait.remote()
+    lumos.get(w.count.remote(), timeout=30)  # the wait call has started by now
+    t0 = time.monotonic()
+    lumos.cancel(ref)
+    with pytest.raises(lumos.exceptions.TaskCancelledError):
+        lumos.get(ref, timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert lumos.get(w.count.remote(), timeout=30) == 1  # the actor goes on serving
 
 
 def test_threaded_actor(cluster: lumos.LumosContext) -> None:

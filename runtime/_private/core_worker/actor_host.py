@@ -67,6 +67,8 @@ class ActorHost:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sem: asyncio.Semaphore | None = None
+        #: Task id -> the asyncio task running (or waiting to run) that call (async actors).
+        self._async_calls: dict[bytes, asyncio.Task[Any]] = {}
         if self.is_async:
             self._start_loop()
         elif self.concurrent:
@@ -130,6 +132,10 @@ class ActorHost:
         spec = msg.spec
         ex = self.ex
         start = time.time()
+        if spec.task_id in ex._cancelled:
+            ex._cancelled.discard(spec.task_id)
+            self.cw.send_reply(conn, ex._system_reply(spec, "cancelled before it started", "cancelled"))
+            return
         try:
             method = ex._function(spec)
             args, kwargs = ex._resolve_args(spec)
@@ -144,21 +150,43 @@ class ActorHost:
 
     async def _run_async(self, conn: Connection, spec: m.TaskSpec, method: Any, args: Any, kwargs: Any) -> None:
         assert self._sem is not None
-        async with self._sem:
-            start = time.time()
-            self.cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, self.cw.node_id, self.cw.worker_id)
-            try:
+        me = asyncio.current_task()
+        assert me is not None
+        if spec.task_id in self.ex._cancelled:  # cancelled between dispatch and now
+            self.ex._cancelled.discard(spec.task_id)
+            self.cw.send_reply(conn, self.ex._system_reply(spec, "cancelled before it started", "cancelled"))
+            return
+        self._async_calls[spec.task_id] = me
+        start = time.time()
+        try:
+            async with self._sem:
+                start = time.time()
+                self.cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, self.cw.node_id,
+                                     self.cw.worker_id)
                 result = method(*args, **kwargs)
-                if inspect.isawaitable(result):
+                # Only an async method's coroutine: a plain method may return an awaitable
+                # value (an ObjectRef) that the caller wants as it is.
+                if asyncio.iscoroutine(result):
                     result = await result
                 reply = self.ex._success_reply(spec, result, start)
-            except asyncio.CancelledError:
-                reply = self.ex._system_reply(spec, "cancelled while running", "cancelled", start)
-            except SystemExit as e:
-                reply = self._exit_reply(spec, e, start)
-            except Exception as e:
-                reply = self.ex._failed_reply(spec, e, start)
-            self.cw.send_reply(conn, reply)
+        except asyncio.CancelledError:
+            reply = self.ex._system_reply(spec, "cancelled while running", "cancelled", start)
+        except SystemExit as e:
+            reply = self._exit_reply(spec, e, start)
+        except Exception as e:
+            reply = self.ex._failed_reply(spec, e, start)
+        finally:
+            self._async_calls.pop(spec.task_id, None)
+        self.cw.send_reply(conn, reply)
+
+    def cancel_call(self, task_id: bytes) -> bool:
+        """Cancel a call running, or waiting its turn, on the event loop (any thread).
+        False when this actor runs no such call."""
+        task = self._async_calls.get(task_id)
+        if task is None or self._loop is None:
+            return False
+        self._loop.call_soon_threadsafe(task.cancel)
+        return True
 
     def _run_threaded(self, conn: Connection, spec: m.TaskSpec, method: Any, args: Any, kwargs: Any) -> None:
         start = time.time()

@@ -86,6 +86,9 @@ class Executor:
             if recursive:
                 self.cw.cancel_children(task_id, force)
             signal.pthread_kill(self._main_ident, signal.SIGINT)
+        elif self.actor is not None and self.actor.cancel_call(task_id):
+            if recursive:
+                self.cw.cancel_children(task_id, force)
         else:
             self._cancelled.add(task_id)
 
