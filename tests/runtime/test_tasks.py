@@ -203,3 +203,13 @@ def test_task_queued_behind_a_blocked_task_runs_elsewhere(cluster: lumos.LumosCo
     producer = step.remote("make", slow_input.remote())  # ready only after slow_input
     consumer = step.remote("wait", [producer])  # pushed first, waits for producer
     assert lumos.get(consumer, timeout=30) == 3
+
+
+def test_util_node_ip_and_state_alias(cluster: lumos.LumosContext) -> None:
+    @lumos.remote
+    def ip() -> str:
+        return lumos.util.get_node_ip_address()
+
+    assert lumos.util.get_node_ip_address() == "127.0.0.1"
+    assert lumos.get(ip.remote(), timeout=30) == "127.0.0.1"
+    assert lumos.util.state.list_tasks is lumos.state.list_tasks
