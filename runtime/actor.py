@@ -212,8 +212,8 @@ class ActorHandle:
             return
         try:
             cw._post(cw.actor_submitter.release_handle, self._actor_id)
-        except Exception:
-            pass
+        except exc.LumosSystemError:
+            return  # shut down meanwhile: the actor goes with the job
 
     @property
     def _actor_id_hex(self) -> str:

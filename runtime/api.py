@@ -418,6 +418,18 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
 # ------------------------------------------------------------------------- cluster
 
 
+def get_node_ip_address() -> str:
+    """The IP address of this process's node (the address lumos binds to), or of this
+    machine when lumos is not initialized."""
+    cw = worker_context.core_worker
+    if cw is not None:
+        return cw.node_ip  # type: ignore[no-any-return]
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
 def nodes() -> list[dict[str, Any]]:
     """Every node the cluster has seen, alive or dead, in Ray's format."""
     cw = worker_context.require()

@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from lumos._private.ids import return_object_id
-from lumos.exceptions import GetTimeoutError
+from lumos.exceptions import GetTimeoutError, LumosSystemError
 from lumos.object_ref import ObjectRef
 
 
@@ -120,8 +120,8 @@ class ObjectRefGenerator:
             return
         try:
             cw._post(cw.drop_stream, s)
-        except Exception:
-            pass
+        except LumosSystemError:
+            return  # shut down meanwhile: nothing left to release
 
     def __reduce__(self) -> Any:
         raise TypeError("an ObjectRefGenerator cannot be passed to another task or stored; "
