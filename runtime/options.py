@@ -149,7 +149,9 @@ OPTIONS: dict[str, Option] = {
     "name": Option(_str_or_none, None, None, _BOTH, "task name (shown in the dashboard), or actor name"),
     "scheduling_strategy": Option(_strategy, None, None, _BOTH, "DEFAULT, SPREAD, node affinity, PG"),
     "runtime_env": Option(_runtime_env, None, None, _BOTH, "environment for the worker (env_vars)"),
-    "max_calls": Option(_int_at_least(0), 0, None, _T, "accepted for Ray compatibility; ignored"),
+    "max_calls": Option(_int_at_least(0), None, None, _T,
+                        "runs of this function a worker makes before it exits (0: no limit; "
+                        "default 0, and 1 for GPU tasks, which frees their GPU memory)"),
     "max_restarts": Option(_int_at_least(-1), None, 0, _A, "restarts after the actor's process dies"),
     "max_task_retries": Option(_int_at_least(-1), None, 0, _A, "retries of calls in flight at a restart"),
     "max_concurrency": Option(_int_at_least(1), None, None, _A, "calls run at once (threads or async)"),

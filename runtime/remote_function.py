@@ -70,12 +70,16 @@ class RemoteFunction:
             retry_kind, retry_types = 0, None
         fn = self._function
         fname = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', getattr(fn, '__name__', '?'))}"
+        max_calls = o["max_calls"]
+        resources = opts_mod.resource_request(o, opts_mod.TASK)
+        if max_calls is None:  # as in Ray: a GPU task's worker exits after it, freeing the GPU's memory
+            max_calls = 1 if resources.get("GPU") else 0
         template = TaskTemplate(
             function_id_of(self._pickled), fname, o["name"] or getattr(fn, "__name__", "task"),
             opts_mod.num_returns_of(o["num_returns"], fn, "num_returns" in options),
-            opts_mod.resource_request(o, opts_mod.TASK), o["max_retries"],
+            resources, o["max_retries"],
             retry_kind, retry_types, opts_mod.strategy_of(o), pickled_function=self._pickled,
-            runtime_env=opts_mod.env_vars_of(o["runtime_env"]))
+            runtime_env=opts_mod.env_vars_of(o["runtime_env"]), max_calls=max_calls)
         self._templates[key] = template
         return template
 

@@ -172,6 +172,29 @@ def test_cuda_visible_devices_is_restored_after_a_gpu_task(fresh_cluster):
         assert env2 != "0"
 
 
+@lumos.remote
+def pid_of():
+    return os.getpid()
+
+
+def test_max_calls_ends_a_worker_after_that_many_runs(fresh_cluster):
+    fresh_cluster(num_cpus=2, num_gpus=1)
+    once = pid_of.options(max_calls=1)
+    pids = [lumos.get(once.remote(), timeout=30) for _ in range(4)]
+    assert len(set(pids)) == 4  # a fresh worker each time
+    # Many at once, pipelined onto workers that leave after two: every task still runs
+    # once, without using a retry (max_retries=0 would turn a lost task into an error).
+    twice = pid_of.options(max_calls=2, max_retries=0)
+    pids = lumos.get([twice.remote() for _ in range(12)], timeout=60)
+    assert max(pids.count(p) for p in set(pids)) <= 2
+    # As in Ray, a GPU task's worker exits after it by default (releasing GPU memory);
+    # max_calls=0 keeps it.
+    gpu = pid_of.options(num_gpus=1)
+    assert len({lumos.get(gpu.remote(), timeout=30) for _ in range(3)}) == 3
+    kept = pid_of.options(num_gpus=1, max_calls=0)
+    assert len({lumos.get(kept.remote(), timeout=30) for _ in range(3)}) == 1
+
+
 def test_fractional_gpus_share_one_device_and_overlap(fresh_cluster, tmp_path):
     fresh_cluster(num_cpus=4, num_gpus=2)
     go = str(tmp_path / "go")

@@ -987,8 +987,11 @@ class CoreWorker:
             template.retry_exception_types, self.address, 0, template.strategy)
         if actor_fields is not None:
             spec.actor_id, spec.sequence_no, spec.caller_id, spec.actor_options = actor_fields
-        elif template.runtime_env is not None or self.inherited_env is not None:
-            spec.runtime_env = self._env_for(template)
+        else:
+            if template.runtime_env is not None or self.inherited_env is not None:
+                spec.runtime_env = self._env_for(template)
+            if template.max_calls:
+                spec.max_calls = template.max_calls
         spec.root_task_id = self.root_task_id()
         dep_ids = [d._id for d in deps]
         task = PendingTask(spec, template, return_ids, dep_ids, [r._id for r in nested], time.time())
@@ -1251,7 +1254,8 @@ class CoreWorker:
         while tasks:
             best = None
             for lease in q.leases:
-                if lease.conn is not None and not lease.dead and not lease.blocked and len(lease.tasks) < depth and (
+                if lease.conn is not None and not lease.dead and not lease.blocked and not lease.exiting \
+                        and len(lease.tasks) < depth and (
                         best is None or len(lease.tasks) < len(best.tasks)):
                     best = lease
                     if not lease.tasks:
@@ -1263,7 +1267,7 @@ class CoreWorker:
                 continue
             self._push(task, best)
         if tasks:
-            usable = sum(1 for l in q.leases if not l.dead)
+            usable = sum(1 for l in q.leases if not l.dead and not l.exiting)
             want = min(len(tasks), self.config.max_pending_lease_requests,
                        self.config.max_leases_per_scheduling_key - usable)
             while q.requesting < want:
@@ -1355,6 +1359,8 @@ class CoreWorker:
         if lease.idle_timer is not None:
             lease.idle_timer.cancel()
             lease.idle_timer = None
+        if lease.dead:
+            return  # returned already (a worker that said it exits, then closed)
         lease.dead = True
         if not lease.raylet.is_closed:
             lease.raylet.notify(m.ReturnWorker(lease.lease_id, disconnect))
@@ -1391,11 +1397,18 @@ class CoreWorker:
         self.actor_submitter.connection_lost(conn)
 
     def _worker_failed(self, lease: LeasedWorker) -> None:
-        """The connection to a leased worker dropped: its in-flight tasks failed."""
+        """The connection to a leased worker dropped: its in-flight tasks failed (or, from
+        a worker that said it exits, never ran: they are queued again, using no retry)."""
         in_flight = list(lease.tasks.values())
         lease.tasks.clear()
         self._return_lease(lease, disconnect=True)
-        if in_flight:
+        if in_flight and lease.exiting:
+            for task in reversed(in_flight):
+                if task.state != DONE:
+                    task.lease = None
+                    task.state = QUEUED
+                    lease.queue.tasks.appendleft(task)
+        elif in_flight:
             self._spawn(self._handle_worker_death(lease, in_flight), "worker-death")
         self._pump(lease.queue)
 
@@ -1464,6 +1477,10 @@ class CoreWorker:
             q.mean_exec_s = took if q.mean_exec_s is None else 0.8 * q.mean_exec_s + 0.2 * took
         if task.spec.kind == 2:
             self.actor_submitter.on_reply(task, reply)
+        if reply.error_kind == "exiting" and lease is not None:
+            # The worker reached max_calls and exits after this reply: push nothing more to
+            # it. Tasks already pushed come back requeued, or are requeued when it closes.
+            lease.exiting = True
         if reply.system_error is not None:
             if reply.error_kind == "cancelled" or task.cancelled:
                 self._fail_task(task, exc.TaskCancelledError(task.spec.task_id.hex(), reply.system_error))
@@ -1479,7 +1496,7 @@ class CoreWorker:
         else:
             self._finish_task(task, reply)
         if lease is not None and not lease.dead:
-            if not lease.tasks and not lease.queue.tasks:
+            if not lease.tasks and not lease.queue.tasks and not lease.exiting:
                 self._start_idle_timer(lease)
             self._pump(lease.queue)
 

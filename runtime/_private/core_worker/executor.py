@@ -69,10 +69,18 @@ class Executor:
         self._conn: Connection | None = None
         #: Items the running streaming generator task has sent so far.
         self._streamed = 0
+        #: Function id -> tasks of it run here, for functions with ``max_calls``.
+        self._calls: dict[bytes, int] = {}
+        #: This worker reached a function's ``max_calls``: it answers what is queued with
+        #: "requeue" and exits.
+        self._exiting = False
 
     # ------------------------------------------------------------------ io thread side
 
     def push(self, conn: Connection, msg: m.PushTask) -> None:
+        if self._exiting:
+            conn.notify(self._system_reply(msg.spec, "requeued: the worker is exiting (max_calls)", "requeue"))
+            return
         if self.cw._blocked_depth > 0 and self.actor is None and msg.spec.kind == 0:
             # The running task waits in get(): this one would wait behind it, maybe for ever.
             conn.notify(self._system_reply(msg.spec, "requeued: the worker blocked", "requeue"))
@@ -144,6 +152,11 @@ class Executor:
                 else:
                     self._conn = conn
                     reply = self.execute(msg)
+                    if msg.spec.max_calls > 0 and self.actor is None and self._count_call(msg.spec):
+                        reply.error_kind = "exiting"
+                        self.cw.send_reply(conn, reply)
+                        self._exit_after_max_calls()
+                        return
                     self.cw.send_reply(conn, reply)
                 self.flush_output_soon()
             except KeyboardInterrupt:
@@ -158,6 +171,32 @@ class Executor:
                                                                        "(malformed request)", "malformed"))
                     except Exception:
                         logger.exception("could not answer a malformed task")
+
+    def _count_call(self, spec: m.TaskSpec) -> bool:
+        """Count a run of a ``max_calls`` function; True once this worker must exit."""
+        n = self._calls.get(spec.function_id, 0) + 1
+        self._calls[spec.function_id] = n
+        return n >= spec.max_calls
+
+    def _exit_after_max_calls(self) -> None:
+        """Main thread: stop taking tasks; the caller returns from ``run`` and the process
+        exits once the io thread has handed the queued tasks back."""
+        self.flush_output_soon()
+        self.cw._post(self._refuse_queued)
+
+    def _refuse_queued(self) -> None:
+        """Io thread (where ``push`` runs, so none slips past): answer every queued task
+        "requeue"; their owners run them elsewhere without using a retry."""
+        self._exiting = True
+        while True:
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                conn, msg = item
+                conn.notify(self._system_reply(msg.spec, "requeued: the worker is exiting (max_calls)",
+                                               "requeue"))
 
     def flush_output_soon(self) -> None:
         if self._output:

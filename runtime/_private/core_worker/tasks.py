@@ -24,13 +24,13 @@ class TaskTemplate:
 
     __slots__ = ("function_id", "function_name", "name", "num_returns", "resources", "max_retries",
                  "retry_exceptions", "retry_exception_types", "strategy", "key", "kind",
-                 "actor_options", "pickled_function", "runtime_env")
+                 "actor_options", "pickled_function", "runtime_env", "max_calls")
 
     def __init__(self, function_id: bytes, function_name: str, name: str, num_returns: int,
                  resources: dict[str, float], max_retries: int, retry_exceptions: int,
                  retry_exception_types: bytes | None, strategy: Any, kind: int = 0,
                  actor_options: Any = None, pickled_function: bytes | None = None,
-                 runtime_env: dict[str, str] | None = None) -> None:
+                 runtime_env: dict[str, str] | None = None, max_calls: int = 0) -> None:
         self.function_id = function_id
         self.function_name = function_name
         self.name = name
@@ -46,6 +46,8 @@ class TaskTemplate:
         self.pickled_function = pickled_function
         #: Environment variables set while the task (or the actor) runs; None: none.
         self.runtime_env = runtime_env
+        #: A worker exits after running the function this many times (0: never).
+        self.max_calls = max_calls
         #: Tasks of the same key share leased workers (and a mean run time, which sets
         #: how deep they are pipelined): one function, one resource shape, one strategy.
         self.key = (function_id, tuple(sorted(resources.items())), repr(strategy))
@@ -80,7 +82,7 @@ class PendingTask:
 
 class LeasedWorker:
     __slots__ = ("lease_id", "worker_id", "address", "node_id", "resource_ids", "conn", "tasks",
-                 "idle_timer", "queue", "raylet", "dead", "blocked")
+                 "idle_timer", "queue", "raylet", "dead", "blocked", "exiting")
 
     def __init__(self, grant: m.LeaseGrant, queue: "SchedulingQueue", raylet: Connection) -> None:
         self.lease_id = grant.lease_id
@@ -98,6 +100,9 @@ class LeasedWorker:
         self.dead = False
         #: The worker's running task waits in get(): push nothing more until it answers.
         self.blocked = False
+        #: The worker reached a function's max_calls and exits: push nothing more; it runs
+        #: nothing it receives after saying so.
+        self.exiting = False
 
 
 class SchedulingQueue:

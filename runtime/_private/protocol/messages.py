@@ -198,6 +198,8 @@ class TaskSpec:
     #: Environment variables of the task or actor (its own over its parent's), or None.
     #: The job's (``init(runtime_env=...)``) come from the job config, under these.
     runtime_env: dict[str, str] | None = None
+    #: The worker exits after running this function that many times (0: no limit).
+    max_calls: int = 0
 
 
 @message(4)
