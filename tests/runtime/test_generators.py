@@ -105,6 +105,40 @@ def test_actor_generator_methods_stream(cluster: Any) -> None:
     assert lumos.get(env.total.remote(), timeout=30) == 5
 
 
+def test_async_and_threaded_actors_stream_too(cluster: Any) -> None:
+    @lumos.remote
+    class Feed:
+        async def ticks(self, n: int) -> Any:
+            for i in range(n):
+                await asyncio.sleep(0.01)
+                yield i
+
+        async def broken(self) -> Any:
+            yield "ok"
+            raise KeyError("gone")
+
+        def plain(self, n: int) -> Iterator[int]:  # a sync generator in an async actor
+            yield from range(n)
+
+    feed = Feed.remote()
+    a, b = feed.ticks.remote(3), feed.ticks.remote(2)  # two streams at once on one loop
+    assert lumos.get(list(a), timeout=30) == [0, 1, 2]
+    assert lumos.get(list(b), timeout=30) == [0, 1]
+    refs = list(feed.broken.remote())
+    assert lumos.get(refs[0], timeout=30) == "ok"
+    with pytest.raises(KeyError, match="gone"):
+        lumos.get(refs[1], timeout=30)
+    assert lumos.get(list(feed.plain.remote(2)), timeout=30) == [0, 1]
+
+    @lumos.remote(max_concurrency=2)
+    class Pool:
+        def squares(self, n: int) -> Iterator[int]:
+            for i in range(n):
+                yield i * i
+
+    assert lumos.get(list(Pool.remote().squares.remote(4)), timeout=30) == [0, 1, 4, 9]
+
+
 def test_streaming_option_and_refusals(cluster: Any) -> None:
     @lumos.remote(num_returns="streaming")
     def listed() -> list[str]:

@@ -164,11 +164,14 @@ class ActorHost:
                 self.cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, self.cw.node_id,
                                      self.cw.worker_id)
                 result = method(*args, **kwargs)
-                # Only an async method's coroutine: a plain method may return an awaitable
-                # value (an ObjectRef) that the caller wants as it is.
-                if asyncio.iscoroutine(result):
-                    result = await result
-                reply = self.ex._success_reply(spec, result, start)
+                if spec.num_returns == -1:
+                    reply = await self._stream_async(conn, spec, result, start)
+                else:
+                    # Only an async method's coroutine: a plain method may return an awaitable
+                    # value (an ObjectRef) that the caller wants as it is.
+                    if asyncio.iscoroutine(result):
+                        result = await result
+                    reply = self.ex._success_reply(spec, result, start)
         except asyncio.CancelledError:
             reply = self.ex._system_reply(spec, "cancelled while running", "cancelled", start)
         except SystemExit as e:
@@ -178,6 +181,36 @@ class ActorHost:
         finally:
             self._async_calls.pop(spec.task_id, None)
         self.cw.send_reply(conn, reply)
+
+    async def _stream_async(self, conn: Connection, spec: m.TaskSpec, result: Any, start: float) -> m.TaskReply:
+        """A generator method of an async actor (``async def`` with ``yield``, or a plain
+        generator): send each value as it comes, on the actor's loop."""
+        sent = 0
+        try:
+            if hasattr(result, "__anext__"):
+                async for value in result:
+                    self.ex.send_stream_item(conn, spec, sent, value)
+                    sent += 1
+            else:
+                for value in result:
+                    self.ex.send_stream_item(conn, spec, sent, value)
+                    sent += 1
+        except Exception as e:
+            return self.ex._failed_reply(spec, e, start, sent)
+        return m.TaskReply(spec.task_id, [], False, False, self.ex._still_borrowed(), self.cw.worker_id,
+                           start, time.time())
+
+    def _stream_threaded(self, conn: Connection, spec: m.TaskSpec, result: Any, start: float) -> m.TaskReply:
+        """A generator method of a threaded actor: send each value as it comes."""
+        sent = 0
+        try:
+            for value in result:
+                self.ex.send_stream_item(conn, spec, sent, value)
+                sent += 1
+        except Exception as e:
+            return self.ex._failed_reply(spec, e, start, sent)
+        return m.TaskReply(spec.task_id, [], False, False, self.ex._still_borrowed(), self.cw.worker_id,
+                           start, time.time())
 
     def cancel_call(self, task_id: bytes) -> bool:
         """Cancel a call running, or waiting its turn, on the event loop (any thread).
@@ -192,7 +225,11 @@ class ActorHost:
         start = time.time()
         self.cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, self.cw.node_id, self.cw.worker_id)
         try:
-            reply = self.ex._success_reply(spec, method(*args, **kwargs), start)
+            result = method(*args, **kwargs)
+            if spec.num_returns == -1:
+                reply = self._stream_threaded(conn, spec, result, start)
+            else:
+                reply = self.ex._success_reply(spec, result, start)
         except SystemExit as e:
             reply = self._exit_reply(spec, e, start)
         except Exception as e:

@@ -283,12 +283,14 @@ class Executor:
         return m.TaskReply(spec.task_id, returns, False, False, self._still_borrowed(), self.cw.worker_id,
                            start, time.time())
 
-    def _failed_reply(self, spec: m.TaskSpec, e: BaseException, start: float) -> m.TaskReply:
+    def _failed_reply(self, spec: m.TaskSpec, e: BaseException, start: float, streamed: int = 0) -> m.TaskReply:
+        """A concurrent actor call's error reply (any thread); ``streamed``: values a
+        streaming call sent before it failed."""
         if isinstance(e, _NotHere):
             return self._system_reply(spec, str(e), "actor_died", start)
         blob = e.blob if isinstance(e, _TaskFailed) else self._task_error_blob(spec, e)
-        return m.TaskReply(spec.task_id, self._error_returns(spec, blob), True, False, self._still_borrowed(),
-                           self.cw.worker_id, start, time.time())
+        return m.TaskReply(spec.task_id, self._error_returns(spec, blob, streamed), True, False,
+                           self._still_borrowed(), self.cw.worker_id, start, time.time())
 
     def _create_actor(self, spec: m.TaskSpec, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                       resource_ids: dict[str, list[Any]]) -> None:
@@ -492,24 +494,27 @@ class Executor:
         conn = self._conn
         assert conn is not None
         for value in values:
-            index = self._streamed
-            third_party: dict[bytes, tuple[m.Address, list[bytes]]] = {}
-            ret = self._return_object(spec, return_object_id(spec.task_id, index + 1), value, third_party)
-            for owner, ids in third_party.values():
-                self._register_at(owner, ids, spec.owner)
-            self.cw.send_reply(conn, m.GeneratorItem(spec.task_id, index, ret))
-            self._streamed = index + 1
+            self.send_stream_item(conn, spec, self._streamed, value)
+            self._streamed += 1
             if self._cancel_requested == spec.task_id:
                 raise KeyboardInterrupt
         return []
+
+    def send_stream_item(self, conn: Connection, spec: m.TaskSpec, index: int, value: Any) -> None:
+        """Store a streaming call's ``index``-th value and send it to the owner (any thread)."""
+        third_party: dict[bytes, tuple[m.Address, list[bytes]]] = {}
+        ret = self._return_object(spec, return_object_id(spec.task_id, index + 1), value, third_party)
+        for owner, ids in third_party.values():
+            self._register_at(owner, ids, spec.owner)
+        self.cw.send_reply(conn, m.GeneratorItem(spec.task_id, index, ret))
 
     def _store_returns(self, spec: m.TaskSpec, result: Any) -> list[m.ReturnObject]:
         n = spec.num_returns
         if n == 0:
             return []
         if n < 0:
-            raise TypeError(f"{spec.name} is a generator method: lumos streams generator methods of "
-                            "actors that run one call at a time only (not async or threaded actors)")
+            raise TypeError(f"{spec.name} streams (num_returns='streaming') but returned a "
+                            f"{type(result).__name__}, not a generator")
         if n == 1:
             values = [result]
         else:
@@ -561,9 +566,10 @@ class Executor:
         except (OSError, ConnectionLost, TimeoutError, RemoteError) as e:
             logger.warning("could not hand refs over to %s: %s", short(owner.worker_id), e)
 
-    def _error_returns(self, spec: m.TaskSpec, blob: bytes) -> list[m.ReturnObject]:
+    def _error_returns(self, spec: m.TaskSpec, blob: bytes, streamed: int | None = None) -> list[m.ReturnObject]:
         if spec.num_returns == -1:  # a streaming task: the error is the item after the last one sent
-            return [m.ReturnObject(return_object_id(spec.task_id, self._streamed + 1), blob, len(blob), None, [])]
+            index = self._streamed if streamed is None else streamed
+            return [m.ReturnObject(return_object_id(spec.task_id, index + 1), blob, len(blob), None, [])]
         return [m.ReturnObject(return_object_id(spec.task_id, i + 1), blob, len(blob), None, [])
                 for i in range(max(spec.num_returns, 1))] if spec.num_returns else []
 
