@@ -402,6 +402,10 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
 
     A queued task never runs; a running one gets ``KeyboardInterrupt`` (``force=True``
     kills its worker process instead). ``get`` then raises ``TaskCancelledError``.
+    Actor calls, as in Ray: a queued call never runs; an async actor's running call is
+    cancelled as an asyncio task; a sync or threaded actor's running call is not
+    interrupted (``get_runtime_context().is_canceled()`` tells it); ``force=True`` is
+    refused. ``object_ref`` may be an ``ObjectRefGenerator`` (a streaming task).
     """
     from lumos.generator import ObjectRefGenerator
     if isinstance(object_ref, ObjectRefGenerator):  # a streaming task: cancel it by its id
@@ -412,6 +416,10 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
     e = cw.objects.entries.get(object_ref.binary())
     if e is not None and not e.owned:
         raise ValueError("cancel() works on refs this process created (it owns the task)")
+    task = cw.tasks.get(object_ref.binary()[:16])
+    if force and task is not None and task.spec.kind == 2:
+        raise ValueError("force=True is not supported for actor calls (it would kill the actor); "
+                         "use lumos.kill(actor) to end the actor")
     cw.cancel(object_ref, force, recursive)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from lumos._private import worker_context
@@ -43,6 +44,21 @@ class RuntimeContext:
     def get_accelerator_ids(self) -> dict[str, list[str]]:
         from lumos.api import get_gpu_ids
         return {"GPU": [str(g) for g in get_gpu_ids()]}
+
+    def is_canceled(self) -> bool:
+        """Whether ``cancel()`` was called on the running task or actor method. A running
+        actor method is not interrupted by ``cancel()``: it can poll this to stop early.
+
+        Raises:
+            RuntimeError: called from a driver, or from an async or threaded actor's call
+                (an async actor's call is cancelled as an asyncio task instead).
+        """
+        cw = worker_context.require()
+        ex = cw.executor
+        if not worker_context.is_worker or ex is None or not ex.running_task() \
+                or threading.get_ident() != ex._main_ident:
+            raise RuntimeError("is_canceled() works inside a task or a sync actor's method only")
+        return bool(ex.is_canceled())
 
     @property
     def runtime_env(self) -> dict[str, Any]:

@@ -435,6 +435,43 @@ def test_cancel_stops_a_running_async_actor_call(cluster: lumos.LumosContext) ->
     assert lumos.get(w.count.remote(), timeout=30) == 1  # the actor goes on serving
 
 
+def test_cancel_of_a_sync_actor_call_sets_a_flag_and_drops_queued_calls(cluster: lumos.LumosContext,
+                                                                          tmp_path: Any) -> None:
+    started = tmp_path / "started"
+
+    @lumos.remote
+    class Stepper:
+        def __init__(self) -> None:
+            self.steps = 0
+
+        def run(self) -> str:
+            started.write_text("yes")
+            ctx = lumos.get_runtime_context()
+            deadline = time.monotonic() + 30
+            while not ctx.is_canceled() and time.monotonic() < deadline:
+                self.steps += 1  # never interrupted half-way
+                time.sleep(0.01)
+            return "stopped" if ctx.is_canceled() else "timed out"
+
+        def steps_done(self) -> int:
+            return self.steps
+
+    s = Stepper.remote()
+    running = s.run.remote()
+    queued = s.steps_done.remote()
+    wait_for(started.exists, 30)
+    with pytest.raises(ValueError, match="force=True"):
+        lumos.cancel(running, force=True)
+    lumos.cancel(queued)
+    lumos.cancel(running)
+    assert lumos.get(running, timeout=30) == "stopped"
+    with pytest.raises(lumos.exceptions.TaskCancelledError):
+        lumos.get(queued, timeout=30)
+    assert lumos.get(s.steps_done.remote(), timeout=30) > 0  # the actor goes on
+    with pytest.raises(RuntimeError, match="inside a task"):
+        lumos.get_runtime_context().is_canceled()
+
+
 def test_threaded_actor(cluster: lumos.LumosContext) -> None:
     @lumos.remote(max_concurrency=4)
     class Threaded:

@@ -93,7 +93,10 @@ class Executor:
             self._cancel_requested = task_id
             if recursive:
                 self.cw.cancel_children(task_id, force)
-            signal.pthread_kill(self._main_ident, signal.SIGINT)
+            if running.kind == 0:
+                signal.pthread_kill(self._main_ident, signal.SIGINT)
+            # An actor's running method is not interrupted (as in Ray: it would leave the
+            # actor's state half-changed); it can poll get_runtime_context().is_canceled().
         elif self.actor is not None and self.actor.cancel_call(task_id):
             if recursive:
                 self.cw.cancel_children(task_id, force)
@@ -122,6 +125,12 @@ class Executor:
 
     def running_task(self) -> bool:
         return self._running is not None
+
+    def is_canceled(self) -> bool:
+        """cancel() was called on the task or sync-actor call this (main) thread runs."""
+        running = self._running
+        return (running is not None and self._cancel_requested == running.task_id
+                and threading.get_ident() == self._main_ident)
 
     def current_root_task_id(self) -> bytes | None:
         return self._running_root
@@ -237,8 +246,8 @@ class Executor:
                     result = fn(*args, **kwargs)
                 if spec.num_returns == -1:
                     returns = self._stream_returns(spec, result)
-                if self._cancel_requested == spec.task_id:
-                    raise KeyboardInterrupt
+                if self._cancel_requested == spec.task_id and spec.kind == 0:
+                    raise KeyboardInterrupt  # (an actor's call that finished despite a cancel counts)
             except KeyboardInterrupt:
                 if self._cancel_requested == spec.task_id:
                     return self._system_reply(spec, "cancelled while running", "cancelled", start)
