@@ -205,3 +205,34 @@ def test_cancel_a_streaming_task(cluster: Any) -> None:
     with pytest.raises(lumos.exceptions.TaskCancelledError):
         for ref in gen:
             lumos.get(ref, timeout=30)
+
+
+def test_malformed_generator_items_are_refused(cluster: Any) -> None:
+    from lumos._private.ids import new_task_id, return_object_id
+    from lumos._private.protocol import messages as m
+    cw = worker_context.core_worker
+    assert cw is not None
+    tid = new_task_id()
+    good = m.ReturnObject(return_object_id(tid, 1), b"x", 1, None, [])
+    bad_items = [
+        m.GeneratorItem(tid, 5, good),                                        # index and id disagree
+        m.GeneratorItem(tid, -1, good),
+        m.GeneratorItem(tid[:3], 0, good),
+        m.GeneratorItem(tid, 0, m.ReturnObject(good.object_id, None, 1, None, [])),  # no value, no node
+        m.GeneratorItem(tid, 0, m.ReturnObject(good.object_id, 7, 1, None, [])),     # type: ignore[arg-type]
+        m.GeneratorItem(tid, 0, m.ReturnObject(good.object_id, b"x", 1, None, [["id", 3]])),
+        m.GeneratorItem(tid, 0, "not an item"),                               # type: ignore[arg-type]
+    ]
+
+    async def feed(msg: Any) -> str:
+        try:
+            cw._handle_generator_item(None, msg)  # type: ignore[arg-type]
+        except ValueError as e:
+            return str(e)
+        return "accepted"
+
+    for msg in bad_items:
+        assert cw.run_sync(feed(msg), 10) == "malformed GeneratorItem", msg
+    # A well-formed item for a task this process does not run is dropped quietly.
+    assert cw.run_sync(feed(m.GeneratorItem(tid, 0, good)), 10) == "accepted"
+    assert lumos.get(list(count.remote(2)), timeout=30) == [0, 1]

@@ -1506,7 +1506,11 @@ class CoreWorker:
         ret = msg.item
         if type(msg.index) is not int or msg.index < 0 or type(ret) is not m.ReturnObject \
                 or type(msg.task_id) is not bytes or len(msg.task_id) != TASK_ID_SIZE \
-                or ret.object_id != return_object_id(msg.task_id, msg.index + 1):
+                or ret.object_id != return_object_id(msg.task_id, msg.index + 1) \
+                or (ret.data is None) == (ret.node_id is None) or type(ret.size) is not int \
+                or not isinstance(ret.data or ret.node_id, bytes) or type(ret.nested_refs) is not list \
+                or not all(type(r) is list and len(r) == 2 and type(r[0]) is bytes and type(r[1]) is m.Address
+                           for r in ret.nested_refs):
             raise ValueError("malformed GeneratorItem")
         task = self.tasks.get(msg.task_id)
         stream = self.streams.get(msg.task_id)
