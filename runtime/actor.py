@@ -34,6 +34,9 @@ from lumos._private.ids import random_id
 from lumos.object_ref import ObjectRef
 
 _METHOD_OPTIONS = {"num_returns", "max_task_retries", "retry_exceptions", "concurrency_group", "name"}
+#: Methods every actor has: end it after the calls before (terminate), or answer once it
+#: is up (ready: ``lumos.get(actor.__ray_ready__.remote())``).
+_BUILTIN_METHODS = ("__lumos_terminate__", "__ray_terminate__", "__lumos_ready__", "__ray_ready__")
 
 
 def method(*args: Any, **options: Any) -> Callable[[Any], Any]:
@@ -182,10 +185,9 @@ class ActorHandle:
         self._max_pending_calls = max_pending_calls
 
     def __getattr__(self, name: str) -> "ActorMethod":
-        if name.startswith("_") and name not in self._methods and name not in ("__lumos_terminate__",
-                                                                                  "__ray_terminate__"):
+        if name.startswith("_") and name not in self._methods and name not in _BUILTIN_METHODS:
             raise AttributeError(name)
-        if name not in self._methods and name not in ("__lumos_terminate__", "__ray_terminate__"):
+        if name not in self._methods and name not in _BUILTIN_METHODS:
             raise AttributeError(f"actor {self._class_name} has no method {name!r}")
         # Not cached on the handle: a cycle would keep the handle (and its actor) alive.
         return ActorMethod(self, name, self._methods.get(name, {}))

@@ -45,6 +45,22 @@ class RuntimeContext:
         from lumos.api import get_gpu_ids
         return {"GPU": [str(g) for g in get_gpu_ids()]}
 
+    def get_placement_group_id(self) -> str | None:
+        """Hex id of the placement group the current task or actor runs in, or None."""
+        from lumos.util.placement_group import get_current_placement_group
+        pg = get_current_placement_group()
+        return pg.id.hex() if pg is not None else None
+
+    @property
+    def current_placement_group_id(self) -> str | None:
+        return self.get_placement_group_id()
+
+    def get_actor_name(self) -> str | None:
+        """The current actor's name (None outside an actor, or for an unnamed one)."""
+        cw = worker_context.require()
+        actor = getattr(cw.executor, "actor", None)
+        return (actor.name or None) if actor is not None else None
+
     def is_canceled(self) -> bool:
         """Whether ``cancel()`` was called on the running task or actor method. A running
         actor method is not interrupted by ``cancel()``: it can poll this to stop early.

@@ -605,3 +605,26 @@ def test_actor_keeps_a_ref_it_was_passed_after_the_caller_drops_it(cluster: lumo
     gc.collect()
     time.sleep(0.5)  # the driver's release would have freed it by now if the borrow were lost
     assert lumos.get(k.total.remote(), timeout=20) == 1_000_000.0
+
+
+def test_ready_method_and_context_names(cluster: lumos.LumosContext) -> None:
+    from lumos.util import placement_group, remove_placement_group
+    from lumos.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    @lumos.remote(num_cpus=0)
+    class Who:
+        def names(self) -> tuple[Any, Any]:
+            ctx = lumos.get_runtime_context()
+            return ctx.get_actor_name(), ctx.get_placement_group_id()
+
+    named = Who.options(name="who-is-it").remote()
+    assert lumos.get(named.__ray_ready__.remote(), timeout=30) is True
+    assert lumos.get(named.names.remote(), timeout=30) == ("who-is-it", None)
+    pg = placement_group([{"CPU": 1}])
+    assert pg.wait(30)
+    inside = Who.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg)).remote()
+    assert lumos.get(inside.names.remote(), timeout=30) == (None, pg.id.hex())
+    assert lumos.get_runtime_context().get_actor_name() is None
+    lumos.kill(named)
+    lumos.kill(inside)
+    remove_placement_group(pg)

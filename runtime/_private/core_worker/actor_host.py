@@ -52,6 +52,7 @@ class ActorHost:
         self.resource_ids = resource_ids
         opts: dict[str, Any] = spec.actor_options or {}
         self.class_name: str = opts.get("class_name", spec.function_name)
+        self.name: str = opts.get("name") or ""
         cls = type(instance)
         self.is_async = is_async_class(cls)
         limit = opts.get("max_concurrency")

@@ -381,6 +381,8 @@ class Executor:
         name = spec.function_name
         if name in ("__lumos_terminate__", "__ray_terminate__"):
             return _terminate
+        if name in ("__lumos_ready__", "__ray_ready__"):
+            return _ready
         try:
             return getattr(actor.instance, name)
         except AttributeError:
@@ -673,6 +675,10 @@ class Executor:
 
 class _NotHere(Exception):
     """A call reached a worker that does not host its actor."""
+
+
+def _ready() -> bool:
+    return True
 
 
 def _terminate() -> None:
