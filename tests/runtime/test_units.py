@@ -294,6 +294,33 @@ def test_create_waits_for_frees_then_is_granted():
     assert g.request == 2 and g.object_id == B
 
 
+def test_pulled_copies_are_evicted_oldest_first_to_make_room():
+    s = store(capacity=40 * MiB, recycle=0)
+    for rid, oid in ((1, A), (2, B)):  # two copies pulled from other nodes
+        create(s, rid, oid, 15 * MiB, client=st.PULLED)
+        s.handle(st.ObjectSealed(oid, 15 * MiB), 0)
+    create(s, 3, C, 5 * MiB)  # made here: a primary
+    s.handle(st.ObjectSealed(C, 5 * MiB), 0)
+    acts = create(s, 4, D, 10 * MiB)  # 45 MiB would not fit: the oldest copy goes
+    assert st.UnlinkFile(s.final_path(A)) in acts
+    assert any(isinstance(a, st.GrantCreate) and a.object_id == D for a in acts)
+    assert A not in s.objects and B in s.objects and C in s.objects
+    assert s.stats()["evicted_copies"] == 1
+    # Evicting every copy would still not make room: nothing is evicted, the create waits.
+    assert create(s, 5, bytes([9]) * 20, 30 * MiB) == []
+    assert B in s.objects and s.stats()["pending_creates"] == 1
+
+
+def test_a_pulled_copy_used_as_a_rerun_result_is_never_evicted():
+    s = store(capacity=20 * MiB, recycle=0)
+    create(s, 1, A, 15 * MiB, client=st.PULLED)
+    s.handle(st.ObjectSealed(A, 15 * MiB), 0)
+    (r,) = create(s, 2, A, 15 * MiB)  # the task that made A ran again here
+    assert r.exists and s.objects[A].creator == W1
+    assert create(s, 3, B, 10 * MiB) == []  # waits: A is a primary now
+    assert A in s.objects
+
+
 def test_pending_create_is_rejected_after_its_deadline():
     s = store(capacity=30 * MiB, timeout_s=2.0)
     create(s, 1, A, 20 * MiB)

@@ -16,8 +16,9 @@ safe (readers' mappings keep their pages alive).
  create(id, n) ──► GrantCreate(slot, tmp path, reuse?) ──► client writes, renames to final
  sealed(id)    ──► object counted as sealed
  freed(ids)    ──► RenameFile(final → pool) when recyclable, else UnlinkFile
- no room       ──► evict pool slots (DropSlot to their mapper), else the create waits
-                   for frees until its deadline, then RejectCreate
+ no room       ──► evict pool slots (DropSlot to their mapper), then copies pulled from
+                   other nodes (oldest first; a reader pulls again), else the create
+                   waits for frees until its deadline, then RejectCreate
 ```
 """
 
@@ -27,6 +28,10 @@ import dataclasses
 import os
 from collections import OrderedDict, deque
 from typing import Union
+
+#: The creator of copies the raylet pulled from other nodes (secondary copies: the
+#: primary stays where the object was made, so these may be evicted under pressure).
+PULLED = b"object-manager"
 
 
 # ----------------------------------------------------------------------------- events
@@ -150,6 +155,8 @@ class ObjectStoreState:
         #: Creates waiting for space, first come first served.
         self.pending: deque[_Pending] = deque()
         self._next_slot = 1
+        #: Pulled copies evicted to make room.
+        self.evicted = 0
 
     # ------------------------------------------------------------------ paths
 
@@ -203,6 +210,8 @@ class ObjectStoreState:
         obj = self.objects.get(ev.object_id)
         if obj is not None:
             same = obj.sealed and obj.size_bytes == ev.size_bytes
+            if same and ev.client != PULLED:
+                obj.creator = ev.client  # a re-run's result now: a primary, never evicted
             actions.append(RejectCreate(ev.request, ev.object_id, "object already exists in the store", same))
             return
         if ev.size_bytes > self.capacity_bytes:
@@ -246,7 +255,29 @@ class ObjectStoreState:
     def _make_room(self, size: int, actions: list[Action]) -> bool:
         while self.used_bytes + size > self.capacity_bytes and self.pool:
             self._evict_oldest_slot(actions)
+        if self.used_bytes + size > self.capacity_bytes:
+            self._evict_pulled_copies(size, actions)
         return self.used_bytes + size <= self.capacity_bytes
+
+    def _evict_pulled_copies(self, size: int, actions: list[Action]) -> None:
+        """Unlink sealed copies pulled from other nodes, oldest first, until ``size`` fits
+        (only if it then fits: evicting for a create that must wait anyway gains nothing).
+        Readers that map one keep their pages; a later reader pulls it again."""
+        need = self.used_bytes + size - self.capacity_bytes
+        victims = []
+        for oid, obj in self.objects.items():
+            if need <= 0:
+                break
+            if obj.sealed and obj.creator == PULLED:
+                victims.append(oid)
+                need -= obj.file_size
+        if need > 0:
+            return
+        for oid in victims:
+            obj = self.objects.pop(oid)
+            self.used_bytes -= obj.file_size
+            self.evicted += 1
+            actions.append(UnlinkFile(self.final_path(oid)))
 
     def _evict_oldest_slot(self, actions: list[Action]) -> None:
         slot, (file_size, mapper) = self.pool.popitem(last=False)
@@ -293,7 +324,7 @@ class ObjectStoreState:
     def stats(self) -> dict[str, int]:
         return {"used_bytes": self.used_bytes, "capacity_bytes": self.capacity_bytes,
                 "pool_bytes": self.pool_bytes, "num_objects": len(self.objects),
-                "pending_creates": len(self.pending)}
+                "pending_creates": len(self.pending), "evicted_copies": self.evicted}
 
     def check_invariants(self) -> None:
         total = sum(o.file_size for o in self.objects.values()) + sum(s for s, _ in self.pool.values())

@@ -34,6 +34,7 @@ from typing import Any
 from lumos._private.protocol import auth
 
 from lumos._private.ids import short
+from lumos._private.object_store.store_state import PULLED
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError, connect
 
@@ -242,7 +243,7 @@ class ObjectManager:
         host = info.address.host if info is not None else ""
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        slot, path, final_path, file_size, reused = await self.raylet.create_local(object_id, size, b"object-manager")
+        slot, path, final_path, file_size, reused = await self.raylet.create_local(object_id, size, PULLED)
         ok = False
         try:
             mm = await loop.run_in_executor(self._io, _open_for_write, path, file_size, reused)
