@@ -41,7 +41,7 @@ from lumos._private.ids import (TASK_ID_SIZE, is_put_object, new_task_id, put_ob
                                 return_object_id, short, task_id_of)
 from lumos._private.object_store.client import StoreClient
 from lumos._private.protocol import messages as m
-from lumos._private.transport.connection import (Connection, ConnectionCache, ConnectionLost, RemoteError,
+from lumos._private.transport.connection import (Connection, ConnectionCache, ConnectionLost, RemoteError, batch,
                                                  RpcServer, connect)
 from lumos.generator import GeneratorStream, ObjectRefGenerator
 from lumos.object_ref import ObjectRef
@@ -354,12 +354,13 @@ class CoreWorker:
     def _drain_inbox(self) -> None:
         self._wake_pending = False
         inbox = self._inbox
-        while inbox:
-            fn, args = inbox.popleft()
-            try:
-                fn(*args)
-            except Exception:
-                logger.exception("io-thread job %s failed", getattr(fn, "__name__", fn))
+        with batch():  # what the jobs send leaves at the end, without another loop turn
+            while inbox:
+                fn, args = inbox.popleft()
+                try:
+                    fn(*args)
+                except Exception:
+                    logger.exception("io-thread job %s failed", getattr(fn, "__name__", fn))
 
     def run_sync(self, coro: Any, timeout_s: float | None = None) -> Any:
         """Run a coroutine on the io thread and wait for it (from a user thread)."""

@@ -2,8 +2,10 @@
 
 One ``Connection`` per socket, either end. It authenticates first (see
 ``protocol.auth``), then carries msgpack frames both ways: requests with ids and
-replies, one-way notifications, and server pushes. Writes made during one loop
-iteration leave in one ``write`` (one syscall), which batches hot paths for free.
+replies, one-way notifications, and server pushes. Writes made while one read's frames
+(or one batch of jobs from other threads, see ``batch``) are handled leave in one
+``write`` per connection at the end of that batch, in the same loop turn; other writes
+leave together on the loop's next turn.
 
 A peer fault (bad frame, wrong token, unknown message, oversized length) is a
 ``ProtocolError``: one log line, that connection closes, the process keeps serving.
@@ -16,6 +18,7 @@ import inspect
 import logging
 import os
 import socket
+import threading
 from typing import Any, Awaitable, Callable, Mapping
 
 from lumos._private.config import Config
@@ -29,6 +32,36 @@ _pack_len = HEADER.pack
 Handler = Callable[["Connection", Any], Any]
 
 _AWAIT_NONCE, _AWAIT_DIGEST, _AWAIT_OK, _READY, _CLOSED = range(5)
+
+
+class _Batch(threading.local):
+    """Per loop thread: while a batch of work runs (the frames of one read, the jobs
+    posted from other threads), sends only mark their connection; the batch's end writes
+    each once. Outside a batch a send schedules the write for the loop's next turn."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.dirty: list["Connection"] = []
+
+
+_batch = _Batch()
+
+
+class batch:
+    """``with batch():`` around a run of handlers on a loop thread."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        _batch.depth += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        b = _batch
+        b.depth -= 1
+        if b.depth == 0 and b.dirty:
+            dirty, b.dirty = b.dirty, []
+            for conn in dirty:
+                conn._flush()
 
 
 class ConnectionLost(ConnectionError):
@@ -100,6 +133,8 @@ class Connection(asyncio.Protocol):
             self._write_raw(self._nonce)
 
     def data_received(self, data: bytes) -> None:
+        b = _batch
+        b.depth += 1
         try:
             frames = self._decoder.feed(data)
             for payload in frames:
@@ -111,6 +146,12 @@ class Connection(asyncio.Protocol):
                     return
         except ProtocolError as e:
             self._drop(str(e))
+        finally:
+            b.depth -= 1
+            if b.depth == 0 and b.dirty:
+                dirty, b.dirty = b.dirty, []
+                for conn in dirty:
+                    conn._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._state = _CLOSED
@@ -239,7 +280,11 @@ class Connection(asyncio.Protocol):
         self._out.append(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+            b = _batch
+            if b.depth:
+                b.dirty.append(self)  # written once when the batch ends, in this loop turn
+            else:
+                self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
