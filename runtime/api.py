@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from lumos import exceptions as exc
-from lumos._private import worker_context
+from lumos._private import worker_context, working_dir
 from lumos._private.config import Config
 from lumos._private.core_worker.core_worker import DRIVER, CoreWorker
 from lumos._private.ids import random_id, return_object_id
@@ -114,7 +114,10 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
         _check_number("memory", memory)
         if resources is not None and not isinstance(resources, dict):
             raise TypeError("resources must be a dict of name -> amount")
-        job_env = env_vars_of(runtime_env)
+        job_env = env_vars_of(runtime_env, job=True)
+        job_package = None
+        if runtime_env and runtime_env.get("working_dir") is not None:
+            job_package = working_dir.package(runtime_env["working_dir"], runtime_env.get("excludes"))
         overrides = dict(_system_config or {})
         if not log_to_driver:
             overrides["log_to_driver"] = False
@@ -126,12 +129,12 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
             ctx = _start_private(config, num_cpus, num_gpus, resources, memory, object_store_memory,
                                  namespace or "", _node_ip_address,
                                  (dashboard_host, 8265 if dashboard_port is None else dashboard_port)
-                                 if dashboard else None, job_env)
+                                 if dashboard else None, job_env, job_package)
         else:
             if any(v is not None for v in (num_cpus, num_gpus, resources, object_store_memory)):
                 raise ValueError("num_cpus, num_gpus, resources and object_store_memory describe a new "
                                  "cluster; they cannot be given when connecting to an existing one")
-            ctx = _connect(config, address, namespace or "", _token, job_env)
+            ctx = _connect(config, address, namespace or "", _token, job_env, job_package)
         worker_context.context = ctx
         return ctx
 
@@ -162,7 +165,8 @@ def _dashboard_wanted(include_dashboard: bool | None) -> bool:
 def _start_private(config: Config, num_cpus: float | None, num_gpus: float | None,
                    resources: dict[str, float] | None, memory: int | None, store_bytes: int | None,
                    namespace: str, node_ip: str, dashboard: tuple[str, int] | None = None,
-                   job_env: dict[str, str] | None = None) -> LumosContext:
+                   job_env: dict[str, str] | None = None,
+                   job_package: tuple[str, bytes] | None = None) -> LumosContext:
     session_dir = new_session_dir()
     node = NodeProcesses(session_dir, config)
     token = auth.new_token().hex().encode()
@@ -181,7 +185,7 @@ def _start_private(config: Config, num_cpus: float | None, num_gpus: float | Non
         node.start_gcs_and_raylet(resources=res, store_bytes=store, host=node_ip, gcs_port=0, private=True)
         assert node.gcs_address is not None
         cw = _start_core_worker(config, token, node.gcs_unix, node.raylet_socket, session_dir,
-                                node.node_id, node.store_dir, node_ip, namespace, job_env)
+                                node.node_id, node.store_dir, node_ip, namespace, job_env, job_package)
     except BaseException:
         if dash is not None:
             os.close(dash[1])
@@ -205,19 +209,22 @@ def _start_private(config: Config, num_cpus: float | None, num_gpus: float | Non
 
 def _start_core_worker(config: Config, token: bytes, gcs_address: Any, raylet_socket: str, session_dir: str,
                        node_id: bytes, store_dir: str, node_ip: str, namespace: str,
-                       job_env: dict[str, str] | None = None) -> CoreWorker:
+                       job_env: dict[str, str] | None = None,
+                       job_package: tuple[str, bytes] | None = None) -> CoreWorker:
     main = sys.modules.get("__main__")
     entry = getattr(main, "__file__", None) or "interactive"
     cw = CoreWorker(mode=DRIVER, config=config, token=token, gcs_address=gcs_address,
                     raylet_socket=raylet_socket, session_dir=session_dir, node_id=node_id,
                     store_dir=store_dir, worker_id=random_id(16), node_ip=node_ip,
-                    namespace=namespace or random_id(8).hex(), entrypoint=entry, job_env_vars=job_env)
+                    namespace=namespace or random_id(8).hex(), entrypoint=entry, job_env_vars=job_env,
+                    job_package=job_package)
     cw.start()
     return cw
 
 
 def _connect(config: Config, address: str, namespace: str, token_arg: str | None,
-             job_env: dict[str, str] | None = None) -> LumosContext:
+             job_env: dict[str, str] | None = None,
+             job_package: tuple[str, bytes] | None = None) -> LumosContext:
     token_text = token_arg or os.environ.get("LUMOS_CLUSTER_TOKEN")
     session_hint = None
     if address == "auto":
@@ -257,7 +264,8 @@ def _connect(config: Config, address: str, namespace: str, token_arg: str | None
                               f"run `lumos start --address {address}` here first")
     node = local[0]
     cw = _start_core_worker(config, token, gcs_address, node.address.unix_path, node.session_dir,
-                            node.node_id, node.object_store_dir, node.address.host, namespace, job_env)
+                            node.node_id, node.object_store_dir, node.address.host, namespace, job_env,
+                            job_package)
     worker_context.core_worker = cw
     _register_exit_handler()
     return LumosContext({"gcs_address": address, "address": address, "node_id": node.node_id.hex(),

@@ -104,15 +104,24 @@ def _runtime_env(name: str, v: Any) -> None:
     env_vars_of(v)
 
 
-def env_vars_of(runtime_env: Any) -> dict[str, str] | None:
-    """The ``env_vars`` of a ``runtime_env`` option (checked), or None when it sets none."""
+#: runtime_env keys init() takes; a task's or actor's take env_vars only.
+JOB_RUNTIME_ENV_KEYS = {"env_vars", "working_dir", "excludes"}
+
+
+def env_vars_of(runtime_env: Any, job: bool = False) -> dict[str, str] | None:
+    """The ``env_vars`` of a ``runtime_env`` option (checked), or None when it sets none.
+    ``job``: the runtime_env of ``init()``, which may also hold working_dir and excludes."""
     if runtime_env is None:
         return None
     if not isinstance(runtime_env, dict):
         raise TypeError(f"runtime_env must be a dict, not {type(runtime_env).__name__}")
-    unsupported = set(runtime_env) - {"env_vars"}
+    unsupported = set(runtime_env) - (JOB_RUNTIME_ENV_KEYS if job else {"env_vars"})
+    if unsupported and not job and unsupported <= JOB_RUNTIME_ENV_KEYS:
+        raise ValueError(f"runtime_env {sorted(unsupported)} can be set for the whole job only, in "
+                         "lumos.init(runtime_env=...); a task's or actor's runtime_env takes env_vars")
     if unsupported:
-        raise ValueError(f"runtime_env keys {sorted(unsupported)} are not supported; lumos supports env_vars")
+        raise ValueError(f"runtime_env keys {sorted(unsupported)} are not supported; lumos supports "
+                         + ("env_vars, working_dir and excludes" if job else "env_vars"))
     env = runtime_env.get("env_vars")
     if env is None:
         return None

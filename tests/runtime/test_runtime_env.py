@@ -94,3 +94,4 @@ def test_bad_runtime_env_is_refused_clearly(job_env_cluster: Any) -> None:
         env_of.options(runtime_env="A=1")
     with pytest.raises(ValueError, match="'='"):
         env_of.options(runtime_env={"env_vars": {"A=B": "1"}})
+

@@ -90,7 +90,8 @@ class CoreWorker:
     def __init__(self, *, mode: int, config: Config, token: bytes, gcs_address: tuple[str, int],
                  raylet_socket: str, session_dir: str, node_id: bytes, store_dir: str,
                  worker_id: bytes, node_ip: str = "127.0.0.1", namespace: str = "",
-                 entrypoint: str = "", job_env_vars: dict[str, str] | None = None) -> None:
+                 entrypoint: str = "", job_env_vars: dict[str, str] | None = None,
+                 job_package: tuple[str, bytes] | None = None) -> None:
         self.mode = mode
         self.config = config
         self.token = token
@@ -104,6 +105,8 @@ class CoreWorker:
         self.entrypoint = entrypoint
         #: Drivers: the job's environment variables (``init(runtime_env=...)``).
         self.job_env_vars = job_env_vars
+        #: Drivers: the job's working_dir, zipped: (content hash, bytes); see working_dir.py.
+        self.job_package = job_package
         #: The running task's or actor's own environment variables, inherited by what it
         #: submits (Ray's runtime_env inheritance); None in drivers and plain tasks.
         self.inherited_env: dict[str, str] | None = None
@@ -252,7 +255,13 @@ class CoreWorker:
             self.job_id = job.job_id
             self.gcs.notify(m.Subscribe("logs", self.job_id))
             self.gcs.notify(m.Subscribe("errors", self.job_id))
-            await self.gcs.call(m.KvPut("job", self.job_id, _job_config(self.namespace, self.job_env_vars), True),
+            package_hash = None
+            if self.job_package is not None:
+                package_hash, data = self.job_package
+                await self.gcs.call(m.KvPut("pkg", package_hash.encode(), data, False), cfg.rpc_timeout_s)
+                self.job_package = None  # the GCS has it; do not keep the bytes
+            await self.gcs.call(m.KvPut("job", self.job_id, _job_config(self.namespace, self.job_env_vars,
+                                                                         package_hash), True),
                                   cfg.rpc_timeout_s)
         self.gcs.notify(m.Subscribe("workers", None))
         self.gcs.notify(m.Subscribe("nodes", None))
@@ -1882,7 +1891,7 @@ class CoreWorker:
                 "num_pending_tasks": len(self.tasks), "objects": objects, "store": self.store.stats()}
 
 
-def _job_config(namespace: str, env_vars: dict[str, str] | None = None) -> bytes:
+def _job_config(namespace: str, env_vars: dict[str, str] | None = None, working_dir: str | None = None) -> bytes:
     import json
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     main = sys.modules.get("__main__")
@@ -1890,7 +1899,7 @@ def _job_config(namespace: str, env_vars: dict[str, str] | None = None) -> bytes
     if main_file:
         paths.insert(0, os.path.dirname(os.path.abspath(main_file)))
     return json.dumps({"cwd": os.getcwd(), "sys_path": [os.getcwd()] + paths, "namespace": namespace,
-                       "env_vars": env_vars or {}}).encode()
+                       "env_vars": env_vars or {}, "working_dir": working_dir}).encode()
 
 
 def _error_text(reply: m.TaskReply) -> str:

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+import zipfile
 from typing import Any, Callable
 
 from lumos import exceptions as exc
@@ -218,7 +219,11 @@ class Executor:
             self._cancelled.discard(spec.task_id)
             return self._system_reply(spec, "cancelled before it started", "cancelled")
         start = time.time()
-        self._bind_job(spec.job_id)
+        try:
+            self._bind_job(spec.job_id)
+        except exc.LumosSystemError as e:
+            return m.TaskReply(spec.task_id, self._error_returns(spec, self._task_error_blob(spec, e)), True, False,
+                               [], cw.worker_id, start, time.time())
         self._running = spec
         self._running_root = spec.root_task_id
         self._cancel_requested = None
@@ -346,11 +351,41 @@ class Executor:
             if path not in sys.path and os.path.isdir(path):
                 sys.path.insert(0, path)
         cwd = conf.get("cwd")
+        package = conf.get("working_dir")
+        if package:
+            try:
+                cwd = self._working_dir(str(package))
+            except BaseException:
+                self._jobs_bound.discard(job_id)  # the next task tries again
+                raise
+            if cwd in sys.path:
+                sys.path.remove(cwd)
+            sys.path.insert(0, cwd)
         if cwd and os.path.isdir(cwd):
             try:
                 os.chdir(cwd)
             except OSError:
                 pass
+
+    def _working_dir(self, package: str) -> str:
+        """The job's working_dir on this node: unpacked from the GCS once per node."""
+        from lumos._private import working_dir
+        if not package.isalnum():
+            raise exc.LumosSystemError(f"malformed working_dir package id {package!r}")
+        target = os.path.join(self.cw.session_dir, "runtime_resources", f"working_dir_{package}")
+        if os.path.isdir(target):
+            return target
+        try:
+            data = self.cw.call_gcs(m.KvGet("pkg", package.encode(), 5.0), 60.0)
+        except (TimeoutError, RemoteError, ConnectionLost) as e:
+            raise exc.LumosSystemError(f"could not fetch the job's working_dir from the GCS: {e}") from None
+        if not data:
+            raise exc.LumosSystemError("the job's working_dir is not in the GCS (was its driver's upload lost?)")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        try:
+            return working_dir.unpack(data, target)
+        except (OSError, ValueError, zipfile.BadZipFile) as e:
+            raise exc.LumosSystemError(f"could not unpack the job's working_dir: {e}") from None
 
     def _function(self, spec: m.TaskSpec) -> Any:
         if spec.kind == 2:
