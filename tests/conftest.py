@@ -86,16 +86,21 @@ def start(**kwargs: Any) -> lumos.LumosContext:
     return lumos.init(_system_config=config, **kwargs)
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[lumos.LumosContext]:
-    """A shared 2-CPU cluster for tests that do not break things."""
-    ctx = start()
+def running_cluster(**kwargs: Any) -> Iterator[lumos.LumosContext]:
+    """Body of a cluster fixture: ``start(**kwargs)``, then shut down and check for leaks."""
+    ctx = start(**kwargs)
     session = ctx.address_info["session_dir"]
     try:
         yield ctx
     finally:
         lumos.shutdown()
         check_no_leaks(session)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[lumos.LumosContext]:
+    """A shared 2-CPU cluster for tests that do not break things."""
+    yield from running_cluster()
 
 
 @pytest.fixture

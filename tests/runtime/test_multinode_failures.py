@@ -13,6 +13,18 @@ from lumos.testing import Cluster
 from tests.conftest import TEST_CONFIG, check_no_leaks, wait_for
 
 
+@lumos.remote(resources={"far": 1})
+def make(seed: int) -> Any:
+    import numpy as np
+    return np.random.default_rng(seed).random(500_000)  # 4 MB: kept in the node's store
+
+
+def _kill(cluster: Cluster, node: Any) -> None:
+    """Kill ``node`` without grace and wait until the cluster counts it dead."""
+    cluster.remove_node(node)
+    wait_for(lambda: not [n for n in lumos.nodes() if n["NodeID"] == node.node_id and n["Alive"]], 10)
+
+
 @pytest.mark.slow
 def test_object_on_a_dead_node_raises_object_lost() -> None:
     import numpy as np
@@ -121,10 +133,6 @@ def test_value_lost_with_its_node_is_rebuilt_from_lineage() -> None:
         cluster.connect()
 
         @lumos.remote(resources={"far": 1})
-        def make(seed: int) -> Any:
-            return np.random.default_rng(seed).random(500_000)  # 4 MB: kept in the node's store
-
-        @lumos.remote(resources={"far": 1})
         def double(a: Any) -> Any:
             return a * 2
 
@@ -136,8 +144,7 @@ def test_value_lost_with_its_node_is_rebuilt_from_lineage() -> None:
         chained = double.remote(base)  # its argument is lost with it: rebuilt first
         single = once.remote()
         lumos.wait([base, chained, single], num_returns=3, timeout=60)
-        cluster.remove_node(doomed)
-        wait_for(lambda: not [n for n in lumos.nodes() if n["NodeID"] == doomed.node_id and n["Alive"]], 10)
+        _kill(cluster, doomed)
         replacement = cluster.add_node(num_cpus=1, resources={"far": 1})
 
         @lumos.remote
@@ -180,10 +187,6 @@ def test_borrowers_and_queued_calls_get_a_lost_value_rebuilt_by_its_owner(tmp_pa
         doomed = cluster.add_node(num_cpus=1, resources={"far": 1})
         cluster.connect()
 
-        @lumos.remote(resources={"far": 1})
-        def make(seed: int) -> Any:
-            return np.random.default_rng(seed).random(500_000)  # 4 MB: kept in the node's store
-
         @lumos.remote(num_cpus=0, resources={"home": 1})
         class Holder:
             def hold(self, refs: list[Any]) -> bool:
@@ -211,8 +214,7 @@ def test_borrowers_and_queued_calls_get_a_lost_value_rebuilt_by_its_owner(tmp_pa
         # Sent to the actor now, with the argument's location; it runs after the node died.
         queued = holder.total_of.remote(as_arg)
         later = holder.total_borrowed.remote()
-        cluster.remove_node(doomed)
-        wait_for(lambda: not [n for n in lumos.nodes() if n["NodeID"] == doomed.node_id and n["Alive"]], 10)
+        _kill(cluster, doomed)
         replacement = cluster.add_node(num_cpus=1, resources={"far": 1})
         gate.write_text("go")
         lumos.get(blocker, timeout=30)
@@ -243,10 +245,6 @@ def test_rebuild_on_a_node_that_holds_a_copy_uses_the_copy() -> None:
         doomed = cluster.add_node(num_cpus=1, resources={"far": 1})
         cluster.connect()
 
-        @lumos.remote(resources={"far": 1})
-        def make(seed: int) -> Any:
-            return np.random.default_rng(seed).random(500_000)  # 4 MB: kept in the node's store
-
         @lumos.remote
         def total(a: Any) -> float:
             return float(a.sum())
@@ -258,8 +256,7 @@ def test_rebuild_on_a_node_that_holds_a_copy_uses_the_copy() -> None:
         expected = pytest.approx(float(np.random.default_rng(3).random(500_000).sum()))
         # The survivor pulls a copy of the value into its own store.
         assert lumos.get(total.options(scheduling_strategy=there).remote(value), timeout=60) == expected
-        cluster.remove_node(doomed)
-        wait_for(lambda: not [n for n in lumos.nodes() if n["NodeID"] == doomed.node_id and n["Alive"]], 10)
+        _kill(cluster, doomed)
         # make runs again on the survivor, whose store already holds the value: that is the result.
         assert float(lumos.get(value, timeout=60).sum()) == expected
         rows = [r for r in lumos.state.list_tasks() if r["name"].endswith("make")]

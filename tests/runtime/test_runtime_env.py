@@ -9,20 +9,14 @@ from typing import Any, Iterator
 import pytest
 
 import lumos
-from tests.conftest import check_no_leaks, start
+from tests.conftest import running_cluster
 
 NAMES = ("JOB_VAR", "SHARED", "TASK_VAR", "PARENT")
 
 
 @pytest.fixture(scope="module")
 def job_env_cluster() -> Iterator[lumos.LumosContext]:
-    ctx = start(runtime_env={"env_vars": {"JOB_VAR": "job", "SHARED": "job"}})
-    session = ctx.address_info["session_dir"]
-    try:
-        yield ctx
-    finally:
-        lumos.shutdown()
-        check_no_leaks(session)
+    yield from running_cluster(runtime_env={"env_vars": {"JOB_VAR": "job", "SHARED": "job"}})
 
 
 @lumos.remote

@@ -186,23 +186,20 @@ class ActorHost:
     async def _stream_async(self, conn: Connection, spec: m.TaskSpec, result: Any, start: float) -> m.TaskReply:
         """A generator method of an async actor (``async def`` with ``yield``, or a plain
         generator): send each value as it comes, on the actor's loop."""
+        if not hasattr(result, "__anext__"):
+            return self._stream_sync(conn, spec, result, start)
         sent = 0
         try:
-            if hasattr(result, "__anext__"):
-                async for value in result:
-                    self.ex.send_stream_item(conn, spec, sent, value)
-                    sent += 1
-            else:
-                for value in result:
-                    self.ex.send_stream_item(conn, spec, sent, value)
-                    sent += 1
+            async for value in result:
+                self.ex.send_stream_item(conn, spec, sent, value)
+                sent += 1
         except Exception as e:
             return self.ex._failed_reply(spec, e, start, sent)
         return m.TaskReply(spec.task_id, [], False, False, self.ex._still_borrowed(), self.cw.worker_id,
                            start, time.time())
 
-    def _stream_threaded(self, conn: Connection, spec: m.TaskSpec, result: Any, start: float) -> m.TaskReply:
-        """A generator method of a threaded actor: send each value as it comes."""
+    def _stream_sync(self, conn: Connection, spec: m.TaskSpec, result: Any, start: float) -> m.TaskReply:
+        """A plain generator method of a threaded or async actor: send each value as it comes."""
         sent = 0
         try:
             for value in result:
@@ -228,7 +225,7 @@ class ActorHost:
         try:
             result = method(*args, **kwargs)
             if spec.num_returns == -1:
-                reply = self._stream_threaded(conn, spec, result, start)
+                reply = self._stream_sync(conn, spec, result, start)
             else:
                 reply = self.ex._success_reply(spec, result, start)
         except SystemExit as e:

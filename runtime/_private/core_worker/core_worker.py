@@ -1605,27 +1605,24 @@ class CoreWorker:
                 self._run_callbacks(ret.object_id, e)
         if orphans and self.raylet is not None:
             self.raylet.notify(m.FreeObjects(orphans, [False] * len(orphans)))
-        state = "FAILED" if reply.app_error else "FINISHED"
-        self._events.append((spec.task_id, spec.attempt, state, reply.end_time or time.time(), None,
-                             None, reply.worker_id, _error_text(reply) if reply.app_error else None))
         if spec.kind == 0 and not reply.app_error and task.retries_left != 0:
             self._keep_lineage(task, reply)  # (streaming tasks end in _finish_stream: no lineage)
-        if reply.borrowed:
-            executor = (task.lease.address if task.lease is not None
-                        else self.actor_submitter.address_of(spec.actor_id or b""))
-            self._spawn(self._register_borrowers(task, reply.borrowed, executor), "borrowers")
-        else:
-            self._release_args(task)
+        self._task_done(task, reply)
 
     def _finish_stream(self, task: PendingTask, reply: m.TaskReply) -> None:
         task.state = DONE
         self.tasks.pop(task.spec.task_id, None)
-        spec = task.spec
-        stream = self.streams.get(spec.task_id)
+        stream = self.streams.get(task.spec.task_id)
         if stream is not None:
             for ret in reply.returns:  # the error that ended it, if any
                 self._stream_item(stream, return_index(ret.object_id) - 1, ret)
         self._end_stream(task)
+        self._task_done(task, reply)
+
+    def _task_done(self, task: PendingTask, reply: m.TaskReply) -> None:
+        """A task finished (its values recorded): its event, then its arguments' release
+        (after the executor's borrowed refs are registered with their owners)."""
+        spec = task.spec
         state = "FAILED" if reply.app_error else "FINISHED"
         self._events.append((spec.task_id, spec.attempt, state, reply.end_time or time.time(), None,
                              None, reply.worker_id, _error_text(reply) if reply.app_error else None))
