@@ -144,6 +144,13 @@ _IGNORED_INIT_ARGS = {"logging_level", "logging_format", "configure_logging", "l
                       "log_to_driver", "_metrics_export_port", "storage"}
 
 
+def _hint(value: Any) -> str:
+    from lumos.generator import ObjectRefGenerator
+    if isinstance(value, ObjectRefGenerator):
+        return " (a streaming task: iterate it, `for ref in gen`, to get one ref per value)"
+    return ""
+
+
 def _check_number(name: str, value: Any) -> None:
     if value is None:
         return
@@ -359,11 +366,12 @@ def get(object_refs: ObjectRef | Sequence[ObjectRef], *, timeout: float | None =
     if isinstance(object_refs, ObjectRef):
         return cw.get([object_refs], timeout)[0]
     if not isinstance(object_refs, (list, tuple)):
-        raise TypeError(f"get() expects an ObjectRef or a list of ObjectRefs, got {type(object_refs).__name__}")
+        raise TypeError(f"get() expects an ObjectRef or a list of ObjectRefs, got "
+                        f"{type(object_refs).__name__}{_hint(object_refs)}")
     refs = list(object_refs)
     for r in refs:
         if not isinstance(r, ObjectRef):
-            raise TypeError(f"get() expects a list of ObjectRefs, but it contains a {type(r).__name__}")
+            raise TypeError(f"get() expects a list of ObjectRefs, but it contains a {type(r).__name__}{_hint(r)}")
     return cw.get(refs, timeout)
 
 
@@ -382,7 +390,7 @@ def wait(object_refs: Sequence[ObjectRef], *, num_returns: int = 1, timeout: flo
     add = ids.add
     for r in refs:
         if r.__class__ is not ObjectRef and not isinstance(r, ObjectRef):
-            raise TypeError(f"wait() expects a list of ObjectRefs, but it contains a {type(r).__name__}")
+            raise TypeError(f"wait() expects a list of ObjectRefs, but it contains a {type(r).__name__}{_hint(r)}")
         add(r._id)
     if len(ids) != len(refs):
         raise ValueError("wait() requires a list of unique ObjectRefs")

@@ -158,6 +158,8 @@ def test_streaming_option_and_refusals(cluster: Any) -> None:
         agen.remote()
     with pytest.raises(TypeError, match="cannot be passed"):
         pickle.dumps(count.remote(1))
+    with pytest.raises(TypeError, match="iterate it"):
+        lumos.get(count.remote(1))
 
 
 def test_a_dropped_generator_releases_its_values(cluster: Any) -> None:
