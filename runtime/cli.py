@@ -71,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--no-dashboard", dest="no_dashboard", action="store_true")
     start.add_argument("--dashboard-host", default="127.0.0.1")
     start.add_argument("--dashboard-port", type=int, default=8265)
-    start.add_argument("--gcs-storage", default="memory", help="GCS storage: memory or redis://...")
+    start.add_argument("--gcs-storage", default="memory",
+                       help="GCS storage: memory (Redis-backed storage is not available yet)")
     start.add_argument("--system-config", default=None, help="JSON overrides of lumos Config fields")
     start.add_argument("--block", action="store_true", help="stay in the foreground; Ctrl-C stops the node")
     start.set_defaults(func=cmd_start)
@@ -164,6 +165,12 @@ def cmd_start(args: argparse.Namespace) -> int:
         res = node_resources(args.num_cpus, args.num_gpus, resources, args.memory)
     except (ValueError, TypeError) as e:
         raise _CliError(str(e)) from None
+    if args.gcs_storage != "memory":
+        from lumos._private.gcs.storage import check_storage_url
+        try:
+            check_storage_url(args.gcs_storage)
+        except ValueError as e:
+            raise _CliError(f"--gcs-storage: {e}") from None
     ip = args.node_ip_address
     res[f"node:{ip}"] = 1.0
 

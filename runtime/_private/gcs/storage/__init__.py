@@ -1,7 +1,9 @@
-"""Where the GCS keeps its tables: an interface with in-memory and Redis backends.
+"""Where the GCS keeps its tables: an interface, with an in-memory backend.
 
-Keys and values are bytes; tables are names. The GCS keeps a hot copy of every table
-in memory and writes through, so a backend only needs to be durable, not fast.
+Keys and values are bytes; tables are names. The GCS keeps a hot copy of its tables in
+memory and writes the node and KV tables through, so a backend only needs to be
+durable, not fast. A Redis backend (for a GCS that restarts and recovers its tables,
+with clients that reconnect) is planned and not built: asking for it is an error.
 """
 
 from __future__ import annotations
@@ -28,12 +30,18 @@ class GcsStorage(abc.ABC):
         return None
 
 
-def create_storage(url: str) -> GcsStorage:
-    """``memory`` (default) or ``redis://host:port[,host:port...]``."""
+def check_storage_url(url: str) -> None:
+    """Raise ValueError unless ``url`` names a storage this version has."""
     if url in ("", "memory"):
-        from lumos._private.gcs.storage.memory import InMemoryStorage
-        return InMemoryStorage()
+        return
     if url.startswith("redis://"):
-        from lumos._private.gcs.storage.redis_storage import RedisStorage  # type: ignore[import-not-found]
-        return RedisStorage(url)  # type: ignore[no-any-return]
-    raise ValueError(f"unknown GCS storage {url!r}; use 'memory' or 'redis://host:port'")
+        raise ValueError("Redis-backed GCS storage (a GCS that restarts and recovers its tables) is "
+                         "not available in this version of lumos; the GCS keeps its tables in memory")
+    raise ValueError(f"unknown GCS storage {url!r}; use 'memory'")
+
+
+def create_storage(url: str) -> GcsStorage:
+    """The storage named by ``url``: ``memory`` (the default) is the one there is."""
+    check_storage_url(url)
+    from lumos._private.gcs.storage.memory import InMemoryStorage
+    return InMemoryStorage()
