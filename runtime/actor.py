@@ -48,6 +48,9 @@ def method(*args: Any, **options: Any) -> Callable[[Any], Any]:
         raise ValueError(f"invalid option(s) {sorted(unknown)} for @lumos.method; valid: {sorted(_METHOD_OPTIONS)}")
     if "num_returns" in options:
         opts_mod.OPTIONS["num_returns"].check("num_returns", options["num_returns"])
+    group = options.get("concurrency_group")
+    if group is not None and (not isinstance(group, str) or not group):
+        raise TypeError("concurrency_group must be a group name (a non-empty str)")
 
     def decorate(fn: Any) -> Any:
         fn.__lumos_method_options__ = dict(options)
@@ -138,6 +141,7 @@ class ActorClass:
             "name": name or "", "namespace": namespace, "detached": detached,
             "max_restarts": o["max_restarts"] or 0, "get_if_exists": bool(o["get_if_exists"]),
             "max_concurrency": o["max_concurrency"], "checkpoint_interval": o["checkpoint_interval"],
+            "concurrency_groups": o["concurrency_groups"],
             "class_name": cls.__name__, "handle_meta": pickle.dumps(meta),
         }
         actor_id = random_id(16)
@@ -229,7 +233,8 @@ class ActorHandle:
             raise exc.PendingCallsLimitExceeded(
                 f"actor {self._class_name} has {limit} calls pending (max_pending_calls={limit})")
         template = self._templates_get(name, options)
-        refs = cw.submit_task(template, args, kwargs, (self._actor_id, next(self._seq), cw.worker_id, None))
+        refs = cw.submit_task(template, args, kwargs, (self._actor_id, next(self._seq), cw.worker_id,
+                                                       options.get("concurrency_group")))
         n = template.num_returns
         if n == 1 or n == -1:  # -1: an ObjectRefGenerator
             return refs[0]
@@ -279,6 +284,9 @@ class ActorMethod:
         unknown = set(options) - _METHOD_OPTIONS
         if unknown:
             raise ValueError(f"invalid option(s) {sorted(unknown)} for an actor method")
+        group = options.get("concurrency_group")
+        if group is not None and (not isinstance(group, str) or not group):
+            raise TypeError("concurrency_group must be a group name (a non-empty str)")
         merged = dict(self._options)
         merged.update(options)
         return ActorMethod(self._handle, self._name, merged)

@@ -96,6 +96,14 @@ def _bool(name: str, v: Any) -> None:
         raise TypeError(f"{name} must be a bool, not {type(v).__name__}")
 
 
+def _concurrency_groups(name: str, v: Any) -> None:
+    if v is None:
+        return
+    if not isinstance(v, dict) or not all(isinstance(k, str) and k and isinstance(n, int)
+                                          and not isinstance(n, bool) and n >= 1 for k, n in v.items()):
+        raise TypeError("concurrency_groups must be a dict of group name -> number of calls at once (int >= 1)")
+
+
 def _anything(name: str, v: Any) -> None:
     return None
 
@@ -170,7 +178,8 @@ OPTIONS: dict[str, Option] = {
     "checkpoint_interval": Option(_int_at_least(1), None, 1, _A,
                                   "calls between checkpoints (classes with __lumos_checkpoint__)"),
     "max_pending_calls": Option(_int_at_least(-1), None, -1, _A, "calls queued before raising"),
-    "concurrency_groups": Option(_anything, None, None, _A, "accepted for Ray compatibility"),
+    "concurrency_groups": Option(_concurrency_groups, None, None, _A,
+                                 "named groups of calls, name -> how many run at once"),
     "placement_group": Option(_anything, None, None, _BOTH, "legacy: use scheduling_strategy"),
     "placement_group_bundle_index": Option(_int_at_least(-1), None, None, _BOTH, "legacy"),
     "placement_group_capture_child_tasks": Option(_anything, None, None, _BOTH, "legacy"),

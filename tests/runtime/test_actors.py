@@ -472,6 +472,69 @@ def test_cancel_of_a_sync_actor_call_sets_a_flag_and_drops_queued_calls(cluster:
         lumos.get_runtime_context().is_canceled()
 
 
+def test_concurrency_groups_limit_each_group_on_its_own(cluster: lumos.LumosContext) -> None:
+    @lumos.remote(concurrency_groups={"io": 3, "compute": 1})
+    class Service:
+        def __init__(self) -> None:
+            self.running: dict[str, int] = {}
+            self.peak: dict[str, int] = {}
+
+        async def _work(self, group: str) -> None:
+            self.running[group] = self.running.get(group, 0) + 1
+            self.peak[group] = max(self.peak.get(group, 0), self.running[group])
+            await asyncio.sleep(0.1)
+            self.running[group] -= 1
+
+        @lumos.method(concurrency_group="io")
+        async def fetch(self) -> None:
+            await self._work("io")
+
+        @lumos.method(concurrency_group="compute")
+        async def crunch(self) -> None:
+            await self._work("compute")
+
+        async def other(self) -> None:
+            await self._work("default")
+
+        async def peaks(self) -> dict[str, int]:
+            return dict(self.peak)
+
+    s = Service.remote()
+    refs = ([s.fetch.remote() for _ in range(9)] + [s.crunch.remote() for _ in range(3)]
+            + [s.other.remote() for _ in range(5)] + [s.other.options(concurrency_group="io").remote()])
+    lumos.get(refs, timeout=60)
+    peaks = lumos.get(s.peaks.remote(), timeout=30)
+    assert peaks["io"] == 3 and peaks["compute"] == 1 and peaks["default"] == 5, peaks
+    with pytest.raises(ValueError, match="not defined"):
+        lumos.get(s.other.options(concurrency_group="nope").remote(), timeout=30)
+
+    @lumos.remote(concurrency_groups={"slow": 2})  # a sync class: its groups run on threads
+    class Threads:
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+            self.running = self.peak = 0
+
+        @lumos.method(concurrency_group="slow")
+        def slow(self) -> None:
+            with self.lock:
+                self.running += 1
+                self.peak = max(self.peak, self.running)
+            time.sleep(0.1)
+            with self.lock:
+                self.running -= 1
+
+        def quick(self) -> int:
+            return self.peak
+
+    t = Threads.remote()
+    pending = [t.slow.remote() for _ in range(6)]
+    assert lumos.get(t.quick.remote(), timeout=30) <= 2  # the default group is not behind them
+    lumos.get(pending, timeout=60)
+    assert lumos.get(t.quick.remote(), timeout=30) == 2
+    with pytest.raises(TypeError, match="concurrency_groups"):
+        Threads.options(concurrency_groups={"x": 0})
+
+
 def test_threaded_actor(cluster: lumos.LumosContext) -> None:
     @lumos.remote(max_concurrency=4)
     class Threaded:

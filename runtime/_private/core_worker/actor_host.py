@@ -57,7 +57,10 @@ class ActorHost:
         self.is_async = is_async_class(cls)
         limit = opts.get("max_concurrency")
         self.max_concurrency = int(limit) if limit else (1000 if self.is_async else 1)
-        self.concurrent = self.is_async or self.max_concurrency > 1
+        #: Named groups of calls: name -> how many of its calls run at once (Ray's
+        #: concurrency groups); other calls share the default group, max_concurrency.
+        self.groups: dict[str, int] = dict(opts.get("concurrency_groups") or {})
+        self.concurrent = self.is_async or self.max_concurrency > 1 or bool(self.groups)
         self.checkpointing = (callable(getattr(instance, "__lumos_checkpoint__", None))
                               and callable(getattr(instance, "__lumos_restore__", None)))
         self.checkpoint_interval = max(1, int(opts.get("checkpoint_interval") or 1))
@@ -68,6 +71,8 @@ class ActorHost:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sem: asyncio.Semaphore | None = None
+        self._group_sems: dict[str, asyncio.Semaphore] = {}
+        self._group_pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
         #: Task id -> the asyncio task running (or waiting to run) that call (async actors).
         self._async_calls: dict[bytes, asyncio.Task[Any]] = {}
         if self.is_async:
@@ -75,6 +80,8 @@ class ActorHost:
         elif self.concurrent:
             self._pool = concurrent.futures.ThreadPoolExecutor(self.max_concurrency,
                                                                thread_name_prefix="lumos-actor")
+            self._group_pools = {name: concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix=f"lumos-{name}")
+                                 for name, n in self.groups.items()}
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -122,6 +129,7 @@ class ActorHost:
             asyncio.set_event_loop(loop)
             self._loop = loop
             self._sem = asyncio.Semaphore(self.max_concurrency)
+            self._group_sems = {name: asyncio.Semaphore(n) for name, n in self.groups.items()}
             ready.set()
             loop.run_forever()
 
@@ -139,18 +147,25 @@ class ActorHost:
             return
         try:
             method = ex._function(spec)
+            group = spec.actor_options  # a call's concurrency group, when it names one
+            if group is not None and (type(group) is not str or group not in self.groups):
+                raise ValueError(f"concurrency group {group!r} is not defined for {self.class_name} "
+                                 f"(it has {sorted(self.groups) or 'none'})")
             args, kwargs = ex._resolve_args(spec)
         except Exception as e:
             self.cw.send_reply(conn, ex._failed_reply(spec, e, start))
             return
         if self._loop is not None:
-            asyncio.run_coroutine_threadsafe(self._run_async(conn, spec, method, args, kwargs), self._loop)
+            sem = self._group_sems[group] if group is not None else self._sem
+            asyncio.run_coroutine_threadsafe(self._run_async(conn, spec, method, args, kwargs, sem), self._loop)
         else:
-            assert self._pool is not None
-            self._pool.submit(self._run_threaded, conn, spec, method, args, kwargs)
+            pool = self._group_pools[group] if group is not None else self._pool
+            assert pool is not None
+            pool.submit(self._run_threaded, conn, spec, method, args, kwargs)
 
-    async def _run_async(self, conn: Connection, spec: m.TaskSpec, method: Any, args: Any, kwargs: Any) -> None:
-        assert self._sem is not None
+    async def _run_async(self, conn: Connection, spec: m.TaskSpec, method: Any, args: Any, kwargs: Any,
+                         sem: asyncio.Semaphore | None) -> None:
+        assert sem is not None
         me = asyncio.current_task()
         assert me is not None
         if spec.task_id in self.ex._cancelled:  # cancelled between dispatch and now
@@ -160,7 +175,7 @@ class ActorHost:
         self._async_calls[spec.task_id] = me
         start = time.time()
         try:
-            async with self._sem:
+            async with sem:
                 start = time.time()
                 self.cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, self.cw.node_id,
                                      self.cw.worker_id)

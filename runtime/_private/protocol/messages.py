@@ -190,7 +190,8 @@ class TaskSpec:
     actor_id: bytes | None = None
     sequence_no: int = 0
     caller_id: bytes | None = None
-    #: Extra options for actor creation (max_concurrency, ...), or None.
+    #: Actor creation: extra options (max_concurrency, concurrency_groups, ...). Actor
+    #: call: the name of its concurrency group, or None for the default group.
     actor_options: Any = None
     #: Root task of the driver call tree, used to route output to a notebook cell.
     #: (``num_returns`` is -1 for a streaming generator: see ``GeneratorItem``.)
@@ -678,7 +679,7 @@ class RegisterActor:
     """Create an actor from its creation task (``spec.kind == 1``); returns ``ActorInfo``.
 
     ``spec.actor_options`` holds name, namespace, detached, max_restarts, get_if_exists,
-    max_concurrency, checkpoint_interval, class_name and handle_meta.
+    max_concurrency, concurrency_groups, checkpoint_interval, class_name and handle_meta.
     """
 
     spec: TaskSpec
