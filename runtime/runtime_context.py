@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from lumos._private import worker_context
@@ -66,15 +65,16 @@ class RuntimeContext:
         actor method is not interrupted by ``cancel()``: it can poll this to stop early.
 
         Raises:
-            RuntimeError: called from a driver, or from an async or threaded actor's call
-                (an async actor's call is cancelled as an asyncio task instead).
+            RuntimeError: called from a driver, or from an async actor's call (which is
+                cancelled as an asyncio task instead).
         """
         cw = worker_context.require()
         ex = cw.executor
-        if not worker_context.is_worker or ex is None or not ex.running_task() \
-                or threading.get_ident() != ex._main_ident:
-            raise RuntimeError("is_canceled() works inside a task or a sync actor's method only")
-        return bool(ex.is_canceled())
+        flag = ex.is_canceled() if worker_context.is_worker and ex is not None else None
+        if flag is None:
+            raise RuntimeError("is_canceled() works inside a task or a sync or threaded actor's method "
+                               "only (an async actor's call is cancelled as an asyncio task)")
+        return flag
 
     @property
     def runtime_env(self) -> dict[str, Any]:

@@ -471,6 +471,28 @@ def test_cancel_of_a_sync_actor_call_sets_a_flag_and_drops_queued_calls(cluster:
     with pytest.raises(RuntimeError, match="inside a task"):
         lumos.get_runtime_context().is_canceled()
 
+    @lumos.remote(max_concurrency=2)
+    class Threaded:
+        def run(self, marker: str) -> str:
+            with open(marker, "w") as f:
+                f.write("started")
+            ctx = lumos.get_runtime_context()
+            deadline = time.monotonic() + 30
+            while not ctx.is_canceled() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return "stopped" if ctx.is_canceled() else "timed out"
+
+        def other(self) -> bool:
+            return lumos.get_runtime_context().is_canceled()
+
+    th = Threaded.remote()
+    marker = tmp_path / "threaded"
+    running = th.run.remote(str(marker))
+    wait_for(marker.exists, 30)
+    lumos.cancel(running)
+    assert lumos.get(running, timeout=30) == "stopped"
+    assert lumos.get(th.other.remote(), timeout=30) is False  # the flag is per call
+
 
 def test_concurrency_groups_limit_each_group_on_its_own(cluster: lumos.LumosContext) -> None:
     @lumos.remote(concurrency_groups={"io": 3, "compute": 1})

@@ -73,6 +73,10 @@ class ActorHost:
         self._sem: asyncio.Semaphore | None = None
         self._group_sems: dict[str, asyncio.Semaphore] = {}
         self._group_pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+        #: Threaded actors: the call each pool thread runs (thread id -> task id), and the
+        #: running calls cancel() was asked for (they run on; is_canceled() says so).
+        self._thread_calls: dict[int, bytes] = {}
+        self._cancelled_running: set[bytes] = set()
         #: Task id -> the asyncio task running (or waiting to run) that call (async actors).
         self._async_calls: dict[bytes, asyncio.Task[Any]] = {}
         if self.is_async:
@@ -236,6 +240,12 @@ class ActorHost:
 
     def _run_threaded(self, conn: Connection, spec: m.TaskSpec, method: Any, args: Any, kwargs: Any) -> None:
         start = time.time()
+        if spec.task_id in self.ex._cancelled:  # cancelled while it waited for a thread
+            self.ex._cancelled.discard(spec.task_id)
+            self.cw.send_reply(conn, self.ex._system_reply(spec, "cancelled before it started", "cancelled"))
+            return
+        me = threading.get_ident()
+        self._thread_calls[me] = spec.task_id
         self.cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, self.cw.node_id, self.cw.worker_id)
         try:
             result = method(*args, **kwargs)
@@ -247,7 +257,23 @@ class ActorHost:
             reply = self._exit_reply(spec, e, start)
         except Exception as e:
             reply = self.ex._failed_reply(spec, e, start)
+        finally:
+            self._thread_calls.pop(me, None)
+            self._cancelled_running.discard(spec.task_id)
         self.cw.send_reply(conn, reply)
+
+    def cancel_threaded(self, task_id: bytes) -> bool:
+        """A threaded actor's running call: flag it, as Ray does (not interrupted). False
+        when no pool thread runs it."""
+        if task_id not in self._thread_calls.values():
+            return False
+        self._cancelled_running.add(task_id)
+        return True
+
+    def thread_call_canceled(self) -> bool | None:
+        """For the calling pool thread: was its call cancelled? None off a pool thread."""
+        task_id = self._thread_calls.get(threading.get_ident())
+        return None if task_id is None else task_id in self._cancelled_running
 
     def _exit_reply(self, spec: m.TaskSpec, e: SystemExit, start: float) -> m.TaskReply:
         from lumos import exceptions as exc

@@ -98,7 +98,7 @@ class Executor:
                 signal.pthread_kill(self._main_ident, signal.SIGINT)
             # An actor's running method is not interrupted (as in Ray: it would leave the
             # actor's state half-changed); it can poll get_runtime_context().is_canceled().
-        elif self.actor is not None and self.actor.cancel_call(task_id):
+        elif self.actor is not None and (self.actor.cancel_call(task_id) or self.actor.cancel_threaded(task_id)):
             if recursive:
                 self.cw.cancel_children(task_id, force)
         else:
@@ -127,11 +127,13 @@ class Executor:
     def running_task(self) -> bool:
         return self._running is not None
 
-    def is_canceled(self) -> bool:
-        """cancel() was called on the task or sync-actor call this (main) thread runs."""
-        running = self._running
-        return (running is not None and self._cancel_requested == running.task_id
-                and threading.get_ident() == self._main_ident)
+    def is_canceled(self) -> bool | None:
+        """cancel() was called on the task or actor call this thread runs; None when this
+        thread runs none (an async actor's loop, a thread of the user's)."""
+        if threading.get_ident() == self._main_ident:
+            running = self._running
+            return None if running is None else self._cancel_requested == running.task_id
+        return self.actor.thread_call_canceled() if self.actor is not None else None
 
     def current_root_task_id(self) -> bytes | None:
         return self._running_root
