@@ -127,6 +127,14 @@ class ObjectRefGenerator:
         raise TypeError("an ObjectRefGenerator cannot be passed to another task or stored; "
                         "pass the refs it yields (or a list of them) instead")
 
+    def _repr_html_(self) -> str:
+        """Notebook display: the task, whether it still runs, values arrived and taken."""
+        s = self._stream
+        state, colour = ("finished", "#1a7f37") if s.finished else ("running", "#1f6feb")
+        return (f"<span class='lumos-ref'><code>ObjectRefGenerator({s.task_id.hex()[:16]}…)</code> "
+                f"<span style='color:#666'><span style='color:{colour}'>{state}</span> · "
+                f"{s.count} value{'s' if s.count != 1 else ''} arrived · {s.taken} taken</span></span>")
+
     def __repr__(self) -> str:
         s = self._stream
         state = "finished" if s.finished else "running"

@@ -35,6 +35,8 @@ def test_a_generator_task_yields_refs_in_order(cluster: Any) -> None:
     assert all(isinstance(r, lumos.ObjectRef) for r in refs)
     assert lumos.get(refs, timeout=30) == [0, 1, 2, 3, 4]
     assert gen.is_finished()
+    assert "finished" in gen._repr_html_() and "5 values arrived · 5 taken" in gen._repr_html_()
+    assert "5/5 taken" in repr(gen)
     assert list(count.remote(0)) == []
 
 
@@ -238,3 +240,43 @@ def test_malformed_generator_items_are_refused(cluster: Any) -> None:
     # A well-formed item for a task this process does not run is dropped quietly.
     assert cw.run_sync(feed(m.GeneratorItem(tid, 0, good)), 10) == "accepted"
     assert lumos.get(list(count.remote(2)), timeout=30) == [0, 1]
+
+
+
+@pytest.mark.timeout(90)
+def test_an_actor_stream_stops_when_its_caller_dies(cluster: Any, tmp_path: Any) -> None:
+    progress = tmp_path / "progress"
+
+    @lumos.remote(num_cpus=0)
+    class Feeder:
+        def ticks(self, path: str) -> Iterator[int]:
+            i = 0
+            while True:
+                with open(path, "a") as f:
+                    f.write(".")
+                yield i
+                i += 1
+                time.sleep(0.01)
+
+        def alive(self) -> bool:
+            return True
+
+    @lumos.remote(num_cpus=0)
+    class Consumer:
+        def start(self, feeder: Any, path: str) -> int:
+            self.gen = feeder.ticks.remote(path)  # this actor owns the stream
+            return lumos.get(next(self.gen))
+
+    feeder, consumer = Feeder.remote(), Consumer.remote()
+    assert lumos.get(consumer.start.remote(feeder, str(progress)), timeout=30) == 0
+    lumos.kill(consumer)
+    size = lambda: progress.stat().st_size  # noqa: E731
+
+    def settled() -> bool:
+        before = size()
+        time.sleep(0.5)
+        return size() == before
+
+    wait_for(settled, 30)  # the feeder noticed its caller is gone and stopped the stream
+    assert settled()
+    assert lumos.get(feeder.alive.remote(), timeout=30)  # and serves other calls again

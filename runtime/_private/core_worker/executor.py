@@ -42,6 +42,10 @@ class _Cancelled(Exception):
     pass
 
 
+class _OwnerGone(Exception):
+    """A streaming call's owner went away: stop generating."""
+
+
 class Executor:
     def __init__(self, cw: CoreWorker) -> None:
         self.cw = cw
@@ -549,7 +553,13 @@ class Executor:
         return []
 
     def send_stream_item(self, conn: Connection, spec: m.TaskSpec, index: int, value: Any) -> None:
-        """Store a streaming call's ``index``-th value and send it to the owner (any thread)."""
+        """Store a streaming call's ``index``-th value and send it to the owner (any thread).
+
+        Raises:
+            _OwnerGone: the owner's connection closed; nobody will read more values.
+        """
+        if conn.is_closed:
+            raise _OwnerGone(f"the owner of {spec.name} is gone: the stream stops")
         third_party: dict[bytes, tuple[m.Address, list[bytes]]] = {}
         ret = self._return_object(spec, return_object_id(spec.task_id, index + 1), value, third_party)
         for owner, ids in third_party.values():
