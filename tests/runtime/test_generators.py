@@ -280,3 +280,25 @@ def test_an_actor_stream_stops_when_its_caller_dies(cluster: Any, tmp_path: Any)
     wait_for(settled, 30)  # the feeder noticed its caller is gone and stopped the stream
     assert settled()
     assert lumos.get(feeder.alive.remote(), timeout=30)  # and serves other calls again
+
+
+@pytest.mark.timeout(90)
+def test_a_retried_stream_that_fails_earlier_still_reports_its_error(cluster: Any, tmp_path: Any) -> None:
+    marker = tmp_path / "died-once"
+
+    @lumos.remote(max_retries=1)
+    def unsteady() -> Iterator[int]:
+        if marker.exists():
+            yield 0
+            raise RuntimeError("second run failed early")
+        for i in range(3):
+            yield i
+        marker.write_text("x")
+        time.sleep(0.5)  # the three values leave the worker
+        os._exit(1)  # then it dies: the task runs again
+
+    refs = list(unsteady.remote())
+    assert lumos.get(refs[:3], timeout=60) == [0, 1, 2]
+    with pytest.raises(RuntimeError, match="failed early"):
+        lumos.get(refs[3], timeout=60)
+    assert len(refs) == 4

@@ -37,7 +37,7 @@ from lumos._private.transport import eventloop
 from lumos._private.core_worker.references import FAILED, PENDING, READY, Freed, ObjectTable, Waiter
 from lumos._private.core_worker.tasks import (DONE, PUSHED, QUEUED, WAITING_ARGS, LeasedWorker,
                                               PendingTask, SchedulingQueue, TaskTemplate)
-from lumos._private.ids import (TASK_ID_SIZE, is_put_object, new_task_id, put_object_id, return_index,
+from lumos._private.ids import (TASK_ID_SIZE, is_put_object, new_task_id, put_object_id,
                                 return_object_id, short, task_id_of)
 from lumos._private.object_store.client import StoreClient
 from lumos._private.protocol import messages as m
@@ -1612,11 +1612,10 @@ class CoreWorker:
     def _finish_stream(self, task: PendingTask, reply: m.TaskReply) -> None:
         task.state = DONE
         self.tasks.pop(task.spec.task_id, None)
-        stream = self.streams.get(task.spec.task_id)
-        if stream is not None:
-            for ret in reply.returns:  # the error that ended it, if any
-                self._stream_item(stream, return_index(ret.object_id) - 1, ret)
-        self._end_stream(task)
+        # The error that ended it, if any, becomes the value after the last one delivered
+        # (a retried run may fail before reaching the values an earlier run sent).
+        error = reply.returns[0].data if reply.app_error and reply.returns else None
+        self._end_stream(task, error)
         self._task_done(task, reply)
 
     def _task_done(self, task: PendingTask, reply: m.TaskReply) -> None:
