@@ -37,6 +37,10 @@ def test_a_generator_task_yields_refs_in_order(cluster: Any) -> None:
     assert gen.is_finished()
     assert "finished" in gen._repr_html_() and "5 values arrived · 5 taken" in gen._repr_html_()
     assert "5/5 taken" in repr(gen)
+    # The task graph and the state API see the values it made.
+    row = wait_for(lambda: [r for r in lumos.state.list_tasks()
+                            if r["task_id"] == refs[0].task_id().hex() and r["state"] == "FINISHED"], 10)
+    assert row[0]["return_object_ids"] == [r.hex() for r in refs]
     assert list(count.remote(0)) == []
 
 

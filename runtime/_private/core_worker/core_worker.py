@@ -50,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 DRIVER, WORKER = 0, 1
 _STATUS_PENDING, _STATUS_READY, _STATUS_FREED, _STATUS_LOST = 0, 1, 2, 3
+#: A finished streaming task's event names at most this many of its values.
+STREAM_IDS_IN_EVENTS = 1000
 #: Argument bytes of the lineage one process keeps; tasks beyond it cannot be rebuilt.
 LINEAGE_MAX_BYTES = 256 * 1024 * 1024
 
@@ -1550,17 +1552,18 @@ class CoreWorker:
             stream.count = index + 1
             stream.cond.notify_all()
 
-    def _end_stream(self, task: PendingTask, error_blob: bytes | None = None) -> None:
+    def _end_stream(self, task: PendingTask, error_blob: bytes | None = None) -> GeneratorStream | None:
         """A streaming task ended; an error becomes the value after the last one (io thread)."""
         stream = self.streams.pop(task.spec.task_id, None)
         if stream is None:
-            return
+            return None
         if error_blob is not None:
             oid = return_object_id(task.spec.task_id, stream.count + 1)
             self._stream_item(stream, stream.count, m.ReturnObject(oid, error_blob, len(error_blob), None, []))
         with stream.cond:
             stream.finished = True
             stream.cond.notify_all()
+        return stream
 
     def drop_stream(self, stream: GeneratorStream) -> None:
         """The user's generator went away: release the values it did not take (io thread).
@@ -1615,15 +1618,18 @@ class CoreWorker:
         # The error that ended it, if any, becomes the value after the last one delivered
         # (a retried run may fail before reaching the values an earlier run sent).
         error = reply.returns[0].data if reply.app_error and reply.returns else None
-        self._end_stream(task, error)
-        self._task_done(task, reply)
+        stream = self._end_stream(task, error)
+        # The values it made, for the task graph and the state API (the first ones only:
+        # a graph of more would not be read).
+        made = min(stream.count, STREAM_IDS_IN_EVENTS) if stream is not None else 0
+        self._task_done(task, reply, {"returns": [return_object_id(task.spec.task_id, i + 1) for i in range(made)]})
 
-    def _task_done(self, task: PendingTask, reply: m.TaskReply) -> None:
+    def _task_done(self, task: PendingTask, reply: m.TaskReply, info: dict[str, Any] | None = None) -> None:
         """A task finished (its values recorded): its event, then its arguments' release
         (after the executor's borrowed refs are registered with their owners)."""
         spec = task.spec
         state = "FAILED" if reply.app_error else "FINISHED"
-        self._events.append((spec.task_id, spec.attempt, state, reply.end_time or time.time(), None,
+        self._events.append((spec.task_id, spec.attempt, state, reply.end_time or time.time(), info,
                              None, reply.worker_id, _error_text(reply) if reply.app_error else None))
         if reply.borrowed:
             executor = (task.lease.address if task.lease is not None
