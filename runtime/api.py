@@ -396,11 +396,11 @@ def wait(object_refs: Sequence[ObjectRef], *, num_returns: int = 1, timeout: flo
         raise ValueError("wait() requires a list of unique ObjectRefs")
     if isinstance(num_returns, bool) or not isinstance(num_returns, int) or num_returns < 1 and refs:
         raise ValueError(f"num_returns must be a positive int, got {num_returns!r}")
+    _check_timeout(timeout)
+    if not refs:  # as in Ray: nothing to wait for, whatever num_returns says
+        return [], []
     if num_returns > len(refs):
         raise ValueError(f"num_returns ({num_returns}) cannot exceed the number of refs ({len(refs)})")
-    _check_timeout(timeout)
-    if not refs:
-        return [], []
     return cw.wait(refs, num_returns, timeout, fetch_local)
 
 

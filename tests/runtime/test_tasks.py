@@ -130,6 +130,7 @@ def test_wait_validates_arguments(cluster):
         lumos.wait([ref], num_returns=2)
     with pytest.raises(ValueError, match="unique"):
         lumos.wait([ref, ref])
+    assert lumos.wait([]) == ([], [])  # as in Ray
 
 
 def test_calling_remote_function_directly_is_a_clear_error(cluster):
