@@ -265,3 +265,32 @@ def test_rebuild_on_a_node_that_holds_a_copy_uses_the_copy() -> None:
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)
 
+
+
+@lumos.remote(resources={"far": 1})
+def stream_make(n: int) -> Any:
+    import numpy as np
+    for seed in range(n):
+        yield np.random.default_rng(seed).random(500_000)  # 4 MB each: kept in the node's store
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_values_of_a_stream_lost_with_their_node_are_rebuilt() -> None:
+    import numpy as np
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
+    try:
+        doomed = cluster.add_node(num_cpus=1, resources={"far": 1})
+        cluster.connect()
+        refs = list(stream_make.remote(3))
+        lumos.wait(refs, num_returns=3, timeout=60)
+        _kill(cluster, doomed)
+        replacement = cluster.add_node(num_cpus=1, resources={"far": 1})
+        expected = np.random.default_rng(1).random(500_000)
+        assert np.array_equal(lumos.get(refs[1], timeout=60), expected)  # the stream ran again
+        assert np.array_equal(lumos.get(refs[2], timeout=60), np.random.default_rng(2).random(500_000))
+        rows = [r for r in lumos.state.list_tasks() if r["name"].endswith("stream_make")]
+        assert len(rows) == 1 and rows[0]["attempt_number"] >= 1 and rows[0]["node_id"] == replacement.node_id
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)

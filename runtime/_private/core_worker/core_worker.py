@@ -52,6 +52,8 @@ DRIVER, WORKER = 0, 1
 _STATUS_PENDING, _STATUS_READY, _STATUS_FREED, _STATUS_LOST = 0, 1, 2, 3
 #: A finished streaming task's event names at most this many of its values.
 STREAM_IDS_IN_EVENTS = 1000
+#: Streams of at most this many values keep their lineage (their values can be rebuilt).
+STREAM_LINEAGE_MAX_VALUES = 10_000
 #: Argument bytes of the lineage one process keeps; tasks beyond it cannot be rebuilt.
 LINEAGE_MAX_BYTES = 256 * 1024 * 1024
 
@@ -1526,10 +1528,16 @@ class CoreWorker:
             raise ValueError("malformed GeneratorItem")
         task = self.tasks.get(msg.task_id)
         stream = self.streams.get(msg.task_id)
-        if task is None or task.state == DONE or stream is None:
+        if task is None or task.state == DONE:
             self._free_orphan_items([ret])
-            return
-        self._stream_item(stream, msg.index, ret)
+        elif stream is not None:
+            self._stream_item(stream, msg.index, ret)
+        else:  # a finished stream run again from its lineage: refill the values lost
+            e = self.objects.entries.get(ret.object_id)
+            if e is not None and e.state == PENDING:
+                self._complete_item(ret)
+            else:
+                self._free_orphan_items([ret])
 
     def _stream_item(self, stream: GeneratorStream, index: int, ret: m.ReturnObject) -> None:
         """A streaming task's value number ``index`` arrived (io thread)."""
@@ -1538,19 +1546,23 @@ class CoreWorker:
             return
         if index != stream.count:
             return  # sent again by a retried run (the first copy stays), or out of order
+        with self.objects.lock:
+            self.objects.add_owned(ret.object_id)  # the stream's count, handed to the user's ref
+        self._complete_item(ret)
+        with stream.cond:
+            stream.count = index + 1
+            stream.cond.notify_all()
+
+    def _complete_item(self, ret: m.ReturnObject) -> None:
+        """Record a streamed value in its (owned) entry and wake who waits for it."""
         objects = self.objects
         nested = [(r[0], r[1]) for r in ret.nested_refs] if ret.nested_refs else None
-        with objects.lock:
-            objects.add_owned(ret.object_id)  # the stream's count, handed to the user's ref
-            if nested:
-                objects.add_contained(nested, registered=True)
+        if nested:
+            objects.add_contained(nested, registered=True)
         e = objects.complete(ret.object_id, READY, ret.data, ret.node_id, ret.size, nested)
         if e is not None:
             e.shared = True
             self._run_callbacks(ret.object_id, e)
-        with stream.cond:
-            stream.count = index + 1
-            stream.cond.notify_all()
 
     def _end_stream(self, task: PendingTask, error_blob: bytes | None = None) -> GeneratorStream | None:
         """A streaming task ended; an error becomes the value after the last one (io thread)."""
@@ -1609,7 +1621,9 @@ class CoreWorker:
         if orphans and self.raylet is not None:
             self.raylet.notify(m.FreeObjects(orphans, [False] * len(orphans)))
         if spec.kind == 0 and not reply.app_error and task.retries_left != 0:
-            self._keep_lineage(task, reply)  # (streaming tasks end in _finish_stream: no lineage)
+            entries = self.objects.entries
+            self._keep_lineage(task, any(r.data is None and r.node_id is not None and r.object_id in entries
+                                         for r in reply.returns))
         self._task_done(task, reply)
 
     def _finish_stream(self, task: PendingTask, reply: m.TaskReply) -> None:
@@ -1619,10 +1633,16 @@ class CoreWorker:
         # (a retried run may fail before reaching the values an earlier run sent).
         error = reply.returns[0].data if reply.app_error and reply.returns else None
         stream = self._end_stream(task, error)
-        # The values it made, for the task graph and the state API (the first ones only:
-        # a graph of more would not be read).
-        made = min(stream.count, STREAM_IDS_IN_EVENTS) if stream is not None else 0
-        self._task_done(task, reply, {"returns": [return_object_id(task.spec.task_id, i + 1) for i in range(made)]})
+        info = None
+        if stream is not None:  # (None: a lineage re-run; its values were completed as they came)
+            ids = [return_object_id(task.spec.task_id, i + 1) for i in range(stream.count)]
+            # The values it made, for the task graph and the state API (the first ones only:
+            # a graph of more would not be read), and for lineage (short streams only).
+            info = {"returns": ids[:STREAM_IDS_IN_EVENTS]}
+            task.return_ids = ids if len(ids) <= STREAM_LINEAGE_MAX_VALUES else []
+        if not reply.app_error and task.retries_left != 0 and task.return_ids:
+            self._keep_lineage(task, self._any_stored(task.return_ids))
+        self._task_done(task, reply, info)
 
     def _task_done(self, task: PendingTask, reply: m.TaskReply, info: dict[str, Any] | None = None) -> None:
         """A task finished (its values recorded): its event, then its arguments' release
@@ -1658,16 +1678,24 @@ class CoreWorker:
 
     # -------------------------------------------------------------- io thread: lineage
 
-    def _keep_lineage(self, task: PendingTask, reply: m.TaskReply) -> None:
-        """Keep a finished task that can run again while its stored values are referenced."""
-        if not any(r.data is None and r.node_id is not None and r.object_id in self.objects.entries
-                   for r in reply.returns):
-            return  # inline values live here: nothing to rebuild
+    def _keep_lineage(self, task: PendingTask, stored: bool) -> None:
+        """Keep a finished task that can run again while its stored values are referenced.
+        ``stored``: some value of it lives in an object store (inline ones live here)."""
+        if not stored:
+            return
         size = _lineage_size(task)
         if self._lineage_bytes + size > LINEAGE_MAX_BYTES:
             return
         self.lineage[task.spec.task_id] = task
         self._lineage_bytes += size
+
+    def _any_stored(self, ids: list[bytes]) -> bool:
+        entries = self.objects.entries
+        for oid in ids:
+            e = entries.get(oid)
+            if e is not None and e.data is None and e.node_id is not None:
+                return True
+        return False
 
     def _drop_lineage(self, task_ids: list[bytes]) -> None:
         """Returns of these tasks were freed: once none is left, forget the task and let
