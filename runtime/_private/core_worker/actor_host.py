@@ -145,9 +145,9 @@ class ActorHost:
         spec = msg.spec
         ex = self.ex
         start = time.time()
-        if spec.task_id in ex._cancelled:
-            ex._cancelled.discard(spec.task_id)
-            self.cw.send_reply(conn, ex._system_reply(spec, "cancelled before it started", "cancelled"))
+        early = ex.cancelled_before_start(spec)
+        if early is not None:
+            self.cw.send_reply(conn, early)
             return
         try:
             method = ex._function(spec)
@@ -172,9 +172,9 @@ class ActorHost:
         assert sem is not None
         me = asyncio.current_task()
         assert me is not None
-        if spec.task_id in self.ex._cancelled:  # cancelled between dispatch and now
-            self.ex._cancelled.discard(spec.task_id)
-            self.cw.send_reply(conn, self.ex._system_reply(spec, "cancelled before it started", "cancelled"))
+        early = self.ex.cancelled_before_start(spec)  # cancelled between dispatch and now
+        if early is not None:
+            self.cw.send_reply(conn, early)
             return
         self._async_calls[spec.task_id] = me
         start = time.time()
@@ -240,9 +240,9 @@ class ActorHost:
 
     def _run_threaded(self, conn: Connection, spec: m.TaskSpec, method: Any, args: Any, kwargs: Any) -> None:
         start = time.time()
-        if spec.task_id in self.ex._cancelled:  # cancelled while it waited for a thread
-            self.ex._cancelled.discard(spec.task_id)
-            self.cw.send_reply(conn, self.ex._system_reply(spec, "cancelled before it started", "cancelled"))
+        early = self.ex.cancelled_before_start(spec)  # cancelled while it waited for a thread
+        if early is not None:
+            self.cw.send_reply(conn, early)
             return
         me = threading.get_ident()
         self._thread_calls[me] = spec.task_id

@@ -128,6 +128,14 @@ class Executor:
         for item in keep:
             self.queue.put(item)
 
+    def cancelled_before_start(self, spec: m.TaskSpec) -> m.TaskReply | None:
+        """The reply for a task or call that cancel() reached before it started (it never
+        runs), or None (any thread that is about to start it)."""
+        if spec.task_id not in self._cancelled:
+            return None
+        self._cancelled.discard(spec.task_id)
+        return self._system_reply(spec, "cancelled before it started", "cancelled")
+
     def running_task(self) -> bool:
         return self._running is not None
 
@@ -221,9 +229,9 @@ class Executor:
     def execute(self, msg: m.PushTask) -> m.TaskReply:
         spec = msg.spec
         cw = self.cw
-        if spec.task_id in self._cancelled:
-            self._cancelled.discard(spec.task_id)
-            return self._system_reply(spec, "cancelled before it started", "cancelled")
+        early = self.cancelled_before_start(spec)
+        if early is not None:
+            return early
         start = time.time()
         try:
             self._bind_job(spec.job_id)
