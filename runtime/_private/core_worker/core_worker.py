@@ -762,43 +762,55 @@ class CoreWorker:
         """An object this process owns was lost with its node: run the task that made it
         again (lineage reconstruction), wait for the new value and read it (user thread)."""
         oid = ref._id
-        for _ in range(4):
-            async def rebuild(node: bytes = node_id) -> str | None:
+
+        def rebuild(node: bytes, detail: str) -> tuple[bytes | None, bytes | None] | None:
+            async def run() -> str | None:
                 return self._reconstruct(oid, node)
 
-            why = self.run_sync(rebuild(), self.config.rpc_timeout_s)
+            why = self.run_sync(run(), self.config.rpc_timeout_s)
             if why is not None:
                 raise exc.ObjectLostError(oid.hex(), f"{detail}; it cannot be rebuilt: {why}")
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             self._wait_for([ref], 1, remaining, fetch=False, for_get=True)
             e = self.objects.entries.get(oid)
             if e is None or (e.data is None and e.node_id is None):
-                break
-            if e.data is not None:
-                return ser.deserialize(e.data)
-            again = None
-            try:
-                return self._read_from_store(oid, e.node_id)
-            except exc.ObjectLostError as lost:
-                again = lost.detail
-            detail, node_id = again, e.node_id
-        raise exc.ObjectLostError(oid.hex(), f"{detail}; rebuilding it did not succeed")
+                return None
+            return e.data, e.node_id
+
+        return self._read_rebuilt(oid, node_id, detail, rebuild)
 
     def _refetch_and_read(self, ref: ObjectRef, owner: m.Address, node_id: bytes, detail: str,
                           deadline: float | None) -> tuple[int, Any]:
         """A borrowed object's value was lost with its node: its owner rebuilds it from the
         lineage, then the new copy is read (user thread)."""
         oid = ref._id
-        for _ in range(4):
-            st = self.ask_owner_to_rebuild(oid, owner, node_id, deadline)
+
+        def rebuild(node: bytes, detail: str) -> tuple[bytes | None, bytes | None]:
+            st = self.ask_owner_to_rebuild(oid, owner, node, deadline)
             self.objects.complete(oid, READY, st.data, st.node_id, st.size, None)
-            if st.data is not None:
-                return ser.deserialize(st.data)
-            assert st.node_id is not None
+            return st.data, st.node_id
+
+        return self._read_rebuilt(oid, node_id, detail, rebuild)
+
+    def _read_rebuilt(self, oid: bytes, node_id: bytes, detail: str,
+                      rebuild: Callable[[bytes, str], tuple[bytes | None, bytes | None] | None]) -> tuple[int, Any]:
+        """Read a value lost with node ``node_id`` once ``rebuild(node_id, detail)`` made it
+        again: it gives the new ``(data, node_id)``, or None when no value was recorded. A
+        copy lost again is rebuilt again, a few times at most (user thread)."""
+        for _ in range(4):
+            where = rebuild(node_id, detail)
+            if where is None:
+                break
+            data, new_node = where
+            if data is not None:
+                return ser.deserialize(data)
+            assert new_node is not None
+            again = None
             try:
-                return self._read_from_store(oid, st.node_id)
+                return self._read_from_store(oid, new_node)
             except exc.ObjectLostError as lost:
-                detail, node_id = lost.detail, st.node_id
+                again = lost.detail  # kept outside the handler: its traceback would hold this frame
+            detail, node_id = again, new_node
         raise exc.ObjectLostError(oid.hex(), f"{detail}; rebuilding it did not succeed")
 
     def ask_owner_to_rebuild(self, oid: bytes, owner: m.Address, lost_node: bytes,
@@ -1621,9 +1633,7 @@ class CoreWorker:
         if orphans and self.raylet is not None:
             self.raylet.notify(m.FreeObjects(orphans, [False] * len(orphans)))
         if spec.kind == 0 and not reply.app_error and task.retries_left != 0:
-            entries = self.objects.entries
-            self._keep_lineage(task, any(r.data is None and r.node_id is not None and r.object_id in entries
-                                         for r in reply.returns))
+            self._keep_lineage(task)
         self._task_done(task, reply)
 
     def _finish_stream(self, task: PendingTask, reply: m.TaskReply) -> None:
@@ -1640,8 +1650,8 @@ class CoreWorker:
             # a graph of more would not be read), and for lineage (short streams only).
             info = {"returns": ids[:STREAM_IDS_IN_EVENTS]}
             task.return_ids = ids if len(ids) <= STREAM_LINEAGE_MAX_VALUES else []
-        if not reply.app_error and task.retries_left != 0 and task.return_ids:
-            self._keep_lineage(task, self._any_stored(task.return_ids))
+        if not reply.app_error and task.retries_left != 0:
+            self._keep_lineage(task)
         self._task_done(task, reply, info)
 
     def _task_done(self, task: PendingTask, reply: m.TaskReply, info: dict[str, Any] | None = None) -> None:
@@ -1678,24 +1688,21 @@ class CoreWorker:
 
     # -------------------------------------------------------------- io thread: lineage
 
-    def _keep_lineage(self, task: PendingTask, stored: bool) -> None:
-        """Keep a finished task that can run again while its stored values are referenced.
-        ``stored``: some value of it lives in an object store (inline ones live here)."""
-        if not stored:
+    def _keep_lineage(self, task: PendingTask) -> None:
+        """Keep a finished task that can run again while its stored values are referenced
+        (inline values live here: nothing to rebuild)."""
+        entries = self.objects.entries
+        for oid in task.return_ids:
+            e = entries.get(oid)
+            if e is not None and e.data is None and e.node_id is not None:
+                break
+        else:
             return
         size = _lineage_size(task)
         if self._lineage_bytes + size > LINEAGE_MAX_BYTES:
             return
         self.lineage[task.spec.task_id] = task
         self._lineage_bytes += size
-
-    def _any_stored(self, ids: list[bytes]) -> bool:
-        entries = self.objects.entries
-        for oid in ids:
-            e = entries.get(oid)
-            if e is not None and e.data is None and e.node_id is not None:
-                return True
-        return False
 
     def _drop_lineage(self, task_ids: list[bytes]) -> None:
         """Returns of these tasks were freed: once none is left, forget the task and let
