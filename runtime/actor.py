@@ -48,14 +48,18 @@ def method(*args: Any, **options: Any) -> Callable[[Any], Any]:
         raise ValueError(f"invalid option(s) {sorted(unknown)} for @lumos.method; valid: {sorted(_METHOD_OPTIONS)}")
     if "num_returns" in options:
         opts_mod.OPTIONS["num_returns"].check("num_returns", options["num_returns"])
-    group = options.get("concurrency_group")
-    if group is not None and (not isinstance(group, str) or not group):
-        raise TypeError("concurrency_group must be a group name (a non-empty str)")
+    _check_group(options)
 
     def decorate(fn: Any) -> Any:
         fn.__lumos_method_options__ = dict(options)
         return fn
     return decorate
+
+
+def _check_group(options: dict[str, Any]) -> None:
+    group = options.get("concurrency_group")
+    if group is not None and (not isinstance(group, str) or not group):
+        raise TypeError("concurrency_group must be a group name (a non-empty str)")
 
 
 def exit_actor() -> None:
@@ -284,9 +288,7 @@ class ActorMethod:
         unknown = set(options) - _METHOD_OPTIONS
         if unknown:
             raise ValueError(f"invalid option(s) {sorted(unknown)} for an actor method")
-        group = options.get("concurrency_group")
-        if group is not None and (not isinstance(group, str) or not group):
-            raise TypeError("concurrency_group must be a group name (a non-empty str)")
+        _check_group(options)
         merged = dict(self._options)
         merged.update(options)
         return ActorMethod(self._handle, self._name, merged)

@@ -74,8 +74,8 @@ def num_returns_of(value: Any, fn: Any, given: bool) -> int:
     functions unless ``num_returns`` was given)."""
     import inspect
     if inspect.isasyncgenfunction(fn):
-        raise TypeError(f"{getattr(fn, '__qualname__', fn)} is an async generator: lumos streams plain "
-                        "generator functions and methods of sync actors")
+        raise TypeError(f"{getattr(fn, '__qualname__', fn)} is an async generator: a task streams from "
+                        "a plain generator function (async generators stream as methods of actors)")
     if value == "streaming" or (not given and inspect.isgeneratorfunction(fn)):
         return -1
     return int(value)

@@ -14,4 +14,3 @@ from lumos.util.placement_group import (PlacementGroup, get_current_placement_gr
 __all__ = ["scheduling_strategies", "ActorPool", "list_named_actors", "PlacementGroup", "placement_group",
            "remove_placement_group", "get_placement_group", "placement_group_table",
            "get_current_placement_group", "queue", "multiprocessing", "state", "get_node_ip_address"]
-

@@ -47,6 +47,15 @@ class _Batch(threading.local):
 _batch = _Batch()
 
 
+def _leave_batch(b: _Batch) -> None:
+    """One level of batch ends; the outermost writes each connection its sends marked."""
+    b.depth -= 1
+    if b.depth == 0 and b.dirty:
+        dirty, b.dirty = b.dirty, []
+        for conn in dirty:
+            conn._flush()
+
+
 class batch:
     """``with batch():`` around a run of handlers on a loop thread."""
 
@@ -56,12 +65,7 @@ class batch:
         _batch.depth += 1
 
     def __exit__(self, *exc: Any) -> None:
-        b = _batch
-        b.depth -= 1
-        if b.depth == 0 and b.dirty:
-            dirty, b.dirty = b.dirty, []
-            for conn in dirty:
-                conn._flush()
+        _leave_batch(_batch)
 
 
 class ConnectionLost(ConnectionError):
@@ -147,11 +151,7 @@ class Connection(asyncio.Protocol):
         except ProtocolError as e:
             self._drop(str(e))
         finally:
-            b.depth -= 1
-            if b.depth == 0 and b.dirty:
-                dirty, b.dirty = b.dirty, []
-                for conn in dirty:
-                    conn._flush()
+            _leave_batch(b)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._state = _CLOSED
