@@ -494,6 +494,22 @@ def test_cancel_of_a_sync_actor_call_sets_a_flag_and_drops_queued_calls(cluster:
     assert lumos.get(th.other.remote(), timeout=30) is False  # the flag is per call
 
 
+class _AtOnce:
+    """Counts the calls of a threaded actor that run at the same moment."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = self.peak = 0
+
+    def run_for(self, seconds: float) -> None:
+        with self.lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        time.sleep(seconds)
+        with self.lock:
+            self.running -= 1
+
+
 def test_concurrency_groups_limit_each_group_on_its_own(cluster: lumos.LumosContext) -> None:
     @lumos.remote(concurrency_groups={"io": 3, "compute": 1})
     class Service:
@@ -533,20 +549,14 @@ def test_concurrency_groups_limit_each_group_on_its_own(cluster: lumos.LumosCont
     @lumos.remote(concurrency_groups={"slow": 2})  # a sync class: its groups run on threads
     class Threads:
         def __init__(self) -> None:
-            self.lock = threading.Lock()
-            self.running = self.peak = 0
+            self.calls = _AtOnce()
 
         @lumos.method(concurrency_group="slow")
         def slow(self) -> None:
-            with self.lock:
-                self.running += 1
-                self.peak = max(self.peak, self.running)
-            time.sleep(0.1)
-            with self.lock:
-                self.running -= 1
+            self.calls.run_for(0.1)
 
         def quick(self) -> int:
-            return self.peak
+            return self.calls.peak
 
     t = Threads.remote()
     pending = [t.slow.remote() for _ in range(6)]
@@ -561,20 +571,13 @@ def test_threaded_actor(cluster: lumos.LumosContext) -> None:
     @lumos.remote(max_concurrency=4)
     class Threaded:
         def __init__(self) -> None:
-            self.lock = threading.Lock()
-            self.running = 0
-            self.peak = 0
+            self.calls = _AtOnce()
 
         def work(self) -> None:
-            with self.lock:
-                self.running += 1
-                self.peak = max(self.peak, self.running)
-            time.sleep(0.3)
-            with self.lock:
-                self.running -= 1
+            self.calls.run_for(0.3)
 
         def peak_seen(self) -> int:
-            return self.peak
+            return self.calls.peak
 
     t = Threaded.remote()
     lumos.get([t.work.remote() for _ in range(8)])
