@@ -188,6 +188,25 @@ def test_sets_travel_as_lists():
     assert m.decode(m.encode(m.REPLY, 1, {1, 2}))[2] in ([1, 2], [2, 1])
 
 
+def _nested_ext(levels: int) -> bytes:
+    """A message whose only field is a message whose only field is ... (``levels`` deep).
+
+    200 levels is 721 bytes; before nesting was bounded it overflowed the C stack of any
+    process that decoded it (SIGSEGV)."""
+    inner = msgpack.packb(None)
+    for _ in range(levels):
+        inner = msgpack.packb(msgpack.ExtType(m.Address._code, inner))
+    return msgpack.packb([0, 1, msgpack.ExtType(m.Address._code, inner)])
+
+
+def _ext_in_deep_arrays(levels: int) -> bytes:
+    """Messages nested inside one-element arrays inside messages, ``levels`` times."""
+    inner = msgpack.packb(None)
+    for _ in range(levels):
+        inner = msgpack.packb([[msgpack.ExtType(m.KvGet._code, inner)]])
+    return msgpack.packb([0, 1, msgpack.ExtType(m.KvGet._code, inner)])
+
+
 MALFORMED_PAYLOADS = {
     "reserved_byte": b"\xc1",
     "empty": b"",
@@ -202,6 +221,10 @@ MALFORMED_PAYLOADS = {
     "ext_garbage": msgpack.packb([0, 1, msgpack.ExtType(m.KvGet._code, b"\xc1\xc1")]),
     "huge_declared_bin": b"\x93\x00\x01\xc6\xff\xff\xff\xff",
     "deep_nesting": b"\x93\x00\x01" + b"\x91" * 200_000 + b"\xc0",
+    "nested_ext": _nested_ext(200),
+    "nested_ext_deep": _nested_ext(5000),
+    "ext_in_deep_arrays": _ext_in_deep_arrays(2000),
+    "deep_array_in_ext": msgpack.packb([0, 1, msgpack.ExtType(m.KvGet._code, b"\x91" * 200_000 + b"\xc0")]),
     "random": random.Random(7).randbytes(512),
 }
 
