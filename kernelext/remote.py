@@ -145,7 +145,7 @@ class RemoteCells:
         spec = CellSpec(source, display_source, filename, 1, analysis.assigns, analysis.last_expr,
                         analysis.quiet, ref_names)
         runner = _remote_runner().options(num_returns=1 + len(analysis.assigns), **options)
-        sink = CellSink()
+        sink = CellSink(spec.nonce)
         run_refs: list[list[Any]] = []
         if map_name is None:
             out = runner.remote(spec, inline, *refs)
