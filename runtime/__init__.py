@@ -50,9 +50,15 @@ def remote(*args: Any, **options: Any) -> Any:
 
 
 def _make_remote(target: Any, options: dict[str, Any]) -> Any:
+    import inspect
     if isinstance(target, type):
         return ActorClass(target, options)
-    return RemoteFunction(target, options)
+    # As in Ray: a function (or a Cython one), never another callable (an instance with
+    # __call__, a bound method, a functools.partial), whose state would be copied silently.
+    if inspect.isfunction(target) or type(target).__name__ == "cython_function_or_method":
+        return RemoteFunction(target, options)
+    raise TypeError(f"@lumos.remote must be applied to a function or a class, not {type(target).__name__!r}; "
+                    "for a callable object, wrap it in a function or make its class an actor")
 
 
 def __getattr__(name: str) -> Any:

@@ -33,7 +33,8 @@ from lumos._private.core_worker.tasks import TaskTemplate
 from lumos._private.ids import random_id
 from lumos.object_ref import ObjectRef
 
-_METHOD_OPTIONS = {"num_returns", "max_task_retries", "retry_exceptions", "concurrency_group", "name"}
+_METHOD_OPTIONS = {"num_returns", "max_task_retries", "retry_exceptions", "concurrency_group", "name",
+                   "enable_task_events"}
 #: Methods every actor has: end it after the calls before (terminate), or answer once it
 #: is up (ready: ``lumos.get(actor.__ray_ready__.remote())``).
 _BUILTIN_METHODS = ("__lumos_terminate__", "__ray_terminate__", "__lumos_ready__", "__ray_ready__")
@@ -48,6 +49,8 @@ def method(*args: Any, **options: Any) -> Callable[[Any], Any]:
         raise ValueError(f"invalid option(s) {sorted(unknown)} for @lumos.method; valid: {sorted(_METHOD_OPTIONS)}")
     if "num_returns" in options:
         opts_mod.OPTIONS["num_returns"].check("num_returns", options["num_returns"])
+    if "enable_task_events" in options:
+        opts_mod.OPTIONS["enable_task_events"].check("enable_task_events", options["enable_task_events"])
     _check_group(options)
 
     def decorate(fn: Any) -> Any:

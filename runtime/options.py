@@ -185,6 +185,8 @@ OPTIONS: dict[str, Option] = {
     "placement_group_capture_child_tasks": Option(_anything, None, None, _BOTH, "legacy"),
     "_metadata": Option(_anything, None, None, _BOTH, "ignored"),
     "label_selector": Option(_anything, None, None, _BOTH, "ignored"),
+    "enable_task_events": Option(_bool, True, True, _BOTH,
+                                 "record this task's state changes for the state API and dashboard"),
 }
 
 

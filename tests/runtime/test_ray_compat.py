@@ -1,0 +1,193 @@
+"""Ray programs run unchanged: behaviours a Ray user meets, checked against Ray's own.
+
+Each test names the Ray behaviour it checks; the audit of the whole public surface is in
+``test_ray_compat_audit.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any, Iterator
+
+import pytest
+
+import lumos
+from lumos.exceptions import ActorDiedError, RayActorError, TaskCancelledError, TaskError
+from lumos.util.placement_group import get_current_placement_group, placement_group, remove_placement_group
+from lumos.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from tests.conftest import wait_for
+
+
+# ----------------------------------------------------------------------------- runtime context
+
+
+@lumos.remote
+class Self:
+    def me(self) -> Any:
+        return lumos.get_runtime_context().current_actor
+
+    def ping(self) -> str:
+        return "pong"
+
+    def ping_through_self(self) -> Any:
+        # a call to itself through its own handle, from inside (Ray's current_actor idiom)
+        return lumos.get_runtime_context().current_actor.ping.remote()
+
+    def ids(self) -> dict[str, Any]:
+        import warnings
+        ctx = lumos.get_runtime_context()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = {"job": ctx.job_id.hex(), "node": ctx.node_id.hex(), "task": ctx.task_id.hex(),
+                   "actor": ctx.actor_id.hex()}
+        out["warned"] = sorted({w.category.__name__ for w in caught})
+        out["new"] = {"job": ctx.get_job_id(), "node": ctx.get_node_id(), "task": ctx.get_task_id(),
+                      "actor": ctx.get_actor_id()}
+        return out
+
+
+def test_current_actor_is_the_calling_actors_handle(cluster: lumos.LumosContext) -> None:
+    a = Self.remote()
+    me = lumos.get(a.me.remote(), timeout=30)
+    assert isinstance(me, lumos.ActorHandle) and me == a
+    assert lumos.get(me.ping.remote(), timeout=30) == "pong"
+    assert lumos.get(lumos.get(a.ping_through_self.remote(), timeout=30), timeout=30) == "pong"
+
+
+def test_current_actor_outside_an_actor_raises(cluster: lumos.LumosContext) -> None:
+    with pytest.raises(RuntimeError, match="only available inside an actor"):
+        lumos.get_runtime_context().current_actor
+
+
+def test_deprecated_id_properties_warn_and_match_the_getters(cluster: lumos.LumosContext) -> None:
+    out = lumos.get(Self.remote().ids.remote(), timeout=30)
+    assert out["warned"] == ["DeprecationWarning"]
+    assert {k: out[k] for k in ("job", "node", "task", "actor")} == out["new"]
+    ctx = lumos.get_runtime_context()
+    with pytest.warns(DeprecationWarning, match="get_job_id"):
+        assert ctx.job_id.hex() == ctx.get_job_id()
+    with pytest.warns(DeprecationWarning, match="get_node_id"):
+        assert ctx.node_id.hex() == ctx.get_node_id()
+    with pytest.warns(DeprecationWarning):
+        assert ctx.task_id is None and ctx.actor_id is None  # the driver runs no task
+
+
+# ----------------------------------------------------------------------------- remote() targets
+
+
+class CallableThing:
+    def __call__(self, x: int) -> int:
+        return x
+
+
+def plain(x: int) -> int:
+    return x
+
+
+@pytest.mark.parametrize("target", [CallableThing(), functools.partial(plain, 1), len, CallableThing().__call__],
+                         ids=["instance", "partial", "builtin", "bound-method"])
+def test_remote_on_a_callable_that_is_not_a_function_or_class_raises_type_error(target: Any) -> None:
+    with pytest.raises(TypeError, match="function or a class"):
+        lumos.remote(target)
+    with pytest.raises(TypeError, match="function or a class"):
+        lumos.remote(num_cpus=1)(target)
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+class InitFailed(Exception):
+    pass
+
+
+@lumos.remote
+class BrokenInit:
+    def __init__(self) -> None:
+        raise InitFailed("no config file")
+
+    def f(self) -> int:
+        return 1
+
+
+def test_actor_whose_init_raised_raises_actor_died_error_on_every_call(cluster: lumos.LumosContext) -> None:
+    b = BrokenInit.remote()
+    for _ in range(2):
+        with pytest.raises(RayActorError) as info:
+            lumos.get(b.f.remote(), timeout=30)
+        assert isinstance(info.value, ActorDiedError)
+        assert "creation task" in str(info.value) and "InitFailed: no config file" in str(info.value)
+
+
+class CodedError(Exception):
+    """Cannot be rebuilt from its args: its __init__ takes two arguments, args holds one."""
+
+    def __init__(self, code: int, text: str) -> None:
+        super().__init__(f"code {code}: {text}")
+        self.code = code
+
+
+@lumos.remote(max_retries=0)
+def raises_coded() -> None:
+    raise CodedError(7, "disk quota exceeded")
+
+
+def test_exception_that_cannot_be_rebuilt_keeps_its_message_and_traceback(cluster: lumos.LumosContext) -> None:
+    with pytest.raises(TaskError) as info:
+        lumos.get(raises_coded.remote(), timeout=30)
+    text = str(info.value)
+    assert "CodedError: code 7: disk quota exceeded" in text
+    assert "raises_coded" in text and "Traceback" in text
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def test_enable_task_events_is_accepted_for_tasks_actors_and_methods(cluster: lumos.LumosContext) -> None:
+    @lumos.remote(enable_task_events=False)
+    def f() -> int:
+        return 1
+
+    @lumos.remote(enable_task_events=False)
+    class A:
+        @lumos.method(enable_task_events=False)
+        def g(self) -> int:
+            return 2
+
+    a = A.remote()
+    assert lumos.get([f.remote(), f.options(enable_task_events=True).remote(), a.g.remote(),
+                      a.g.options(enable_task_events=False).remote()], timeout=30) == [1, 1, 2, 2]
+    with pytest.raises(TypeError, match="enable_task_events must be a bool"):
+        lumos.method(enable_task_events="no")
+
+
+# ----------------------------------------------------------------------------- placement groups
+
+
+@lumos.remote
+def current_group() -> str | None:
+    pg = get_current_placement_group()
+    return pg.id.hex() if pg is not None else None
+
+
+@lumos.remote
+def parent_in_group() -> tuple[str | None, str | None]:
+    inside = current_group.remote()
+    outside = current_group.options(
+        scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=None)).remote()
+    return lumos.get(inside, timeout=30), lumos.get(outside, timeout=30)
+
+
+def test_placement_group_none_schedules_outside_any_group(cluster: lumos.LumosContext) -> None:
+    none = PlacementGroupSchedulingStrategy(placement_group=None)
+    assert lumos.get(current_group.options(scheduling_strategy=none).remote(), timeout=30) is None
+    pg = placement_group([{"CPU": 1}])
+    try:
+        assert pg.wait(30)
+        strategy = PlacementGroupSchedulingStrategy(pg, placement_group_capture_child_tasks=True)
+        inside, outside = lumos.get(parent_in_group.options(scheduling_strategy=strategy, num_cpus=0).remote(),
+                                    timeout=60)
+        assert inside == pg.id.hex() and outside is None
+    finally:
+        remove_placement_group(pg)
