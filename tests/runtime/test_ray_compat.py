@@ -191,3 +191,34 @@ def test_placement_group_none_schedules_outside_any_group(cluster: lumos.LumosCo
         assert inside == pg.id.hex() and outside is None
     finally:
         remove_placement_group(pg)
+
+
+# ----------------------------------------------------------------------------- cancellation
+
+
+@lumos.remote
+class Patient:
+    def __init__(self) -> None:
+        self.started = False
+
+    async def wait_long(self) -> str:
+        self.started = True
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            return "caught the cancel"
+        return "slept"
+
+    async def is_started(self) -> bool:
+        return self.started
+
+
+def test_cancelled_async_call_that_catches_cancelled_error_still_raises_task_cancelled(
+        cluster: lumos.LumosContext) -> None:
+    a = Patient.remote()
+    ref = a.wait_long.remote()
+    wait_for(lambda: lumos.get(a.is_started.remote(), timeout=30), timeout_s=30)
+    lumos.cancel(ref)
+    with pytest.raises(TaskCancelledError):
+        lumos.get(ref, timeout=30)
+    assert lumos.get(a.is_started.remote(), timeout=30)  # the actor lives on
