@@ -18,7 +18,7 @@ from lumos import exceptions, state, util
 from lumos.actor import ActorClass, ActorHandle, get_actor, kill, method
 from lumos.api import (LumosContext, available_resources, cancel, cluster_resources, get, get_gpu_ids, init,
                        is_initialized, nodes, put, shutdown, timeline, wait)
-from lumos.generator import ObjectRefGenerator
+from lumos.generator import DynamicObjectRefGenerator, ObjectRefGenerator
 from lumos.object_ref import ObjectRef
 from lumos.progress import progress
 from lumos.remote_function import RemoteFunction
@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "shutdown", "is_initialized", "remote", "kill", "get_actor", "method", "ActorHandle", "ActorClass", "get", "put", "wait", "cancel", "nodes",
     "cluster_resources", "available_resources", "get_gpu_ids", "get_runtime_context", "timeline",
-    "ObjectRef", "ObjectRefGenerator", "progress", "LumosContext", "exceptions", "state", "util", "load_ipython_extension", "__version__",
+    "ObjectRef", "ObjectRefGenerator", "DynamicObjectRefGenerator", "progress", "LumosContext", "exceptions", "state", "util", "load_ipython_extension", "__version__",
 ]
 
 

@@ -222,3 +222,67 @@ def test_cancelled_async_call_that_catches_cancelled_error_still_raises_task_can
     with pytest.raises(TaskCancelledError):
         lumos.get(ref, timeout=30)
     assert lumos.get(a.is_started.remote(), timeout=30)  # the actor lives on
+
+
+# ----------------------------------------------------------------------------- generators
+
+
+class Halfway(Exception):
+    pass
+
+
+@lumos.remote(num_returns=3, max_retries=0)
+def two_then_raise() -> Iterator[int]:
+    yield 10
+    yield 20
+    raise Halfway("stopped after two")
+
+
+@lumos.remote
+class Yielder:
+    @lumos.method(num_returns=3)
+    def two_then_raise(self) -> Iterator[int]:
+        yield 1
+        yield 2
+        raise Halfway("method stopped after two")
+
+
+def test_generator_with_fixed_num_returns_keeps_values_yielded_before_its_error(
+        cluster: lumos.LumosContext) -> None:
+    for refs, first in ((two_then_raise.remote(), [10, 20]), (Yielder.remote().two_then_raise.remote(), [1, 2])):
+        assert lumos.get(refs[:2], timeout=30) == first
+        with pytest.raises(Halfway, match="stopped after two"):
+            lumos.get(refs[2], timeout=30)
+
+
+@lumos.remote(num_returns="dynamic")
+def split(n: int) -> Iterator[int]:
+    for i in range(n):
+        yield i * i
+
+
+@lumos.remote(num_returns="dynamic", max_retries=0)
+def split_then_raise() -> Iterator[str]:
+    yield "a"
+    raise Halfway("dynamic stopped")
+
+
+@lumos.remote
+def total(gen: lumos.DynamicObjectRefGenerator) -> int:
+    return sum(lumos.get(list(gen), timeout=30))
+
+
+def test_num_returns_dynamic_returns_a_dynamic_object_ref_generator(cluster: lumos.LumosContext) -> None:
+    gen = lumos.get(split.remote(4), timeout=30)
+    assert isinstance(gen, lumos.DynamicObjectRefGenerator) and len(gen) == 4
+    refs = list(gen)
+    assert all(isinstance(r, lumos.ObjectRef) for r in refs)
+    assert lumos.get(refs, timeout=30) == [0, 1, 4, 9]
+    assert lumos.get(total.remote(split.remote(3)), timeout=30) == 0 + 1 + 4  # passed on to a task
+    # as in Ray: the values before an error stay; the error is one more, final ref
+    last = list(lumos.get(split_then_raise.remote(), timeout=30))
+    assert lumos.get(last[0], timeout=30) == "a" and len(last) == 2
+    with pytest.raises(Halfway, match="dynamic stopped"):
+        lumos.get(last[1], timeout=30)
+    with pytest.raises(ValueError, match="remote functions only"):
+        lumos.method(num_returns="dynamic")
