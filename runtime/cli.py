@@ -6,6 +6,8 @@ lumos start --address H:P --token T      a raylet that joins the GCS at H:P
 lumos status [--address H:P --token T]   nodes, resources (available/total), dashboard
 lumos stop                               ends what `lumos start` started on this machine
 lumos demo [WORKLOAD]                    the paper's workloads on a private local cluster (--list)
+lumos slurm --nodes N ...                a cluster as a Slurm batch job (lumos.launch.slurm)
+lumos kubernetes manifest|probe          Kubernetes manifests and readiness probe (lumos.launch.kubernetes)
 ```
 Every node ``lumos start`` starts is recorded under ``/tmp/lumos_sessions/started/``
 (pids with their start times); ``lumos stop`` signals exactly those processes, never
@@ -93,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--token", default=None)
     status.add_argument("--json", action="store_true", help="print machine-readable JSON")
     status.set_defaults(func=cmd_status)
+    _add_launch_commands(sub)
     return p
 
 
@@ -506,6 +509,17 @@ def _node_json(n: Any, load: Any) -> dict[str, Any]:
             "queue_length": load.queue_length if load else 0,
             "death_reason": n.death_reason, "dashboard_url": n.dashboard_url}
 
+
+# ----------------------------------------------------------------------------- slurm, kubernetes
+
+
+def _add_launch_commands(sub: Any) -> None:
+    """``lumos slurm`` and ``lumos kubernetes`` (their code lives in ``lumos.launch``)."""
+    from lumos.launch import slurm
+
+    p = sub.add_parser("slurm", help="start a lumos cluster as a Slurm batch job (sbatch + srun)")
+    slurm.add_arguments(p)
+    p.set_defaults(func=slurm.run)
 
 
 if __name__ == "__main__":
