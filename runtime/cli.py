@@ -454,7 +454,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if address is None:
         if not current:
             raise _CliError("no lumos cluster was started on this machine; "
-                            "pass --address HOST:PORT --token TOKEN, or run `lumos start --head`")
+                            "pass --address HOST:PORT and --token-file PATH, or run `lumos start --head`")
         address = current["gcs_address"]
     if not token_text and current.get("gcs_address") == address:
         try:
