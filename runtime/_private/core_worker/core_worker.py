@@ -551,11 +551,13 @@ class CoreWorker:
                         ne.shared = True
         return ObjectRef(oid, self.address, True)
 
-    def _write_to_store(self, oid: bytes, sv: ser.SerializedValue, keep_mapping: bool) -> None:
-        """Create the object in this node's store and copy the value in (user thread)."""
+    def _write_to_store(self, oid: bytes, sv: ser.SerializedValue, keep_mapping: bool,
+                        owner: bytes = b"") -> None:
+        """Create the object in this node's store and copy the value in (user thread).
+        ``owner``: the owning process's worker id when it is not this one."""
         try:
             slot, path, final_path, file_size, reused = self.call_raylet(
-                m.CreateObject(oid, sv.total_size, self.worker_id),
+                m.CreateObject(oid, sv.total_size, self.worker_id, owner),
                 self.config.object_store_full_timeout_s + self.config.rpc_timeout_s)
         except RemoteError as e:
             if e.type_name == "_StoreFull":
@@ -607,7 +609,7 @@ class CoreWorker:
         raylet = self.raylet
 
         async def pull_all() -> None:
-            await asyncio.gather(*(raylet.call(m.PullObject(oid, node, 0, self.worker_id))
+            await asyncio.gather(*(raylet.call(m.PullObject(oid, node, 0, self._owner_id_of(oid)))
                                    for oid, node in remote.items()), return_exceptions=True)
 
         try:
@@ -870,10 +872,18 @@ class CoreWorker:
             raise exc.ObjectFreedError(oid.hex(), st.error or "its owner freed it")
         raise exc.ObjectLostError(oid.hex(), st.error or "its owner lost it")
 
-    def pull_to_local(self, oid: bytes, node_id: bytes) -> None:
-        """Have the local raylet copy ``oid`` from node ``node_id`` into this node's store (blocks)."""
+    def _owner_id_of(self, oid: bytes) -> bytes:
+        """The worker id of ``oid``'s owner (a pulled copy is freed when that process dies)."""
+        e = self.objects.entries.get(oid)
+        if e is not None and not e.owned and e.owner is not None:
+            return e.owner.worker_id
+        return self.worker_id
+
+    def pull_to_local(self, oid: bytes, node_id: bytes, owner_id: bytes | None = None) -> None:
+        """Have the local raylet copy ``oid`` from node ``node_id`` into this node's store (blocks).
+        ``owner_id``: the object's owner, when this process has no entry for it."""
         try:
-            self.call_raylet(m.PullObject(oid, node_id, 0, self.worker_id), 3600.0)
+            self.call_raylet(m.PullObject(oid, node_id, 0, owner_id or self._owner_id_of(oid)), 3600.0)
         except (RemoteError, ConnectionLost, TimeoutError) as e:
             raise exc.ObjectLostError(oid.hex(), f"it lives on node {short(node_id)} and could not be "
                                       f"copied to this node: {e}") from None

@@ -200,12 +200,16 @@ class GcsServer:
         self.node_load.pop(node_id, None)
         self._node_conns.pop(node_id, None)
         logger.warning("node %s marked dead: %s", short(node_id), reason)
+        gone = []
         for w in self.workers.values():
             if w.node_id == node_id and w.state == "ALIVE":
                 w.state = "DEAD"
                 w.end_time = time.time()
                 w.exit_detail = f"node died: {reason}"
+                gone.append(w)
         self.publish("nodes", node_id, info)
+        for w in gone:  # borrowers drop them, raylets free what they owned
+            self.publish("workers", w.worker_id, w)
         self.placement_groups.on_node_dead(node_id)
         self.actors.on_node_dead(node_id, reason)
 
