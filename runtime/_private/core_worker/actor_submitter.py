@@ -153,6 +153,11 @@ class ActorSubmitter:
             from lumos._private import serialization as ser
             try:
                 _kind, err = ser.deserialize(info.death_error)
+                if isinstance(err, exc.TaskError):
+                    # As in Ray: every call raises ActorDiedError (RayActorError), whose
+                    # message carries the constructor's exception and traceback.
+                    return exc.ActorDiedError(q.actor_id.hex(), "the actor died because of an error raised "
+                                              f"in its creation task, {err}", err.as_instanceof_cause())
                 if isinstance(err, BaseException):
                     return err
             except Exception as e:  # the class of the error may not load here

@@ -519,11 +519,12 @@ class CoreWorker:
 
     # ================================================================== put
 
-    def put(self, value: Any, *, _owner: m.Address | None = None) -> ObjectRef:
+    def put(self, value: Any, *, _owner: m.Address | None = None, _kind: int = ser.KIND_VALUE) -> ObjectRef:
+        """``_kind=KIND_ERROR``: ``get`` raises ``value`` (a dynamic generator's error)."""
         if isinstance(value, ObjectRef):
             raise TypeError("lumos.put() of an ObjectRef is not allowed; pass the ref itself instead")
         self.drain_refs()
-        sv = ser.serialize(value)
+        sv = ser.serialize(value, _kind)
         self._put_counter += 1
         oid = put_object_id(self.current_task_id, self._put_counter)
         nested = [(r._id, r._owner or self.address) for r in sv.nested_refs]
