@@ -241,6 +241,11 @@ class RayletServer:
         if msg.channel == "jobs" and isinstance(msg.data, m.JobInfo) and msg.data.state != "RUNNING":
             self._sched(sc.JobFinished(msg.data.job_id))
         elif msg.channel == "nodes" and isinstance(msg.data, m.NodeInfo):
+            if msg.data.node_id == self.node_id and msg.data.state == "DEAD":
+                # Declared dead (frozen or cut off for too long): fenced, this node exits.
+                logger.error("the GCS declared this node dead (%s); stopping", msg.data.death_reason)
+                self._spawn(self.stop(), "raylet.stop")
+                return
             if msg.data.state == "ALIVE":
                 self.alive_nodes[msg.data.node_id] = msg.data
             else:
