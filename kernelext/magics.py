@@ -57,7 +57,10 @@ class LumosMagics(Magics):
 
     @magic_arguments()
     @argument("--async", dest="async_", action="store_true",
-              help="return at once: assigned names become ObjectRefs; a live display shows progress")
+              help="return at once: names the cell assigns a value become ObjectRefs (not its imports, "
+                   "loop variables or defs); a live display shows progress")
+    @argument("--out", metavar="A,B", help="bring back only these names (default: what the cell assigns)")
+    @argument("--no-out", dest="no_out", action="store_true", help="bring back no names")
     @argument("--map", nargs="+", metavar="NAME=ITERABLE",
               help="run the cell once per element, in parallel (e.g. --map x=range(8))")
     @argument("--session", metavar="NAME", help="run in a persistent remote namespace (an actor)")
@@ -88,6 +91,7 @@ class LumosMagics(Magics):
             setattr(args, key, _unquote(getattr(args, key)))
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError("--timeout must be a positive number of seconds")
+        args.out = _out_names(_unquote(args.out), args.no_out)
         return self.cells.run(args, line, cell)
 
     # ================================================================== %lumos
@@ -205,6 +209,19 @@ class LumosMagics(Magics):
     def _require_init() -> None:
         if not lumos.is_initialized():
             raise UsageError("lumos is not initialized; run %lumos init (or lumos.init()) first")
+
+
+def _out_names(text: str | None, no_out: bool) -> list[str] | None:
+    """``--out a,b`` -> ``["a", "b"]``; ``--no-out`` -> ``[]``; neither -> None (the cell's own)."""
+    if text is None:
+        return [] if no_out else None
+    if no_out:
+        raise UsageError("--out and --no-out cannot be combined; pick one")
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if not n.isidentifier()]
+    if bad or not names:
+        raise UsageError(f"--out {text!r}: expected comma-separated names, e.g. --out model,loss")
+    return list(dict.fromkeys(names))
 
 
 class _Parser(argparse.ArgumentParser):

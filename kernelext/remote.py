@@ -142,9 +142,10 @@ class RemoteCells:
         ns = self.shell.user_ns
         reads = self.readable(analysis.reads, exclude={map_name} if map_name else None)
         inline, ref_names, refs = self.ship(reads)
-        spec = CellSpec(source, display_source, filename, 1, analysis.assigns, analysis.last_expr,
+        assigns = outputs(args, analysis)
+        spec = CellSpec(source, display_source, filename, 1, assigns, analysis.last_expr,
                         analysis.quiet, ref_names)
-        runner = _remote_runner().options(num_returns=1 + len(analysis.assigns), **options)
+        runner = _remote_runner().options(num_returns=1 + len(assigns), **options)
         sink = CellSink(spec.nonce)
         run_refs: list[list[Any]] = []
         if map_name is None:
@@ -162,7 +163,7 @@ class RemoteCells:
                 sink.labels[tid] = f"[{i}] "
             ROUTER.register(tid, sink)
         run = _Run(spec, run_refs, sink, map_name, title)
-        self.last = RunRecord(options, reads, analysis.assigns, [r for rs in run_refs for r in rs],
+        self.last = RunRecord(options, reads, assigns, [r for rs in run_refs for r in rs],
                               self.shipper.last)
         if args.async_:
             return self._finish_async(run, args.timeout, ns)
@@ -434,6 +435,14 @@ class RemoteCells:
             t.daemon = True
             t.start()
         return None
+
+
+def outputs(args: Any, analysis: cellmod.CellAnalysis) -> list[str]:
+    """The names a cell brings back: ``--out``/``--no-out``, else what it assigns (an
+    ``--async`` cell: only names it gives a value, since each becomes an ObjectRef)."""
+    if getattr(args, "out", None) is not None:
+        return list(args.out)
+    return list(analysis.values) if args.async_ else list(analysis.assigns)
 
 
 def _local_value(name: str, value: Any) -> Any:

@@ -190,6 +190,35 @@ def test_map_runs_per_element_and_returns_lists_in_order(kernel: KernelSession) 
         assert f"[{i}] item {i}" in stdout(cell)
 
 
+def test_async_binds_only_values_the_cell_assigns(kernel: KernelSession) -> None:
+    kernel.run("import json")
+    cell = kernel.run("%%remote --async\nimport json\nimport os as os_q\nacc_q = 0\n"
+                      "for loop_q in range(3):\n    acc_q += loop_q\nsq_q = [comp_q * comp_q for comp_q in range(3)]\n"
+                      "def helper_q(v):\n    inner_q = v\n    return inner_q\n"
+                      "with open('/dev/null') as fh_q:\n    text_q = json.dumps({'acc': helper_q(acc_q)})")
+    assert not errors(cell), errors(cell)
+    assert kernel.value("[type(v).__name__ for v in (acc_q, sq_q, text_q, fh_q)]") == ["ObjectRef"] * 4
+    assert kernel.value("json.dumps([1])") == "[1]"  # the notebook's module, not a ref
+    assert kernel.value("[n in globals() for n in ('os_q', 'loop_q', 'comp_q', 'inner_q', 'helper_q')]") == [False] * 5
+    later = kernel.run("%%remote\nprint(text_q, sum(sq_q))")
+    assert not errors(later), errors(later)
+    assert '{"acc": 3} 5' in stdout(later)
+
+
+def test_out_and_no_out_choose_the_names_brought_back(kernel: KernelSession) -> None:
+    assert not errors(kernel.run("%%remote --out kept_q\nkept_q = 1\ndropped_q = 2"))
+    assert kernel.value("[kept_q, 'dropped_q' in globals()]") == [1, False]
+    cell = kernel.run("%%remote --no-out\nnothing_q = 3\nnothing_q * 2")
+    assert result_text(cell) == "6"
+    assert kernel.value("'nothing_q' in globals()") is False
+    assert not errors(kernel.run("%%remote --async --out a_q\nimport colorsys as cs_q\na_q = 1\nb_q = 2"))
+    assert kernel.value("[type(a_q).__name__, 'b_q' in globals(), 'cs_q' in globals()]") == ["ObjectRef", False, False]
+    for flags, message in (("--out 1x", "comma-separated names"), ("--out a --no-out", "cannot be combined")):
+        cell = kernel.run(f"%%remote {flags}\nx = 1")
+        shown = stdout(cell, "stderr") + " ".join(e["evalue"] for e in errors(cell))
+        assert "UsageError" in shown and message in shown, cell.outputs
+
+
 def test_async_map_results_are_resolved_by_a_later_cell(kernel: KernelSession) -> None:
     kernel.run("%%remote --async --map i=[1, 2, 3]\nhalf = i / 2")
     assert kernel.value("[type(h).__name__ for h in half]") == ["ObjectRef"] * 3
