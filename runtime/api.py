@@ -525,8 +525,9 @@ def available_resources() -> dict[str, float]:
         for k, v in source.items():
             if v > 0:
                 avail[k] = avail.get(k, 0) + v
-        free = n.store_capacity_bytes - (local["store"]["used_bytes"] if n.node_id == cw.node_id
-                                         else n.store_used_bytes)
+        # Pooled free slots (kept for reuse, given up when room is needed) count as free.
+        local_used = local["store"]["used_bytes"] - local["store"].get("pool_bytes", 0)
+        free = n.store_capacity_bytes - (local_used if n.node_id == cw.node_id else n.store_used_bytes)
         avail["object_store_memory"] = avail.get("object_store_memory", 0) + max(free, 0)
     return avail
 
