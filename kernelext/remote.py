@@ -119,7 +119,7 @@ class RemoteCells:
         if not lumos.is_initialized():
             self._auto_init()
         ROUTER.install()
-        n = self.shell.execution_count
+        n = self.cell_number()
         self._runs += 1
         # unique per run (cells run without history share a count), so remote linecache
         # entries never mix two versions of a cell
@@ -168,6 +168,23 @@ class RemoteCells:
         if args.async_:
             return self._finish_async(run, args.timeout, ns)
         return self._finish_sync(run, args.timeout, ns)
+
+    def cell_number(self) -> int:
+        """The ``In[n]`` of the cell running now, as IPython's own tracebacks name it.
+
+        ``shell.execution_count`` is not it: IPython 9 increments it before the cell runs
+        (and only for cells stored in the history). The cell's code object carries the
+        file name IPython compiled it under, which its compiler maps to the number.
+        """
+        names = getattr(getattr(self.shell, "compile", None), "_filename_map", None)
+        if isinstance(names, dict):
+            frame = sys._getframe(1)
+            while frame is not None:
+                n = names.get(frame.f_code.co_filename)
+                if isinstance(n, int):
+                    return n
+                frame = frame.f_back
+        return int(self.shell.execution_count)
 
     @staticmethod
     def _auto_init() -> None:
@@ -473,7 +490,7 @@ def _clean_traceback(text: str, filename: str) -> str:
         skipping = False
         m = _CELL_FRAME.match(line)
         if m:
-            line = f"  Cell {m.group(1)}, line {m.group(2)}{m.group(3)}\n"
+            line = f"  Cell {m.group(1)}, line {m.group(2)}{m.group(3) or ''}\n"
         out.append(line)
     return "".join(out)
 

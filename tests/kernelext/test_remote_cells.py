@@ -152,6 +152,17 @@ def test_error_shows_remote_traceback_with_cell_line_numbers(kernel: KernelSessi
     assert "kernelext" not in tb and "run_cell" not in tb
 
 
+def test_cell_numbers_are_the_cells_execution_counts(kernel: KernelSession) -> None:
+    import IPython
+    cell = kernel.run("%%remote\nx = 1\ny = 2\n1 / 0")
+    n = cell.execution_count
+    tb = "\n".join(errors(cell)[0]["traceback"])
+    assert f"Cell In[{n}], line 4" in tb and "None" not in tb, (IPython.__version__, n, tb)
+    cell = kernel.run("%%remote --async\nnumbered_q = 1")
+    shown = " ".join(str(d.get("text/plain")) for d in displays(cell))
+    assert f"cell In[{cell.execution_count}]" in shown, shown
+
+
 def test_unpicklable_value_names_the_variable(kernel: KernelSession) -> None:
     kernel.run("import threading\nlk = threading.Lock()")
     cell = kernel.run("%%remote\nprint(lk)")
