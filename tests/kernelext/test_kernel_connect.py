@@ -42,6 +42,7 @@ def test_kernel_joins_a_running_cluster_and_never_falls_back_to_a_private_one(tm
         out = k.run("%lumos init --address 127.0.0.1:1")
         assert [e["ename"] for e in out.errors] == ["ConnectionError"], out
         assert "127.0.0.1:1" in out.errors[0]["evalue"]
+        assert "magics.py" not in out.traceback() and "api.py" not in out.traceback()
         out = k.run("%%remote\n1 + 1")
         assert [e["ename"] for e in out.errors] == ["ConnectionError"], out
         assert "not connected" in out.errors[0]["evalue"] and "--address" in out.errors[0]["evalue"]

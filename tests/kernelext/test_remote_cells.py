@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 
@@ -292,6 +293,22 @@ def test_timeout_cancels_the_cell(kernel: KernelSession) -> None:
     assert time.monotonic() - start < 20
     errs = errors(cell)
     assert errs and "GetTimeoutError" in errs[0]["ename"] and "--timeout 1" in errs[0]["evalue"], errs
+
+
+_LUMOS_FRAMES = ("magics.py", "remote.py", "core_worker", "api.py", "interactiveshell.py", "decorator-gen")
+
+
+def test_timeouts_show_only_the_users_frames(kernel: KernelSession) -> None:
+    cell = kernel.run("%%remote --timeout 0.5\nimport time\ntime.sleep(30)")
+    tb = "\n".join(errors(cell)[0]["traceback"])
+    assert "--timeout 0.5" in tb and not [f for f in _LUMOS_FRAMES if f in tb], tb
+    kernel.run("@lumos.remote\ndef slow_q():\n    import time\n    time.sleep(30)")
+    cell = kernel.run("def wait_q(r):\n    return lumos.get(r, timeout=0.2)\nref_q = slow_q.remote()\nwait_q(ref_q)")
+    errs = errors(cell)
+    tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(errs[0]["traceback"]))
+    assert errs[0]["ename"] == "GetTimeoutError" and "lumos.get(r, timeout=0.2)" in tb and "wait_q(ref_q)" in tb
+    assert not [f for f in _LUMOS_FRAMES if f in tb], tb
+    kernel.run("lumos.cancel(ref_q, force=True)")
 
 
 def test_shell_escape_runs_remotely(kernel: KernelSession) -> None:
