@@ -137,11 +137,8 @@ class LumosMagics(Magics):
         self._require_init()
         from lumos._private import worker_context
         ctx = worker_context.context
-        url = getattr(ctx, "dashboard_url", "") or ""
-        nodes = lumos.state.list_nodes()
-        if not url:
-            url = next((n["dashboard_url"] for n in nodes if n.get("dashboard_url")), "") or ""
-        return ClusterStatus(nodes, url)
+        info = getattr(ctx, "address_info", None) or {}
+        return ClusterStatus.current(getattr(ctx, "dashboard_url", "") or "", str(info.get("gcs_address") or ""))
 
     def _cmd_shutdown(self, rest: list[str]) -> None:
         _Parser(prog="%lumos shutdown").parse(rest)
