@@ -93,6 +93,8 @@ class _Run:
     map_name: str | None
     title: str
     futures: list[Any] = field(default_factory=list)
+    #: the --session the cell runs in (its actor's running call cannot be interrupted)
+    session: str | None = None
 
 
 class RemoteCells:
@@ -323,6 +325,10 @@ class RemoteCells:
                 except Exception as e:  # the task may have finished meanwhile
                     logger.debug("cancel after Ctrl-C: %s", e)
             run.sink.go_late(None, None)  # a cancelled cell's last lines are dropped
+            if run.session is not None:
+                raise CellInterrupted(
+                    f"{run.title} interrupted; if it had started it runs to its end in the session "
+                    f"(%lumos close {run.session} ends the session and the cell)") from None
             what = "its remote task was" if len(metas) == 1 else f"its {len(metas)} remote tasks were"
             raise CellInterrupted(f"{run.title} interrupted; {what} cancelled") from None
         if not all(f.done() for f in futures):

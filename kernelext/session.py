@@ -171,7 +171,7 @@ class Sessions:
         ROUTER.register(ref.task_id().binary(), sink)
         session.cells += 1
         session.defined |= set(analysis.assigns) | set(push)
-        run = _Run(spec, [[ref]], sink, None, f"{title} in session {session.name}")
+        run = _Run(spec, [[ref]], sink, None, f"{title} in session {session.name}", session=session.name)
         from lumos.kernelext.remote import RunRecord
         cells.last = RunRecord({"session": session.name, **session.options}, reads + push, analysis.assigns,
                                [ref], cells.shipper.last)

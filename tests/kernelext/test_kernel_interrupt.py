@@ -69,5 +69,12 @@ def test_stop_button_leaves_the_private_cluster_running(direct_kernel: tuple[Dir
     tb = out.traceback()
     assert "lumos.get(ref)" in tb and "core_worker" not in tb and "api.py" not in tb, tb
     _cluster_answers(k)
+
+    # a --session cell: a running actor call is not interrupted; the line says so
+    out = k.run("%%remote --session s1\nimport time\nprint('in session', flush=True)\ntime.sleep(2)",
+                interrupt_on="in session")
+    assert [e["ename"] for e in out.errors] == ["KeyboardInterrupt"], out
+    assert len(out.errors[0]["traceback"]) == 1 and "%lumos close s1" in out.traceback(), out.traceback()
+    assert "after" in k.ok("%%remote --session s1\nprint('after')").stdout
     time.sleep(9)  # the cancelled tasks would have written their markers by now
     assert not os.path.exists(marker) and not os.path.exists(marker2)
