@@ -64,7 +64,7 @@ def test_stop_button_leaves_the_private_cluster_running(direct_kernel: tuple[Dir
     k.ok("@lumos.remote\ndef slow(path):\n    import time\n    time.sleep(8)\n    open(path, 'w').close()")
     marker2 = os.path.join(str(tmp_path), "get-not-cancelled")
     out = k.run(f"ref = slow.remote({marker2!r})\nprint('waiting', flush=True)\nlumos.get(ref)",
-                interrupt_on="waiting")
+                interrupt_on="waiting", interrupt_after_s=0.5)  # get has started by then
     assert [e["ename"] for e in out.errors] == ["KeyboardInterrupt"], out
     tb = out.traceback()
     assert "lumos.get(ref)" in tb and "core_worker" not in tb and "api.py" not in tb, tb
