@@ -7,15 +7,17 @@ GPU panel) and ``display.py`` (rich displays).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
-from typing import Any
+from typing import Any, Iterator
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 import lumos
+from lumos.kernelext import tracebacks
 from lumos.kernelext.remote import RemoteCells
 
 _LUMOS_HELP = """%lumos COMMAND
@@ -92,7 +94,8 @@ class LumosMagics(Magics):
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError("--timeout must be a positive number of seconds")
         args.out = _out_names(_unquote(args.out), args.no_out)
-        return self.cells.run(args, line, cell)
+        with _short_errors():
+            return self.cells.run(args, line, cell)
 
     # ================================================================== %lumos
 
@@ -108,7 +111,8 @@ class LumosMagics(Magics):
         if handler is None:
             raise UsageError(f"%lumos {cmd}: unknown command; commands: init, status, shutdown, gpus, "
                              "sessions, close, dashboard, graph")
-        return handler(rest)
+        with _short_errors():
+            return handler(rest)
 
     def _cmd_init(self, rest: list[str]) -> Any:
         p = _Parser(prog="%lumos init")
@@ -206,6 +210,18 @@ class LumosMagics(Magics):
     def _require_init() -> None:
         if not lumos.is_initialized():
             raise UsageError("lumos is not initialized; run %lumos init (or lumos.init()) first")
+
+
+@contextlib.contextmanager
+def _short_errors() -> Iterator[None]:
+    """Errors lumos raises on purpose in a magic (a bad flag, a value that cannot be sent)
+    show as their message, without the frames of the magic machinery."""
+    try:
+        yield
+    except tracebacks.MAGIC_ERRORS as e:
+        if tracebacks.deliberate(e):
+            tracebacks.message_only(e)
+        raise
 
 
 def _out_names(text: str | None, no_out: bool) -> list[str] | None:

@@ -169,6 +169,7 @@ def test_unpicklable_value_names_the_variable(kernel: KernelSession) -> None:
     cell = kernel.run("%%remote\nprint(lk)")
     errs = errors(cell)
     assert errs and "'lk'" in errs[0]["evalue"], errs
+    assert errs[0]["traceback"] == [f"TypeError: {errs[0]['evalue']}"]  # the message, not lumos's frames
 
 
 def test_large_value_is_put_once_and_reused_while_unchanged(kernel: KernelSession) -> None:
@@ -267,6 +268,7 @@ def test_bad_options_give_clear_errors(kernel: KernelSession, flags: str, messag
     cell = kernel.run(f"%%remote {flags}\nx = 1")
     errs = errors(cell)
     assert errs and message in errs[0]["evalue"], errs
+    assert len(errs[0]["traceback"]) == 1 and "magics.py" not in errs[0]["traceback"][0], errs
 
 
 def test_placement_group_option(kernel: KernelSession) -> None:
