@@ -58,14 +58,12 @@ class LumosContext:
                 f"node_id={self.address_info.get('node_id')!r}, dashboard_url={self.dashboard_url!r})")
 
     def _repr_html_(self) -> str:
-        from html import escape
-        res = cluster_resources() if is_initialized() else {}
-        rows = "".join(f"<tr><td>{escape(str(k))}</td><td>{escape(str(v))}</td></tr>"
-                       for k, v in sorted(res.items()) if not k.startswith("node:"))
-        link = (f"<a href='{escape(self.dashboard_url)}' target='_blank'>dashboard</a>"
-                if self.dashboard_url else "no dashboard")
-        return (f"<div><b>lumos</b> cluster at <code>{escape(str(self.address_info.get('gcs_address')))}</code>"
-                f" — {link}<table>{rows}</table></div>")
+        """The cluster card (``%lumos status``); only a notebook front end asks for it."""
+        if not is_initialized():
+            return "<div><b>lumos</b> cluster (disconnected)</div>"
+        from lumos.kernelext.display import ClusterStatus
+        card = ClusterStatus.current(self.dashboard_url, str(self.address_info.get("gcs_address") or ""))
+        return str(card._repr_html_())
 
 
 def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus: float | None = None,
