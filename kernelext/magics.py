@@ -149,7 +149,7 @@ class LumosMagics(Magics):
         from lumos.kernelext.display import flush_live_displays
         flush_live_displays(settle_s=5.0 if lumos.is_initialized() else 0.0)
         if self.panel is not None:
-            self.panel.close()
+            self.panel.close(keep_view=True)  # a Run All keeps the panel's last view
             self.panel = None
         if lumos.is_initialized():
             self.cells.sessions.close_all()

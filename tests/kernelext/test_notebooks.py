@@ -16,12 +16,24 @@ from tests.kernelext.conftest import displays, errors, result_text, stdout
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
+class _Client(NotebookClient):
+    """Records the widgets the kernel closed: JupyterLab removes their views (nbclient keeps their state)."""
+
+    def handle_comm_msg(self, outs: list[Any], msg: dict[str, Any], cell_index: int) -> None:
+        if msg["msg_type"] == "comm_close":
+            self.closed_comms.add(msg["content"]["comm_id"])
+        super().handle_comm_msg(outs, msg, cell_index)
+
+
 def _execute(path: Path, tmp_path: Path) -> Any:
     nb = nbformat.read(path, as_version=4)
     env_address = os.environ.pop("LUMOS_ADDRESS", None)
     try:
-        NotebookClient(nb, kernel_name="python3", timeout=60, store_widget_state=True,
-                       resources={"metadata": {"path": str(tmp_path)}}).execute()
+        client = _Client(nb, kernel_name="python3", timeout=60, store_widget_state=True,
+                         resources={"metadata": {"path": str(tmp_path)}})
+        client.closed_comms = set()
+        client.execute()
+        nb.metadata["closed_comms"] = sorted(client.closed_comms)
     finally:
         if env_address is not None:
             os.environ["LUMOS_ADDRESS"] = env_address
@@ -67,3 +79,10 @@ def _check_quickstart(nb: Any) -> None:
     state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     models = {m["model_name"] for m in state.values()}
     assert {"IntProgressModel", "BoundedFloatTextModel", "ToggleButtonsModel"} <= models
+    # After Run All the GPU panel still shows (the shutdown cell below it froze it, not closed it).
+    panel = next(o for o in _cell(nb, "panel = %lumos gpus").outputs
+                 if "application/vnd.jupyter.widget-view+json" in o.get("data", {}))
+    panel_id = panel["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
+    assert panel_id not in nb.metadata["closed_comms"]
+    html = " ".join(str(m["state"].get("value", "")) for m in state.values() if m["model_name"] == "HTMLModel")
+    assert "lumos-gpus" in html and "in use" in html
