@@ -153,6 +153,8 @@ class CoreWorker:
         self._events: list[tuple[Any, ...]] = []
         #: Called with batches of worker output lines (driver); replaceable by front ends.
         self.log_handler: Callable[[list[Any]], None] = _print_worker_lines
+        #: When worker output last arrived (monotonic; the exit drain waits for it to settle).
+        self.last_log_at = 0.0
         self.error_handler: Callable[[str, str], None] = _print_cluster_error
         self._closed = False
         self._blocked_depth = 0
@@ -374,6 +376,22 @@ class CoreWorker:
                     fn(*args)
                 except Exception:
                     logger.exception("io-thread job %s failed", getattr(fn, "__name__", fn))
+
+    def drain_at_exit(self, timeout_s: float, settle_s: float = 0.3) -> int:
+        """At a script's exit (user thread): wait until every task and actor call this
+        process submitted has answered, then until worker output stops arriving for
+        ``settle_s``, at most ``timeout_s`` in all. Returns the calls still unanswered."""
+        deadline = time.monotonic() + timeout_s
+        done_at = None
+        while time.monotonic() < deadline and not self._closed:
+            if self._inbox or self.tasks:
+                done_at = None
+            elif done_at is None:
+                done_at = time.monotonic()  # output travels worker -> raylet -> GCS -> here
+            elif time.monotonic() - max(done_at, self.last_log_at) >= settle_s:
+                return 0
+            time.sleep(0.02)
+        return len(self.tasks)
 
     def run_sync(self, coro: Any, timeout_s: float | None = None) -> Any:
         """Run a coroutine on the io thread and wait for it (from a user thread)."""
@@ -1851,12 +1869,16 @@ class CoreWorker:
 
     def send_reply(self, conn: Connection, reply: m.TaskReply) -> None:
         """Executor (main thread) hands a finished task's reply to the io thread."""
+        ex = self.executor
+        if ex is not None and ex._output:  # the task's output leaves before its reply
+            self._post(ex.flush_output)
         self._post(conn.notify, reply)
 
     # ================================================================== pub/sub, events
 
     def _handle_publish(self, conn: Connection, msg: m.Publish) -> None:
         if msg.channel == "logs":
+            self.last_log_at = time.monotonic()
             try:
                 self.log_handler(msg.data)
             except Exception:
