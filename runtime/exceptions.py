@@ -19,6 +19,7 @@ __all__ = [
     "LumosSystemError", "RaySystemError", "TaskUnschedulableError", "ActorUnschedulableError",
     "LocalRayletDiedError", "PendingCallsLimitExceeded", "TaskPlacementGroupRemoved",
     "ActorPlacementGroupRemoved", "CrossLanguageError", "RuntimeEnvSetupError",
+    "ClusterUnavailableError",
 ]
 
 
@@ -292,3 +293,9 @@ class CrossLanguageError(LumosError):
 
 class RuntimeEnvSetupError(LumosError):
     """A runtime environment could not be set up."""
+
+
+class ClusterUnavailableError(LumosSystemError, ConnectionError):
+    """The cluster cannot be reached: the connection to the GCS or to this node's raylet
+    was lost (the cluster stopped, or its head node died). Calls fail with it at once
+    rather than wait; ``lumos.shutdown()`` and ``lumos.init()`` start over."""

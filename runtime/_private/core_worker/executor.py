@@ -596,8 +596,16 @@ class Executor:
             if len(values) != n:
                 raise ValueError(f"{spec.name} has num_returns={n} but returned {len(values)} values")
         third_party: dict[bytes, tuple[m.Address, list[bytes]]] = {}
-        returns = [self._return_object(spec, return_object_id(spec.task_id, i + 1), value, third_party)
-                   for i, value in enumerate(values)]
+        returns: list[m.ReturnObject] = []
+        try:
+            for i, value in enumerate(values):
+                returns.append(self._return_object(spec, return_object_id(spec.task_id, i + 1), value,
+                                                   third_party))
+        except BaseException:
+            # The attempt fails as a whole (its reply carries the error for every return):
+            # the values already written to the store would have no owner and stay forever.
+            self._abort_returns(returns)
+            raise
         for owner, ids in third_party.values():
             self._register_at(owner, ids, spec.owner)
         return returns
@@ -642,6 +650,14 @@ class Executor:
             return m.ReturnObject(oid, sv.to_bytes(), sv.total_size, None, nested)
         cw._write_to_store(oid, sv, keep_mapping=False)
         return m.ReturnObject(oid, None, sv.total_size, cw.node_id, nested)
+
+    def _abort_returns(self, returns: list[m.ReturnObject]) -> None:
+        """Free the stored values of a failed attempt's returns (any thread)."""
+        stored = [r.object_id for r in returns if r.data is None and r.node_id is not None]
+        if stored:
+            cw = self.cw
+            logger.info("freeing %d stored returns of a failed attempt", len(stored))
+            cw._post(cw._send_releases, stored, [False] * len(stored), {})
 
     def _register_at(self, owner: m.Address, ids: list[bytes], borrower: m.Address) -> None:
         cw = self.cw

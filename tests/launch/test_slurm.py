@@ -1,0 +1,158 @@
+"""lumos on a real Slurm (see conftest.py): ``lumos slurm`` and ``SlurmCluster``.
+
+Each test runs a workload that places one task on every node of the cluster, cancels
+the job(s), and checks that every process of the job has exited and every node's object
+store and sockets are gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import psutil
+import pytest
+
+from lumos._private.config import Config
+from lumos.launch.node import gcs_nodes
+from lumos.launch.slurm import SlurmCluster, SlurmJobSpec, render_batch_script
+from tests.conftest import wait_for
+from tests.launch.conftest import LocalSlurm
+
+LUMOS = os.path.join(os.path.dirname(sys.executable), "lumos")
+
+#: One task pinned to each alive node; prints the nodes and where the tasks ran.
+WORKLOAD = textwrap.dedent("""
+    import json, sys
+    import lumos
+    from lumos.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    lumos.init(address=sys.argv[1], _token=open(sys.argv[2]).read().strip())
+    try:
+        nodes = sorted(n["NodeID"] for n in lumos.nodes() if n["Alive"])
+
+        @lumos.remote(num_cpus=1)
+        def where():
+            return lumos.get_runtime_context().get_node_id()
+
+        refs = [where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
+                for n in nodes]
+        print(json.dumps({"nodes": nodes, "ran_on": sorted(lumos.get(refs, timeout=60))}))
+    finally:
+        lumos.shutdown()
+""")
+
+
+def run_workload(slurm: LocalSlurm, address: str, token_file: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", WORKLOAD, address, token_file], env=slurm.env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"workload failed:\n{out.stdout}\n{out.stderr}"
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def node_files(address: str, token_file: str) -> list[str]:
+    """Object store directories and socket directories of the cluster's alive nodes."""
+    host, port = address.rsplit(":", 1)
+    with open(token_file, "rb") as f:
+        token = f.read().strip()
+    nodes = [n for n in gcs_nodes((host, int(port)), token, Config.resolve()) if n.state == "ALIVE"]
+    return [p for n in nodes for p in (n.object_store_dir, os.path.join(n.session_dir, "sockets"))]
+
+
+def assert_nothing_left(slurm: LocalSlurm, procs: list[psutil.Process], files: list[str]) -> None:
+    assert procs, "the job's processes were not found"
+
+    def gone() -> bool:
+        return all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in procs)
+    try:
+        wait_for(gone, 60, 0.3)
+    except AssertionError:
+        left = [(p.pid, " ".join(p.cmdline())[:100]) for p in procs if p.is_running()]
+        raise AssertionError(f"processes of the cancelled job still run: {left}") from None
+    left_files = [p for p in files if os.path.exists(p)]
+    assert not left_files, f"node files left behind: {left_files}"
+    wait_for(lambda: not slurm.jobs(), 60, 0.3)  # COMPLETING until slurmctld hears from every node
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_lumos_slurm_runs_a_task_on_every_node_and_scancel_stops_everything(slurm: LocalSlurm) -> None:
+    out = subprocess.run([LUMOS, "slurm", "--nodes", "2", "--cpus-per-node", "1", "--no-dashboard",
+                          "--job-dir", os.path.join(slurm.root, "jobs"), "--timeout", "120"],
+                         env=slurm.env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, f"lumos slurm failed:\n{out.stdout}\n{out.stderr}\n{slurm.log_tail()}"
+    job_id = re.search(r"submitted Slurm job (\d+)", out.stdout).group(1)  # type: ignore[union-attr]
+    address = re.search(r"lumos cluster at (\S+): 2 node\(s\) alive", out.stdout).group(1)  # type: ignore[union-attr]
+    token_file = re.search(r"token file: (\S+)", out.stdout).group(1)  # type: ignore[union-attr]
+    assert os.stat(token_file).st_mode & 0o777 == 0o600
+    with open(token_file) as f:
+        token = f.read().strip()
+    with open(os.path.join(os.path.dirname(token_file), "cluster.sh")) as f:
+        assert token not in f.read(), "the batch script must not carry the token"
+    try:
+        result = run_workload(slurm, address, token_file)
+        assert len(result["nodes"]) == 2
+        assert result["ran_on"] == result["nodes"]
+        procs = slurm.job_processes(job_id)
+        # Every lumos process of the job runs without the token on its command line.
+        for p in procs:
+            assert token not in " ".join(p.cmdline())
+        files = node_files(address, token_file)
+    finally:
+        slurm.run("scancel", job_id)
+    assert_nothing_left(slurm, procs, files)
+    with open(os.path.join(os.path.dirname(token_file), f"slurm-{job_id}.out")) as f:
+        assert "stopping the cluster nodes" in f.read()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_slurm_cluster_scales_up_and_down_and_close_cancels_its_jobs(slurm: LocalSlurm,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in slurm.env.items():
+        if k in ("SLURM_CONF", "LUMOS_TMPDIR"):
+            monkeypatch.setenv(k, v)
+    cluster = SlurmCluster(nodes=1, cpus_per_node=1, dashboard=False, job_dir=os.path.join(slurm.root, "jobs"),
+                           timeout_s=120)
+    procs: list[psutil.Process] = []
+    files: list[str] = []
+    try:
+        assert len(cluster.alive_nodes()) == 1
+        cluster.scale(2, timeout_s=120)
+        result = run_workload(slurm, cluster.address, cluster.token_file)
+        assert len(result["nodes"]) == 2 and result["ran_on"] == result["nodes"]
+        (join_job,) = cluster.join_job_ids
+        join_procs = slurm.job_processes(join_job)
+        procs = slurm.job_processes(cluster.job_id) + join_procs
+        files = node_files(cluster.address, cluster.token_file)
+        cluster.scale(1, timeout_s=60)
+        wait_for(lambda: len(cluster.alive_nodes()) == 1, 30, 0.3)
+        wait_for(lambda: all(not p.is_running() for p in join_procs), 30, 0.3)
+    finally:
+        cluster.close()
+    assert_nothing_left(slurm, procs, files)
+    assert not os.path.exists(cluster.token_file)
+
+
+def test_batch_script_passes_resources_and_never_the_token(tmp_path: Any) -> None:
+    spec = SlurmJobSpec(nodes=3, cpus_per_node=8, gpus_per_node=2, time="1:00:00", partition="gpu",
+                        account="proj", object_store_memory=2**30, sbatch_args=["--mem=64G"],
+                        python="/opt/py env/bin/python")
+    script = render_batch_script(spec, str(tmp_path))
+    for line in ("#SBATCH --nodes=3", "#SBATCH --cpus-per-task=8", "#SBATCH --gres=gpu:2",
+                 "#SBATCH --time=1:00:00", "#SBATCH --signal=B:USR1@60", "#SBATCH --partition=gpu",
+                 "#SBATCH --account=proj", "#SBATCH --mem=64G",
+                 "NODE_ARGS=(--num-cpus 8 --num-gpus 2 --object-store-memory 1073741824)",
+                 "PYTHON='/opt/py env/bin/python'", "trap 'stop 0' TERM INT USR1 HUP"):
+        assert line in script.splitlines(), line
+    assert "--token-file" in script and "LUMOS_CLUSTER_TOKEN" not in script
+    checked = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+    assert checked.returncode == 0, checked.stderr
+    with pytest.raises(ValueError, match="nodes must be"):
+        render_batch_script(SlurmJobSpec(nodes=0), str(tmp_path))
+    with pytest.raises(ValueError, match="sbatch options"):
+        render_batch_script(SlurmJobSpec(sbatch_args=["mem=1G"]), str(tmp_path))
