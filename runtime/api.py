@@ -345,8 +345,25 @@ _exit_registered = False
 def _register_exit_handler() -> None:
     global _exit_registered
     if not _exit_registered:
-        atexit.register(shutdown)
+        atexit.register(_at_exit)
         _exit_registered = True
+
+
+def _at_exit() -> None:
+    """At interpreter exit: let the calls the script submitted last run and their output
+    arrive (as in Ray, ``f.remote()`` as a script's last line runs), within
+    ``exit_drain_timeout_s``; then shut down."""
+    cw = worker_context.core_worker
+    if cw is not None and not worker_context.is_worker and cw.config.exit_drain_timeout_s > 0:
+        timeout_s = cw.config.exit_drain_timeout_s
+        try:
+            left = cw.drain_at_exit(timeout_s)
+        except KeyboardInterrupt:
+            left = 0  # Ctrl-C at exit: stop waiting
+        if left:
+            sys.stderr.write(f"lumos: {left} task(s) or actor call(s) this script submitted had not finished "
+                             f"{timeout_s:g}s after it ended (exit_drain_timeout_s); they are abandoned\n")
+    shutdown()
 
 
 def shutdown() -> None:
