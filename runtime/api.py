@@ -298,13 +298,26 @@ def _fetch_nodes(config: Config, token: bytes, gcs_address: Any) -> list[m.NodeI
             conn.close()
 
     try:
-        return asyncio.run(ask())
+        return _run_off_loop(ask())
     except ConnectionError as e:
         if "authentication" in str(e):
             raise
         raise ConnectionError(f"cannot reach the lumos GCS at {where}: {e}") from None
     except (OSError, TimeoutError) as e:
         raise ConnectionError(f"cannot reach the lumos GCS at {where}: {e or type(e).__name__}") from None
+
+
+def _run_off_loop(coro: Any) -> Any:
+    """``asyncio.run(coro)``, on a helper thread when this thread already runs a loop (a
+    notebook cell: ipykernel's loop is running while it executes, so ``asyncio.run`` raises)."""
+    import asyncio
+    import concurrent.futures
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lumos-init") as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 _exit_registered = False
