@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 from typing import Any
 
 import psutil
@@ -22,30 +21,9 @@ from lumos._private.config import Config
 from lumos.launch.node import gcs_nodes
 from lumos.launch.slurm import SlurmCluster, SlurmJobSpec, render_batch_script
 from tests.conftest import wait_for
-from tests.launch.conftest import LocalSlurm
+from tests.launch.conftest import WORKLOAD, LocalSlurm
 
 LUMOS = os.path.join(os.path.dirname(sys.executable), "lumos")
-
-#: One task pinned to each alive node; prints the nodes and where the tasks ran.
-WORKLOAD = textwrap.dedent("""
-    import json, sys
-    import lumos
-    from lumos.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    lumos.init(address=sys.argv[1], _token=open(sys.argv[2]).read().strip())
-    try:
-        nodes = sorted(n["NodeID"] for n in lumos.nodes() if n["Alive"])
-
-        @lumos.remote(num_cpus=1)
-        def where():
-            return lumos.get_runtime_context().get_node_id()
-
-        refs = [where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
-                for n in nodes]
-        print(json.dumps({"nodes": nodes, "ran_on": sorted(lumos.get(refs, timeout=60))}))
-    finally:
-        lumos.shutdown()
-""")
-
 
 def run_workload(slurm: LocalSlurm, address: str, token_file: str) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-c", WORKLOAD, address, token_file], env=slurm.env,
