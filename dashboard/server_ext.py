@@ -19,6 +19,8 @@ from there, so only clusters on this machine, run by this user, can be shown.
 
 from __future__ import annotations
 
+import atexit
+import json
 import logging
 import os
 import re
@@ -31,6 +33,32 @@ from lumos.dashboard.components.common import PAGE_TITLES
 logger = logging.getLogger(__name__)
 
 _CLUSTER = re.compile(r"^session_[A-Za-z0-9_-]{1,120}$")
+
+
+def marker_path(runtime_dir: str, server_pid: int) -> str:
+    """Where a Jupyter server with the extension loaded says so to its kernels."""
+    return os.path.join(runtime_dir, f"lumos-dashboard-{server_pid}.json")
+
+
+def _write_marker(serverapp: Any, base_url: str) -> None:
+    from lumos._private.process import write_private_file
+    path = marker_path(serverapp.runtime_dir, os.getpid())
+    try:
+        os.makedirs(serverapp.runtime_dir, exist_ok=True)
+        if os.path.lexists(path):
+            os.unlink(path)  # left by an earlier server with our pid
+        write_private_file(path, json.dumps({"base_url": base_url, "pid": os.getpid()}).encode())
+    except OSError as e:
+        serverapp.log.warning("lumos dashboard: cannot write %s (%s); kernels will link the head node's "
+                              "dashboard instead of this server's", path, e)
+        return
+
+    def remove() -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    atexit.register(remove)
 
 
 def session_root() -> str:
@@ -150,4 +178,5 @@ def load(serverapp: Any) -> None:
     # (Bokeh's router) goes in through tornado's own method.
     tornado.web.Application.add_handlers(web_app, ".*$", [(PathMatches(prefix + "/.*"), bokeh)])
     web_app.add_handlers(".*$", [(launch + r"/(\w+)", Launcher), (launch + "/?", Launcher)])
+    _write_marker(serverapp, base)
     serverapp.log.info("lumos dashboard mounted at %s", launch)

@@ -50,10 +50,13 @@ MPL_BACKEND = "module://lumos.kernelext.mpl_backend"
 #: True while a remote cell runs in this process (its ``plt.show()`` displays figures).
 in_remote_cell = False
 
-#: Prefix of a stdout line that carries a ``display()`` bundle (JSON, base64).
-DISPLAY_MARKER = "\ue000lumos-display:"
-#: Prefix of the last stdout line of a cell that wrote output: everything before it arrived.
-END_MARKER = "\ue000lumos-end:"
+#: Prefix of a stdout line that carries a ``display()`` bundle (JSON, base64); the run's
+#: secret nonce and a colon follow (``display_prefix``), so printed data that happens to
+#: start like a marker is never taken for one.
+DISPLAY_MARKER = "\ue000lumos-display-"
+#: Prefix of the last stdout line of a cell that wrote output: everything before it
+#: arrived (``end_prefix``: with the run's nonce, like ``DISPLAY_MARKER``).
+END_MARKER = "\ue000lumos-end-"
 #: Values whose pickled size is at least this are put in the object store once.
 LARGE_VALUE_BYTES = 100 * 1024
 
@@ -171,6 +174,25 @@ def _target_names(t: ast.expr) -> set[str]:
 # =========================================================================== markers
 
 
+def new_nonce() -> str:
+    """A run's secret: only lines carrying it are display bundles or end markers."""
+    import secrets
+    return secrets.token_hex(16)
+
+
+def display_prefix(nonce: str) -> str:
+    return f"{DISPLAY_MARKER}{nonce}:"
+
+
+def end_prefix(nonce: str) -> str:
+    return f"{END_MARKER}{nonce}:"
+
+
+#: The nonce of the cell running in this process (None outside a cell): ``display()``
+#: marks its lines with it.
+_running_nonce: str | None = None
+
+
 class _Unset:
     """The cell did not bind this name (a branch not taken)."""
 
@@ -262,6 +284,8 @@ class CellSpec:
     pull: list[str] = field(default_factory=list)
     #: map element index (for --map), else -1
     map_index: int = -1
+    #: this run's secret for its display and end marker lines (never printed by user code)
+    nonce: str = field(default_factory=new_nonce)
 
 
 # =========================================================================== driver side
@@ -404,8 +428,9 @@ def run_cell(spec: CellSpec, inline: dict[str, Any], *ref_values: Any,
     meta = CellMeta()
     if "matplotlib" not in sys.modules:
         os.environ["MPLBACKEND"] = MPL_BACKEND  # read when the cell first imports matplotlib
-    global in_remote_cell
+    global in_remote_cell, _running_nonce
     in_remote_cell = True
+    outer_nonce, _running_nonce = _running_nonce, spec.nonce
     out, err = sys.stdout, sys.stderr
     counting_out, counting_err = _Counting(out), _Counting(err)
     sys.stdout, sys.stderr = counting_out, counting_err  # type: ignore[assignment]
@@ -431,12 +456,13 @@ def run_cell(spec: CellSpec, inline: dict[str, Any], *ref_values: Any,
     finally:
         _flush_figures()
         in_remote_cell = False
+        _running_nonce = outer_nonce
         sys.stdout, sys.stderr = out, err
         if counting_out.written or counting_err.written or failed:
             meta.wrote_output = True
             err.flush()
             out.flush()
-            out.write(f"{END_MARKER}{spec.map_index}\n")
+            out.write(f"{end_prefix(spec.nonce)}{spec.map_index}\n")
             out.flush()
     values: list[Any] = []
     for name in spec.assigns:
@@ -565,21 +591,31 @@ def mimebundle(obj: Any) -> dict[str, Any]:
 
 
 def display(*objs: Any, raw: bool = False, **kwargs: Any) -> None:
-    """``display()`` inside a remote cell: the rich output reaches the notebook cell."""
+    """``display()`` inside a remote cell: the rich output reaches the notebook cell.
+
+    Outside a cell (a plain task calling a notebook function) it prints the plain text.
+    """
+    nonce = _running_nonce
     for obj in objs:
         bundle = {"data": obj, "metadata": kwargs.get("metadata") or {}} if raw else mimebundle(obj)
-        text = base64.b64encode(json.dumps(bundle, default=str).encode()).decode()
         out = sys.stdout
+        if nonce is None:
+            data = bundle.get("data") or {}
+            print(data.get("text/plain", "") if isinstance(data, dict) else data, file=out)
+            continue
+        text = base64.b64encode(json.dumps(bundle, default=str).encode()).decode()
         out.flush()
-        out.write(f"{DISPLAY_MARKER}{text}\n")
+        out.write(f"{display_prefix(nonce)}{text}\n")
         out.flush()
 
 
-def decode_display(line: str) -> dict[str, Any] | None:
-    if not line.startswith(DISPLAY_MARKER):
+def decode_display(line: str, nonce: str) -> dict[str, Any] | None:
+    """The bundle of a display line of the run with ``nonce``; None for any other line."""
+    prefix = display_prefix(nonce)
+    if not line.startswith(prefix):
         return None
     try:
-        bundle = json.loads(base64.b64decode(line[len(DISPLAY_MARKER):]))
+        bundle = json.loads(base64.b64decode(line[len(prefix):]))
     except (ValueError, TypeError):
         return None
     return bundle if isinstance(bundle, dict) else None

@@ -27,6 +27,7 @@ from lumos.kernelext import cell as cellmod
 from lumos.kernelext.cell import CellMeta, CellSpec, ModuleByName, NotShipped, Shipper, _Deleted, _Unset
 from lumos.kernelext.display import LiveDisplay, flush_live_displays
 from lumos.kernelext.output import ROUTER, CellSink
+from lumos.kernelext.tracebacks import CellInterrupted
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class RemoteCells:
 
     def _run(self, args: Any, line: str, body: str) -> Any:
         if not lumos.is_initialized():
-            lumos.init()
+            self._auto_init()
         ROUTER.install()
         n = self.shell.execution_count
         self._runs += 1
@@ -144,7 +145,7 @@ class RemoteCells:
         spec = CellSpec(source, display_source, filename, 1, analysis.assigns, analysis.last_expr,
                         analysis.quiet, ref_names)
         runner = _remote_runner().options(num_returns=1 + len(analysis.assigns), **options)
-        sink = CellSink()
+        sink = CellSink(spec.nonce)
         run_refs: list[list[Any]] = []
         if map_name is None:
             out = runner.remote(spec, inline, *refs)
@@ -166,6 +167,22 @@ class RemoteCells:
         if args.async_:
             return self._finish_async(run, args.timeout, ns)
         return self._finish_sync(run, args.timeout, ns)
+
+    @staticmethod
+    def _auto_init() -> None:
+        """The first cell without ``lumos.init()``: a private cluster, said in one line.
+
+        Never after a failed ``init(address=...)``: the user meant that cluster, and cells
+        quietly running on a private one instead would be worse than an error.
+        """
+        from lumos import api
+        if api.failed_connect is not None:
+            raise ConnectionError(f"lumos is not connected: {api.failed_connect}. Run %lumos init --address "
+                                  "ADDRESS again, or %lumos init (no address) for a private cluster")
+        lumos.init()
+        cpus = lumos.cluster_resources().get("CPU", 0)
+        sys.stderr.write(f"lumos: started a private cluster for this kernel ({cpus:g} CPUs); "
+                         "%lumos init --address auto joins a running one instead\n")
 
     # ================================================================== options
 
@@ -287,7 +304,9 @@ class RemoteCells:
                     lumos.cancel(r)
                 except Exception as e:  # the task may have finished meanwhile
                     logger.debug("cancel after Ctrl-C: %s", e)
-            raise
+            run.sink.go_late(None, None)  # a cancelled cell's last lines are dropped
+            what = "its remote task was" if len(metas) == 1 else f"its {len(metas)} remote tasks were"
+            raise CellInterrupted(f"{run.title} interrupted; {what} cancelled") from None
         if not all(f.done() for f in futures):
             for r in metas:
                 try:

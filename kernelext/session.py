@@ -164,7 +164,7 @@ class Sessions:
         spec = CellSpec(source, display_source, filename, 1, [], analysis.last_expr, analysis.quiet,
                         ref_names, pull=list(args.pull or []))
         ref = session.handle.run.remote(spec, inline, *refs)
-        sink = CellSink()
+        sink = CellSink(spec.nonce)
         ROUTER.register(ref.task_id().binary(), sink)
         session.cells += 1
         session.defined |= set(analysis.assigns) | set(push)

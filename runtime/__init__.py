@@ -18,7 +18,7 @@ from lumos import exceptions, state, util
 from lumos.actor import ActorClass, ActorHandle, get_actor, kill, method
 from lumos.api import (LumosContext, available_resources, cancel, cluster_resources, get, get_gpu_ids, init,
                        is_initialized, nodes, put, shutdown, timeline, wait)
-from lumos.generator import ObjectRefGenerator
+from lumos.generator import DynamicObjectRefGenerator, ObjectRefGenerator
 from lumos.object_ref import ObjectRef
 from lumos.progress import progress
 from lumos.remote_function import RemoteFunction
@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "shutdown", "is_initialized", "remote", "kill", "get_actor", "method", "ActorHandle", "ActorClass", "get", "put", "wait", "cancel", "nodes",
     "cluster_resources", "available_resources", "get_gpu_ids", "get_runtime_context", "timeline",
-    "ObjectRef", "ObjectRefGenerator", "progress", "LumosContext", "exceptions", "state", "util", "load_ipython_extension", "__version__",
+    "ObjectRef", "ObjectRefGenerator", "DynamicObjectRefGenerator", "progress", "LumosContext", "exceptions", "state", "util", "load_ipython_extension", "__version__",
 ]
 
 
@@ -50,9 +50,15 @@ def remote(*args: Any, **options: Any) -> Any:
 
 
 def _make_remote(target: Any, options: dict[str, Any]) -> Any:
+    import inspect
     if isinstance(target, type):
         return ActorClass(target, options)
-    return RemoteFunction(target, options)
+    # As in Ray: a function (or a Cython one), never another callable (an instance with
+    # __call__, a bound method, a functools.partial), whose state would be copied silently.
+    if inspect.isfunction(target) or type(target).__name__ == "cython_function_or_method":
+        return RemoteFunction(target, options)
+    raise TypeError(f"@lumos.remote must be applied to a function or a class, not {type(target).__name__!r}; "
+                    "for a callable object, wrap it in a function or make its class an actor")
 
 
 def __getattr__(name: str) -> Any:

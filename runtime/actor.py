@@ -33,7 +33,8 @@ from lumos._private.core_worker.tasks import TaskTemplate
 from lumos._private.ids import random_id
 from lumos.object_ref import ObjectRef
 
-_METHOD_OPTIONS = {"num_returns", "max_task_retries", "retry_exceptions", "concurrency_group", "name"}
+_METHOD_OPTIONS = {"num_returns", "max_task_retries", "retry_exceptions", "concurrency_group", "name",
+                   "enable_task_events"}
 #: Methods every actor has: end it after the calls before (terminate), or answer once it
 #: is up (ready: ``lumos.get(actor.__ray_ready__.remote())``).
 _BUILTIN_METHODS = ("__lumos_terminate__", "__ray_terminate__", "__lumos_ready__", "__ray_ready__")
@@ -47,13 +48,23 @@ def method(*args: Any, **options: Any) -> Callable[[Any], Any]:
     if unknown:
         raise ValueError(f"invalid option(s) {sorted(unknown)} for @lumos.method; valid: {sorted(_METHOD_OPTIONS)}")
     if "num_returns" in options:
-        opts_mod.OPTIONS["num_returns"].check("num_returns", options["num_returns"])
+        _check_method_num_returns(options["num_returns"])
+    if "enable_task_events" in options:
+        opts_mod.OPTIONS["enable_task_events"].check("enable_task_events", options["enable_task_events"])
     _check_group(options)
 
     def decorate(fn: Any) -> Any:
         fn.__lumos_method_options__ = dict(options)
         return fn
     return decorate
+
+
+def _check_method_num_returns(value: Any) -> None:
+    if value == "dynamic":
+        raise ValueError("num_returns='dynamic' is supported for remote functions only in lumos; an actor "
+                         "method that yields streams its values with num_returns='streaming' (the default "
+                         "for generator methods)")
+    opts_mod.OPTIONS["num_returns"].check("num_returns", value)
 
 
 def _check_group(options: dict[str, Any]) -> None:
@@ -288,6 +299,8 @@ class ActorMethod:
         unknown = set(options) - _METHOD_OPTIONS
         if unknown:
             raise ValueError(f"invalid option(s) {sorted(unknown)} for an actor method")
+        if "num_returns" in options:
+            _check_method_num_returns(options["num_returns"])
         _check_group(options)
         merged = dict(self._options)
         merged.update(options)

@@ -99,6 +99,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
         >>> import lumos as ray
         >>> ray.init(num_cpus=2)
     """
+    global failed_connect
     with worker_context.lock:
         if worker_context.core_worker is not None:
             if worker_context.is_worker or ignore_reinit_error:
@@ -134,9 +135,19 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
             if any(v is not None for v in (num_cpus, num_gpus, resources, object_store_memory)):
                 raise ValueError("num_cpus, num_gpus, resources and object_store_memory describe a new "
                                  "cluster; they cannot be given when connecting to an existing one")
-            ctx = _connect(config, address, namespace or "", _token, job_env, job_package)
+            try:
+                ctx = _connect(config, address, namespace or "", _token, job_env, job_package)
+            except BaseException as e:
+                failed_connect = f"lumos.init(address={address!r}) failed: {type(e).__name__}: {e}"
+                raise
+        failed_connect = None
         worker_context.context = ctx
         return ctx
+
+
+#: Why the last ``init(address=...)`` failed (None after a successful ``init``): the
+#: notebook extension then refuses to start a private cluster in its place.
+failed_connect: str | None = None
 
 
 _IGNORED_INIT_ARGS = {"logging_level", "logging_format", "configure_logging", "local_mode",
@@ -281,7 +292,6 @@ def _connect(config: Config, address: str, namespace: str, token_arg: str | None
 
 
 def _fetch_nodes(config: Config, token: bytes, gcs_address: Any) -> list[m.NodeInfo]:
-    import asyncio
     from lumos._private.transport.connection import ConnectionLost, connect
     where = f"{gcs_address[0]}:{gcs_address[1]}" if isinstance(gcs_address, tuple) else gcs_address
 
@@ -298,13 +308,38 @@ def _fetch_nodes(config: Config, token: bytes, gcs_address: Any) -> list[m.NodeI
             conn.close()
 
     try:
-        return asyncio.run(ask())
+        return _run_on_own_loop(ask, config.connect_timeout_s + config.rpc_timeout_s + 5)
     except ConnectionError as e:
         if "authentication" in str(e):
             raise
         raise ConnectionError(f"cannot reach the lumos GCS at {where}: {e}") from None
     except (OSError, TimeoutError) as e:
         raise ConnectionError(f"cannot reach the lumos GCS at {where}: {e or type(e).__name__}") from None
+
+
+def _run_on_own_loop(make_coro: Callable[[], Any], timeout_s: float) -> Any:
+    """Run ``make_coro()`` on a new loop in a ``lumos-connect`` thread and wait for it.
+
+    ``init()`` runs before the core worker (and its ``lumos-io`` loop) exists, and the
+    caller's thread may be running a loop of its own (a notebook cell runs inside
+    ipykernel's), where ``asyncio.run`` refuses to start.
+    """
+    import concurrent.futures
+    import threading
+    from lumos._private.transport import eventloop
+    result: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def main() -> None:
+        try:
+            result.set_result(eventloop.run(make_coro()))
+        except BaseException as e:  # handed to the caller
+            result.set_exception(e)
+
+    threading.Thread(target=main, name="lumos-connect", daemon=True).start()
+    try:
+        return result.result(timeout_s)
+    except concurrent.futures.TimeoutError:
+        raise TimeoutError(f"no answer within {timeout_s:.0f}s") from None
 
 
 _exit_registered = False
@@ -490,8 +525,9 @@ def available_resources() -> dict[str, float]:
         for k, v in source.items():
             if v > 0:
                 avail[k] = avail.get(k, 0) + v
-        free = n.store_capacity_bytes - (local["store"]["used_bytes"] if n.node_id == cw.node_id
-                                         else n.store_used_bytes)
+        # Pooled free slots (kept for reuse, given up when room is needed) count as free.
+        local_used = local["store"]["used_bytes"] - local["store"].get("pool_bytes", 0)
+        free = n.store_capacity_bytes - (local_used if n.node_id == cw.node_id else n.store_used_bytes)
         avail["object_store_memory"] = avail.get("object_store_memory", 0) + max(free, 0)
     return avail
 

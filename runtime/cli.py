@@ -5,7 +5,7 @@ lumos start --head [--port P] ...        GCS + raylet, detached; writes current_
 lumos start --address H:P --token T      a raylet that joins the GCS at H:P
 lumos status [--address H:P --token T]   nodes, resources (available/total), dashboard
 lumos stop                               ends what `lumos start` started on this machine
-lumos demo                               a small parallel job on a private local cluster
+lumos demo [WORKLOAD]                    the paper's workloads on a private local cluster (--list)
 lumos slurm --nodes N ...                a cluster as a Slurm batch job (lumos.launch.slurm)
 lumos kubernetes manifest|probe          Kubernetes manifests and readiness probe (lumos.launch.kubernetes)
 ```
@@ -51,9 +51,16 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lumos", description="lumos cluster command line")
     sub = p.add_subparsers(dest="command")
 
-    demo = sub.add_parser("demo", help="run a small parallel job on a private local cluster")
+    demo = sub.add_parser("demo", help="run one of the paper's workloads on a private local cluster",
+                          description="Run a workload of the Ray paper on a private local cluster "
+                                      "(default: evolution strategies). `lumos demo --list` shows them all.")
+    demo.add_argument("workload", nargs="?", default="es", help="es (default), ppo, allreduce, serving or hpo")
+    demo.add_argument("--list", action="store_true", help="list the workloads and exit")
+    demo.add_argument("--workers", type=int, default=None, help="worker actors (default: the workload's)")
+    demo.add_argument("--iterations", type=int, default=None, help="iterations (default: the workload's)")
     demo.add_argument("--num-cpus", type=float, default=None, help="CPUs of the private cluster")
-    demo.add_argument("--tasks", type=int, default=32, help="number of sampling tasks")
+    demo.add_argument("--dashboard", action="store_true",
+                      help="start the live dashboard and print its link (waits for Enter at the end on a terminal)")
     demo.set_defaults(func=cmd_demo)
 
     start = sub.add_parser("start", help="start a head node, or a node that joins a cluster")
@@ -96,39 +103,63 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    import random
+    import inspect
+
+    from lumos import examples
+
+    if args.list:
+        print("lumos demo WORKLOAD [--workers N] [--iterations N] [--dashboard]; workloads:")
+        for name, what in examples.WORKLOADS.items():
+            print(f"  {name:<10} {what}")
+        print("Each is a module reusable from Python, e.g. `from lumos.examples import es; es.run(workers=4)`.")
+        return 0
+    if args.workload not in examples.WORKLOADS:
+        raise _CliError(f"unknown workload {args.workload!r}; choose one of {', '.join(examples.WORKLOADS)} "
+                        "(`lumos demo --list`)")
+    for name in ("workers", "iterations"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise _CliError(f"--{name} must be at least 1, got {value}")
+    module = examples.load(args.workload)
+    params = inspect.signature(module.run).parameters
+    kwargs: dict[str, Any] = {name: getattr(args, name) for name in ("workers", "iterations")
+                              if getattr(args, name) is not None}
+    workers = kwargs.get("workers", params["workers"].default)
+    if args.workload == "allreduce" and workers < 2:
+        raise _CliError("allreduce needs --workers 2 or more")
 
     import lumos
 
-    if args.tasks < 1:
-        raise _CliError("--tasks must be at least 1")
-
-    @lumos.remote
-    def sample(n: int, seed: int) -> int:
-        rng = random.Random(seed)
-        return sum(1 for _ in range(n) if rng.random() ** 2 + rng.random() ** 2 <= 1.0)
-
-    @lumos.remote
-    def total(*counts: int) -> int:
-        return sum(counts)
-
-    per_task = 50_000
+    print(f"lumos demo {args.workload}: {examples.WORKLOADS[args.workload]}")
     t0 = time.perf_counter()
-    lumos.init(num_cpus=args.num_cpus, include_dashboard=False)
+    ctx = lumos.init(num_cpus=args.num_cpus, include_dashboard=bool(args.dashboard))
     try:
-        t1 = time.perf_counter()
-        refs = [sample.remote(per_task, seed) for seed in range(args.tasks)]
-        inside = lumos.get(total.remote(*refs), timeout=120)
-        t2 = time.perf_counter()
         cpus = lumos.cluster_resources().get("CPU", 0)
+        print(f"private local cluster: {cpus:g} CPUs, {workers} workers")
+        if args.dashboard:
+            url = getattr(ctx, "dashboard_url", "") or ""
+            print(f"dashboard: {url}" if url else "dashboard: did not start (see the session's logs)")
+        result = module.run(lumos, report=_print_progress, **kwargs)
+        for line in result.summary():
+            print(line)
+        if args.dashboard and sys.stdin.isatty():
+            input("press Enter to stop the cluster and its dashboard ")
     finally:
         lumos.shutdown()
-    t3 = time.perf_counter()
-    samples = per_task * args.tasks
-    print(f"pi ~= {4 * inside / samples:.5f}  ({samples:,} random points)")
-    print(f"tasks run: {args.tasks + 1} ({args.tasks} sampling tasks + 1 reduce) on {cpus:g} CPUs")
-    print(f"wall time: {t2 - t1:.3f} s for the tasks, {t3 - t0:.3f} s including cluster start and stop")
+    print(f"total: {time.perf_counter() - t0:.2f} s including cluster start and stop")
     return 0
+
+
+def _print_progress(r: dict[str, Any]) -> None:
+    """One line per iteration of a demo workload."""
+    shown = []
+    for key, value in r.items():
+        if key == "elapsed_s":
+            continue
+        if isinstance(value, float):
+            value = f"{value * 1e3:.1f} ms" if key.endswith("_s") and "_per_" not in key else f"{value:.4g}"
+        shown.append(f"{key} {value}")
+    print(f"[{r.get('elapsed_s', 0.0):6.2f} s] " + "  ".join(shown), flush=True)
 
 
 # ----------------------------------------------------------------------------- start

@@ -19,6 +19,7 @@ __all__ = [
     "LumosSystemError", "RaySystemError", "TaskUnschedulableError", "ActorUnschedulableError",
     "LocalRayletDiedError", "PendingCallsLimitExceeded", "TaskPlacementGroupRemoved",
     "ActorPlacementGroupRemoved", "CrossLanguageError", "RuntimeEnvSetupError",
+    "ClusterUnavailableError",
 ]
 
 
@@ -58,8 +59,8 @@ class TaskError(LumosError):
         super().__init__(function_name, traceback_str, cause, self.cause_repr, pid, node_ip, task_id_hex)
 
     def __reduce__(self) -> Any:
-        return (TaskError, (self.function_name, self.traceback_str, self.cause, self.cause_repr,
-                            self.pid, self.node_ip, self.task_id_hex))
+        return (_rebuild_task_error, (self.function_name, self.traceback_str, _CauseBox(self.cause),
+                                      self.cause_repr, self.pid, self.node_ip, self.task_id_hex))
 
     def __str__(self) -> str:
         where = f" (pid={self.pid}, ip={self.node_ip})" if self.pid else ""
@@ -106,6 +107,42 @@ class TaskError(LumosError):
 
 
 RayTaskError = TaskError
+
+
+class _CauseBox:
+    """A task error's cause, pickled on its own: a cause that cannot be rebuilt where the
+    error is read (its ``__init__`` wants other arguments than its ``args``, or its class
+    does not load there) leaves the error without a cause, keeping its message and
+    traceback text, as Ray does, instead of making the whole error unreadable."""
+
+    __slots__ = ("cause",)
+
+    def __init__(self, cause: BaseException | None) -> None:
+        self.cause = cause
+
+    def __reduce__(self) -> Any:
+        if self.cause is None:
+            return (_load_cause, (None,))
+        import cloudpickle
+        return (_load_cause, (cloudpickle.dumps(self.cause, protocol=5),))
+
+
+def _load_cause(blob: bytes | None) -> BaseException | None:
+    if blob is None:
+        return None
+    import pickle
+    try:
+        cause = pickle.loads(blob)
+    except Exception:  # its class cannot be rebuilt here: the message and traceback text stay
+        return None
+    return cause if isinstance(cause, BaseException) else None
+
+
+def _rebuild_task_error(function_name: str, traceback_str: str, cause: Any, cause_repr: str, pid: int,
+                        node_ip: str, task_id_hex: str) -> "TaskError":
+    if isinstance(cause, _CauseBox):
+        cause = cause.cause
+    return TaskError(function_name, traceback_str, cause, cause_repr, pid, node_ip, task_id_hex)
 
 _dual_cache: dict[type, type | None] = {}
 
@@ -256,3 +293,9 @@ class CrossLanguageError(LumosError):
 
 class RuntimeEnvSetupError(LumosError):
     """A runtime environment could not be set up."""
+
+
+class ClusterUnavailableError(LumosSystemError, ConnectionError):
+    """The cluster cannot be reached: the connection to the GCS or to this node's raylet
+    was lost (the cluster stopped, or its head node died). Calls fail with it at once
+    rather than wait; ``lumos.shutdown()`` and ``lumos.init()`` start over."""

@@ -61,11 +61,8 @@ def _str_or_none(name: str, v: Any) -> None:
 
 
 def _num_returns(name: str, v: Any) -> None:
-    if v == "streaming":
+    if v in ("streaming", "dynamic"):
         return
-    if v == "dynamic":
-        raise ValueError("num_returns='dynamic' is not supported by lumos; use num_returns='streaming' "
-                         "(the default for generator functions), which yields refs as values are made")
     _int_at_least(0)(name, v)
 
 
@@ -78,6 +75,8 @@ def num_returns_of(value: Any, fn: Any, given: bool) -> int:
                         "a plain generator function (async generators stream as methods of actors)")
     if value == "streaming" or (not given and inspect.isgeneratorfunction(fn)):
         return -1
+    if value == "dynamic":
+        return 1  # one ref, whose value is a DynamicObjectRefGenerator
     return int(value)
 
 
@@ -185,6 +184,8 @@ OPTIONS: dict[str, Option] = {
     "placement_group_capture_child_tasks": Option(_anything, None, None, _BOTH, "legacy"),
     "_metadata": Option(_anything, None, None, _BOTH, "ignored"),
     "label_selector": Option(_anything, None, None, _BOTH, "ignored"),
+    "enable_task_events": Option(_bool, True, True, _BOTH,
+                                 "record this task's state changes for the state API and dashboard"),
 }
 
 

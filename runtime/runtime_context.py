@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from lumos._private import worker_context
+
+
+def _deprecated(name: str, instead: str) -> None:
+    warnings.warn(f"RuntimeContext.{name} is deprecated (as in Ray); use {instead} instead",
+                  DeprecationWarning, stacklevel=3)
 
 
 class RuntimeContext:
@@ -103,6 +109,47 @@ class RuntimeContext:
     def was_current_actor_reconstructed(self) -> bool:
         cw = worker_context.require()
         return bool(getattr(cw.executor, "actor_restarted", False))
+
+    @property
+    def current_actor(self) -> Any:
+        """The handle of the actor this code runs in (Ray's ``current_actor``).
+
+        Raises:
+            RuntimeError: called outside an actor.
+        """
+        from lumos._private.protocol import messages as m
+        from lumos.actor import _handle_from_info
+        cw = worker_context.require()
+        actor_id = cw.current_actor_id
+        if not actor_id:
+            raise RuntimeError("current_actor is only available inside an actor's method or __init__")
+        info = cw.call_gcs(m.GetActorInfo(actor_id))
+        if info is None:
+            raise RuntimeError(f"actor {actor_id.hex()} is not known to the GCS")
+        cw._post(cw.actor_submitter.track, info.actor_id, info)
+        return _handle_from_info(info)
+
+    # Deprecated in Ray but public: the ids as id objects (``.hex()`` gives the string).
+    @property
+    def job_id(self) -> bytes:
+        _deprecated("job_id", "get_job_id()")
+        return worker_context.require().job_id
+
+    @property
+    def node_id(self) -> bytes:
+        _deprecated("node_id", "get_node_id()")
+        return worker_context.require().node_id
+
+    @property
+    def task_id(self) -> bytes | None:
+        _deprecated("task_id", "get_task_id()")
+        cw = worker_context.require()
+        return cw.current_task_id if worker_context.is_worker else None
+
+    @property
+    def actor_id(self) -> bytes | None:
+        _deprecated("actor_id", "get_actor_id()")
+        return worker_context.require().current_actor_id or None
 
     def get(self) -> dict[str, Any]:
         return {"job_id": self.get_job_id(), "node_id": self.get_node_id(),

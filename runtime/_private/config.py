@@ -79,8 +79,10 @@ class Config:
     max_frame_bytes: int = _positive(256 * 1024 * 1024)
     #: Largest frame accepted before the peer has authenticated.
     max_preauth_frame_bytes: int = _positive(1024)
-    #: Deadline for the authentication handshake.
+    #: Deadline for the whole authentication handshake (not per read).
     handshake_timeout_s: float = _positive(5.0)
+    #: A dropped peer (failed handshake, bad frame) is logged once per address per this long.
+    peer_warning_interval_s: float = 60.0
     #: Deadline for connecting to a peer (GCS, raylet, worker).
     connect_timeout_s: float = _positive(10.0)
     #: Deadline for one control-plane RPC that should answer at once.

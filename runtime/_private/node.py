@@ -119,7 +119,7 @@ class NodeProcesses:
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     pass_fds=(w,), close_fds=True,
-                                    start_new_session=not tie_to_parent)
+                                    start_new_session=True)  # a kernel interrupt must not reach it
         finally:
             os.close(w)
             log.close()

@@ -29,12 +29,17 @@ class NodeAffinitySchedulingStrategy:
 
 
 class PlacementGroupSchedulingStrategy:
-    """Run inside a placement group's bundle (``-1``: any bundle)."""
+    """Run inside a placement group's bundle (``-1``: any bundle).
+
+    ``placement_group=None`` (as in Ray) means "in no group": a child of a task whose
+    group captures its children runs outside that group.
+    """
 
     def __init__(self, placement_group: Any, placement_group_bundle_index: int = -1,
                  placement_group_capture_child_tasks: bool | None = None) -> None:
-        if not hasattr(placement_group, "id"):
-            raise TypeError("placement_group must be a PlacementGroup from lumos.util.placement_group()")
+        if placement_group is not None and not hasattr(placement_group, "id"):
+            raise TypeError("placement_group must be a PlacementGroup from lumos.util.placement_group(), "
+                            "or None for no group")
         if not isinstance(placement_group_bundle_index, int):
             raise TypeError("placement_group_bundle_index must be an int")
         self.placement_group = placement_group
@@ -48,12 +53,15 @@ class PlacementGroupSchedulingStrategy:
                 f"capture_child_tasks={bool(self.placement_group_capture_child_tasks)})")
 
     def to_wire(self) -> list[Any]:
+        if self.placement_group is None:
+            return ["DEFAULT"]  # not None: that would let a capturing parent's group apply
         return ["PG", self.placement_group.id.binary(), self.placement_group_bundle_index,
                 bool(self.placement_group_capture_child_tasks)]
 
 
 def strategy_to_wire(strategy: Any) -> Any:
-    """The strategy as sent in task specs: None, ["SPREAD"], ["NODE", ...], ["PG", ...]."""
+    """The strategy as sent in task specs: None, ["SPREAD"], ["NODE", ...], ["PG", ...], or
+    ["DEFAULT"] (default placement, never captured into a parent's placement group)."""
     if strategy is None or strategy == "DEFAULT":
         return None
     if strategy == "SPREAD":

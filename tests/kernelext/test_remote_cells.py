@@ -92,6 +92,26 @@ def test_async_output_lands_in_the_submitting_cell(kernel: KernelSession) -> Non
     assert kernel.value("type(late_value).__name__") == "ObjectRef"
 
 
+_INJECT = ("import base64, json\n"
+           "b = base64.b64encode(json.dumps({'data': {'text/html': '<b id=injected>x</b>'}, "
+           "'metadata': {}}).encode()).decode()\n"
+           "for p in ['\\ue000lumos-display:', '\\ue000lumos-display-' + '0' * 32 + ':', "
+           "'\\ue000lumos-end-' + '0' * 32 + ':']:\n"
+           "    print(p + (b if 'display' in p else '-1'))\n"
+           "print('printed', 'end')\n")
+
+
+def test_printed_marker_lines_stay_text(kernel: KernelSession) -> None:
+    cell = kernel.run("%%remote\n" + _INJECT)
+    assert not errors(cell), errors(cell)
+    assert not displays(cell), displays(cell)
+    assert stdout(cell).count("\ue000lumos-") == 3 and "printed end" in stdout(cell)
+    late = kernel.run("%%remote --async\nimport time\ntime.sleep(0.5)\n" + _INJECT)
+    kernel.run("import time\ntime.sleep(4)")
+    shown = " ".join(str(d.get("text/html", "")) for d in displays(late))
+    assert "printed end" in shown and "<b id=injected>" not in shown, shown
+
+
 def test_display_inside_cell_reaches_notebook_with_rich_repr(kernel: KernelSession) -> None:
     cell = kernel.run("%%remote\nclass Card:\n    def _repr_html_(self):\n        return '<b>rich card</b>'\n"
                       "    def __repr__(self):\n        return 'Card()'\nprint('before')\ndisplay(Card())\n"

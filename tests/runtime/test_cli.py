@@ -125,15 +125,17 @@ RUN_TASK = """
 """
 
 
-def test_demo_prints_result_wall_time_and_task_count(cli: CliEnv) -> None:
-    out = cli.lumos("demo", "--num-cpus", "2", timeout=90)
-    assert "pi ~= 3.1" in out.stdout
-    assert "tasks run: 33" in out.stdout
-    assert "wall time:" in out.stdout
-    out = subprocess.run([sys.executable, "-m", "lumos.cli", "demo", "--tasks", "4", "--num-cpus", "1"],
-                         env=cli.env, capture_output=True, text=True, timeout=90)
-    assert out.returncode == 0, out.stderr
-    assert "tasks run: 5" in out.stdout
+def test_demo_runs_es_printing_reward_per_iteration_throughput_wall_time_and_workers(cli: CliEnv) -> None:
+    out = cli.lumos("demo", "--workers", "2", "--iterations", "3", "--num-cpus", "2", timeout=120)
+    assert "lumos demo es: evolution strategies" in out.stdout
+    for it in (1, 2, 3):
+        assert f"iteration {it}  reward " in out.stdout, out.stdout
+    assert "timesteps/s" in out.stdout and "wall time:" in out.stdout and "with 2 workers" in out.stdout
+    listing = cli.lumos("demo", "--list").stdout
+    for name in ("es", "ppo", "allreduce", "serving", "hpo"):
+        assert f"  {name} " in listing
+    bad = cli.lumos("demo", "chess", check=False)
+    assert bad.returncode == 1 and "unknown workload 'chess'" in bad.stderr and "ppo" in bad.stderr
 
 
 @pytest.mark.slow

@@ -153,6 +153,11 @@ class ActorSubmitter:
             from lumos._private import serialization as ser
             try:
                 _kind, err = ser.deserialize(info.death_error)
+                if isinstance(err, exc.TaskError):
+                    # As in Ray: every call raises ActorDiedError (RayActorError), whose
+                    # message carries the constructor's exception and traceback.
+                    return exc.ActorDiedError(q.actor_id.hex(), "the actor died because of an error raised "
+                                              f"in its creation task, {err}", err.as_instanceof_cause())
                 if isinstance(err, BaseException):
                     return err
             except Exception as e:  # the class of the error may not load here
@@ -256,6 +261,11 @@ class ActorSubmitter:
             task.state = PUSHED
             q.inflight[task.spec.task_id] = task
             spec = task.spec
+            if task.retry_why is not None:
+                events.append((spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, None,
+                               task.retry_why))
+                spec.attempt += 1
+                task.retry_why = None
             events.append((spec.task_id, spec.attempt, "SCHEDULED", time.time(), None,
                            q.info.node_id, q.conn_worker, None))
             conn.notify(m.PushTask(spec, {}))
@@ -299,7 +309,7 @@ class ActorSubmitter:
         if q.released:
             self._maybe_release(q)  # a failed head of line must not block the calls behind it
 
-    def connection_lost(self, conn: Connection) -> None:
+    def connection_lost(self, conn: Connection, why: str = "the actor's connection dropped") -> None:
         for q in self.actors.values():
             if q.conn is not conn:
                 continue
@@ -313,10 +323,7 @@ class ActorSubmitter:
                 if task.retries_left != 0:
                     if task.retries_left > 0:
                         task.retries_left -= 1
-                    spec = task.spec
-                    self.cw._events.append((spec.task_id, spec.attempt, "RETRIED", time.time(), None, None,
-                                            None, "the actor's connection dropped"))
-                    spec.attempt += 1
+                    task.retry_why = why
                     task.state = QUEUED
                     retry.append(task)
                 else:

@@ -169,6 +169,8 @@ class CoreWorker:
         self.lineage: dict[bytes, PendingTask] = {}
         #: Nodes the GCS declared dead (io thread): values stored there are lost.
         self.dead_nodes: set[bytes] = set()
+        #: Why the cluster is unreachable (the GCS or the local raylet went away), else None.
+        self.gone: str | None = None
         self._lineage_bytes = 0
         from lumos._private.core_worker.actor_submitter import ActorSubmitter
         self.actor_submitter = ActorSubmitter(self)
@@ -336,9 +338,17 @@ class CoreWorker:
         if self.mode == WORKER:
             logger.info("exiting: %s", why)
             os._exit(1)
-        # Driver: fail everything pending so nothing waits forever.
+        # Driver: fail everything pending, and every later call at once (_on_submit), so
+        # nothing waits forever: calls on actor handles included (issue 12).
+        if self.gone is None:
+            self.gone = f"{why}; the cluster is gone (connection lost)"
         for task in list(self.tasks.values()):
-            self._fail_task(task, exc.LocalRayletDiedError(f"{why}; the cluster is gone"))
+            self._fail_task(task, self._gone_error(task))
+
+    def _gone_error(self, task: PendingTask) -> exc.ClusterUnavailableError:
+        return exc.ClusterUnavailableError(
+            f"{task.spec.name}() cannot run: {self.gone}. Call lumos.shutdown(), then lumos.init() "
+            "to start or join a cluster again.")
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         assert self.loop is not None
@@ -397,18 +407,34 @@ class CoreWorker:
             del fut
 
     def call_gcs(self, msg: Any, timeout_s: float | None = None) -> Any:
+        """One GCS request from a user thread. Raises ``ClusterUnavailableError`` when the
+        GCS cannot be reached."""
         gcs = self.gcs
         if gcs is None:
             raise exc.LumosSystemError("not connected to the GCS")
-        return self.run_sync(gcs.call(msg, timeout_s or self.config.rpc_timeout_s),
-                             (timeout_s or self.config.rpc_timeout_s) + 1)
+        try:
+            return self.run_sync(gcs.call(msg, timeout_s or self.config.rpc_timeout_s),
+                                 (timeout_s or self.config.rpc_timeout_s) + 1)
+        except (ConnectionLost, OSError) as e:
+            raise self._unavailable("the GCS", msg, e) from None
 
     def call_raylet(self, msg: Any, timeout_s: float | None = None) -> Any:
+        """One request to this node's raylet from a user thread. Raises
+        ``ClusterUnavailableError`` when the raylet cannot be reached."""
         raylet = self.raylet
         if raylet is None:
             raise exc.LumosSystemError("not connected to the raylet")
-        return self.run_sync(raylet.call(msg, timeout_s or self.config.rpc_timeout_s),
-                             (timeout_s or self.config.rpc_timeout_s) + 1)
+        try:
+            return self.run_sync(raylet.call(msg, timeout_s or self.config.rpc_timeout_s),
+                                 (timeout_s or self.config.rpc_timeout_s) + 1)
+        except (ConnectionLost, OSError) as e:
+            raise self._unavailable("this node's raylet", msg, e) from None
+
+    def _unavailable(self, what: str, msg: Any, error: BaseException) -> exc.ClusterUnavailableError:
+        why = self.gone or f"the connection to {what} was lost ({error})"
+        return exc.ClusterUnavailableError(
+            f"{type(msg).__name__} failed: {why}. The cluster is unreachable; check it with "
+            "'lumos status', then call lumos.shutdown() and lumos.init() again.")
 
     # ================================================================== references
 
@@ -493,11 +519,12 @@ class CoreWorker:
 
     # ================================================================== put
 
-    def put(self, value: Any, *, _owner: m.Address | None = None) -> ObjectRef:
+    def put(self, value: Any, *, _owner: m.Address | None = None, _kind: int = ser.KIND_VALUE) -> ObjectRef:
+        """``_kind=KIND_ERROR``: ``get`` raises ``value`` (a dynamic generator's error)."""
         if isinstance(value, ObjectRef):
             raise TypeError("lumos.put() of an ObjectRef is not allowed; pass the ref itself instead")
         self.drain_refs()
-        sv = ser.serialize(value)
+        sv = ser.serialize(value, _kind)
         self._put_counter += 1
         oid = put_object_id(self.current_task_id, self._put_counter)
         nested = [(r._id, r._owner or self.address) for r in sv.nested_refs]
@@ -968,7 +995,7 @@ class CoreWorker:
         assert self.gcs is not None
         self.gcs.notify(m.KvPut("fn", self.job_id + template.function_id, template.pickled_function, True))
 
-    def _pack_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    def _pack_args(self, args: tuple[Any, ...], kwargs: dict[str, Any], template: TaskTemplate
                    ) -> tuple[ser.SerializedValue, list[ObjectRef]]:
         """Serialize a call's arguments; top-level refs become placeholders listed in deps."""
         deps: list[ObjectRef] = []
@@ -988,10 +1015,37 @@ class CoreWorker:
                     kwargs[k] = _ArgRef(len(deps))
                     deps.append(v)
         payload: Any = (args, kwargs) if kwargs else args
-        sv = ser.serialize(payload)
+        try:
+            sv = ser.serialize(payload)
+        except ser.SerializationError as e:
+            raise self._argument_error(template, args, kwargs, e) from e.__cause__
         if sv.total_size > self.config.max_inline_arg_bytes:
             payload, sv, deps = self._promote_large_args(args, kwargs, deps)
         return sv, deps
+
+    @staticmethod
+    def _argument_error(template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
+                        error: ser.SerializationError) -> ser.SerializationError:
+        """Which argument of a call could not be serialized, and why (the failure path only)."""
+        names = _parameter_names(template)
+        for i, value in enumerate(args):
+            cause = ser._pickles(value)
+            if cause is not None:
+                name = f" (`{names[i]}`)" if i < len(names) else ""
+                where = f"argument {i + 1}{name}"
+                break
+        else:
+            for key, value in kwargs.items():
+                cause = ser._pickles(value)
+                if cause is not None:
+                    where = f"keyword argument `{key}`"
+                    break
+            else:
+                return error
+        return ser.SerializationError(
+            f"could not serialize {where} of {template.name}(): {ser.describe_culprit(value, cause)}. "
+            "Arguments of tasks and actors must be picklable (cloudpickle); objects holding locks, "
+            "sockets or open files are not: pass what rebuilds them instead (a path, a config).")
 
     def submit_task(self, template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
                     actor_fields: tuple[Any, ...] | None = None) -> list[ObjectRef]:
@@ -1000,7 +1054,7 @@ class CoreWorker:
             self.drain_refs()
         if self.capture_strategy is not None and template.strategy is None and template.kind != 2:
             template = self._captured(template)
-        sv, deps = self._pack_args(args, kwargs)
+        sv, deps = self._pack_args(args, kwargs, template)
         task_id = new_task_id()
         n = template.num_returns
         return_ids = [return_object_id(task_id, i + 1) for i in range(n)] if n > 0 else []
@@ -1050,7 +1104,7 @@ class CoreWorker:
             self.drain_refs()
         if self.capture_strategy is not None and template.strategy is None:
             template = self._captured(template)
-        sv, deps = self._pack_args(args, kwargs)
+        sv, deps = self._pack_args(args, kwargs, template)
         nested = sv.nested_refs
         task_id = new_task_id()
         spec = m.TaskSpec(
@@ -1077,7 +1131,9 @@ class CoreWorker:
             self._post(self._unpin, pinned)
             if isinstance(e, RemoteError) and e.type_name in ("ValueError", "TypeError"):
                 raise (ValueError if e.type_name == "ValueError" else TypeError)(e.text) from None
-            if isinstance(e, (RemoteError, ConnectionLost)):
+            if isinstance(e, ConnectionLost):
+                raise self._unavailable("the GCS", m.RegisterActor(spec), e) from None
+            if isinstance(e, RemoteError):
                 raise exc.LumosSystemError(f"could not create actor {template.name}: {e}") from None
             raise
         if info.actor_id != actor_id:  # get_if_exists: an existing actor
@@ -1173,8 +1229,11 @@ class CoreWorker:
     # -------------------------------------------------------------- io thread: args
 
     def _on_submit(self, task: PendingTask) -> None:
-        self.export_function(task.template)
         self.tasks[task.spec.task_id] = task
+        if self.gone is not None:
+            self._fail_task(task, self._gone_error(task))
+            return
+        self.export_function(task.template)
         if task.spec.kind == 2:
             self.actor_submitter.add(task)
             if task.state == DONE:
@@ -1659,6 +1718,11 @@ class CoreWorker:
         (after the executor's borrowed refs are registered with their owners)."""
         spec = task.spec
         state = "FAILED" if reply.app_error else "FINISHED"
+        if reply.start_time:
+            # The executor sends its own RUNNING event in its next batch, which a reader may
+            # not see yet (or ever, if it exits first): the finished row has its start time.
+            self._events.append((spec.task_id, spec.attempt, "RUNNING", reply.start_time, None, None,
+                                 reply.worker_id, None))
         self._events.append((spec.task_id, spec.attempt, state, reply.end_time or time.time(), info,
                              None, reply.worker_id, _error_text(reply) if reply.app_error else None))
         if reply.borrowed:
@@ -1926,6 +1990,23 @@ class CoreWorker:
         return {"worker_id": self.worker_id.hex(), "pid": os.getpid(), "job_id": self.job_id.hex(),
                 "node_id": self.node_id.hex(), "is_driver": self.mode == DRIVER,
                 "num_pending_tasks": len(self.tasks), "objects": objects, "store": self.store.stats()}
+
+
+def _parameter_names(template: TaskTemplate) -> list[str]:
+    """Positional parameter names of a task's function or an actor's ``__init__`` (for
+    error messages; empty when they cannot be known here, as for actor methods)."""
+    import inspect
+    if template.pickled_function is None:
+        return []
+    try:
+        fn = ser.deserialize_code(template.pickled_function)
+        if template.kind == 1:
+            names = list(inspect.signature(fn.__init__).parameters)[1:]
+        else:
+            names = list(inspect.signature(fn).parameters)
+    except (ValueError, TypeError, ser.DeserializationError):
+        return []
+    return names
 
 
 def _job_config(namespace: str, env_vars: dict[str, str] | None = None, working_dir: str | None = None) -> bytes:

@@ -98,11 +98,33 @@ def _default(obj: Any) -> Any:
         local.depth -= 1
 
 
+#: Deepest nesting of messages inside messages a frame may carry. Real messages nest a
+#: few levels (PushTask > TaskSpec > Address); each level recurses through
+#: ``msgpack.unpackb`` on the C stack, and a few kilobytes of nested extension types
+#: used to overflow it (SIGSEGV, issue 11).
+MAX_MESSAGE_NESTING = 16
+
+
+class _Nesting(threading.local):
+    def __init__(self) -> None:
+        self.depth = 0
+
+
+_nesting = _Nesting()
+
+
 def _ext_hook(code: int, data: bytes) -> Any:
     cls = _REGISTRY.get(code)
     if cls is None:
         raise ProtocolError(f"unknown message code {code}")
-    fields = msgpack.unpackb(data, ext_hook=_ext_hook, raw=False)
+    local = _nesting
+    if local.depth >= MAX_MESSAGE_NESTING:
+        raise ProtocolError(f"messages nested more than {MAX_MESSAGE_NESTING} deep")
+    local.depth += 1
+    try:
+        fields = msgpack.unpackb(data, ext_hook=_ext_hook, raw=False)
+    finally:
+        local.depth -= 1
     if not isinstance(fields, list):
         raise ProtocolError(f"malformed {cls.__name__}")
     try:

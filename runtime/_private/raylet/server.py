@@ -249,7 +249,8 @@ class RayletServer:
             assert self.gcs is not None
             s = self.scheduler
             self.gcs.notify(m.NodeHeartbeat(
-                self.node_id, s.available_floats(), len(s.queue), self.store.used_bytes,
+                # Pooled free slots are given up as soon as a create needs the room: free.
+                self.node_id, s.available_floats(), len(s.queue), self.store.used_bytes - self.store.pool_bytes,
                 sum(1 for p in self.procs.values() if not p.is_driver and p.exit_info is None),
                 s.infeasible_shapes()))
             await asyncio.sleep(interval)
@@ -659,6 +660,8 @@ class RayletServer:
         proc = self.procs.get(worker_id)
         if proc is not None and proc.is_driver:
             del self.procs[worker_id]
+            proc.exit_info = "the driver disconnected (it exited or was killed)"
+            self._report_worker(proc, "DEAD", proc.exit_info)
             self._store(st.ClientGone(worker_id))
 
 
