@@ -124,7 +124,9 @@ def render_batch_script(spec: SlurmJobSpec, cluster_dir: str) -> str:
         "stop() {",
         "    trap - TERM INT USR1 HUP",
         '    echo "lumos: stopping the cluster nodes of job ${SLURM_JOB_ID}"',
-        '    for pid in "${steps[@]}"; do kill -TERM "$pid" 2>/dev/null; done',
+        "    # SIGTERM to the steps' tasks, not to srun: srun turns a SIGTERM into SIGKILL for its",
+        "    # step, which would leave the nodes' /dev/shm stores behind.",
+        '    [ "${#steps[@]}" -gt 0 ] && scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null',
         "    wait",
         '    exit "${1:-0}"',
         "}",
@@ -208,8 +210,46 @@ def job_state(job_id: str) -> tuple[str, str]:
 
 
 def cancel(job_ids: Sequence[str]) -> None:
+    """``scancel``: Slurm ends every process of the jobs (SIGTERM, SIGKILL after KillWait)."""
     if job_ids:
         _slurm(["scancel", *job_ids])
+
+
+def stop_jobs(job_ids: Sequence[str], grace_s: float = 30.0, timeout_s: float = 120.0) -> None:
+    """End lumos jobs cleanly: SIGUSR1 to each batch script, whose trap stops the nodes
+    (they remove their object stores); ``scancel`` what still runs after ``grace_s``.
+
+    A plain ``scancel`` also signals the ``srun`` in the batch script, which SIGKILLs its
+    step at once, so nodes may die before removing their ``/dev/shm`` stores.
+    """
+    if not job_ids:
+        return
+    try:
+        _slurm(["scancel", "--batch", "--signal=USR1", *job_ids])
+    except SlurmError:
+        pass  # a job that already ended; the scancel below reports real failures
+    deadline = time.monotonic() + grace_s
+    left = list(job_ids)
+    while left and time.monotonic() < deadline:
+        left = [j for j in left if job_state(j)[0] not in _ENDED | {"GONE"}]
+        if left:
+            time.sleep(0.5)
+    if left:
+        cancel(left)
+    wait_gone(left, timeout_s)
+
+
+def wait_gone(job_ids: Sequence[str], timeout_s: float) -> None:
+    """Wait until Slurm lists none of ``job_ids`` as pending or running."""
+    deadline = time.monotonic() + timeout_s
+    left = list(job_ids)
+    while left:
+        left = [j for j in left if job_state(j)[0] not in _ENDED | {"GONE"}]
+        if left and time.monotonic() > deadline:
+            raise SlurmError(f"Slurm jobs {', '.join(left)} were cancelled but still run after "
+                             f"{timeout_s:.0f}s; check `squeue -j {','.join(left)}`")
+        if left:
+            time.sleep(0.5)
 
 
 # ----------------------------------------------------------------------------- SlurmCluster
@@ -390,7 +430,8 @@ class SlurmCluster:
     # -- scaling
 
     def scale(self, n: int, *, wait: bool = True, timeout_s: float = 600.0) -> None:
-        """Make the cluster ``n`` nodes: submit or cancel one-node join jobs.
+        """Make the cluster ``n`` nodes: submit one-node join jobs, or stop the newest ones
+        (``stop_jobs``; scaling down always waits until they have ended).
 
         Raises:
             ValueError: ``n`` is below the first job's node count (cancel it with ``close``).
@@ -414,30 +455,15 @@ class SlurmCluster:
         elif n < current:
             drop = self.join_job_ids[n - self._spec.nodes:]
             del self.join_job_ids[n - self._spec.nodes:]
-            cancel(drop)
-            if wait:
-                self._wait_gone(drop, timeout_s)
+            stop_jobs(drop, timeout_s=timeout_s)
 
-    def _wait_gone(self, job_ids: Sequence[str], timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        left = list(job_ids)
-        while left:
-            left = [j for j in left if job_state(j)[0] not in _ENDED | {"GONE"}]
-            if left and time.monotonic() > deadline:
-                raise SlurmError(f"Slurm jobs {', '.join(left)} were cancelled but still run after "
-                                 f"{timeout_s:.0f}s; check `squeue -j {','.join(left)}`")
-            if left:
-                time.sleep(0.5)
-
-    def close(self, timeout_s: float = 120.0) -> None:
-        """Cancel every job of the cluster and wait until Slurm has ended them; removes the token file."""
+    def close(self, grace_s: float = 30.0, timeout_s: float = 120.0) -> None:
+        """End every job of the cluster (``stop_jobs``) and wait until Slurm has; removes the token file."""
         if self._closed:
             return
         self._closed = True
-        jobs = [*self.join_job_ids, self.job_id]
         try:
-            cancel(jobs)
-            self._wait_gone(jobs, timeout_s)
+            stop_jobs([*self.join_job_ids, self.job_id], grace_s, timeout_s)
         finally:
             try:
                 os.unlink(self.token_file)
@@ -507,7 +533,8 @@ def run(args: argparse.Namespace) -> int:
           f"    srun --jobid {job_id} --overlap --nodes 1 --ntasks 1 python your_script.py\n"
           "with, in the script:\n"
           f"    lumos.init(address=\"{address}\", _token=open(\"{cluster.token_file}\").read().strip())\n"
-          f"\nStop with `scancel {job_id}`.", flush=True)
+          f"\nStop with `scancel --batch --signal=USR1 {job_id}` (the nodes clean up, then the job ends);\n"
+          f"a plain `scancel {job_id}` may kill them before they remove their /dev/shm stores.", flush=True)
     return 0
 
 

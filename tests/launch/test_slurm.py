@@ -1,7 +1,7 @@
 """lumos on a real Slurm (see conftest.py): ``lumos slurm`` and ``SlurmCluster``.
 
-Each test runs a workload that places one task on every node of the cluster, cancels
-the job(s), and checks that every process of the job has exited and every node's object
+Each test runs a workload that places one task on every node of the cluster, ends the
+job(s) (the time-limit signal to the batch script, or ``scancel``), and checks that every process of the job has exited and every node's object
 store and sockets are gone.
 """
 
@@ -58,7 +58,7 @@ def assert_nothing_left(slurm: LocalSlurm, procs: list[psutil.Process], files: l
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_lumos_slurm_runs_a_task_on_every_node_and_scancel_stops_everything(slurm: LocalSlurm) -> None:
+def test_lumos_slurm_runs_a_task_on_every_node_and_its_trap_stops_everything(slurm: LocalSlurm) -> None:
     out = subprocess.run([LUMOS, "slurm", "--nodes", "2", "--cpus-per-node", "1", "--no-dashboard",
                           "--job-dir", os.path.join(slurm.root, "jobs"), "--timeout", "120"],
                          env=slurm.env, capture_output=True, text=True, timeout=180)
@@ -80,9 +80,13 @@ def test_lumos_slurm_runs_a_task_on_every_node_and_scancel_stops_everything(slur
         for p in procs:
             assert token not in " ".join(p.cmdline())
         files = node_files(address, token_file)
+        # What the time limit does (--signal=B:USR1@60): signal the batch script only. Its
+        # trap must stop both srun steps, so the job ends on its own.
+        slurm.run("scancel", "--batch", "--signal=USR1", job_id)
+        assert_nothing_left(slurm, procs, files)
     finally:
-        slurm.run("scancel", job_id)
-    assert_nothing_left(slurm, procs, files)
+        if slurm.jobs():
+            slurm.run("scancel", job_id)
     with open(os.path.join(os.path.dirname(token_file), f"slurm-{job_id}.out")) as f:
         assert "stopping the cluster nodes" in f.read()
 
