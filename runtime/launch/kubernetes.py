@@ -238,6 +238,25 @@ def _client() -> Any:
     return kubernetes
 
 
+#: Where a pod finds its own namespace (in-cluster configuration).
+_SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _default_namespace(k8s: Any) -> str:
+    """The kubeconfig context's namespace, else this pod's, else "default"."""
+    try:
+        ns = k8s.config.list_kube_config_contexts()[1]["context"].get("namespace")
+        if ns:
+            return str(ns)
+    except (k8s.config.ConfigException, OSError, KeyError, TypeError):
+        pass
+    try:
+        with open(_SERVICE_ACCOUNT_NAMESPACE) as f:
+            return f.read().strip() or "default"
+    except OSError:
+        return "default"
+
+
 class KubeCluster:
     """A lumos cluster on Kubernetes, created from Python with the official client.
 
@@ -270,10 +289,7 @@ class KubeCluster:
                 k8s.config.load_incluster_config()
             api_client = k8s.client.ApiClient()
         if namespace is None:
-            try:
-                namespace = k8s.config.list_kube_config_contexts()[1]["context"].get("namespace") or "default"
-            except (k8s.config.ConfigException, OSError, KeyError, TypeError):
-                namespace = "default"
+            namespace = _default_namespace(k8s)
         self.spec = KubeSpec(name=name, namespace=namespace, image=image, workers=workers, cpus=cpus, gpus=gpus,
                              store_bytes=store_bytes, memory_bytes=memory_bytes)
         self.spec.check()

@@ -254,7 +254,7 @@ def _start_dashboard(node: Any, host: str, port: int) -> str:
         return ""
     node.procs.append(proc)
     # The login URL carries the token; job output files are often readable by others.
-    return url.split("/login", 1)[0]
+    return str(url).split("/login", 1)[0]
 
 
 def _run(node: Any, record: dict[str, Any]) -> int:
