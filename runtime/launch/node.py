@@ -52,9 +52,14 @@ def read_token(token_file: str | None, environ: dict[str, str] | os._Environ[str
     if token_file:
         try:
             with open(token_file, "rb") as f:
-                token = f.read().strip()
+                mode = os.fstat(f.fileno()).st_mode
+                token = f.read(4096).strip()
         except OSError as e:
             raise NodeStartError(f"cannot read the cluster token file {token_file}: {e.strerror}") from None
+        if mode & 0o007:
+            # Group-readable is how Kubernetes shares a Secret with the pod's fsGroup; others is not.
+            print(f"lumos node: warning: the token file {token_file} is readable by every local user "
+                  f"(mode {mode & 0o777:o}); run `chmod 600 {token_file}`", file=sys.stderr, flush=True)
         where = token_file
     else:
         token = environ.get("LUMOS_CLUSTER_TOKEN", "").strip().encode()

@@ -256,6 +256,12 @@ def test_head_and_two_workers_run_from_their_manifests_and_run_a_task_on_every_p
                                   "--address", f"127.0.0.1:{port}", "--token-file", bad],
                                  capture_output=True, text=True, timeout=60)
         assert refused.returncode == 1 and "token is wrong" in refused.stderr, refused.stderr
+        # A node with the wrong token does not start, and says why.
+        joiner = subprocess.run([sys.executable, "-m", "lumos.launch.node", "--address", f"127.0.0.1:{port}",
+                                 "--token-file", bad, "--node-ip-address", "127.0.0.1", "--join-timeout-s", "20"],
+                                capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "LUMOS_TMPDIR": os.path.join(short_root, "joiner")})
+        assert joiner.returncode == 2 and "token is wrong" in joiner.stderr, joiner.stderr
     finally:
         codes = [p.terminate() for p in pods]
     assert codes == [0] * len(pods), [p.output() for p in pods]
