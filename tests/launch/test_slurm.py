@@ -7,6 +7,7 @@ store and sockets are gone.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -120,6 +121,30 @@ def test_slurm_cluster_scales_up_and_down_and_close_cancels_its_jobs(slurm: Loca
     assert not os.path.exists(cluster.token_file)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_lumos_slurm_runs_a_driver_once_all_nodes_joined_and_the_job_ends_with_it(slurm: LocalSlurm) -> None:
+    driver = ("import json, lumos; lumos.init(); "
+              "print(json.dumps({'alive': sum(n['Alive'] for n in lumos.nodes())})); lumos.shutdown()")
+    out = subprocess.run([LUMOS, "slurm", "--nodes", "2", "--cpus-per-node", "1", "--no-dashboard",
+                          "--job-dir", os.path.join(slurm.root, "jobs"), "--", sys.executable, "-c", driver],
+                         env=slurm.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"lumos slurm failed:\n{out.stdout}\n{out.stderr}"
+    job_id = re.search(r"submitted Slurm job (\d+)", out.stdout).group(1)  # type: ignore[union-attr]
+    output = re.search(r"output: (\S+)", out.stdout).group(1)  # type: ignore[union-attr]
+    try:
+        wait_for(lambda: not slurm.jobs(), 120, 0.5)
+    finally:
+        if slurm.jobs():
+            slurm.run("scancel", job_id)
+    with open(output) as f:
+        text = f.read()
+    assert '{"alive": 2}' in text and "the driver exited with status 0" in text, text
+    assert "stopping the cluster nodes" in text
+    assert not [d for d in os.listdir(slurm.env["LUMOS_TMPDIR"])
+                if glob.glob(f"/dev/shm/lumos-{d}-*")], "object stores left behind"
+
+
 def test_batch_script_passes_resources_and_never_the_token(tmp_path: Any) -> None:
     spec = SlurmJobSpec(nodes=3, cpus_per_node=8, gpus_per_node=2, time="1:00:00", partition="gpu",
                         account="proj", object_store_memory=2**30, sbatch_args=["--mem=64G"],
@@ -134,6 +159,10 @@ def test_batch_script_passes_resources_and_never_the_token(tmp_path: Any) -> Non
     assert "--token-file" in script and "LUMOS_CLUSTER_TOKEN" not in script
     checked = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
     assert checked.returncode == 0, checked.stderr
+    driven = render_batch_script(SlurmJobSpec(nodes=2, driver=["python", "train.py", "--lr", "0.1 x"]),
+                                 str(tmp_path))
+    assert "DRIVER=(python train.py --lr '0.1 x')" in driven.splitlines()
+    assert subprocess.run(["bash", "-n"], input=driven, text=True).returncode == 0
     with pytest.raises(ValueError, match="nodes must be"):
         render_batch_script(SlurmJobSpec(nodes=0), str(tmp_path))
     with pytest.raises(ValueError, match="sbatch options"):
