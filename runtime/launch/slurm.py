@@ -360,7 +360,11 @@ class SlurmCluster:
         self.token_file = os.path.join(self.cluster_dir, "token")
         self._address_file = os.path.join(self.cluster_dir, "address")
         #: The job holding the head (and the first ``nodes - 1`` other nodes).
-        self.job_id = submit(script)
+        try:
+            self.job_id = submit(script)
+        except BaseException:
+            os.unlink(self.token_file)  # no job will ever read it
+            raise
         #: One-node jobs added by ``scale``, oldest first.
         self.join_job_ids: list[str] = []
         self._address = ""
