@@ -131,8 +131,8 @@ def render_batch_script(spec: SlurmJobSpec, cluster_dir: str) -> str:
         "    trap - TERM INT USR1 HUP",
         '    [ -n "${driver_pid:-}" ] && kill -TERM "$driver_pid" 2>/dev/null && wait "$driver_pid"',
         '    echo "lumos: stopping the cluster nodes of job ${SLURM_JOB_ID}"',
-        "    # SIGTERM to the steps' tasks, not to srun: srun turns a SIGTERM into SIGKILL for its",
-        "    # step, which would leave the nodes' /dev/shm stores behind.",
+        "    # SIGTERM to the steps' tasks, not to srun: srun turns a SIGTERM of its own into a",
+        "    # SIGKILL for its step, and the nodes would leave their /dev/shm stores behind.",
         '    [ "${#steps[@]}" -gt 0 ] && scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null',
         "    wait",
         '    exit "${1:-0}"',
@@ -239,33 +239,10 @@ def job_state(job_id: str) -> tuple[str, str]:
 
 
 def cancel(job_ids: Sequence[str]) -> None:
-    """``scancel``: Slurm ends every process of the jobs (SIGTERM, SIGKILL after KillWait)."""
+    """``scancel``: Slurm sends SIGTERM to every process of the jobs (each node stops its
+    processes and removes its object store), then SIGKILL after ``KillWait``."""
     if job_ids:
         _slurm(["scancel", *job_ids])
-
-
-def stop_jobs(job_ids: Sequence[str], grace_s: float = 30.0, timeout_s: float = 120.0) -> None:
-    """End lumos jobs cleanly: SIGUSR1 to each batch script, whose trap stops the nodes
-    (they remove their object stores); ``scancel`` what still runs after ``grace_s``.
-
-    A plain ``scancel`` also signals the ``srun`` in the batch script, which SIGKILLs its
-    step at once, so nodes may die before removing their ``/dev/shm`` stores.
-    """
-    if not job_ids:
-        return
-    try:
-        _slurm(["scancel", "--batch", "--signal=USR1", *job_ids])
-    except SlurmError:
-        pass  # a job that already ended; the scancel below reports real failures
-    deadline = time.monotonic() + grace_s
-    left = list(job_ids)
-    while left and time.monotonic() < deadline:
-        left = [j for j in left if job_state(j)[0] not in _ENDED | {"GONE"}]
-        if left:
-            time.sleep(0.5)
-    if left:
-        cancel(left)
-    wait_gone(left, timeout_s)
 
 
 def wait_gone(job_ids: Sequence[str], timeout_s: float) -> None:
@@ -464,8 +441,8 @@ class SlurmCluster:
     # -- scaling
 
     def scale(self, n: int, *, wait: bool = True, timeout_s: float = 600.0) -> None:
-        """Make the cluster ``n`` nodes: submit one-node join jobs, or stop the newest ones
-        (``stop_jobs``; scaling down always waits until they have ended).
+        """Make the cluster ``n`` nodes: submit one-node join jobs, or cancel the newest ones
+        (scaling down always waits until Slurm has ended them).
 
         Raises:
             ValueError: ``n`` is below the first job's node count (cancel it with ``close``).
@@ -489,15 +466,18 @@ class SlurmCluster:
         elif n < current:
             drop = self.join_job_ids[n - self._spec.nodes:]
             del self.join_job_ids[n - self._spec.nodes:]
-            stop_jobs(drop, timeout_s=timeout_s)
+            cancel(drop)
+            wait_gone(drop, timeout_s)
 
-    def close(self, grace_s: float = 30.0, timeout_s: float = 120.0) -> None:
-        """End every job of the cluster (``stop_jobs``) and wait until Slurm has; removes the token file."""
+    def close(self, timeout_s: float = 120.0) -> None:
+        """Cancel every job of the cluster and wait until Slurm has ended them; removes the token file."""
         if self._closed:
             return
         self._closed = True
+        jobs = [*self.join_job_ids, self.job_id]
         try:
-            stop_jobs([*self.join_job_ids, self.job_id], grace_s, timeout_s)
+            cancel(jobs)
+            wait_gone(jobs, timeout_s)
         finally:
             try:
                 os.unlink(self.token_file)
@@ -578,8 +558,7 @@ def run(args: argparse.Namespace) -> int:
           f"    srun --jobid {job_id} --overlap --nodes 1 --ntasks 1 python your_script.py\n"
           "with, in the script:\n"
           f"    lumos.init(address=\"{address}\", _token=open(\"{cluster.token_file}\").read().strip())\n"
-          f"\nStop with `scancel --batch --signal=USR1 {job_id}` (the nodes clean up, then the job ends);\n"
-          f"a plain `scancel {job_id}` may kill them before they remove their /dev/shm stores.", flush=True)
+          f"\nStop with `scancel {job_id}`.", flush=True)
     return 0
 
 
