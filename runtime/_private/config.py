@@ -124,6 +124,8 @@ class Config:
     object_spilling_directory: str = ""
     #: Spill primaries to disk under memory pressure (False: a full store only waits or fails).
     object_spilling_enabled: bool = True
+    #: Above this fraction of the store in use, primaries are spilled ahead of need.
+    object_spilling_threshold: float = _positive(0.8)
     #: Threads used to copy large buffers into the store.
     memcpy_threads: int = _positive(4)
     #: Buffers at least this large are copied with several threads.

@@ -16,7 +16,7 @@ def store(capacity: int = 100 * MiB) -> st.ObjectStoreState:
 def put(s: st.ObjectStoreState, rid: int, oid: bytes, size: int, now: float = 0.0) -> list[st.Action]:
     out = s.handle(st.CreateRequested(rid, oid, size, W1), now)
     if any(isinstance(a, st.GrantCreate) for a in out):
-        s.handle(st.ObjectSealed(oid, size), now)
+        out += s.handle(st.ObjectSealed(oid, size), now)
     return out
 
 
@@ -114,12 +114,19 @@ def test_full_disk_is_one_episode_and_creates_fail_out_of_disk():
     assert not of(out, st.SpillObject) and not of(out, st.DiskFull) and of(out, st.RejectCreate)[0].out_of_disk
     (r,) = s.handle(st.CreateRequested(4, D, 300 * MiB, W1), 0)
     assert r.out_of_disk
-    # After the retry delay spilling is tried again; a success ends the episode.
-    s.handle(st.Ticked(), st.DISK_FULL_RETRY_S + 1)
-    out = put(s, 5, E, 60 * MiB, now=st.DISK_FULL_RETRY_S + 1)
+    # A retry that fails again is the same episode: still no second log line.
+    s.handle(st.Ticked(), st.DISK_FULL_RETRY_S)
+    out = put(s, 6, C, 60 * MiB, now=st.DISK_FULL_RETRY_S)
     assert [a.object_id for a in of(out, st.SpillObject)] == [A]
-    s.handle(st.SpillFinished(A, seconds=0.1), 3)
-    assert s.disk_full_since is None
+    out = s.handle(st.SpillFinished(A, "No space left on device", True), st.DISK_FULL_RETRY_S)
+    assert not of(out, st.DiskFull) and of(out, st.RejectCreate)[0].out_of_disk
+    # After the retry delay spilling is tried again; a success ends the episode.
+    t = 2 * st.DISK_FULL_RETRY_S + 1
+    s.handle(st.Ticked(), t)
+    out = put(s, 5, E, 60 * MiB, now=t)
+    assert [a.object_id for a in of(out, st.SpillObject)] == [A]
+    s.handle(st.SpillFinished(A, seconds=0.1), t)
+    assert not s.disk_full
 
 
 def test_free_during_spill_and_restore_removes_the_files_when_done():
@@ -152,3 +159,13 @@ def test_pulled_copies_are_evicted_not_spilled_and_spilling_off_rejects():
     off = st.ObjectStoreState("/dev/shm/x", 100 * MiB, 0, 2.0, validate=True)
     (r,) = off.handle(st.CreateRequested(1, A, 300 * MiB, W1), 0)
     assert isinstance(r, st.RejectCreate) and "larger than the object store" in r.reason
+
+
+def test_primaries_are_spilled_ahead_above_the_threshold():
+    s = st.ObjectStoreState("/dev/shm/x", 100 * MiB, 0, 2.0, validate=True, spill_dir="/spill", spill_threshold=0.5)
+    assert not of(put(s, 1, A, 40 * MiB), st.SpillObject)
+    out = put(s, 2, B, 40 * MiB)  # 80% in use: the oldest goes to disk before anyone waits
+    assert [a.object_id for a in of(out, st.SpillObject)] == [A]
+    assert not of(put(s, 3, C, 10 * MiB), st.SpillObject)  # A's spill already covers it
+    s.handle(st.SpillFinished(A, seconds=1.0, started=0.0), 1)
+    assert s.used_bytes == 50 * MiB and s.spill_stats()["spill_mib_s"] == 40.0

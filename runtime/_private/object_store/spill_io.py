@@ -91,3 +91,11 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def node_spill_dir(spilling_directory: str, session_dir: str, node_id: bytes) -> str:
+    """A node's private spill directory: under ``object_spilling_directory`` when set,
+    else under the session directory. The raylet creates it (0700) and removes it at
+    stop; the process that started the raylet removes it too, should the raylet die."""
+    base = spilling_directory or os.path.join(session_dir, "spill")
+    return os.path.join(base, f"node-{node_id.hex()[:12]}")

@@ -32,10 +32,10 @@ so the pages really go. A reader that then misses the file asks for a restore
 (``RestoreRequested``): the copy comes back into the store when room can be made at
 once, otherwise the reader maps the spill file itself (page cache). The spill file is
 kept until the object is freed, so the next spill of a restored object is an unlink.
-A spill that fails for lack of disk starts an *episode* (``DiskFull``, logged once);
-while it lasts no spill is tried and creates that need one fail with
-``RejectCreate(out_of_disk=True)``; a free of something on disk, or
-``DISK_FULL_RETRY_S``, ends it.
+A spill that fails for lack of disk starts an *episode* (``DiskFull``, logged once).
+While it lasts, spills are tried again only every ``DISK_FULL_RETRY_S`` (or at once
+after a free of something on disk), and creates that need one fail with
+``RejectCreate(out_of_disk=True)``; the first spill that succeeds ends it.
 """
 
 from __future__ import annotations
@@ -108,7 +108,8 @@ class SpillFinished:
     object_id: bytes
     error: str = ""           #: empty: the spill file is complete
     out_of_disk: bool = False
-    seconds: float = 0.0
+    seconds: float = 0.0      #: how long the copy took
+    started: float = 0.0      #: when it started (monotonic), for throughput over busy time
 
 
 @dataclasses.dataclass(slots=True)
@@ -121,6 +122,7 @@ class RestoreFinished:
     object_id: bytes
     error: str = ""
     seconds: float = 0.0
+    started: float = 0.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -255,10 +257,16 @@ class ObjectStoreState:
     """Space accounting and slot reuse for one node's store."""
 
     def __init__(self, directory: str, capacity_bytes: int, recycle_bytes: int,
-                 full_timeout_s: float, validate: bool = False, spill_dir: str = "") -> None:
+                 full_timeout_s: float, validate: bool = False, spill_dir: str = "",
+                 spill_threshold: float = 1.0) -> None:
         self.directory = directory
         #: Where primaries go under pressure ("" : spilling off).
         self.spill_dir = spill_dir
+        #: Above this fraction of capacity in use, sealed primaries are spilled ahead of
+        #: need, so a stream of puts rarely waits for a spill.
+        self.spill_threshold = spill_threshold
+        #: End of the latest spill / restore copy counted in the busy time.
+        self._busy_until = {"spill": 0.0, "restore": 0.0}
         #: Bytes of files allowed in the store (objects + pooled slots).
         self.capacity_bytes = capacity_bytes
         #: Bytes of free slots kept for reuse.
@@ -285,7 +293,11 @@ class ObjectStoreState:
         self._spill_orphans: set[bytes] = set()
         self._restore_orphans: set[bytes] = set()
         #: Out-of-disk episode: when it began (None: no episode).
-        self.disk_full_since: float | None = None
+        self.disk_full = False
+        #: During an episode, when spilling may be tried again.
+        self.disk_retry_at = 0.0
+        #: ``now`` of the event being handled.
+        self._now = 0.0
         #: Bytes of files in the spill dir.
         self.disk_bytes = 0
         self.spilled_bytes = 0
@@ -321,12 +333,14 @@ class ObjectStoreState:
 
     def handle(self, event: Event, now: float) -> list[Action]:
         actions: list[Action] = []
+        self._now = now
         if isinstance(event, CreateRequested):
             self._create(event, now, actions)
         elif isinstance(event, ObjectSealed):
             obj = self.objects.get(event.object_id)
             if obj is not None:
                 obj.sealed = True
+                self._spill_ahead(actions)
         elif isinstance(event, ObjectsFreed):
             for oid, recyclable in zip(event.object_ids, event.recyclable):
                 self._free(oid, recyclable, actions)
@@ -348,8 +362,7 @@ class ObjectStoreState:
             self.pending = deque(p for p in self.pending if p.request.client != event.client)
             self._retry_pending(now, actions)
         elif isinstance(event, Ticked):
-            if self.disk_full_since is not None and now - self.disk_full_since >= DISK_FULL_RETRY_S:
-                self.disk_full_since = None
+            if self.disk_full and now >= self.disk_retry_at and self.pending:
                 self._retry_pending(now, actions)
             while self.restores_waiting and self.restores_waiting[0][1] <= now:
                 self._restore_from_disk(self.restores_waiting.popleft()[0], actions)
@@ -394,7 +407,7 @@ class ObjectStoreState:
         if ev.size_bytes > self.capacity_bytes:
             if not self.spill_dir:
                 actions.append(RejectCreate(ev.request, ev.object_id, self._full_reason(ev.size_bytes, waited=False)))
-            elif self.disk_full_since is not None:
+            elif self._disk_blocked():
                 self.out_of_disk_rejects += 1
                 actions.append(RejectCreate(ev.request, ev.object_id, self._disk_reason(ev.size_bytes),
                                             out_of_disk=True))
@@ -460,6 +473,37 @@ class ObjectStoreState:
         return obj.sealed and obj.in_shm and not obj.restoring and not obj.spilling and obj.pins == 0 \
             and obj.creator != PULLED
 
+    def _spill_ahead(self, actions: list[Action]) -> None:
+        if not self.spill_dir or self.pending or self._disk_blocked():
+            return
+        target = int(self.capacity_bytes * self.spill_threshold)
+        over = self.used_bytes - self.pool_bytes - self.spilling_bytes - target
+        if over <= 0:
+            return
+        spills = []
+        for oid, obj in self.objects.items():
+            if over <= 0:
+                break
+            if not obj.on_disk and self._spillable(obj):
+                spills.append(oid)
+                over -= obj.file_size
+        self._start_spills(spills, actions)
+
+    def _start_spills(self, spills: list[bytes], actions: list[Action]) -> None:
+        for oid in spills:
+            obj = self.objects[oid]
+            obj.spilling = True
+            self.spilling_bytes += obj.file_size
+            actions.append(SpillObject(oid, self.final_path(oid), self._spill_tmp_path(oid), self.spill_path(oid),
+                                       obj.size_bytes))
+
+    def _count_busy(self, kind: str, started: float, seconds: float) -> float:
+        """Seconds of ``[started, started + seconds]`` not yet counted (copies overlap)."""
+        end = started + seconds
+        add = max(0.0, end - max(started, self._busy_until[kind]))
+        self._busy_until[kind] = max(self._busy_until[kind], end)
+        return add
+
     def _drop_or_spill(self, size: int, actions: list[Action], spill: bool) -> None:
         need = self.used_bytes + size - self.capacity_bytes - self.spilling_bytes
         if need <= 0:
@@ -472,7 +516,7 @@ class ObjectStoreState:
             if obj.on_disk and self._spillable(obj):
                 drops.append(oid)
                 need -= obj.file_size
-        if need > 0 and spill and self.disk_full_since is None:
+        if need > 0 and spill and not self._disk_blocked():
             for oid, obj in self.objects.items():
                 if need <= 0:
                     break
@@ -485,12 +529,7 @@ class ObjectStoreState:
             for oid in drops:
                 self._drop_from_store(oid, actions)
             actions.append(DropMappings(drops))
-        for oid in spills:
-            obj = self.objects[oid]
-            obj.spilling = True
-            self.spilling_bytes += obj.file_size
-            actions.append(SpillObject(oid, self.final_path(oid), self._spill_tmp_path(oid), self.spill_path(oid),
-                                       obj.size_bytes))
+        self._start_spills(spills, actions)
 
     def _drop_from_store(self, oid: bytes, actions: list[Action]) -> None:
         obj = self.objects[oid]
@@ -516,26 +555,31 @@ class ObjectStoreState:
             self._disk_full(now, ev.error, actions)
             self._retry_pending(now, actions)
             return
-        self.disk_full_since = None
+        self.disk_full = False
         obj.on_disk = True
         self.disk_bytes += obj.file_size
         self.spilled_bytes += obj.size_bytes
         self.spilled_objects += 1
-        self.spill_seconds += ev.seconds
+        self.spill_seconds += self._count_busy("spill", ev.started, ev.seconds)
         if obj.pins == 0:
             self._drop_from_store(oid, actions)
             actions.append(DropMappings([oid]))
         self._retry_pending(now, actions)
 
     def _disk_full(self, now: float, error: str, actions: list[Action]) -> None:
-        if self.disk_full_since is None:
+        self.disk_retry_at = now + DISK_FULL_RETRY_S
+        if not self.disk_full:
+            self.disk_full = True
             actions.append(DiskFull(f"spilling to {self.spill_dir} failed ({error}); creates that need "
                                     "spilling fail with OutOfDiskError until space is freed there"))
-        self.disk_full_since = now
+
+    def _disk_blocked(self) -> bool:
+        """An out-of-disk episode is on and the next try is not due yet."""
+        return self.disk_full and self._now < self.disk_retry_at
 
     def _reject_hopeless(self, actions: list[Action]) -> None:
         """During an out-of-disk episode, creates that only spilling could serve fail now."""
-        while self.pending and self.disk_full_since is not None and self.spilling_bytes == 0:
+        while self.pending and self._disk_blocked() and self.spilling_bytes == 0:
             p = self.pending[0]
             if self._would_fit_with_spilling(p.request.size_bytes):
                 self.pending.popleft()
@@ -644,7 +688,7 @@ class ObjectStoreState:
             self.restored_from_disk += 1
             actions.append(AnswerRestore(oid, self.spill_path(oid)))
             return
-        self.restore_seconds += ev.seconds
+        self.restore_seconds += self._count_busy("restore", ev.started, ev.seconds)
         actions.append(AnswerRestore(oid, ""))
 
     def _unpin(self, client: bytes, object_ids: list[bytes]) -> None:
@@ -697,7 +741,7 @@ class ObjectStoreState:
             self._spill_orphans.add(oid)
         if obj.on_disk:
             self.disk_bytes -= obj.file_size
-            self.disk_full_since = None  # disk space comes back: spilling may work again
+            self.disk_retry_at = self._now  # disk space comes back: spilling may work again
             actions.append(UnlinkFile(self.spill_path(oid) if obj.sealed and not tmp else self._spill_tmp_path(oid)))
         if not obj.in_shm:
             return
@@ -761,7 +805,7 @@ class ObjectStoreState:
                 "spill_mib_s": self.spilled_bytes / mib / self.spill_seconds if self.spill_seconds else 0.0,
                 "restore_mib_s": self.restored_bytes / mib / self.restore_seconds if self.restore_seconds else 0.0,
                 "disk_bytes": self.disk_bytes, "spilling_bytes": self.spilling_bytes,
-                "out_of_disk": self.disk_full_since is not None, "out_of_disk_rejects": self.out_of_disk_rejects,
+                "out_of_disk": self.disk_full, "out_of_disk_rejects": self.out_of_disk_rejects,
                 "spill_dir": self.spill_dir}  # type: ignore[dict-item]
 
     def check_invariants(self) -> None:

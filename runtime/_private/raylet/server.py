@@ -88,11 +88,10 @@ class RayletServer:
         #: This node's private spill directory ("" when spilling is off).
         self.spill_dir = ""
         if config.object_spilling_enabled:
-            base = config.object_spilling_directory or os.path.join(session_dir, "spill")
-            self.spill_dir = os.path.join(base, f"node-{node_id.hex()[:12]}")
+            self.spill_dir = spill_io.node_spill_dir(config.object_spilling_directory, session_dir, node_id)
         self.store = st.ObjectStoreState(store_dir, store_bytes, config.object_store_recycle_bytes,
                                          config.object_store_full_timeout_s, validate=config.validate,
-                                         spill_dir=self.spill_dir)
+                                         spill_dir=self.spill_dir, spill_threshold=config.object_spilling_threshold)
         #: Spill, restore and on-disk preallocation run here, never on the loop.
         self._spill_io = ThreadPoolExecutor(2, thread_name_prefix="raylet.spill")
         #: Object id -> readers waiting for its restore.
@@ -727,7 +726,7 @@ class RayletServer:
             else:
                 self._store(st.RestoreFinished(action.object_id, str(e)))
             return
-        self._store(done(action.object_id, seconds=seconds))
+        self._store(done(action.object_id, seconds=seconds, started=time.monotonic() - seconds))
 
     async def _grant_on_disk(self, action: st.GrantCreate, fut: asyncio.Future[Any]) -> None:
         """An object larger than the store: preallocate its file in the spill dir, then
