@@ -99,16 +99,27 @@ def test_spilled_objects_are_pulled_by_other_nodes() -> None:
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "object_store_memory": 64 * MIB, "_system_config": dict(TEST_CONFIG)})
     try:
-        cluster.add_node(num_cpus=1, resources={"far": 1}, object_store_memory=64 * MIB)
+        far = cluster.add_node(num_cpus=1, resources={"far": 1}, object_store_memory=64 * MIB)
         cluster.connect()
 
         @lumos.remote(resources={"far": 1})
         def same(a: np.ndarray, i: int) -> bool:
             return bool(np.array_equal(a, block(i)))
 
+        @lumos.remote(resources={"far": 1})
+        def make(i: int) -> np.ndarray:
+            return block(i)
+
         refs = [lumos.put(block(i)) for i in range(32)]  # 128 MiB on the head
         assert spill_files(cluster.session_dir)
         assert all(lumos.get([same.remote(refs[i], i) for i in range(0, 32, 3)], timeout=180))
+        made = [make.remote(i) for i in range(24)]  # 96 MiB of primaries in the far node's store
+        lumos.wait(made, num_returns=len(made), timeout=120)
+        before = set(spill_files(cluster.session_dir))
+        far_files = [f for f in before if f.split(os.sep)[-2] == f"node-{far.node_id[:12]}"]
+        assert far_files, "the far node spilled nothing"
+        cluster.remove_node(far)  # SIGKILL: its raylet cannot clean up; its parent does
+        wait_for(lambda: not any(os.path.exists(f) for f in far_files), 20)
     finally:
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)
