@@ -110,9 +110,18 @@ def test_spilled_objects_are_pulled_by_other_nodes() -> None:
         def make(i: int) -> np.ndarray:
             return block(i)
 
+        @lumos.remote(resources={"far": 1})
+        def size_of(a: np.ndarray) -> int:
+            assert np.array_equal(a, block(99, 80 * MIB))
+            return int(a.size)
+
         refs = [lumos.put(block(i)) for i in range(32)]  # 128 MiB on the head
         assert spill_files(cluster.session_dir)
         assert all(lumos.get([same.remote(refs[i], i) for i in range(0, 32, 3)], timeout=180))
+        # Larger than either store: on disk on the head, pulled straight to disk on the far node.
+        huge = lumos.put(block(99, 80 * MIB))
+        assert lumos.get(size_of.remote(huge), timeout=120) == 80 * MIB
+        del huge
         made = [make.remote(i) for i in range(24)]  # 96 MiB of primaries in the far node's store
         lumos.wait(made, num_returns=len(made), timeout=120)
         before = set(spill_files(cluster.session_dir))

@@ -826,7 +826,7 @@ class CoreWorker:
         return value
 
     def _read_from_store(self, oid: bytes, node_id: bytes) -> tuple[int, Any]:
-        view = self.store.view(oid)
+        view = self.store.view(oid, restore=node_id == self.node_id)
         if view is None and node_id != self.node_id:
             self.pull_to_local(oid, node_id)
             view = self.store.view(oid)
