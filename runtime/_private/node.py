@@ -72,6 +72,13 @@ def session_root() -> str:
     return root
 
 
+def __getattr__(name: str) -> Any:
+    # ``node.ROOT`` (a constant before the root became per user): the checked root, now.
+    if name == "ROOT":
+        return session_root()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def current_cluster_path() -> str:
     """Where ``lumos start --head`` records the cluster for ``init(address="auto")``."""
     return os.path.join(session_root(), "current_cluster.json")
