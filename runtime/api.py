@@ -58,14 +58,12 @@ class LumosContext:
                 f"node_id={self.address_info.get('node_id')!r}, dashboard_url={self.dashboard_url!r})")
 
     def _repr_html_(self) -> str:
-        from html import escape
-        res = cluster_resources() if is_initialized() else {}
-        rows = "".join(f"<tr><td>{escape(str(k))}</td><td>{escape(str(v))}</td></tr>"
-                       for k, v in sorted(res.items()) if not k.startswith("node:"))
-        link = (f"<a href='{escape(self.dashboard_url)}' target='_blank'>dashboard</a>"
-                if self.dashboard_url else "no dashboard")
-        return (f"<div><b>lumos</b> cluster at <code>{escape(str(self.address_info.get('gcs_address')))}</code>"
-                f" — {link}<table>{rows}</table></div>")
+        """The cluster card (``%lumos status``); only a notebook front end asks for it."""
+        if not is_initialized():
+            return "<div><b>lumos</b> cluster (disconnected)</div>"
+        from lumos.kernelext.display import ClusterStatus
+        card = ClusterStatus.current(self.dashboard_url, str(self.address_info.get("gcs_address") or ""))
+        return str(card._repr_html_())
 
 
 def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus: float | None = None,
@@ -347,8 +345,25 @@ _exit_registered = False
 def _register_exit_handler() -> None:
     global _exit_registered
     if not _exit_registered:
-        atexit.register(shutdown)
+        atexit.register(_at_exit)
         _exit_registered = True
+
+
+def _at_exit() -> None:
+    """At interpreter exit: let the calls the script submitted last run and their output
+    arrive (as in Ray, ``f.remote()`` as a script's last line runs), within
+    ``exit_drain_timeout_s``; then shut down."""
+    cw = worker_context.core_worker
+    if cw is not None and not worker_context.is_worker and cw.config.exit_drain_timeout_s > 0:
+        timeout_s = cw.config.exit_drain_timeout_s
+        try:
+            left = cw.drain_at_exit(timeout_s)
+        except KeyboardInterrupt:
+            left = 0  # Ctrl-C at exit: stop waiting
+        if left:
+            sys.stderr.write(f"lumos: {left} task(s) or actor call(s) this script submitted had not finished "
+                             f"{timeout_s:g}s after it ended (exit_drain_timeout_s); they are abandoned\n")
+    shutdown()
 
 
 def shutdown() -> None:

@@ -532,11 +532,14 @@ def _node_json(n: Any, load: Any) -> dict[str, Any]:
 
 def _add_launch_commands(sub: Any) -> None:
     """``lumos slurm`` and ``lumos kubernetes`` (their code lives in ``lumos.launch``)."""
-    from lumos.launch import slurm
+    from lumos.launch import kubernetes, slurm
 
     p = sub.add_parser("slurm", help="start a lumos cluster as a Slurm batch job (sbatch + srun)")
     slurm.add_arguments(p)
     p.set_defaults(func=slurm.run)
+    k = sub.add_parser("kubernetes", help="Kubernetes manifests for a lumos cluster, and its readiness probe")
+    kubernetes.add_arguments(k)
+    k.set_defaults(func=kubernetes.run)
 
 
 if __name__ == "__main__":
