@@ -139,6 +139,8 @@ class CoreWorker:
         #: Task id -> task submitted by this process and not answered.
         self.tasks: dict[bytes, PendingTask] = {}
         self._queues: dict[Any, SchedulingQueue] = {}
+        #: Leased workers with nothing to run, kept a moment for more of their key's tasks.
+        self._idle_leases: set[LeasedWorker] = set()
         #: Worker id -> open connection (or the future of one being opened).
         self._peers = ConnectionCache()
         #: Function ids already exported to the GCS for this job.
@@ -153,6 +155,8 @@ class CoreWorker:
         self._events: list[tuple[Any, ...]] = []
         #: Called with batches of worker output lines (driver); replaceable by front ends.
         self.log_handler: Callable[[list[Any]], None] = _print_worker_lines
+        #: When worker output last arrived (monotonic; the exit drain waits for it to settle).
+        self.last_log_at = 0.0
         self.error_handler: Callable[[str, str], None] = _print_cluster_error
         self._closed = False
         self._blocked_depth = 0
@@ -388,6 +392,22 @@ class CoreWorker:
                     fn(*args)
                 except Exception:
                     logger.exception("io-thread job %s failed", getattr(fn, "__name__", fn))
+
+    def drain_at_exit(self, timeout_s: float, settle_s: float = 0.3) -> int:
+        """At a script's exit (user thread): wait until every task and actor call this
+        process submitted has answered, then until worker output stops arriving for
+        ``settle_s``, at most ``timeout_s`` in all. Returns the calls still unanswered."""
+        deadline = time.monotonic() + timeout_s
+        done_at = None
+        while time.monotonic() < deadline and not self._closed:
+            if self._inbox or self.tasks:
+                done_at = None
+            elif done_at is None:
+                done_at = time.monotonic()  # output travels worker -> raylet -> GCS -> here
+            elif time.monotonic() - max(done_at, self.last_log_at) >= settle_s:
+                return 0
+            time.sleep(0.02)
+        return len(self.tasks)
 
     def run_sync(self, coro: Any, timeout_s: float | None = None) -> Any:
         """Run a coroutine on the io thread and wait for it (from a user thread)."""
@@ -1369,6 +1389,12 @@ class CoreWorker:
             usable = sum(1 for l in q.leases if not l.dead and not l.exiting)
             want = min(len(tasks), self.config.max_pending_lease_requests,
                        self.config.max_leases_per_scheduling_key - usable)
+            if q.requesting < want and self._idle_leases:
+                # Workers this process holds idle for other functions would keep this one's
+                # request waiting until they time out (issue 14: after a burst of f, the
+                # first g waited ~1.2 s): give them back first.
+                for idle in [l for l in self._idle_leases if l.queue is not q]:
+                    self._return_lease(idle, disconnect=False)
             while q.requesting < want:
                 q.requesting += 1
                 self._spawn(self._request_lease(q), "lease")
@@ -1435,7 +1461,10 @@ class CoreWorker:
             self._lease_failed(lease)
             return
         if not q.tasks:
-            self._start_idle_timer(lease)
+            # Granted after its tasks went to other workers: keeping it idle would hold a
+            # worker (and a later request queued behind it at the raylet) for nothing.
+            self._return_lease(lease, disconnect=False)
+            return
         self._pump(q)
 
     async def _raylet_at(self, address: m.Address) -> Connection:
@@ -1452,6 +1481,7 @@ class CoreWorker:
         if lease.idle_timer is not None:
             lease.idle_timer.cancel()
             lease.idle_timer = None
+            self._idle_leases.discard(lease)
         spec = task.spec
         self._events.append((spec.task_id, spec.attempt, "SCHEDULED", time.time(),
                              {"resource_ids": lease.resource_ids} if lease.resource_ids else None,
@@ -1463,9 +1493,11 @@ class CoreWorker:
         if lease.idle_timer is None and self.loop is not None:
             lease.idle_timer = self.loop.call_later(self.config.lease_idle_timeout_ms / 1000,
                                                     self._idle_expired, lease)
+            self._idle_leases.add(lease)
 
     def _idle_expired(self, lease: LeasedWorker) -> None:
         lease.idle_timer = None
+        self._idle_leases.discard(lease)
         if not lease.tasks and not lease.queue.tasks:
             self._return_lease(lease, disconnect=False)
 
@@ -1473,6 +1505,7 @@ class CoreWorker:
         q = lease.queue
         if lease in q.leases:
             q.leases.remove(lease)
+        self._idle_leases.discard(lease)
         if lease.idle_timer is not None:
             lease.idle_timer.cancel()
             lease.idle_timer = None
@@ -1997,12 +2030,16 @@ class CoreWorker:
 
     def send_reply(self, conn: Connection, reply: m.TaskReply) -> None:
         """Executor (main thread) hands a finished task's reply to the io thread."""
+        ex = self.executor
+        if ex is not None and ex._output:  # the task's output leaves before its reply
+            self._post(ex.flush_output)
         self._post(conn.notify, reply)
 
     # ================================================================== pub/sub, events
 
     def _handle_publish(self, conn: Connection, msg: m.Publish) -> None:
         if msg.channel == "logs":
+            self.last_log_at = time.monotonic()
             try:
                 self.log_handler(msg.data)
             except Exception:

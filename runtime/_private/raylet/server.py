@@ -32,7 +32,7 @@ from lumos._private.transport import eventloop
 from lumos._private.ids import random_id, short
 from lumos._private.object_store import store_state as st
 from lumos._private.object_store.client import unlink_quietly
-from lumos._private.process import die_with_parent, read_token, report_ready, setup_logging
+from lumos._private.process import check_private_dir, die_with_parent, read_token, report_ready, setup_logging
 from lumos._private.protocol import messages as m
 from lumos._private.raylet import scheduler as sc
 from lumos._private.raylet.object_manager import ObjectManager
@@ -119,6 +119,8 @@ class RayletServer:
         self.stopped = asyncio.Event()
         self.object_manager = ObjectManager(self)
         self._stopping = False
+        #: The store directory passed the ownership check (so ``stop`` may remove it).
+        self._store_dir_checked = False
         self.unix_path = os.path.join(session_dir, "sockets", f"raylet-{node_id.hex()[:12]}.sock")
         handlers = {
             m.RegisterClient: self._register_client,
@@ -149,7 +151,9 @@ class RayletServer:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        os.makedirs(self.store_dir, exist_ok=True)
+        # The parent made it 0700 before starting us; never use one someone else made (issue 11).
+        check_private_dir(self.store_dir, "object store directory")
+        self._store_dir_checked = True
         os.makedirs(os.path.dirname(self.unix_path), exist_ok=True)
         await self.server.start(unix_path=self.unix_path, host=self.node_ip, port=0)
         self.object_manager.start(self.node_ip)
@@ -215,7 +219,8 @@ class RayletServer:
         await self.server.stop()
         self.object_manager.close()
         self._unlinker.shutdown(wait=True)
-        shutil.rmtree(self.store_dir, ignore_errors=True)
+        if self._store_dir_checked:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
         self.stopped.set()
 
     def _spawn(self, coro: Any, name: str) -> None:
