@@ -39,14 +39,20 @@ head = subprocess.Popen(
 lines = queue.Queue()
 threading.Thread(target=lambda: [lines.put(l) for l in head.stdout], daemon=True).start()
 token = ""
-deadline = time.monotonic() + 60
+seen = []
+deadline = time.monotonic() + 50
 while not token and time.monotonic() < deadline:
     try:
         line = lines.get(timeout=1)
     except queue.Empty:
         continue
-    if "--token " in line and "lumos start --address" in line:
-        token = line.split("--token", 1)[1].strip()
+    seen.append(line)
+    if "export LUMOS_CLUSTER_TOKEN=" in line:
+        token = line.split("=", 1)[1].strip()
+if not token:
+    print("the head did not start:", "".join(seen), flush=True)
+    head.kill()
+    sys.exit(3)
 print("TOKEN " + token, flush=True)
 try:
     import lumos
@@ -142,9 +148,12 @@ def test_a_partitioned_node_is_failed_over_and_fenced_when_the_link_returns(
     try:
         assert driver.stdout is not None and driver.stdin is not None
         out, _reader = _lines(driver.stdout)
-        token = _expect(out, "TOKEN ", seen, 60)
+        token_file = tmp_path / "token"
+        token_file.write_text(_expect(out, "TOKEN ", seen, 60))
+        token_file.chmod(0o600)
         node = _in_namespace(worker_ns, root, [
-            lumos_bin, "start", "--address", f"{HEAD_IP}:{GCS_PORT}", "--token", token, "--node-ip-address",
+            lumos_bin, "start", "--address", f"{HEAD_IP}:{GCS_PORT}", "--token-file", str(token_file),
+            "--node-ip-address",
             WORKER_IP, "--num-cpus", "2", "--resources", json.dumps({"w": 2}), "--object-store-memory",
             str(128 << 20), "--system-config", config, "--block"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
