@@ -40,7 +40,8 @@ def test_failed_multi_return_attempt_frees_the_returns_it_stored(fresh_cluster) 
     before = _store_objects()
     refs = two_big_then_bad.remote()
     for ref in refs:
-        with pytest.raises(TypeError, match="BadReduce"):
+        with pytest.raises(TypeError, match=r"return value 3 of two_big_then_bad could not be serialized: "
+                                            r".*a `BadReduce` whose `__reduce__` raised"):
             lumos.get(ref, timeout=60)
     # The two returns written before the third failed are gone from the store.
     wait_for(lambda: _store_objects() == before, 10)
