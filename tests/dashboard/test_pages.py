@@ -14,6 +14,7 @@ import pytest
 
 import lumos
 from lumos.dashboard.components.status import COLUMNS
+from lumos.dashboard.graph_layout import STATE_COLORS
 from tests.dashboard.conftest import base_url, column, screenshot, wait_doc
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
@@ -127,6 +128,11 @@ def test_task_stream_shows_executions_and_counts(dash_cluster: lumos.LumosContex
     assert {"square", "total", "fan_out", "Counter.add"} <= set(names), names
     page.locator(".lumos-count[data-state='FINISHED']").wait_for()
     assert "FAILED" in page.locator(".lumos-count[data-state='FAILED']").inner_text()
+    # Bars take the task graph's state colours, explained by the same legend.
+    colors = dict(zip(column(page, "done", "name"), column(page, "done", "color")))
+    assert colors["square"] == STATE_COLORS["finished"] and colors[EVIL] == STATE_COLORS["failed"]
+    legend = page.locator(".lumos-graph-legend").inner_text()
+    assert all(state in legend for state in STATE_COLORS)
     screenshot(page, "task_stream")
     assert not page.js_errors
 
