@@ -127,6 +127,9 @@ class Config:
     wait_slice_s: float = _positive(0.1)
     #: Forward worker stdout/stderr to the driver.
     log_to_driver: bool = True
+    #: At a script's exit, how long the driver waits for the tasks it submitted to finish
+    #: and their output to arrive before it disconnects (0: not at all).
+    exit_drain_timeout_s: float = 10.0
     #: Check the invariants of every ...State after each event (tests).
     validate: bool = False
     #: Warn about infeasible tasks after they have waited this long.
