@@ -152,7 +152,7 @@ failed_connect: str | None = None
 
 _IGNORED_INIT_ARGS = {"logging_level", "logging_format", "configure_logging", "local_mode",
                       "_temp_dir", "job_config", "_plasma_directory", "_enable_object_reconstruction",
-                      "log_to_driver", "_metrics_export_port", "storage"}
+                      "log_to_driver", "_metrics_export_port", "storage", "logging_config"}
 
 
 def _hint(value: Any) -> str:
@@ -494,9 +494,10 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
 # ------------------------------------------------------------------------- cluster
 
 
-def get_node_ip_address() -> str:
+def get_node_ip_address(address: str | None = None) -> str:
     """The IP address of this process's node (the address lumos binds to), or of this
-    machine when lumos is not initialized."""
+    machine when lumos is not initialized. ``address`` (Ray's: an address to route
+    towards) is not used."""
     cw = worker_context.core_worker
     if cw is not None:
         return cw.node_ip  # type: ignore[no-any-return]

@@ -35,6 +35,7 @@ from multiprocessing import TimeoutError  # Ray's module exports it; it shadows 
 from typing import Any, Callable, Iterable, Iterator, cast
 
 from lumos import api
+from lumos import exceptions as exc
 from lumos.actor import ActorClass, ActorHandle, kill
 
 logger = logging.getLogger(__name__)
@@ -422,7 +423,12 @@ class Pool:
                 logger.warning("Pool: %d of %d actors have not started after %.0fs; their resources "
                                "(%s) may be held by other work", len(pending), len(refs), _START_WARN_S,
                                remote_args or "one CPU to place each")
-            api.get(refs)
+            try:
+                api.get(refs)
+            except exc.ActorDiedError as died:
+                if isinstance(died.cause, BaseException):  # the initializer raised: that error, as documented
+                    raise died.cause from None
+                raise
         except BaseException:
             if api.is_initialized():
                 for a in actors:
