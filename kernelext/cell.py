@@ -76,6 +76,10 @@ class CellAnalysis:
     last_expr: bool
     #: The cell's last line ends with ``;`` (no display, like a local cell).
     quiet: bool
+    #: The names of ``assigns`` the cell gives a value (``x = ...``, ``x += ...``,
+    #: ``with ... as x``, ``(x := ...)``), not those bound only by an import, a ``for``
+    #: target, a ``def``/``class`` or an ``except ... as``: what an ``--async`` cell binds.
+    values: list[str] = field(default_factory=list)
 
 
 def analyze(source: str) -> CellAnalysis:
@@ -140,7 +144,40 @@ def analyze(source: str) -> CellAnalysis:
     last_expr = bool(tree.body) and isinstance(tree.body[-1], ast.Expr)
     lines = [ln for ln in source.rstrip().splitlines() if ln.strip()]
     quiet = bool(lines) and lines[-1].split("#")[0].rstrip().endswith(";")
-    return CellAnalysis(reads, assigns, last_expr, quiet)
+    valued = _value_targets(tree)
+    values = [n for n in assigns if n in valued]
+    return CellAnalysis(reads, assigns, last_expr, quiet, values)
+
+
+def _value_targets(tree: ast.Module) -> set[str]:
+    """Names the module scope of ``tree`` assigns a value to (see ``CellAnalysis.values``)."""
+    out: set[str] = set()
+    stack: list[ast.AST] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            # their bodies are other scopes; `global x` assignments in them count
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Global):
+                    declared = set(sub.names)
+                    for inner in ast.walk(node):
+                        if isinstance(inner, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                            targets = inner.targets if isinstance(inner, ast.Assign) else [inner.target]
+                            for t in targets:
+                                out |= _target_names(t) & declared
+            continue
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                out |= _target_names(t)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and (
+                not isinstance(node, ast.AnnAssign) or node.value is not None):
+            out |= _target_names(node.target)
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            out |= _target_names(node.optional_vars)
+        elif isinstance(node, ast.NamedExpr):
+            out |= _target_names(node.target)  # binds the enclosing scope, even in a comprehension
+        stack.extend(ast.iter_child_nodes(node))
+    return out
 
 
 def _sure_bindings(stmt: ast.stmt) -> set[str]:

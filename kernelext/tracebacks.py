@@ -84,6 +84,33 @@ def user_traceback(tb: types.TracebackType | None) -> types.TracebackType | None
     return types.TracebackType(new, tb.tb_frame, tb.tb_lasti, tb.tb_lineno)
 
 
+def deliberate(e: BaseException) -> bool:
+    """``e`` was raised on purpose by lumos (a ``raise`` line in lumos's own files), not by
+    a bug or by the user's code: its message says it all."""
+    if hasattr(e, "_render_traceback_"):
+        return False  # renders itself (a remote TaskError, which may also be a ValueError)
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    filename = tb.tb_frame.f_code.co_filename
+    if not filename.startswith(_LUMOS_DIRS):
+        return False
+    import linecache
+    return linecache.getline(filename, tb.tb_lineno).lstrip().startswith("raise ")
+
+
+def message_only(e: BaseException) -> None:
+    """Show ``e`` in the notebook as its one ``Type: message`` line."""
+    text = f"{type(e).__name__}: {e}"
+    e._render_traceback_ = lambda: [text]  # type: ignore[attr-defined]
+
+
+#: What a magic's own argument and state checks raise.
+MAGIC_ERRORS = (ValueError, TypeError, NameError, KeyError, ImportError, RuntimeError)
+
+
 def _handler(shell: Any, etype: type[BaseException], value: BaseException, tb: Any,
              tb_offset: int | None = None) -> None:
     if hasattr(value, "_render_traceback_"):

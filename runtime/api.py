@@ -21,8 +21,9 @@ from lumos._private import worker_context, working_dir
 from lumos._private.config import Config
 from lumos._private.core_worker.core_worker import DRIVER, CoreWorker
 from lumos._private.ids import random_id, return_object_id
-from lumos._private.node import (CURRENT_CLUSTER, NodeProcesses, default_store_bytes, new_session_dir,
-                                 node_resources)
+from lumos._private.node import (NodeProcesses, default_store_bytes, new_session_dir, node_resources,
+                                 read_current_cluster)
+from lumos._private.process import read_private_file
 from lumos._private.protocol import auth
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import parse_address
@@ -57,14 +58,12 @@ class LumosContext:
                 f"node_id={self.address_info.get('node_id')!r}, dashboard_url={self.dashboard_url!r})")
 
     def _repr_html_(self) -> str:
-        from html import escape
-        res = cluster_resources() if is_initialized() else {}
-        rows = "".join(f"<tr><td>{escape(str(k))}</td><td>{escape(str(v))}</td></tr>"
-                       for k, v in sorted(res.items()) if not k.startswith("node:"))
-        link = (f"<a href='{escape(self.dashboard_url)}' target='_blank'>dashboard</a>"
-                if self.dashboard_url else "no dashboard")
-        return (f"<div><b>lumos</b> cluster at <code>{escape(str(self.address_info.get('gcs_address')))}</code>"
-                f" — {link}<table>{rows}</table></div>")
+        """The cluster card (``%lumos status``); only a notebook front end asks for it."""
+        if not is_initialized():
+            return "<div><b>lumos</b> cluster (disconnected)</div>"
+        from lumos.kernelext.display import ClusterStatus
+        card = ClusterStatus.current(self.dashboard_url, str(self.address_info.get("gcs_address") or ""))
+        return str(card._repr_html_())
 
 
 def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus: float | None = None,
@@ -246,27 +245,25 @@ def _connect(config: Config, address: str, namespace: str, token_arg: str | None
     token_text = token_arg or os.environ.get("LUMOS_CLUSTER_TOKEN")
     session_hint = None
     if address == "auto":
-        try:
-            with open(CURRENT_CLUSTER) as f:
-                current = json.load(f)
-        except (OSError, ValueError):
+        # Only this user's private record counts (another user could plant one pointing
+        # at their own GCS); an unsafe root raises with what to do.
+        current = read_current_cluster()
+        if current is None or "gcs_address" not in current:
             raise ConnectionError("no lumos cluster was started on this machine "
-                                  "(run `lumos start --head` first, or call lumos.init() with no address)") from None
+                                  "(run `lumos start --head` first, or call lumos.init() with no address)")
         address = current["gcs_address"]
         session_hint = current.get("session_dir")
-    elif os.path.exists(CURRENT_CLUSTER):
+    else:
         try:
-            with open(CURRENT_CLUSTER) as f:
-                current = json.load(f)
-            if current.get("gcs_address") == address:
-                session_hint = current.get("session_dir")
-        except (OSError, ValueError):
-            pass
+            current = read_current_cluster()
+        except OSError:
+            current = None
+        if current is not None and current.get("gcs_address") == address:
+            session_hint = current.get("session_dir")
     if token_text is None and session_hint:
         try:
-            with open(os.path.join(session_hint, "token"), "rb") as f:
-                token_text = f.read().decode().strip()
-        except OSError:
+            token_text = read_private_file(os.path.join(session_hint, "token")).decode().strip()
+        except (OSError, UnicodeDecodeError):
             pass
     if not token_text:
         raise ConnectionError(f"connecting to {address} needs the cluster token: pass _token=... or set "

@@ -21,15 +21,21 @@ from lumos.dashboard.graph_layout import (EDGE_FIELDS, EDGE_STYLES, NODE_FIELDS,
 _PATCHABLE = tuple(f for f in NODE_FIELDS if f not in ("id", "x", "y"))
 
 
-def legend_html(grouped: bool, n_tasks: int, threshold: int) -> str:
+def legend_html(grouped: bool, n_tasks: int | None, threshold: int) -> str:
+    """State colours; above them, unless ``n_tasks`` is None, how many tasks are drawn and how."""
     swatches = "".join(
         f"<span style='margin-right:12px'><span style='display:inline-block;width:10px;height:10px;"
         f"border-radius:5px;background:{c}'></span> {esc(s)}</span>" for s, c in STATE_COLORS.items())
     swatches += (f"<span style='margin-right:12px'><span style='display:inline-block;width:8px;height:8px;"
                  f"border:2px solid {RERUN_COLOR};border-radius:5px'></span> ran again (retry or reconstruction)</span>")
-    mode = (f"{n_tasks} tasks: grouped by function (more than {threshold}); open Lineage for one object's tasks"
-            if grouped else f"{n_tasks} tasks")
-    return f"<div class='lumos-graph-legend' style='font-family:sans-serif;font-size:12px'>{esc(mode)}<br>{swatches}</div>"
+    if n_tasks is None:
+        mode = ""
+    elif grouped:
+        mode = f"{n_tasks} tasks: grouped by function (more than {threshold}); open Lineage for one object's tasks"
+    else:
+        mode = f"{n_tasks} tasks"
+    head = f"{esc(mode)}<br>" if mode else ""
+    return f"<div class='lumos-graph-legend' style='font-family:sans-serif;font-size:12px'>{head}{swatches}</div>"
 
 
 class GraphView:
@@ -104,8 +110,20 @@ class GraphView:
         return self._ids[idx[0]]
 
 
-def describe(source: Any, node_id: str) -> str:
-    """Escaped HTML details of a graph node: a task, an object or a function group."""
+def lineage_link(links: Any, object_id: str | None, text: str) -> str:
+    """A link to the lineage page of ``object_id`` ("" without one or without links)."""
+    if not object_id or links is None:
+        return ""
+    href = links("lineage", {"object": object_id})
+    if not href:
+        return ""
+    return (f"<div style='font-family:sans-serif;font-size:12px;margin-top:4px'><a class='lumos-lineage-link' "
+            f"href='{esc(href)}'>{esc(text)}</a></div>")
+
+
+def describe(source: Any, node_id: str, links: Any = None) -> str:
+    """Escaped HTML details of a graph node: a task, an object or a function group;
+    with ``links``, a link to the lineage of the task's (or the object's) value."""
     if node_id.startswith("group:"):
         key = node_id[6:]
         members = [t for t in source.tasks.values() if (t.function_name or t.name) == key]
@@ -117,11 +135,14 @@ def describe(source: Any, node_id: str) -> str:
                                        ("states", ", ".join(f"{n} {s}" for s, n in sorted(states.items())))]
         if failed is not None:
             rows.append(("a failure", failed.error))
-        return details_table(f"group {key}", rows)
+        last = next((t for t in reversed(members) if t.returns), None)
+        return details_table(f"group {key}", rows) + lineage_link(
+            links, last.returns[0] if last else None, f"lineage of the latest {key} result")
     task = source.tasks.get(node_id)
     if task is not None:
         rows = [(k, v) for k, v in task.as_dict().items() if v not in (None, [], {}, "")]
-        return details_table(f"task {task.name}", rows)
+        return details_table(f"task {task.name}", rows) + lineage_link(
+            links, task.returns[0] if task.returns else None, f"lineage of {task.name}'s result")
     producer = source.producer.get(node_id)
     rows = [("object id", node_id), ("produced by", producer or "put() or an earlier job")]
     if producer and producer in source.tasks:
@@ -130,7 +151,8 @@ def describe(source: Any, node_id: str) -> str:
     consumers = [t.name for t in source.tasks.values() if node_id in t.args][:20]
     if consumers:
         rows.append(("consumed by", ", ".join(consumers)))
-    return details_table("object", rows)
+    return details_table("object", rows) + lineage_link(links, node_id if producer else None,
+                                                        "lineage of this object")
 
 
 class TaskGraphPage(Page):
@@ -154,7 +176,7 @@ class TaskGraphPage(Page):
     def _select(self) -> None:
         node_id = self.view.selected_id()
         if node_id is not None:
-            self.details.text = describe(self.source, node_id)
+            self.details.text = describe(self.source, node_id, self.links)
 
     def update(self) -> None:
         src = self.source

@@ -1,16 +1,22 @@
 """Starting and stopping a node's processes (GCS, raylet) and its session directory.
 
 Used by ``lumos.init()`` (a private local cluster that dies with its driver) and by
-``lumos start`` (long-lived clusters). A session directory holds the cluster token
-(0600), logs and Unix sockets:
+``lumos start`` (long-lived clusters). Everything lives under a per-user root
+(``session_root``): ``$LUMOS_TMPDIR`` if set, else ``$XDG_RUNTIME_DIR/lumos`` when that
+directory is this user's, else ``/tmp/lumos-<uid>``. The root is created 0700 and
+checked (owner, mode, not a symlink) on every use, so another local user can neither
+read it nor plant files in it; private files are written to a fresh temporary name
+(``O_EXCL | O_NOFOLLOW``) and renamed into place.
 
 ```
-/tmp/lumos_sessions/session_<time>_<pid>/
-    token            the cluster token (HMAC key of every connection)
-    node.json        addresses and pids of this node's processes
-    logs/            gcs.log, raylet-*.log, worker-*.log, worker-*.out, task_events.jsonl
-    sockets/         gcs.sock, raylet-*.sock, driver-*.sock, worker-*.sock
-/dev/shm/lumos-<session>-<node>/   the node's object store
+<root>/                              0700, this user's
+    current_cluster.json             the cluster `lumos start --head` started here
+    started/<node id>.json           each node `lumos start` started (for `lumos stop`)
+    session_<time>_<pid>_<rand>/     0700
+        token                        the cluster token (HMAC key of every connection), 0600
+        logs/                        gcs.log, raylet-*.log, worker-*.log, worker-*.out, ...
+        sockets/                     gcs.sock, raylet-*.sock, driver-*.sock, worker-*.sock
+/dev/shm/lumos-<session>-<node>/     the node's object store, made 0700 before its raylet starts
 ```
 """
 
@@ -21,6 +27,7 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -28,20 +35,87 @@ from typing import Any
 
 from lumos._private.config import Config
 from lumos._private.ids import random_id
-from lumos._private.process import await_ready, write_private_file
+from lumos._private.process import (await_ready, check_private_dir, make_private_dir,
+                                    read_private_file, write_private_file)
 
-# Not /tmp/lumos: with an editable install, a directory named like the package in the
-# working directory (often /tmp) would shadow it as a namespace package.
-ROOT = os.environ.get("LUMOS_TMPDIR", "/tmp/lumos_sessions")
-CURRENT_CLUSTER = os.path.join(ROOT, "current_cluster.json")
+
+def _ours(path: str) -> bool:
+    """``path`` is a real directory (not a symlink) of this user that nobody else may write."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def session_root() -> str:
+    """This user's lumos root, created 0700 if missing and checked on every call.
+
+    Raises:
+        UnsafePathError: the root exists but is not private to this user.
+    """
+    root = os.environ.get("LUMOS_TMPDIR")
+    if not root:
+        xdg = os.environ.get("XDG_RUNTIME_DIR")
+        # Not /tmp/lumos: with an editable install, a directory named like the package in
+        # the working directory (often /tmp) would shadow it as a namespace package.
+        root = os.path.join(xdg, "lumos") if xdg and _ours(xdg) else f"/tmp/lumos-{os.geteuid()}"
+    root = os.path.abspath(root)
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(root), exist_ok=True)
+        os.mkdir(root, 0o700)
+    check_private_dir(root, "lumos session root")
+    return root
+
+
+def current_cluster_path() -> str:
+    """Where ``lumos start --head`` records the cluster for ``init(address="auto")``."""
+    return os.path.join(session_root(), "current_cluster.json")
+
+
+def read_current_cluster() -> dict[str, Any] | None:
+    """The record ``lumos start --head`` left on this machine, or None.
+
+    Raises:
+        UnsafePathError: the root or the file is not private to this user.
+    """
+    try:
+        record = json.loads(read_private_file(current_cluster_path()))
+    except (FileNotFoundError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def write_current_cluster(record: dict[str, Any]) -> None:
+    write_private_file(current_cluster_path(), json.dumps(record, indent=1).encode())
+
+
+def forget_current_cluster(node_id: str | None = None) -> None:
+    """Remove the record (only if it names ``node_id``, when given)."""
+    path = current_cluster_path()
+    if node_id is not None:
+        try:
+            current = read_current_cluster()
+        except OSError:
+            return
+        if current is None or current.get("node_id") != node_id:
+            return
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def new_session_dir() -> str:
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
-    path = os.path.join(ROOT, f"session_{stamp}_{os.getpid()}_{secrets.token_hex(3)}")
-    os.makedirs(os.path.join(path, "logs"), exist_ok=True)
-    os.makedirs(os.path.join(path, "sockets"), exist_ok=True)
-    os.chmod(path, 0o700)
+    path = os.path.join(session_root(), f"session_{stamp}_{os.getpid()}_{secrets.token_hex(3)}")
+    make_private_dir(path, "session directory")
+    os.mkdir(os.path.join(path, "logs"), 0o700)
+    os.mkdir(os.path.join(path, "sockets"), 0o700)
     return path
 
 
@@ -174,7 +248,11 @@ class NodeProcesses:
                       head: bool, tie_to_parent: bool,
                       labels: dict[str, str] | None) -> tuple[subprocess.Popen[bytes], int]:
         self.node_id = random_id(16)
-        self.store_dir = f"/dev/shm/lumos-{os.path.basename(self.session_dir)}-{self.node_id.hex()[:8]}"
+        store_dir = f"/dev/shm/lumos-{os.path.basename(self.session_dir)}-{self.node_id.hex()[:8]}"
+        # Made here, 0700, before the raylet (whose command line names it) exists: another
+        # user who made it first could replace sealed objects that workers unpickle.
+        make_private_dir(store_dir, "object store directory")
+        self.store_dir = store_dir  # ours from here on: stop() removes it
         args = ["lumos._private.raylet.server", "--node-id", self.node_id.hex(),
                 "--session-dir", self.session_dir, "--token-file", self.token_path,
                 "--gcs-address", gcs_address, "--resources", json.dumps(resources),
@@ -235,8 +313,16 @@ class NodeProcesses:
 
 # ----------------------------------------------------------------------------- lumos start / stop
 
-#: One JSON record per node that ``lumos start`` started on this machine (for ``lumos stop``).
-STARTED_DIR = os.path.join(ROOT, "started")
+def started_dir() -> str:
+    """One JSON record per node that ``lumos start`` started on this machine (for ``lumos stop``),
+    in a private directory under the checked root."""
+    path = os.path.join(session_root(), "started")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    check_private_dir(path, "lumos started-nodes directory")
+    return path
 
 
 def process_identity(pid: int) -> dict[str, Any]:
@@ -251,28 +337,28 @@ def process_identity(pid: int) -> dict[str, Any]:
 
 def record_started_node(record: dict[str, Any]) -> str:
     """Write the record of a node ``lumos start`` started; returns its path."""
-    os.makedirs(STARTED_DIR, exist_ok=True)
-    path = os.path.join(STARTED_DIR, f"{record['node_id']}.json")
+    path = os.path.join(started_dir(), f"{record['node_id']}.json")
     write_private_file(path, json.dumps(record, indent=1).encode())
     return path
 
 
 def started_nodes() -> list[tuple[str, dict[str, Any]]]:
-    """``(path, record)`` of every node ``lumos start`` recorded on this machine."""
+    """``(path, record)`` of every node ``lumos start`` recorded on this machine.
+
+    Only this user's private files count: ``lumos stop`` signals the pids they list.
+    """
     out = []
-    try:
-        names = sorted(os.listdir(STARTED_DIR))
-    except FileNotFoundError:
-        return []
-    for name in names:
+    where = started_dir()
+    for name in sorted(os.listdir(where)):
         if not name.endswith(".json"):
             continue
-        path = os.path.join(STARTED_DIR, name)
+        path = os.path.join(where, name)
         try:
-            with open(path) as f:
-                out.append((path, json.load(f)))
+            record = json.loads(read_private_file(path))
         except (OSError, ValueError):
             continue
+        if isinstance(record, dict):
+            out.append((path, record))
     return out
 
 

@@ -52,9 +52,14 @@ def read_token(token_file: str | None, environ: dict[str, str] | os._Environ[str
     if token_file:
         try:
             with open(token_file, "rb") as f:
-                token = f.read().strip()
+                mode = os.fstat(f.fileno()).st_mode
+                token = f.read(4096).strip()
         except OSError as e:
             raise NodeStartError(f"cannot read the cluster token file {token_file}: {e.strerror}") from None
+        if mode & 0o007:
+            # Group-readable is how Kubernetes shares a Secret with the pod's fsGroup; others is not.
+            print(f"lumos node: warning: the token file {token_file} is readable by every local user "
+                  f"(mode {mode & 0o777:o}); run `chmod 600 {token_file}`", file=sys.stderr, flush=True)
         where = token_file
     else:
         token = environ.get("LUMOS_CLUSTER_TOKEN", "").strip().encode()
@@ -163,11 +168,55 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--address-file", default=None, help="head: write HOST:PORT of the GCS here once it serves")
     p.add_argument("--join-timeout-s", type=float, default=300.0, help="how long a joining node waits for the GCS")
     p.add_argument("--system-config", default=None, help="JSON overrides of lumos Config fields")
+    p.add_argument("--wait-for-nodes", type=int, default=None, metavar="N",
+                   help="start nothing: wait until the cluster at --address has N alive nodes "
+                        "(for --join-timeout-s), then exit 0")
     return p
+
+
+def _wait_only(args: argparse.Namespace) -> int:
+    from lumos._private.config import Config
+    from lumos._private.transport.connection import parse_address
+    try:
+        gcs = parse_address(args.address or "")
+        if not isinstance(gcs, tuple):
+            raise ValueError("--wait-for-nodes needs --address HOST:PORT")
+        token = read_token(args.token_file, os.environ)
+        alive = wait_for_nodes(gcs, token, Config.resolve(), args.wait_for_nodes, args.join_timeout_s)
+    except (NodeStartError, ValueError) as e:
+        print(f"lumos node: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    print(f"lumos: {alive} node(s) alive at {args.address}", flush=True)
+    return 0
+
+
+def wait_for_nodes(gcs: tuple[str, int], token: bytes, config: Any, n: int, timeout_s: float) -> int:
+    """Wait until the cluster has ``n`` ALIVE nodes; returns how many it has.
+
+    Raises:
+        NodeStartError: the token is wrong, or ``timeout_s`` passed first.
+    """
+    deadline = time.monotonic() + timeout_s
+    alive = 0
+    while True:
+        try:
+            alive = sum(1 for node in gcs_nodes(gcs, token, config) if node.state == "ALIVE")
+        except PermissionError as e:
+            raise NodeStartError(str(e)) from None
+        except ConnectionError:
+            alive = 0
+        if alive >= n:
+            return alive
+        if time.monotonic() > deadline:
+            raise NodeStartError(f"{alive} of {n} nodes joined the cluster at {gcs[0]}:{gcs[1]} within "
+                                 f"{timeout_s:.0f}s")
+        time.sleep(0.5)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.wait_for_nodes is not None:
+        return _wait_only(args)
     try:
         node, record = _start(args)
     except NodeStartError as e:
@@ -254,7 +303,7 @@ def _start_dashboard(node: Any, host: str, port: int) -> str:
         return ""
     node.procs.append(proc)
     # The login URL carries the token; job output files are often readable by others.
-    return url.split("/login", 1)[0]
+    return str(url).split("/login", 1)[0]
 
 
 def _run(node: Any, record: dict[str, Any]) -> int:

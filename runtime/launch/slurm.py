@@ -66,6 +66,10 @@ class SlurmJobSpec:
     dashboard: bool = True
     #: Join the cluster at this GCS address instead of starting a head.
     join_address: str | None = None
+    #: A driver command run on the head's node once every node has joined; the job ends
+    #: when it exits (with its status). It finds the cluster through ``LUMOS_ADDRESS`` and
+    #: ``LUMOS_CLUSTER_TOKEN``.
+    driver: list[str] = field(default_factory=list)
 
     def check(self) -> None:
         if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 1:
@@ -76,6 +80,8 @@ class SlurmJobSpec:
                 raise ValueError(f"{name} must be an int >= 0 or None, got {value!r}")
         if self.cpus_per_node == 0:
             raise ValueError("cpus_per_node must be >= 1 (Slurm gives every task at least one CPU)")
+        if self.driver and self.join_address is not None:
+            raise ValueError("a join job runs no driver")
         for arg in self.sbatch_args:
             if not arg.startswith("-") or "\n" in arg:
                 raise ValueError(f"sbatch_args entries are sbatch options like '--mem=64G', got {arg!r}")
@@ -123,8 +129,11 @@ def render_batch_script(spec: SlurmJobSpec, cluster_dir: str) -> str:
         "steps=()",
         "stop() {",
         "    trap - TERM INT USR1 HUP",
+        '    [ -n "${driver_pid:-}" ] && kill -TERM "$driver_pid" 2>/dev/null && wait "$driver_pid"',
         '    echo "lumos: stopping the cluster nodes of job ${SLURM_JOB_ID}"',
-        '    for pid in "${steps[@]}"; do kill -TERM "$pid" 2>/dev/null; done',
+        "    # SIGTERM to the steps' tasks, not to srun: srun turns a SIGTERM of its own into a",
+        "    # SIGKILL for its step, and the nodes would leave their /dev/shm stores behind.",
+        '    [ "${#steps[@]}" -gt 0 ] && scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null',
         "    wait",
         '    exit "${1:-0}"',
         "}",
@@ -155,10 +164,32 @@ def render_batch_script(spec: SlurmJobSpec, cluster_dir: str) -> str:
             "    steps+=($!)",
             "fi",
             'echo "lumos: cluster of ${SLURM_JOB_NUM_NODES} node(s) at $address (job ${SLURM_JOB_ID})"',
-            '# The cluster lives as long as its head.',
-            'wait "$head_pid"',
-            "stop $?",
         ]
+        if spec.driver:
+            lines += [
+                "# In the background: a trapped signal interrupts `wait`, not a foreground command.",
+                '"$PYTHON" -m lumos.launch.node --address "$address" --token-file "$TOKEN_FILE" \\',
+                '    --wait-for-nodes "$SLURM_JOB_NUM_NODES" --join-timeout-s 600 &',
+                'wait $! || stop 1',
+                "# The driver finds the cluster through the environment (the token is not on its command line).",
+                'export LUMOS_ADDRESS="$address"',
+                'LUMOS_CLUSTER_TOKEN=$(cat "$TOKEN_FILE")',
+                "export LUMOS_CLUSTER_TOKEN",
+                f"DRIVER=({' '.join(q(a) for a in spec.driver)})",
+                '"${DRIVER[@]}" &',
+                "driver_pid=$!",
+                'wait "$driver_pid"',
+                "status=$?",
+                "driver_pid=",
+                'echo "lumos: the driver exited with status $status"',
+                'stop "$status"',
+            ]
+        else:
+            lines += [
+                "# The cluster lives as long as its head.",
+                'wait "$head_pid"',
+                "stop $?",
+            ]
     else:
         lines += [
             f"address={q(spec.join_address)}",
@@ -208,8 +239,23 @@ def job_state(job_id: str) -> tuple[str, str]:
 
 
 def cancel(job_ids: Sequence[str]) -> None:
+    """``scancel``: Slurm sends SIGTERM to every process of the jobs (each node stops its
+    processes and removes its object store), then SIGKILL after ``KillWait``."""
     if job_ids:
         _slurm(["scancel", *job_ids])
+
+
+def wait_gone(job_ids: Sequence[str], timeout_s: float) -> None:
+    """Wait until Slurm lists none of ``job_ids`` as pending or running."""
+    deadline = time.monotonic() + timeout_s
+    left = list(job_ids)
+    while left:
+        left = [j for j in left if job_state(j)[0] not in _ENDED | {"GONE"}]
+        if left and time.monotonic() > deadline:
+            raise SlurmError(f"Slurm jobs {', '.join(left)} were cancelled but still run after "
+                             f"{timeout_s:.0f}s; check `squeue -j {','.join(left)}`")
+        if left:
+            time.sleep(0.5)
 
 
 # ----------------------------------------------------------------------------- SlurmCluster
@@ -278,11 +324,12 @@ class SlurmCluster:
                  time: str | None = None, *, partition: str | None = None, account: str | None = None,
                  object_store_memory: int | None = None, sbatch_args: Sequence[str] = (),
                  job_dir: str | None = None, python: str | None = None, job_name: str = "lumos",
-                 dashboard: bool = True, wait: bool = True, timeout_s: float = 600.0) -> None:
+                 dashboard: bool = True, wait: bool = True, timeout_s: float = 600.0,
+                 _driver: Sequence[str] = ()) -> None:
         self._spec = SlurmJobSpec(nodes=nodes, cpus_per_node=cpus_per_node, gpus_per_node=gpus_per_node,
                                   time=time, partition=partition, account=account, job_name=job_name,
                                   object_store_memory=object_store_memory, sbatch_args=list(sbatch_args),
-                                  python=python or sys.executable, dashboard=dashboard)
+                                  python=python or sys.executable, dashboard=dashboard, driver=list(_driver))
         self._spec.check()
         #: The cluster's directory (token, scripts, address, job output).
         self.cluster_dir, script = prepare(self._spec, job_dir)
@@ -290,7 +337,11 @@ class SlurmCluster:
         self.token_file = os.path.join(self.cluster_dir, "token")
         self._address_file = os.path.join(self.cluster_dir, "address")
         #: The job holding the head (and the first ``nodes - 1`` other nodes).
-        self.job_id = submit(script)
+        try:
+            self.job_id = submit(script)
+        except BaseException:
+            os.unlink(self.token_file)  # no job will ever read it
+            raise
         #: One-node jobs added by ``scale``, oldest first.
         self.join_job_ids: list[str] = []
         self._address = ""
@@ -390,7 +441,8 @@ class SlurmCluster:
     # -- scaling
 
     def scale(self, n: int, *, wait: bool = True, timeout_s: float = 600.0) -> None:
-        """Make the cluster ``n`` nodes: submit or cancel one-node join jobs.
+        """Make the cluster ``n`` nodes: submit one-node join jobs, or cancel the newest ones
+        (scaling down always waits until Slurm has ended them).
 
         Raises:
             ValueError: ``n`` is below the first job's node count (cancel it with ``close``).
@@ -402,7 +454,7 @@ class SlurmCluster:
             raise ValueError(f"scale(n) needs an int >= {self._spec.nodes} (the first job's nodes), got {n!r}")
         current = self._spec.nodes + len(self.join_job_ids)
         if n > current:
-            spec = dataclasses.replace(self._spec, nodes=1, join_address=self.address,
+            spec = dataclasses.replace(self._spec, nodes=1, join_address=self.address, driver=[],
                                        job_name=f"{self._spec.job_name}-join")
             script = os.path.join(self.cluster_dir, "join.sh")
             with open(script, "w") as f:
@@ -415,19 +467,7 @@ class SlurmCluster:
             drop = self.join_job_ids[n - self._spec.nodes:]
             del self.join_job_ids[n - self._spec.nodes:]
             cancel(drop)
-            if wait:
-                self._wait_gone(drop, timeout_s)
-
-    def _wait_gone(self, job_ids: Sequence[str], timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        left = list(job_ids)
-        while left:
-            left = [j for j in left if job_state(j)[0] not in _ENDED | {"GONE"}]
-            if left and time.monotonic() > deadline:
-                raise SlurmError(f"Slurm jobs {', '.join(left)} were cancelled but still run after "
-                                 f"{timeout_s:.0f}s; check `squeue -j {','.join(left)}`")
-            if left:
-                time.sleep(0.5)
+            wait_gone(drop, timeout_s)
 
     def close(self, timeout_s: float = 120.0) -> None:
         """Cancel every job of the cluster and wait until Slurm has ended them; removes the token file."""
@@ -437,7 +477,7 @@ class SlurmCluster:
         jobs = [*self.join_job_ids, self.job_id]
         try:
             cancel(jobs)
-            self._wait_gone(jobs, timeout_s)
+            wait_gone(jobs, timeout_s)
         finally:
             try:
                 os.unlink(self.token_file)
@@ -467,6 +507,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--script-only", action="store_true", help="write the batch script, print its path, submit nothing")
     p.add_argument("--no-wait", action="store_true", help="return once submitted, without waiting for the nodes")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the nodes (default 600)")
+    p.add_argument("driver", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                   help="a driver to run on the head's node once all nodes joined; the job ends when it "
+                        "exits (e.g. -- python train.py)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -476,13 +519,17 @@ def run(args: argparse.Namespace) -> int:
         partition=args.partition, account=args.account, job_name=args.job_name,
         object_store_memory=args.object_store_memory, sbatch_args=list(args.sbatch_arg),
         python=args.python or sys.executable, dashboard=not args.no_dashboard)
+    driver = list(args.driver)
+    if driver[:1] == ["--"]:
+        driver = driver[1:]
     try:
         if args.script_only:
+            kwargs["driver"] = driver
             spec = SlurmJobSpec(**kwargs)
             spec.check()
             print(prepare(spec, args.job_dir)[1])
             return 0
-        cluster = SlurmCluster(**kwargs, job_dir=args.job_dir, wait=False)
+        cluster = SlurmCluster(**kwargs, job_dir=args.job_dir, wait=False, _driver=driver)
     except ValueError as e:
         print(f"lumos slurm: error: {e}", file=sys.stderr)
         return 2
@@ -492,6 +539,10 @@ def run(args: argparse.Namespace) -> int:
     job_id = cluster.job_id
     print(f"submitted Slurm job {job_id} ({args.nodes} node(s)); output: {cluster.output_file()}", flush=True)
     print(f"token file: {cluster.token_file}", flush=True)
+    if driver:
+        print(f"the driver runs once all nodes joined; its output goes to {cluster.output_file()}, and the job "
+              f"ends when it exits")
+        return 0
     if args.no_wait:
         print(f"the head writes its address to {cluster._address_file}")
         return 0

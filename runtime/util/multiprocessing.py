@@ -35,8 +35,8 @@ from multiprocessing import TimeoutError  # Ray's module exports it; it shadows 
 from typing import Any, Callable, Iterable, Iterator, cast
 
 from lumos import api
-from lumos import exceptions as exc
 from lumos.actor import ActorClass, ActorHandle, kill
+from lumos.exceptions import ActorDiedError
 
 logger = logging.getLogger(__name__)
 
@@ -425,10 +425,11 @@ class Pool:
                                remote_args or "one CPU to place each")
             try:
                 api.get(refs)
-            except exc.ActorDiedError as died:
-                if isinstance(died.cause, BaseException):  # the initializer raised: that error, as documented
-                    raise died.cause from None
-                raise
+            except ActorDiedError as e:
+                if e.cause is None:
+                    raise
+                # The initializer raised: the pool raises that, as documented above.
+                raise e.cause from None
         except BaseException:
             if api.is_initialized():
                 for a in actors:

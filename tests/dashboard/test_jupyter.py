@@ -23,6 +23,7 @@ from nbclient import NotebookClient
 
 import lumos
 from lumos.dashboard.components.common import PAGE_TITLES
+from tests.conftest import wait_for
 from tests.dashboard.conftest import screenshot, wait_doc
 
 BASE = "/user/ci/"
@@ -278,3 +279,27 @@ def test_editable_install_enables_the_server_extension(tmp_path: Any) -> None:
     text = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)
     assert re.search(r"lumos\.dashboard\s+enabled", text), text
     assert re.search(r"lumos\.dashboard\s+OK", text), text
+
+
+@pytest.mark.timeout(120)
+def test_jupyter_page_links_expire_and_forbid_framing(jupyter_app: JupyterServer,
+                                                      dash_cluster: lumos.LumosContext) -> None:
+    from lumos.dashboard import auth
+    name = _cluster(dash_cluster)
+    code, location = _status(f"{jupyter_app.url}{BASE}lumos/dashboard/status?cluster={name}&token={TOKEN}")
+    assert code == 302
+    sid = re.search(r"bokeh-session-id=([^&]+)", location).group(1)
+    base, sig = sid.split(".", 1)
+    expiry = int(base.rsplit("x", 1)[1], 16)
+    assert time.time() < expiry <= time.time() + auth.SESSION_ID_TTL_S + 1
+    page = f"{jupyter_app.url}{location}"
+    with urllib.request.urlopen(page, timeout=20) as r:
+        assert r.status == 200
+        assert r.headers["Content-Security-Policy"] == "frame-ancestors 'self'"
+    # A later expiry under the old signature (a copied link made to last) is refused.
+    later = base.rsplit("x", 1)[0] + f"x{expiry + 86400:x}"
+    assert _status(page.replace(sid, f"{later}.{sig}"))[0] == 403
+    assert _status(f"{jupyter_app.url}{BASE}lumos/bokeh/status?cluster={name}")[0] == 403
+    # Neither the session id nor Jupyter's token reaches the server's log.
+    text = wait_for(lambda: (lambda t: t if f"GET {BASE}lumos/bokeh/status " in t else "")(jupyter_app.log()))
+    assert sid not in text and base not in text

@@ -142,7 +142,32 @@ def test_lineage_of_one_object(dash_cluster: lumos.LumosContext, workload: dict[
     assert names.count("square") == 6 and names.count("total") == 1
     assert "fan_out" not in names and "Counter.add" not in names
     assert "7 task(s) in its lineage" in page.locator(".lumos-lineage-info").inner_text()  # 6 square + total
+    # The legend says nothing about counts (it said "0 tasks" above "7 task(s) in its lineage").
+    assert "tasks" not in page.locator(".lumos-graph-legend").inner_text()
     screenshot(page, "lineage")
+    assert not page.js_errors
+
+
+def test_lineage_found_by_task_name_or_from_the_graph(dash_cluster: lumos.LumosContext,
+                                                      workload: dict[str, Any], page: Any) -> None:
+    six_squares = "(d, col) => col('nodes', 'name').filter(n => n === 'square').length === 6"
+    login(page, dash_cluster, "/lineage")
+    box = page.locator("input.bk-input").first
+    box.fill("tota")
+    box.press("Enter")
+    page.locator(".slick-cell", has_text="total").first.click()
+    wait_doc(page, six_squares)
+    assert "7 task(s) in its lineage" in page.locator(".lumos-lineage-info").inner_text()
+    screenshot(page, "lineage_search")
+    # From the task graph: a task's details link to the lineage of its result.
+    login(page, dash_cluster, "/graph")
+    wait_doc(page, "(d, col) => col('nodes', 'name').includes('total')")
+    index = column(page, "nodes", "name").index("total")
+    page.evaluate("i => { const r = Bokeh.documents[0].get_model_by_name('nodes'); r.data_source.selected.indices = [i]; }",
+                  index)
+    page.locator("a.lumos-lineage-link").click()
+    page.wait_for_url("**/lineage?object=*")
+    wait_doc(page, six_squares)
     assert not page.js_errors
 
 

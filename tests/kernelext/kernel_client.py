@@ -42,19 +42,28 @@ class DirectKernel:
         self.kc.start_channels()
         self.kc.wait_for_ready(60)
 
-    def run(self, code: str, timeout_s: float = 60.0, interrupt_on: str | None = None) -> CellRun:
-        """Execute ``code``; with ``interrupt_on``, press stop once stdout contains it."""
+    def run(self, code: str, timeout_s: float = 60.0, interrupt_on: str | None = None,
+            interrupt_after_s: float = 0.0) -> CellRun:
+        """Execute ``code``; with ``interrupt_on``, press stop ``interrupt_after_s`` after
+        stdout first contains it."""
         msg_id = self.kc.execute(code)
         out = CellRun()
         interrupted = False
+        seen_at: float | None = None
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"cell did not finish within {timeout_s}s: {code[:80]!r}; so far {out}")
             try:
-                msg = self.kc.get_iopub_msg(timeout=min(left, 0.5))
+                msg = self.kc.get_iopub_msg(timeout=min(left, 0.05))
             except queue.Empty:
+                msg = None
+            if interrupt_on is not None and not interrupted and seen_at is not None \
+                    and time.monotonic() >= seen_at + interrupt_after_s:
+                interrupted = True
+                self.km.interrupt_kernel()
+            if msg is None:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
@@ -74,9 +83,8 @@ class DirectKernel:
                 out.execution_count = content["execution_count"]
             elif kind == "status" and content["execution_state"] == "idle":
                 return out
-            if interrupt_on is not None and not interrupted and interrupt_on in out.stdout:
-                interrupted = True
-                self.km.interrupt_kernel()
+            if interrupt_on is not None and seen_at is None and interrupt_on in out.stdout:
+                seen_at = time.monotonic()
 
     def ok(self, code: str, timeout_s: float = 60.0) -> CellRun:
         """Run ``code`` and fail the test on an error."""

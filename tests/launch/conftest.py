@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import textwrap
 from typing import Iterator
 
 import psutil
@@ -23,10 +24,31 @@ import pytest
 
 from tests.conftest import wait_for
 
+#: A driver (argv: GCS address, token file) that pins one task to each alive node and
+#: prints the nodes and where the tasks ran, as JSON.
+WORKLOAD = textwrap.dedent("""
+    import json, sys
+    import lumos
+    from lumos.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    lumos.init(address=sys.argv[1], _token=open(sys.argv[2]).read().strip())
+    try:
+        nodes = sorted(n["NodeID"] for n in lumos.nodes() if n["Alive"])
+
+        @lumos.remote(num_cpus=1)
+        def where():
+            return lumos.get_runtime_context().get_node_id()
+
+        refs = [where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
+                for n in nodes]
+        print(json.dumps({"nodes": nodes, "ran_on": sorted(lumos.get(refs, timeout=60))}))
+    finally:
+        lumos.shutdown()
+""")
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel", "scontrol", "sinfo")
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
     socks = []
     try:
         for _ in range(n):
@@ -83,7 +105,7 @@ class LocalSlurm:
         wait_for(lambda: os.path.exists(sock) or munged.poll() is not None, 10)
         if munged.poll() is not None:
             raise RuntimeError("munged exited")
-        ctld, default_slurmd, n1, n2 = _free_ports(4)
+        ctld, default_slurmd, n1, n2 = free_ports(4)
         with open(self.conf, "w") as f:
             f.write(f"""ClusterName=lumostest
 SlurmctldHost=localhost(127.0.0.1)

@@ -1,18 +1,18 @@
 """lumos on a real Slurm (see conftest.py): ``lumos slurm`` and ``SlurmCluster``.
 
-Each test runs a workload that places one task on every node of the cluster, cancels
-the job(s), and checks that every process of the job has exited and every node's object
+Each test runs a workload that places one task on every node of the cluster, ends the
+job(s) (the time-limit signal to the batch script, or ``scancel``), and checks that every process of the job has exited and every node's object
 store and sockets are gone.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
 import subprocess
 import sys
-import textwrap
 from typing import Any
 
 import psutil
@@ -22,30 +22,9 @@ from lumos._private.config import Config
 from lumos.launch.node import gcs_nodes
 from lumos.launch.slurm import SlurmCluster, SlurmJobSpec, render_batch_script
 from tests.conftest import wait_for
-from tests.launch.conftest import LocalSlurm
+from tests.launch.conftest import WORKLOAD, LocalSlurm
 
 LUMOS = os.path.join(os.path.dirname(sys.executable), "lumos")
-
-#: One task pinned to each alive node; prints the nodes and where the tasks ran.
-WORKLOAD = textwrap.dedent("""
-    import json, sys
-    import lumos
-    from lumos.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    lumos.init(address=sys.argv[1], _token=open(sys.argv[2]).read().strip())
-    try:
-        nodes = sorted(n["NodeID"] for n in lumos.nodes() if n["Alive"])
-
-        @lumos.remote(num_cpus=1)
-        def where():
-            return lumos.get_runtime_context().get_node_id()
-
-        refs = [where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
-                for n in nodes]
-        print(json.dumps({"nodes": nodes, "ran_on": sorted(lumos.get(refs, timeout=60))}))
-    finally:
-        lumos.shutdown()
-""")
-
 
 def run_workload(slurm: LocalSlurm, address: str, token_file: str) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-c", WORKLOAD, address, token_file], env=slurm.env,
@@ -80,7 +59,7 @@ def assert_nothing_left(slurm: LocalSlurm, procs: list[psutil.Process], files: l
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_lumos_slurm_runs_a_task_on_every_node_and_scancel_stops_everything(slurm: LocalSlurm) -> None:
+def test_lumos_slurm_runs_a_task_on_every_node_and_its_trap_stops_everything(slurm: LocalSlurm) -> None:
     out = subprocess.run([LUMOS, "slurm", "--nodes", "2", "--cpus-per-node", "1", "--no-dashboard",
                           "--job-dir", os.path.join(slurm.root, "jobs"), "--timeout", "120"],
                          env=slurm.env, capture_output=True, text=True, timeout=180)
@@ -102,9 +81,13 @@ def test_lumos_slurm_runs_a_task_on_every_node_and_scancel_stops_everything(slur
         for p in procs:
             assert token not in " ".join(p.cmdline())
         files = node_files(address, token_file)
+        # What the time limit does (--signal=B:USR1@60): signal the batch script only. Its
+        # trap must stop both srun steps, so the job ends on its own.
+        slurm.run("scancel", "--batch", "--signal=USR1", job_id)
+        assert_nothing_left(slurm, procs, files)
     finally:
-        slurm.run("scancel", job_id)
-    assert_nothing_left(slurm, procs, files)
+        if slurm.jobs():
+            slurm.run("scancel", job_id)
     with open(os.path.join(os.path.dirname(token_file), f"slurm-{job_id}.out")) as f:
         assert "stopping the cluster nodes" in f.read()
 
@@ -138,6 +121,30 @@ def test_slurm_cluster_scales_up_and_down_and_close_cancels_its_jobs(slurm: Loca
     assert not os.path.exists(cluster.token_file)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_lumos_slurm_runs_a_driver_once_all_nodes_joined_and_the_job_ends_with_it(slurm: LocalSlurm) -> None:
+    driver = ("import json, lumos; lumos.init(); "
+              "print(json.dumps({'alive': sum(n['Alive'] for n in lumos.nodes())})); lumos.shutdown()")
+    out = subprocess.run([LUMOS, "slurm", "--nodes", "2", "--cpus-per-node", "1", "--no-dashboard",
+                          "--job-dir", os.path.join(slurm.root, "jobs"), "--", sys.executable, "-c", driver],
+                         env=slurm.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"lumos slurm failed:\n{out.stdout}\n{out.stderr}"
+    job_id = re.search(r"submitted Slurm job (\d+)", out.stdout).group(1)  # type: ignore[union-attr]
+    output = re.search(r"output: (\S+)", out.stdout).group(1)  # type: ignore[union-attr]
+    try:
+        wait_for(lambda: not slurm.jobs(), 120, 0.5)
+    finally:
+        if slurm.jobs():
+            slurm.run("scancel", job_id)
+    with open(output) as f:
+        text = f.read()
+    assert '{"alive": 2}' in text and "the driver exited with status 0" in text, text
+    assert "stopping the cluster nodes" in text
+    assert not [d for d in os.listdir(slurm.env["LUMOS_TMPDIR"])
+                if glob.glob(f"/dev/shm/lumos-{d}-*")], "object stores left behind"
+
+
 def test_batch_script_passes_resources_and_never_the_token(tmp_path: Any) -> None:
     spec = SlurmJobSpec(nodes=3, cpus_per_node=8, gpus_per_node=2, time="1:00:00", partition="gpu",
                         account="proj", object_store_memory=2**30, sbatch_args=["--mem=64G"],
@@ -152,6 +159,10 @@ def test_batch_script_passes_resources_and_never_the_token(tmp_path: Any) -> Non
     assert "--token-file" in script and "LUMOS_CLUSTER_TOKEN" not in script
     checked = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
     assert checked.returncode == 0, checked.stderr
+    driven = render_batch_script(SlurmJobSpec(nodes=2, driver=["python", "train.py", "--lr", "0.1 x"]),
+                                 str(tmp_path))
+    assert "DRIVER=(python train.py --lr '0.1 x')" in driven.splitlines()
+    assert subprocess.run(["bash", "-n"], input=driven, text=True).returncode == 0
     with pytest.raises(ValueError, match="nodes must be"):
         render_batch_script(SlurmJobSpec(nodes=0), str(tmp_path))
     with pytest.raises(ValueError, match="sbatch options"):

@@ -104,3 +104,19 @@ def test_lumos_demo_runs_each_workload(name: str) -> None:
         shutil.rmtree(root, ignore_errors=True)
     assert out.returncode == 0, out.stderr
     assert f"lumos demo {name}:" in out.stdout and "wall time:" in out.stdout, out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_lumos_demo_dashboard_flag_prints_the_live_dashboard_link() -> None:
+    root = tempfile.mkdtemp(prefix="le", dir="/tmp")
+    env = dict(os.environ, LUMOS_TMPDIR=root)
+    env.pop("LUMOS_ADDRESS", None)
+    try:
+        out = subprocess.run([LUMOS, "demo", "hpo", "--iterations", "2", "--workers", "1", "--dashboard"],
+                             env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert out.returncode == 0, out.stderr
+    assert "dashboard: http://127.0.0.1:" in out.stdout and "token=" in out.stdout, out.stdout
+    assert "with 1 workers" in out.stdout

@@ -152,3 +152,17 @@ def test_calls_fail_with_a_typed_error_when_the_gcs_dies(fresh_cluster) -> None:
             call()
         assert isinstance(info.value, ConnectionError) and isinstance(info.value, lumos.exceptions.RaySystemError)
     assert time.monotonic() - start < 20
+
+
+def test_an_idle_worker_that_owns_stored_objects_is_not_reaped() -> None:
+    from lumos._private.raylet import scheduler as sc
+    s = sc.LocalSchedulerState({"CPU": 1}, 0, 4, 1.0, validate=True)
+    for wid in (b"a" * 16, b"b" * 16):
+        s.add_starting_worker(wid)
+        s.handle(sc.WorkerRegistered(wid), now=0.0)
+    s.handle(sc.OwnershipChanged(b"a" * 16, True), now=0.0)
+    stops = [a.worker_id for a in s.handle(sc.Ticked(), now=5.0) if isinstance(a, sc.StopWorker)]
+    assert stops == [b"b" * 16]
+    s.handle(sc.OwnershipChanged(b"a" * 16, False), now=5.0)
+    stops = [a.worker_id for a in s.handle(sc.Ticked(), now=10.0) if isinstance(a, sc.StopWorker)]
+    assert stops == [b"a" * 16]

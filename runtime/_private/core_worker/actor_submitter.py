@@ -140,6 +140,8 @@ class ActorSubmitter:
             for task in lost:
                 self.cw._fail_task(task, err)
         assert info.address is not None
+        if info.address.node_id in self.cw.dead_nodes:
+            return  # an address from before its node was declared dead: the restart comes next
         if q.conn_worker != info.address.worker_id or q.conn is None or q.conn.is_closed:
             if not q.connecting:
                 q.connecting = True
@@ -311,29 +313,33 @@ class ActorSubmitter:
 
     def connection_lost(self, conn: Connection, why: str = "the actor's connection dropped") -> None:
         for q in self.actors.values():
-            if q.conn is not conn:
+            if q.conn is conn:
+                self._lost_connection(q, why)
+
+    def _lost_connection(self, q: _ActorQueue, why: str) -> None:
+        """The connection to ``q``'s actor is gone: calls in flight are sent again (to the
+        restarted actor) when ``max_task_retries`` allows, else they wait for the verdict."""
+        q.conn = None
+        inflight = list(q.inflight.values())
+        q.inflight.clear()
+        retry: list[PendingTask] = []
+        for task in inflight:
+            if task.state == DONE:
                 continue
-            q.conn = None
-            inflight = list(q.inflight.values())
-            q.inflight.clear()
-            retry: list[PendingTask] = []
-            for task in inflight:
-                if task.state == DONE:
-                    continue
-                if task.retries_left != 0:
-                    if task.retries_left > 0:
-                        task.retries_left -= 1
-                    task.retry_why = why
-                    task.state = QUEUED
-                    retry.append(task)
-                else:
-                    if not q.lost:
-                        q.lost_since = time.monotonic()
-                    q.lost.append(task)
-            for task in reversed(retry):
-                q.queue.appendleft(task)
-                q.ready.add(task.spec.task_id)
-            self._schedule_check(q)
+            if task.retries_left != 0:
+                if task.retries_left > 0:
+                    task.retries_left -= 1
+                task.retry_why = why
+                task.state = QUEUED
+                retry.append(task)
+            else:
+                if not q.lost:
+                    q.lost_since = time.monotonic()
+                q.lost.append(task)
+        for task in reversed(retry):
+            q.queue.appendleft(task)
+            q.ready.add(task.spec.task_id)
+        self._schedule_check(q)
 
     def _fail_all(self, q: _ActorQueue, error: BaseException) -> None:
         tasks = list(q.inflight.values()) + list(q.queue) + q.lost
@@ -343,6 +349,22 @@ class ActorSubmitter:
         q.lost = []
         for task in tasks:
             self.cw._fail_task(task, error)
+
+    def node_died(self, node_id: bytes) -> None:
+        """The GCS declared ``node_id`` dead: calls to actors there fail over as if their
+        connection had closed (the core worker severs it; its close then finds nothing)."""
+        for q in self.actors.values():
+            info = q.info
+            if info is None or info.address is None or info.address.node_id != node_id:
+                continue
+            self._lost_connection(q, f"its node {short(node_id)} was declared dead")
+
+    def worker_of(self, task: PendingTask) -> bytes | None:
+        """The worker the call's current attempt was sent to."""
+        q = self.actors.get(task.spec.actor_id or b"")
+        if q is None or task.spec.task_id not in q.inflight:
+            return None
+        return q.conn_worker
 
     def address_of(self, actor_id: bytes) -> m.Address | None:
         q = self.actors.get(actor_id)

@@ -175,6 +175,10 @@ class CoreWorker:
         self.dead_nodes: set[bytes] = set()
         #: Why the cluster is unreachable (the GCS or the local raylet went away), else None.
         self.gone: str | None = None
+        #: Peer key (worker id, or b"raylet:" + node id) -> the node it runs on (io thread).
+        self._peer_nodes: dict[bytes, bytes] = {}
+        #: Connections closed because their node was declared dead -> that node.
+        self._node_of_conn: dict[Connection, bytes] = {}
         self._lineage_bytes = 0
         from lumos._private.core_worker.actor_submitter import ActorSubmitter
         self.actor_submitter = ActorSubmitter(self)
@@ -572,11 +576,13 @@ class CoreWorker:
                         ne.shared = True
         return ObjectRef(oid, self.address, True)
 
-    def _write_to_store(self, oid: bytes, sv: ser.SerializedValue, keep_mapping: bool) -> None:
-        """Create the object in this node's store and copy the value in (user thread)."""
+    def _write_to_store(self, oid: bytes, sv: ser.SerializedValue, keep_mapping: bool,
+                        owner: bytes = b"") -> None:
+        """Create the object in this node's store and copy the value in (user thread).
+        ``owner``: the owning process's worker id when it is not this one."""
         try:
             slot, path, final_path, file_size, reused = self.call_raylet(
-                m.CreateObject(oid, sv.total_size, self.worker_id),
+                m.CreateObject(oid, sv.total_size, self.worker_id, owner),
                 self.config.object_store_full_timeout_s + self.config.rpc_timeout_s)
         except RemoteError as e:
             if e.type_name == "_StoreFull":
@@ -628,7 +634,7 @@ class CoreWorker:
         raylet = self.raylet
 
         async def pull_all() -> None:
-            await asyncio.gather(*(raylet.call(m.PullObject(oid, node, 0, self.worker_id))
+            await asyncio.gather(*(raylet.call(m.PullObject(oid, node, 0, self._owner_id_of(oid)))
                                    for oid, node in remote.items()), return_exceptions=True)
 
         try:
@@ -891,10 +897,18 @@ class CoreWorker:
             raise exc.ObjectFreedError(oid.hex(), st.error or "its owner freed it")
         raise exc.ObjectLostError(oid.hex(), st.error or "its owner lost it")
 
-    def pull_to_local(self, oid: bytes, node_id: bytes) -> None:
-        """Have the local raylet copy ``oid`` from node ``node_id`` into this node's store (blocks)."""
+    def _owner_id_of(self, oid: bytes) -> bytes:
+        """The worker id of ``oid``'s owner (a pulled copy is freed when that process dies)."""
+        e = self.objects.entries.get(oid)
+        if e is not None and not e.owned and e.owner is not None:
+            return e.owner.worker_id
+        return self.worker_id
+
+    def pull_to_local(self, oid: bytes, node_id: bytes, owner_id: bytes | None = None) -> None:
+        """Have the local raylet copy ``oid`` from node ``node_id`` into this node's store (blocks).
+        ``owner_id``: the object's owner, when this process has no entry for it."""
         try:
-            self.call_raylet(m.PullObject(oid, node_id, 0, self.worker_id), 3600.0)
+            self.call_raylet(m.PullObject(oid, node_id, 0, owner_id or self._owner_id_of(oid)), 3600.0)
         except (RemoteError, ConnectionLost, TimeoutError) as e:
             raise exc.ObjectLostError(oid.hex(), f"it lives on node {short(node_id)} and could not be "
                                       f"copied to this node: {e}") from None
@@ -1399,6 +1413,7 @@ class CoreWorker:
     async def _request_lease(self, q: SchedulingQueue) -> None:
         t = q.template
         raylet = self.raylet
+        at_local = True
         try:
             assert raylet is not None
             request = m.RequestWorkerLease(self.job_id, t.resources, self.worker_id, t.strategy, t.function_name,
@@ -1408,10 +1423,27 @@ class CoreWorker:
             # Bottom-up scheduling: a raylet that does not serve the request names another node.
             while isinstance(reply, m.SpillbackReply):
                 hops += 1
+                at_local = reply.retry_at.node_id == self.node_id
                 raylet = await self._raylet_at(reply.retry_at)
                 reply = await raylet.call(m.RequestSpilledLease(request, hops))
             grant: m.LeaseGrant = reply
-        except (ConnectionLost, RemoteError, OSError, TimeoutError) as e:
+        except (ConnectionLost, OSError, TimeoutError) as e:
+            q.requesting -= 1
+            if not at_local and not self._closed and self.gone is None:
+                # Another node's raylet went away (or was declared dead) while it held the
+                # request: ask again from here.
+                logger.info("lease request for %s at another node failed (%s); asking again",
+                            t.function_name, e)
+                if self.loop is not None:
+                    self.loop.call_later(0.1, self._pump, q)
+                return
+            if not self._closed:
+                logger.warning("lease request for %s failed: %s", t.function_name, e)
+                for task in list(q.tasks):
+                    q.tasks.remove(task)
+                    self._fail_task(task, exc.LumosSystemError(f"could not lease a worker: {e}"))
+            return
+        except RemoteError as e:
             q.requesting -= 1
             if not self._closed:
                 logger.warning("lease request for %s failed: %s", t.function_name, e)
@@ -1502,17 +1534,53 @@ class CoreWorker:
             conn.peer_info = wid
             return conn
 
+        if address.node_id in self.dead_nodes:
+            # Fenced: nothing is sent to, or taken from, a node the GCS declared dead.
+            raise ConnectionLost(f"node {short(address.node_id)} was declared dead")
+        self._peer_nodes[wid] = address.node_id
         return await self._peers.get(wid, open_conn)
 
     def _peer_closed(self, conn: Connection) -> None:
         self._peers.discard(conn.peer_info, conn)
+        if self._peers.conns.get(conn.peer_info) is None:
+            self._peer_nodes.pop(conn.peer_info, None)
         if self._closed:
             return
         for q in list(self._queues.values()):
             for lease in list(q.leases):
                 if lease.conn is conn:
                     self._worker_failed(lease)
-        self.actor_submitter.connection_lost(conn)
+        node = self._node_of_conn.pop(conn, None)
+        self.actor_submitter.connection_lost(
+            conn, f"its node {short(node)} was declared dead" if node else "the actor's connection dropped")
+
+    def _node_died(self, node_id: bytes) -> None:
+        """The GCS declared ``node_id`` dead (io thread). It may only be frozen or cut off,
+        not crashed: act exactly as if every connection to it had closed (tasks and actor
+        calls in flight there are retried per their policy, its leases are given up), and
+        close those connections, so nothing more it sends is taken (gray failure, issue 12).
+        """
+        if node_id in self.dead_nodes:
+            return
+        self.dead_nodes.add(node_id)
+        if node_id == self.node_id and self.mode == WORKER:
+            logger.error("this node was declared dead by the GCS; exiting")
+            self._flush_events()
+            os._exit(1)
+        for key, node in list(self._peer_nodes.items()):
+            if node != node_id:
+                continue
+            del self._peer_nodes[key]
+            conn = self._peers.conns.pop(key, None)
+            if conn is not None and not conn.is_closed:
+                self._node_of_conn[conn] = node_id
+                _sever(conn)
+        # Leases whose connection is not open yet: the worker will never answer.
+        for q in list(self._queues.values()):
+            for lease in list(q.leases):
+                if lease.node_id == node_id and (lease.conn is None or lease.conn.is_closed):
+                    self._worker_failed(lease)
+        self.actor_submitter.node_died(node_id)
 
     def _worker_failed(self, lease: LeasedWorker) -> None:
         """The connection to a leased worker dropped: its in-flight tasks failed (or, from
@@ -1532,10 +1600,13 @@ class CoreWorker:
 
     async def _handle_worker_death(self, lease: LeasedWorker, tasks: list[PendingTask]) -> None:
         cause = None
-        try:
-            cause = await lease.raylet.call(m.GetWorkerExit(lease.worker_id, 2.0), 5.0)
-        except (ConnectionLost, TimeoutError, RemoteError):
-            pass
+        if lease.node_id in self.dead_nodes:
+            cause = "its node was declared dead by the GCS"
+        else:
+            try:
+                cause = await lease.raylet.call(m.GetWorkerExit(lease.worker_id, 2.0), 5.0)
+            except (ConnectionLost, TimeoutError, RemoteError):
+                pass
         for task in tasks:
             if task.state == DONE:
                 continue
@@ -1577,6 +1648,12 @@ class CoreWorker:
         if task is None or task.state == DONE:
             self._free_orphan_returns(reply)
             return
+        if task.state != PUSHED or reply.worker_id != self._executor_of(task):
+            # From an attempt given up on (its worker's node was declared dead, or the task
+            # was put back): the current attempt's reply is the one that counts.
+            logger.info("refused a reply for %s from worker %s, which does not run its current attempt",
+                        short(reply.task_id), short(reply.worker_id or b""))
+            return
         lease = task.lease
         if reply.error_kind == "requeue" and task.spec.kind == 0 and lease is not None:
             # The worker blocked in get() with this task queued behind: run it elsewhere.
@@ -1617,6 +1694,12 @@ class CoreWorker:
             if not lease.tasks and not lease.queue.tasks and not lease.exiting:
                 self._start_idle_timer(lease)
             self._pump(lease.queue)
+
+    def _executor_of(self, task: PendingTask) -> bytes | None:
+        """The worker running ``task``'s current attempt (None: unknown)."""
+        if task.spec.kind == 2:
+            return self.actor_submitter.worker_of(task)
+        return task.lease.worker_id if task.lease is not None else None
 
     # -------------------------------------------------------------- io thread: streams
 
@@ -1965,7 +2048,7 @@ class CoreWorker:
             kind, text = msg.data
             self.error_handler(kind, text)
         elif msg.channel == "nodes" and isinstance(msg.data, m.NodeInfo) and msg.data.state == "DEAD":
-            self.dead_nodes.add(msg.data.node_id)
+            self._node_died(msg.data.node_id)
         elif msg.channel == "workers" and isinstance(msg.data, m.WorkerInfo) and msg.data.state == "DEAD":
             freed = self.objects.remove_borrowers_on({msg.data.worker_id})
             if freed:
@@ -2044,6 +2127,15 @@ def _parameter_names(template: TaskTemplate) -> list[str]:
     except (ValueError, TypeError, ser.DeserializationError):
         return []
     return names
+
+
+def _sever(conn: Connection) -> None:
+    """Close ``conn`` now, dropping unsent bytes: its peer may be frozen and never read them
+    (a plain close waits for the write buffer to drain before it reports the close)."""
+    conn.close()
+    transport = getattr(conn, "_transport", None)
+    if transport is not None:
+        transport.abort()
 
 
 def _job_config(namespace: str, env_vars: dict[str, str] | None = None, working_dir: str | None = None) -> bytes:

@@ -486,7 +486,7 @@ class Executor:
         if view is None and node_id is not None and node_id != cw.node_id:
             lost = None
             try:
-                cw.pull_to_local(oid, node_id)
+                cw.pull_to_local(oid, node_id, dep.owner.worker_id)
             except exc.ObjectLostError as e:
                 lost = e
             if lost is not None:
@@ -498,7 +498,7 @@ class Executor:
                     return ser.deserialize(st.data)
                 if st.node_id != cw.node_id:
                     try:
-                        cw.pull_to_local(oid, st.node_id or b"")
+                        cw.pull_to_local(oid, st.node_id or b"", dep.owner.worker_id)
                     except exc.ObjectLostError as e:
                         raise _TaskFailed(_error(e), None) from None
             view = cw.store.view(oid)
@@ -648,7 +648,7 @@ class Executor:
                 third_party.setdefault(owner.worker_id, (owner, []))[1].append(ref._id)
         if sv.total_size < cw.config.max_inline_object_bytes:
             return m.ReturnObject(oid, sv.to_bytes(), sv.total_size, None, nested)
-        cw._write_to_store(oid, sv, keep_mapping=False)
+        cw._write_to_store(oid, sv, keep_mapping=False, owner=spec.owner.worker_id)
         return m.ReturnObject(oid, None, sv.total_size, cw.node_id, nested)
 
     def _abort_returns(self, returns: list[m.ReturnObject]) -> None:

@@ -202,6 +202,9 @@ class ActorManager:
             ok, error_blob = outcome
             if actor.intentional is not None or info.state == DEAD:
                 return
+            node = self.gcs.nodes.get(node_id)
+            if actor.worker_id != grant.worker_id or node is None or node.state == "DEAD":
+                return  # from before its node was declared dead: a restart took over (issue 12)
             if ok:
                 winfo = self.gcs.workers.get(grant.worker_id)
                 info.state = ALIVE

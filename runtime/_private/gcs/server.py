@@ -173,6 +173,13 @@ class GcsServer:
 
     async def _register_node(self, conn: Connection, msg: m.RegisterNode) -> None:
         info = msg.info
+        old = self.nodes.get(info.node_id)
+        if old is not None and old.state == "DEAD":
+            # Fenced: a node declared dead (perhaps only frozen or cut off) may come back only
+            # as a new node, with a new id: its old workers and objects are gone for everyone.
+            self._fence(conn, info.node_id)
+            raise ValueError(f"node {short(info.node_id)} was declared dead ({old.death_reason}); "
+                             "it may rejoin only as a new node: restart it")
         info.state = "ALIVE"
         self.nodes[info.node_id] = info
         self._node_conns[info.node_id] = conn
@@ -185,10 +192,22 @@ class GcsServer:
         self.placement_groups.nodes_changed()
 
     def _heartbeat(self, conn: Connection, msg: m.NodeHeartbeat) -> None:
-        if msg.node_id not in self.nodes or self.nodes[msg.node_id].state != "ALIVE":
+        info = self.nodes.get(msg.node_id)
+        if info is None:
+            return
+        if info.state != "ALIVE":
+            self._fence(conn, msg.node_id)  # its heartbeats resumed: it must not act as alive
             return
         self.node_load[msg.node_id] = msg
         self._last_heartbeat[msg.node_id] = time.monotonic()
+
+    def _fence(self, conn: Connection, node_id: bytes) -> None:
+        """Tell a node declared dead to exit: its raylet stops and kills its workers."""
+        info = self.nodes.get(node_id)
+        why = info.death_reason if info is not None else "unknown"
+        logger.warning("node %s, declared dead (%s), spoke again: telling it to exit", short(node_id), why)
+        conn.notify(m.ShutdownNode(f"this node was declared dead by the GCS ({why}); it must exit and "
+                                   "may rejoin only as a new node"))
 
     def mark_node_dead(self, node_id: bytes, reason: str) -> None:
         info = self.nodes.get(node_id)
@@ -198,14 +217,21 @@ class GcsServer:
         info.end_time = time.time()
         info.death_reason = reason
         self.node_load.pop(node_id, None)
-        self._node_conns.pop(node_id, None)
+        conn = self._node_conns.pop(node_id, None)
+        if conn is not None and not conn.is_closed:
+            # A frozen or cut-off raylet reads this first when it runs again (issue 12).
+            self._fence(conn, node_id)
         logger.warning("node %s marked dead: %s", short(node_id), reason)
+        gone = []
         for w in self.workers.values():
             if w.node_id == node_id and w.state == "ALIVE":
                 w.state = "DEAD"
                 w.end_time = time.time()
                 w.exit_detail = f"node died: {reason}"
+                gone.append(w)
         self.publish("nodes", node_id, info)
+        for w in gone:  # borrowers drop them, raylets free what they owned
+            self.publish("workers", w.worker_id, w)
         self.placement_groups.on_node_dead(node_id)
         self.actors.on_node_dead(node_id, reason)
 
@@ -268,6 +294,9 @@ class GcsServer:
 
     def _report_worker(self, conn: Connection, msg: m.ReportWorker) -> None:
         info = msg.info
+        node = self.nodes.get(info.node_id)
+        if node is not None and node.state == "DEAD" and info.state == "ALIVE":
+            return  # from a fenced node: its workers count as dead
         self.workers[info.worker_id] = info
         if len(self.workers) > 20_000:  # keep the dead ones bounded
             for wid in [w for w, i in self.workers.items() if i.state != "ALIVE"][:5_000]:

@@ -74,7 +74,7 @@ class StoreClient:
             if mapping is not None:
                 self._slot_bytes -= mapping.size
         if mapping is None or mapping.size < size:
-            fd = os.open(grant_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = open_object_file(grant_path, create=not reused)
             try:
                 if not reused:
                     os.ftruncate(fd, file_size)
@@ -120,7 +120,7 @@ class StoreClient:
         if mm is None:
             path = os.path.join(self.directory, object_id.hex())
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             except FileNotFoundError:
                 return None
             try:
@@ -211,6 +211,23 @@ class StoreClient:
         with self._lock:
             return {"created": len(self._created), "read": len(self._read),
                     "pooled_slots": len(self._slots), "pooled_bytes": self._slot_bytes}
+
+
+def open_object_file(path: str, create: bool) -> int:
+    """Open an object file for writing, never through a symlink (``O_NOFOLLOW``).
+
+    ``create``: make a new file (``O_EXCL``); a stale one of ours under that name (a
+    crashed writer's, whose unlink is still queued) is removed first. Otherwise the
+    file is a pooled slot the raylet renamed to ``path``.
+    """
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+    if not create:
+        return os.open(path, flags)
+    try:
+        return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        os.unlink(path)  # the directory is ours alone (0700, checked by the raylet)
+        return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
 
 
 def unlink_quietly(path: str) -> None:

@@ -536,7 +536,11 @@ class WorkerUnblocked:
 class CreateObject:
     object_id: bytes
     size_bytes: int
+    #: The creating process (it writes the file).
     owner_worker_id: bytes
+    #: The object's owner when it is not the creator (a task's return): the raylet frees
+    #: the object when that process dies.
+    owner: bytes = b""
 
 
 @message(48)

@@ -45,6 +45,7 @@ from typing import Any
 from lumos._private.protocol import auth
 
 from lumos._private.ids import short
+from lumos._private.object_store.client import open_object_file
 from lumos._private.object_store.store_state import PULLED
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError, connect, peer_warnings
@@ -245,7 +246,8 @@ class ObjectManager:
 
     def _send_range(self, sock: socket.socket, object_id: bytes, offset: int, length: int) -> None:
         try:
-            f = open(self.raylet.store.final_path(object_id), "rb")
+            f = os.fdopen(os.open(self.raylet.store.final_path(object_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC),
+                          "rb")
         except OSError:
             sock.sendall(_LEN.pack(-1))
             return
@@ -504,7 +506,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> b
 
 
 def _open_for_write(path: str, file_size: int, reused: bool) -> mmap.mmap:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = open_object_file(path, create=not reused)
     try:
         if not reused:
             os.ftruncate(fd, file_size)
@@ -518,7 +520,7 @@ def _write(mm: mmap.mmap, offset: int, data: bytes) -> None:
 
 
 def _pread(path: str, offset: int, length: int) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         return os.pread(fd, length, offset)
     finally:

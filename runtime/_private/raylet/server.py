@@ -32,7 +32,7 @@ from lumos._private.transport import eventloop
 from lumos._private.ids import random_id, short
 from lumos._private.object_store import store_state as st
 from lumos._private.object_store.client import unlink_quietly
-from lumos._private.process import die_with_parent, read_token, report_ready, setup_logging
+from lumos._private.process import check_private_dir, die_with_parent, read_token, report_ready, setup_logging
 from lumos._private.protocol import messages as m
 from lumos._private.raylet import scheduler as sc
 from lumos._private.raylet.object_manager import ObjectManager
@@ -108,12 +108,19 @@ class RayletServer:
         self._bundle_answers: dict[int, list[Any]] = {}
         #: Alive nodes of the cluster (this one included), from the GCS "nodes" channel.
         self.alive_nodes: dict[bytes, m.NodeInfo] = {}
+        #: Owner worker id -> ids of the objects in this store it owns (made here for it,
+        #: or copies pulled for its borrowers): freed when the owner dies (issue 12).
+        self._owned: dict[bytes, set[bytes]] = {}
+        #: Object id -> its owner's worker id (the inverse of ``_owned``).
+        self._owner_of: dict[bytes, bytes] = {}
         self.gcs: Connection | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._unlinker = ThreadPoolExecutor(1, thread_name_prefix="raylet.unlink")
         self.stopped = asyncio.Event()
         self.object_manager = ObjectManager(self)
         self._stopping = False
+        #: The store directory passed the ownership check (so ``stop`` may remove it).
+        self._store_dir_checked = False
         self.unix_path = os.path.join(session_dir, "sockets", f"raylet-{node_id.hex()[:12]}.sock")
         handlers = {
             m.RegisterClient: self._register_client,
@@ -125,7 +132,7 @@ class RayletServer:
             m.CreateObject: self._create_object,
             m.SealObject: lambda c, msg: self._store(st.ObjectSealed(msg.object_id, msg.size_bytes)),
             m.FreeObjects: self._free_objects,
-            m.FreeObjectCopies: lambda c, msg: self._store(st.ObjectsFreed(msg.object_ids, [False] * len(msg.object_ids))),
+            m.FreeObjectCopies: self._free_copies,
             m.PullObject: self._pull_object,
             m.GetObjectSize: lambda c, msg: self.object_manager.object_size(msg.object_id),
             m.ReadObjectChunk: lambda c, msg: self.object_manager.read_chunk(msg.object_id, msg.offset, msg.length),
@@ -144,7 +151,9 @@ class RayletServer:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        os.makedirs(self.store_dir, exist_ok=True)
+        # The parent made it 0700 before starting us; never use one someone else made (issue 11).
+        check_private_dir(self.store_dir, "object store directory")
+        self._store_dir_checked = True
         os.makedirs(os.path.dirname(self.unix_path), exist_ok=True)
         await self.server.start(unix_path=self.unix_path, host=self.node_ip, port=0)
         self.object_manager.start(self.node_ip)
@@ -162,6 +171,7 @@ class RayletServer:
                 self._report_worker(proc, "ALIVE")
         self.gcs.notify(m.Subscribe("jobs", None))
         self.gcs.notify(m.Subscribe("nodes", None))
+        self.gcs.notify(m.Subscribe("workers", None))  # owners that die: their objects go
         for info in await self.gcs.call(m.GetAllNodes(), self.config.rpc_timeout_s):
             if info.state == "ALIVE":
                 self.alive_nodes[info.node_id] = info
@@ -209,7 +219,8 @@ class RayletServer:
         await self.server.stop()
         self.object_manager.close()
         self._unlinker.shutdown(wait=True)
-        shutil.rmtree(self.store_dir, ignore_errors=True)
+        if self._store_dir_checked:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
         self.stopped.set()
 
     def _spawn(self, coro: Any, name: str) -> None:
@@ -235,11 +246,18 @@ class RayletServer:
         if msg.channel == "jobs" and isinstance(msg.data, m.JobInfo) and msg.data.state != "RUNNING":
             self._sched(sc.JobFinished(msg.data.job_id))
         elif msg.channel == "nodes" and isinstance(msg.data, m.NodeInfo):
+            if msg.data.node_id == self.node_id and msg.data.state == "DEAD":
+                # Declared dead (frozen or cut off for too long): fenced, this node exits.
+                logger.error("the GCS declared this node dead (%s); stopping", msg.data.death_reason)
+                self._spawn(self.stop(), "raylet.stop")
+                return
             if msg.data.state == "ALIVE":
                 self.alive_nodes[msg.data.node_id] = msg.data
             else:
                 self.alive_nodes.pop(msg.data.node_id, None)
                 self.object_manager.node_gone(msg.data.node_id)
+        elif msg.channel == "workers" and isinstance(msg.data, m.WorkerInfo) and msg.data.state == "DEAD":
+            self._free_owned_by(msg.data.worker_id, msg.data.exit_detail or "it died")
 
     # ------------------------------------------------------------------ loops
 
@@ -400,6 +418,7 @@ class RayletServer:
         elif proc.address is not None:
             self._failed_starts = 0
         self._store(st.ClientGone(worker_id))
+        self._free_owned_by(worker_id, desc)
         self._sched(sc.WorkerExited(worker_id))
         # Keep the pre-started pool full (also after a job's workers were stopped), but
         # never refill what the idle reaper just trimmed.
@@ -545,7 +564,51 @@ class RayletServer:
         self._sched(sc.LeaseReturned(msg.lease_id, msg.disconnect))
 
     async def _create_object(self, conn: Connection, msg: m.CreateObject) -> list[Any]:
-        return await self.create_local(msg.object_id, msg.size_bytes, msg.owner_worker_id)
+        grant = await self.create_local(msg.object_id, msg.size_bytes, msg.owner_worker_id)
+        self._note_owner(msg.object_id, msg.owner or msg.owner_worker_id)
+        return grant
+
+    # ------------------------------------------------------------------ ownership
+
+    def _note_owner(self, object_id: bytes, owner: bytes) -> None:
+        """``owner`` owns ``object_id``, which this store holds (a primary or a copy)."""
+        if not owner or self._owner_of.get(object_id) == owner:
+            return
+        self._forget_owner([object_id])
+        self._owner_of[object_id] = owner
+        ids = self._owned.get(owner)
+        if ids is None:
+            ids = self._owned[owner] = set()
+            if owner in self.procs:
+                self._sched(sc.OwnershipChanged(owner, True))
+        ids.add(object_id)
+
+    def _forget_owner(self, object_ids: list[bytes]) -> None:
+        for oid in object_ids:
+            owner = self._owner_of.pop(oid, None)
+            if owner is None:
+                continue
+            ids = self._owned.get(owner)
+            if ids is not None:
+                ids.discard(oid)
+                if not ids:
+                    del self._owned[owner]
+                    if owner in self.procs:
+                        self._sched(sc.OwnershipChanged(owner, False))
+
+    def _free_owned_by(self, owner: bytes, why: str) -> None:
+        """The process ``owner`` is gone: nobody can read or free its objects any more, so
+        free those this store holds (and ask the other nodes to drop their copies)."""
+        ids = self._owned.pop(owner, None)
+        if not ids:
+            return
+        freed = list(ids)
+        for oid in freed:
+            self._owner_of.pop(oid, None)
+        logger.info("freeing %d objects of %s, whose owner is gone (%s)", len(freed), short(owner), why)
+        self._store(st.ObjectsFreed(freed, [False] * len(freed)))
+        if len(self.alive_nodes) > 1:
+            self.object_manager.free_copies(freed)
 
     async def create_local(self, object_id: bytes, size_bytes: int, client: bytes) -> list[Any]:
         """Space for a new object: ``[slot, write path, final path, file size, reused]``."""
@@ -569,12 +632,19 @@ class RayletServer:
             self._store(st.ObjectsFreed([object_id], [False]))
 
     def _free_objects(self, conn: Connection, msg: m.FreeObjects) -> None:
+        self._forget_owner(msg.object_ids)
         self._store(st.ObjectsFreed(msg.object_ids, msg.recyclable))
         if len(self.alive_nodes) > 1:
             self.object_manager.free_copies(msg.object_ids)
 
+    def _free_copies(self, conn: Connection, msg: m.FreeObjectCopies) -> None:
+        self._forget_owner(msg.object_ids)
+        self._store(st.ObjectsFreed(msg.object_ids, [False] * len(msg.object_ids)))
+
     async def _pull_object(self, conn: Connection, msg: m.PullObject) -> bool:
         await self.object_manager.pull(msg.object_id, msg.from_node)
+        if msg.object_id not in self._owner_of:
+            self._note_owner(msg.object_id, msg.owner_worker_id)
         return True
 
     def _store(self, event: st.Event) -> None:
@@ -663,6 +733,7 @@ class RayletServer:
             proc.exit_info = "the driver disconnected (it exited or was killed)"
             self._report_worker(proc, "DEAD", proc.exit_info)
             self._store(st.ClientGone(worker_id))
+            self._free_owned_by(worker_id, proc.exit_info)
 
 
 #: A lease request still queued here after this long is offered to the GCS again.

@@ -1,0 +1,128 @@
+"""The paper's workloads (``lumos.examples``) on Ray and on lumos, with identical code.
+
+    python bench/workloads.py --impl lumos
+    python bench/workloads.py --impl ray
+    python bench/workloads.py --compare          # both, one after the other, and the ratio
+
+Every workload module takes the Ray-like module as its first argument, so the same
+functions run on ``import ray`` and ``import lumos``. Each implementation runs in its own
+subprocess on a fresh local cluster with the same number of CPUs. ``ray`` is an optional
+extra (``pip install -e ".[bench]"``); lumos must be importable by Ray's workers too
+(an editable install in the same environment does it).
+
+Workloads and what is measured:
+
+- ES: CartPole timesteps per second over the iterations (workers already started);
+- PPO-style: timesteps per second of asynchronous rollouts + parameter-server updates;
+- allreduce: median milliseconds of a ring allreduce (and of gather/broadcast);
+- serving: p50/p99 latency of one request at a time, and requests per second with
+  requests in flight, for a small and a larger input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+
+
+def run(impl: str, num_cpus: int, quick: bool) -> dict[str, float]:
+    ray = importlib.import_module(impl)
+    from lumos.examples import allreduce, es, ppo, serving
+
+    scale = 0.3 if quick else 1.0
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    results: dict[str, float] = {}
+    try:
+        workers = max(2, num_cpus)
+        es.run(ray, workers=workers, iterations=2)  # warm-up: worker processes, imports
+        r = es.run(ray, workers=workers, iterations=max(3, int(15 * scale)))
+        results["ES timesteps (/s)"] = r.timesteps_per_s
+        results["ES iteration (ms)"] = r.wall_s / len(r.rewards) * 1e3
+
+        p = ppo.run(ray, workers=workers, iterations=max(10, int(60 * scale)))
+        results["PPO-style timesteps (/s)"] = p.timesteps_per_s
+        results["PPO-style updates (/s)"] = p.updates / p.wall_s
+
+        for n, mb in ((4, 1.0), (4, 16.0)):
+            a = allreduce.run(ray, workers=n, size_mb=mb, iterations=max(2, int(5 * scale)))
+            if not a.correct:
+                raise RuntimeError(f"{impl}: allreduce gave a wrong sum")
+            results[f"ring allreduce {n}x{mb:g} MiB (ms)"] = float(np.median(a.ring_s)) * 1e3
+            results[f"gather/broadcast {n}x{mb:g} MiB (ms)"] = float(np.median(a.naive_s)) * 1e3
+
+        s = serving.run(ray, workers=2, requests=max(300, int(2000 * scale)), warmup_s=0.5)
+        for name, stats in s.stats.items():
+            results[f"serving {name} p50 (ms)"] = stats["p50_ms"]
+            results[f"serving {name} p99 (ms)"] = stats["p99_ms"]
+            results[f"serving {name} (requests/s)"] = stats["requests_per_s"]
+    finally:
+        ray.shutdown()
+    return results
+
+
+def _higher_is_better(key: str) -> bool:
+    return key.endswith("/s)")
+
+
+def compare(num_cpus: int, quick: bool) -> int:
+    cols: dict[str, dict[str, float]] = {}
+    for impl in ("ray", "lumos"):
+        cmd = [sys.executable, __file__, "--impl", impl, "--json", "--num-cpus", str(num_cpus)]
+        if quick:
+            cmd.append("--quick")
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+        if out.returncode != 0:
+            print(f"{impl} failed:\n{out.stderr[-3000:]}", file=sys.stderr)
+            return 1
+        cols[impl] = json.loads(out.stdout.strip().splitlines()[-1])
+    print(format_table(cols["ray"], cols["lumos"]))
+    return 0
+
+
+def format_table(ray: dict[str, float], lumos: dict[str, float]) -> str:
+    lines = ["| workload | Ray | lumos | lumos vs Ray |", "|---|---:|---:|---:|"]
+    for key, value in lumos.items():
+        other = ray.get(key)
+        if other is None:
+            continue
+        ratio = value / other if _higher_is_better(key) else (other / value if value else float("inf"))
+        lines.append(f"| {key} | {_fmt(other)} | {_fmt(value)} | {ratio:.2f}x |")
+    return "\n".join(lines)
+
+
+def _fmt(v: float) -> str:
+    if v >= 100:
+        return f"{v:,.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--impl", choices=["ray", "lumos"], default="lumos")
+    p.add_argument("--compare", action="store_true", help="run both and print the ratio")
+    p.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--json", action="store_true", help="print results as one JSON line")
+    p.add_argument("--quick", action="store_true", help="shorter runs (noisier)")
+    args = p.parse_args()
+    if args.compare:
+        return compare(args.num_cpus, args.quick)
+    results: Any = run(args.impl, args.num_cpus, args.quick)
+    if args.json:
+        print(json.dumps(results))
+    else:
+        for k, v in results.items():
+            print(f"{k:40s} {_fmt(v):>12s}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
