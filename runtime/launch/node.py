@@ -260,7 +260,10 @@ def _start(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     ip = args.node_ip_address if args.node_ip_address != "auto" else auto_node_ip(os.environ, gcs)
     res[f"node:{ip}"] = 1.0
     store = args.object_store_memory or config.object_store_memory or default_store_bytes()
-    session_dir = new_session_dir()
+    try:
+        session_dir = new_session_dir()
+    except OSError as e:  # UnsafePathError says what to fix
+        raise NodeStartError(str(e)) from None
     node = NodeProcesses(session_dir, config)
     node.write_token(token)
     dashboard = ""

@@ -218,6 +218,15 @@ PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
         assert not stepds, f"slurmstepd processes left behind (killed): {[p.pid for p in stepds]}"
 
 
+@pytest.fixture
+def short_root() -> Iterator[str]:
+    root = tempfile.mkdtemp(prefix="k8", dir="/tmp")  # socket paths must stay short
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def slurm() -> Iterator[LocalSlurm]:
     missing = [d for d in DAEMONS if shutil.which(d) is None]

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -213,15 +212,6 @@ class Pod:
             raise AssertionError(f"container ignored SIGTERM: {self.output()}") from None
 
 
-@pytest.fixture
-def short_root() -> Iterator[str]:
-    root = tempfile.mkdtemp(prefix="k8", dir="/tmp")  # socket paths must stay short
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_head_and_two_workers_run_from_their_manifests_and_run_a_task_on_every_pod(short_root: str) -> None:
@@ -270,3 +260,4 @@ def test_head_and_two_workers_run_from_their_manifests_and_run_a_task_on_every_p
         for session in os.listdir(pod.base["LUMOS_TMPDIR"]):
             stores = [d for d in os.listdir("/dev/shm") if d.startswith(f"lumos-{session}-")]
             assert not stores, f"object stores left behind: {stores}"
+
