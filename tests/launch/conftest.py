@@ -45,6 +45,19 @@ WORKLOAD = textwrap.dedent("""
         lumos.shutdown()
 """)
 
+def login_status(url: str) -> int:
+    """HTTP status of a dashboard login link, without following its redirect (302: logged in)."""
+    import http.client
+    from urllib.parse import urlsplit
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        conn.request("GET", f"{parts.path}?{parts.query}")
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel", "scontrol", "sinfo")
 
 

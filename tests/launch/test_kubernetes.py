@@ -6,9 +6,9 @@ exactly the container's ``env`` (``$(VAR)`` expanded as the kubelet does, ``stat
 from the downward API = 127.0.0.1), writes the Secret's keys into the token volume with
 its ``defaultMode``, expands ``command``/``args`` and runs them. What it must change, it
 changes in one place: mount paths point into a temporary directory (a container has its
-own filesystem), the head Service's DNS name becomes 127.0.0.1, and the GCS port is a
-free one (all "pods" share this host's network), and each container gets its own
-``LUMOS_TMPDIR`` (a container has its own /tmp).
+own filesystem), the head Service's DNS name and 0.0.0.0 become 127.0.0.1 and the GCS
+port is a free one (all "pods" share this host's network), and each container gets its
+own ``LUMOS_TMPDIR`` (a container has its own /tmp).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,10 +27,11 @@ import yaml
 
 from lumos.launch import kubernetes as kube
 from tests.conftest import wait_for
-from tests.launch.conftest import WORKLOAD, free_ports
+from tests.launch.conftest import WORKLOAD, free_ports, login_status
 
 k8s_models = pytest.importorskip("kubernetes.client.models")
 
+LUMOS = os.path.join(os.path.dirname(sys.executable), "lumos")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PRIMITIVES = {"str": str, "int": int, "bool": bool, "float": (int, float), "object": object,
               "datetime": str, "date": str}
@@ -171,6 +173,8 @@ class Pod:
         def local(arg: str) -> str:
             if arg == str(kube.GCS_PORT):
                 return str(gcs_port)
+            if arg == "0.0.0.0":
+                return "127.0.0.1"  # all of the pod's addresses; here, the pods share the machine's
             arg = arg.replace(service, f"127.0.0.1:{kube.GCS_PORT}").replace(f":{kube.GCS_PORT}", f":{gcs_port}")
             for mount, path in mounts.items():
                 arg = arg.replace(mount, path)
@@ -232,6 +236,13 @@ def test_head_and_two_workers_run_from_their_manifests_and_run_a_task_on_every_p
             raise AssertionError("pods not ready:\n" + "\n".join(p.output() for p in pods)) from None
         token_file = pods[-1].argv[pods[-1].argv.index("--token-file") + 1]
         assert oct(os.stat(token_file).st_mode & 0o777) == oct(0o440)
+        # The dashboard (on every address of the head pod) takes the link `login-url` makes.
+        base = re.search(r"lumos dashboard: (\S+)", pods[-1].output()).group(1)  # type: ignore[union-attr]
+        link = subprocess.run([LUMOS, "kubernetes", "login-url", "--token-file", token_file,
+                               "--url", base.replace(socket.gethostname(), "127.0.0.1")],
+                              capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+        assert login_status(link) == 302
+        assert login_status(link.split("token=")[0] + "token=" + "0" * 40) == 403
         out = subprocess.run([sys.executable, "-c", WORKLOAD, f"127.0.0.1:{port}", token_file],
                              capture_output=True, text=True, timeout=120,
                              env={**os.environ, "LUMOS_TMPDIR": os.path.join(short_root, "driver")})
@@ -242,7 +253,7 @@ def test_head_and_two_workers_run_from_their_manifests_and_run_a_task_on_every_p
         bad = os.path.join(short_root, "bad-token")
         with open(bad, "w") as f:
             f.write(kube.new_token())
-        refused = subprocess.run([os.path.join(os.path.dirname(sys.executable), "lumos"), "kubernetes", "probe",
+        refused = subprocess.run([LUMOS, "kubernetes", "probe",
                                   "--address", f"127.0.0.1:{port}", "--token-file", bad],
                                  capture_output=True, text=True, timeout=60)
         assert refused.returncode == 1 and "token is wrong" in refused.stderr, refused.stderr
