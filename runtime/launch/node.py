@@ -7,7 +7,7 @@ python -m lumos.launch.node --address HOST:PORT --token-file F ...
 
 Unlike ``lumos start`` it records nothing machine-wide (no ``current_cluster.json``, no
 ``lumos stop`` record: the engine owns the node's lifecycle, and two jobs of one user may
-share a machine), reads the token only from a file or ``LUMOS_CLUSTER_TOKEN`` (never from
+share a machine), takes the token only from a file or ``LUMOS_CLUSTER_TOKEN`` (never on
 its command line, which other users can read), and stays in the foreground:
 
 ```
@@ -17,7 +17,9 @@ engine (srun / kubelet) ──► node runner ──► GCS (head only), raylet,
 ```
 
 A joining node waits for the GCS (``--join-timeout-s``): Kubernetes starts worker pods
-without waiting for the head.
+without waiting for the head. A head can write its GCS address (``--address-file``) and
+its dashboard's login link (``--dashboard-file``, 0600) for the launcher, and
+``--wait-for-nodes N`` starts nothing but waits for a cluster of N nodes.
 """
 
 from __future__ import annotations
