@@ -156,6 +156,8 @@ class Config:
     memory_monitor_refresh_ms: int = 250
     #: Fraction of node memory (or of the cgroup limit) above which a worker is killed.
     memory_usage_threshold: float = _fraction(0.95)
+    #: A task whose worker the memory monitor killed runs again after this, doubled per attempt.
+    task_oom_retry_delay_base_ms: int = 1000
 
     @classmethod
     def resolve(cls, overrides: Mapping[str, Any] | None = None,
