@@ -253,23 +253,29 @@ class NodeProcesses:
         return info
 
     def start_gcs_and_raylet(self, *, resources: dict[str, float], store_bytes: int, host: str,
-                             gcs_port: int, private: bool, storage: str = "memory",
+                             gcs_port: int, private: bool, storage: str | None = None,
                              labels: dict[str, str] | None = None,
                              tie_to_parent: bool | None = None) -> None:
         """Start a head node: GCS and raylet in parallel (the raylet waits for the GCS socket).
 
         ``private``: the GCS ends when the first driver disconnects (``lumos.init()``).
         ``tie_to_parent`` (default: ``private``): the processes die with this process.
+        ``storage``: the GCS storage URL (default: the config's ``gcs_storage``).
         """
         tie = private if tie_to_parent is None else tie_to_parent
         cfg = self.config.to_json()
+        # The URL may hold a Redis password: it goes in a private file, not on a command line.
+        storage_file = os.path.join(self.session_dir, "gcs_storage")
+        write_private_file(storage_file, (storage or self.config.gcs_storage).encode())
         gcs_args = ["lumos._private.gcs.server", "--session-dir", self.session_dir,
                     "--token-file", self.token_path, "--host", host, "--port", str(gcs_port),
-                    "--unix-path", self.gcs_unix, "--storage", storage, "--config", cfg]
+                    "--unix-path", self.gcs_unix, "--storage-file", storage_file, "--config", cfg]
         if private:
             gcs_args.append("--private")
         gcs, gcs_fd = self._spawn(gcs_args, tie_to_parent=tie)
         self.gcs_proc = gcs
+        #: How the GCS was started (``lumos.testing.Cluster.restart_gcs`` starts it again).
+        self.gcs_spawn_args = (gcs_args, tie)
         raylet, raylet_fd = self._start_raylet(f"unix:{self.gcs_unix}", resources, store_bytes, host,
                                                head=True, tie_to_parent=tie, labels=labels)
         try:
