@@ -15,7 +15,7 @@ __all__ = [
     "LumosError", "RayError", "TaskError", "RayTaskError", "GetTimeoutError",
     "WorkerCrashedError", "TaskCancelledError", "ObjectLostError", "OwnerDiedError",
     "ObjectFreedError", "ObjectReconstructionFailedError", "ActorDiedError", "RayActorError",
-    "ActorUnavailableError", "ObjectStoreFullError", "OutOfMemoryError", "NodeDiedError",
+    "ActorUnavailableError", "ObjectStoreFullError", "OutOfDiskError", "OutOfMemoryError", "NodeDiedError",
     "LumosSystemError", "RaySystemError", "TaskUnschedulableError", "ActorUnschedulableError",
     "LocalRayletDiedError", "PendingCallsLimitExceeded", "TaskPlacementGroupRemoved",
     "ActorPlacementGroupRemoved", "CrossLanguageError", "RuntimeEnvSetupError",
@@ -261,6 +261,10 @@ class TaskUnschedulableError(LumosError):
 
 class ObjectStoreFullError(LumosError, MemoryError):
     """The node's object store has no room for a new object."""
+
+
+class OutOfDiskError(LumosError, OSError):
+    """The object store is full and the spill directory has no room to spill to."""
 
 
 class OutOfMemoryError(LumosError, MemoryError):

@@ -36,6 +36,7 @@ from typing import Any
 
 from lumos._private.config import Config
 from lumos._private.ids import random_id
+from lumos._private.object_store.spill_io import node_spill_dir
 from lumos._private.process import (await_ready, check_private_dir, make_private_dir,
                                     read_private_file, write_private_file)
 
@@ -329,6 +330,8 @@ class NodeProcesses:
             proc.wait(5.0)
         if self.store_dir:
             shutil.rmtree(self.store_dir, ignore_errors=True)
+            shutil.rmtree(node_spill_dir(self.config.object_spilling_directory, self.session_dir, self.node_id),
+                          ignore_errors=True)
         if self.raylet_socket:
             try:
                 os.unlink(self.raylet_socket)
@@ -353,6 +356,8 @@ class NodeProcesses:
         self.procs.clear()
         if self.store_dir:
             shutil.rmtree(self.store_dir, ignore_errors=True)
+            shutil.rmtree(node_spill_dir(self.config.object_spilling_directory, self.session_dir, self.node_id),
+                          ignore_errors=True)
         if remove_sockets:
             shutil.rmtree(os.path.join(self.session_dir, "sockets"), ignore_errors=True)
         elif self.raylet_socket:
