@@ -41,6 +41,7 @@ from lumos._private.ids import (TASK_ID_SIZE, is_put_object, new_task_id, put_ob
                                 return_object_id, short, task_id_of)
 from lumos._private.object_store.client import StoreClient
 from lumos._private.protocol import messages as m
+from lumos._private.raylet.memory_monitor import OOM_KILL_REASON
 from lumos._private.transport.connection import (Connection, ConnectionCache, ConnectionLost, RemoteError, batch,
                                                  RpcServer, connect)
 from lumos.generator import GeneratorStream, ObjectRefGenerator
@@ -1643,15 +1644,29 @@ class CoreWorker:
             name = task.spec.name
             text = (f"worker {short(lease.worker_id)} on node {short(lease.node_id)} died"
                     f" ({cause or 'cause unknown'}) while running {name}()")
+            oom = cause is not None and OOM_KILL_REASON in cause
             if task.retries_left != 0:
                 if task.retries_left > 0:
                     task.retries_left -= 1
-                self._retry(task, text)
+                if oom:  # memory is short now: give it time to recover before running again
+                    delay = self.config.task_oom_retry_delay_base_ms / 1000 * 2 ** min(task.spec.attempt, 5)
+                    self._spawn(self._retry_later(task, text, delay), "oom-retry")
+                else:
+                    self._retry(task, text)
             else:
                 tries = task.template.max_retries
-                self._fail_task(task, exc.WorkerCrashedError(
+                self._fail_task(task, (exc.OutOfMemoryError if oom else exc.WorkerCrashedError)(
                     f"{text}. " + (f"Retried {tries} times (max_retries={tries})." if tries > 0 else
                                    "Not retried (max_retries=0).")))
+
+    async def _retry_later(self, task: PendingTask, why: str, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        if task.state == DONE:
+            return
+        if task.force_cancelled or task.cancelled:
+            self._fail_task(task, exc.TaskCancelledError(task.spec.task_id.hex(), "cancelled"))
+            return
+        self._retry(task, why)
 
     def _retry(self, task: PendingTask, why: str) -> None:
         self._next_attempt(task, why)

@@ -35,6 +35,7 @@ from lumos._private.object_store import spill_io
 from lumos._private.object_store.client import unlink_quietly
 from lumos._private.process import make_private_dir, check_private_dir, die_with_parent, read_token, report_ready, setup_logging
 from lumos._private.protocol import messages as m
+from lumos._private.raylet import memory_monitor as mm
 from lumos._private.raylet import scheduler as sc
 from lumos._private.raylet.object_manager import ObjectManager
 from lumos._private.raylet.resources import request_units
@@ -129,6 +130,8 @@ class RayletServer:
         self._unlinker = ThreadPoolExecutor(1, thread_name_prefix="raylet.unlink")
         self.stopped = asyncio.Event()
         self.object_manager = ObjectManager(self)
+        self.memory_monitor = mm.MemoryMonitorState(config.memory_usage_threshold, short(node_id),
+                                                    validate=config.validate)
         self._stopping = False
         #: The store directory passed the ownership check (so ``stop`` may remove it).
         self._store_dir_checked = False
@@ -194,6 +197,8 @@ class RayletServer:
                 self.alive_nodes[info.node_id] = info
         self._spawn(self._heartbeat_loop(), "raylet.heartbeat")
         self._spawn(self._tick_loop(), "raylet.tick")
+        if self.config.memory_monitor_refresh_ms > 0:
+            self._spawn(self._memory_loop(), "raylet.memory_monitor")
         logger.info("raylet %s up: %s, store %d MiB at %s", short(self.node_id), self.resources_total,
                     self.store.capacity_bytes >> 20, self.store_dir)
 
@@ -444,6 +449,30 @@ class RayletServer:
         # never refill what the idle reaper just trimmed.
         if proc.kill_reason != "idle":
             self._refill_pool()
+
+    async def _memory_loop(self) -> None:
+        """Sample memory; above the threshold kill one worker (see memory_monitor.py)."""
+        import psutil
+        interval = self.config.memory_monitor_refresh_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            usage = mm.read_memory()  # a few small file reads
+            if usage.fraction <= self.memory_monitor.threshold and self.memory_monitor.pending is None:
+                continue
+            candidates = []
+            for w in self.scheduler.workers.values():
+                proc = self.procs.get(w.worker_id)
+                if w.state != sc.LEASED or proc is None or proc.popen is None or proc.exit_info is not None:
+                    continue
+                try:
+                    rss = psutil.Process(proc.pid).memory_info().rss
+                except psutil.Error:
+                    continue
+                candidates.append(mm.Candidate(w.worker_id, proc.pid, mm.ACTOR if w.actor_id else mm.TASK,
+                                               w.lease_id, rss))
+            for action in self.memory_monitor.handle(mm.MemorySampled(usage, candidates, time.monotonic())):
+                logger.warning("worker %s: %s", short(action.worker_id), action.reason)
+                self._kill_worker(action.worker_id, action.reason)
 
     def _kill_worker(self, worker_id: bytes, reason: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.get(worker_id)
