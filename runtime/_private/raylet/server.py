@@ -4,6 +4,8 @@
           ┌────────────── RayletServer ──────────────┐
 owners ──►│ RequestWorkerLease ─► LocalSchedulerState │──► worker processes (spawn, reap)
           │ CreateObject/Free  ─► ObjectStoreState    │──► files in /dev/shm/<store dir>
+          │ PinObjects, RestoreSpilled ─┘   │ spill/  │    (spill, restore: raylet.spill
+          │                                 └─────────│──► threads) <spill dir>/node-<id>
 workers ─►│ RegisterClient, LogBatch, WorkerBlocked   │
           └───────────────┬──────────────────────────┘
                           └── RegisterNode, NodeHeartbeat, LogBatch ──► GCS
