@@ -198,3 +198,31 @@ def test_full_spill_disk_raises_out_of_disk_once_per_episode(tmp_path: Any) -> N
     assert out["stats"]["out_of_disk_rejects"] >= out["errors"]
     assert out["log_lines"] == 1, f"one log line per out-of-disk episode, got {out['log_lines']}"
     assert out["left"] == [], out["left"]
+
+
+def deleted_store_mappings(store_prefix: str) -> list[str]:
+    """Mappings this process holds of store files already unlinked (memory not given back)."""
+    with open("/proc/self/maps") as f:
+        return [ln for ln in f if store_prefix in ln and ln.rstrip().endswith("(deleted)")]
+
+
+@pytest.mark.timeout(120)
+def test_spilling_unmaps_what_it_spills_and_never_spills_viewed_objects(fresh_cluster: Any) -> None:
+    ctx = fresh_cluster(num_cpus=1, object_store_memory=64 * MIB, include_dashboard=False)
+    prefix = "/dev/shm/lumos-" + os.path.basename(ctx.address_info["session_dir"])
+    held_ref = lumos.put(block(1000))
+    held = lumos.get(held_ref, timeout=30)  # a live zero-copy view: must stay in memory
+    refs = [lumos.put(block(i)) for i in range(40)]  # 160 MiB more; the creator mapped every one
+    (row,) = lumos.state.spill_stats()
+    assert row["spilled_objects"] >= 20
+    # The spilled files' pages are really released: this process keeps no mapping of them.
+    assert deleted_store_mappings(prefix) == []
+    held_file = os.path.join(lumos._private.worker_context.require().store.directory, held_ref.hex())
+    assert os.path.exists(held_file), "an object with a live view was spilled"
+    assert np.array_equal(held, block(1000))
+    del held
+    gc.collect()
+    more = [lumos.put(block(i)) for i in range(40, 60)]  # now the old one may go too
+    wait_for(lambda: not os.path.exists(held_file), 20)
+    assert np.array_equal(lumos.get(held_ref, timeout=30), block(1000))
+    del refs, more
