@@ -127,6 +127,8 @@ def test_spilled_objects_are_pulled_by_other_nodes() -> None:
         before = set(spill_files(cluster.session_dir))
         far_files = [f for f in before if f.split(os.sep)[-2] == f"node-{far.node_id[:12]}"]
         assert far_files, "the far node spilled nothing"
+        rows = {r["node_id"]: r for r in lumos.state.spill_stats()}
+        assert len(rows) == 2 and rows[far.node_id]["spilled_objects"] > 0
         cluster.remove_node(far)  # SIGKILL: its raylet cannot clean up; its parent does
         wait_for(lambda: not any(os.path.exists(f) for f in far_files), 20)
     finally:
