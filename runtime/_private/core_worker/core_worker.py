@@ -561,7 +561,7 @@ class CoreWorker:
         if self.raylet is None or threading.current_thread() is self._io_thread:
             return None
         try:
-            answer = self.call_raylet(m.RestoreSpilled(object_id), self.config.rpc_timeout_s)
+            answer = self.call_raylet(m.RestoreSpilled(object_id), 3600.0)  # the raylet bounds it by size
         except (RemoteError, TimeoutError, exc.LumosSystemError) as e:
             logger.warning("restoring spilled object %s failed: %s", short(object_id), e)
             return None
