@@ -24,6 +24,11 @@ logger = logging.getLogger(__name__)
 
 #: Pages refresh this often (the "at most 1 s behind" budget: poll 0.25 s + refresh 0.25 s).
 REFRESH_MS = 250
+#: A request's headers must arrive within this long, and so must its body (slowloris).
+HEADER_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 10.0
+#: Connections held at once by the head node's dashboard; more are closed at accept.
+MAX_CONNECTIONS = 128
 
 
 def page_classes() -> dict[str, type[Page]]:
@@ -111,6 +116,35 @@ def same_origin_ws_handler() -> type:
     return SameOriginWSHandler
 
 
+def secure(app: Any, other_ports: bool) -> None:
+    """Access log without query strings, and ``frame-ancestors`` on every response of a
+    Bokeh application (``other_ports``: also the same host's other ports, where the
+    notebook server embeds the head node's dashboard)."""
+    from lumos.dashboard import auth
+    app.settings["log_function"] = auth.log_request
+    app.transforms.append(auth.security_transform(other_ports))
+
+
+def capped_http_server(max_connections: int) -> type:
+    """A tornado ``HTTPServer`` that closes connections beyond ``max_connections`` at accept."""
+    from tornado.httpserver import HTTPServer
+
+    class CappedHTTPServer(HTTPServer):  # type: ignore[misc]
+        refused = 0
+
+        def handle_stream(self, stream: Any, address: Any) -> None:
+            if len(self._connections) >= max_connections:
+                CappedHTTPServer.refused += 1
+                if CappedHTTPServer.refused in (1, 10, 100) or CappedHTTPServer.refused % 1000 == 0:
+                    logger.warning("dashboard: %d connection(s) refused so far, %d open (the cap)",
+                                   CappedHTTPServer.refused, max_connections)
+                stream.close()
+                return
+            super().handle_stream(stream, address)
+
+    return CappedHTTPServer
+
+
 def use_same_origin_ws(app: Any) -> None:
     from bokeh.server.views.ws import WSHandler
     handler = same_origin_ws_handler()
@@ -130,8 +164,13 @@ class DashboardServer:
     before Bokeh is even imported); ``start`` mounts Bokeh on them.
     """
 
-    def __init__(self, source: ClusterSource, token: bytes, sockets: list[socket.socket], port: int) -> None:
+    def __init__(self, source: ClusterSource, token: bytes, sockets: list[socket.socket], port: int, *,
+                 header_timeout_s: float = HEADER_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.source = source
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.max_connections = max_connections
         self._token = token
         self._sockets = sockets
         self.port = port
@@ -144,7 +183,6 @@ class DashboardServer:
     def start(self) -> None:
         import tornado.web
         from bokeh.server.tornado import BokehTornado
-        from tornado.httpserver import HTTPServer
         from tornado.ioloop import IOLoop
 
         from lumos.dashboard import auth
@@ -186,10 +224,14 @@ class DashboardServer:
                              extra_patterns=[(r"/login", Login), (r"/", Root)],
                              websocket_max_message_size_bytes=16 * 1024 * 1024)
         use_same_origin_ws(bokeh)
+        secure(bokeh, other_ports=True)
         bokeh.initialize(IOLoop.current())
         bokeh.start()
         self._bokeh = bokeh
-        self._http = HTTPServer(_guard(bokeh, Forbidden, token, cookie, secret), xheaders=False)
+        self._http = capped_http_server(self.max_connections)(
+            _guard(bokeh, Forbidden, token, cookie, secret), xheaders=False,
+            idle_connection_timeout=self.header_timeout_s, body_timeout=self.body_timeout_s,
+            max_header_size=64 * 1024, max_body_size=1024 * 1024)
         self._http.add_sockets(self._sockets)
 
     def stop(self) -> None:
@@ -203,8 +245,8 @@ class DashboardServer:
 def _guard(app: Any, forbidden: type, token: bytes, cookie: str, secret: bytes) -> Any:
     """Routes a request to Bokeh only when it carries proof of the token, else to 403.
 
-    Pages: the login cookie, or a Bokeh session id signed with our secret (Bokeh checks
-    the signature again). Websockets: the same Origin as Host, and the cookie or a
+    Pages: the login cookie, or a Bokeh session id signed with our secret that has not
+    expired (``auth.check_session_id``; Bokeh checks the signature again). Websockets: the same Origin as Host, and the cookie or a
     signed Bokeh token. Static BokehJS and ``/login`` are open.
     """
     from tornado.routing import Router
@@ -248,12 +290,7 @@ def _allowed(request: Any, token: bytes, cookie: str, secret: bytes) -> bool:
         return True
     ids = request.query_arguments.get("bokeh-session-id")
     if ids:
-        from bokeh.util.token import check_session_id_signature
-        try:
-            return bool(check_session_id_signature(ids[0].decode("ascii", "replace"), secret_key=secret,
-                                                   signed=True))
-        except Exception:  # malformed ids raise assorted errors inside bokeh
-            return False
+        return auth.check_session_id(secret, ids[0].decode("ascii", "replace"))
     return False
 
 

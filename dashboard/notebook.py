@@ -6,7 +6,9 @@ Where the page comes from: through the jupyter-server extension when the kernel 
 under a Jupyter server (the only port a Binder or remote JupyterLab user can reach),
 else the head node's own dashboard URL. The kernel learns the browser-side base URL
 from, in order: ``LUMOS_DASHBOARD_URL``, ``JUPYTERHUB_SERVICE_PREFIX``, the
-``jpserver-<pid>.json`` of the server that launched it (``JPY_PARENT_PID``).
+``jpserver-<pid>.json`` of the server that launched it (``JPY_PARENT_PID``). When that
+server did not load the extension (no ``lumos-dashboard-<pid>.json`` beside it), the
+cell shows the head node's URL with one line saying how to enable it.
 
 ``graph`` polls the GCS from a background thread (``lumos-dashboard``) with its own
 loop; the notebook's thread and loop never wait on it.
@@ -32,6 +34,21 @@ def _context() -> Any:
     return ctx
 
 
+def _server_info() -> tuple[str, str] | None:
+    """(base URL, runtime dir) of the Jupyter server that launched this kernel, if any."""
+    parent = os.environ.get("JPY_PARENT_PID")
+    if not parent or not parent.isdigit():
+        return None
+    try:
+        from jupyter_core.paths import jupyter_runtime_dir
+        runtime = jupyter_runtime_dir()
+        with open(os.path.join(runtime, f"jpserver-{parent}.json")) as f:
+            base = str(json.load(f).get("base_url") or "/")
+    except (OSError, ValueError, ImportError):
+        return None
+    return (base if base.endswith("/") else base + "/"), runtime
+
+
 def jupyter_base_url() -> str | None:
     """The Jupyter server's base URL as the browser sees it, or None outside a Jupyter server."""
     explicit = os.environ.get("LUMOS_DASHBOARD_URL")
@@ -40,16 +57,28 @@ def jupyter_base_url() -> str | None:
     hub = os.environ.get("JUPYTERHUB_SERVICE_PREFIX")
     if hub:
         return hub if hub.endswith("/") else hub + "/"
-    parent = os.environ.get("JPY_PARENT_PID")
-    if parent and parent.isdigit():
-        try:
-            from jupyter_core.paths import jupyter_runtime_dir
-            with open(os.path.join(jupyter_runtime_dir(), f"jpserver-{parent}.json")) as f:
-                base = str(json.load(f).get("base_url") or "/")
-            return base if base.endswith("/") else base + "/"
-        except (OSError, ValueError, ImportError):
-            return None
-    return None
+    info = _server_info()
+    return info[0] if info else None
+
+
+#: Shown above the embedded page when the Jupyter server does not serve the dashboard.
+EXTENSION_MISSING = ("This Jupyter server does not load the lumos.dashboard extension, so this is the head "
+                     "node's own dashboard (reachable only from a browser that can reach the cluster). To serve "
+                     "it through Jupyter, install lumos in the server's environment (pip install -e . or "
+                     "pip install .) and restart Jupyter, or start it with "
+                     "--ServerApp.jpserver_extensions=\"{'lumos.dashboard': True}\".")
+
+
+def extension_serving() -> bool:
+    """False when the Jupyter server that launched this kernel is known not to serve
+    ``{base_url}lumos/`` (it wrote no ``lumos-dashboard-<pid>.json``)."""
+    if os.environ.get("LUMOS_DASHBOARD_URL"):
+        return True  # the user says where it is
+    info = _server_info()
+    if info is None:
+        return True  # unknown (a Hub prefix without the server's files): trust the prefix
+    from lumos.dashboard.server_ext import marker_path
+    return os.path.exists(marker_path(info[1], int(os.environ["JPY_PARENT_PID"])))
 
 
 def _check_page(page: str) -> None:
@@ -67,6 +96,30 @@ def _object_hex(ref: Any) -> str | None:
     raise TypeError(f"expected an ObjectRef or an object id in hex, got {type(ref).__name__}")
 
 
+def _resolve(page: str, object: Any, via_jupyter: bool | None) -> tuple[str, str]:
+    """(URL, note): the note says why the URL is not the Jupyter server's ("" when it is)."""
+    _check_page(page)
+    ctx = _context()
+    obj = _object_hex(object)
+    base = jupyter_base_url() if via_jupyter in (None, True) else None
+    if via_jupyter and base is None:
+        raise RuntimeError("this kernel does not run under a Jupyter server")
+    note = ""
+    if base is not None and via_jupyter is None and not extension_serving():
+        base, note = None, EXTENSION_MISSING
+    if base is not None:
+        args = {"cluster": os.path.basename(ctx.address_info["session_dir"].rstrip("/"))}
+        if obj:
+            args["object"] = obj
+        return f"{base}lumos/dashboard/{page}?{urlencode(args)}", note
+    if not ctx.dashboard_url:
+        raise RuntimeError("this cluster runs without a dashboard (include_dashboard=False)")
+    args = {"page": page}
+    if obj:
+        args["object"] = obj
+    return f"{ctx.dashboard_url}&{urlencode(args)}", note
+
+
 def dashboard_url(page: str = "status", *, object: Any = None, via_jupyter: bool | None = None) -> str:
     """The URL of a dashboard page of this kernel's cluster.
 
@@ -74,38 +127,42 @@ def dashboard_url(page: str = "status", *, object: Any = None, via_jupyter: bool
         page: one of status, tasks, graph, lineage, actors, gpus.
         object: for ``lineage``, an ObjectRef or its hex id.
         via_jupyter: force (True) or avoid (False) the jupyter-server extension; by
-            default used whenever the kernel runs under a Jupyter server.
+            default used whenever the kernel runs under a Jupyter server that loaded it.
 
     Raises:
         ValueError: unknown page; RuntimeError: no cluster (or no dashboard) here.
     """
-    _check_page(page)
-    ctx = _context()
-    obj = _object_hex(object)
-    base = jupyter_base_url() if via_jupyter in (None, True) else None
-    if via_jupyter and base is None:
-        raise RuntimeError("this kernel does not run under a Jupyter server")
-    if base is not None:
-        args = {"cluster": os.path.basename(ctx.address_info["session_dir"].rstrip("/"))}
-        if obj:
-            args["object"] = obj
-        return f"{base}lumos/dashboard/{page}?{urlencode(args)}"
-    if not ctx.dashboard_url:
-        raise RuntimeError("this cluster runs without a dashboard (include_dashboard=False)")
-    args = {"page": page}
-    if obj:
-        args["object"] = obj
-    return f"{ctx.dashboard_url}&{urlencode(args)}"
+    return _resolve(page, object, via_jupyter)[0]
+
+
+class DashboardFrame:
+    """A live page in an IFrame, with a one-line note above it when there is one."""
+
+    def __init__(self, url: str, height: int, note: str = "") -> None:
+        from IPython.display import IFrame
+        self.url = url
+        self.note = note
+        self._frame = IFrame(url, width="100%", height=height)
+
+    def _repr_html_(self) -> str:
+        import html
+        note = (f"<div class='lumos-dashboard-note' style='font-size:12px;color:#8a6d3b'>{html.escape(self.note)}"
+                "</div>") if self.note else ""
+        return note + self._frame._repr_html_()
+
+    def __repr__(self) -> str:
+        return (f"{self.note}\n" if self.note else "") + f"lumos dashboard: {self.url}"
 
 
 def show(page: str = "status", *, object: Any = None, height: int = 620, via_jupyter: bool | None = None) -> Any:
-    """Embed a live dashboard page in the cell output (an ``IPython.display.IFrame``).
+    """Embed a live dashboard page in the cell output (an IFrame, with a note above it
+    when the Jupyter server does not serve the dashboard).
 
     Example:
         >>> lumos.dashboard.show("graph")
     """
-    from IPython.display import IFrame
-    return IFrame(dashboard_url(page, object=object, via_jupyter=via_jupyter), width="100%", height=height)
+    url, note = _resolve(page, object, via_jupyter)
+    return DashboardFrame(url, height, note)
 
 
 # --------------------------------------------------------------------------------- live widget

@@ -8,8 +8,11 @@ browser --GET {base}lumos/dashboard/graph?cluster=session_…  (Jupyter login re
         <-- 302 {base}lumos/bokeh/graph?cluster=…&bokeh-session-id=<signed>
 browser --GET that page, then WS {base}lumos/bokeh/graph/ws (same Origin, signed token)
 ```
-Bokeh refuses pages without a session id signed by this server's secret (made fresh at
-start-up), so the launcher, which requires Jupyter's login, is the only way in.
+Bokeh pages need a session id signed by this server's secret (made fresh at start-up)
+and minted less than ``auth.SESSION_ID_TTL_S`` ago, so the launcher, which requires
+Jupyter's login, is the only way in, and a page URL copied later opens nothing.
+Responses carry ``Content-Security-Policy: frame-ancestors 'self'``; the access log
+leaves out query strings.
 
 The cluster is found through its session directory (``?cluster=`` names it; it is
 checked against a strict pattern and must exist under lumos's session root), never
@@ -19,6 +22,8 @@ from there, so only clusters on this machine, run by this user, can be shown.
 
 from __future__ import annotations
 
+import atexit
+import json
 import logging
 import os
 import re
@@ -33,9 +38,35 @@ logger = logging.getLogger(__name__)
 _CLUSTER = re.compile(r"^session_[A-Za-z0-9_-]{1,120}$")
 
 
+def marker_path(runtime_dir: str, server_pid: int) -> str:
+    """Where a Jupyter server with the extension loaded says so to its kernels."""
+    return os.path.join(runtime_dir, f"lumos-dashboard-{server_pid}.json")
+
+
+def _write_marker(serverapp: Any, base_url: str) -> None:
+    from lumos._private.process import write_private_file
+    path = marker_path(serverapp.runtime_dir, os.getpid())
+    try:
+        os.makedirs(serverapp.runtime_dir, exist_ok=True)
+        if os.path.lexists(path):
+            os.unlink(path)  # left by an earlier server with our pid
+        write_private_file(path, json.dumps({"base_url": base_url, "pid": os.getpid()}).encode())
+    except OSError as e:
+        serverapp.log.warning("lumos dashboard: cannot write %s (%s); kernels will link the head node's "
+                              "dashboard instead of this server's", path, e)
+        return
+
+    def remove() -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    atexit.register(remove)
+
+
 def session_root() -> str:
-    from lumos._private.node import ROOT
-    return ROOT
+    from lumos._private.node import session_root as root
+    return root()
 
 
 def find_session(name: str) -> str:
@@ -93,13 +124,13 @@ def load(serverapp: Any) -> None:
     """Mount the dashboard into a jupyter-server (``_load_jupyter_server_extension``)."""
     import tornado.web
     from bokeh.server.tornado import BokehTornado
-    from bokeh.util.token import generate_session_id
     from jupyter_server.base.handlers import JupyterHandler
     from jupyter_server.utils import url_path_join
     from tornado.ioloop import IOLoop
-    from tornado.routing import PathMatches
+    from tornado.routing import PathMatches, Router
 
-    from lumos.dashboard.app import applications, request_args, use_same_origin_ws
+    from lumos.dashboard import auth
+    from lumos.dashboard.app import applications, request_args, secure, use_same_origin_ws
 
     web_app = serverapp.web_app
     base = web_app.settings["base_url"]
@@ -120,6 +151,7 @@ def load(serverapp: Any) -> None:
     bokeh = BokehTornado(applications(resolve), prefix=prefix, use_index=False, redirect_root=False,
                          secret_key=secret, sign_sessions=True, generate_session_ids=False)
     use_same_origin_ws(bokeh)
+    secure(bokeh, other_ports=False)
     bokeh.initialize(IOLoop.current())
     bokeh.start()
     web_app.settings["lumos_bokeh"] = bokeh
@@ -143,11 +175,31 @@ def load(serverapp: Any) -> None:
             obj = self.get_query_argument("object", "")
             if obj and obj.isalnum() and len(obj) <= 128:
                 args["object"] = obj
-            args["bokeh-session-id"] = generate_session_id(secret_key=secret, signed=True)
+            args["bokeh-session-id"] = auth.mint_session_id(secret)
             self.redirect(url_path_join(prefix, page) + "?" + urlencode(args))
+
+    class Expired(tornado.web.RequestHandler):
+        def prepare(self) -> None:
+            self.set_status(403)
+            self.set_header("Content-Type", "text/plain; charset=utf-8")
+            self.finish("403: this dashboard link has expired or was not made by this server; "
+                        f"open {launch}/status again.\n")
+
+    class Gate(Router):  # type: ignore[misc]
+        """Pages need a fresh session id from the launcher; static files and websockets
+        (whose Bokeh token expires on its own) go straight to Bokeh."""
+
+        def find_handler(self, request: Any, **kwargs: Any) -> Any:
+            rest = request.path[len(prefix):]
+            if not (rest.startswith("/static/") or rest.endswith("/ws")):
+                ids = request.query_arguments.get("bokeh-session-id") or [b""]
+                if not auth.check_session_id(secret, ids[0].decode("ascii", "replace")):
+                    return bokeh.get_handler_delegate(request, Expired)
+            return bokeh.find_handler(request, **kwargs)
 
     # jupyter_server's add_handlers audits handler classes; a whole tornado application
     # (Bokeh's router) goes in through tornado's own method.
-    tornado.web.Application.add_handlers(web_app, ".*$", [(PathMatches(prefix + "/.*"), bokeh)])
+    tornado.web.Application.add_handlers(web_app, ".*$", [(PathMatches(prefix + "/.*"), Gate())])
     web_app.add_handlers(".*$", [(launch + r"/(\w+)", Launcher), (launch + "/?", Launcher)])
+    _write_marker(serverapp, base)
     serverapp.log.info("lumos dashboard mounted at %s", launch)

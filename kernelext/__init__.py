@@ -17,12 +17,15 @@ def load_ipython_extension(ipython: Any) -> None:
     from lumos.kernelext.magics import LumosMagics
     if getattr(ipython, "_lumos_magics", None) is not None:
         return
+    from lumos.kernelext import tracebacks
     magics = LumosMagics(ipython)
     ipython.register_magics(magics)
     ipython._lumos_magics = magics
+    tracebacks.install(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
+    from lumos.kernelext import tracebacks
     from lumos.kernelext.output import ROUTER
     magics = getattr(ipython, "_lumos_magics", None)
     if magics is None:
@@ -30,4 +33,5 @@ def unload_ipython_extension(ipython: Any) -> None:
     if magics.panel is not None:
         magics.panel.close()
     ROUTER.uninstall()
+    tracebacks.uninstall(ipython)
     ipython._lumos_magics = None

@@ -50,10 +50,13 @@ MPL_BACKEND = "module://lumos.kernelext.mpl_backend"
 #: True while a remote cell runs in this process (its ``plt.show()`` displays figures).
 in_remote_cell = False
 
-#: Prefix of a stdout line that carries a ``display()`` bundle (JSON, base64).
-DISPLAY_MARKER = "\ue000lumos-display:"
-#: Prefix of the last stdout line of a cell that wrote output: everything before it arrived.
-END_MARKER = "\ue000lumos-end:"
+#: Prefix of a stdout line that carries a ``display()`` bundle (JSON, base64); the run's
+#: secret nonce and a colon follow (``display_prefix``), so printed data that happens to
+#: start like a marker is never taken for one.
+DISPLAY_MARKER = "\ue000lumos-display-"
+#: Prefix of the last stdout line of a cell that wrote output: everything before it
+#: arrived (``end_prefix``: with the run's nonce, like ``DISPLAY_MARKER``).
+END_MARKER = "\ue000lumos-end-"
 #: Values whose pickled size is at least this are put in the object store once.
 LARGE_VALUE_BYTES = 100 * 1024
 
@@ -73,6 +76,10 @@ class CellAnalysis:
     last_expr: bool
     #: The cell's last line ends with ``;`` (no display, like a local cell).
     quiet: bool
+    #: The names of ``assigns`` the cell gives a value (``x = ...``, ``x += ...``,
+    #: ``with ... as x``, ``(x := ...)``), not those bound only by an import, a ``for``
+    #: target, a ``def``/``class`` or an ``except ... as``: what an ``--async`` cell binds.
+    values: list[str] = field(default_factory=list)
 
 
 def analyze(source: str) -> CellAnalysis:
@@ -137,7 +144,40 @@ def analyze(source: str) -> CellAnalysis:
     last_expr = bool(tree.body) and isinstance(tree.body[-1], ast.Expr)
     lines = [ln for ln in source.rstrip().splitlines() if ln.strip()]
     quiet = bool(lines) and lines[-1].split("#")[0].rstrip().endswith(";")
-    return CellAnalysis(reads, assigns, last_expr, quiet)
+    valued = _value_targets(tree)
+    values = [n for n in assigns if n in valued]
+    return CellAnalysis(reads, assigns, last_expr, quiet, values)
+
+
+def _value_targets(tree: ast.Module) -> set[str]:
+    """Names the module scope of ``tree`` assigns a value to (see ``CellAnalysis.values``)."""
+    out: set[str] = set()
+    stack: list[ast.AST] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            # their bodies are other scopes; `global x` assignments in them count
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Global):
+                    declared = set(sub.names)
+                    for inner in ast.walk(node):
+                        if isinstance(inner, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                            targets = inner.targets if isinstance(inner, ast.Assign) else [inner.target]
+                            for t in targets:
+                                out |= _target_names(t) & declared
+            continue
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                out |= _target_names(t)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and (
+                not isinstance(node, ast.AnnAssign) or node.value is not None):
+            out |= _target_names(node.target)
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            out |= _target_names(node.optional_vars)
+        elif isinstance(node, ast.NamedExpr):
+            out |= _target_names(node.target)  # binds the enclosing scope, even in a comprehension
+        stack.extend(ast.iter_child_nodes(node))
+    return out
 
 
 def _sure_bindings(stmt: ast.stmt) -> set[str]:
@@ -169,6 +209,25 @@ def _target_names(t: ast.expr) -> set[str]:
 
 
 # =========================================================================== markers
+
+
+def new_nonce() -> str:
+    """A run's secret: only lines carrying it are display bundles or end markers."""
+    import secrets
+    return secrets.token_hex(16)
+
+
+def display_prefix(nonce: str) -> str:
+    return f"{DISPLAY_MARKER}{nonce}:"
+
+
+def end_prefix(nonce: str) -> str:
+    return f"{END_MARKER}{nonce}:"
+
+
+#: The nonce of the cell running in this process (None outside a cell): ``display()``
+#: marks its lines with it.
+_running_nonce: str | None = None
 
 
 class _Unset:
@@ -262,6 +321,8 @@ class CellSpec:
     pull: list[str] = field(default_factory=list)
     #: map element index (for --map), else -1
     map_index: int = -1
+    #: this run's secret for its display and end marker lines (never printed by user code)
+    nonce: str = field(default_factory=new_nonce)
 
 
 # =========================================================================== driver side
@@ -404,8 +465,9 @@ def run_cell(spec: CellSpec, inline: dict[str, Any], *ref_values: Any,
     meta = CellMeta()
     if "matplotlib" not in sys.modules:
         os.environ["MPLBACKEND"] = MPL_BACKEND  # read when the cell first imports matplotlib
-    global in_remote_cell
+    global in_remote_cell, _running_nonce
     in_remote_cell = True
+    outer_nonce, _running_nonce = _running_nonce, spec.nonce
     out, err = sys.stdout, sys.stderr
     counting_out, counting_err = _Counting(out), _Counting(err)
     sys.stdout, sys.stderr = counting_out, counting_err  # type: ignore[assignment]
@@ -431,12 +493,13 @@ def run_cell(spec: CellSpec, inline: dict[str, Any], *ref_values: Any,
     finally:
         _flush_figures()
         in_remote_cell = False
+        _running_nonce = outer_nonce
         sys.stdout, sys.stderr = out, err
         if counting_out.written or counting_err.written or failed:
             meta.wrote_output = True
             err.flush()
             out.flush()
-            out.write(f"{END_MARKER}{spec.map_index}\n")
+            out.write(f"{end_prefix(spec.nonce)}{spec.map_index}\n")
             out.flush()
     values: list[Any] = []
     for name in spec.assigns:
@@ -565,21 +628,31 @@ def mimebundle(obj: Any) -> dict[str, Any]:
 
 
 def display(*objs: Any, raw: bool = False, **kwargs: Any) -> None:
-    """``display()`` inside a remote cell: the rich output reaches the notebook cell."""
+    """``display()`` inside a remote cell: the rich output reaches the notebook cell.
+
+    Outside a cell (a plain task calling a notebook function) it prints the plain text.
+    """
+    nonce = _running_nonce
     for obj in objs:
         bundle = {"data": obj, "metadata": kwargs.get("metadata") or {}} if raw else mimebundle(obj)
-        text = base64.b64encode(json.dumps(bundle, default=str).encode()).decode()
         out = sys.stdout
+        if nonce is None:
+            data = bundle.get("data") or {}
+            print(data.get("text/plain", "") if isinstance(data, dict) else data, file=out)
+            continue
+        text = base64.b64encode(json.dumps(bundle, default=str).encode()).decode()
         out.flush()
-        out.write(f"{DISPLAY_MARKER}{text}\n")
+        out.write(f"{display_prefix(nonce)}{text}\n")
         out.flush()
 
 
-def decode_display(line: str) -> dict[str, Any] | None:
-    if not line.startswith(DISPLAY_MARKER):
+def decode_display(line: str, nonce: str) -> dict[str, Any] | None:
+    """The bundle of a display line of the run with ``nonce``; None for any other line."""
+    prefix = display_prefix(nonce)
+    if not line.startswith(prefix):
         return None
     try:
-        bundle = json.loads(base64.b64decode(line[len(DISPLAY_MARKER):]))
+        bundle = json.loads(base64.b64decode(line[len(prefix):]))
     except (ValueError, TypeError):
         return None
     return bundle if isinstance(bundle, dict) else None

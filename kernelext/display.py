@@ -224,46 +224,119 @@ def _fmt_amount(name: str, v: float) -> str:
     return f"{v:g}"
 
 
+def _dashboard_link(fallback: str) -> str:
+    """The status page through the notebook server (``{base_url}lumos/...``) when the kernel
+    runs under one that serves it, else the head node's own URL ("" without a dashboard)."""
+    try:
+        from lumos.dashboard.notebook import dashboard_url
+        return dashboard_url("status")
+    except (RuntimeError, ValueError, ImportError, OSError) as e:
+        logger.debug("no dashboard link: %s", e)
+        return fallback
+
+
 class ClusterStatus:
-    """``%lumos status``: nodes, resources in use / total, object-store use, dashboard link."""
+    """The cluster card: what ``lumos.init()`` shows and ``%lumos status`` returns.
 
-    def __init__(self, nodes: list[dict[str, Any]], dashboard_url: str) -> None:
+    Like Dask's ``Client`` card: totals first (nodes, CPUs, GPUs, workers, memory,
+    object store, in human units), the per-node list folded below, and a dashboard link
+    that works from the browser (through the notebook server when there is one).
+    """
+
+    def __init__(self, nodes: list[dict[str, Any]], dashboard_url: str, address: str = "") -> None:
         self.nodes = nodes
-        self.dashboard_url = dashboard_url
+        self.dashboard_url = _dashboard_link(dashboard_url)
+        self.address = address
 
-    def _rows(self) -> list[tuple[str, str, str, str, str]]:
+    @classmethod
+    def current(cls, fallback_url: str = "", address: str = "") -> "ClusterStatus":
+        import lumos
+        nodes = lumos.state.list_nodes()
+        if not fallback_url:
+            fallback_url = next((n["dashboard_url"] for n in nodes if n.get("dashboard_url")), "") or ""
+        return cls(nodes, fallback_url, address)
+
+    # ------------------------------------------------------------------ numbers
+
+    def _alive(self) -> list[dict[str, Any]]:
+        return [n for n in self.nodes if n["state"] == "ALIVE"]
+
+    @staticmethod
+    def _used(n: dict[str, Any], key: str) -> float:
+        total = n["resources_total"].get(key, 0.0)
+        return max(total - n["resources_available"].get(key, total), 0.0)
+
+    def totals(self) -> dict[str, Any]:
+        alive = self._alive()
+        out: dict[str, Any] = {"nodes": len(alive), "nodes_dead": len(self.nodes) - len(alive)}
+        for key in ("CPU", "GPU", "memory"):
+            out[key] = sum(n["resources_total"].get(key, 0.0) for n in alive)
+            out[key + "_used"] = sum(self._used(n, key) for n in alive)
+        out["workers"] = sum(int(n.get("num_workers") or 0) for n in alive)
+        out["store_used"] = sum(n["object_store_used_bytes"] for n in alive)
+        out["store_capacity"] = sum(n["object_store_capacity_bytes"] for n in alive)
+        return out
+
+    def _summary(self) -> list[tuple[str, str]]:
+        t = self.totals()
+        rows = [("Nodes", f"{t['nodes']} alive" + (f", {t['nodes_dead']} dead" if t["nodes_dead"] else "")),
+                ("CPUs", f"{t['CPU']:g} ({t['CPU_used']:g} in use)")]
+        if t["GPU"]:
+            rows.append(("GPUs", f"{t['GPU']:g} ({t['GPU_used']:g} in use)"))
+        rows += [("Workers", f"{t['workers']}"),
+                 ("Memory", f"{fmt_bytes(t['memory'])} ({fmt_bytes(t['memory_used'])} reserved)"),
+                 ("Object store", f"{fmt_bytes(t['store_used'])} / {fmt_bytes(t['store_capacity'])}"
+                                  f" ({_pct(t['store_used'], t['store_capacity'])})")]
+        if self.address:
+            rows.append(("GCS address", self.address))
+        return rows
+
+    def _rows(self) -> list[tuple[str, str, str, str, str, str]]:
         rows = []
         for n in self.nodes:
-            total, avail = n["resources_total"], n["resources_available"]
+            total = n["resources_total"]
             res = []
             for k in sorted(total):
                 if k.startswith("node:") or k.startswith("accelerator_type:"):
                     continue
-                used = total[k] - avail.get(k, 0) if n["state"] == "ALIVE" else 0
+                used = self._used(n, k) if n["state"] == "ALIVE" else 0
                 res.append(f"{k} {_fmt_amount(k, used)}/{_fmt_amount(k, total[k])}")
-            store = (f"{fmt_bytes(n['object_store_used_bytes'])}/"
+            store = (f"{fmt_bytes(n['object_store_used_bytes'])} / "
                      f"{fmt_bytes(n['object_store_capacity_bytes'])}")
             rows.append((n["node_id"][:12] + (" (head)" if n["is_head_node"] else ""), n["node_ip"],
-                         n["state"], ", ".join(res), store))
+                         n["state"], ", ".join(res), str(int(n.get("num_workers") or 0)), store))
         return rows
 
+    # ------------------------------------------------------------------ renderings
+
     def __repr__(self) -> str:
-        lines = [f"lumos cluster: {len([n for n in self.nodes if n['state'] == 'ALIVE'])} node(s) alive"
-                 + (f", dashboard {self.dashboard_url}" if self.dashboard_url else "")]
-        for node, ip, state, res, store in self._rows():
-            lines.append(f"  {node} {ip} {state}: {res}; object store {store}")
+        lines = ["lumos cluster: " + " · ".join(f"{k.lower()} {v}" for k, v in self._summary())]
+        if self.dashboard_url:
+            lines.append(f"dashboard: {self.dashboard_url}")
+        for node, ip, state, res, workers, store in self._rows():
+            lines.append(f"  {node} {ip} {state}: {res}; {workers} workers; object store {store}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        link = (f"<a href='{html.escape(self.dashboard_url)}' target='_blank'>dashboard</a>"
-                if self.dashboard_url else "no dashboard")
+        e = html.escape
+        link = (f"<a href='{e(self.dashboard_url)}' target='_blank'>{e(self.dashboard_url)}</a>"
+                if self.dashboard_url else "<i>no dashboard</i>")
+        summary = "".join(f"<tr><th style='text-align:left;padding-right:1em'>{e(k)}</th>"
+                          f"<td style='text-align:left'>{e(v)}</td></tr>" for k, v in self._summary())
         body = "".join(
-            "<tr>" + "".join(f"<td style='text-align:left'>{html.escape(c)}</td>" for c in row) + "</tr>"
+            "<tr>" + "".join(f"<td style='text-align:left'>{e(c)}</td>" for c in row) + "</tr>"
             for row in self._rows())
-        return (f"<div class='lumos-status'><b>lumos</b> cluster — {link}"
-                f"<table><thead><tr><th>node</th><th>address</th><th>state</th>"
-                f"<th>resources (in use / total)</th><th>object store</th></tr></thead>"
-                f"<tbody>{body}</tbody></table></div>")
+        nodes = (f"<details class='lumos-nodes'><summary>Nodes ({len(self.nodes)})</summary>"
+                 f"<table><thead><tr><th>node</th><th>address</th><th>state</th>"
+                 f"<th>resources (in use / total)</th><th>workers</th><th>object store</th></tr></thead>"
+                 f"<tbody>{body}</tbody></table></details>")
+        return (f"<div class='lumos-status' style='font-size:13px'>"
+                f"<div><b>lumos</b> cluster · dashboard: {link}</div>"
+                f"<table style='margin:4px 0'>{summary}</table>{nodes}</div>")
+
+
+def _pct(used: float, total: float) -> str:
+    return f"{100.0 * used / total:.0f}%" if total else "0%"
 
 
 class SessionList:

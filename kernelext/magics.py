@@ -7,15 +7,17 @@ GPU panel) and ``display.py`` (rich displays).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
-from typing import Any
+from typing import Any, Iterator
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 import lumos
+from lumos.kernelext import tracebacks
 from lumos.kernelext.remote import RemoteCells
 
 _LUMOS_HELP = """%lumos COMMAND
@@ -57,7 +59,10 @@ class LumosMagics(Magics):
 
     @magic_arguments()
     @argument("--async", dest="async_", action="store_true",
-              help="return at once: assigned names become ObjectRefs; a live display shows progress")
+              help="return at once: names the cell assigns a value become ObjectRefs (not its imports, "
+                   "loop variables or defs); a live display shows progress")
+    @argument("--out", metavar="A,B", help="bring back only these names (default: what the cell assigns)")
+    @argument("--no-out", dest="no_out", action="store_true", help="bring back no names")
     @argument("--map", nargs="+", metavar="NAME=ITERABLE",
               help="run the cell once per element, in parallel (e.g. --map x=range(8))")
     @argument("--session", metavar="NAME", help="run in a persistent remote namespace (an actor)")
@@ -88,7 +93,9 @@ class LumosMagics(Magics):
             setattr(args, key, _unquote(getattr(args, key)))
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError("--timeout must be a positive number of seconds")
-        return self.cells.run(args, line, cell)
+        args.out = _out_names(_unquote(args.out), args.no_out)
+        with _short_errors():
+            return self.cells.run(args, line, cell)
 
     # ================================================================== %lumos
 
@@ -104,7 +111,8 @@ class LumosMagics(Magics):
         if handler is None:
             raise UsageError(f"%lumos {cmd}: unknown command; commands: init, status, shutdown, gpus, "
                              "sessions, close, dashboard, graph")
-        return handler(rest)
+        with _short_errors():
+            return handler(rest)
 
     def _cmd_init(self, rest: list[str]) -> Any:
         p = _Parser(prog="%lumos init")
@@ -133,18 +141,15 @@ class LumosMagics(Magics):
         self._require_init()
         from lumos._private import worker_context
         ctx = worker_context.context
-        url = getattr(ctx, "dashboard_url", "") or ""
-        nodes = lumos.state.list_nodes()
-        if not url:
-            url = next((n["dashboard_url"] for n in nodes if n.get("dashboard_url")), "") or ""
-        return ClusterStatus(nodes, url)
+        info = getattr(ctx, "address_info", None) or {}
+        return ClusterStatus.current(getattr(ctx, "dashboard_url", "") or "", str(info.get("gcs_address") or ""))
 
     def _cmd_shutdown(self, rest: list[str]) -> None:
         _Parser(prog="%lumos shutdown").parse(rest)
         from lumos.kernelext.display import flush_live_displays
         flush_live_displays(settle_s=5.0 if lumos.is_initialized() else 0.0)
         if self.panel is not None:
-            self.panel.close()
+            self.panel.close(keep_view=True)  # a Run All keeps the panel's last view
             self.panel = None
         if lumos.is_initialized():
             self.cells.sessions.close_all()
@@ -205,6 +210,31 @@ class LumosMagics(Magics):
     def _require_init() -> None:
         if not lumos.is_initialized():
             raise UsageError("lumos is not initialized; run %lumos init (or lumos.init()) first")
+
+
+@contextlib.contextmanager
+def _short_errors() -> Iterator[None]:
+    """Errors lumos raises on purpose in a magic (a bad flag, a value that cannot be sent)
+    show as their message, without the frames of the magic machinery."""
+    try:
+        yield
+    except tracebacks.MAGIC_ERRORS as e:
+        if tracebacks.deliberate(e):
+            tracebacks.message_only(e)
+        raise
+
+
+def _out_names(text: str | None, no_out: bool) -> list[str] | None:
+    """``--out a,b`` -> ``["a", "b"]``; ``--no-out`` -> ``[]``; neither -> None (the cell's own)."""
+    if text is None:
+        return [] if no_out else None
+    if no_out:
+        raise UsageError("--out and --no-out cannot be combined; pick one")
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if not n.isidentifier()]
+    if bad or not names:
+        raise UsageError(f"--out {text!r}: expected comma-separated names, e.g. --out model,loss")
+    return list(dict.fromkeys(names))
 
 
 class _Parser(argparse.ArgumentParser):

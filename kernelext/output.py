@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from lumos.kernelext.cell import DISPLAY_MARKER, END_MARKER, decode_display
+from lumos.kernelext.cell import decode_display, display_prefix, end_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +37,16 @@ OUT, ERR, DISPLAY, END, DONE = "out", "err", "display", "end", "done"
 
 
 class CellSink:
-    """Output of one cell run (one task, or several for ``--map``)."""
+    """Output of one cell run (one task, or several for ``--map``).
 
-    def __init__(self, labels: dict[bytes, str] | None = None) -> None:
+    Only lines that carry the run's ``nonce`` are display bundles or end markers; any
+    other line, whatever it starts with, is text the cell printed.
+    """
+
+    def __init__(self, nonce: str, labels: dict[bytes, str] | None = None) -> None:
+        self._display = display_prefix(nonce)
+        self._end = end_prefix(nonce)
+        self._nonce = nonce
         #: task id -> prefix for its lines ("" for a single task).
         self.labels = labels or {}
         self.queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -58,21 +65,26 @@ class CellSink:
         items: list[tuple[str, Any]] = []
         plain: list[str] = []
         for line in text.split("\n"):
-            if line.startswith("\ue000"):
-                if plain:
-                    items.append((ERR if is_stderr else OUT, "".join(plain)))
-                    plain = []
-                if line.startswith(DISPLAY_MARKER):
-                    bundle = decode_display(line)
+            if line.startswith("\ue000") and not is_stderr:
+                if line.startswith(self._display):
+                    bundle = decode_display(line, self._nonce)
                     if bundle is not None:
+                        if plain:
+                            items.append((OUT, "".join(plain)))
+                            plain = []
                         items.append((DISPLAY, bundle))
-                    continue
-                if line.startswith(END_MARKER):
+                        continue
+                elif line.startswith(self._end):
                     try:
-                        items.append((END, int(line[len(END_MARKER):])))
+                        index = int(line[len(self._end):])
                     except ValueError:
-                        pass
-                    continue
+                        index = None
+                    if index is not None:
+                        if plain:
+                            items.append((OUT, "".join(plain)))
+                            plain = []
+                        items.append((END, index))
+                        continue
             plain.append(prefix + line + "\n")
         if plain:
             items.append((ERR if is_stderr else OUT, "".join(plain)))

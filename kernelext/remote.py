@@ -27,6 +27,7 @@ from lumos.kernelext import cell as cellmod
 from lumos.kernelext.cell import CellMeta, CellSpec, ModuleByName, NotShipped, Shipper, _Deleted, _Unset
 from lumos.kernelext.display import LiveDisplay, flush_live_displays
 from lumos.kernelext.output import ROUTER, CellSink
+from lumos.kernelext.tracebacks import CellInterrupted
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,8 @@ class _Run:
     map_name: str | None
     title: str
     futures: list[Any] = field(default_factory=list)
+    #: the --session the cell runs in (its actor's running call cannot be interrupted)
+    session: str | None = None
 
 
 class RemoteCells:
@@ -116,9 +119,9 @@ class RemoteCells:
 
     def _run(self, args: Any, line: str, body: str) -> Any:
         if not lumos.is_initialized():
-            lumos.init()
+            self._auto_init()
         ROUTER.install()
-        n = self.shell.execution_count
+        n = self.cell_number()
         self._runs += 1
         # unique per run (cells run without history share a count), so remote linecache
         # entries never mix two versions of a cell
@@ -141,10 +144,11 @@ class RemoteCells:
         ns = self.shell.user_ns
         reads = self.readable(analysis.reads, exclude={map_name} if map_name else None)
         inline, ref_names, refs = self.ship(reads)
-        spec = CellSpec(source, display_source, filename, 1, analysis.assigns, analysis.last_expr,
+        assigns = outputs(args, analysis)
+        spec = CellSpec(source, display_source, filename, 1, assigns, analysis.last_expr,
                         analysis.quiet, ref_names)
-        runner = _remote_runner().options(num_returns=1 + len(analysis.assigns), **options)
-        sink = CellSink()
+        runner = _remote_runner().options(num_returns=1 + len(assigns), **options)
+        sink = CellSink(spec.nonce)
         run_refs: list[list[Any]] = []
         if map_name is None:
             out = runner.remote(spec, inline, *refs)
@@ -161,11 +165,44 @@ class RemoteCells:
                 sink.labels[tid] = f"[{i}] "
             ROUTER.register(tid, sink)
         run = _Run(spec, run_refs, sink, map_name, title)
-        self.last = RunRecord(options, reads, analysis.assigns, [r for rs in run_refs for r in rs],
+        self.last = RunRecord(options, reads, assigns, [r for rs in run_refs for r in rs],
                               self.shipper.last)
         if args.async_:
             return self._finish_async(run, args.timeout, ns)
         return self._finish_sync(run, args.timeout, ns)
+
+    def cell_number(self) -> int:
+        """The ``In[n]`` of the cell running now, as IPython's own tracebacks name it.
+
+        ``shell.execution_count`` is not it: IPython 9 increments it before the cell runs
+        (and only for cells stored in the history). The cell's code object carries the
+        file name IPython compiled it under, which its compiler maps to the number.
+        """
+        names = getattr(getattr(self.shell, "compile", None), "_filename_map", None)
+        if isinstance(names, dict):
+            frame = sys._getframe(1)
+            while frame is not None:
+                n = names.get(frame.f_code.co_filename)
+                if isinstance(n, int):
+                    return n
+                frame = frame.f_back
+        return int(self.shell.execution_count)
+
+    @staticmethod
+    def _auto_init() -> None:
+        """The first cell without ``lumos.init()``: a private cluster, said in one line.
+
+        Never after a failed ``init(address=...)``: the user meant that cluster, and cells
+        quietly running on a private one instead would be worse than an error.
+        """
+        from lumos import api
+        if api.failed_connect is not None:
+            raise ConnectionError(f"lumos is not connected: {api.failed_connect}. Run %lumos init --address "
+                                  "ADDRESS again, or %lumos init (no address) for a private cluster")
+        lumos.init()
+        cpus = lumos.cluster_resources().get("CPU", 0)
+        sys.stderr.write(f"lumos: started a private cluster for this kernel ({cpus:g} CPUs); "
+                         "%lumos init --address auto joins a running one instead\n")
 
     # ================================================================== options
 
@@ -287,7 +324,13 @@ class RemoteCells:
                     lumos.cancel(r)
                 except Exception as e:  # the task may have finished meanwhile
                     logger.debug("cancel after Ctrl-C: %s", e)
-            raise
+            run.sink.go_late(None, None)  # a cancelled cell's last lines are dropped
+            if run.session is not None:
+                raise CellInterrupted(
+                    f"{run.title} interrupted; if it had started it runs to its end in the session "
+                    f"(%lumos close {run.session} ends the session and the cell)") from None
+            what = "its remote task was" if len(metas) == 1 else f"its {len(metas)} remote tasks were"
+            raise CellInterrupted(f"{run.title} interrupted; {what} cancelled") from None
         if not all(f.done() for f in futures):
             for r in metas:
                 try:
@@ -417,6 +460,14 @@ class RemoteCells:
         return None
 
 
+def outputs(args: Any, analysis: cellmod.CellAnalysis) -> list[str]:
+    """The names a cell brings back: ``--out``/``--no-out``, else what it assigns (an
+    ``--async`` cell: only names it gives a value, since each becomes an ObjectRef)."""
+    if getattr(args, "out", None) is not None:
+        return list(args.out)
+    return list(analysis.values) if args.async_ else list(analysis.assigns)
+
+
 def _local_value(name: str, value: Any) -> Any:
     if isinstance(value, ModuleByName):
         return value.load()
@@ -445,7 +496,7 @@ def _clean_traceback(text: str, filename: str) -> str:
         skipping = False
         m = _CELL_FRAME.match(line)
         if m:
-            line = f"  Cell {m.group(1)}, line {m.group(2)}{m.group(3)}\n"
+            line = f"  Cell {m.group(1)}, line {m.group(2)}{m.group(3) or ''}\n"
         out.append(line)
     return "".join(out)
 

@@ -149,6 +149,9 @@ class Sessions:
         cells = self._cells
         if args.map:
             raise ValueError("--map cannot be combined with --session (a session runs one cell at a time)")
+        if getattr(args, "out", None) is not None:
+            raise ValueError("--out/--no-out do not apply to a --session cell: its names stay in the "
+                             "session; bring some back with --pull NAME")
         if args.async_ and args.pull:
             raise ValueError("--pull needs the cell to finish; drop --async or pull in a later cell")
         explicit = any(getattr(args, k) is not None for k in ("num_cpus", "num_gpus", "memory", "resources",
@@ -164,11 +167,11 @@ class Sessions:
         spec = CellSpec(source, display_source, filename, 1, [], analysis.last_expr, analysis.quiet,
                         ref_names, pull=list(args.pull or []))
         ref = session.handle.run.remote(spec, inline, *refs)
-        sink = CellSink()
+        sink = CellSink(spec.nonce)
         ROUTER.register(ref.task_id().binary(), sink)
         session.cells += 1
         session.defined |= set(analysis.assigns) | set(push)
-        run = _Run(spec, [[ref]], sink, None, f"{title} in session {session.name}")
+        run = _Run(spec, [[ref]], sink, None, f"{title} in session {session.name}", session=session.name)
         from lumos.kernelext.remote import RunRecord
         cells.last = RunRecord({"session": session.name, **session.options}, reads + push, analysis.assigns,
                                [ref], cells.shipper.last)

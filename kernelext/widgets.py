@@ -7,7 +7,10 @@ number of GPUs (fractions below 1 share a GPU), node, strategy, and a button tha
 reserves N GPUs as a placement group for this notebook.
 
 A ``lumos-gpu-panel`` thread refreshes the node rows every ``refresh_s`` seconds until
-the panel is closed (``%lumos gpus`` again, ``%lumos shutdown``, or ``panel.close()``).
+the panel is closed (``%lumos gpus`` again or ``panel.close()``). ``%lumos shutdown``
+freezes it instead (``close(keep_view=True)``): a notebook run top to bottom keeps the
+panel's last view rather than an empty output. "Reserve GPUs" is disabled while the
+cluster has no GPUs.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from typing import Any
 import lumos
 
 logger = logging.getLogger(__name__)
+
+_CELL = "text-align:left;vertical-align:top;padding:2px 14px 2px 0"
 
 
 def local_gpu_models() -> list[dict[str, Any]]:
@@ -142,9 +147,17 @@ class GpuPanel:
         return {"num_gpus": d.num_gpus or 0, "node": d.node or None, "strategy": d.strategy or "DEFAULT",
                 "placement_group": getattr(getattr(d.placement_group, "id", None), "hex", lambda: None)()}
 
-    def close(self) -> None:
+    def close(self, keep_view: bool = False) -> None:
+        """Stop refreshing; remove the panel, or with ``keep_view`` leave its last state
+        on show with the controls disabled (the cluster is gone)."""
         self._closed.set()
-        self.widget.close()
+        if not keep_view:
+            self.widget.close()
+            return
+        for control in (self.num_gpus, self.node, self.strategy, self.reserve_count, self.reserve_button,
+                        self.release_button):
+            control.disabled = True
+        self._render_summary("the cluster was shut down: this panel no longer updates")
 
     # ------------------------------------------------------------------ controls
 
@@ -220,6 +233,12 @@ class GpuPanel:
                 self.node.options = options
                 self.node.value = current if current in [v for _, v in options] else ""
             self.nodes_html.value = self._nodes_table(nodes, holders)
+            total = sum(n["resources_total"].get("GPU", 0) for n in nodes)
+            if not self._closed.is_set():
+                self.reserve_button.disabled = total < 1
+                self.reserve_button.tooltip = ("reserve N GPUs as a placement group for this notebook" if total >= 1
+                                               else "this cluster has no GPUs to reserve")
+                self.reserve_count.max = max(1, int(total))
 
     def _nodes_table(self, nodes: list[dict[str, Any]], holders: dict[str, list[dict[str, Any]]]) -> str:
         rows = []
@@ -238,8 +257,10 @@ class GpuPanel:
                 gpus.append(f"+{total - int(total):g} GPU (declared)")
             held = holders.get(n["node_id"], [])
             who = ", ".join(f"{html.escape(str(h['name']))} ({h['kind']}, {h['GPU']:g} GPU)" for h in held)
-            rows.append(f"<tr><td><code>{n['node_id'][:12]}</code> {html.escape(n['node_ip'])}</td>"
-                        f"<td>{'<br>'.join(gpus) or 'no GPUs'}</td>"
-                        f"<td>{total - free:g}/{total:g} in use</td><td>{who or '—'}</td></tr>")
-        return ("<table class='lumos-gpus'><thead><tr><th>node</th><th>GPUs</th><th>use</th><th>held by</th>"
-                f"</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+            cells = (f"<code>{n['node_id'][:12]}</code> {html.escape(n['node_ip'])}", "<br>".join(gpus) or "no GPUs",
+                     f"{total - free:g}/{total:g} in use", who or "—")
+            rows.append("<tr>" + "".join(f"<td style='{_CELL}'>{c}</td>" for c in cells) + "</tr>")
+        # Header and rows share one alignment (a th is centred by default, a td is not).
+        head = "".join(f"<th style='{_CELL};font-weight:bold'>{h}</th>" for h in ("node", "GPUs", "use", "held by"))
+        return (f"<table class='lumos-gpus' style='border-collapse:collapse'><thead><tr>{head}</tr></thead>"
+                f"<tbody>{''.join(rows)}</tbody></table>")

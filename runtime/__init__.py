@@ -18,7 +18,7 @@ from lumos import exceptions, state, util
 from lumos.actor import ActorClass, ActorHandle, get_actor, kill, method
 from lumos.api import (LumosContext, available_resources, cancel, cluster_resources, get, get_gpu_ids, init,
                        is_initialized, nodes, put, shutdown, timeline, wait)
-from lumos.generator import ObjectRefGenerator
+from lumos.generator import DynamicObjectRefGenerator, ObjectRefGenerator
 from lumos.object_ref import ObjectRef
 from lumos.progress import progress
 from lumos.remote_function import RemoteFunction
@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "shutdown", "is_initialized", "remote", "kill", "get_actor", "method", "ActorHandle", "ActorClass", "get", "put", "wait", "cancel", "nodes",
     "cluster_resources", "available_resources", "get_gpu_ids", "get_runtime_context", "timeline",
-    "ObjectRef", "ObjectRefGenerator", "progress", "LumosContext", "exceptions", "state", "util", "load_ipython_extension", "__version__",
+    "ObjectRef", "ObjectRefGenerator", "DynamicObjectRefGenerator", "progress", "LumosContext", "exceptions", "state", "util", "load_ipython_extension", "__version__",
 ]
 
 
@@ -50,9 +50,46 @@ def remote(*args: Any, **options: Any) -> Any:
 
 
 def _make_remote(target: Any, options: dict[str, Any]) -> Any:
+    import inspect
     if isinstance(target, type):
         return ActorClass(target, options)
-    return RemoteFunction(target, options)
+    # As in Ray: a function (or a Cython one), never another callable (an instance with
+    # __call__, a bound method, a functools.partial), whose state would be copied silently.
+    if inspect.isfunction(target) or type(target).__name__ == "cython_function_or_method":
+        return RemoteFunction(target, options)
+    raise TypeError(f"@lumos.remote must be applied to a function or a class, not {type(target).__name__!r}; "
+                    "for a callable object, wrap it in a function or make its class an actor")
+
+
+#: Ray's public names lumos does not have, and what to use instead (docs/ray-compatibility.md).
+_NOT_IN_LUMOS = {
+    "ActorClassID": "ids are hex strings in lumos (get_runtime_context().get_actor_id())",
+    "ActorID": "ids are hex strings in lumos (get_runtime_context().get_actor_id())",
+    "FunctionID": "ids are hex strings in lumos",
+    "JobID": "ids are hex strings in lumos (get_runtime_context().get_job_id())",
+    "NodeID": "ids are hex strings in lumos (get_runtime_context().get_node_id())",
+    "ObjectID": "use ObjectRef (ref.hex() for its id)",
+    "PlacementGroupID": "use lumos.util.placement_group.PlacementGroupID",
+    "TaskID": "ids are hex strings in lumos (get_runtime_context().get_task_id())",
+    "UniqueID": "ids are hex strings in lumos",
+    "WorkerID": "ids are hex strings in lumos (get_runtime_context().get_worker_id())",
+    "ClientBuilder": "Ray Client is not part of lumos; join with lumos.init(address='lumos://HOST:PORT')",
+    "client": "Ray Client is not part of lumos; join with lumos.init(address='lumos://HOST:PORT')",
+    "Language": "lumos runs Python only",
+    "cpp_function": "lumos runs Python only",
+    "java_function": "lumos runs Python only",
+    "java_actor_class": "lumos runs Python only",
+    "LoggingConfig": "worker logs go to the session's logs directory and output to the driver; "
+                     "lumos.init(log_to_driver=False) turns the latter off",
+    "SCRIPT_MODE": "lumos has no worker modes; lumos._private.worker_context.is_worker tells a worker",
+    "WORKER_MODE": "lumos has no worker modes; lumos._private.worker_context.is_worker tells a worker",
+    "autoscaler": "lumos does not autoscale; add nodes with `lumos start --address HOST:PORT`",
+    "data": "Ray Data is a separate library, not part of lumos; use tasks, actors and lumos.util.multiprocessing",
+    "internal": "Ray's internal API is not part of lumos; use lumos.state for cluster state",
+    "widgets": "lumos's notebook displays come with %load_ext lumos",
+    "workflow": "Ray Workflows is not part of lumos; use tasks with max_retries and actors with checkpoints",
+    "_config": "lumos's settings are init(_system_config={...}) and LUMOS_* environment variables",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -60,6 +97,9 @@ def __getattr__(name: str) -> Any:
     if name in ("dashboard", "kernelext"):
         import importlib
         return importlib.import_module(f"lumos.{name}")
+    if name in _NOT_IN_LUMOS:
+        raise AttributeError(f"module 'lumos' has no attribute {name!r}: Ray's ray.{name} is not "
+                             f"implemented in lumos; {_NOT_IN_LUMOS[name]}")
     raise AttributeError(f"module 'lumos' has no attribute {name!r}")
 
 

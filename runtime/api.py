@@ -21,8 +21,9 @@ from lumos._private import worker_context, working_dir
 from lumos._private.config import Config
 from lumos._private.core_worker.core_worker import DRIVER, CoreWorker
 from lumos._private.ids import random_id, return_object_id
-from lumos._private.node import (CURRENT_CLUSTER, NodeProcesses, default_store_bytes, new_session_dir,
-                                 node_resources)
+from lumos._private.node import (NodeProcesses, default_store_bytes, find_local_token, new_session_dir,
+                                 node_resources, read_current_cluster)
+from lumos._private.process import read_private_file
 from lumos._private.protocol import auth
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import parse_address
@@ -57,14 +58,12 @@ class LumosContext:
                 f"node_id={self.address_info.get('node_id')!r}, dashboard_url={self.dashboard_url!r})")
 
     def _repr_html_(self) -> str:
-        from html import escape
-        res = cluster_resources() if is_initialized() else {}
-        rows = "".join(f"<tr><td>{escape(str(k))}</td><td>{escape(str(v))}</td></tr>"
-                       for k, v in sorted(res.items()) if not k.startswith("node:"))
-        link = (f"<a href='{escape(self.dashboard_url)}' target='_blank'>dashboard</a>"
-                if self.dashboard_url else "no dashboard")
-        return (f"<div><b>lumos</b> cluster at <code>{escape(str(self.address_info.get('gcs_address')))}</code>"
-                f" — {link}<table>{rows}</table></div>")
+        """The cluster card (``%lumos status``); only a notebook front end asks for it."""
+        if not is_initialized():
+            return "<div><b>lumos</b> cluster (disconnected)</div>"
+        from lumos.kernelext.display import ClusterStatus
+        card = ClusterStatus.current(self.dashboard_url, str(self.address_info.get("gcs_address") or ""))
+        return str(card._repr_html_())
 
 
 def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus: float | None = None,
@@ -99,6 +98,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
         >>> import lumos as ray
         >>> ray.init(num_cpus=2)
     """
+    global failed_connect
     with worker_context.lock:
         if worker_context.core_worker is not None:
             if worker_context.is_worker or ignore_reinit_error:
@@ -134,14 +134,24 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
             if any(v is not None for v in (num_cpus, num_gpus, resources, object_store_memory)):
                 raise ValueError("num_cpus, num_gpus, resources and object_store_memory describe a new "
                                  "cluster; they cannot be given when connecting to an existing one")
-            ctx = _connect(config, address, namespace or "", _token, job_env, job_package)
+            try:
+                ctx = _connect(config, address, namespace or "", _token, job_env, job_package)
+            except BaseException as e:
+                failed_connect = f"lumos.init(address={address!r}) failed: {type(e).__name__}: {e}"
+                raise
+        failed_connect = None
         worker_context.context = ctx
         return ctx
 
 
+#: Why the last ``init(address=...)`` failed (None after a successful ``init``): the
+#: notebook extension then refuses to start a private cluster in its place.
+failed_connect: str | None = None
+
+
 _IGNORED_INIT_ARGS = {"logging_level", "logging_format", "configure_logging", "local_mode",
                       "_temp_dir", "job_config", "_plasma_directory", "_enable_object_reconstruction",
-                      "log_to_driver", "_metrics_export_port", "storage"}
+                      "log_to_driver", "_metrics_export_port", "storage", "logging_config"}
 
 
 def _hint(value: Any) -> str:
@@ -235,31 +245,33 @@ def _connect(config: Config, address: str, namespace: str, token_arg: str | None
     token_text = token_arg or os.environ.get("LUMOS_CLUSTER_TOKEN")
     session_hint = None
     if address == "auto":
-        try:
-            with open(CURRENT_CLUSTER) as f:
-                current = json.load(f)
-        except (OSError, ValueError):
+        # Only this user's private record counts (another user could plant one pointing
+        # at their own GCS); an unsafe root raises with what to do.
+        current = read_current_cluster()
+        if current is None or "gcs_address" not in current:
             raise ConnectionError("no lumos cluster was started on this machine "
-                                  "(run `lumos start --head` first, or call lumos.init() with no address)") from None
+                                  "(run `lumos start --head` first, or call lumos.init() with no address)")
         address = current["gcs_address"]
         session_hint = current.get("session_dir")
-    elif os.path.exists(CURRENT_CLUSTER):
+    else:
         try:
-            with open(CURRENT_CLUSTER) as f:
-                current = json.load(f)
-            if current.get("gcs_address") == address:
-                session_hint = current.get("session_dir")
-        except (OSError, ValueError):
-            pass
+            current = read_current_cluster()
+        except OSError:
+            current = None
+        if current is not None and current.get("gcs_address") == address:
+            session_hint = current.get("session_dir")
     if token_text is None and session_hint:
         try:
-            with open(os.path.join(session_hint, "token"), "rb") as f:
-                token_text = f.read().decode().strip()
-        except OSError:
+            token_text = read_private_file(os.path.join(session_hint, "token")).decode().strip()
+        except (OSError, UnicodeDecodeError):
             pass
+    looked = ""
+    if token_text is None and "://" not in address:
+        token_text, looked = find_local_token(address)  # a cluster this user started here
     if not token_text:
         raise ConnectionError(f"connecting to {address} needs the cluster token: pass _token=... or set "
-                              "LUMOS_CLUSTER_TOKEN (see `lumos status` on the head node)")
+                              "LUMOS_CLUSTER_TOKEN (see `lumos status` on the head node)"
+                              + (f"; {looked}" if looked else ""))
     token = token_text.encode()
     gcs_address = parse_address(address)
     nodes = _fetch_nodes(config, token, gcs_address)
@@ -281,7 +293,6 @@ def _connect(config: Config, address: str, namespace: str, token_arg: str | None
 
 
 def _fetch_nodes(config: Config, token: bytes, gcs_address: Any) -> list[m.NodeInfo]:
-    import asyncio
     from lumos._private.transport.connection import ConnectionLost, connect
     where = f"{gcs_address[0]}:{gcs_address[1]}" if isinstance(gcs_address, tuple) else gcs_address
 
@@ -298,7 +309,7 @@ def _fetch_nodes(config: Config, token: bytes, gcs_address: Any) -> list[m.NodeI
             conn.close()
 
     try:
-        return _run_off_loop(ask())
+        return _run_on_own_loop(ask, config.connect_timeout_s + config.rpc_timeout_s + 5)
     except ConnectionError as e:
         if "authentication" in str(e):
             raise
@@ -307,17 +318,29 @@ def _fetch_nodes(config: Config, token: bytes, gcs_address: Any) -> list[m.NodeI
         raise ConnectionError(f"cannot reach the lumos GCS at {where}: {e or type(e).__name__}") from None
 
 
-def _run_off_loop(coro: Any) -> Any:
-    """``asyncio.run(coro)``, on a helper thread when this thread already runs a loop (a
-    notebook cell: ipykernel's loop is running while it executes, so ``asyncio.run`` raises)."""
-    import asyncio
+def _run_on_own_loop(make_coro: Callable[[], Any], timeout_s: float) -> Any:
+    """Run ``make_coro()`` on a new loop in a ``lumos-connect`` thread and wait for it.
+
+    ``init()`` runs before the core worker (and its ``lumos-io`` loop) exists, and the
+    caller's thread may be running a loop of its own (a notebook cell runs inside
+    ipykernel's), where ``asyncio.run`` refuses to start.
+    """
     import concurrent.futures
+    import threading
+    from lumos._private.transport import eventloop
+    result: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def main() -> None:
+        try:
+            result.set_result(eventloop.run(make_coro()))
+        except BaseException as e:  # handed to the caller
+            result.set_exception(e)
+
+    threading.Thread(target=main, name="lumos-connect", daemon=True).start()
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lumos-init") as pool:
-        return pool.submit(asyncio.run, coro).result()
+        return result.result(timeout_s)
+    except concurrent.futures.TimeoutError:
+        raise TimeoutError(f"no answer within {timeout_s:.0f}s") from None
 
 
 _exit_registered = False
@@ -326,8 +349,25 @@ _exit_registered = False
 def _register_exit_handler() -> None:
     global _exit_registered
     if not _exit_registered:
-        atexit.register(shutdown)
+        atexit.register(_at_exit)
         _exit_registered = True
+
+
+def _at_exit() -> None:
+    """At interpreter exit: let the calls the script submitted last run and their output
+    arrive (as in Ray, ``f.remote()`` as a script's last line runs), within
+    ``exit_drain_timeout_s``; then shut down."""
+    cw = worker_context.core_worker
+    if cw is not None and not worker_context.is_worker and cw.config.exit_drain_timeout_s > 0:
+        timeout_s = cw.config.exit_drain_timeout_s
+        try:
+            left = cw.drain_at_exit(timeout_s)
+        except KeyboardInterrupt:
+            left = 0  # Ctrl-C at exit: stop waiting
+        if left:
+            sys.stderr.write(f"lumos: {left} task(s) or actor call(s) this script submitted had not finished "
+                             f"{timeout_s:g}s after it ended (exit_drain_timeout_s); they are abandoned\n")
+    shutdown()
 
 
 def shutdown() -> None:
@@ -455,9 +495,10 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
 # ------------------------------------------------------------------------- cluster
 
 
-def get_node_ip_address() -> str:
+def get_node_ip_address(address: str | None = None) -> str:
     """The IP address of this process's node (the address lumos binds to), or of this
-    machine when lumos is not initialized."""
+    machine when lumos is not initialized. ``address`` (Ray's: an address to route
+    towards) is not used."""
     cw = worker_context.core_worker
     if cw is not None:
         return cw.node_ip  # type: ignore[no-any-return]
@@ -503,8 +544,9 @@ def available_resources() -> dict[str, float]:
         for k, v in source.items():
             if v > 0:
                 avail[k] = avail.get(k, 0) + v
-        free = n.store_capacity_bytes - (local["store"]["used_bytes"] if n.node_id == cw.node_id
-                                         else n.store_used_bytes)
+        # Pooled free slots (kept for reuse, given up when room is needed) count as free.
+        local_used = local["store"]["used_bytes"] - local["store"].get("pool_bytes", 0)
+        free = n.store_capacity_bytes - (local_used if n.node_id == cw.node_id else n.store_used_bytes)
         avail["object_store_memory"] = avail.get("object_store_memory", 0) + max(free, 0)
     return avail
 

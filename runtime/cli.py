@@ -2,14 +2,16 @@
 
 ```
 lumos start --head [--port P] ...        GCS + raylet, detached; writes current_cluster.json
-lumos start --address H:P --token T      a raylet that joins the GCS at H:P
-lumos status [--address H:P --token T]   nodes, resources (available/total), dashboard
+lumos start --address H:P --token-file F a raylet that joins the GCS at H:P
+lumos status [--address H:P]             nodes, resources (available/total), dashboard
 lumos stop                               ends what `lumos start` started on this machine
 lumos demo [WORKLOAD]                    the paper's workloads on a private local cluster (--list)
+lumos slurm --nodes N ...                a cluster as a Slurm batch job (lumos.launch.slurm)
+lumos kubernetes manifest|probe          Kubernetes manifests and readiness probe (lumos.launch.kubernetes)
 ```
-Every node ``lumos start`` starts is recorded under ``/tmp/lumos_sessions/started/``
-(pids with their start times); ``lumos stop`` signals exactly those processes, never
-anything found by name.
+Every node ``lumos start`` starts is recorded under ``<root>/started/`` (pids with
+their start times; the root is private to this user, see ``lumos._private.node``);
+``lumos stop`` signals exactly those processes, never anything found by name.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     start = sub.add_parser("start", help="start a head node, or a node that joins a cluster")
     start.add_argument("--head", action="store_true", help="start the GCS and this node's raylet")
     start.add_argument("--address", default=None, help="HOST:PORT of the head's GCS to join")
-    start.add_argument("--token", default=None, help="the cluster token (printed by `lumos start --head`)")
+    _token_options(start)
     start.add_argument("--port", type=int, default=DEFAULT_PORT, help="GCS port of a head node (0: any free)")
     start.add_argument("--node-ip-address", default="127.0.0.1",
                        help="address this node listens on and advertises (default 127.0.0.1)")
@@ -78,8 +80,10 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--no-dashboard", dest="no_dashboard", action="store_true")
     start.add_argument("--dashboard-host", default="127.0.0.1")
     start.add_argument("--dashboard-port", type=int, default=8265)
-    start.add_argument("--gcs-storage", default="memory",
-                       help="GCS storage: memory (Redis-backed storage is not available yet)")
+    start.add_argument("--gcs-storage", default=None, metavar="URL",
+                       help="where the GCS keeps its tables: memory (default), or "
+                            "redis://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...] (sharded over the servers "
+                            "listed; a restarted GCS recovers its tables)")
     start.add_argument("--system-config", default=None, help="JSON overrides of lumos Config fields")
     start.add_argument("--block", action="store_true", help="stay in the foreground; Ctrl-C stops the node")
     start.set_defaults(func=cmd_start)
@@ -90,10 +94,46 @@ def _parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="nodes of the cluster and their resources")
     status.add_argument("--address", default=None, help="HOST:PORT of the GCS (default: this machine's)")
-    status.add_argument("--token", default=None)
+    _token_options(status)
     status.add_argument("--json", action="store_true", help="print machine-readable JSON")
     status.set_defaults(func=cmd_status)
+    _add_launch_commands(sub)
     return p
+
+
+def _token_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--token-file", default=None, metavar="PATH",
+                   help="file holding the cluster token (the head's <session>/token); "
+                        "or set LUMOS_CLUSTER_TOKEN")
+    p.add_argument("--token", default=None,
+                   help="the cluster token itself; visible to every local user in /proc: "
+                        "prefer --token-file or LUMOS_CLUSTER_TOKEN")
+
+
+def _token_arg(args: argparse.Namespace) -> str | None:
+    """The cluster token from ``--token-file``, ``--token`` or ``LUMOS_CLUSTER_TOKEN``, or None."""
+    if args.token_file and args.token:
+        raise _CliError("give the token once: --token-file or --token, not both")
+    if args.token_file:
+        import stat
+        try:
+            with open(args.token_file, "rb") as f:
+                mode = os.fstat(f.fileno()).st_mode
+                text = f.read(4096).decode().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise _CliError(f"cannot read the token file {args.token_file}: {e}") from None
+        if not text:
+            raise _CliError(f"the token file {args.token_file} is empty")
+        if mode & 0o077:
+            print(f"lumos {args.command}: warning: the token file {args.token_file} is readable by other "
+                  f"users (mode {stat.S_IMODE(mode):o}); run `chmod 600 {args.token_file}`", file=sys.stderr)
+        return text
+    if args.token:
+        print(f"lumos {args.command}: warning: --token puts the cluster token on the command line, where every "
+              "local user can read it (/proc/PID/cmdline); use --token-file PATH or LUMOS_CLUSTER_TOKEN",
+              file=sys.stderr)
+        return str(args.token)
+    return os.environ.get("LUMOS_CLUSTER_TOKEN") or None
 
 
 # ----------------------------------------------------------------------------- demo
@@ -176,8 +216,8 @@ def _json_arg(text: str | None, what: str) -> dict[str, Any]:
 
 def cmd_start(args: argparse.Namespace) -> int:
     from lumos._private.config import Config
-    from lumos._private.node import (CURRENT_CLUSTER, NodeProcesses, default_store_bytes, new_session_dir,
-                                     node_resources, process_identity, record_started_node)
+    from lumos._private.node import (NodeProcesses, default_store_bytes, new_session_dir, node_resources,
+                                     process_identity, record_started_node, write_current_cluster)
     from lumos._private.protocol import auth
 
     if args.head == bool(args.address):
@@ -191,17 +231,19 @@ def cmd_start(args: argparse.Namespace) -> int:
                         ("--object-store-memory", args.object_store_memory), ("--memory", args.memory)):
         if value is not None and value < 0:
             raise _CliError(f"{name} must be >= 0, got {value}")
-    try:
-        config = Config.resolve(_json_arg(args.system_config, "--system-config"))
-        res = node_resources(args.num_cpus, args.num_gpus, resources, args.memory)
-    except (ValueError, TypeError) as e:
-        raise _CliError(str(e)) from None
-    if args.gcs_storage != "memory":
+    overrides = _json_arg(args.system_config, "--system-config")
+    if args.gcs_storage is not None:
         from lumos._private.gcs.storage import check_storage_url
         try:
             check_storage_url(args.gcs_storage)
         except ValueError as e:
             raise _CliError(f"--gcs-storage: {e}") from None
+        overrides = {**overrides, "gcs_storage": args.gcs_storage}
+    try:
+        config = Config.resolve(overrides)
+        res = node_resources(args.num_cpus, args.num_gpus, resources, args.memory)
+    except (ValueError, TypeError) as e:
+        raise _CliError(str(e)) from None
     ip = args.node_ip_address
     res[f"node:{ip}"] = 1.0
 
@@ -212,9 +254,10 @@ def cmd_start(args: argparse.Namespace) -> int:
                             "run `lumos stop` first")
         token = auth.new_token().hex().encode()
     else:
-        token_text = args.token or os.environ.get("LUMOS_CLUSTER_TOKEN")
+        token_text = _token_arg(args)
         if not token_text:
-            raise _CliError("joining a cluster needs its token: --token TOKEN (printed by `lumos start --head`)")
+            raise _CliError("joining a cluster needs its token: --token-file PATH (a copy of the head's token "
+                            "file, printed by `lumos start --head`) or LUMOS_CLUSTER_TOKEN")
         token = token_text.strip().encode()
         from lumos._private.transport.connection import parse_address
         try:
@@ -232,7 +275,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         if args.head:
             res["node:__internal_head__"] = 1.0
             node.start_gcs_and_raylet(resources=res, store_bytes=store, host=ip, gcs_port=args.port,
-                                      private=False, storage=args.gcs_storage, labels=labels)
+                                      private=False, labels=labels)
             assert node.gcs_address is not None
             gcs_address = f"{node.gcs_address[0]}:{node.gcs_address[1]}"
             if not args.no_dashboard:
@@ -261,8 +304,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     record_started_node(record)
     if args.head or _live_head() is None:
         # ``lumos.init(address="auto")`` on this machine reads this file (and the token file).
-        from lumos._private.process import write_private_file
-        write_private_file(CURRENT_CLUSTER, json.dumps(record, indent=1).encode())
+        write_current_cluster(record)
     _print_started(args, record, token.decode())
     if args.block:
         return _block(node, record)
@@ -295,16 +337,19 @@ def _print_started(args: argparse.Namespace, record: dict[str, Any], token: str)
         print("\nTo connect from Python on this machine:\n"
               "    import lumos\n"
               "    lumos.init(address=\"auto\")\n"
-              "\nTo join another node (run on that machine):\n"
-              f"    lumos start --address {addr} --token {token}\n"
-              "\nFrom a driver elsewhere (that machine must run a node):\n"
-              f"    lumos.init(address=\"{addr}\", _token=\"{token}\")   # or LUMOS_CLUSTER_TOKEN\n"
-              f"\nThe token is also in {record['token_path']}.")
+              "\nTo join another node (run on that machine, with a copy of the token file, mode 600):\n"
+              f"    lumos start --address {addr} --token-file PATH\n"
+              "  or with the token in the environment (not on a command line, where other users see it):\n"
+              f"    export LUMOS_CLUSTER_TOKEN={token}\n"
+              f"    lumos start --address {addr}\n"
+              "\nFrom a driver elsewhere (that machine must run a node), with LUMOS_CLUSTER_TOKEN set:\n"
+              f"    lumos.init(address=\"{addr}\")\n"
+              f"\nThe token is in {record['token_path']}.")
     print("Stop with `lumos stop`; inspect with `lumos status`.")
 
 
 def _block(node: Any, record: dict[str, Any]) -> int:
-    from lumos._private.node import STARTED_DIR, stop_recorded_node
+    from lumos._private.node import started_dir, stop_recorded_node
     stopping = False
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -315,18 +360,14 @@ def _block(node: Any, record: dict[str, Any]) -> int:
     while not stopping and all(p.poll() is None for p in node.procs if hasattr(p, "poll")):
         time.sleep(0.2)
     stop_recorded_node(record)
-    _forget(record, os.path.join(STARTED_DIR, f"{record['node_id']}.json"))
+    _forget(record, os.path.join(started_dir(), f"{record['node_id']}.json"))
     return 0
 
 
 def _live_head() -> dict[str, Any] | None:
-    from lumos._private.node import CURRENT_CLUSTER, recorded_alive
-    try:
-        with open(CURRENT_CLUSTER) as f:
-            record = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return record if recorded_alive(record) else None
+    from lumos._private.node import read_current_cluster, recorded_alive
+    record = read_current_cluster()
+    return record if record is not None and recorded_alive(record) else None
 
 
 def _check_gcs(config: Any, token: bytes, gcs: Any, text: str) -> list[Any]:
@@ -370,32 +411,23 @@ def _remove_session(session_dir: str) -> None:
 
 
 def _forget(record: dict[str, Any], path: str) -> None:
-    from lumos._private.node import CURRENT_CLUSTER
+    from lumos._private.node import forget_current_cluster
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
-    try:
-        with open(CURRENT_CLUSTER) as f:
-            current = json.load(f)
-        if current.get("node_id") == record.get("node_id"):
-            os.unlink(CURRENT_CLUSTER)
-    except (OSError, ValueError):
-        pass
+    forget_current_cluster(str(record.get("node_id")))
 
 
 # ----------------------------------------------------------------------------- stop
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from lumos._private.node import CURRENT_CLUSTER, started_nodes, stop_recorded_node
+    from lumos._private.node import forget_current_cluster, started_nodes, stop_recorded_node
     records = started_nodes()
     if not records:
         print("no lumos processes started by `lumos start` on this machine")
-        try:
-            os.unlink(CURRENT_CLUSTER)
-        except FileNotFoundError:
-            pass
+        forget_current_cluster()
         return 0
     # Worker nodes first, so they are not left reconnecting to a GCS that is going away.
     records.sort(key=lambda pr: bool(pr[1].get("head")))
@@ -406,10 +438,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         _forget(record, path)
         kind = "head node" if record.get("head") else "node"
         print(f"stopped {kind} {str(record.get('node_id', '?'))[:8]} ({len(pids)} processes)")
-    try:
-        os.unlink(CURRENT_CLUSTER)
-    except FileNotFoundError:
-        pass
+    forget_current_cluster()
     print(f"stopped {len(records)} node(s), {total} process(es)")
     return 0
 
@@ -419,30 +448,25 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from lumos._private.config import Config
-    from lumos._private.node import CURRENT_CLUSTER
+    from lumos._private.node import read_current_cluster
+    from lumos._private.process import read_private_file
     from lumos._private.transport.connection import parse_address
 
     config = Config.resolve()
-    address, token_text, dashboard = args.address, args.token or os.environ.get("LUMOS_CLUSTER_TOKEN"), ""
-    current: dict[str, Any] = {}
-    try:
-        with open(CURRENT_CLUSTER) as f:
-            current = json.load(f)
-    except (OSError, ValueError):
-        pass
+    address, token_text, dashboard = args.address, _token_arg(args), ""
+    current: dict[str, Any] = read_current_cluster() or {}
     if address is None:
         if not current:
             raise _CliError("no lumos cluster was started on this machine; "
-                            "pass --address HOST:PORT --token TOKEN, or run `lumos start --head`")
+                            "pass --address HOST:PORT and --token-file PATH, or run `lumos start --head`")
         address = current["gcs_address"]
     if not token_text and current.get("gcs_address") == address:
         try:
-            with open(current["token_path"], "rb") as f:
-                token_text = f.read().decode().strip()
-        except (OSError, KeyError):
+            token_text = read_private_file(current["token_path"]).decode().strip()
+        except (OSError, KeyError, UnicodeDecodeError):
             pass
     if not token_text:
-        raise _CliError(f"the cluster at {address} needs its token: --token TOKEN or LUMOS_CLUSTER_TOKEN")
+        raise _CliError(f"the cluster at {address} needs its token: --token-file PATH or LUMOS_CLUSTER_TOKEN")
     try:
         gcs = parse_address(address)
     except ValueError as e:
@@ -506,6 +530,20 @@ def _node_json(n: Any, load: Any) -> dict[str, Any]:
             "queue_length": load.queue_length if load else 0,
             "death_reason": n.death_reason, "dashboard_url": n.dashboard_url}
 
+
+# ----------------------------------------------------------------------------- slurm, kubernetes
+
+
+def _add_launch_commands(sub: Any) -> None:
+    """``lumos slurm`` and ``lumos kubernetes`` (their code lives in ``lumos.launch``)."""
+    from lumos.launch import kubernetes, slurm
+
+    p = sub.add_parser("slurm", help="start a lumos cluster as a Slurm batch job (sbatch + srun)")
+    slurm.add_arguments(p)
+    p.set_defaults(func=slurm.run)
+    k = sub.add_parser("kubernetes", help="Kubernetes manifests for a lumos cluster, and its readiness probe")
+    kubernetes.add_arguments(k)
+    k.set_defaults(func=kubernetes.run)
 
 
 if __name__ == "__main__":

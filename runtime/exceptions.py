@@ -15,10 +15,11 @@ __all__ = [
     "LumosError", "RayError", "TaskError", "RayTaskError", "GetTimeoutError",
     "WorkerCrashedError", "TaskCancelledError", "ObjectLostError", "OwnerDiedError",
     "ObjectFreedError", "ObjectReconstructionFailedError", "ActorDiedError", "RayActorError",
-    "ActorUnavailableError", "ObjectStoreFullError", "OutOfMemoryError", "NodeDiedError",
+    "ActorUnavailableError", "ObjectStoreFullError", "OutOfDiskError", "OutOfMemoryError", "NodeDiedError",
     "LumosSystemError", "RaySystemError", "TaskUnschedulableError", "ActorUnschedulableError",
     "LocalRayletDiedError", "PendingCallsLimitExceeded", "TaskPlacementGroupRemoved",
     "ActorPlacementGroupRemoved", "CrossLanguageError", "RuntimeEnvSetupError",
+    "ClusterUnavailableError",
 ]
 
 
@@ -58,8 +59,8 @@ class TaskError(LumosError):
         super().__init__(function_name, traceback_str, cause, self.cause_repr, pid, node_ip, task_id_hex)
 
     def __reduce__(self) -> Any:
-        return (TaskError, (self.function_name, self.traceback_str, self.cause, self.cause_repr,
-                            self.pid, self.node_ip, self.task_id_hex))
+        return (_rebuild_task_error, (self.function_name, self.traceback_str, _CauseBox(self.cause),
+                                      self.cause_repr, self.pid, self.node_ip, self.task_id_hex))
 
     def __str__(self) -> str:
         where = f" (pid={self.pid}, ip={self.node_ip})" if self.pid else ""
@@ -106,6 +107,42 @@ class TaskError(LumosError):
 
 
 RayTaskError = TaskError
+
+
+class _CauseBox:
+    """A task error's cause, pickled on its own: a cause that cannot be rebuilt where the
+    error is read (its ``__init__`` wants other arguments than its ``args``, or its class
+    does not load there) leaves the error without a cause, keeping its message and
+    traceback text, as Ray does, instead of making the whole error unreadable."""
+
+    __slots__ = ("cause",)
+
+    def __init__(self, cause: BaseException | None) -> None:
+        self.cause = cause
+
+    def __reduce__(self) -> Any:
+        if self.cause is None:
+            return (_load_cause, (None,))
+        import cloudpickle
+        return (_load_cause, (cloudpickle.dumps(self.cause, protocol=5),))
+
+
+def _load_cause(blob: bytes | None) -> BaseException | None:
+    if blob is None:
+        return None
+    import pickle
+    try:
+        cause = pickle.loads(blob)
+    except Exception:  # its class cannot be rebuilt here: the message and traceback text stay
+        return None
+    return cause if isinstance(cause, BaseException) else None
+
+
+def _rebuild_task_error(function_name: str, traceback_str: str, cause: Any, cause_repr: str, pid: int,
+                        node_ip: str, task_id_hex: str) -> "TaskError":
+    if isinstance(cause, _CauseBox):
+        cause = cause.cause
+    return TaskError(function_name, traceback_str, cause, cause_repr, pid, node_ip, task_id_hex)
 
 _dual_cache: dict[type, type | None] = {}
 
@@ -226,6 +263,10 @@ class ObjectStoreFullError(LumosError, MemoryError):
     """The node's object store has no room for a new object."""
 
 
+class OutOfDiskError(LumosError, OSError):
+    """The object store is full and the spill directory has no room to spill to."""
+
+
 class OutOfMemoryError(LumosError, MemoryError):
     """A worker was killed because its node ran out of memory."""
 
@@ -256,3 +297,90 @@ class CrossLanguageError(LumosError):
 
 class RuntimeEnvSetupError(LumosError):
     """A runtime environment could not be set up."""
+
+
+class ClusterUnavailableError(LumosSystemError, ConnectionError):
+    """The cluster cannot be reached: the connection to the GCS or to this node's raylet
+    was lost (the cluster stopped, or its head node died). Calls fail with it at once
+    rather than wait; ``lumos.shutdown()`` and ``lumos.init()`` start over."""
+
+
+# Ray's other public errors: defined so that ``except ray.exceptions.X`` works unchanged.
+# lumos raises the ones whose docstring says when; the others name Ray features lumos
+# does not have (compiled graphs, tensor transport, Ray Client), and are never raised.
+
+
+class ActorAlreadyExistsError(LumosError, ValueError):
+    """A named actor with this name already exists (create with ``get_if_exists=True``
+    to get it instead). lumos raises ``ValueError`` for this; this class is kept for
+    ``except`` clauses."""
+
+
+class ActorHandleNotFoundError(LumosError):
+    """Kept for Ray compatibility; never raised by lumos."""
+
+
+class AsyncioActorExit(LumosError):
+    """Kept for Ray compatibility: lumos ends an async actor with ``exit_actor()`` too."""
+
+
+class AuthenticationError(LumosError, ConnectionError):
+    """Kept for Ray compatibility: lumos reports a wrong cluster token as a
+    ``ConnectionError`` saying so."""
+
+
+class ObjectFetchTimedOutError(ObjectLostError):
+    """Kept for Ray compatibility; lumos raises ``ObjectLostError`` when a pull fails."""
+
+
+class ObjectRefStreamEndOfStreamError(LumosError):
+    """Kept for Ray compatibility; lumos's generators raise ``StopIteration`` at the end."""
+
+
+class OufOfBandObjectRefSerializationException(LumosError):
+    """Kept for Ray compatibility (Ray's spelling); lumos allows pickling refs out of band."""
+
+
+class OutOfDiskError(ObjectStoreFullError):
+    """Kept for Ray compatibility; lumos reports a full spill directory as ``ObjectStoreFullError``."""
+
+
+class PlasmaObjectNotAvailable(LumosError):
+    """Kept for Ray compatibility; never raised by lumos."""
+
+
+class RayCgraphCapacityExceeded(LumosError):
+    """Ray compiled graphs are not part of lumos; never raised."""
+
+
+class RayChannelError(LumosError):
+    """Ray compiled-graph channels are not part of lumos; never raised."""
+
+
+class RayChannelTimeoutError(RayChannelError, TimeoutError):
+    """Ray compiled-graph channels are not part of lumos; never raised."""
+
+
+class RayDirectTransportError(LumosError):
+    """Ray's GPU tensor transport is not part of lumos; never raised."""
+
+
+class ReferenceCountingAssertionError(ObjectLostError):
+    """Kept for Ray compatibility; lumos raises ``ObjectFreedError`` for a freed object."""
+
+
+class RpcError(LumosError):
+    """Kept for Ray compatibility; lumos reports lost connections as ``LumosSystemError``."""
+
+
+class StreamingGeneratorReplayInconsistentError(LumosError):
+    """Kept for Ray compatibility; never raised by lumos."""
+
+
+class UnserializableException(LumosError):
+    """Kept for Ray compatibility: a task exception lumos cannot send or rebuild arrives
+    as a ``TaskError`` that keeps its message and traceback text."""
+
+
+class UserCodeException(LumosError):
+    """Kept for Ray compatibility; lumos wraps user errors in ``TaskError``."""

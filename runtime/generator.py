@@ -18,6 +18,8 @@ error and the iteration ends there.
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import threading
 import time
 from typing import Any
@@ -123,6 +125,17 @@ class ObjectRefGenerator:
         except LumosSystemError:
             return  # shut down meanwhile: nothing left to release
 
+    from lumos._private.compat import missing_function as _missing
+    _INSTEAD = "iterate it (for, next(), async for) for the refs; drop it to stop receiving values"
+    completed = _missing("ray.ObjectRefGenerator.completed", "lumos.wait([gen]) is not supported either; " + _INSTEAD)
+    close = _missing("ray.ObjectRefGenerator.close", _INSTEAD)
+    aclose = _missing("ray.ObjectRefGenerator.aclose", _INSTEAD)
+    send = _missing("ray.ObjectRefGenerator.send", _INSTEAD)
+    asend = _missing("ray.ObjectRefGenerator.asend", _INSTEAD)
+    throw = _missing("ray.ObjectRefGenerator.throw", _INSTEAD)
+    athrow = _missing("ray.ObjectRefGenerator.athrow", _INSTEAD)
+    del _missing, _INSTEAD
+
     def __reduce__(self) -> Any:
         raise TypeError("an ObjectRefGenerator cannot be passed to another task or stored; "
                         "pass the refs it yields (or a list of them) instead")
@@ -141,4 +154,75 @@ class ObjectRefGenerator:
         return f"ObjectRefGenerator({s.task_id.hex()[:16]}, {state}, {s.taken}/{s.count} taken)"
 
 
-__all__ = ["ObjectRefGenerator"]
+class DynamicObjectRefGenerator:
+    """The value of a ``num_returns="dynamic"`` task (deprecated in Ray, kept for its
+    programs): iterate it for one ``ObjectRef`` per value the generator yielded. If the
+    generator raised, the last ref holds the error.
+
+        @lumos.remote(num_returns="dynamic")
+        def split(n):
+            for i in range(n):
+                yield i
+
+        for ref in lumos.get(split.remote(3)):
+            print(lumos.get(ref))
+
+    The values are stored by the worker that ran the task, which owns them (in Ray the
+    caller does): they live while their refs do, and are lost if that worker dies.
+    ``num_returns="streaming"`` (the default for generators) has no such limit.
+    """
+
+    def __init__(self, refs: list[ObjectRef]) -> None:
+        self._refs = collections.deque(refs)
+
+    def __iter__(self) -> Any:
+        while self._refs:
+            yield self._refs.popleft()
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+    def __repr__(self) -> str:
+        return f"DynamicObjectRefGenerator({len(self._refs)} refs)"
+
+
+class _DynamicReturns:
+    """Runs a ``num_returns="dynamic"`` function on the worker: stores each value it
+    yields and returns their refs as a ``DynamicObjectRefGenerator``."""
+
+    def __init__(self, function: Any) -> None:
+        self.function = function
+        functools.update_wrapper(self, function, updated=())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> DynamicObjectRefGenerator:
+        import os
+        import traceback
+
+        from lumos._private import serialization as ser
+        from lumos._private import worker_context
+        from lumos.exceptions import TaskError
+        cw = worker_context.require()
+        refs: list[ObjectRef] = []
+        try:
+            result = self.function(*args, **kwargs)
+            if not hasattr(result, "__iter__"):
+                raise TypeError(f"{getattr(self.function, '__qualname__', 'the function')} has "
+                                f"num_returns='dynamic' but returned a {type(result).__name__}, not a generator")
+            for value in result:
+                refs.append(cw.put(value))
+        except Exception as e:
+            if not refs:
+                raise
+            name = getattr(self.function, "__name__", "task")
+            text = "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next if e.__traceback__ else None))
+            err = TaskError(name, text, e, pid=os.getpid(), node_ip=cw.node_ip,
+                            task_id_hex=cw.current_task_id.hex())
+            try:
+                refs.append(cw.put(err, _kind=ser.KIND_ERROR))
+            except ser.SerializationError:
+                refs.append(cw.put(TaskError(name, text, None, f"{type(e).__name__}: {e}", os.getpid(),
+                                             cw.node_ip, cw.current_task_id.hex()), _kind=ser.KIND_ERROR))
+        return DynamicObjectRefGenerator(refs)
+
+
+__all__ = ["ObjectRefGenerator", "DynamicObjectRefGenerator"]

@@ -31,6 +31,7 @@ class RemoteFunction:
         self._function = function
         self._options = opts_mod.validate(dict(options), opts_mod.TASK)
         self._pickled: bytes | None = None
+        self._pickled_dynamic: bytes | None = None
         self._templates: dict[Any, TaskTemplate] = {}
         functools.update_wrapper(self, function, updated=())
 
@@ -49,6 +50,10 @@ class RemoteFunction:
         """Submit a call; returns an ``ObjectRef`` (a list of them when ``num_returns > 1``)."""
         return self._remote(args, kwargs, self._options, None)
 
+    def bind(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("Ray DAGs (ray.remote_function.RemoteFunction.bind) are not implemented in "
+                                  "lumos; call .remote(...) and pass the refs on")
+
     def options(self, **options: Any) -> "_BoundOptions":
         """A copy of this function with some options changed, e.g. ``f.options(num_cpus=2)``."""
         return _BoundOptions(self, opts_mod.merged(self._options, options, opts_mod.TASK))
@@ -58,9 +63,16 @@ class RemoteFunction:
         template = self._templates.get(key)
         if template is not None:
             return template
-        if self._pickled is None:
-            self._pickled = ser.dumps_code(self._function)
         o = opts_mod.resolved(options, opts_mod.TASK)
+        if o["num_returns"] == "dynamic":
+            if self._pickled_dynamic is None:
+                from lumos.generator import _DynamicReturns
+                self._pickled_dynamic = ser.dumps_code(_DynamicReturns(self._function))
+            pickled = self._pickled_dynamic
+        else:
+            if self._pickled is None:
+                self._pickled = ser.dumps_code(self._function)
+            pickled = self._pickled
         retry = o["retry_exceptions"]
         if retry is True:
             retry_kind, retry_types = 1, None
@@ -75,10 +87,10 @@ class RemoteFunction:
         if max_calls is None:  # as in Ray: a GPU task's worker exits after it, freeing the GPU's memory
             max_calls = 1 if resources.get("GPU") else 0
         template = TaskTemplate(
-            function_id_of(self._pickled), fname, o["name"] or getattr(fn, "__name__", "task"),
+            function_id_of(pickled), fname, o["name"] or getattr(fn, "__name__", "task"),
             opts_mod.num_returns_of(o["num_returns"], fn, "num_returns" in options),
             resources, o["max_retries"],
-            retry_kind, retry_types, opts_mod.strategy_of(o), pickled_function=self._pickled,
+            retry_kind, retry_types, opts_mod.strategy_of(o), pickled_function=pickled,
             runtime_env=opts_mod.env_vars_of(o["runtime_env"]), max_calls=max_calls)
         self._templates[key] = template
         return template

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from lumos._private import worker_context
+
+
+def _deprecated(name: str, instead: str) -> None:
+    warnings.warn(f"RuntimeContext.{name} is deprecated (as in Ray); use {instead} instead",
+                  DeprecationWarning, stacklevel=3)
 
 
 class RuntimeContext:
@@ -39,6 +45,43 @@ class RuntimeContext:
             return {}
         spec = cw.executor._running
         return dict(spec.resources) if spec is not None else {}
+
+    def get_resource_ids(self) -> dict[str, list[str]]:
+        """The ids of the resources held by the current task or actor, e.g.
+        ``{"GPU": ["0"]}`` (Ray's ``get_resource_ids``; ``{}`` in a driver)."""
+        cw = worker_context.require()
+        if not worker_context.is_worker:
+            return {}
+        return {k: [str(i) for i in v] for k, v in (cw.current_resource_ids or {}).items()}
+
+    def get_task_function_name(self) -> str | None:
+        """The ``module.qualname`` of the running task's function (None in a driver)."""
+        cw = worker_context.require()
+        spec = getattr(cw.executor, "_running", None) if worker_context.is_worker else None
+        return spec.function_name if spec is not None else None
+
+    def get_session_name(self) -> str:
+        """The cluster session's name (its session directory's name)."""
+        import os
+        return os.path.basename(os.path.normpath(worker_context.require().session_dir))
+
+    def get_temp_dir(self) -> str:
+        """The cluster session's directory on this node (logs, sockets)."""
+        return str(worker_context.require().session_dir)
+
+    def get_node_labels(self) -> dict[str, str]:
+        """Node labels: lumos nodes have none (``{}``); select nodes with custom resources."""
+        worker_context.require()
+        return {}
+
+    def get_runtime_env_string(self) -> str:
+        """``runtime_env`` as JSON."""
+        import json
+        return json.dumps(self.runtime_env)
+
+    def should_capture_child_tasks_in_placement_group(self) -> bool:
+        """Whether tasks submitted here go into the current placement group by default."""
+        return worker_context.require().capture_strategy is not None
 
     def get_accelerator_ids(self) -> dict[str, list[str]]:
         from lumos.api import get_gpu_ids
@@ -103,6 +146,47 @@ class RuntimeContext:
     def was_current_actor_reconstructed(self) -> bool:
         cw = worker_context.require()
         return bool(getattr(cw.executor, "actor_restarted", False))
+
+    @property
+    def current_actor(self) -> Any:
+        """The handle of the actor this code runs in (Ray's ``current_actor``).
+
+        Raises:
+            RuntimeError: called outside an actor.
+        """
+        from lumos._private.protocol import messages as m
+        from lumos.actor import _handle_from_info
+        cw = worker_context.require()
+        actor_id = cw.current_actor_id
+        if not actor_id:
+            raise RuntimeError("current_actor is only available inside an actor's method or __init__")
+        info = cw.call_gcs(m.GetActorInfo(actor_id))
+        if info is None:
+            raise RuntimeError(f"actor {actor_id.hex()} is not known to the GCS")
+        cw._post(cw.actor_submitter.track, info.actor_id, info)
+        return _handle_from_info(info)
+
+    # Deprecated in Ray but public: the ids as id objects (``.hex()`` gives the string).
+    @property
+    def job_id(self) -> bytes:
+        _deprecated("job_id", "get_job_id()")
+        return worker_context.require().job_id
+
+    @property
+    def node_id(self) -> bytes:
+        _deprecated("node_id", "get_node_id()")
+        return worker_context.require().node_id
+
+    @property
+    def task_id(self) -> bytes | None:
+        _deprecated("task_id", "get_task_id()")
+        cw = worker_context.require()
+        return cw.current_task_id if worker_context.is_worker else None
+
+    @property
+    def actor_id(self) -> bytes | None:
+        _deprecated("actor_id", "get_actor_id()")
+        return worker_context.require().current_actor_id or None
 
     def get(self) -> dict[str, Any]:
         return {"job_id": self.get_job_id(), "node_id": self.get_node_id(),

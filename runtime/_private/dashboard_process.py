@@ -41,7 +41,7 @@ def spawn_dashboard(session_dir: str, gcs_address: str, token_path: str, host: s
     log = open(os.path.join(session_dir, "logs", "dashboard.out"), "ab")
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                pass_fds=(w,), close_fds=True, start_new_session=not private)
+                                pass_fds=(w,), close_fds=True, start_new_session=True)  # never in the kernel's group
     except BaseException:
         os.close(r)
         raise

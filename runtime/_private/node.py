@@ -1,26 +1,34 @@
 """Starting and stopping a node's processes (GCS, raylet) and its session directory.
 
 Used by ``lumos.init()`` (a private local cluster that dies with its driver) and by
-``lumos start`` (long-lived clusters). A session directory holds the cluster token
-(0600), logs and Unix sockets:
+``lumos start`` (long-lived clusters). Everything lives under a per-user root
+(``session_root``): ``$LUMOS_TMPDIR`` if set, else ``$XDG_RUNTIME_DIR/lumos`` when that
+directory is this user's, else ``/tmp/lumos-<uid>``. The root is created 0700 and
+checked (owner, mode, not a symlink) on every use, so another local user can neither
+read it nor plant files in it; private files are written to a fresh temporary name
+(``O_EXCL | O_NOFOLLOW``) and renamed into place.
 
 ```
-/tmp/lumos_sessions/session_<time>_<pid>/
-    token            the cluster token (HMAC key of every connection)
-    node.json        addresses and pids of this node's processes
-    logs/            gcs.log, raylet-*.log, worker-*.log, worker-*.out, task_events.jsonl
-    sockets/         gcs.sock, raylet-*.sock, driver-*.sock, worker-*.sock
-/dev/shm/lumos-<session>-<node>/   the node's object store
+<root>/                              0700, this user's
+    current_cluster.json             the cluster `lumos start --head` started here
+    started/<node id>.json           each node `lumos start` started (for `lumos stop`)
+    session_<time>_<pid>_<rand>/     0700
+        token                        the cluster token (HMAC key of every connection), 0600
+        logs/                        gcs.log, raylet-*.log, worker-*.log, worker-*.out, ...
+        sockets/                     gcs.sock, raylet-*.sock, driver-*.sock, worker-*.sock
+/dev/shm/lumos-<session>-<node>/     the node's object store, made 0700 before its raylet starts
 ```
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -28,20 +36,129 @@ from typing import Any
 
 from lumos._private.config import Config
 from lumos._private.ids import random_id
-from lumos._private.process import await_ready, write_private_file
+from lumos._private.object_store.spill_io import node_spill_dir
+from lumos._private.process import (await_ready, check_private_dir, make_private_dir,
+                                    read_private_file, write_private_file)
 
-# Not /tmp/lumos: with an editable install, a directory named like the package in the
-# working directory (often /tmp) would shadow it as a namespace package.
-ROOT = os.environ.get("LUMOS_TMPDIR", "/tmp/lumos_sessions")
-CURRENT_CLUSTER = os.path.join(ROOT, "current_cluster.json")
+
+def _ours(path: str) -> bool:
+    """``path`` is a real directory (not a symlink) of this user that nobody else may write."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def session_root() -> str:
+    """This user's lumos root, created 0700 if missing and checked on every call.
+
+    Raises:
+        UnsafePathError: the root exists but is not private to this user.
+    """
+    root = os.environ.get("LUMOS_TMPDIR")
+    if not root:
+        xdg = os.environ.get("XDG_RUNTIME_DIR")
+        # Not /tmp/lumos: with an editable install, a directory named like the package in
+        # the working directory (often /tmp) would shadow it as a namespace package.
+        root = os.path.join(xdg, "lumos") if xdg and _ours(xdg) else f"/tmp/lumos-{os.geteuid()}"
+    root = os.path.abspath(root)
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(root), exist_ok=True)
+        os.mkdir(root, 0o700)
+    check_private_dir(root, "lumos session root")
+    return root
+
+
+def __getattr__(name: str) -> Any:
+    # ``node.ROOT`` (a constant before the root became per user): the checked root, now.
+    if name == "ROOT":
+        return session_root()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+#: In a head's session directory: the GCS's ``HOST:PORT``, next to its ``token``.
+GCS_ADDRESS_FILE = "gcs_address"
+_LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0", ""}
+
+
+def find_local_token(address: str) -> tuple[str | None, str]:
+    """The token of the running cluster at ``address`` (``HOST:PORT``) that this user
+    started on this machine: ``(token, the file it was read from)``, or ``(None, a
+    sentence saying where it looked)``. Only this user's checked root is read; a session
+    counts while its GCS socket exists (a stopped cluster's directory may stay)."""
+    host, _, port = address.rpartition(":")
+    root = session_root()
+    pattern = os.path.join(root, "session_*", GCS_ADDRESS_FILE)
+    found: list[tuple[float, str]] = []
+    for path in glob.glob(pattern):
+        session = os.path.dirname(path)
+        try:
+            recorded = read_private_file(path).decode().strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        r_host, _, r_port = recorded.rpartition(":")
+        same_host = r_host == host or (r_host in _LOOPBACK and host in _LOOPBACK)
+        if r_port == port and same_host and os.path.exists(os.path.join(session, "sockets", "gcs.sock")):
+            found.append((os.path.getmtime(path), session))
+    if not found:
+        return None, (f"no running cluster of this user on this machine has the address {address} "
+                      f"(looked in {pattern})")
+    token_path = os.path.join(max(found)[1], "token")
+    try:
+        return read_private_file(token_path).decode().strip(), token_path
+    except (OSError, UnicodeDecodeError) as e:
+        return None, f"the token file {token_path} of the cluster at {address} could not be read: {e}"
+
+
+def current_cluster_path() -> str:
+    """Where ``lumos start --head`` records the cluster for ``init(address="auto")``."""
+    return os.path.join(session_root(), "current_cluster.json")
+
+
+def read_current_cluster() -> dict[str, Any] | None:
+    """The record ``lumos start --head`` left on this machine, or None.
+
+    Raises:
+        UnsafePathError: the root or the file is not private to this user.
+    """
+    try:
+        record = json.loads(read_private_file(current_cluster_path()))
+    except (FileNotFoundError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def write_current_cluster(record: dict[str, Any]) -> None:
+    write_private_file(current_cluster_path(), json.dumps(record, indent=1).encode())
+
+
+def forget_current_cluster(node_id: str | None = None) -> None:
+    """Remove the record (only if it names ``node_id``, when given)."""
+    path = current_cluster_path()
+    if node_id is not None:
+        try:
+            current = read_current_cluster()
+        except OSError:
+            return
+        if current is None or current.get("node_id") != node_id:
+            return
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def new_session_dir() -> str:
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
-    path = os.path.join(ROOT, f"session_{stamp}_{os.getpid()}_{secrets.token_hex(3)}")
-    os.makedirs(os.path.join(path, "logs"), exist_ok=True)
-    os.makedirs(os.path.join(path, "sockets"), exist_ok=True)
-    os.chmod(path, 0o700)
+    path = os.path.join(session_root(), f"session_{stamp}_{os.getpid()}_{secrets.token_hex(3)}")
+    make_private_dir(path, "session directory")
+    os.mkdir(os.path.join(path, "logs"), 0o700)
+    os.mkdir(os.path.join(path, "sockets"), 0o700)
     return path
 
 
@@ -119,7 +236,7 @@ class NodeProcesses:
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     pass_fds=(w,), close_fds=True,
-                                    start_new_session=not tie_to_parent)
+                                    start_new_session=True)  # a kernel interrupt must not reach it
         finally:
             os.close(w)
             log.close()
@@ -137,23 +254,29 @@ class NodeProcesses:
         return info
 
     def start_gcs_and_raylet(self, *, resources: dict[str, float], store_bytes: int, host: str,
-                             gcs_port: int, private: bool, storage: str = "memory",
+                             gcs_port: int, private: bool, storage: str | None = None,
                              labels: dict[str, str] | None = None,
                              tie_to_parent: bool | None = None) -> None:
         """Start a head node: GCS and raylet in parallel (the raylet waits for the GCS socket).
 
         ``private``: the GCS ends when the first driver disconnects (``lumos.init()``).
         ``tie_to_parent`` (default: ``private``): the processes die with this process.
+        ``storage``: the GCS storage URL (default: the config's ``gcs_storage``).
         """
         tie = private if tie_to_parent is None else tie_to_parent
         cfg = self.config.to_json()
+        # The URL may hold a Redis password: it goes in a private file, not on a command line.
+        storage_file = os.path.join(self.session_dir, "gcs_storage")
+        write_private_file(storage_file, (storage or self.config.gcs_storage).encode())
         gcs_args = ["lumos._private.gcs.server", "--session-dir", self.session_dir,
                     "--token-file", self.token_path, "--host", host, "--port", str(gcs_port),
-                    "--unix-path", self.gcs_unix, "--storage", storage, "--config", cfg]
+                    "--unix-path", self.gcs_unix, "--storage-file", storage_file, "--config", cfg]
         if private:
             gcs_args.append("--private")
         gcs, gcs_fd = self._spawn(gcs_args, tie_to_parent=tie)
         self.gcs_proc = gcs
+        #: How the GCS was started (``lumos.testing.Cluster.restart_gcs`` starts it again).
+        self.gcs_spawn_args = (gcs_args, tie)
         raylet, raylet_fd = self._start_raylet(f"unix:{self.gcs_unix}", resources, store_bytes, host,
                                                head=True, tie_to_parent=tie, labels=labels)
         try:
@@ -162,6 +285,9 @@ class NodeProcesses:
             os.close(raylet_fd)
             raise
         self.gcs_address = (info["host"], int(info["port"]))
+        # So a driver of this user on this machine finds the token by the address (issue 14).
+        write_private_file(os.path.join(self.session_dir, GCS_ADDRESS_FILE),
+                           f"{info['host']}:{int(info['port'])}".encode())
         self._finish_raylet(raylet, raylet_fd)
 
     def start_raylet(self, gcs_address: str, *, resources: dict[str, float], store_bytes: int, host: str,
@@ -174,7 +300,11 @@ class NodeProcesses:
                       head: bool, tie_to_parent: bool,
                       labels: dict[str, str] | None) -> tuple[subprocess.Popen[bytes], int]:
         self.node_id = random_id(16)
-        self.store_dir = f"/dev/shm/lumos-{os.path.basename(self.session_dir)}-{self.node_id.hex()[:8]}"
+        store_dir = f"/dev/shm/lumos-{os.path.basename(self.session_dir)}-{self.node_id.hex()[:8]}"
+        # Made here, 0700, before the raylet (whose command line names it) exists: another
+        # user who made it first could replace sealed objects that workers unpickle.
+        make_private_dir(store_dir, "object store directory")
+        self.store_dir = store_dir  # ours from here on: stop() removes it
         args = ["lumos._private.raylet.server", "--node-id", self.node_id.hex(),
                 "--session-dir", self.session_dir, "--token-file", self.token_path,
                 "--gcs-address", gcs_address, "--resources", json.dumps(resources),
@@ -200,6 +330,8 @@ class NodeProcesses:
             proc.wait(5.0)
         if self.store_dir:
             shutil.rmtree(self.store_dir, ignore_errors=True)
+            shutil.rmtree(node_spill_dir(self.config.object_spilling_directory, self.session_dir, self.node_id),
+                          ignore_errors=True)
         if self.raylet_socket:
             try:
                 os.unlink(self.raylet_socket)
@@ -224,6 +356,8 @@ class NodeProcesses:
         self.procs.clear()
         if self.store_dir:
             shutil.rmtree(self.store_dir, ignore_errors=True)
+            shutil.rmtree(node_spill_dir(self.config.object_spilling_directory, self.session_dir, self.node_id),
+                          ignore_errors=True)
         if remove_sockets:
             shutil.rmtree(os.path.join(self.session_dir, "sockets"), ignore_errors=True)
         elif self.raylet_socket:
@@ -235,8 +369,16 @@ class NodeProcesses:
 
 # ----------------------------------------------------------------------------- lumos start / stop
 
-#: One JSON record per node that ``lumos start`` started on this machine (for ``lumos stop``).
-STARTED_DIR = os.path.join(ROOT, "started")
+def started_dir() -> str:
+    """One JSON record per node that ``lumos start`` started on this machine (for ``lumos stop``),
+    in a private directory under the checked root."""
+    path = os.path.join(session_root(), "started")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    check_private_dir(path, "lumos started-nodes directory")
+    return path
 
 
 def process_identity(pid: int) -> dict[str, Any]:
@@ -251,28 +393,28 @@ def process_identity(pid: int) -> dict[str, Any]:
 
 def record_started_node(record: dict[str, Any]) -> str:
     """Write the record of a node ``lumos start`` started; returns its path."""
-    os.makedirs(STARTED_DIR, exist_ok=True)
-    path = os.path.join(STARTED_DIR, f"{record['node_id']}.json")
+    path = os.path.join(started_dir(), f"{record['node_id']}.json")
     write_private_file(path, json.dumps(record, indent=1).encode())
     return path
 
 
 def started_nodes() -> list[tuple[str, dict[str, Any]]]:
-    """``(path, record)`` of every node ``lumos start`` recorded on this machine."""
+    """``(path, record)`` of every node ``lumos start`` recorded on this machine.
+
+    Only this user's private files count: ``lumos stop`` signals the pids they list.
+    """
     out = []
-    try:
-        names = sorted(os.listdir(STARTED_DIR))
-    except FileNotFoundError:
-        return []
-    for name in names:
+    where = started_dir()
+    for name in sorted(os.listdir(where)):
         if not name.endswith(".json"):
             continue
-        path = os.path.join(STARTED_DIR, name)
+        path = os.path.join(where, name)
         try:
-            with open(path) as f:
-                out.append((path, json.load(f)))
+            record = json.loads(read_private_file(path))
         except (OSError, ValueError):
             continue
+        if isinstance(record, dict):
+            out.append((path, record))
     return out
 
 

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import sys
 from typing import Any
 
@@ -96,15 +97,97 @@ def await_ready(proc: Any, fd: int, timeout_s: float) -> dict[str, Any] | None:
 
 def read_token(path: str) -> bytes:
     with open(path, "rb") as f:
-        token = f.read().strip()
+        token = f.read(4096).strip()
     if len(token) < 16:
         raise ValueError(f"cluster token in {path} is too short")
     return token
 
 
-def write_private_file(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+class UnsafePathError(PermissionError):
+    """A directory or file lumos keeps private is not (another owner, a symlink, open
+    permissions): someone else may have made it to read or replace what lumos keeps there."""
+
+
+def check_private_dir(path: str, what: str) -> None:
+    """Check with ``lstat`` that ``path`` is a directory (not a symlink), owned by this
+    user, with mode 0700.
+
+    Raises:
+        UnsafePathError: it is not; the message says what is wrong and what to do.
+        FileNotFoundError: it does not exist.
+    """
+    st = os.lstat(path)
+    problem = ""
+    if stat.S_ISLNK(st.st_mode):
+        problem = "is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        problem = "is not a directory"
+    elif st.st_uid != os.geteuid():
+        problem = f"belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})"
+    elif stat.S_IMODE(st.st_mode) != 0o700:
+        problem = f"has mode {stat.S_IMODE(st.st_mode):o}, not 700"
+    if problem:
+        raise UnsafePathError(f"{what} {path} {problem}; lumos will not use it, since another local user "
+                              f"could read or replace what it holds. Remove it (or fix its owner and mode) "
+                              f"and start again.")
+
+
+def make_private_dir(path: str, what: str) -> None:
+    """Create ``path`` with mode 0700; fail if anything is there already.
+
+    Raises:
+        UnsafePathError: ``path`` exists (it may have been made by someone else).
+    """
     try:
-        os.write(fd, data)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        try:
+            owner = f"owner uid {os.lstat(path).st_uid}"
+        except OSError:
+            owner = "owner unknown"
+        raise UnsafePathError(f"{what} {path} already exists ({owner}); lumos creates a fresh one and will "
+                              f"not use one made before it, possibly by another local user. Remove it and "
+                              f"start again.") from None
+    os.chmod(path, 0o700)  # whatever the umask
+    check_private_dir(path, what)
+
+
+def write_private_file(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` (mode 0600) through a fresh temporary file renamed into
+    place: never through a symlink or into a file someone else made, and readers see
+    the old or the new content, never half of it. The directory must be private."""
+    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def read_private_file(path: str, max_bytes: int = 1 << 20) -> bytes:
+    """Read a file lumos wrote with ``write_private_file``: not through a symlink, and
+    only if this user owns it and nobody else may write it.
+
+    Raises:
+        UnsafePathError: the file is not ours or others may write it.
+        OSError: it cannot be read (``FileNotFoundError`` when absent, ``ELOOP`` for a symlink).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise UnsafePathError(f"{path} is not a private file of this user (uid {st.st_uid}, mode "
+                                  f"{stat.S_IMODE(st.st_mode):o}); lumos will not trust it. Remove it.")
+        return os.read(fd, max_bytes)
     finally:
         os.close(fd)

@@ -154,9 +154,73 @@ def serialize(value: Any, kind: int = KIND_VALUE) -> SerializedValue:
 
 def _describe_failure(value: Any, e: Exception) -> str:
     what = type(value).__name__
-    return (f"could not serialize a value of type {what}: {type(e).__name__}: {e}. "
+    return (f"could not serialize a value of type {what}: {describe_culprit(value, e)}. "
             "Values sent to tasks and actors must be picklable (cloudpickle); "
             "objects holding locks, sockets or open files are not.")
+
+
+def _pickles(value: Any) -> Exception | None:
+    """None when ``value`` pickles, else the error it raises."""
+    try:
+        cloudpickle.dumps(value, protocol=5, buffer_callback=lambda pb: False)
+    except Exception as e:
+        return e
+    return None
+
+
+def _parts(value: Any) -> list[tuple[str, Any]]:
+    """``(path suffix, part)`` for what ``value`` is made of, where that can be seen cheaply."""
+    t = type(value)
+    if t in (tuple, list):
+        return [(f"[{i}]", v) for i, v in enumerate(value[:1000])]
+    if t in (set, frozenset):
+        return [("{...}", v) for v in list(value)[:1000]]
+    if t is dict:
+        items = list(value.items())[:1000]
+        return [(f"[{k!r}]", v) for k, v in items] + [(f" key {k!r}", k) for k, _ in items]
+    if isinstance(value, type) or callable(value):
+        return []
+    attrs = getattr(value, "__dict__", None)
+    if isinstance(attrs, dict):
+        return [(f".{k}", v) for k, v in list(attrs.items())[:1000]]
+    return []
+
+
+def find_culprit(value: Any, error: Exception, max_depth: int = 8) -> tuple[str, Any, Exception]:
+    """The innermost part of ``value`` that fails to pickle: ``(path, part, its error)``.
+
+    Only called after pickling ``value`` failed (it pickles parts again, which is slow).
+    """
+    path = ""
+    for _ in range(max_depth):
+        for suffix, part in _parts(value):
+            if part is value:
+                continue
+            err = _pickles(part)
+            if err is not None:
+                path, value, error = path + suffix, part, err
+                break
+        else:
+            break
+    return path, value, error
+
+
+def describe_culprit(value: Any, error: Exception) -> str:
+    """Which object in ``value`` could not be pickled, and why, in a phrase:
+    "``cfg.lock``: a `lock` that cannot be pickled: TypeError: ..."."""
+    path, part, err = find_culprit(value, error)
+    cls = type(part)
+    name = cls.__qualname__
+    if cls.__reduce__ is not object.__reduce__:
+        how = f"whose `__reduce__` raised {type(err).__name__}: {err}"
+    elif cls.__reduce_ex__ is not object.__reduce_ex__:
+        how = f"whose `__reduce_ex__` raised {type(err).__name__}: {err}"
+    elif getattr(cls, "__getstate__", object.__getstate__) is not object.__getstate__:
+        how = f"whose `__getstate__` raised {type(err).__name__}: {err}"
+    else:
+        how = f"that cannot be pickled ({type(err).__name__}: {err})"
+    where = f"at `{path.lstrip('.')}`, " if path else ""
+    return f"{where}a `{name}` {how}"
 
 
 def record_ref(ref: Any) -> None:
@@ -172,6 +236,14 @@ def dumps_code(obj: Any) -> bytes:
         return cloudpickle.dumps(obj, protocol=5)
     except Exception as e:
         raise SerializationError(_describe_failure(obj, e)) from e
+
+
+def deserialize_code(pickled: bytes) -> Any:
+    """A function or class exported with ``dumps_code``."""
+    try:
+        return cloudpickle.loads(pickled)
+    except Exception as e:
+        raise DeserializationError(f"could not load code: {type(e).__name__}: {e}") from e
 
 
 def parse(blob: memoryview) -> tuple[int, memoryview, list[memoryview]]:

@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable, Iterator, cast
 
 from lumos import api
 from lumos.actor import ActorClass, ActorHandle, kill
+from lumos.exceptions import ActorDiedError
 
 logger = logging.getLogger(__name__)
 
@@ -422,7 +423,13 @@ class Pool:
                 logger.warning("Pool: %d of %d actors have not started after %.0fs; their resources "
                                "(%s) may be held by other work", len(pending), len(refs), _START_WARN_S,
                                remote_args or "one CPU to place each")
-            api.get(refs)
+            try:
+                api.get(refs)
+            except ActorDiedError as e:
+                if e.cause is None:
+                    raise
+                # The initializer raised: the pool raises that, as documented above.
+                raise e.cause from None
         except BaseException:
             if api.is_initialized():
                 for a in actors:

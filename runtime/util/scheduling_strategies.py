@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lumos._private.compat import missing_class as _missing_class
+
 
 class NodeAffinitySchedulingStrategy:
     """Run on the node ``node_id`` (hex). ``soft=True`` falls back to other nodes."""
@@ -29,12 +31,17 @@ class NodeAffinitySchedulingStrategy:
 
 
 class PlacementGroupSchedulingStrategy:
-    """Run inside a placement group's bundle (``-1``: any bundle)."""
+    """Run inside a placement group's bundle (``-1``: any bundle).
+
+    ``placement_group=None`` (as in Ray) means "in no group": a child of a task whose
+    group captures its children runs outside that group.
+    """
 
     def __init__(self, placement_group: Any, placement_group_bundle_index: int = -1,
                  placement_group_capture_child_tasks: bool | None = None) -> None:
-        if not hasattr(placement_group, "id"):
-            raise TypeError("placement_group must be a PlacementGroup from lumos.util.placement_group()")
+        if placement_group is not None and not hasattr(placement_group, "id"):
+            raise TypeError("placement_group must be a PlacementGroup from lumos.util.placement_group(), "
+                            "or None for no group")
         if not isinstance(placement_group_bundle_index, int):
             raise TypeError("placement_group_bundle_index must be an int")
         self.placement_group = placement_group
@@ -48,12 +55,24 @@ class PlacementGroupSchedulingStrategy:
                 f"capture_child_tasks={bool(self.placement_group_capture_child_tasks)})")
 
     def to_wire(self) -> list[Any]:
+        if self.placement_group is None:
+            return ["DEFAULT"]  # not None: that would let a capturing parent's group apply
         return ["PG", self.placement_group.id.binary(), self.placement_group_bundle_index,
                 bool(self.placement_group_capture_child_tasks)]
 
 
+_NO_LABELS = ("lumos nodes have no labels; ask for a custom resource (resources={'name': amount}) "
+              "or use NodeAffinitySchedulingStrategy")
+NodeLabelSchedulingStrategy = _missing_class("ray.util.scheduling_strategies.NodeLabelSchedulingStrategy", _NO_LABELS)
+In = _missing_class("ray.util.scheduling_strategies.In", _NO_LABELS)
+NotIn = _missing_class("ray.util.scheduling_strategies.NotIn", _NO_LABELS)
+Exists = _missing_class("ray.util.scheduling_strategies.Exists", _NO_LABELS)
+DoesNotExist = _missing_class("ray.util.scheduling_strategies.DoesNotExist", _NO_LABELS)
+
+
 def strategy_to_wire(strategy: Any) -> Any:
-    """The strategy as sent in task specs: None, ["SPREAD"], ["NODE", ...], ["PG", ...]."""
+    """The strategy as sent in task specs: None, ["SPREAD"], ["NODE", ...], ["PG", ...], or
+    ["DEFAULT"] (default placement, never captured into a parent's placement group)."""
     if strategy is None or strategy == "DEFAULT":
         return None
     if strategy == "SPREAD":
@@ -64,4 +83,5 @@ def strategy_to_wire(strategy: Any) -> Any:
                      "NodeAffinitySchedulingStrategy or PlacementGroupSchedulingStrategy")
 
 
-__all__ = ["NodeAffinitySchedulingStrategy", "PlacementGroupSchedulingStrategy"]
+__all__ = ["NodeAffinitySchedulingStrategy", "PlacementGroupSchedulingStrategy", "NodeLabelSchedulingStrategy",
+           "In", "NotIn", "Exists", "DoesNotExist"]

@@ -5,7 +5,11 @@ Plain HTTP and websocket clients (no browser) against the head node's dashboard.
 
 from __future__ import annotations
 
+import os
 import re
+import select
+import socket
+import time
 import urllib.error
 import urllib.request
 from http.cookiejar import CookieJar
@@ -16,6 +20,7 @@ import websocket
 
 import lumos
 from lumos.dashboard.components.common import PAGE_TITLES
+from tests.conftest import wait_for
 from tests.dashboard.conftest import base_url
 
 pytestmark = pytest.mark.timeout(120)
@@ -116,3 +121,86 @@ def test_websocket_refused_without_token_or_from_a_foreign_origin(dash_cluster: 
         assert ws.recv()  # Bokeh's ACK / first message
     finally:
         ws.close()
+
+
+def test_access_log_leaves_out_query_strings(dash_cluster: lumos.LumosContext,
+                                             logged_in: tuple[Any, CookieJar]) -> None:
+    opener, _ = logged_in
+    login = dash_cluster.dashboard_url.split("token=", 1)[1].split("&", 1)[0]
+    assert fetch(dash_cluster.dashboard_url)[0] == 302
+    assert fetch(base_url(dash_cluster.dashboard_url) + "/status?bokeh-session-id=secret-looking-id")[0] == 403
+    log = os.path.join(dash_cluster.address_info["session_dir"], "logs", "dashboard.log")
+
+    def read() -> str:
+        with open(log) as f:
+            text = f.read()
+        return text if "GET /login " in text and "GET /status " in text else ""
+    text = wait_for(read)
+    assert login not in text and "secret-looking-id" not in text and "token=" not in text
+
+
+def test_every_response_forbids_framing_by_other_sites(dash_cluster: lumos.LumosContext,
+                                                       logged_in: tuple[Any, CookieJar]) -> None:
+    opener, _ = logged_in
+    base = base_url(dash_cluster.dashboard_url)
+    # The notebook server on the same host (another port) may embed it; other sites may not.
+    want = ("frame-ancestors 'self' http://127.0.0.1:* https://127.0.0.1:* http://localhost:* https://localhost:*"
+            " http://[::1]:* https://[::1]:*")
+    for url, who in ((f"{base}/status", opener), (f"{base}/status", None), (dash_cluster.dashboard_url, None)):
+        _, _, headers = fetch(url, who)
+        assert headers["Content-Security-Policy"] == want, url
+
+
+def test_a_bokeh_session_id_in_a_url_is_not_a_lasting_password() -> None:
+    from lumos.dashboard import auth
+    secret, now = b"s" * 32, 1_800_000_000.0
+    sid = auth.mint_session_id(secret, now=now)
+    assert auth.check_session_id(secret, sid, now=now + 10)
+    assert not auth.check_session_id(secret, sid, now=now + auth.SESSION_ID_TTL_S + 1)
+    assert not auth.check_session_id(b"t" * 32, sid, now=now)
+    # The expiry is under the signature: pushing it later breaks the id.
+    base, sig = sid.split(".", 1)
+    later = base.rsplit("x", 1)[0] + f"x{int(now + 10 * auth.SESSION_ID_TTL_S):x}"
+    assert not auth.check_session_id(secret, f"{later}.{sig}", now=now + auth.SESSION_ID_TTL_S + 1)
+    # Bokeh's own ids (no expiry) are not accepted in URLs.
+    from bokeh.util.token import generate_session_id
+    assert not auth.check_session_id(secret, generate_session_id(secret_key=secret, signed=True), now=now)
+
+
+@pytest.mark.slow
+def test_half_sent_requests_are_capped_and_timed_out(dash_cluster: lumos.LumosContext,
+                                                     logged_in: tuple[Any, CookieJar]) -> None:
+    """200 connections that never finish their headers (slowloris): the server holds at
+    most its cap, drops the rest at once, the held ones after the header timeout, and
+    answers a real request afterwards."""
+    from lumos.dashboard.app import HEADER_TIMEOUT_S, MAX_CONNECTIONS
+    opener, _ = logged_in
+    host, port = base_url(dash_cluster.dashboard_url).split("//", 1)[1].split(":")
+    socks = []
+    try:
+        for i in range(200):
+            s = socket.create_connection((host, int(port)), timeout=10)
+            s.sendall(b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\n" if i % 2 else
+                      b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\nab")
+            socks.append(s)
+        start = time.monotonic()
+        closed: set[int] = set()
+
+        def poll_closed() -> None:
+            ready, _, _ = select.select([s for i, s in enumerate(socks) if i not in closed], [], [], 0.2)
+            for s in ready:
+                try:
+                    data = s.recv(4096)
+                except OSError:
+                    data = b""
+                if not data:
+                    closed.add(socks.index(s))
+
+        wait_for(lambda: poll_closed() or len(closed) >= 200 - MAX_CONNECTIONS, timeout_s=10)
+        assert time.monotonic() - start < HEADER_TIMEOUT_S  # dropped at once, not timed out
+        wait_for(lambda: poll_closed() or len(closed) == 200, timeout_s=HEADER_TIMEOUT_S + 20)
+    finally:
+        for s in socks:
+            s.close()
+    status, _, _ = fetch(base_url(dash_cluster.dashboard_url) + "/status", opener)
+    assert status == 200

@@ -3,6 +3,8 @@ and embedded in a notebook executed by nbclient."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import socket
@@ -11,6 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any, Iterator
 
 import nbformat
@@ -20,6 +23,7 @@ from nbclient import NotebookClient
 
 import lumos
 from lumos.dashboard.components.common import PAGE_TITLES
+from tests.conftest import wait_for
 from tests.dashboard.conftest import screenshot, wait_doc
 
 BASE = "/user/ci/"
@@ -32,44 +36,72 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def jupyter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A jupyter-server (base_url /user/ci/, like JupyterHub and Binder) with the extension enabled."""
-    root = tmp_path_factory.mktemp("jupyter")
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(root / "config"), JUPYTER_RUNTIME_DIR=str(root / "runtime"),
-               JUPYTER_DATA_DIR=str(root / "data"))
-    port = _free_port()
-    cmd = [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-           f"--ServerApp.base_url={BASE}", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}",
-           "--ServerApp.jpserver_extensions={'lumos.dashboard': True}"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-root")
-    log = open(root / "server.log", "wb")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(root))
-    url = f"http://127.0.0.1:{port}"
-    try:
+class JupyterServer:
+    """A jupyter-server subprocess (base_url /user/ci/, like JupyterHub and Binder)."""
+
+    def __init__(self, root: Any, extension: bool) -> None:
+        self.root = root
+        self.runtime_dir = str(root / "runtime")
+        env = dict(os.environ, JUPYTER_CONFIG_DIR=str(root / "config"), JUPYTER_RUNTIME_DIR=self.runtime_dir,
+                   JUPYTER_DATA_DIR=str(root / "data"))
+        port = _free_port()
+        cmd = [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+               f"--ServerApp.base_url={BASE}", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}",
+               f"--ServerApp.jpserver_extensions={{'lumos.dashboard': {extension}}}"]
+        if os.geteuid() == 0:
+            cmd.append("--allow-root")
+        self._log = open(root / "server.log", "wb")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(root))
+        self.url = f"http://127.0.0.1:{port}"
+
+    def wait_ready(self) -> None:
         deadline = time.monotonic() + 60
         while True:
             try:
-                with urllib.request.urlopen(f"{url}{BASE}api/status?token={TOKEN}", timeout=5) as r:
+                with urllib.request.urlopen(f"{self.url}{BASE}api/status?token={TOKEN}", timeout=5) as r:
                     if r.status == 200:
-                        break
+                        return
             except (OSError, urllib.error.URLError):
                 pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("jupyter-server did not start: " + (root / "server.log").read_text()[-2000:])
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("jupyter-server did not start: " + self.log()[-2000:])
             time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
+
+    def log(self) -> str:
+        return (self.root / "server.log").read_text()
+
+    def stop(self) -> None:
+        self.proc.terminate()
         try:
-            proc.wait(15)
+            self.proc.wait(15)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
-        text = (root / "server.log").read_text()
-        assert "lumos dashboard mounted at" in text, text[-3000:]
+            self.proc.kill()
+            self.proc.wait(5)
+        self._log.close()
+
+
+@contextlib.contextmanager
+def jupyter_server(root: Any, extension: bool) -> Iterator[JupyterServer]:
+    server = JupyterServer(root, extension)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def jupyter_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
+    """A jupyter-server with the extension enabled."""
+    with jupyter_server(tmp_path_factory.mktemp("jupyter"), True) as server:
+        yield server
+    text = server.log()
+    assert "lumos dashboard mounted at" in text, text[-3000:]
+
+
+@pytest.fixture(scope="module")
+def jupyter(jupyter_app: JupyterServer) -> str:
+    return jupyter_app.url
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -195,3 +227,79 @@ def test_notebook_embeds_the_dashboard(tmp_path: Any) -> None:
     assert "lineage nodes: ['inc', 'return 0 of inc']" in outputs[4][0]["text"]
     state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     assert any(m["model_name"] == "BokehModel" for m in state.values())
+
+
+@pytest.mark.timeout(120)
+def test_kernel_links_through_jupyter_only_when_the_extension_is_loaded(
+        jupyter_app: JupyterServer, dash_cluster: lumos.LumosContext, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from lumos.dashboard import notebook
+    for var in ("LUMOS_DASHBOARD_URL", "JUPYTERHUB_SERVICE_PREFIX"):
+        monkeypatch.delenv(var, raising=False)
+    # A kernel launched by the server with the extension: the page goes through Jupyter.
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", jupyter_app.runtime_dir)
+    monkeypatch.setenv("JPY_PARENT_PID", str(jupyter_app.proc.pid))
+    frame = notebook.show("status")
+    assert frame.note == "" and frame.url.startswith(f"{BASE}lumos/dashboard/status?cluster=session_")
+    code, location = _status(f"{jupyter_app.url}{frame.url}&token={TOKEN}")
+    assert code == 302 and f"{BASE}lumos/bokeh/status?" in location
+    # A server without it (an editable install before the fix, or another environment):
+    # the head node's own URL, and one line saying how to enable the extension.
+    with jupyter_server(tmp_path, False) as bare:
+        monkeypatch.setenv("JUPYTER_RUNTIME_DIR", bare.runtime_dir)
+        monkeypatch.setenv("JPY_PARENT_PID", str(bare.proc.pid))
+        assert _status(f"{bare.url}{BASE}lumos/dashboard/status?token={TOKEN}")[0] == 404
+        frame = notebook.show("graph")
+        assert frame.url.startswith("http://127.0.0.1:") and "page=graph" in frame.url
+        assert frame.note == notebook.EXTENSION_MISSING and "jpserver_extensions" in frame.note
+        html = frame._repr_html_()
+        assert html.index("lumos-dashboard-note") < html.index("<iframe")
+        assert notebook.EXTENSION_MISSING.splitlines() == [notebook.EXTENSION_MISSING]
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+        with opener.open(frame.url, timeout=20) as r:  # the fallback really serves the page
+            assert r.status == 200
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_editable_install_enables_the_server_extension(tmp_path: Any) -> None:
+    """``pip install -e .`` installs the jupyter_server_config.d file, so a plain
+    ``jupyter server extension list`` shows lumos.dashboard enabled."""
+    repo = Path(__file__).resolve().parents[2]
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-deps", "-e", str(repo)], check=True, timeout=240, cwd=str(tmp_path))
+    config = venv / "etc" / "jupyter" / "jupyter_server_config.d" / "lumos.dashboard.json"
+    assert json.loads(config.read_text())["ServerApp"]["jpserver_extensions"] == {"lumos.dashboard": True}
+    # The server of the test environment reads that file as it would its own prefix's.
+    env = dict(os.environ, JUPYTER_CONFIG_PATH=str(venv / "etc" / "jupyter"), JUPYTER_CONFIG_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-m", "jupyter", "server", "extension", "list"], env=env,
+                         capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)
+    assert re.search(r"lumos\.dashboard\s+enabled", text), text
+    assert re.search(r"lumos\.dashboard\s+OK", text), text
+
+
+@pytest.mark.timeout(120)
+def test_jupyter_page_links_expire_and_forbid_framing(jupyter_app: JupyterServer,
+                                                      dash_cluster: lumos.LumosContext) -> None:
+    from lumos.dashboard import auth
+    name = _cluster(dash_cluster)
+    code, location = _status(f"{jupyter_app.url}{BASE}lumos/dashboard/status?cluster={name}&token={TOKEN}")
+    assert code == 302
+    sid = re.search(r"bokeh-session-id=([^&]+)", location).group(1)
+    base, sig = sid.split(".", 1)
+    expiry = int(base.rsplit("x", 1)[1], 16)
+    assert time.time() < expiry <= time.time() + auth.SESSION_ID_TTL_S + 1
+    page = f"{jupyter_app.url}{location}"
+    with urllib.request.urlopen(page, timeout=20) as r:
+        assert r.status == 200
+        assert r.headers["Content-Security-Policy"] == "frame-ancestors 'self'"
+    # A later expiry under the old signature (a copied link made to last) is refused.
+    later = base.rsplit("x", 1)[0] + f"x{expiry + 86400:x}"
+    assert _status(page.replace(sid, f"{later}.{sig}"))[0] == 403
+    assert _status(f"{jupyter_app.url}{BASE}lumos/bokeh/status?cluster={name}")[0] == 403
+    # Neither the session id nor Jupyter's token reaches the server's log.
+    text = wait_for(lambda: (lambda t: t if f"GET {BASE}lumos/bokeh/status " in t else "")(jupyter_app.log()))
+    assert sid not in text and base not in text

@@ -20,6 +20,16 @@ def test_binds_cover_imports_classes_globals_del_and_walrus() -> None:
     assert a.reads == ["old"]  # `del old` needs it remotely
 
 
+def test_values_leave_out_imports_loop_targets_defs_and_nested_names() -> None:
+    a = analyze("import json\nfrom os import path as p\ntotal = 0\nfor i in range(3):\n    total += i\n"
+                "sq = [j for j in range(3) if (w := j)]\ndef f(x):\n    global g\n    local = x\n    g = 1\n"
+                "class C: pass\nwith open('f') as fh:\n    pass\ntry:\n    pass\nexcept Exception as err:\n"
+                "    pass\ny: int = 3\na, (b, *c) = 1, (2, 3)\ndel old\n")
+    assert a.values[:2] == ["total", "sq"] and set(a.values) == {"total", "sq", "g", "fh", "y", "a", "b", "w", "c"}
+    assert {"json", "p", "i", "f", "C", "err", "old"} <= set(a.assigns) - set(a.values)
+    assert "j" not in a.assigns and "local" not in a.assigns
+
+
 def test_augmented_assignment_reads_the_name() -> None:
     assert analyze("count += 1").reads == ["count"]
 

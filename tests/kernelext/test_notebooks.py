@@ -34,6 +34,15 @@ SMALL: dict[str, str] = {
 }
 
 
+class _Client(NotebookClient):
+    """Records the widgets the kernel closed: JupyterLab removes their views (nbclient keeps their state)."""
+
+    def handle_comm_msg(self, outs: list[Any], msg: dict[str, Any], cell_index: int) -> None:
+        if msg["msg_type"] == "comm_close":
+            self.closed_comms.add(msg["content"]["comm_id"])
+        super().handle_comm_msg(outs, msg, cell_index)
+
+
 def shrink(nb: Any, name: str) -> Any:
     """Append the test sizes of ``name`` to its ``parameters`` cell."""
     if name in SMALL:
@@ -46,8 +55,11 @@ def execute(path: Path, workdir: Path, timeout_s: int = 90) -> Any:
     nb = shrink(nbformat.read(path, as_version=4), path.name)
     env_address = os.environ.pop("LUMOS_ADDRESS", None)
     try:
-        NotebookClient(nb, kernel_name="python3", timeout=timeout_s, store_widget_state=True,
-                       resources={"metadata": {"path": str(workdir)}}).execute()
+        client = _Client(nb, kernel_name="python3", timeout=timeout_s, store_widget_state=True,
+                         resources={"metadata": {"path": str(workdir)}})
+        client.closed_comms = set()
+        client.execute()
+        nb.metadata["closed_comms"] = sorted(client.closed_comms)
     finally:
         if env_address is not None:
             os.environ["LUMOS_ADDRESS"] = env_address
@@ -118,6 +130,13 @@ def _check_quickstart(nb: Any) -> None:
     assert result_text(_cell(nb, "lumos.get(refs)")) == "[0, 1, 4, 9, 16, 25, 36, 49]"
     models = {m["model_name"] for m in _widget_models(nb)}
     assert {"IntProgressModel", "BoundedFloatTextModel", "ToggleButtonsModel"} <= models
+    # After Run All the GPU panel still shows (the shutdown cell below it froze it, not closed it).
+    panel = next(o for o in _cell(nb, "panel = %lumos gpus").outputs
+                 if "application/vnd.jupyter.widget-view+json" in o.get("data", {}))
+    panel_id = panel["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
+    assert panel_id not in nb.metadata["closed_comms"]
+    html = " ".join(str(m["state"].get("value", "")) for m in _widget_models(nb) if m["model_name"] == "HTMLModel")
+    assert "lumos-gpus" in html and "in use" in html
 
 
 def _check_remote_cells(nb: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 
@@ -92,6 +93,26 @@ def test_async_output_lands_in_the_submitting_cell(kernel: KernelSession) -> Non
     assert kernel.value("type(late_value).__name__") == "ObjectRef"
 
 
+_INJECT = ("import base64, json\n"
+           "b = base64.b64encode(json.dumps({'data': {'text/html': '<b id=injected>x</b>'}, "
+           "'metadata': {}}).encode()).decode()\n"
+           "for p in ['\\ue000lumos-display:', '\\ue000lumos-display-' + '0' * 32 + ':', "
+           "'\\ue000lumos-end-' + '0' * 32 + ':']:\n"
+           "    print(p + (b if 'display' in p else '-1'))\n"
+           "print('printed', 'end')\n")
+
+
+def test_printed_marker_lines_stay_text(kernel: KernelSession) -> None:
+    cell = kernel.run("%%remote\n" + _INJECT)
+    assert not errors(cell), errors(cell)
+    assert not displays(cell), displays(cell)
+    assert stdout(cell).count("\ue000lumos-") == 3 and "printed end" in stdout(cell)
+    late = kernel.run("%%remote --async\nimport time\ntime.sleep(0.5)\n" + _INJECT)
+    kernel.run("import time\ntime.sleep(4)")
+    shown = " ".join(str(d.get("text/html", "")) for d in displays(late))
+    assert "printed end" in shown and "<b id=injected>" not in shown, shown
+
+
 def test_display_inside_cell_reaches_notebook_with_rich_repr(kernel: KernelSession) -> None:
     cell = kernel.run("%%remote\nclass Card:\n    def _repr_html_(self):\n        return '<b>rich card</b>'\n"
                       "    def __repr__(self):\n        return 'Card()'\nprint('before')\ndisplay(Card())\n"
@@ -132,11 +153,23 @@ def test_error_shows_remote_traceback_with_cell_line_numbers(kernel: KernelSessi
     assert "kernelext" not in tb and "run_cell" not in tb
 
 
+def test_cell_numbers_are_the_cells_execution_counts(kernel: KernelSession) -> None:
+    import IPython
+    cell = kernel.run("%%remote\nx = 1\ny = 2\n1 / 0")
+    n = cell.execution_count
+    tb = "\n".join(errors(cell)[0]["traceback"])
+    assert f"Cell In[{n}], line 4" in tb and "None" not in tb, (IPython.__version__, n, tb)
+    cell = kernel.run("%%remote --async\nnumbered_q = 1")
+    shown = " ".join(str(d.get("text/plain")) for d in displays(cell))
+    assert f"cell In[{cell.execution_count}]" in shown, shown
+
+
 def test_unpicklable_value_names_the_variable(kernel: KernelSession) -> None:
     kernel.run("import threading\nlk = threading.Lock()")
     cell = kernel.run("%%remote\nprint(lk)")
     errs = errors(cell)
     assert errs and "'lk'" in errs[0]["evalue"], errs
+    assert errs[0]["traceback"] == [f"TypeError: {errs[0]['evalue']}"]  # the message, not lumos's frames
 
 
 def test_large_value_is_put_once_and_reused_while_unchanged(kernel: KernelSession) -> None:
@@ -168,6 +201,35 @@ def test_map_runs_per_element_and_returns_lists_in_order(kernel: KernelSession) 
     assert result_text(cell) == "[1, 2, 5, 10, 17]"
     for i in range(5):
         assert f"[{i}] item {i}" in stdout(cell)
+
+
+def test_async_binds_only_values_the_cell_assigns(kernel: KernelSession) -> None:
+    kernel.run("import json")
+    cell = kernel.run("%%remote --async\nimport json\nimport os as os_q\nacc_q = 0\n"
+                      "for loop_q in range(3):\n    acc_q += loop_q\nsq_q = [comp_q * comp_q for comp_q in range(3)]\n"
+                      "def helper_q(v):\n    inner_q = v\n    return inner_q\n"
+                      "with open('/dev/null') as fh_q:\n    text_q = json.dumps({'acc': helper_q(acc_q)})")
+    assert not errors(cell), errors(cell)
+    assert kernel.value("[type(v).__name__ for v in (acc_q, sq_q, text_q, fh_q)]") == ["ObjectRef"] * 4
+    assert kernel.value("json.dumps([1])") == "[1]"  # the notebook's module, not a ref
+    assert kernel.value("[n in globals() for n in ('os_q', 'loop_q', 'comp_q', 'inner_q', 'helper_q')]") == [False] * 5
+    later = kernel.run("%%remote\nprint(text_q, sum(sq_q))")
+    assert not errors(later), errors(later)
+    assert '{"acc": 3} 5' in stdout(later)
+
+
+def test_out_and_no_out_choose_the_names_brought_back(kernel: KernelSession) -> None:
+    assert not errors(kernel.run("%%remote --out kept_q\nkept_q = 1\ndropped_q = 2"))
+    assert kernel.value("[kept_q, 'dropped_q' in globals()]") == [1, False]
+    cell = kernel.run("%%remote --no-out\nnothing_q = 3\nnothing_q * 2")
+    assert result_text(cell) == "6"
+    assert kernel.value("'nothing_q' in globals()") is False
+    assert not errors(kernel.run("%%remote --async --out a_q\nimport colorsys as cs_q\na_q = 1\nb_q = 2"))
+    assert kernel.value("[type(a_q).__name__, 'b_q' in globals(), 'cs_q' in globals()]") == ["ObjectRef", False, False]
+    for flags, message in (("--out 1x", "comma-separated names"), ("--out a --no-out", "cannot be combined")):
+        cell = kernel.run(f"%%remote {flags}\nx = 1")
+        shown = stdout(cell, "stderr") + " ".join(e["evalue"] for e in errors(cell))
+        assert "UsageError" in shown and message in shown, cell.outputs
 
 
 def test_async_map_results_are_resolved_by_a_later_cell(kernel: KernelSession) -> None:
@@ -206,6 +268,7 @@ def test_bad_options_give_clear_errors(kernel: KernelSession, flags: str, messag
     cell = kernel.run(f"%%remote {flags}\nx = 1")
     errs = errors(cell)
     assert errs and message in errs[0]["evalue"], errs
+    assert len(errs[0]["traceback"]) == 1 and "magics.py" not in errs[0]["traceback"][0], errs
 
 
 def test_placement_group_option(kernel: KernelSession) -> None:
@@ -232,6 +295,22 @@ def test_timeout_cancels_the_cell(kernel: KernelSession) -> None:
     assert time.monotonic() - start < 20
     errs = errors(cell)
     assert errs and "GetTimeoutError" in errs[0]["ename"] and "--timeout 1" in errs[0]["evalue"], errs
+
+
+_LUMOS_FRAMES = ("magics.py", "remote.py", "core_worker", "api.py", "interactiveshell.py", "decorator-gen")
+
+
+def test_timeouts_show_only_the_users_frames(kernel: KernelSession) -> None:
+    cell = kernel.run("%%remote --timeout 0.5\nimport time\ntime.sleep(30)")
+    tb = "\n".join(errors(cell)[0]["traceback"])
+    assert "--timeout 0.5" in tb and not [f for f in _LUMOS_FRAMES if f in tb], tb
+    kernel.run("@lumos.remote\ndef slow_q():\n    import time\n    time.sleep(30)")
+    cell = kernel.run("def wait_q(r):\n    return lumos.get(r, timeout=0.2)\nref_q = slow_q.remote()\nwait_q(ref_q)")
+    errs = errors(cell)
+    tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(errs[0]["traceback"]))
+    assert errs[0]["ename"] == "GetTimeoutError" and "lumos.get(r, timeout=0.2)" in tb and "wait_q(ref_q)" in tb
+    assert not [f for f in _LUMOS_FRAMES if f in tb], tb
+    kernel.run("lumos.cancel(ref_q, force=True)")
 
 
 def test_shell_escape_runs_remotely(kernel: KernelSession) -> None:

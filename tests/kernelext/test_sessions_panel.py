@@ -60,6 +60,28 @@ def test_lumos_status_shows_nodes_resources_and_store(kernel: KernelSession) -> 
     assert "CPU" in html and "GPU" in html and "object store" in html and "(head)" in html
 
 
+def test_cluster_card_shows_totals_in_human_units_and_links_through_the_notebook_server(
+        kernel: KernelSession) -> None:
+    import re
+    kernel.run("import os\nos.environ['JUPYTERHUB_SERVICE_PREFIX'] = '/user/ci/'")
+    try:
+        for source in ("%lumos status", "_ctx"):
+            cell = kernel.run(source)
+            out = [o for o in cell.outputs if o.output_type == "execute_result"]
+            assert out, cell.outputs
+            html = out[0].data["text/html"]
+            assert "/user/ci/lumos/dashboard/status?cluster=session_" in html, html
+            for label in ("Nodes", "CPUs", "GPUs", "Workers", "Memory", "Object store", "<details", "(head)"):
+                assert label in html, (label, html)
+            assert "GiB" in html and "MiB" in html and not re.search(r"\d{6,}\.\d", html), html
+        text = out[0].data["text/plain"]
+        assert text.startswith("LumosContext(")
+        plain = kernel.run("print(repr(get_ipython().run_line_magic('lumos', 'status')))")
+        assert "cpus 2 (" in stdout(plain) and "/user/ci/lumos/dashboard/status" in stdout(plain)
+    finally:
+        kernel.run("del os.environ['JUPYTERHUB_SERVICE_PREFIX']")
+
+
 def test_lumos_bad_command_is_a_usage_error(kernel: KernelSession) -> None:
     cell = kernel.run("%lumos frobnicate")
     assert "UsageError: %lumos frobnicate: unknown command" in stdout(cell, "stderr")

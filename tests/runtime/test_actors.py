@@ -263,7 +263,7 @@ def test_exception_in_method_fails_only_that_call(cluster: lumos.LumosContext) -
     assert lumos.get(c.incr.remote()) == 1
 
 
-def test_exception_in_init_makes_every_call_raise_it(cluster: lumos.LumosContext) -> None:
+def test_exception_in_init_makes_every_call_raise_actor_died_with_it(cluster: lumos.LumosContext) -> None:
     @lumos.remote
     class Broken:
         def __init__(self) -> None:
@@ -273,9 +273,11 @@ def test_exception_in_init_makes_every_call_raise_it(cluster: lumos.LumosContext
             return 1
 
     b = Broken.remote()
-    for _ in range(2):
-        with pytest.raises(InitError, match="bad config"):
+    for _ in range(2):  # as in Ray: RayActorError (ActorDiedError) naming the constructor's error
+        with pytest.raises(ActorDiedError, match="creation task(.|\n)*InitError: bad config") as info:
             lumos.get(b.f.remote(), timeout=10)
+        assert isinstance(info.value, lumos.exceptions.RayActorError)
+        assert isinstance(info.value.cause, InitError)
 
 
 def test_process_death_without_restarts_is_actor_died(cluster: lumos.LumosContext) -> None:

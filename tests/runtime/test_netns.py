@@ -40,10 +40,11 @@ DRIVER = r'''
 import hashlib, json, os, queue, signal, subprocess, sys, threading, time
 address, token, lumos_bin, config = sys.argv[1:5]
 node = subprocess.Popen(
-    [lumos_bin, "start", "--address", address, "--token", token, "--node-ip-address", "%(worker_ip)s",
+    [lumos_bin, "start", "--address", address, "--node-ip-address", "%(worker_ip)s",
      "--num-cpus", "1", "--resources", json.dumps({"worker_only": 1}), "--object-store-memory", str(256 << 20),
      "--system-config", config, "--block"],
-    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    env=dict(os.environ, PYTHONUNBUFFERED="1", LUMOS_CLUSTER_TOKEN=token))
 lines = queue.Queue()
 threading.Thread(target=lambda: [lines.put(l) for l in node.stdout], daemon=True).start()
 seen = []
@@ -152,7 +153,7 @@ def veth_pair() -> Iterator[tuple[str, str, str]]:
 
 def _in_namespace(ns: str, root: str, argv: list[str], **popen: Any) -> subprocess.Popen[str]:
     """Run ``argv`` in ``ns`` with private tmpfs mounts over ``root`` and /dev/shm."""
-    script = 'mount -t tmpfs tmpfs /dev/shm && mount -t tmpfs tmpfs "$1" && shift && exec "$@"'
+    script = 'mount -t tmpfs tmpfs /dev/shm && mount -t tmpfs -o mode=0700 tmpfs "$1" && shift && exec "$@"'
     env = dict(os.environ, LUMOS_TMPDIR=root, PYTHONUNBUFFERED="1")
     env.pop("LUMOS_CLUSTER_TOKEN", None)
     return subprocess.Popen(["ip", "netns", "exec", ns, "sh", "-c", script, "sh", root, *argv],
@@ -191,8 +192,8 @@ def test_head_and_node_in_two_network_namespaces_run_tasks_and_move_objects(
             except queue.Empty:
                 raise AssertionError(f"the head did not start: {''.join(seen)}") from None
             seen.append(line)
-            if f"lumos start --address {HEAD_IP}:{GCS_PORT} --token " in line:
-                token = line.split("--token", 1)[1].strip()
+            if "export LUMOS_CLUSTER_TOKEN=" in line:
+                token = line.split("=", 1)[1].strip()
         driver_file = tmp_path / "driver.py"
         driver_file.write_text(DRIVER)
         driver = _in_namespace(worker_ns, root, [sys.executable, str(driver_file), f"{HEAD_IP}:{GCS_PORT}",

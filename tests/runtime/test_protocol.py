@@ -4,8 +4,8 @@ The first half tests ``protocol.framing`` and ``protocol.messages`` as pure code
 second half starts a private cluster, finds every socket its processes listen on (the
 GCS's TCP port and Unix socket, the raylet's, the driver's and each worker's core
 worker) and attacks each one with a tiny client written here on plain sockets: random
-bytes, oversized length prefixes, a wrong HMAC answer, silence, and malformed msgpack
-after a correct handshake. Each time the peer must be dropped, the drop logged in that
+bytes, oversized length prefixes, a wrong HMAC proof, a reflected or replayed proof,
+silence, and malformed msgpack after a correct handshake. Each time the peer must be dropped, the drop logged in that
 process's log, every lumos process must keep running and the next task must work.
 """
 
@@ -188,6 +188,25 @@ def test_sets_travel_as_lists():
     assert m.decode(m.encode(m.REPLY, 1, {1, 2}))[2] in ([1, 2], [2, 1])
 
 
+def _nested_ext(levels: int) -> bytes:
+    """A message whose only field is a message whose only field is ... (``levels`` deep).
+
+    200 levels is 721 bytes; before nesting was bounded it overflowed the C stack of any
+    process that decoded it (SIGSEGV)."""
+    inner = msgpack.packb(None)
+    for _ in range(levels):
+        inner = msgpack.packb(msgpack.ExtType(m.Address._code, inner))
+    return msgpack.packb([0, 1, msgpack.ExtType(m.Address._code, inner)])
+
+
+def _ext_in_deep_arrays(levels: int) -> bytes:
+    """Messages nested inside one-element arrays inside messages, ``levels`` times."""
+    inner = msgpack.packb(None)
+    for _ in range(levels):
+        inner = msgpack.packb([[msgpack.ExtType(m.KvGet._code, inner)]])
+    return msgpack.packb([0, 1, msgpack.ExtType(m.KvGet._code, inner)])
+
+
 MALFORMED_PAYLOADS = {
     "reserved_byte": b"\xc1",
     "empty": b"",
@@ -202,6 +221,10 @@ MALFORMED_PAYLOADS = {
     "ext_garbage": msgpack.packb([0, 1, msgpack.ExtType(m.KvGet._code, b"\xc1\xc1")]),
     "huge_declared_bin": b"\x93\x00\x01\xc6\xff\xff\xff\xff",
     "deep_nesting": b"\x93\x00\x01" + b"\x91" * 200_000 + b"\xc0",
+    "nested_ext": _nested_ext(200),
+    "nested_ext_deep": _nested_ext(5000),
+    "ext_in_deep_arrays": _ext_in_deep_arrays(2000),
+    "deep_array_in_ext": msgpack.packb([0, 1, msgpack.ExtType(m.KvGet._code, b"\x91" * 200_000 + b"\xc0")]),
     "random": random.Random(7).randbytes(512),
 }
 
@@ -223,15 +246,24 @@ def test_decode_survives_random_garbage():
         # Anything else (a msgpack exception type, RecursionError, ...) fails the test.
 
 
-def test_auth_answer_checks_token_and_length():
-    nonce = auth.new_nonce()
-    assert len(nonce) == auth.NONCE_BYTES and nonce != auth.new_nonce()
-    good = auth.answer(b"token-a", nonce)
-    assert auth.check(b"token-a", nonce, good)
-    assert not auth.check(b"token-b", nonce, good)
-    assert not auth.check(b"token-a", auth.new_nonce(), good)
-    assert not auth.check(b"token-a", nonce, good[:-1])
-    assert not auth.check(b"token-a", nonce, b"")
+def test_auth_proofs_check_token_both_nonces_direction_and_length():
+    cn = auth.new_nonce()
+    assert len(cn) == auth.NONCE_BYTES and cn != auth.new_nonce()
+    hello, sn = auth.server_hello(b"token-a", cn)
+    assert auth.check_server_hello(b"token-a", cn, hello) == sn
+    assert auth.check_server_hello(b"token-b", cn, hello) is None
+    assert auth.check_server_hello(b"token-a", auth.new_nonce(), hello) is None
+    assert auth.check_server_hello(b"token-a", cn, hello[:-1]) is None
+    proof = auth.client_proof(b"token-a", cn, sn)
+    assert auth.check_client_proof(b"token-a", cn, sn, proof)
+    assert not auth.check_client_proof(b"token-b", cn, sn, proof)
+    assert not auth.check_client_proof(b"token-a", cn, auth.new_nonce(), proof)
+    assert not auth.check_client_proof(b"token-a", auth.new_nonce(), sn, proof)
+    assert not auth.check_client_proof(b"token-a", cn, sn, proof[:-1])
+    assert not auth.check_client_proof(b"token-a", cn, sn, b"")
+    # Direction labels: the server's proof is never a client's proof, and back.
+    assert not auth.check_client_proof(b"token-a", cn, sn, hello[auth.NONCE_BYTES:])
+    assert auth.check_server_hello(b"token-a", cn, sn + proof) is None
 
 
 # --------------------------------------------------------------------------- a raw client
@@ -274,14 +306,18 @@ class RawPeer:
     def send_frame(self, payload: bytes) -> None:
         self.send(frame(payload))
 
-    def read_nonce(self) -> bytes:
-        nonce = self.recv_frame()
-        assert len(nonce) == auth.NONCE_BYTES
-        return nonce
+    def hello(self, client_nonce: bytes | None = None) -> tuple[bytes, bytes, bytes]:
+        """Send a client nonce; return it with the server's nonce and proof (unchecked)."""
+        cn = auth.new_nonce() if client_nonce is None else client_nonce
+        self.send_frame(cn)
+        hello = self.recv_frame()
+        assert len(hello) == auth.SERVER_HELLO_BYTES
+        return cn, hello[:auth.NONCE_BYTES], hello[auth.NONCE_BYTES:]
 
     def handshake(self, token: bytes) -> None:
-        nonce = self.read_nonce()
-        self.send_frame(hmac.new(token, nonce, hashlib.sha256).digest())
+        cn, sn, proof = self.hello()
+        assert auth.check_server_hello(token, cn, sn + proof) == sn, "the server's proof does not hold"
+        self.send_frame(auth.client_proof(token, cn, sn))
         assert self.recv_frame() == auth.OK
 
     def call(self, msg: Any, rid: int = 1) -> tuple[int, int, Any]:
@@ -322,8 +358,8 @@ class Endpoint:
         return f"{self.role}-{self.transport}"
 
 
-#: A short handshake deadline so silent peers are dropped quickly.
-PROTOCOL_CONFIG = {"handshake_timeout_s": 1.0}
+#: A short handshake deadline so silent peers are dropped quickly; every drop logged.
+PROTOCOL_CONFIG = {"handshake_timeout_s": 1.0, "peer_warning_interval_s": 0.0}
 
 
 @pytest.fixture(scope="class")
@@ -418,27 +454,42 @@ def _attack(name: str, peer: RawPeer, token: bytes) -> None:
     elif name == "random_bytes_before_the_nonce_is_read":
         peer.send(random.Random(12).randbytes(64))
     elif name == "random_frame_as_auth_answer":
-        peer.read_nonce()
+        peer.hello()
         peer.send_frame(random.Random(13).randbytes(auth.DIGEST_BYTES))
     elif name == "oversized_length_before_auth":
-        peer.read_nonce()
         peer.send(struct.pack("<I", 0xFFFFFFF0) + b"x" * 100)
     elif name == "length_just_above_preauth_limit":
-        peer.read_nonce()
         peer.send(struct.pack("<I", Config.max_preauth_frame_bytes + 1))
+    elif name == "short_client_nonce":
+        peer.send_frame(b"n" * (auth.NONCE_BYTES - 1))
     elif name == "wrong_token":
-        nonce = peer.read_nonce()
-        peer.send_frame(hmac.new(b"not-the-cluster-token", nonce, hashlib.sha256).digest())
+        cn, sn, _ = peer.hello()
+        peer.send_frame(auth.client_proof(b"not-the-cluster-token", cn, sn))
     elif name == "answer_for_another_nonce":
-        peer.read_nonce()
-        peer.send_frame(hmac.new(token, auth.new_nonce(), hashlib.sha256).digest())
+        cn, _, _ = peer.hello()
+        peer.send_frame(auth.client_proof(token, cn, auth.new_nonce()))
+    elif name == "servers_proof_reflected":
+        _, _, proof = peer.hello()
+        peer.send_frame(proof)  # the server's own proof, sent back as the client's
+    elif name == "old_one_way_answer":
+        _, sn, _ = peer.hello()
+        peer.send_frame(hmac.new(token, sn, hashlib.sha256).digest())
+    elif name == "recorded_proof_replayed":
+        # A proof seen on another (real) connection, replayed with that connection's nonce.
+        cn = b"r" * auth.NONCE_BYTES
+        peer.hello(cn)
+        peer.send_frame(auth.client_proof(token, cn, b"s" * auth.NONCE_BYTES))
     elif name == "message_before_auth":
-        peer.read_nonce()
+        peer.send_frame(m.encode(m.REQUEST, 1, m.GetAllNodes()))
+    elif name == "message_after_nonce_before_proof":
+        peer.hello()
         peer.send_frame(m.encode(m.REQUEST, 1, m.GetAllNodes()))
     elif name == "silence":
-        peer.read_nonce()  # and then nothing: the handshake deadline drops us
+        pass  # nothing at all: the handshake deadline drops us
+    elif name == "silence_after_nonce":
+        peer.hello()
     elif name == "half_a_header":
-        peer.read_nonce()
+        peer.hello()
         peer.send(b"\x20\x00")
     elif name == "oversized_length_after_auth":
         peer.handshake(token)
@@ -458,8 +509,9 @@ def _attack(name: str, peer: RawPeer, token: bytes) -> None:
 
 ATTACKS = [
     "random_bytes", "random_bytes_before_the_nonce_is_read", "random_frame_as_auth_answer",
-    "oversized_length_before_auth", "length_just_above_preauth_limit", "wrong_token",
-    "answer_for_another_nonce", "message_before_auth", "silence", "half_a_header",
+    "oversized_length_before_auth", "length_just_above_preauth_limit", "short_client_nonce", "wrong_token",
+    "answer_for_another_nonce", "servers_proof_reflected", "old_one_way_answer", "recorded_proof_replayed",
+    "message_before_auth", "message_after_nonce_before_proof", "silence", "silence_after_nonce", "half_a_header",
     "oversized_length_after_auth", "unknown_frame_kind", "message_the_server_does_not_handle",
 ] + [f"malformed:{k}" for k in sorted(MALFORMED_PAYLOADS) if k != "empty"]
 
@@ -468,6 +520,18 @@ POST_AUTH = {a for a in ATTACKS if a.startswith("malformed:")} | {
 
 ROLES = ["gcs-tcp", "gcs-unix", "raylet-unix", "raylet-tcp", "driver-unix", "driver-tcp",
          "worker0-unix", "worker0-tcp", "worker1-unix", "worker1-tcp"]
+
+
+def _frames(data: bytes) -> list[bytes]:
+    """The whole frames in ``data``."""
+    out = []
+    while len(data) >= 4:
+        (n,) = HEADER.unpack(data[:4])
+        if len(data) < 4 + n:
+            break
+        out.append(data[4:4 + n])
+        data = data[4 + n:]
+    return out
 
 
 def _check_still_serving(proto_cluster: dict[str, Any], nonce: int) -> None:
@@ -506,7 +570,7 @@ class TestHostilePeers:
             _attack(attack, peer, proto_cluster["token"])
             sent_back = peer.expect_closed()
         if attack not in POST_AUTH:
-            assert auth.OK not in sent_back, "an unauthenticated peer was told ok"
+            assert auth.OK not in _frames(sent_back), "an unauthenticated peer was told ok"
         wait_for(lambda: _log_drops(ep, caplog) > before, 5)
         _check_still_serving(proto_cluster, hash((target, attack)) & 0xFFFF)
 
@@ -541,8 +605,9 @@ class TestHostilePeers:
 
 
 class TestObjectTransferDataChannel:
-    """The raylet's data channel: nonce, HMAC answer, then ``[n][object id][offset, length]``
-    requests answered with a signed length and the bytes (no msgpack framing)."""
+    """The raylet's data channel: the handshake of ``protocol.auth`` as raw bytes, then
+    ``[n][object id][offset, length]`` requests answered with a signed length and the
+    bytes (no msgpack framing)."""
 
     @staticmethod
     def _ep(proto_cluster: dict[str, Any]) -> Endpoint:
@@ -550,9 +615,17 @@ class TestObjectTransferDataChannel:
         return ep
 
     @staticmethod
-    def _auth(peer: RawPeer, token: bytes) -> None:
-        nonce = peer._read(auth.NONCE_BYTES)
-        peer.send(hmac.new(token, nonce, hashlib.sha256).digest())
+    def _hello(peer: RawPeer) -> tuple[bytes, bytes, bytes]:
+        cn = auth.new_nonce()
+        peer.send(cn)
+        hello = peer._read(auth.SERVER_HELLO_BYTES)
+        return cn, hello[:auth.NONCE_BYTES], hello[auth.NONCE_BYTES:]
+
+    @classmethod
+    def _auth(cls, peer: RawPeer, token: bytes) -> None:
+        cn, sn, proof = cls._hello(peer)
+        assert auth.check_server_hello(token, cn, sn + proof) == sn
+        peer.send(auth.client_proof(token, cn, sn))
         assert peer._read(len(auth.OK)) == auth.OK
 
     @staticmethod
@@ -581,7 +654,7 @@ class TestObjectTransferDataChannel:
         _check_still_serving(proto_cluster, 41)
 
     @pytest.mark.parametrize("attack", ["random_bytes", "wrong_token", "silence", "oversized_id",
-                                        "request_before_auth"])
+                                        "request_before_auth", "servers_proof_reflected"])
     def test_hostile_peer_is_dropped_and_logged(self, proto_cluster, attack):
         ep = self._ep(proto_cluster)
         before = _log_drops_any(ep.log)
@@ -589,15 +662,18 @@ class TestObjectTransferDataChannel:
             if attack == "random_bytes":
                 peer.send(random.Random(5).randbytes(4096))
             elif attack == "wrong_token":
-                nonce = peer._read(auth.NONCE_BYTES)
-                peer.send(hmac.new(b"wrong", nonce, hashlib.sha256).digest())
+                cn, sn, _ = self._hello(peer)
+                peer.send(auth.client_proof(b"wrong", cn, sn))
             elif attack == "silence":
-                peer._read(auth.NONCE_BYTES)
+                self._hello(peer)
+            elif attack == "servers_proof_reflected":
+                _, _, proof = self._hello(peer)
+                peer.send(proof)
             elif attack == "oversized_id":
                 self._auth(peer, proto_cluster["token"])
                 peer.send(bytes([200]) + b"x" * 200)
             elif attack == "request_before_auth":
-                peer._read(auth.NONCE_BYTES)
+                self._hello(peer)
                 peer.send(bytes([20]) + b"\x01" * 20 + struct.pack("<QQ", 0, 100))
             sent_back = peer.expect_closed()
         if attack != "oversized_id":

@@ -191,13 +191,16 @@ class ActorHost:
                     # value (an ObjectRef) that the caller wants as it is.
                     if asyncio.iscoroutine(result):
                         result = await result
+                    if me.cancelling():  # it caught the cancel and returned: cancelled still (as in Ray)
+                        raise asyncio.CancelledError
                     reply = self.ex._success_reply(spec, result, start)
         except asyncio.CancelledError:
             reply = self.ex._system_reply(spec, "cancelled while running", "cancelled", start)
         except SystemExit as e:
             reply = self._exit_reply(spec, e, start)
         except Exception as e:
-            reply = self.ex._failed_reply(spec, e, start)
+            reply = (self.ex._system_reply(spec, "cancelled while running", "cancelled", start) if me.cancelling()
+                     else self.ex._failed_reply(spec, e, start))
         finally:
             self._async_calls.pop(spec.task_id, None)
         self.cw.send_reply(conn, reply)

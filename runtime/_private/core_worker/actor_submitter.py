@@ -140,6 +140,8 @@ class ActorSubmitter:
             for task in lost:
                 self.cw._fail_task(task, err)
         assert info.address is not None
+        if info.address.node_id in self.cw.dead_nodes:
+            return  # an address from before its node was declared dead: the restart comes next
         if q.conn_worker != info.address.worker_id or q.conn is None or q.conn.is_closed:
             if not q.connecting:
                 q.connecting = True
@@ -153,6 +155,11 @@ class ActorSubmitter:
             from lumos._private import serialization as ser
             try:
                 _kind, err = ser.deserialize(info.death_error)
+                if isinstance(err, exc.TaskError):
+                    # As in Ray: every call raises ActorDiedError (RayActorError), whose
+                    # message carries the constructor's exception and traceback.
+                    return exc.ActorDiedError(q.actor_id.hex(), "the actor died because of an error raised "
+                                              f"in its creation task, {err}", err.as_instanceof_cause())
                 if isinstance(err, BaseException):
                     return err
             except Exception as e:  # the class of the error may not load here
@@ -256,6 +263,11 @@ class ActorSubmitter:
             task.state = PUSHED
             q.inflight[task.spec.task_id] = task
             spec = task.spec
+            if task.retry_why is not None:
+                events.append((spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, None,
+                               task.retry_why))
+                spec.attempt += 1
+                task.retry_why = None
             events.append((spec.task_id, spec.attempt, "SCHEDULED", time.time(), None,
                            q.info.node_id, q.conn_worker, None))
             conn.notify(m.PushTask(spec, {}))
@@ -299,34 +311,35 @@ class ActorSubmitter:
         if q.released:
             self._maybe_release(q)  # a failed head of line must not block the calls behind it
 
-    def connection_lost(self, conn: Connection) -> None:
+    def connection_lost(self, conn: Connection, why: str = "the actor's connection dropped") -> None:
         for q in self.actors.values():
-            if q.conn is not conn:
+            if q.conn is conn:
+                self._lost_connection(q, why)
+
+    def _lost_connection(self, q: _ActorQueue, why: str) -> None:
+        """The connection to ``q``'s actor is gone: calls in flight are sent again (to the
+        restarted actor) when ``max_task_retries`` allows, else they wait for the verdict."""
+        q.conn = None
+        inflight = list(q.inflight.values())
+        q.inflight.clear()
+        retry: list[PendingTask] = []
+        for task in inflight:
+            if task.state == DONE:
                 continue
-            q.conn = None
-            inflight = list(q.inflight.values())
-            q.inflight.clear()
-            retry: list[PendingTask] = []
-            for task in inflight:
-                if task.state == DONE:
-                    continue
-                if task.retries_left != 0:
-                    if task.retries_left > 0:
-                        task.retries_left -= 1
-                    spec = task.spec
-                    self.cw._events.append((spec.task_id, spec.attempt, "RETRIED", time.time(), None, None,
-                                            None, "the actor's connection dropped"))
-                    spec.attempt += 1
-                    task.state = QUEUED
-                    retry.append(task)
-                else:
-                    if not q.lost:
-                        q.lost_since = time.monotonic()
-                    q.lost.append(task)
-            for task in reversed(retry):
-                q.queue.appendleft(task)
-                q.ready.add(task.spec.task_id)
-            self._schedule_check(q)
+            if task.retries_left != 0:
+                if task.retries_left > 0:
+                    task.retries_left -= 1
+                task.retry_why = why
+                task.state = QUEUED
+                retry.append(task)
+            else:
+                if not q.lost:
+                    q.lost_since = time.monotonic()
+                q.lost.append(task)
+        for task in reversed(retry):
+            q.queue.appendleft(task)
+            q.ready.add(task.spec.task_id)
+        self._schedule_check(q)
 
     def _fail_all(self, q: _ActorQueue, error: BaseException) -> None:
         tasks = list(q.inflight.values()) + list(q.queue) + q.lost
@@ -336,6 +349,22 @@ class ActorSubmitter:
         q.lost = []
         for task in tasks:
             self.cw._fail_task(task, error)
+
+    def node_died(self, node_id: bytes) -> None:
+        """The GCS declared ``node_id`` dead: calls to actors there fail over as if their
+        connection had closed (the core worker severs it; its close then finds nothing)."""
+        for q in self.actors.values():
+            info = q.info
+            if info is None or info.address is None or info.address.node_id != node_id:
+                continue
+            self._lost_connection(q, f"its node {short(node_id)} was declared dead")
+
+    def worker_of(self, task: PendingTask) -> bytes | None:
+        """The worker the call's current attempt was sent to."""
+        q = self.actors.get(task.spec.actor_id or b"")
+        if q is None or task.spec.task_id not in q.inflight:
+            return None
+        return q.conn_worker
 
     def address_of(self, actor_id: bytes) -> m.Address | None:
         q = self.actors.get(actor_id)

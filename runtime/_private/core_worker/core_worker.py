@@ -41,6 +41,7 @@ from lumos._private.ids import (TASK_ID_SIZE, is_put_object, new_task_id, put_ob
                                 return_object_id, short, task_id_of)
 from lumos._private.object_store.client import StoreClient
 from lumos._private.protocol import messages as m
+from lumos._private.raylet.memory_monitor import OOM_KILL_REASON
 from lumos._private.transport.connection import (Connection, ConnectionCache, ConnectionLost, RemoteError, batch,
                                                  RpcServer, connect)
 from lumos.generator import GeneratorStream, ObjectRefGenerator
@@ -118,6 +119,8 @@ class CoreWorker:
         self.objects = ObjectTable(worker_id)
         self.store = StoreClient(store_dir, config.memcpy_threads, config.memcpy_threshold_bytes,
                                  config.object_store_recycle_bytes)
+        self.store.on_pin = self._store_pin_changed
+        self.store.restore = self._restore_spilled
         self.address: m.Address = m.Address(node_id, worker_id, "", "", 0)
         #: The driver's own task id (parent of what it submits); in workers the running task's.
         self.current_task_id: bytes = new_task_id()
@@ -139,6 +142,8 @@ class CoreWorker:
         #: Task id -> task submitted by this process and not answered.
         self.tasks: dict[bytes, PendingTask] = {}
         self._queues: dict[Any, SchedulingQueue] = {}
+        #: Leased workers with nothing to run, kept a moment for more of their key's tasks.
+        self._idle_leases: set[LeasedWorker] = set()
         #: Worker id -> open connection (or the future of one being opened).
         self._peers = ConnectionCache()
         #: Function ids already exported to the GCS for this job.
@@ -153,6 +158,8 @@ class CoreWorker:
         self._events: list[tuple[Any, ...]] = []
         #: Called with batches of worker output lines (driver); replaceable by front ends.
         self.log_handler: Callable[[list[Any]], None] = _print_worker_lines
+        #: When worker output last arrived (monotonic; the exit drain waits for it to settle).
+        self.last_log_at = 0.0
         self.error_handler: Callable[[str, str], None] = _print_cluster_error
         self._closed = False
         self._blocked_depth = 0
@@ -169,6 +176,12 @@ class CoreWorker:
         self.lineage: dict[bytes, PendingTask] = {}
         #: Nodes the GCS declared dead (io thread): values stored there are lost.
         self.dead_nodes: set[bytes] = set()
+        #: Why the cluster is unreachable (the GCS or the local raylet went away), else None.
+        self.gone: str | None = None
+        #: Peer key (worker id, or b"raylet:" + node id) -> the node it runs on (io thread).
+        self._peer_nodes: dict[bytes, bytes] = {}
+        #: Connections closed because their node was declared dead -> that node.
+        self._node_of_conn: dict[Connection, bytes] = {}
         self._lineage_bytes = 0
         from lumos._private.core_worker.actor_submitter import ActorSubmitter
         self.actor_submitter = ActorSubmitter(self)
@@ -251,6 +264,7 @@ class CoreWorker:
                                  on_close=self._gcs_lost)
         self.raylet = await connect(self.raylet_socket, token=self.token, config=cfg,
                                     handlers={m.DropSlots: self._handle_drop_slots,
+                                              m.DropMappings: lambda c, msg: self.store.drop_mappings(msg.object_ids),
                                               m.ExitWorker: self._handle_exit_worker},
                                     name="core-worker->raylet", on_close=self._raylet_lost)
         if self.mode == DRIVER:
@@ -336,9 +350,17 @@ class CoreWorker:
         if self.mode == WORKER:
             logger.info("exiting: %s", why)
             os._exit(1)
-        # Driver: fail everything pending so nothing waits forever.
+        # Driver: fail everything pending, and every later call at once (_on_submit), so
+        # nothing waits forever: calls on actor handles included (issue 12).
+        if self.gone is None:
+            self.gone = f"{why}; the cluster is gone (connection lost)"
         for task in list(self.tasks.values()):
-            self._fail_task(task, exc.LocalRayletDiedError(f"{why}; the cluster is gone"))
+            self._fail_task(task, self._gone_error(task))
+
+    def _gone_error(self, task: PendingTask) -> exc.ClusterUnavailableError:
+        return exc.ClusterUnavailableError(
+            f"{task.spec.name}() cannot run: {self.gone}. Call lumos.shutdown(), then lumos.init() "
+            "to start or join a cluster again.")
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         assert self.loop is not None
@@ -375,6 +397,22 @@ class CoreWorker:
                 except Exception:
                     logger.exception("io-thread job %s failed", getattr(fn, "__name__", fn))
 
+    def drain_at_exit(self, timeout_s: float, settle_s: float = 0.3) -> int:
+        """At a script's exit (user thread): wait until every task and actor call this
+        process submitted has answered, then until worker output stops arriving for
+        ``settle_s``, at most ``timeout_s`` in all. Returns the calls still unanswered."""
+        deadline = time.monotonic() + timeout_s
+        done_at = None
+        while time.monotonic() < deadline and not self._closed:
+            if self._inbox or self.tasks:
+                done_at = None
+            elif done_at is None:
+                done_at = time.monotonic()  # output travels worker -> raylet -> GCS -> here
+            elif time.monotonic() - max(done_at, self.last_log_at) >= settle_s:
+                return 0
+            time.sleep(0.02)
+        return len(self.tasks)
+
     def run_sync(self, coro: Any, timeout_s: float | None = None) -> Any:
         """Run a coroutine on the io thread and wait for it (from a user thread)."""
         if threading.current_thread() is self._io_thread:
@@ -397,18 +435,34 @@ class CoreWorker:
             del fut
 
     def call_gcs(self, msg: Any, timeout_s: float | None = None) -> Any:
+        """One GCS request from a user thread. Raises ``ClusterUnavailableError`` when the
+        GCS cannot be reached."""
         gcs = self.gcs
         if gcs is None:
             raise exc.LumosSystemError("not connected to the GCS")
-        return self.run_sync(gcs.call(msg, timeout_s or self.config.rpc_timeout_s),
-                             (timeout_s or self.config.rpc_timeout_s) + 1)
+        try:
+            return self.run_sync(gcs.call(msg, timeout_s or self.config.rpc_timeout_s),
+                                 (timeout_s or self.config.rpc_timeout_s) + 1)
+        except (ConnectionLost, OSError) as e:
+            raise self._unavailable("the GCS", msg, e) from None
 
     def call_raylet(self, msg: Any, timeout_s: float | None = None) -> Any:
+        """One request to this node's raylet from a user thread. Raises
+        ``ClusterUnavailableError`` when the raylet cannot be reached."""
         raylet = self.raylet
         if raylet is None:
             raise exc.LumosSystemError("not connected to the raylet")
-        return self.run_sync(raylet.call(msg, timeout_s or self.config.rpc_timeout_s),
-                             (timeout_s or self.config.rpc_timeout_s) + 1)
+        try:
+            return self.run_sync(raylet.call(msg, timeout_s or self.config.rpc_timeout_s),
+                                 (timeout_s or self.config.rpc_timeout_s) + 1)
+        except (ConnectionLost, OSError) as e:
+            raise self._unavailable("this node's raylet", msg, e) from None
+
+    def _unavailable(self, what: str, msg: Any, error: BaseException) -> exc.ClusterUnavailableError:
+        why = self.gone or f"the connection to {what} was lost ({error})"
+        return exc.ClusterUnavailableError(
+            f"{type(msg).__name__} failed: {why}. The cluster is unreachable; check it with "
+            "'lumos status', then call lumos.shutdown() and lumos.init() again.")
 
     # ================================================================== references
 
@@ -491,13 +545,36 @@ class CoreWorker:
         for slot in msg.slots:
             self.store.drop_slot(slot)
 
+    def _store_pin_changed(self, object_id: bytes, pinned: bool) -> None:
+        """Tell the raylet whether this process views ``object_id`` (viewed objects are
+        never spilled). Any thread, also garbage collection at exit."""
+        if self._closed or self.loop is None or self.loop.is_closed():
+            return
+        try:
+            self._post(self._notify_raylet, m.PinObjects([object_id], pinned))
+        except exc.LumosSystemError:
+            pass  # shutting down: the raylet forgets this process's pins when it goes
+
+    def _restore_spilled(self, object_id: bytes) -> str | None:
+        """The object's store file is missing: ask the raylet to restore it (user threads).
+        Returns None (not on this node), "" (back in the store) or a spill file to map."""
+        if self.raylet is None or threading.current_thread() is self._io_thread:
+            return None
+        try:
+            answer = self.call_raylet(m.RestoreSpilled(object_id), self.config.rpc_timeout_s)
+        except (RemoteError, TimeoutError, exc.LumosSystemError) as e:
+            logger.warning("restoring spilled object %s failed: %s", short(object_id), e)
+            return None
+        return answer if isinstance(answer, str) else None
+
     # ================================================================== put
 
-    def put(self, value: Any, *, _owner: m.Address | None = None) -> ObjectRef:
+    def put(self, value: Any, *, _owner: m.Address | None = None, _kind: int = ser.KIND_VALUE) -> ObjectRef:
+        """``_kind=KIND_ERROR``: ``get`` raises ``value`` (a dynamic generator's error)."""
         if isinstance(value, ObjectRef):
             raise TypeError("lumos.put() of an ObjectRef is not allowed; pass the ref itself instead")
         self.drain_refs()
-        sv = ser.serialize(value)
+        sv = ser.serialize(value, _kind)
         self._put_counter += 1
         oid = put_object_id(self.current_task_id, self._put_counter)
         nested = [(r._id, r._owner or self.address) for r in sv.nested_refs]
@@ -525,15 +602,19 @@ class CoreWorker:
                         ne.shared = True
         return ObjectRef(oid, self.address, True)
 
-    def _write_to_store(self, oid: bytes, sv: ser.SerializedValue, keep_mapping: bool) -> None:
-        """Create the object in this node's store and copy the value in (user thread)."""
+    def _write_to_store(self, oid: bytes, sv: ser.SerializedValue, keep_mapping: bool,
+                        owner: bytes = b"") -> None:
+        """Create the object in this node's store and copy the value in (user thread).
+        ``owner``: the owning process's worker id when it is not this one."""
         try:
             slot, path, final_path, file_size, reused = self.call_raylet(
-                m.CreateObject(oid, sv.total_size, self.worker_id),
+                m.CreateObject(oid, sv.total_size, self.worker_id, owner),
                 self.config.object_store_full_timeout_s + self.config.rpc_timeout_s)
         except RemoteError as e:
             if e.type_name == "_StoreFull":
                 raise exc.ObjectStoreFullError(e.text) from None
+            if e.type_name == "_OutOfDisk":
+                raise exc.OutOfDiskError(e.text) from None
             if e.type_name == "_ObjectExists":
                 return  # a task run again where a copy of its result was pulled earlier
             raise
@@ -581,7 +662,7 @@ class CoreWorker:
         raylet = self.raylet
 
         async def pull_all() -> None:
-            await asyncio.gather(*(raylet.call(m.PullObject(oid, node, 0, self.worker_id))
+            await asyncio.gather(*(raylet.call(m.PullObject(oid, node, 0, self._owner_id_of(oid)))
                                    for oid, node in remote.items()), return_exceptions=True)
 
         try:
@@ -844,10 +925,18 @@ class CoreWorker:
             raise exc.ObjectFreedError(oid.hex(), st.error or "its owner freed it")
         raise exc.ObjectLostError(oid.hex(), st.error or "its owner lost it")
 
-    def pull_to_local(self, oid: bytes, node_id: bytes) -> None:
-        """Have the local raylet copy ``oid`` from node ``node_id`` into this node's store (blocks)."""
+    def _owner_id_of(self, oid: bytes) -> bytes:
+        """The worker id of ``oid``'s owner (a pulled copy is freed when that process dies)."""
+        e = self.objects.entries.get(oid)
+        if e is not None and not e.owned and e.owner is not None:
+            return e.owner.worker_id
+        return self.worker_id
+
+    def pull_to_local(self, oid: bytes, node_id: bytes, owner_id: bytes | None = None) -> None:
+        """Have the local raylet copy ``oid`` from node ``node_id`` into this node's store (blocks).
+        ``owner_id``: the object's owner, when this process has no entry for it."""
         try:
-            self.call_raylet(m.PullObject(oid, node_id, 0, self.worker_id), 3600.0)
+            self.call_raylet(m.PullObject(oid, node_id, 0, owner_id or self._owner_id_of(oid)), 3600.0)
         except (RemoteError, ConnectionLost, TimeoutError) as e:
             raise exc.ObjectLostError(oid.hex(), f"it lives on node {short(node_id)} and could not be "
                                       f"copied to this node: {e}") from None
@@ -968,7 +1057,7 @@ class CoreWorker:
         assert self.gcs is not None
         self.gcs.notify(m.KvPut("fn", self.job_id + template.function_id, template.pickled_function, True))
 
-    def _pack_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    def _pack_args(self, args: tuple[Any, ...], kwargs: dict[str, Any], template: TaskTemplate
                    ) -> tuple[ser.SerializedValue, list[ObjectRef]]:
         """Serialize a call's arguments; top-level refs become placeholders listed in deps."""
         deps: list[ObjectRef] = []
@@ -988,10 +1077,37 @@ class CoreWorker:
                     kwargs[k] = _ArgRef(len(deps))
                     deps.append(v)
         payload: Any = (args, kwargs) if kwargs else args
-        sv = ser.serialize(payload)
+        try:
+            sv = ser.serialize(payload)
+        except ser.SerializationError as e:
+            raise self._argument_error(template, args, kwargs, e) from e.__cause__
         if sv.total_size > self.config.max_inline_arg_bytes:
             payload, sv, deps = self._promote_large_args(args, kwargs, deps)
         return sv, deps
+
+    @staticmethod
+    def _argument_error(template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
+                        error: ser.SerializationError) -> ser.SerializationError:
+        """Which argument of a call could not be serialized, and why (the failure path only)."""
+        names = _parameter_names(template)
+        for i, value in enumerate(args):
+            cause = ser._pickles(value)
+            if cause is not None:
+                name = f" (`{names[i]}`)" if i < len(names) else ""
+                where = f"argument {i + 1}{name}"
+                break
+        else:
+            for key, value in kwargs.items():
+                cause = ser._pickles(value)
+                if cause is not None:
+                    where = f"keyword argument `{key}`"
+                    break
+            else:
+                return error
+        return ser.SerializationError(
+            f"could not serialize {where} of {template.name}(): {ser.describe_culprit(value, cause)}. "
+            "Arguments of tasks and actors must be picklable (cloudpickle); objects holding locks, "
+            "sockets or open files are not: pass what rebuilds them instead (a path, a config).")
 
     def submit_task(self, template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
                     actor_fields: tuple[Any, ...] | None = None) -> list[ObjectRef]:
@@ -1000,7 +1116,7 @@ class CoreWorker:
             self.drain_refs()
         if self.capture_strategy is not None and template.strategy is None and template.kind != 2:
             template = self._captured(template)
-        sv, deps = self._pack_args(args, kwargs)
+        sv, deps = self._pack_args(args, kwargs, template)
         task_id = new_task_id()
         n = template.num_returns
         return_ids = [return_object_id(task_id, i + 1) for i in range(n)] if n > 0 else []
@@ -1050,7 +1166,7 @@ class CoreWorker:
             self.drain_refs()
         if self.capture_strategy is not None and template.strategy is None:
             template = self._captured(template)
-        sv, deps = self._pack_args(args, kwargs)
+        sv, deps = self._pack_args(args, kwargs, template)
         nested = sv.nested_refs
         task_id = new_task_id()
         spec = m.TaskSpec(
@@ -1077,7 +1193,9 @@ class CoreWorker:
             self._post(self._unpin, pinned)
             if isinstance(e, RemoteError) and e.type_name in ("ValueError", "TypeError"):
                 raise (ValueError if e.type_name == "ValueError" else TypeError)(e.text) from None
-            if isinstance(e, (RemoteError, ConnectionLost)):
+            if isinstance(e, ConnectionLost):
+                raise self._unavailable("the GCS", m.RegisterActor(spec), e) from None
+            if isinstance(e, RemoteError):
                 raise exc.LumosSystemError(f"could not create actor {template.name}: {e}") from None
             raise
         if info.actor_id != actor_id:  # get_if_exists: an existing actor
@@ -1173,8 +1291,11 @@ class CoreWorker:
     # -------------------------------------------------------------- io thread: args
 
     def _on_submit(self, task: PendingTask) -> None:
-        self.export_function(task.template)
         self.tasks[task.spec.task_id] = task
+        if self.gone is not None:
+            self._fail_task(task, self._gone_error(task))
+            return
+        self.export_function(task.template)
         if task.spec.kind == 2:
             self.actor_submitter.add(task)
             if task.state == DONE:
@@ -1296,6 +1417,12 @@ class CoreWorker:
             usable = sum(1 for l in q.leases if not l.dead and not l.exiting)
             want = min(len(tasks), self.config.max_pending_lease_requests,
                        self.config.max_leases_per_scheduling_key - usable)
+            if q.requesting < want and self._idle_leases:
+                # Workers this process holds idle for other functions would keep this one's
+                # request waiting until they time out (issue 14: after a burst of f, the
+                # first g waited ~1.2 s): give them back first.
+                for idle in [l for l in self._idle_leases if l.queue is not q]:
+                    self._return_lease(idle, disconnect=False)
             while q.requesting < want:
                 q.requesting += 1
                 self._spawn(self._request_lease(q), "lease")
@@ -1314,6 +1441,7 @@ class CoreWorker:
     async def _request_lease(self, q: SchedulingQueue) -> None:
         t = q.template
         raylet = self.raylet
+        at_local = True
         try:
             assert raylet is not None
             request = m.RequestWorkerLease(self.job_id, t.resources, self.worker_id, t.strategy, t.function_name,
@@ -1323,10 +1451,27 @@ class CoreWorker:
             # Bottom-up scheduling: a raylet that does not serve the request names another node.
             while isinstance(reply, m.SpillbackReply):
                 hops += 1
+                at_local = reply.retry_at.node_id == self.node_id
                 raylet = await self._raylet_at(reply.retry_at)
                 reply = await raylet.call(m.RequestSpilledLease(request, hops))
             grant: m.LeaseGrant = reply
-        except (ConnectionLost, RemoteError, OSError, TimeoutError) as e:
+        except (ConnectionLost, OSError, TimeoutError) as e:
+            q.requesting -= 1
+            if not at_local and not self._closed and self.gone is None:
+                # Another node's raylet went away (or was declared dead) while it held the
+                # request: ask again from here.
+                logger.info("lease request for %s at another node failed (%s); asking again",
+                            t.function_name, e)
+                if self.loop is not None:
+                    self.loop.call_later(0.1, self._pump, q)
+                return
+            if not self._closed:
+                logger.warning("lease request for %s failed: %s", t.function_name, e)
+                for task in list(q.tasks):
+                    q.tasks.remove(task)
+                    self._fail_task(task, exc.LumosSystemError(f"could not lease a worker: {e}"))
+            return
+        except RemoteError as e:
             q.requesting -= 1
             if not self._closed:
                 logger.warning("lease request for %s failed: %s", t.function_name, e)
@@ -1344,7 +1489,10 @@ class CoreWorker:
             self._lease_failed(lease)
             return
         if not q.tasks:
-            self._start_idle_timer(lease)
+            # Granted after its tasks went to other workers: keeping it idle would hold a
+            # worker (and a later request queued behind it at the raylet) for nothing.
+            self._return_lease(lease, disconnect=False)
+            return
         self._pump(q)
 
     async def _raylet_at(self, address: m.Address) -> Connection:
@@ -1361,6 +1509,7 @@ class CoreWorker:
         if lease.idle_timer is not None:
             lease.idle_timer.cancel()
             lease.idle_timer = None
+            self._idle_leases.discard(lease)
         spec = task.spec
         self._events.append((spec.task_id, spec.attempt, "SCHEDULED", time.time(),
                              {"resource_ids": lease.resource_ids} if lease.resource_ids else None,
@@ -1372,9 +1521,11 @@ class CoreWorker:
         if lease.idle_timer is None and self.loop is not None:
             lease.idle_timer = self.loop.call_later(self.config.lease_idle_timeout_ms / 1000,
                                                     self._idle_expired, lease)
+            self._idle_leases.add(lease)
 
     def _idle_expired(self, lease: LeasedWorker) -> None:
         lease.idle_timer = None
+        self._idle_leases.discard(lease)
         if not lease.tasks and not lease.queue.tasks:
             self._return_lease(lease, disconnect=False)
 
@@ -1382,6 +1533,7 @@ class CoreWorker:
         q = lease.queue
         if lease in q.leases:
             q.leases.remove(lease)
+        self._idle_leases.discard(lease)
         if lease.idle_timer is not None:
             lease.idle_timer.cancel()
             lease.idle_timer = None
@@ -1410,17 +1562,53 @@ class CoreWorker:
             conn.peer_info = wid
             return conn
 
+        if address.node_id in self.dead_nodes:
+            # Fenced: nothing is sent to, or taken from, a node the GCS declared dead.
+            raise ConnectionLost(f"node {short(address.node_id)} was declared dead")
+        self._peer_nodes[wid] = address.node_id
         return await self._peers.get(wid, open_conn)
 
     def _peer_closed(self, conn: Connection) -> None:
         self._peers.discard(conn.peer_info, conn)
+        if self._peers.conns.get(conn.peer_info) is None:
+            self._peer_nodes.pop(conn.peer_info, None)
         if self._closed:
             return
         for q in list(self._queues.values()):
             for lease in list(q.leases):
                 if lease.conn is conn:
                     self._worker_failed(lease)
-        self.actor_submitter.connection_lost(conn)
+        node = self._node_of_conn.pop(conn, None)
+        self.actor_submitter.connection_lost(
+            conn, f"its node {short(node)} was declared dead" if node else "the actor's connection dropped")
+
+    def _node_died(self, node_id: bytes) -> None:
+        """The GCS declared ``node_id`` dead (io thread). It may only be frozen or cut off,
+        not crashed: act exactly as if every connection to it had closed (tasks and actor
+        calls in flight there are retried per their policy, its leases are given up), and
+        close those connections, so nothing more it sends is taken (gray failure, issue 12).
+        """
+        if node_id in self.dead_nodes:
+            return
+        self.dead_nodes.add(node_id)
+        if node_id == self.node_id and self.mode == WORKER:
+            logger.error("this node was declared dead by the GCS; exiting")
+            self._flush_events()
+            os._exit(1)
+        for key, node in list(self._peer_nodes.items()):
+            if node != node_id:
+                continue
+            del self._peer_nodes[key]
+            conn = self._peers.conns.pop(key, None)
+            if conn is not None and not conn.is_closed:
+                self._node_of_conn[conn] = node_id
+                _sever(conn)
+        # Leases whose connection is not open yet: the worker will never answer.
+        for q in list(self._queues.values()):
+            for lease in list(q.leases):
+                if lease.node_id == node_id and (lease.conn is None or lease.conn.is_closed):
+                    self._worker_failed(lease)
+        self.actor_submitter.node_died(node_id)
 
     def _worker_failed(self, lease: LeasedWorker) -> None:
         """The connection to a leased worker dropped: its in-flight tasks failed (or, from
@@ -1440,10 +1628,13 @@ class CoreWorker:
 
     async def _handle_worker_death(self, lease: LeasedWorker, tasks: list[PendingTask]) -> None:
         cause = None
-        try:
-            cause = await lease.raylet.call(m.GetWorkerExit(lease.worker_id, 2.0), 5.0)
-        except (ConnectionLost, TimeoutError, RemoteError):
-            pass
+        if lease.node_id in self.dead_nodes:
+            cause = "its node was declared dead by the GCS"
+        else:
+            try:
+                cause = await lease.raylet.call(m.GetWorkerExit(lease.worker_id, 2.0), 5.0)
+            except (ConnectionLost, TimeoutError, RemoteError):
+                pass
         for task in tasks:
             if task.state == DONE:
                 continue
@@ -1453,15 +1644,29 @@ class CoreWorker:
             name = task.spec.name
             text = (f"worker {short(lease.worker_id)} on node {short(lease.node_id)} died"
                     f" ({cause or 'cause unknown'}) while running {name}()")
+            oom = cause is not None and OOM_KILL_REASON in cause
             if task.retries_left != 0:
                 if task.retries_left > 0:
                     task.retries_left -= 1
-                self._retry(task, text)
+                if oom:  # memory is short now: give it time to recover before running again
+                    delay = self.config.task_oom_retry_delay_base_ms / 1000 * 2 ** min(task.spec.attempt, 5)
+                    self._spawn(self._retry_later(task, text, delay), "oom-retry")
+                else:
+                    self._retry(task, text)
             else:
                 tries = task.template.max_retries
-                self._fail_task(task, exc.WorkerCrashedError(
+                self._fail_task(task, (exc.OutOfMemoryError if oom else exc.WorkerCrashedError)(
                     f"{text}. " + (f"Retried {tries} times (max_retries={tries})." if tries > 0 else
                                    "Not retried (max_retries=0).")))
+
+    async def _retry_later(self, task: PendingTask, why: str, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        if task.state == DONE:
+            return
+        if task.force_cancelled or task.cancelled:
+            self._fail_task(task, exc.TaskCancelledError(task.spec.task_id.hex(), "cancelled"))
+            return
+        self._retry(task, why)
 
     def _retry(self, task: PendingTask, why: str) -> None:
         self._next_attempt(task, why)
@@ -1484,6 +1689,12 @@ class CoreWorker:
         task = self.tasks.get(reply.task_id)
         if task is None or task.state == DONE:
             self._free_orphan_returns(reply)
+            return
+        if task.state != PUSHED or reply.worker_id != self._executor_of(task):
+            # From an attempt given up on (its worker's node was declared dead, or the task
+            # was put back): the current attempt's reply is the one that counts.
+            logger.info("refused a reply for %s from worker %s, which does not run its current attempt",
+                        short(reply.task_id), short(reply.worker_id or b""))
             return
         lease = task.lease
         if reply.error_kind == "requeue" and task.spec.kind == 0 and lease is not None:
@@ -1525,6 +1736,12 @@ class CoreWorker:
             if not lease.tasks and not lease.queue.tasks and not lease.exiting:
                 self._start_idle_timer(lease)
             self._pump(lease.queue)
+
+    def _executor_of(self, task: PendingTask) -> bytes | None:
+        """The worker running ``task``'s current attempt (None: unknown)."""
+        if task.spec.kind == 2:
+            return self.actor_submitter.worker_of(task)
+        return task.lease.worker_id if task.lease is not None else None
 
     # -------------------------------------------------------------- io thread: streams
 
@@ -1659,6 +1876,11 @@ class CoreWorker:
         (after the executor's borrowed refs are registered with their owners)."""
         spec = task.spec
         state = "FAILED" if reply.app_error else "FINISHED"
+        if reply.start_time:
+            # The executor sends its own RUNNING event in its next batch, which a reader may
+            # not see yet (or ever, if it exits first): the finished row has its start time.
+            self._events.append((spec.task_id, spec.attempt, "RUNNING", reply.start_time, None, None,
+                                 reply.worker_id, None))
         self._events.append((spec.task_id, spec.attempt, state, reply.end_time or time.time(), info,
                              None, reply.worker_id, _error_text(reply) if reply.app_error else None))
         if reply.borrowed:
@@ -1850,12 +2072,16 @@ class CoreWorker:
 
     def send_reply(self, conn: Connection, reply: m.TaskReply) -> None:
         """Executor (main thread) hands a finished task's reply to the io thread."""
+        ex = self.executor
+        if ex is not None and ex._output:  # the task's output leaves before its reply
+            self._post(ex.flush_output)
         self._post(conn.notify, reply)
 
     # ================================================================== pub/sub, events
 
     def _handle_publish(self, conn: Connection, msg: m.Publish) -> None:
         if msg.channel == "logs":
+            self.last_log_at = time.monotonic()
             try:
                 self.log_handler(msg.data)
             except Exception:
@@ -1864,7 +2090,7 @@ class CoreWorker:
             kind, text = msg.data
             self.error_handler(kind, text)
         elif msg.channel == "nodes" and isinstance(msg.data, m.NodeInfo) and msg.data.state == "DEAD":
-            self.dead_nodes.add(msg.data.node_id)
+            self._node_died(msg.data.node_id)
         elif msg.channel == "workers" and isinstance(msg.data, m.WorkerInfo) and msg.data.state == "DEAD":
             freed = self.objects.remove_borrowers_on({msg.data.worker_id})
             if freed:
@@ -1926,6 +2152,32 @@ class CoreWorker:
         return {"worker_id": self.worker_id.hex(), "pid": os.getpid(), "job_id": self.job_id.hex(),
                 "node_id": self.node_id.hex(), "is_driver": self.mode == DRIVER,
                 "num_pending_tasks": len(self.tasks), "objects": objects, "store": self.store.stats()}
+
+
+def _parameter_names(template: TaskTemplate) -> list[str]:
+    """Positional parameter names of a task's function or an actor's ``__init__`` (for
+    error messages; empty when they cannot be known here, as for actor methods)."""
+    import inspect
+    if template.pickled_function is None:
+        return []
+    try:
+        fn = ser.deserialize_code(template.pickled_function)
+        if template.kind == 1:
+            names = list(inspect.signature(fn.__init__).parameters)[1:]
+        else:
+            names = list(inspect.signature(fn).parameters)
+    except (ValueError, TypeError, ser.DeserializationError):
+        return []
+    return names
+
+
+def _sever(conn: Connection) -> None:
+    """Close ``conn`` now, dropping unsent bytes: its peer may be frozen and never read them
+    (a plain close waits for the write buffer to drain before it reports the close)."""
+    conn.close()
+    transport = getattr(conn, "_transport", None)
+    if transport is not None:
+        transport.abort()
 
 
 def _job_config(namespace: str, env_vars: dict[str, str] | None = None, working_dir: str | None = None) -> bytes:

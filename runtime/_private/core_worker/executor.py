@@ -13,6 +13,7 @@ and sent to the raylet in batches; the driver prints it with a ``(name pid=N)`` 
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import logging
@@ -284,7 +285,7 @@ class Executor:
         except _TaskFailed as failed:
             app_error = True
             retryable = self._is_retryable(spec, failed.cause)
-            returns = self._error_returns(spec, failed.blob)
+            returns = self._error_returns(spec, failed.blob, first=failed.stored)
         except Exception as e:
             app_error = True
             retryable = self._is_retryable(spec, e)
@@ -317,7 +318,8 @@ class Executor:
         if isinstance(e, _NotHere):
             return self._system_reply(spec, str(e), "actor_died", start)
         blob = e.blob if isinstance(e, _TaskFailed) else self._task_error_blob(spec, e)
-        return m.TaskReply(spec.task_id, self._error_returns(spec, blob, streamed), True, False,
+        first = e.stored if isinstance(e, _TaskFailed) else []
+        return m.TaskReply(spec.task_id, self._error_returns(spec, blob, streamed, first), True, False,
                            self._still_borrowed(), self.cw.worker_id, start, time.time())
 
     def _create_actor(self, spec: m.TaskSpec, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -484,7 +486,7 @@ class Executor:
         if view is None and node_id is not None and node_id != cw.node_id:
             lost = None
             try:
-                cw.pull_to_local(oid, node_id)
+                cw.pull_to_local(oid, node_id, dep.owner.worker_id)
             except exc.ObjectLostError as e:
                 lost = e
             if lost is not None:
@@ -496,7 +498,7 @@ class Executor:
                     return ser.deserialize(st.data)
                 if st.node_id != cw.node_id:
                     try:
-                        cw.pull_to_local(oid, st.node_id or b"")
+                        cw.pull_to_local(oid, st.node_id or b"", dep.owner.worker_id)
                     except exc.ObjectLostError as e:
                         raise _TaskFailed(_error(e), None) from None
             view = cw.store.view(oid)
@@ -583,6 +585,8 @@ class Executor:
                             f"{type(result).__name__}, not a generator")
         if n == 1:
             values = [result]
+        elif inspect.isgenerator(result):
+            values = self._drain_generator(spec, result)
         else:
             try:
                 values = list(result)
@@ -592,11 +596,38 @@ class Executor:
             if len(values) != n:
                 raise ValueError(f"{spec.name} has num_returns={n} but returned {len(values)} values")
         third_party: dict[bytes, tuple[m.Address, list[bytes]]] = {}
-        returns = [self._return_object(spec, return_object_id(spec.task_id, i + 1), value, third_party)
-                   for i, value in enumerate(values)]
+        returns: list[m.ReturnObject] = []
+        try:
+            for i, value in enumerate(values):
+                returns.append(self._return_object(spec, return_object_id(spec.task_id, i + 1), value,
+                                                   third_party))
+        except BaseException:
+            # The attempt fails as a whole (its reply carries the error for every return):
+            # the values already written to the store would have no owner and stay forever.
+            self._abort_returns(returns)
+            raise
         for owner, ids in third_party.values():
             self._register_at(owner, ids, spec.owner)
         return returns
+
+    def _drain_generator(self, spec: m.TaskSpec, gen: Any) -> list[Any]:
+        """The values of a generator with a fixed ``num_returns``. If it raises after some,
+        those stay values and the error fills the rest (as in Ray), unless the task is
+        retried for that error."""
+        values: list[Any] = []
+        try:
+            for value in gen:
+                values.append(value)
+        except Exception as e:
+            if not values or len(values) >= spec.num_returns or self._is_retryable(spec, e):
+                raise
+            third_party: dict[bytes, tuple[m.Address, list[bytes]]] = {}
+            stored = [self._return_object(spec, return_object_id(spec.task_id, i + 1), v, third_party)
+                      for i, v in enumerate(values)]
+            for owner, ids in third_party.values():
+                self._register_at(owner, ids, spec.owner)
+            raise _TaskFailed(self._task_error_blob(spec, e), e, stored) from None
+        return values
 
     def _return_object(self, spec: m.TaskSpec, oid: bytes, value: Any,
                        third_party: dict[bytes, tuple[m.Address, list[bytes]]]) -> m.ReturnObject:
@@ -606,7 +637,10 @@ class Executor:
         try:
             sv = ser.serialize(value)
         except ser.SerializationError as e:
-            raise TypeError(f"the return value of {spec.name} could not be serialized: {e}") from None
+            # (a return id is the task id and the 1-based index, big-endian)
+            which = (f"return value {int.from_bytes(oid[16:], 'big')}" if spec.num_returns > 1
+                     else "the return value")
+            raise TypeError(f"{which} of {spec.name} could not be serialized: {e}") from None
         nested = []
         for ref in sv.nested_refs:
             owner = ref._owner or cw.address
@@ -617,8 +651,16 @@ class Executor:
                 third_party.setdefault(owner.worker_id, (owner, []))[1].append(ref._id)
         if sv.total_size < cw.config.max_inline_object_bytes:
             return m.ReturnObject(oid, sv.to_bytes(), sv.total_size, None, nested)
-        cw._write_to_store(oid, sv, keep_mapping=False)
+        cw._write_to_store(oid, sv, keep_mapping=False, owner=spec.owner.worker_id)
         return m.ReturnObject(oid, None, sv.total_size, cw.node_id, nested)
+
+    def _abort_returns(self, returns: list[m.ReturnObject]) -> None:
+        """Free the stored values of a failed attempt's returns (any thread)."""
+        stored = [r.object_id for r in returns if r.data is None and r.node_id is not None]
+        if stored:
+            cw = self.cw
+            logger.info("freeing %d stored returns of a failed attempt", len(stored))
+            cw._post(cw._send_releases, stored, [False] * len(stored), {})
 
     def _register_at(self, owner: m.Address, ids: list[bytes], borrower: m.Address) -> None:
         cw = self.cw
@@ -632,12 +674,16 @@ class Executor:
         except (OSError, ConnectionLost, TimeoutError, RemoteError) as e:
             logger.warning("could not hand refs over to %s: %s", short(owner.worker_id), e)
 
-    def _error_returns(self, spec: m.TaskSpec, blob: bytes, streamed: int | None = None) -> list[m.ReturnObject]:
+    def _error_returns(self, spec: m.TaskSpec, blob: bytes, streamed: int | None = None,
+                       first: list[m.ReturnObject] | None = None) -> list[m.ReturnObject]:
+        """The error as every return value; ``first``: values a generator with a fixed
+        ``num_returns`` yielded before it raised (they stay values, as in Ray)."""
         if spec.num_returns == -1:  # a streaming task: the error is the item after the last one sent
             index = self._streamed if streamed is None else streamed
             return [m.ReturnObject(return_object_id(spec.task_id, index + 1), blob, len(blob), None, [])]
-        return [m.ReturnObject(return_object_id(spec.task_id, i + 1), blob, len(blob), None, [])
-                for i in range(max(spec.num_returns, 1))] if spec.num_returns else []
+        done = list(first or [])
+        return done + [m.ReturnObject(return_object_id(spec.task_id, i + 1), blob, len(blob), None, [])
+                       for i in range(len(done), max(spec.num_returns, 1))] if spec.num_returns else []
 
     def _task_error_blob(self, spec: m.TaskSpec, e: BaseException, prefix: str = "") -> bytes:
         tb = e.__traceback__
@@ -743,10 +789,12 @@ def _terminate() -> None:
 class _TaskFailed(Exception):
     """The task failed with a ready-made error value (an upstream error, a load failure)."""
 
-    def __init__(self, blob: bytes, cause: BaseException | None) -> None:
+    def __init__(self, blob: bytes, cause: BaseException | None, stored: list[m.ReturnObject] | None = None) -> None:
         super().__init__("task failed")
         self.blob = blob
         self.cause = cause
+        #: Return values stored before the failure (a generator's first values).
+        self.stored = stored or []
 
 
 def _restore_env(saved: dict[str, str | None]) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -26,15 +27,15 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-import msgpack
-
 from lumos._private.config import Config
 from lumos._private.transport import eventloop
 from lumos._private.gcs.actor_manager import ActorManager
-from lumos._private.gcs.storage import GcsStorage, create_storage
+from lumos._private.gcs.storage import (GcsStorage, StorageUnavailable, StorageWriter, create_storage,
+                                        pack_value, unpack_value)
 from lumos._private.gcs.task_log import TaskEventTable
 from lumos._private.ids import new_job_id, short
-from lumos._private.process import die_with_parent, read_token, report_ready, setup_logging
+from lumos._private.process import (die_with_parent, read_private_file, read_token, report_ready,
+                                    setup_logging)
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, RpcServer
 
@@ -49,6 +50,8 @@ class GcsServer:
         self.config = config
         self.token = token
         self.storage = storage
+        #: Writes every table change through to a durable storage (None: memory, nothing to keep).
+        self.writer: StorageWriter | None = StorageWriter(storage) if storage.durable else None
         self.session_dir = session_dir
         #: Exit when the first job's driver disconnects (a cluster started by init()).
         self.private_cluster = private_cluster
@@ -106,12 +109,17 @@ class GcsServer:
         from lumos._private.gcs.placement_groups import PlacementGroupTable
         self.placement_groups = PlacementGroupTable(self)
         handlers.update(self.placement_groups.handlers())
+        if self.writer is not None:
+            handlers = {t: self._durable(h) for t, h in handlers.items()}
         self.server = RpcServer(token=token, config=config, handlers=handlers, name="gcs",
                                 on_close=self._conn_closed)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, host: str, port: int, unix_path: str | None = None) -> None:
+        if self.writer is not None:
+            await self.recover()
+            self.writer.start()
         await self.server.start(unix_path=unix_path, host=host, port=port)
         self._spawn(self._health_loop(), "gcs.health")
         logger.info("GCS listening on %s:%d", self.server.host, self.server.port)
@@ -126,6 +134,8 @@ class GcsServer:
         self.placement_groups.close()
         await self.server.stop()
         self.task_events.close()
+        if self.writer is not None:
+            await self.writer.aclose()
         await self.storage.aclose()
         if self.private_cluster:
             # The driver that owns this session may be gone (SIGKILL): its socket and those
@@ -146,6 +156,71 @@ class GcsServer:
                 logger.error("%s failed", name, exc_info=t.exception())
         task.add_done_callback(done)
         return task
+
+    # ------------------------------------------------------------------ storage
+
+    def persist(self, table: str, key: bytes, row: Any) -> None:
+        """Write a table row through to durable storage (no-op with memory storage)."""
+        if self.writer is not None:
+            self.writer.put_nowait(table, key, pack_value(row))
+
+    def unpersist(self, table: str, key: bytes) -> None:
+        if self.writer is not None:
+            self.writer.delete_nowait(table, key)
+
+    def _durable(self, handler: Any) -> Any:
+        """``handler``, replying only once the table writes it made are in the storage."""
+        writer = self.writer
+        assert writer is not None
+
+        async def after(result: Any, before: int) -> Any:
+            if inspect.isawaitable(result):
+                result = await result
+            if writer.enqueued != before:
+                await writer.wait_written(writer.enqueued)
+            return result
+
+        def run(conn: Connection, msg: Any) -> Any:
+            before = writer.enqueued
+            result = handler(conn, msg)
+            if inspect.isawaitable(result) or writer.enqueued != before:
+                return after(result, before)
+            return result
+        return run
+
+    async def recover(self) -> None:
+        """Load the tables a previous GCS wrote to this storage (a restart on Redis).
+
+        Nodes listed alive get a fresh heartbeat deadline: a raylet that reconnects in time
+        keeps its node; one that does not is declared dead, and its actors restart or die
+        as their ``max_restarts`` says.
+        """
+        st = self.storage
+        now = time.monotonic()
+        jobs = sorted((unpack_value(v) for v in (await st.get_all("jobs")).values()),
+                      key=lambda j: j.start_time)
+        for job in jobs:
+            self.jobs[job.job_id] = job
+        for value in (await st.get_all("nodes")).values():
+            node: m.NodeInfo = unpack_value(value)
+            self.nodes[node.node_id] = node
+            if node.state == "ALIVE":
+                self._last_heartbeat[node.node_id] = now
+        for key, value in (await st.get_all("kv")).items():
+            ns, _, k = key.partition(b"\0")
+            self.kv[(ns.decode(), k)] = value
+        actors = [unpack_value(v) for v in (await st.get_all("actors")).values()]
+        for row in sorted(actors, key=lambda r: r[0].start_time):
+            self.actors.restore(*row)
+        for value in (await st.get_all("placement_groups")).values():
+            self.placement_groups.restore(unpack_value(value))
+        batches = await st.read_stream("task_events")
+        for blob in batches:
+            self.task_events.add(unpack_value(blob))
+        if jobs or self.nodes or self.kv or actors:
+            logger.info("recovered from %s: %d jobs, %d nodes, %d KV entries, %d actors, %d placement groups, "
+                        "%d task-event batches", st.description, len(jobs), len(self.nodes), len(self.kv),
+                        len(actors), len(self.placement_groups.groups), len(batches))
 
     # ------------------------------------------------------------------ pub/sub
 
@@ -173,22 +248,41 @@ class GcsServer:
 
     async def _register_node(self, conn: Connection, msg: m.RegisterNode) -> None:
         info = msg.info
+        old = self.nodes.get(info.node_id)
+        if old is not None and old.state == "DEAD":
+            # Fenced: a node declared dead (perhaps only frozen or cut off) may come back only
+            # as a new node, with a new id: its old workers and objects are gone for everyone.
+            self._fence(conn, info.node_id)
+            raise ValueError(f"node {short(info.node_id)} was declared dead ({old.death_reason}); "
+                             "it may rejoin only as a new node: restart it")
         info.state = "ALIVE"
         self.nodes[info.node_id] = info
         self._node_conns[info.node_id] = conn
         conn.peer_info = ("node", info.node_id)
         self._last_heartbeat[info.node_id] = time.monotonic()
-        await self.storage.put("nodes", info.node_id, msgpack.packb(info.pids))
+        self.persist("nodes", info.node_id, info)
         logger.info("node %s joined (%s, %s)", short(info.node_id), info.hostname, info.resources_total)
         self.publish("nodes", info.node_id, info)
         self.actors.nodes_changed()
         self.placement_groups.nodes_changed()
 
     def _heartbeat(self, conn: Connection, msg: m.NodeHeartbeat) -> None:
-        if msg.node_id not in self.nodes or self.nodes[msg.node_id].state != "ALIVE":
+        info = self.nodes.get(msg.node_id)
+        if info is None:
+            return
+        if info.state != "ALIVE":
+            self._fence(conn, msg.node_id)  # its heartbeats resumed: it must not act as alive
             return
         self.node_load[msg.node_id] = msg
         self._last_heartbeat[msg.node_id] = time.monotonic()
+
+    def _fence(self, conn: Connection, node_id: bytes) -> None:
+        """Tell a node declared dead to exit: its raylet stops and kills its workers."""
+        info = self.nodes.get(node_id)
+        why = info.death_reason if info is not None else "unknown"
+        logger.warning("node %s, declared dead (%s), spoke again: telling it to exit", short(node_id), why)
+        conn.notify(m.ShutdownNode(f"this node was declared dead by the GCS ({why}); it must exit and "
+                                   "may rejoin only as a new node"))
 
     def mark_node_dead(self, node_id: bytes, reason: str) -> None:
         info = self.nodes.get(node_id)
@@ -198,14 +292,22 @@ class GcsServer:
         info.end_time = time.time()
         info.death_reason = reason
         self.node_load.pop(node_id, None)
-        self._node_conns.pop(node_id, None)
+        conn = self._node_conns.pop(node_id, None)
+        if conn is not None and not conn.is_closed:
+            # A frozen or cut-off raylet reads this first when it runs again (issue 12).
+            self._fence(conn, node_id)
+        self.persist("nodes", node_id, info)
         logger.warning("node %s marked dead: %s", short(node_id), reason)
+        gone = []
         for w in self.workers.values():
             if w.node_id == node_id and w.state == "ALIVE":
                 w.state = "DEAD"
                 w.end_time = time.time()
                 w.exit_detail = f"node died: {reason}"
+                gone.append(w)
         self.publish("nodes", node_id, info)
+        for w in gone:  # borrowers drop them, raylets free what they owned
+            self.publish("workers", w.worker_id, w)
         self.placement_groups.on_node_dead(node_id)
         self.actors.on_node_dead(node_id, reason)
 
@@ -246,6 +348,7 @@ class GcsServer:
         if self._owner_job is None:
             self._owner_job = job_id
         conn.peer_info = ("job", job_id)
+        self.persist("jobs", job_id, info)
         logger.info("job %s started (driver pid %d)", job_id.hex(), msg.pid)
         self.publish("jobs", job_id, info)
         return info
@@ -259,6 +362,7 @@ class GcsServer:
             return
         info.state = "FINISHED"
         info.end_time = time.time()
+        self.persist("jobs", job_id, info)
         logger.info("job %s finished", job_id.hex())
         self.publish("jobs", job_id, info)
         self.actors.on_job_finished(job_id)
@@ -268,6 +372,9 @@ class GcsServer:
 
     def _report_worker(self, conn: Connection, msg: m.ReportWorker) -> None:
         info = msg.info
+        node = self.nodes.get(info.node_id)
+        if node is not None and node.state == "DEAD" and info.state == "ALIVE":
+            return  # from a fenced node: its workers count as dead
         self.workers[info.worker_id] = info
         if len(self.workers) > 20_000:  # keep the dead ones bounded
             for wid in [w for w, i in self.workers.items() if i.state != "ALIVE"][:5_000]:
@@ -286,7 +393,8 @@ class GcsServer:
         for fut in self._kv_waiters.pop(key, []):
             if not fut.done():
                 fut.set_result(msg.value)
-        self._spawn(self.storage.put("kv", msg.namespace.encode() + b"\0" + msg.key, msg.value), "gcs.kv_put")
+        if self.writer is not None:
+            self.writer.put_nowait("kv", msg.namespace.encode() + b"\0" + msg.key, msg.value)
         return True
 
     async def _kv_get(self, conn: Connection, msg: m.KvGet) -> bytes | None:
@@ -310,7 +418,7 @@ class GcsServer:
 
     def _kv_del(self, conn: Connection, msg: m.KvDel) -> bool:
         found = self.kv.pop((msg.namespace, msg.key), None) is not None
-        self._spawn(self.storage.delete("kv", msg.namespace.encode() + b"\0" + msg.key), "gcs.kv_del")
+        self.unpersist("kv", msg.namespace.encode() + b"\0" + msg.key)
         return found
 
     def _kv_keys(self, conn: Connection, msg: m.KvKeys) -> list[bytes]:
@@ -320,6 +428,9 @@ class GcsServer:
 
     def _add_task_events(self, conn: Connection, msg: m.AddTaskEvents) -> None:
         self.task_events.add(msg.events)
+        if self.writer is not None:  # a bounded stream: XADD ... MAXLEN ~ on Redis
+            self.writer.append_nowait("task_events", pack_value(msg.events),
+                                      max(1, self.config.task_event_max_records))
         self.publish("task_events", None, len(msg.events))
 
     def _log_batch(self, conn: Connection, msg: m.LogBatch) -> None:
@@ -358,7 +469,14 @@ class GcsServer:
 async def _amain(args: argparse.Namespace) -> None:
     config = Config.from_json(args.config) if args.config else Config.resolve()
     token = read_token(args.token_file)
-    storage = create_storage(args.storage)
+    url = read_private_file(args.storage_file).decode().strip() if args.storage_file else args.storage
+    storage = create_storage(url, config.gcs_storage_timeout_s)
+    try:
+        await storage.start()
+    except StorageUnavailable as e:
+        logger.error("cannot use the GCS storage %s: %s", storage.description, e)
+        await storage.aclose()
+        raise SystemExit(1) from None
     gcs = GcsServer(config, token, storage, args.session_dir, private_cluster=args.private)
     await gcs.start(args.host, args.port, args.unix_path or None)
     loop = asyncio.get_running_loop()
@@ -375,7 +493,8 @@ def main() -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--unix-path", default="")
-    p.add_argument("--storage", default="memory")
+    p.add_argument("--storage", default="memory", help="GCS storage URL without a password")
+    p.add_argument("--storage-file", default="", help="private file holding the GCS storage URL")
     p.add_argument("--config", default="")
     p.add_argument("--ready-fd", type=int, default=-1)
     p.add_argument("--private", action="store_true")

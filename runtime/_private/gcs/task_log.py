@@ -53,7 +53,10 @@ class TaskRecord:
             # SUBMITTED carries the static facts; a later event may add some (the GPU ids
             # of its lease): merge, so neither hides the other.
             self.info = {**self.info, **ev.info} if self.info else ev.info
-        self.events.append([ev.state, ev.time, ev.attempt])
+        event = [ev.state, ev.time, ev.attempt]
+        if event in self.events:
+            return  # sent by both the owner and the executor (RUNNING)
+        self.events.append(event)
         if ev.state == "RETRIED":
             self.retries += 1
         newer = ev.attempt > self.attempt or (
@@ -113,7 +116,8 @@ class TaskRecord:
             "submitted_time": times.get("SUBMITTED"),
             "start_time": times.get("RUNNING"),
             "end_time": times.get("FINISHED") or times.get("FAILED") or times.get("CANCELLED"),
-            "events": [[s, t, a] for s, t, a in self.events],
+            # Events arrive from the owner and the executor in separate batches: by time.
+            "events": sorted(([s, t, a] for s, t, a in self.events), key=lambda e: (e[2], e[1])),
         }
 
 
@@ -196,6 +200,9 @@ class TaskEventTable:
                 if len(out) >= limit:
                     break
         out.reverse()
+        # A record is created by whichever event arrives first (a worker's RUNNING may come
+        # before its owner's SUBMITTED): rows go out in submission order.
+        out.sort(key=lambda r: r["submitted_time"] or r["start_time"] or r["end_time"] or 0.0)
         return out
 
     def updates(self, since: int, limit: int) -> list[Any]:

@@ -1,12 +1,24 @@
-"""Connection authentication: HMAC-SHA256 of a server nonce with the cluster token.
+"""Connection authentication: both ends prove the cluster token (HMAC-SHA256).
 
 ```
-server                         client
-  | -- nonce (32 random bytes) -> |
-  | <- HMAC(token, nonce) -------- |
-  | -- b"ok" -------------------> |   then msgpack frames both ways
+client                                            server
+  | -- client nonce (32 random bytes) ----------------> |
+  | <- server nonce (32) + HMAC(token, S|cn|sn) ------- |   the server proves the token
+  |    the client checks it; a fake server ends here      |
+  | -- HMAC(token, C|cn|sn) --------------------------> |   the client proves the token
+  | <- b"ok" ------------------------------------------ |   then msgpack frames both ways
 ```
-Nothing but these frames is read before the check passes.
+Each proof covers both nonces, so a proof seen once opens nothing later, and a
+direction label (``S``/``C`` above), so a server's proof sent back to it is not a
+client's. Neither side reads anything but these frames before the other has proven
+the token; the client checks the server before it reads any other frame. The
+RPC connections (``transport.connection``) send them as length-prefixed frames, the
+object-transfer data channel (``raylet.object_manager``) as raw bytes.
+
+What this does not do: encrypt or sign the frames that follow. An attacker who sits
+on the path between two lumos processes and forwards a live handshake both ways can
+then inject frames into that connection; run multi-machine clusters on a network you
+trust (or over a VPN).
 """
 
 from __future__ import annotations
@@ -17,19 +29,44 @@ import os
 
 NONCE_BYTES = 32
 DIGEST_BYTES = 32
+#: The server's answer to a client nonce: its own nonce, then its proof.
+SERVER_HELLO_BYTES = NONCE_BYTES + DIGEST_BYTES
 OK = b"ok"
+_SERVER = b"lumos-auth-v2 server"
+_CLIENT = b"lumos-auth-v2 client"
 
 
 def new_nonce() -> bytes:
     return os.urandom(NONCE_BYTES)
 
 
-def answer(token: bytes, nonce: bytes) -> bytes:
-    return hmac.new(token, nonce, hashlib.sha256).digest()
+def _proof(token: bytes, label: bytes, client_nonce: bytes, server_nonce: bytes) -> bytes:
+    return hmac.new(token, label + b"\0" + client_nonce + server_nonce, hashlib.sha256).digest()
 
 
-def check(token: bytes, nonce: bytes, digest: bytes) -> bool:
-    return len(digest) == DIGEST_BYTES and hmac.compare_digest(answer(token, nonce), digest)
+def server_hello(token: bytes, client_nonce: bytes) -> tuple[bytes, bytes]:
+    """The server's reply to ``client_nonce``, and the server nonce it holds on to."""
+    server_nonce = new_nonce()
+    return server_nonce + _proof(token, _SERVER, client_nonce, server_nonce), server_nonce
+
+
+def check_server_hello(token: bytes, client_nonce: bytes, hello: bytes) -> bytes | None:
+    """The client's check of a server's hello: the server nonce if the proof holds, else None."""
+    if len(hello) != SERVER_HELLO_BYTES:
+        return None
+    server_nonce, digest = hello[:NONCE_BYTES], hello[NONCE_BYTES:]
+    if not hmac.compare_digest(_proof(token, _SERVER, client_nonce, server_nonce), digest):
+        return None
+    return server_nonce
+
+
+def client_proof(token: bytes, client_nonce: bytes, server_nonce: bytes) -> bytes:
+    return _proof(token, _CLIENT, client_nonce, server_nonce)
+
+
+def check_client_proof(token: bytes, client_nonce: bytes, server_nonce: bytes, digest: bytes) -> bool:
+    return len(digest) == DIGEST_BYTES and hmac.compare_digest(
+        _proof(token, _CLIENT, client_nonce, server_nonce), digest)
 
 
 def new_token() -> bytes:

@@ -98,11 +98,33 @@ def _default(obj: Any) -> Any:
         local.depth -= 1
 
 
+#: Deepest nesting of messages inside messages a frame may carry. Real messages nest a
+#: few levels (PushTask > TaskSpec > Address); each level recurses through
+#: ``msgpack.unpackb`` on the C stack, and a few kilobytes of nested extension types
+#: used to overflow it (SIGSEGV, issue 11).
+MAX_MESSAGE_NESTING = 16
+
+
+class _Nesting(threading.local):
+    def __init__(self) -> None:
+        self.depth = 0
+
+
+_nesting = _Nesting()
+
+
 def _ext_hook(code: int, data: bytes) -> Any:
     cls = _REGISTRY.get(code)
     if cls is None:
         raise ProtocolError(f"unknown message code {code}")
-    fields = msgpack.unpackb(data, ext_hook=_ext_hook, raw=False)
+    local = _nesting
+    if local.depth >= MAX_MESSAGE_NESTING:
+        raise ProtocolError(f"messages nested more than {MAX_MESSAGE_NESTING} deep")
+    local.depth += 1
+    try:
+        fields = msgpack.unpackb(data, ext_hook=_ext_hook, raw=False)
+    finally:
+        local.depth -= 1
     if not isinstance(fields, list):
         raise ProtocolError(f"malformed {cls.__name__}")
     try:
@@ -514,7 +536,11 @@ class WorkerUnblocked:
 class CreateObject:
     object_id: bytes
     size_bytes: int
+    #: The creating process (it writes the file).
     owner_worker_id: bytes
+    #: The object's owner when it is not the creator (a task's return): the raylet frees
+    #: the object when that process dies.
+    owner: bytes = b""
 
 
 @message(48)
@@ -566,6 +592,31 @@ class DropSlots:
     """Raylet to creator: these pooled files are gone; unmap them."""
 
     slots: list[int]
+
+
+@message(56)
+class PinObjects:
+    """Worker -> its raylet: this process now holds live views of these objects
+    (``pinned``), or no longer does; pinned objects are never spilled."""
+
+    object_ids: list[bytes]
+    pinned: bool
+
+
+@message(57)
+class RestoreSpilled:
+    """Worker -> its raylet: the object's store file is missing; bring it back. Answer:
+    None (not here), "" (in the store again), or the spill file to map read-only."""
+
+    object_id: bytes
+
+
+@message(58)
+class DropMappings:
+    """Raylet -> every process on its node: these objects left the store (spilled);
+    unmap them unless views are alive."""
+
+    object_ids: list[bytes]
 
 
 # --------------------------------------------------------------------------- core worker

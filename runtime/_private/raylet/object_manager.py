@@ -8,11 +8,20 @@ worker ──PullObject(id, from_node)──► local raylet (ObjectManager)
                                         │   (CHUNK_BYTES each, MAX_CHUNKS_IN_FLIGHT at once)
                                         └─ create in the local store, write chunks (threads), seal
 ```
-Chunks travel on a separate data channel: a plain TCP listener served by threads,
-authenticated with the same HMAC handshake as every lumos connection, where the holder
+Chunks travel on a separate data channel: a plain TCP listener, authenticated both
+ways with the same handshake as every lumos connection (``protocol.auth``, as raw
+bytes), where the holder
 ``sendfile``s straight from its ``/dev/shm`` file and the puller ``recv_into``s straight
 into the mapped destination (no copies through Python objects). ``ReadObjectChunk``
 over the RPC connection remains for peers without that channel.
+
+```
+accept thread (one selector)                          serving threads (<= MAX_DATA_CONNECTIONS)
+  accept ─► handshake, non-blocking, one deadline ─► authenticated socket ─► requests, sendfile
+            at most MAX_UNAUTHENTICATED_PER_ADDRESS per peer address (the oldest goes)
+```
+A peer that never finishes its handshake holds one file descriptor until its deadline,
+never a thread, and crowds out only other handshakes from its own address.
 
 After the pull the object is an ordinary sealed file in this node's store: readers map
 it zero-copy. Frees reach the copies through ``FreeObjectCopies``, which the raylet
@@ -27,16 +36,19 @@ import mmap
 import os
 import socket
 import struct
+import selectors
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from lumos._private.protocol import auth
 
 from lumos._private.ids import short
+from lumos._private.object_store.client import open_object_file
 from lumos._private.object_store.store_state import PULLED
 from lumos._private.protocol import messages as m
-from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError, connect
+from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError, connect, peer_warnings
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +58,12 @@ MAX_CHUNKS_IN_FLIGHT = 4
 STREAMS_PER_PULL = 4
 #: Below this, one stream.
 MIN_STREAM_BYTES = 4 * 1024 * 1024
-#: Data-channel connections a raylet serves at once.
+#: Authenticated data-channel connections a raylet serves at once (a thread each).
 MAX_DATA_CONNECTIONS = 64
+#: Handshakes in progress from one peer address; a newer one drops the oldest.
+MAX_UNAUTHENTICATED_PER_ADDRESS = 8
+#: Handshakes in progress from all addresses together; beyond it the oldest goes.
+MAX_UNAUTHENTICATED = 256
 _REQ = struct.Struct("<QQ")
 _LEN = struct.Struct("<q")
 
@@ -67,9 +83,8 @@ class ObjectManager:
         self._peers: dict[bytes, Connection] = {}
         self._connecting: dict[bytes, asyncio.Future[Connection]] = {}
         self._io = ThreadPoolExecutor(16, thread_name_prefix="raylet.transfer")
-        #: Data-channel connections served at once (a thread each). Beyond it, connections
-        #: wait in the listen backlog until one ends: a flood of peers that never
-        #: authenticate costs at most this many threads, each for one handshake deadline.
+        #: Authenticated data-channel connections served at once (a thread each); more
+        #: wait for a thread. Peers that have not authenticated never get one.
         self._serving = threading.BoundedSemaphore(MAX_DATA_CONNECTIONS)
         self._listener: socket.socket | None = None
         #: Port of the data channel (0 until ``start``).
@@ -102,40 +117,119 @@ class ObjectManager:
     # ------------------------------------------------------------------ data channel (threads)
 
     def _accept_loop(self) -> None:
+        """Thread: accept peers and run their handshakes on one selector, without blocking."""
         assert self._listener is not None
-        while not self._closing:
-            self._serving.acquire()
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                self._serving.release()
-                return
-            try:
-                threading.Thread(target=self._serve_data, args=(sock,), name="raylet.transfer-serve",
-                                 daemon=True).start()
-            except RuntimeError:  # no thread could be started: drop this peer, keep serving
-                sock.close()
-                self._serving.release()
-
-    def _serve_data(self, sock: socket.socket) -> None:
+        self._listener.setblocking(False)
+        sel = selectors.DefaultSelector()
+        sel.register(self._listener, selectors.EVENT_READ, None)
+        #: Handshakes in progress, oldest first.
+        pending: dict[socket.socket, _Handshake] = {}
         try:
-            self._serve_data_on(sock)
+            while not self._closing:
+                now = time.monotonic()
+                timeout = min((h.deadline for h in pending.values()), default=now + 1.0) - now
+                try:
+                    events = sel.select(max(0.0, min(timeout, 1.0)))
+                except OSError:
+                    return
+                for key, _ in events:
+                    if key.data is None:
+                        if not self._accept_one(sel, pending):
+                            return
+                    else:
+                        self._handshake_step(sel, pending, key.data)
+                now = time.monotonic()
+                for h in [h for h in pending.values() if h.deadline <= now]:
+                    self._end_handshake(sel, pending, h, "did not authenticate before the handshake deadline")
         finally:
-            self._serving.release()
+            for h in list(pending.values()):
+                self._end_handshake(sel, pending, h, None)
+            sel.close()
 
-    def _serve_data_on(self, sock: socket.socket) -> None:
-        authed = False
+    def _accept_one(self, sel: selectors.BaseSelector, pending: dict[socket.socket, "_Handshake"]) -> bool:
+        assert self._listener is not None
         try:
-            sock.settimeout(self.raylet.config.handshake_timeout_s)
-            nonce = auth.new_nonce()
-            sock.sendall(nonce)
-            if not auth.check(self.raylet.token, nonce, _recv_exact(sock, auth.DIGEST_BYTES)):
-                logger.warning("data channel: peer failed authentication; dropped")
-                return
-            sock.sendall(auth.OK)
-            authed = True
+            sock, addr = self._listener.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return True
+        except OSError:
+            return False  # the listener closed
+        host = str(addr[0])
+        h = _Handshake(sock, host, time.monotonic() + self.raylet.config.handshake_timeout_s)
+        same = [o for o in pending.values() if o.host == host]
+        if len(same) >= MAX_UNAUTHENTICATED_PER_ADDRESS:
+            self._end_handshake(sel, pending, same[0], "too many unauthenticated connections from one address")
+        elif len(pending) >= MAX_UNAUTHENTICATED:
+            self._end_handshake(sel, pending, next(iter(pending.values())), "too many unauthenticated connections")
+        sock.setblocking(False)
+        pending[sock] = h
+        sel.register(sock, selectors.EVENT_READ, h)
+        return True
+
+    def _handshake_step(self, sel: selectors.BaseSelector, pending: dict[socket.socket, "_Handshake"],
+                        h: "_Handshake") -> None:
+        try:
+            # Both steps read 32 bytes (a nonce, then a proof); never more than the step needs.
+            data = h.sock.recv(auth.NONCE_BYTES - len(h.buf))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._end_handshake(sel, pending, h, f"did not authenticate ({e})")
+            return
+        if not data:
+            self._end_handshake(sel, pending, h, "closed the connection during the handshake")
+            return
+        h.buf += data
+        token = self.raylet.token
+        try:
+            if h.server_nonce is None and len(h.buf) == auth.NONCE_BYTES:
+                h.client_nonce = bytes(h.buf)
+                hello, h.server_nonce = auth.server_hello(token, h.client_nonce)
+                h.buf.clear()
+                h.sock.sendall(hello)  # 64 bytes into an empty send buffer: never blocks
+            elif h.server_nonce is not None and len(h.buf) == auth.DIGEST_BYTES:
+                if not auth.check_client_proof(token, h.client_nonce, h.server_nonce, bytes(h.buf)):
+                    self._end_handshake(sel, pending, h, "failed authentication (wrong cluster token?)")
+                    return
+                h.sock.sendall(auth.OK)
+                sel.unregister(h.sock)
+                del pending[h.sock]
+                self._start_serving(h.sock)
+        except OSError as e:
+            self._end_handshake(sel, pending, h, f"did not authenticate ({e})")
+
+    def _end_handshake(self, sel: selectors.BaseSelector, pending: dict[socket.socket, "_Handshake"],
+                       h: "_Handshake", reason: str | None) -> None:
+        pending.pop(h.sock, None)
+        try:
+            sel.unregister(h.sock)
+        except (KeyError, ValueError):
+            pass
+        h.sock.close()
+        if reason is not None:
+            peer_warnings.warn(logger, h.host, self.raylet.config.peer_warning_interval_s,
+                               "data channel: peer %s %s; dropped", h.host, reason)
+
+    def _start_serving(self, sock: socket.socket) -> None:
+        try:
+            sock.setblocking(True)
             sock.settimeout(self.raylet.config.rpc_timeout_s)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve_data, args=(sock,), name="raylet.transfer-serve",
+                             daemon=True).start()
+        except (OSError, RuntimeError) as e:  # no thread could be started: drop this peer, keep serving
+            logger.warning("data channel: cannot serve an authenticated peer: %s", e)
+            sock.close()
+
+    def _serve_data(self, sock: socket.socket) -> None:
+        with self._serving:
+            try:
+                self._serve_data_on(sock)
+            finally:
+                sock.close()
+
+    def _serve_data_on(self, sock: socket.socket) -> None:
+        try:
             while True:
                 head = sock.recv(1)
                 if not head:
@@ -148,16 +242,22 @@ class ObjectManager:
                 offset, length = _REQ.unpack(_recv_exact(sock, _REQ.size))
                 self._send_range(sock, object_id, offset, length)
         except (OSError, ConnectionError) as e:
-            if authed:
-                logger.debug("data channel connection ended: %s", e)
-            else:  # silent or truncated handshakes are peer faults too
-                logger.warning("data channel: peer did not authenticate (%s); dropped", e or type(e).__name__)
-        finally:
-            sock.close()
+            logger.debug("data channel connection ended: %s", e)
+
+    def _open_object(self, object_id: bytes) -> int:
+        """A read-only fd of a local object: its store file, else its spill file (a spilled
+        object is served from disk, without a restore). Any thread."""
+        store = self.raylet.store
+        try:
+            return os.open(store.final_path(object_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if not store.spill_dir:
+                raise
+            return os.open(store.spill_path(object_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
     def _send_range(self, sock: socket.socket, object_id: bytes, offset: int, length: int) -> None:
         try:
-            f = open(self.raylet.store.final_path(object_id), "rb")
+            f = os.fdopen(self._open_object(object_id), "rb")
         except OSError:
             sock.sendall(_LEN.pack(-1))
             return
@@ -174,14 +274,11 @@ class ObjectManager:
     def _fetch_range(self, host: str, port: int, object_id: bytes, mm: mmap.mmap, offset: int,
                      length: int) -> None:
         """Thread: one stream of a pull, received straight into the destination mapping."""
-        timeout = self.raylet.config.rpc_timeout_s
-        with socket.create_connection((host, port), timeout=self.raylet.config.connect_timeout_s) as sock:
-            sock.settimeout(timeout)
+        config = self.raylet.config
+        with socket.create_connection((host, port), timeout=config.connect_timeout_s) as sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            nonce = _recv_exact(sock, auth.NONCE_BYTES)
-            sock.sendall(auth.answer(self.raylet.token, nonce))
-            if _recv_exact(sock, len(auth.OK)) != auth.OK:
-                raise ConnectionError("data channel refused the handshake")
+            client_handshake(sock, self.raylet.token, config.handshake_timeout_s)
+            sock.settimeout(config.rpc_timeout_s)
             sock.sendall(bytes([len(object_id)]) + object_id + _REQ.pack(offset, length))
             (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
             if n != length:
@@ -318,6 +415,13 @@ class ObjectManager:
         finally:
             self._connecting.pop(node_id, None)
 
+    def _pread(self, object_id: bytes, offset: int, length: int) -> bytes:
+        fd = self._open_object(object_id)
+        try:
+            return os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+
     def stats(self) -> dict[str, int]:
         return {"bytes_pulled": self.bytes_pulled, "bytes_served": self.bytes_served, "pulls": self.pulls_done,
                 "pulls_in_progress": len(self._pulls)}
@@ -356,17 +460,60 @@ class ObjectManager:
         if obj is None or not obj.sealed or offset < 0 or length < 0 or offset + length > obj.size_bytes \
                 or length > CHUNK_BYTES * 4:
             return None
-        path = self.raylet.store.final_path(object_id)
-        data = await asyncio.get_running_loop().run_in_executor(self._io, _pread, path, offset, length)
+        data = await asyncio.get_running_loop().run_in_executor(self._io, self._pread, object_id, offset, length)
         self.bytes_served += len(data)
         return data
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+class _Handshake:
+    """One data-channel peer that has not authenticated yet (accept thread only)."""
+
+    __slots__ = ("sock", "host", "deadline", "buf", "client_nonce", "server_nonce")
+
+    def __init__(self, sock: socket.socket, host: str, deadline: float) -> None:
+        self.sock = sock
+        self.host = host
+        #: ``time.monotonic()`` by which the whole handshake must be done.
+        self.deadline = deadline
+        self.buf = bytearray()
+        self.client_nonce = b""
+        #: Set once the server's hello went out.
+        self.server_nonce: bytes | None = None
+
+
+def client_handshake(sock: socket.socket, token: bytes, timeout_s: float) -> None:
+    """The puller's side of the data-channel handshake, all of it within ``timeout_s``.
+
+    The holder proves the token before the puller sends its own proof or any request.
+
+    Raises:
+        ConnectionError: the holder did not prove the token, refused ours, or went away.
+        TimeoutError: the handshake took longer than ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    client_nonce = auth.new_nonce()
+    sock.settimeout(timeout_s)
+    sock.sendall(client_nonce)
+    server_nonce = auth.check_server_hello(token, client_nonce, _recv_exact(sock, auth.SERVER_HELLO_BYTES, deadline))
+    if server_nonce is None:
+        raise ConnectionError("the data channel did not prove it holds the cluster token "
+                              "(wrong token, or not a lumos raylet of this cluster)")
+    sock.sendall(auth.client_proof(token, client_nonce, server_nonce))
+    if _recv_exact(sock, len(auth.OK), deadline) != auth.OK:
+        raise ConnectionError("the data channel refused the handshake")
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """``n`` bytes; with ``deadline`` (monotonic), all of them by then, however they trickle in."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
     while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the data channel handshake timed out")
+            sock.settimeout(left)
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
             raise ConnectionError("peer closed the data channel")
@@ -375,7 +522,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def _open_for_write(path: str, file_size: int, reused: bool) -> mmap.mmap:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = open_object_file(path, create=not reused)
     try:
         if not reused:
             os.ftruncate(fd, file_size)
@@ -386,11 +533,3 @@ def _open_for_write(path: str, file_size: int, reused: bool) -> mmap.mmap:
 
 def _write(mm: mmap.mmap, offset: int, data: bytes) -> None:
     mm[offset:offset + len(data)] = data
-
-
-def _pread(path: str, offset: int, length: int) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.pread(fd, length, offset)
-    finally:
-        os.close(fd)

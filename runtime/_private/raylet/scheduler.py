@@ -100,8 +100,18 @@ class BundlesRemoved:
     indices: list[int] | None = None
 
 
+@dataclasses.dataclass(slots=True)
+class OwnershipChanged:
+    """A worker started or stopped owning objects in this node's store: an idle worker
+    that owns some is kept (ending it would free them: their owner is gone)."""
+
+    worker_id: bytes
+    owns: bool
+
+
 Event = Union[LeaseRequested, LeaseCancelled, LeaseReturned, WorkerRegistered, WorkerExited,
-              WorkerBlocked, WorkerUnblocked, JobFinished, Ticked, BundlesRequested, BundlesRemoved]
+              WorkerBlocked, WorkerUnblocked, JobFinished, Ticked, BundlesRequested, BundlesRemoved,
+              OwnershipChanged]
 
 # ----------------------------------------------------------------------------- actions
 
@@ -163,6 +173,8 @@ class _Worker:
     actor_id: bytes | None = None
     idle_since: float = 0.0
     blocked: bool = False
+    #: Owns objects in this node's store (not reaped when idle).
+    owns_objects: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -297,6 +309,10 @@ class LocalSchedulerState:
             self._reserve_bundles(event, actions)
         elif isinstance(event, BundlesRemoved):
             self._remove_bundles(event.pg_id, event.indices, actions)
+        elif isinstance(event, OwnershipChanged):
+            w = self.workers.get(event.worker_id)
+            if w is not None:
+                w.owns_objects = event.owns
         self._schedule(now, actions)
         if self.validate:
             self.check_invariants()
@@ -501,7 +517,7 @@ class LocalSchedulerState:
         for w in idle:
             if excess <= 0:
                 break
-            if now - w.idle_since > self.idle_timeout_s:
+            if now - w.idle_since > self.idle_timeout_s and not w.owns_objects:
                 actions.append(StopWorker(w.worker_id, "idle"))
                 w.state = DEAD
                 excess -= 1

@@ -31,9 +31,11 @@ from lumos._private.config import Config
 from lumos._private.transport import eventloop
 from lumos._private.ids import random_id, short
 from lumos._private.object_store import store_state as st
+from lumos._private.object_store import spill_io
 from lumos._private.object_store.client import unlink_quietly
-from lumos._private.process import die_with_parent, read_token, report_ready, setup_logging
+from lumos._private.process import make_private_dir, check_private_dir, die_with_parent, read_token, report_ready, setup_logging
 from lumos._private.protocol import messages as m
+from lumos._private.raylet import memory_monitor as mm
 from lumos._private.raylet import scheduler as sc
 from lumos._private.raylet.object_manager import ObjectManager
 from lumos._private.raylet.resources import request_units
@@ -84,8 +86,18 @@ class RayletServer:
         max_workers = config.max_workers_per_node if config.max_workers_per_node > 0 else 4 * cpus + 8
         self.scheduler = sc.LocalSchedulerState(resources, prestart, max_workers,
                                                 config.worker_idle_timeout_s, validate=config.validate)
+        #: This node's private spill directory ("" when spilling is off).
+        self.spill_dir = ""
+        if config.object_spilling_enabled:
+            self.spill_dir = spill_io.node_spill_dir(config.object_spilling_directory, session_dir, node_id)
         self.store = st.ObjectStoreState(store_dir, store_bytes, config.object_store_recycle_bytes,
-                                         config.object_store_full_timeout_s, validate=config.validate)
+                                         config.object_store_full_timeout_s, validate=config.validate,
+                                         spill_dir=self.spill_dir, spill_threshold=config.object_spilling_threshold)
+        #: Spill, restore and on-disk preallocation run here, never on the loop.
+        self._spill_io = ThreadPoolExecutor(2, thread_name_prefix="raylet.spill")
+        #: Object id -> readers waiting for its restore.
+        self._restore_waiters: dict[bytes, list[asyncio.Future[str | None]]] = {}
+        self._spill_dir_made = False
         self.num_prestart = prestart
         #: Workers that died before registering, in a row; starts back off while it grows.
         self._failed_starts = 0
@@ -108,12 +120,21 @@ class RayletServer:
         self._bundle_answers: dict[int, list[Any]] = {}
         #: Alive nodes of the cluster (this one included), from the GCS "nodes" channel.
         self.alive_nodes: dict[bytes, m.NodeInfo] = {}
+        #: Owner worker id -> ids of the objects in this store it owns (made here for it,
+        #: or copies pulled for its borrowers): freed when the owner dies (issue 12).
+        self._owned: dict[bytes, set[bytes]] = {}
+        #: Object id -> its owner's worker id (the inverse of ``_owned``).
+        self._owner_of: dict[bytes, bytes] = {}
         self.gcs: Connection | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._unlinker = ThreadPoolExecutor(1, thread_name_prefix="raylet.unlink")
         self.stopped = asyncio.Event()
         self.object_manager = ObjectManager(self)
+        self.memory_monitor = mm.MemoryMonitorState(config.memory_usage_threshold, short(node_id),
+                                                    validate=config.validate)
         self._stopping = False
+        #: The store directory passed the ownership check (so ``stop`` may remove it).
+        self._store_dir_checked = False
         self.unix_path = os.path.join(session_dir, "sockets", f"raylet-{node_id.hex()[:12]}.sock")
         handlers = {
             m.RegisterClient: self._register_client,
@@ -125,11 +146,13 @@ class RayletServer:
             m.CreateObject: self._create_object,
             m.SealObject: lambda c, msg: self._store(st.ObjectSealed(msg.object_id, msg.size_bytes)),
             m.FreeObjects: self._free_objects,
-            m.FreeObjectCopies: lambda c, msg: self._store(st.ObjectsFreed(msg.object_ids, [False] * len(msg.object_ids))),
+            m.FreeObjectCopies: self._free_copies,
             m.PullObject: self._pull_object,
             m.GetObjectSize: lambda c, msg: self.object_manager.object_size(msg.object_id),
             m.ReadObjectChunk: lambda c, msg: self.object_manager.read_chunk(msg.object_id, msg.offset, msg.length),
             m.MarkShared: lambda c, msg: self._store(st.MarkedShared(msg.object_ids)),
+            m.PinObjects: self._pin_objects,
+            m.RestoreSpilled: self._restore_spilled,
             m.GetWorkerExit: self._get_worker_exit,
             m.KillWorker: self._kill_worker_request,
             m.GetNodeStats: self._node_stats,
@@ -144,7 +167,13 @@ class RayletServer:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        os.makedirs(self.store_dir, exist_ok=True)
+        # The parent made it 0700 before starting us; never use one someone else made (issue 11).
+        check_private_dir(self.store_dir, "object store directory")
+        self._store_dir_checked = True
+        if self.spill_dir:
+            os.makedirs(os.path.dirname(self.spill_dir), mode=0o700, exist_ok=True)
+            make_private_dir(self.spill_dir, "spill directory")
+            self._spill_dir_made = True
         os.makedirs(os.path.dirname(self.unix_path), exist_ok=True)
         await self.server.start(unix_path=self.unix_path, host=self.node_ip, port=0)
         self.object_manager.start(self.node_ip)
@@ -162,11 +191,14 @@ class RayletServer:
                 self._report_worker(proc, "ALIVE")
         self.gcs.notify(m.Subscribe("jobs", None))
         self.gcs.notify(m.Subscribe("nodes", None))
+        self.gcs.notify(m.Subscribe("workers", None))  # owners that die: their objects go
         for info in await self.gcs.call(m.GetAllNodes(), self.config.rpc_timeout_s):
             if info.state == "ALIVE":
                 self.alive_nodes[info.node_id] = info
         self._spawn(self._heartbeat_loop(), "raylet.heartbeat")
         self._spawn(self._tick_loop(), "raylet.tick")
+        if self.config.memory_monitor_refresh_ms > 0:
+            self._spawn(self._memory_loop(), "raylet.memory_monitor")
         logger.info("raylet %s up: %s, store %d MiB at %s", short(self.node_id), self.resources_total,
                     self.store.capacity_bytes >> 20, self.store_dir)
 
@@ -209,7 +241,11 @@ class RayletServer:
         await self.server.stop()
         self.object_manager.close()
         self._unlinker.shutdown(wait=True)
-        shutil.rmtree(self.store_dir, ignore_errors=True)
+        self._spill_io.shutdown(wait=True, cancel_futures=True)
+        if self._store_dir_checked:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
+        if self._spill_dir_made:
+            shutil.rmtree(self.spill_dir, ignore_errors=True)
         self.stopped.set()
 
     def _spawn(self, coro: Any, name: str) -> None:
@@ -235,11 +271,18 @@ class RayletServer:
         if msg.channel == "jobs" and isinstance(msg.data, m.JobInfo) and msg.data.state != "RUNNING":
             self._sched(sc.JobFinished(msg.data.job_id))
         elif msg.channel == "nodes" and isinstance(msg.data, m.NodeInfo):
+            if msg.data.node_id == self.node_id and msg.data.state == "DEAD":
+                # Declared dead (frozen or cut off for too long): fenced, this node exits.
+                logger.error("the GCS declared this node dead (%s); stopping", msg.data.death_reason)
+                self._spawn(self.stop(), "raylet.stop")
+                return
             if msg.data.state == "ALIVE":
                 self.alive_nodes[msg.data.node_id] = msg.data
             else:
                 self.alive_nodes.pop(msg.data.node_id, None)
                 self.object_manager.node_gone(msg.data.node_id)
+        elif msg.channel == "workers" and isinstance(msg.data, m.WorkerInfo) and msg.data.state == "DEAD":
+            self._free_owned_by(msg.data.worker_id, msg.data.exit_detail or "it died")
 
     # ------------------------------------------------------------------ loops
 
@@ -249,7 +292,8 @@ class RayletServer:
             assert self.gcs is not None
             s = self.scheduler
             self.gcs.notify(m.NodeHeartbeat(
-                self.node_id, s.available_floats(), len(s.queue), self.store.used_bytes,
+                # Pooled free slots are given up as soon as a create needs the room: free.
+                self.node_id, s.available_floats(), len(s.queue), self.store.used_bytes - self.store.pool_bytes,
                 sum(1 for p in self.procs.values() if not p.is_driver and p.exit_info is None),
                 s.infeasible_shapes()))
             await asyncio.sleep(interval)
@@ -399,11 +443,36 @@ class RayletServer:
         elif proc.address is not None:
             self._failed_starts = 0
         self._store(st.ClientGone(worker_id))
+        self._free_owned_by(worker_id, desc)
         self._sched(sc.WorkerExited(worker_id))
         # Keep the pre-started pool full (also after a job's workers were stopped), but
         # never refill what the idle reaper just trimmed.
         if proc.kill_reason != "idle":
             self._refill_pool()
+
+    async def _memory_loop(self) -> None:
+        """Sample memory; above the threshold kill one worker (see memory_monitor.py)."""
+        import psutil
+        interval = self.config.memory_monitor_refresh_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            usage = mm.read_memory()  # a few small file reads
+            if usage.fraction <= self.memory_monitor.threshold and self.memory_monitor.pending is None:
+                continue
+            candidates = []
+            for w in self.scheduler.workers.values():
+                proc = self.procs.get(w.worker_id)
+                if w.state != sc.LEASED or proc is None or proc.popen is None or proc.exit_info is not None:
+                    continue
+                try:
+                    rss = psutil.Process(proc.pid).memory_info().rss
+                except psutil.Error:
+                    continue
+                candidates.append(mm.Candidate(w.worker_id, proc.pid, mm.ACTOR if w.actor_id else mm.TASK,
+                                               w.lease_id, rss))
+            for action in self.memory_monitor.handle(mm.MemorySampled(usage, candidates, time.monotonic())):
+                logger.warning("worker %s: %s", short(action.worker_id), action.reason)
+                self._kill_worker(action.worker_id, action.reason)
 
     def _kill_worker(self, worker_id: bytes, reason: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.get(worker_id)
@@ -544,7 +613,51 @@ class RayletServer:
         self._sched(sc.LeaseReturned(msg.lease_id, msg.disconnect))
 
     async def _create_object(self, conn: Connection, msg: m.CreateObject) -> list[Any]:
-        return await self.create_local(msg.object_id, msg.size_bytes, msg.owner_worker_id)
+        grant = await self.create_local(msg.object_id, msg.size_bytes, msg.owner_worker_id)
+        self._note_owner(msg.object_id, msg.owner or msg.owner_worker_id)
+        return grant
+
+    # ------------------------------------------------------------------ ownership
+
+    def _note_owner(self, object_id: bytes, owner: bytes) -> None:
+        """``owner`` owns ``object_id``, which this store holds (a primary or a copy)."""
+        if not owner or self._owner_of.get(object_id) == owner:
+            return
+        self._forget_owner([object_id])
+        self._owner_of[object_id] = owner
+        ids = self._owned.get(owner)
+        if ids is None:
+            ids = self._owned[owner] = set()
+            if owner in self.procs:
+                self._sched(sc.OwnershipChanged(owner, True))
+        ids.add(object_id)
+
+    def _forget_owner(self, object_ids: list[bytes]) -> None:
+        for oid in object_ids:
+            owner = self._owner_of.pop(oid, None)
+            if owner is None:
+                continue
+            ids = self._owned.get(owner)
+            if ids is not None:
+                ids.discard(oid)
+                if not ids:
+                    del self._owned[owner]
+                    if owner in self.procs:
+                        self._sched(sc.OwnershipChanged(owner, False))
+
+    def _free_owned_by(self, owner: bytes, why: str) -> None:
+        """The process ``owner`` is gone: nobody can read or free its objects any more, so
+        free those this store holds (and ask the other nodes to drop their copies)."""
+        ids = self._owned.pop(owner, None)
+        if not ids:
+            return
+        freed = list(ids)
+        for oid in freed:
+            self._owner_of.pop(oid, None)
+        logger.info("freeing %d objects of %s, whose owner is gone (%s)", len(freed), short(owner), why)
+        self._store(st.ObjectsFreed(freed, [False] * len(freed)))
+        if len(self.alive_nodes) > 1:
+            self.object_manager.free_copies(freed)
 
     async def create_local(self, object_id: bytes, size_bytes: int, client: bytes) -> list[Any]:
         """Space for a new object: ``[slot, write path, final path, file size, reused]``."""
@@ -568,26 +681,36 @@ class RayletServer:
             self._store(st.ObjectsFreed([object_id], [False]))
 
     def _free_objects(self, conn: Connection, msg: m.FreeObjects) -> None:
+        self._forget_owner(msg.object_ids)
         self._store(st.ObjectsFreed(msg.object_ids, msg.recyclable))
         if len(self.alive_nodes) > 1:
             self.object_manager.free_copies(msg.object_ids)
 
+    def _free_copies(self, conn: Connection, msg: m.FreeObjectCopies) -> None:
+        self._forget_owner(msg.object_ids)
+        self._store(st.ObjectsFreed(msg.object_ids, [False] * len(msg.object_ids)))
+
     async def _pull_object(self, conn: Connection, msg: m.PullObject) -> bool:
         await self.object_manager.pull(msg.object_id, msg.from_node)
+        if msg.object_id not in self._owner_of:
+            self._note_owner(msg.object_id, msg.owner_worker_id)
         return True
 
     def _store(self, event: st.Event) -> None:
         for action in self.store.handle(event, time.monotonic()):
             if isinstance(action, st.GrantCreate):
                 fut = self._create_waiters.pop(action.request, None)
-                if fut is not None and not fut.done():
-                    fut.set_result([action.slot, action.path, action.final_path, action.file_size, action.reused])
-                else:  # the creator went away while waiting
+                if fut is None or fut.done():  # the creator went away while waiting
                     self._store(st.ObjectsFreed([action.object_id], [False]))
+                elif action.on_disk:
+                    self._spawn(self._grant_on_disk(action, fut), "raylet.spill.create")
+                else:
+                    fut.set_result([action.slot, action.path, action.final_path, action.file_size, action.reused])
             elif isinstance(action, st.RejectCreate):
                 fut = self._create_waiters.pop(action.request, None)
                 if fut is not None and not fut.done():
-                    fut.set_exception(_ObjectExists(action.reason) if action.exists else _StoreFull(action.reason))
+                    fut.set_exception(_ObjectExists(action.reason) if action.exists else
+                                      _OutOfDisk(action.reason) if action.out_of_disk else _StoreFull(action.reason))
             elif isinstance(action, st.RenameFile):
                 try:
                     os.rename(action.src, action.dst)
@@ -596,9 +719,78 @@ class RayletServer:
             elif isinstance(action, st.UnlinkFile):
                 self._unlinker.submit(unlink_quietly, action.path)
             elif isinstance(action, st.DropSlot):
+                if action.slot < 0:
+                    continue
                 proc = self.procs.get(action.client)
                 if proc is not None and proc.conn is not None:
                     proc.conn.notify(m.DropSlots([action.slot]))
+            elif isinstance(action, st.SpillObject):
+                self._spawn(self._copy(action, st.SpillFinished), f"raylet.spill.{short(action.object_id)}")
+            elif isinstance(action, st.RestoreObject):
+                self._spawn(self._copy(action, st.RestoreFinished), f"raylet.restore.{short(action.object_id)}")
+            elif isinstance(action, st.DropMappings):
+                for proc in self.procs.values():
+                    if proc.conn is not None:
+                        proc.conn.notify(m.DropMappings(action.object_ids))
+            elif isinstance(action, st.AnswerRestore):
+                for fut in self._restore_waiters.pop(action.object_id, ()):
+                    if not fut.done():
+                        fut.set_result(action.path)
+            elif isinstance(action, st.DiskFull):
+                logger.warning("%s", action.message)
+
+    # ------------------------------------------------------------------ spilling
+
+    async def _copy(self, action: st.SpillObject | st.RestoreObject, done: Any) -> None:
+        """Run one spill or restore copy in a spill thread; report it to the store state."""
+        loop = asyncio.get_running_loop()
+        try:
+            seconds = await loop.run_in_executor(self._spill_io, spill_io.copy_file, action.src, action.tmp,
+                                                 action.dst, action.size_bytes)
+        except OSError as e:
+            what = "spilling" if done is st.SpillFinished else "restoring"
+            logger.debug("%s %s failed: %s", what, short(action.object_id), e)
+            if done is st.SpillFinished:
+                self._store(st.SpillFinished(action.object_id, str(e), e.errno in spill_io.DISK_FULL_ERRNOS))
+            else:
+                self._store(st.RestoreFinished(action.object_id, str(e)))
+            return
+        self._store(done(action.object_id, seconds=seconds, started=time.monotonic() - seconds))
+
+    async def _grant_on_disk(self, action: st.GrantCreate, fut: asyncio.Future[Any]) -> None:
+        """An object larger than the store: preallocate its file in the spill dir, then
+        let the creator write it through a mapping."""
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._spill_io, spill_io.preallocate, action.path, action.file_size)
+        except OSError as e:
+            full = e.errno in spill_io.DISK_FULL_ERRNOS
+            self._store(st.DiskCreateFailed(action.object_id, str(e), full))
+            mib = action.file_size / (1024 * 1024)
+            why = (f"object of {mib:.1f} MiB is larger than the object store and the spill directory "
+                   f"{self.spill_dir} has no room for it ({e}); free space there or set object_spilling_directory "
+                   "to a larger disk")
+            if not fut.done():
+                fut.set_exception(_OutOfDisk(why) if full else _StoreFull(why))
+            return
+        if fut.done():  # the creator went away meanwhile
+            self._store(st.ObjectsFreed([action.object_id], [False]))
+            return
+        fut.set_result([action.slot, action.path, action.final_path, action.file_size, action.reused])
+
+    def _pin_objects(self, conn: Connection, msg: m.PinObjects) -> None:
+        client = conn.peer_info
+        if client is None:
+            return
+        self._store(st.ObjectsPinned(client, msg.object_ids) if msg.pinned else
+                    st.ObjectsUnpinned(client, msg.object_ids))
+
+    async def _restore_spilled(self, conn: Connection, msg: m.RestoreSpilled) -> str | None:
+        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._restore_waiters.setdefault(msg.object_id, []).append(fut)
+        self._store(st.RestoreRequested(msg.object_id))
+        async with asyncio.timeout(self.config.rpc_timeout_s):
+            return await fut
 
     async def _get_worker_exit(self, conn: Connection, msg: m.GetWorkerExit) -> str | None:
         if msg.worker_id in self.exits:
@@ -631,6 +823,7 @@ class RayletServer:
                 "resource_ids": lease.resource_ids if lease else {},
             })
         return {"node_id": self.node_id.hex(), "store": self.store.stats(), "workers": workers,
+                "spill": self.store.spill_stats(),
                 "available": self.scheduler.available_floats(), "total": dict(self.resources_total),
                 "queue_length": len(self.scheduler.queue), "infeasible": self.scheduler.infeasible_shapes(),
                 "transfer": self.object_manager.stats(),
@@ -659,7 +852,10 @@ class RayletServer:
         proc = self.procs.get(worker_id)
         if proc is not None and proc.is_driver:
             del self.procs[worker_id]
+            proc.exit_info = "the driver disconnected (it exited or was killed)"
+            self._report_worker(proc, "DEAD", proc.exit_info)
             self._store(st.ClientGone(worker_id))
+            self._free_owned_by(worker_id, proc.exit_info)
 
 
 #: A lease request still queued here after this long is offered to the GCS again.
@@ -681,6 +877,10 @@ def _bundle_of(msg: m.RequestWorkerLease) -> tuple[bytes, int] | None:
 
 class _StoreFull(Exception):
     """Surfaces at the client as RemoteError('_StoreFull', reason)."""
+
+
+class _OutOfDisk(Exception):
+    """Surfaces at the client as RemoteError('_OutOfDisk', reason): OutOfDiskError."""
 
 
 class _ObjectExists(Exception):

@@ -1,7 +1,8 @@
 """Authenticated, framed, bidirectional RPC connections over asyncio.
 
-One ``Connection`` per socket, either end. It authenticates first (see
-``protocol.auth``), then carries msgpack frames both ways: requests with ids and
+One ``Connection`` per socket, either end. It authenticates first, both ways (see
+``protocol.auth``: the client checks the server's proof before it reads any other
+frame), then carries msgpack frames both ways: requests with ids and
 replies, one-way notifications, and server pushes. Writes made while one read's frames
 (or one batch of jobs from other threads, see ``batch``) are handled leave in one
 ``write`` per connection at the end of that batch, in the same loop turn; other writes
@@ -9,6 +10,8 @@ leave together on the loop's next turn.
 
 A peer fault (bad frame, wrong token, unknown message, oversized length) is a
 ``ProtocolError``: one log line, that connection closes, the process keeps serving.
+The line is rate-limited per peer address (``PeerWarnings``), so a peer that retries
+a bad handshake in a loop cannot fill the log.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from typing import Any, Awaitable, Callable, Mapping
 
 from lumos._private.config import Config
@@ -31,7 +35,47 @@ logger = logging.getLogger(__name__)
 _pack_len = HEADER.pack
 Handler = Callable[["Connection", Any], Any]
 
-_AWAIT_NONCE, _AWAIT_DIGEST, _AWAIT_OK, _READY, _CLOSED = range(5)
+# Server: _AWAIT_CLIENT_NONCE -> _AWAIT_CLIENT_PROOF -> _READY.
+# Client: _AWAIT_SERVER_HELLO -> _AWAIT_OK -> _READY.
+_AWAIT_CLIENT_NONCE, _AWAIT_CLIENT_PROOF, _AWAIT_SERVER_HELLO, _AWAIT_OK, _READY, _CLOSED = range(6)
+
+
+class PeerWarnings:
+    """One warning line per peer address per ``interval_s``; the lines in between are
+    counted and their number joins the next line logged for that address.
+
+    Thread-safe: the object manager's data channel warns from its threads.
+    """
+
+    #: Addresses remembered at most; older entries go first beyond it.
+    MAX_ADDRESSES = 4096
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: Peer address -> (time of its last logged line, lines suppressed since).
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def warn(self, log: logging.Logger, address: str, interval_s: float, msg: str, *args: Any) -> bool:
+        """Log ``msg % args`` unless ``address`` had a line within ``interval_s``. True if logged."""
+        now = time.monotonic()
+        with self._lock:
+            last, suppressed = self._last.get(address, (-float("inf"), 0))
+            if now - last < interval_s:
+                self._last[address] = (last, suppressed + 1)
+                return False
+            self._last.pop(address, None)
+            self._last[address] = (now, 0)
+            if len(self._last) > self.MAX_ADDRESSES:
+                del self._last[next(iter(self._last))]
+        if suppressed:
+            msg += " (%d more from this address since the last line)"
+            args = (*args, suppressed)
+        log.warning(msg, *args)
+        return True
+
+
+#: The process's one rate limiter for peer-fault warnings.
+peer_warnings = PeerWarnings()
 
 
 class _Batch(threading.local):
@@ -100,8 +144,9 @@ class Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._decoder = FrameDecoder(config.max_preauth_frame_bytes)
-        self._state = _AWAIT_DIGEST if is_server else _AWAIT_NONCE
-        self._nonce = b""
+        self._state = _AWAIT_CLIENT_NONCE if is_server else _AWAIT_SERVER_HELLO
+        self._client_nonce = b""
+        self._server_nonce = b""
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._next_rid = 1
@@ -117,6 +162,8 @@ class Connection(asyncio.Protocol):
         #: Free-form slot for the owner of this connection (e.g. the worker id it serves).
         self.peer_info: Any = None
         self.peer = "?"
+        #: The peer's address for rate-limited warnings (its host for TCP).
+        self._peer_key = name
 
     # ---------------------------------------------------------------- asyncio.Protocol
 
@@ -124,6 +171,8 @@ class Connection(asyncio.Protocol):
         self._transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.peer = f"{self.name}<-{peer or 'unix'}" if self._is_server else self.name
+        if isinstance(peer, tuple) and peer:
+            self._peer_key = str(peer[0])
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
@@ -132,9 +181,9 @@ class Connection(asyncio.Protocol):
                 pass
         self._handshake_timer = self._loop.call_later(
             self._config.handshake_timeout_s, self._handshake_timed_out)
-        if self._is_server:
-            self._nonce = auth.new_nonce()
-            self._write_raw(self._nonce)
+        if not self._is_server:
+            self._client_nonce = auth.new_nonce()
+            self._write_raw(self._client_nonce)
 
     def data_received(self, data: bytes) -> None:
         b = _batch
@@ -183,15 +232,24 @@ class Connection(asyncio.Protocol):
     # ---------------------------------------------------------------- handshake
 
     def _on_handshake_frame(self, payload: bytes) -> None:
-        if self._state == _AWAIT_DIGEST:
-            if not auth.check(self._token, self._nonce, payload):
+        if self._state == _AWAIT_CLIENT_NONCE:
+            if len(payload) != auth.NONCE_BYTES:
+                raise ProtocolError("authentication failed: the client sent a malformed nonce")
+            self._client_nonce = payload
+            hello, self._server_nonce = auth.server_hello(self._token, payload)
+            self._write_raw(hello)
+            self._state = _AWAIT_CLIENT_PROOF
+        elif self._state == _AWAIT_CLIENT_PROOF:
+            if not auth.check_client_proof(self._token, self._client_nonce, self._server_nonce, payload):
                 raise ProtocolError("authentication failed (wrong cluster token?)")
             self._write_raw(auth.OK)
             self._become_ready()
-        elif self._state == _AWAIT_NONCE:
-            if len(payload) != auth.NONCE_BYTES:
-                raise ProtocolError("server sent a malformed nonce")
-            self._write_raw(auth.answer(self._token, payload))
+        elif self._state == _AWAIT_SERVER_HELLO:
+            server_nonce = auth.check_server_hello(self._token, self._client_nonce, payload)
+            if server_nonce is None:
+                raise ProtocolError("the server did not prove it holds the cluster token "
+                                    "(wrong token, or not a lumos process of this cluster)")
+            self._write_raw(auth.client_proof(self._token, self._client_nonce, server_nonce))
             self._state = _AWAIT_OK
         elif self._state == _AWAIT_OK:
             if payload != auth.OK:
@@ -335,7 +393,8 @@ class Connection(asyncio.Protocol):
         return self._state == _CLOSED
 
     def _drop(self, reason: str) -> None:
-        logger.warning("dropping connection %s: %s", self.peer, reason)
+        peer_warnings.warn(logger, self._peer_key, self._config.peer_warning_interval_s,
+                           "dropping connection %s: %s", self.peer, reason)
         self.close()
 
     def close(self) -> None:

@@ -1,0 +1,99 @@
+"""Jupyter's stop button, sent exactly as JupyterLab sends it (``KernelManager.interrupt_kernel``).
+
+The interrupt reaches the kernel's whole process group; the private cluster runs in its
+own session, so it survives, and the interrupted lumos calls show one line, not lumos's frames.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Iterator
+
+import pytest
+
+from tests.conftest import TEST_CONFIG, check_no_leaks, process_gone, wait_for
+from tests.kernelext.kernel_client import DirectKernel
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+
+
+@pytest.fixture
+def direct_kernel(tmp_path: Any) -> Iterator[tuple[DirectKernel, str]]:
+    k = DirectKernel(str(tmp_path))
+    session_dir = None
+    try:
+        out = k.ok("%load_ext lumos\nimport lumos, time\n"
+                   f"_ctx = lumos.init(num_cpus=2, object_store_memory=300 * 1024 * 1024, "
+                   f"_system_config={TEST_CONFIG!r})\nprint(_ctx.address_info['session_dir'])")
+        session_dir = out.stdout.strip().splitlines()[-1]
+        yield k, session_dir
+    finally:
+        try:
+            k.run("lumos.shutdown()", timeout_s=30)
+        finally:
+            k.close()
+    check_no_leaks(session_dir)
+
+
+def _cluster_answers(k: DirectKernel) -> None:
+    out = k.ok("print('value', lumos.get(lumos.put(41), timeout=30) + 1)\n"
+               "print('cpus', lumos.cluster_resources()['CPU'])", timeout_s=60)
+    assert "value 42" in out.stdout and "cpus 2.0" in out.stdout, out
+
+
+def test_stop_button_leaves_the_private_cluster_running(direct_kernel: tuple[DirectKernel, str],
+                                                         tmp_path: Any) -> None:
+    k, _ = direct_kernel
+    # plain local code
+    out = k.run("print('sleeping', flush=True)\ntime.sleep(60)", interrupt_on="sleeping")
+    assert [e["ename"] for e in out.errors] == ["KeyboardInterrupt"], out
+    _cluster_answers(k)
+
+    # a %%remote cell: its task is cancelled, one line is shown
+    marker = os.path.join(str(tmp_path), "not-cancelled")
+    out = k.run(f"%%remote\nimport time\nprint('started', flush=True)\ntime.sleep(8)\nopen({marker!r}, 'w').close()",
+                interrupt_on="started")
+    assert [e["ename"] for e in out.errors] == ["KeyboardInterrupt"], out
+    tb = out.traceback()
+    assert len(out.errors[0]["traceback"]) == 1 and "cancelled" in tb, tb
+    assert "kernelext" not in tb and "remote.py" not in tb, tb
+    _cluster_answers(k)
+
+    # a blocking get in the notebook: the task is cancelled, only the user's line shows
+    k.ok("@lumos.remote\ndef slow(path):\n    import time\n    time.sleep(8)\n    open(path, 'w').close()")
+    marker2 = os.path.join(str(tmp_path), "get-not-cancelled")
+    out = k.run(f"ref = slow.remote({marker2!r})\nprint('waiting', flush=True)\nlumos.get(ref)",
+                interrupt_on="waiting", interrupt_after_s=0.5)  # get has started by then
+    assert [e["ename"] for e in out.errors] == ["KeyboardInterrupt"], out
+    tb = out.traceback()
+    assert "lumos.get(ref)" in tb and "core_worker" not in tb and "api.py" not in tb, tb
+    _cluster_answers(k)
+
+    # a --session cell: a running actor call is not interrupted; the line says so
+    out = k.run("%%remote --session s1\nimport time\nprint('in session', flush=True)\ntime.sleep(2)",
+                interrupt_on="in session")
+    assert [e["ename"] for e in out.errors] == ["KeyboardInterrupt"], out
+    assert len(out.errors[0]["traceback"]) == 1 and "%lumos close s1" in out.traceback(), out.traceback()
+    assert "after" in k.ok("%%remote --session s1\nprint('after')").stdout
+    time.sleep(9)  # the cancelled tasks would have written their markers by now
+    assert not os.path.exists(marker) and not os.path.exists(marker2)
+
+
+def test_private_cluster_still_dies_with_a_killed_kernel(tmp_path: Any) -> None:
+    import psutil
+    k = DirectKernel(str(tmp_path))
+    try:
+        out = k.ok("import lumos, os\n"
+                   f"_ctx = lumos.init(num_cpus=1, object_store_memory=100 * 1024 * 1024, _system_config={TEST_CONFIG!r})\n"
+                   "print(_ctx.address_info['session_dir'])\nprint(os.getpid())")
+        session_dir, kernel_pid = out.stdout.split()[-2:]
+        cluster = psutil.Process(int(kernel_pid)).children()
+        assert cluster and all(os.getsid(p.pid) != os.getsid(int(kernel_pid)) for p in cluster)
+        pids = [p.pid for p in psutil.Process(int(kernel_pid)).children(recursive=True)]
+    finally:
+        k.kc.stop_channels()
+        k.km.shutdown_kernel(now=True)  # SIGKILL: no lumos.shutdown() runs
+    # orphaned, they are no longer this test's descendants: wait for each by pid
+    wait_for(lambda: all(process_gone(pid) for pid in pids), timeout_s=20)
+    check_no_leaks(session_dir, timeout_s=20)

@@ -1,0 +1,154 @@
+"""A real cluster whose GCS keeps its tables in real Redis servers: write-through and recovery."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Iterator
+
+import pytest
+
+import lumos
+from lumos._private.config import Config
+from lumos._private.gcs.storage import unpack_value
+from lumos._private.protocol import messages as m
+from lumos._private.transport.connection import connect, parse_address
+from lumos.testing import Cluster
+
+from tests.conftest import TEST_CONFIG, RedisServer, check_no_leaks, wait_for
+
+
+def gcs_call(cluster: Cluster, msg: Any) -> Any:
+    """One RPC to the cluster's GCS from a connection of its own."""
+    config = Config.resolve(TEST_CONFIG)
+
+    async def go() -> Any:
+        async with asyncio.timeout(20):
+            conn = await connect(parse_address(cluster.address), token=cluster.token.encode(), config=config,
+                                 name="test->gcs")
+            try:
+                return await conn.call(msg, 10.0)
+            finally:
+                conn.close()
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def redis_cluster(redis_server_factory: Callable[..., RedisServer]) -> Iterator[tuple[Cluster, list[RedisServer]]]:
+    servers = [redis_server_factory(), redis_server_factory()]
+    url = "redis://" + ",".join(s.address for s in servers)
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 1, "_system_config": {**TEST_CONFIG, "gcs_storage": url}})
+    try:
+        yield cluster, servers
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)
+
+
+def rows(servers: list[RedisServer], table: str) -> dict[bytes, bytes]:
+    out: dict[bytes, bytes] = {}
+    for s in servers:
+        with s.client() as c:
+            out.update(c.hgetall(f"lumos:{table}"))
+    return out
+
+
+@lumos.remote
+class Counter:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def incr(self) -> int:
+        self.n += 1
+        return self.n
+
+
+@lumos.remote
+def square(x: int) -> int:
+    return x * x
+
+
+@pytest.mark.slow
+def test_every_table_is_written_through_to_redis(redis_cluster: tuple[Cluster, list[RedisServer]]) -> None:
+    cluster, servers = redis_cluster
+    cluster.connect(namespace="ns1")
+    c = Counter.options(name="counter", lifetime="detached", num_cpus=0).remote()
+    assert lumos.get(c.incr.remote(), timeout=30) == 1
+    assert lumos.get(square.remote(7), timeout=30) == 49
+    pg = lumos.util.placement_group([{"CPU": 0.5}])
+    assert pg.wait(timeout_seconds=30)
+    assert gcs_call(cluster, m.KvPut("user", b"answer", b"42", True)) is True
+    # Acknowledged, so already in Redis: no waiting here.
+    assert rows(servers, "kv")[b"user\0answer"] == b"42"
+    actors = {k: unpack_value(v) for k, v in rows(servers, "actors").items()}
+    info, spec = next(iter(actors.values()))[:2]
+    assert (info.name, info.namespace, info.state, info.detached) == ("counter", "ns1", "ALIVE", True)
+    assert spec.actor_id == info.actor_id
+    assert any(k.startswith(b"fn\0") for k in rows(servers, "kv")), "exported functions are not kept"
+    nodes = [unpack_value(v) for v in rows(servers, "nodes").values()]
+    assert [n.state for n in nodes] == ["ALIVE"] and nodes[0].resources_total["CPU"] == 1
+    jobs = [unpack_value(v) for v in rows(servers, "jobs").values()]
+    assert [j.state for j in jobs] == ["RUNNING"]
+    groups = [unpack_value(v) for v in rows(servers, "placement_groups").values()]
+    assert [g.state for g in groups] == ["CREATED"]
+    # The task-event log is a bounded stream on one of the servers.
+    wait_for(lambda: any(s.client().xlen("lumos:stream:task_events") for s in servers), 10)
+    # Every table is spread over both servers (64 keys, with this many rows at least one each).
+    assert all(s.client().hlen("lumos:kv") for s in servers)
+    lumos.kill(c)
+    wait_for(lambda: unpack_value(rows(servers, "actors")[info.actor_id])[0].state == "DEAD", 10)
+
+
+@pytest.mark.slow
+def test_restarted_gcs_recovers_named_actors_kv_and_jobs(redis_cluster: tuple[Cluster, list[RedisServer]]) -> None:
+    cluster, servers = redis_cluster
+    cluster.connect(namespace="ns1")
+    job_before = lumos.get_runtime_context().get_job_id()
+    c = Counter.options(name="counter", lifetime="detached", num_cpus=0, max_restarts=-1).remote()
+    assert lumos.get(c.incr.remote(), timeout=30) == 1
+    assert gcs_call(cluster, m.KvPut("user", b"answer", b"42", True)) is True
+    lumos.shutdown()
+
+    cluster.kill_gcs()
+    cluster.restart_gcs()
+
+    assert gcs_call(cluster, m.KvGet("user", b"answer", 0.0)) == b"42"
+    jobs = {j.job_id.hex(): j for j in gcs_call(cluster, m.GetAllJobs())}
+    assert job_before in jobs
+    named = gcs_call(cluster, m.GetNamedActor("counter", "ns1"))
+    assert named is not None and named.detached
+    # The restarted GCS serves new nodes and drivers, and the named actor answers again
+    # (restarted on the new node if its own went with the old GCS).
+    cluster.add_node(num_cpus=1)
+    cluster.connect(namespace="ns1")
+    again = lumos.get_actor("counter")
+    assert lumos.get(again.incr.remote(), timeout=60) >= 1
+    assert lumos.get(square.remote(5), timeout=60) == 25
+
+
+@pytest.mark.slow
+def test_lumos_start_keeps_the_gcs_in_password_protected_redis(
+        redis_server_factory: Callable[..., RedisServer]) -> None:
+    from tests.runtime.test_cli import CliEnv, assert_all_gone, start_head
+    server = redis_server_factory(password="hunter2")
+    cli = CliEnv()
+    try:
+        address, token = start_head(cli, "--gcs-storage", server.url)
+        out = cli.driver(f"""
+            import lumos
+            lumos.init(address={address!r}, _token={token!r})
+            @lumos.remote
+            def f():
+                return 3
+            print("RESULT", lumos.get(f.remote(), timeout=30))
+        """)
+        assert "RESULT 3" in out.stdout, out.stderr
+        nodes = [unpack_value(v) for v in rows([server], "nodes").values()]
+        assert [n.state for n in nodes] == ["ALIVE"]
+        procs, records = cli.processes(), cli.records()
+        for p in procs:  # the password is on no command line
+            assert "hunter2" not in " ".join(p.cmdline())
+        cli.lumos("stop")
+        assert_all_gone(procs, records)
+    finally:
+        cli.cleanup()

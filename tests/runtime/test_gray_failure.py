@@ -1,0 +1,117 @@
+"""Gray failure: a node that is frozen (SIGSTOP), not crashed. Once the GCS declares it
+dead, owners fail over its tasks and actor calls exactly as if its sockets had closed,
+refuse what it sends from then on, and the node is fenced: when it runs again it exits
+with its workers, and it may rejoin only as a new node."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import psutil
+import pytest
+
+import lumos
+from lumos.testing import Cluster
+from tests.conftest import TEST_CONFIG, check_no_leaks, process_gone, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+def node_processes(raylet_pid: int) -> list[psutil.Process]:
+    """A node's raylet and its workers (the processes a freeze stops)."""
+    raylet = psutil.Process(raylet_pid)
+    return [raylet] + raylet.children(recursive=True)
+
+
+def freeze(procs: list[psutil.Process]) -> None:
+    for p in procs:  # the raylet first: it starts no worker while we stop the others
+        try:
+            p.send_signal(signal.SIGSTOP)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def thaw(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGCONT)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def alive(node_id: str) -> bool:
+    return any(n["NodeID"] == node_id and n["Alive"] for n in lumos.nodes())
+
+
+@lumos.remote(resources={"w": 1}, max_retries=2)
+def stuck_once(marker: str) -> tuple[str, int]:
+    """Hangs in its first attempt (the one on the node that is frozen), returns in the next."""
+    first = not os.path.exists(marker)
+    if first:
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(60)
+    return lumos.get_runtime_context().get_node_id(), os.getpid()
+
+
+@lumos.remote(resources={"w": 1}, max_restarts=1, max_task_retries=-1)
+class Counter:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def slow_add(self, marker: str) -> tuple[int, int]:
+        if not os.path.exists(marker):
+            with open(marker, "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(60)
+        self.n += 1
+        return self.n, os.getpid()
+
+    def add(self) -> tuple[int, int]:
+        self.n += 1
+        return self.n, os.getpid()
+
+
+def test_a_frozen_node_is_failed_over_and_fenced(tmp_path: Any) -> None:
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
+    procs: list[psutil.Process] = []
+    try:
+        doomed = cluster.add_node(num_cpus=2, resources={"w": 2})
+        cluster.connect()
+        counter = Counter.remote()
+        assert lumos.get(counter.add.remote(), timeout=60)[0] == 1
+        task_marker, call_marker = str(tmp_path / "task"), str(tmp_path / "call")
+        task_ref = stuck_once.remote(task_marker)
+        call_ref = counter.slow_add.remote(call_marker)
+        wait_for(lambda: os.path.exists(task_marker) and os.path.exists(call_marker), 60, 0.05)
+        later_ref = counter.add.remote()  # queued behind the call in flight
+        spare = cluster.add_node(num_cpus=2, resources={"w": 2})
+        procs = node_processes(doomed.raylet_pid)
+        with open(call_marker) as f:
+            old_actor_pid = int(f.read())
+        freeze(procs)
+        wait_for(lambda: not alive(doomed.node_id), 30, 0.1)
+
+        # Failed over as if its sockets had closed: the task ran again elsewhere, and the
+        # actor's call in flight ran again, in order, on the restarted actor.
+        node, _pid = lumos.get(task_ref, timeout=60)
+        assert node == spare.node_id
+        (n1, pid1), (n2, pid2) = lumos.get([call_ref, later_ref], timeout=60)
+        assert (n1, n2) == (1, 2) and pid1 == pid2 != old_actor_pid
+
+        # Fenced: once it runs again, the node exits with its workers (the old actor too).
+        thaw(procs)
+        wait_for(lambda: all(process_gone(p.pid) for p in procs), 30, 0.1)
+        assert lumos.get(counter.add.remote(), timeout=30) == (3, pid1)
+        assert not alive(doomed.node_id)
+        (row,) = [a for a in lumos.state.list_actors() if a["class_name"] == "Counter"]
+        assert row["state"] == "ALIVE" and row["pid"] == pid1 and row["node_id"] == spare.node_id
+        (task_row,) = [r for r in lumos.state.list_tasks() if r["name"] == "stuck_once"]
+        assert task_row["state"] == "FINISHED" and task_row["attempt_number"] == 1, task_row
+    finally:
+        thaw(procs)
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)

@@ -1,0 +1,376 @@
+"""Ray programs run unchanged: behaviours a Ray user meets, checked against Ray's own.
+
+Each test names the Ray behaviour it checks; the audit of the whole public surface is in
+``test_ray_compat_audit.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any, Iterator
+
+import pytest
+
+import lumos
+from lumos.exceptions import ActorDiedError, RayActorError, TaskCancelledError, TaskError
+from lumos.util.placement_group import get_current_placement_group, placement_group, remove_placement_group
+from lumos.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from tests.conftest import wait_for
+
+
+# ----------------------------------------------------------------------------- runtime context
+
+
+@lumos.remote
+class Self:
+    def me(self) -> Any:
+        return lumos.get_runtime_context().current_actor
+
+    def ping(self) -> str:
+        return "pong"
+
+    def ping_through_self(self) -> Any:
+        # a call to itself through its own handle, from inside (Ray's current_actor idiom)
+        return lumos.get_runtime_context().current_actor.ping.remote()
+
+    def ids(self) -> dict[str, Any]:
+        import warnings
+        ctx = lumos.get_runtime_context()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = {"job": ctx.job_id.hex(), "node": ctx.node_id.hex(), "task": ctx.task_id.hex(),
+                   "actor": ctx.actor_id.hex()}
+        out["warned"] = sorted({w.category.__name__ for w in caught})
+        out["new"] = {"job": ctx.get_job_id(), "node": ctx.get_node_id(), "task": ctx.get_task_id(),
+                      "actor": ctx.get_actor_id()}
+        return out
+
+
+def test_current_actor_is_the_calling_actors_handle(cluster: lumos.LumosContext) -> None:
+    a = Self.remote()
+    me = lumos.get(a.me.remote(), timeout=30)
+    assert isinstance(me, lumos.ActorHandle) and me == a
+    assert lumos.get(me.ping.remote(), timeout=30) == "pong"
+    assert lumos.get(lumos.get(a.ping_through_self.remote(), timeout=30), timeout=30) == "pong"
+
+
+def test_current_actor_outside_an_actor_raises(cluster: lumos.LumosContext) -> None:
+    with pytest.raises(RuntimeError, match="only available inside an actor"):
+        lumos.get_runtime_context().current_actor
+
+
+def test_deprecated_id_properties_warn_and_match_the_getters(cluster: lumos.LumosContext) -> None:
+    out = lumos.get(Self.remote().ids.remote(), timeout=30)
+    assert out["warned"] == ["DeprecationWarning"]
+    assert {k: out[k] for k in ("job", "node", "task", "actor")} == out["new"]
+    ctx = lumos.get_runtime_context()
+    with pytest.warns(DeprecationWarning, match="get_job_id"):
+        assert ctx.job_id.hex() == ctx.get_job_id()
+    with pytest.warns(DeprecationWarning, match="get_node_id"):
+        assert ctx.node_id.hex() == ctx.get_node_id()
+    with pytest.warns(DeprecationWarning):
+        assert ctx.task_id is None and ctx.actor_id is None  # the driver runs no task
+
+
+# ----------------------------------------------------------------------------- remote() targets
+
+
+class CallableThing:
+    def __call__(self, x: int) -> int:
+        return x
+
+
+def plain(x: int) -> int:
+    return x
+
+
+@pytest.mark.parametrize("target", [CallableThing(), functools.partial(plain, 1), len, CallableThing().__call__],
+                         ids=["instance", "partial", "builtin", "bound-method"])
+def test_remote_on_a_callable_that_is_not_a_function_or_class_raises_type_error(target: Any) -> None:
+    with pytest.raises(TypeError, match="function or a class"):
+        lumos.remote(target)
+    with pytest.raises(TypeError, match="function or a class"):
+        lumos.remote(num_cpus=1)(target)
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+class InitFailed(Exception):
+    pass
+
+
+@lumos.remote
+class BrokenInit:
+    def __init__(self) -> None:
+        raise InitFailed("no config file")
+
+    def f(self) -> int:
+        return 1
+
+
+def test_actor_whose_init_raised_raises_actor_died_error_on_every_call(cluster: lumos.LumosContext) -> None:
+    b = BrokenInit.remote()
+    for _ in range(2):
+        with pytest.raises(RayActorError) as info:
+            lumos.get(b.f.remote(), timeout=30)
+        assert isinstance(info.value, ActorDiedError)
+        assert "creation task" in str(info.value) and "InitFailed: no config file" in str(info.value)
+
+
+class CodedError(Exception):
+    """Cannot be rebuilt from its args: its __init__ takes two arguments, args holds one."""
+
+    def __init__(self, code: int, text: str) -> None:
+        super().__init__(f"code {code}: {text}")
+        self.code = code
+
+
+@lumos.remote(max_retries=0)
+def raises_coded() -> None:
+    raise CodedError(7, "disk quota exceeded")
+
+
+def test_exception_that_cannot_be_rebuilt_keeps_its_message_and_traceback(cluster: lumos.LumosContext) -> None:
+    with pytest.raises(TaskError) as info:
+        lumos.get(raises_coded.remote(), timeout=30)
+    text = str(info.value)
+    assert "CodedError: code 7: disk quota exceeded" in text
+    assert "raises_coded" in text and "Traceback" in text
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def test_enable_task_events_is_accepted_for_tasks_actors_and_methods(cluster: lumos.LumosContext) -> None:
+    @lumos.remote(enable_task_events=False)
+    def f() -> int:
+        return 1
+
+    @lumos.remote(enable_task_events=False)
+    class A:
+        @lumos.method(enable_task_events=False)
+        def g(self) -> int:
+            return 2
+
+    a = A.remote()
+    assert lumos.get([f.remote(), f.options(enable_task_events=True).remote(), a.g.remote(),
+                      a.g.options(enable_task_events=False).remote()], timeout=30) == [1, 1, 2, 2]
+    with pytest.raises(TypeError, match="enable_task_events must be a bool"):
+        lumos.method(enable_task_events="no")
+
+
+# ----------------------------------------------------------------------------- placement groups
+
+
+@lumos.remote
+def current_group() -> str | None:
+    pg = get_current_placement_group()
+    return pg.id.hex() if pg is not None else None
+
+
+@lumos.remote
+def parent_in_group() -> tuple[str | None, str | None]:
+    inside = current_group.remote()
+    outside = current_group.options(
+        scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=None)).remote()
+    return lumos.get(inside, timeout=30), lumos.get(outside, timeout=30)
+
+
+def test_placement_group_none_schedules_outside_any_group(cluster: lumos.LumosContext) -> None:
+    none = PlacementGroupSchedulingStrategy(placement_group=None)
+    assert lumos.get(current_group.options(scheduling_strategy=none).remote(), timeout=30) is None
+    pg = placement_group([{"CPU": 1}])
+    try:
+        assert pg.wait(30)
+        strategy = PlacementGroupSchedulingStrategy(pg, placement_group_capture_child_tasks=True)
+        inside, outside = lumos.get(parent_in_group.options(scheduling_strategy=strategy, num_cpus=0).remote(),
+                                    timeout=60)
+        assert inside == pg.id.hex() and outside is None
+    finally:
+        remove_placement_group(pg)
+
+
+# ----------------------------------------------------------------------------- cancellation
+
+
+@lumos.remote
+class Patient:
+    def __init__(self) -> None:
+        self.started = False
+
+    async def wait_long(self) -> str:
+        self.started = True
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            return "caught the cancel"
+        return "slept"
+
+    async def is_started(self) -> bool:
+        return self.started
+
+
+def test_cancelled_async_call_that_catches_cancelled_error_still_raises_task_cancelled(
+        cluster: lumos.LumosContext) -> None:
+    a = Patient.remote()
+    ref = a.wait_long.remote()
+    wait_for(lambda: lumos.get(a.is_started.remote(), timeout=30), timeout_s=30)
+    lumos.cancel(ref)
+    with pytest.raises(TaskCancelledError):
+        lumos.get(ref, timeout=30)
+    assert lumos.get(a.is_started.remote(), timeout=30)  # the actor lives on
+
+
+# ----------------------------------------------------------------------------- generators
+
+
+class Halfway(Exception):
+    pass
+
+
+@lumos.remote(num_returns=3, max_retries=0)
+def two_then_raise() -> Iterator[int]:
+    yield 10
+    yield 20
+    raise Halfway("stopped after two")
+
+
+@lumos.remote
+class Yielder:
+    @lumos.method(num_returns=3)
+    def two_then_raise(self) -> Iterator[int]:
+        yield 1
+        yield 2
+        raise Halfway("method stopped after two")
+
+
+def test_generator_with_fixed_num_returns_keeps_values_yielded_before_its_error(
+        cluster: lumos.LumosContext) -> None:
+    for refs, first in ((two_then_raise.remote(), [10, 20]), (Yielder.remote().two_then_raise.remote(), [1, 2])):
+        assert lumos.get(refs[:2], timeout=30) == first
+        with pytest.raises(Halfway, match="stopped after two"):
+            lumos.get(refs[2], timeout=30)
+
+
+@lumos.remote(num_returns="dynamic")
+def split(n: int) -> Iterator[int]:
+    for i in range(n):
+        yield i * i
+
+
+@lumos.remote(num_returns="dynamic", max_retries=0)
+def split_then_raise() -> Iterator[str]:
+    yield "a"
+    raise Halfway("dynamic stopped")
+
+
+@lumos.remote
+def total(gen: lumos.DynamicObjectRefGenerator) -> int:
+    return sum(lumos.get(list(gen), timeout=30))
+
+
+def test_num_returns_dynamic_returns_a_dynamic_object_ref_generator(cluster: lumos.LumosContext) -> None:
+    gen = lumos.get(split.remote(4), timeout=30)
+    assert isinstance(gen, lumos.DynamicObjectRefGenerator) and len(gen) == 4
+    refs = list(gen)
+    assert all(isinstance(r, lumos.ObjectRef) for r in refs)
+    assert lumos.get(refs, timeout=30) == [0, 1, 4, 9]
+    assert lumos.get(total.remote(split.remote(3)), timeout=30) == 0 + 1 + 4  # passed on to a task
+    # as in Ray: the values before an error stay; the error is one more, final ref
+    last = list(lumos.get(split_then_raise.remote(), timeout=30))
+    assert lumos.get(last[0], timeout=30) == "a" and len(last) == 2
+    with pytest.raises(Halfway, match="dynamic stopped"):
+        lumos.get(last[1], timeout=30)
+    with pytest.raises(ValueError, match="remote functions only"):
+        lumos.method(num_returns="dynamic")
+
+
+# ----------------------------------------------------------------------------- audit additions
+
+
+@lumos.remote
+def context_facts() -> dict[str, Any]:
+    ctx = lumos.get_runtime_context()
+    return {"function": ctx.get_task_function_name(), "resources": ctx.get_resource_ids(),
+            "session": ctx.get_session_name(), "temp": ctx.get_temp_dir(), "labels": ctx.get_node_labels(),
+            "env": ctx.get_runtime_env_string(), "capture": ctx.should_capture_child_tasks_in_placement_group()}
+
+
+def test_runtime_context_getters_of_ray(cluster: lumos.LumosContext) -> None:
+    facts = lumos.get(context_facts.options(runtime_env={"env_vars": {"A": "1"}}).remote(), timeout=30)
+    assert facts["function"].endswith("context_facts")
+    assert "CPU" in facts["resources"] or facts["resources"] == {}
+    session_dir = cluster.address_info["session_dir"]
+    assert facts["temp"] == session_dir and session_dir.rstrip("/").endswith(facts["session"])
+    assert facts["labels"] == {} and facts["capture"] is False
+    assert '"A": "1"' in facts["env"]
+    assert lumos.get_runtime_context().get_task_function_name() is None  # the driver runs no task
+
+
+@lumos.remote
+def slow_square(x: int) -> int:
+    import time
+    time.sleep(0.05 * (x % 3))
+    return x * x
+
+
+def test_as_completed_and_map_unordered_yield_every_result(cluster: lumos.LumosContext) -> None:
+    refs = [slow_square.remote(i) for i in range(7)]
+    assert sorted(lumos.util.as_completed(refs, chunk_size=2, timeout=30)) == [i * i for i in range(7)]
+    got = list(lumos.util.as_completed(refs, chunk_size=3, yield_obj_refs=True))
+    assert sorted(got, key=lambda r: r.hex()) == sorted(refs, key=lambda r: r.hex())
+    assert sorted(lumos.util.map_unordered(slow_square, range(9), backpressure_size=3, chunk_size=2)) == \
+        [i * i for i in range(9)]
+    with pytest.raises(ValueError, match="chunk_size"):
+        next(lumos.util.as_completed(refs, chunk_size=0))
+
+
+def test_util_state_has_rays_signatures_and_attribute_rows(cluster: lumos.LumosContext) -> None:
+    from lumos.util import state
+    a = Self.remote()
+    lumos.get(a.ping.remote(), timeout=30)
+    rows = state.list_actors(filters=[("class_name", "=", "Self")], limit=1000, timeout=10, detail=True)
+    assert rows and rows[0].state == rows[0]["state"]
+    one = state.get_actor(rows[0].actor_id)
+    assert one is not None and one.class_name == "Self"
+    assert state.summarize_actors()["Self"]["ALIVE"] >= 1
+    node = state.list_nodes()[0]
+    assert state.get_node(node.node_id).node_id == node.node_id
+    with pytest.raises(ValueError, match="connected to"):
+        state.list_tasks(address="10.0.0.1:6379")
+    with pytest.raises(NotImplementedError, match="get_log is not implemented in lumos; worker output"):
+        state.get_log(actor_id=rows[0].actor_id)
+
+
+def test_object_ref_and_actor_class_extras_of_ray(cluster: lumos.LumosContext) -> None:
+    ref = lumos.put(5)
+    assert not ref.is_nil() and ref.size() == len(ref.binary()) and ref.call_site() == ""
+
+    async def read() -> int:
+        return await ref.as_future()
+
+    assert asyncio.run(read()) == 5
+    with pytest.raises(lumos.actor.ActorClassInheritanceException, match="cannot be inherited"):
+        class Sub(Self):  # type: ignore[misc,valid-type]
+            pass
+    assert lumos.util.placement_group.__module__ == "lumos.util.placement_group"
+    from lumos.util.placement_group import PlacementGroup
+    assert PlacementGroup.empty().is_empty
+
+
+def test_log_once_and_inspect_serializability() -> None:
+    import threading
+    key = "test_log_once_and_inspect_serializability"
+    assert lumos.util.log_once(key) and not lumos.util.log_once(key)
+    lock = threading.Lock()
+
+    def uses_lock() -> None:
+        with lock:
+            pass
+
+    ok, failures = lumos.util.inspect_serializability(uses_lock, name="uses_lock")
+    assert not ok and any(name == "lock" for name, _ in failures)
+    assert lumos.util.inspect_serializability(plain)[0]
