@@ -152,3 +152,89 @@ def test_lumos_start_keeps_the_gcs_in_password_protected_redis(
         assert_all_gone(procs, records)
     finally:
         cli.cleanup()
+
+
+@pytest.mark.slow
+def test_actors_and_tasks_keep_working_while_the_gcs_restarts(
+        redis_cluster: tuple[Cluster, list[RedisServer]]) -> None:
+    cluster, _ = redis_cluster
+    cluster.connect(namespace="ns1")
+    c = Counter.options(name="counter", lifetime="detached", num_cpus=0).remote()
+    assert lumos.get(c.incr.remote(), timeout=30) == 1
+    assert lumos.get(square.remote(2), timeout=30) == 4
+    job = lumos.get_runtime_context().get_job_id()
+
+    cluster.kill_gcs()
+    # The GCS is down: calls on a live actor go straight to its worker, tasks get local leases.
+    assert lumos.get(c.incr.remote(), timeout=30) == 2
+    assert lumos.get(square.remote(3), timeout=30) == 9
+    cluster.restart_gcs()
+
+    # Operations that need the GCS work again, on the same actor (its state kept: not restarted).
+    again = lumos.get_actor("counter")
+    assert lumos.get(again.incr.remote(), timeout=30) == 3
+    d = Counter.remote()
+    assert lumos.get(d.incr.remote(), timeout=30) == 1
+    jobs = {j.job_id.hex(): j.state for j in gcs_call(cluster, m.GetAllJobs())}
+    assert jobs[job] == "RUNNING"
+    nodes = gcs_call(cluster, m.GetAllNodes())
+    assert [n.state for n in nodes] == ["ALIVE"], "the head's raylet did not come back as the same node"
+
+
+@pytest.mark.slow
+def test_without_redis_a_gcs_death_fails_the_driver_at_once() -> None:
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": TEST_CONFIG})
+    try:
+        cluster.connect()
+        assert lumos.get(square.remote(2), timeout=30) == 4
+        cluster.kill_gcs()
+
+        def fails() -> bool:
+            try:
+                lumos.get(square.remote(3), timeout=5)
+            except lumos.exceptions.ClusterUnavailableError:
+                return True
+            return False
+        wait_for(fails, 20, 0.2)
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)
+
+
+@pytest.mark.slow
+def test_a_gcs_that_never_returns_stops_raylets_and_fails_drivers(redis_server: RedisServer) -> None:
+    import glob
+    import os
+    from tests.conftest import process_gone
+    config = {**TEST_CONFIG, "gcs_storage": redis_server.url, "gcs_reconnect_timeout_s": 2.0}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": config})
+    try:
+        cluster.connect()
+        assert lumos.get(square.remote(2), timeout=30) == 4
+        raylet_pid = cluster.head_node.raylet_pid  # type: ignore[union-attr]
+        cluster.kill_gcs()
+        wait_for(lambda: process_gone(raylet_pid), 30, 0.1)
+        [log] = glob.glob(os.path.join(cluster.session_dir, "logs", "raylet-*.log"))
+        with open(log) as f:
+            assert "within gcs_reconnect_timeout_s=2s" in f.read()
+        with pytest.raises(lumos.exceptions.ClusterUnavailableError):
+            lumos.get(square.remote(3), timeout=30)
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)
+
+
+@pytest.mark.slow
+def test_the_same_gcs_writes_again_once_redis_restarts(redis_server: RedisServer) -> None:
+    config = {**TEST_CONFIG, "gcs_storage": redis_server.url}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": config})
+    try:
+        assert gcs_call(cluster, m.KvPut("user", b"before", b"1", True)) is True
+        redis_server.stop()  # SIGTERM: Redis writes its append-only file and exits
+        redis_server.start()  # same port, same file
+        assert gcs_call(cluster, m.KvPut("user", b"after", b"2", True)) is True
+        assert redis_server.client().hget("lumos:kv", b"user\0before") == b"1"
+        assert redis_server.client().hget("lumos:kv", b"user\0after") == b"2"
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)

@@ -120,6 +120,8 @@ class GcsServer:
         if self.writer is not None:
             await self.recover()
             self.writer.start()
+        # Clients ask this to know whether to wait for a restarted GCS when this one goes.
+        self.kv[("cluster", b"gcs_storage_durable")] = b"1" if self.writer is not None else b"0"
         await self.server.start(unix_path=unix_path, host=host, port=port)
         self._spawn(self._health_loop(), "gcs.health")
         logger.info("GCS listening on %s:%d", self.server.host, self.server.port)
@@ -338,6 +340,12 @@ class GcsServer:
     # ------------------------------------------------------------------ jobs
 
     def _register_job(self, conn: Connection, msg: m.RegisterJob) -> m.JobInfo:
+        known = self.jobs.get(msg.job_id) if msg.job_id else None
+        if known is not None:  # its driver, back after a GCS restart
+            self._job_conns[conn] = known.job_id
+            conn.peer_info = ("job", known.job_id)
+            logger.info("job %s: its driver reconnected", known.job_id.hex())
+            return known
         job_id = new_job_id()
         while job_id in self.jobs:
             job_id = new_job_id()
