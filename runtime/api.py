@@ -21,8 +21,8 @@ from lumos._private import worker_context, working_dir
 from lumos._private.config import Config
 from lumos._private.core_worker.core_worker import DRIVER, CoreWorker
 from lumos._private.ids import random_id, return_object_id
-from lumos._private.node import (NodeProcesses, default_store_bytes, new_session_dir, node_resources,
-                                 read_current_cluster)
+from lumos._private.node import (NodeProcesses, default_store_bytes, find_local_token, new_session_dir,
+                                 node_resources, read_current_cluster)
 from lumos._private.process import read_private_file
 from lumos._private.protocol import auth
 from lumos._private.protocol import messages as m
@@ -151,7 +151,7 @@ failed_connect: str | None = None
 
 _IGNORED_INIT_ARGS = {"logging_level", "logging_format", "configure_logging", "local_mode",
                       "_temp_dir", "job_config", "_plasma_directory", "_enable_object_reconstruction",
-                      "log_to_driver", "_metrics_export_port", "storage"}
+                      "log_to_driver", "_metrics_export_port", "storage", "logging_config"}
 
 
 def _hint(value: Any) -> str:
@@ -265,9 +265,13 @@ def _connect(config: Config, address: str, namespace: str, token_arg: str | None
             token_text = read_private_file(os.path.join(session_hint, "token")).decode().strip()
         except (OSError, UnicodeDecodeError):
             pass
+    looked = ""
+    if token_text is None and "://" not in address:
+        token_text, looked = find_local_token(address)  # a cluster this user started here
     if not token_text:
         raise ConnectionError(f"connecting to {address} needs the cluster token: pass _token=... or set "
-                              "LUMOS_CLUSTER_TOKEN (see `lumos status` on the head node)")
+                              "LUMOS_CLUSTER_TOKEN (see `lumos status` on the head node)"
+                              + (f"; {looked}" if looked else ""))
     token = token_text.encode()
     gcs_address = parse_address(address)
     nodes = _fetch_nodes(config, token, gcs_address)
@@ -491,9 +495,10 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
 # ------------------------------------------------------------------------- cluster
 
 
-def get_node_ip_address() -> str:
+def get_node_ip_address(address: str | None = None) -> str:
     """The IP address of this process's node (the address lumos binds to), or of this
-    machine when lumos is not initialized."""
+    machine when lumos is not initialized. ``address`` (Ray's: an address to route
+    towards) is not used."""
     cw = worker_context.core_worker
     if cw is not None:
         return cw.node_ip  # type: ignore[no-any-return]

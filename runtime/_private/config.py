@@ -130,6 +130,13 @@ class Config:
     object_store_recycle_bytes: int = 1024 * 1024 * 1024
     #: How long a create waits for space (frees, spilling) before failing.
     object_store_full_timeout_s: float = 10.0
+    #: Where a node spills primary copies when its store is full ("": ``spill/`` in the
+    #: session directory); each node uses a private (0700) subdirectory of it.
+    object_spilling_directory: str = ""
+    #: Spill primaries to disk under memory pressure (False: a full store only waits or fails).
+    object_spilling_enabled: bool = True
+    #: Above this fraction of the store in use, primaries are spilled ahead of need.
+    object_spilling_threshold: float = _positive(0.8)
     #: Threads used to copy large buffers into the store.
     memcpy_threads: int = _positive(4)
     #: Buffers at least this large are copied with several threads.

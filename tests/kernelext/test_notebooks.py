@@ -8,6 +8,7 @@ and no lumos process may be left after it.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 from pathlib import Path
@@ -149,7 +150,7 @@ def _check_remote_cells(nb: Any) -> None:
     assert "trainer" in str(displays(_cell(nb, "%lumos sessions")) or result_text(_cell(nb, "%lumos sessions")))
     spec = result_text(_cell(nb, "panel.num_gpus.value = 0.5"))
     assert "'num_gpus': 0.5" in spec and "'strategy': 'SPREAD'" in spec
-    gpu_ids, visible = eval(result_text(_cell(nb, "%%remote\nimport os\n(lumos.get_gpu_ids()")) or "")
+    gpu_ids, visible = ast.literal_eval(result_text(_cell(nb, "%%remote\nimport os\n(lumos.get_gpu_ids()")) or "")
     assert len(gpu_ids) == 1 and visible is not None
 
 
@@ -223,7 +224,7 @@ def _check_multi_node(nb: Any) -> None:
     spread = stdout(_cell(nb, "@lumos.remote\ndef where"))
     assert spread.count(":") >= 3, spread  # tasks landed on at least two nodes
     assert "distinct nodes: 3" in stdout(_cell(nb, "pg = placement_group"))
-    node, visible = eval(result_text(_cell(nb, "%%remote --num-gpus 1")) or "")
+    node, visible = ast.literal_eval(result_text(_cell(nb, "%%remote --num-gpus 1")) or "")
     assert visible in ("0", "1") and len(node) == 12
 
 

@@ -29,18 +29,23 @@ def _store_objects() -> int:
     return worker_context.require().call_raylet(m.GetNodeStats())["store"]["num_objects"]
 
 
-def test_failed_multi_return_attempt_frees_the_returns_it_stored(fresh_cluster) -> None:
+@pytest.mark.parametrize("third", ["unpicklable", "too_big"])
+def test_failed_multi_return_attempt_frees_the_returns_it_stored(fresh_cluster, third: str) -> None:
     import numpy as np
-    fresh_cluster(num_cpus=1, object_store_memory=256 * MIB, include_dashboard=False)
+    fresh_cluster(num_cpus=1, object_store_memory=64 * MIB, include_dashboard=False)
 
     @lumos.remote(num_returns=3, max_retries=0)
-    def two_big_then_bad() -> Any:
-        return np.ones(20 * MIB // 8), np.ones(20 * MIB // 8), BadReduce()
+    def two_big_then_bad(third: str) -> Any:
+        last = BadReduce() if third == "unpicklable" else np.ones(30 * MIB // 8)  # no room left for it
+        return np.ones(20 * MIB // 8), np.ones(20 * MIB // 8), last
 
     before = _store_objects()
-    refs = two_big_then_bad.remote()
+    refs = two_big_then_bad.remote(third)
+    error, match = ((TypeError, r"return value 3 of two_big_then_bad could not be serialized: "
+                                r".*a `BadReduce` whose `__reduce__` raised")
+                    if third == "unpicklable" else (MemoryError, "object store is full"))
     for ref in refs:
-        with pytest.raises(TypeError, match="BadReduce"):
+        with pytest.raises(error, match=match):
             lumos.get(ref, timeout=60)
     # The two returns written before the third failed are gone from the store.
     wait_for(lambda: _store_objects() == before, 10)

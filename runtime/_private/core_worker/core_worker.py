@@ -120,6 +120,8 @@ class CoreWorker:
         self.objects = ObjectTable(worker_id)
         self.store = StoreClient(store_dir, config.memcpy_threads, config.memcpy_threshold_bytes,
                                  config.object_store_recycle_bytes)
+        self.store.on_pin = self._store_pin_changed
+        self.store.restore = self._restore_spilled
         self.address: m.Address = m.Address(node_id, worker_id, "", "", 0)
         #: The driver's own task id (parent of what it submits); in workers the running task's.
         self.current_task_id: bytes = new_task_id()
@@ -275,6 +277,7 @@ class CoreWorker:
                                      on_close=self._gcs_lost)
         self.raylet = await connect(self.raylet_socket, token=self.token, config=cfg,
                                     handlers={m.DropSlots: self._handle_drop_slots,
+                                              m.DropMappings: lambda c, msg: self.store.drop_mappings(msg.object_ids),
                                               m.ExitWorker: self._handle_exit_worker},
                                     name="core-worker->raylet", on_close=self._raylet_lost)
         if self.mode == DRIVER:
@@ -616,6 +619,28 @@ class CoreWorker:
         for slot in msg.slots:
             self.store.drop_slot(slot)
 
+    def _store_pin_changed(self, object_id: bytes, pinned: bool) -> None:
+        """Tell the raylet whether this process views ``object_id`` (viewed objects are
+        never spilled). Any thread, also garbage collection at exit."""
+        if self._closed or self.loop is None or self.loop.is_closed():
+            return
+        try:
+            self._post(self._notify_raylet, m.PinObjects([object_id], pinned))
+        except exc.LumosSystemError:
+            pass  # shutting down: the raylet forgets this process's pins when it goes
+
+    def _restore_spilled(self, object_id: bytes) -> str | None:
+        """The object's store file is missing: ask the raylet to restore it (user threads).
+        Returns None (not on this node), "" (back in the store) or a spill file to map."""
+        if self.raylet is None or threading.current_thread() is self._io_thread:
+            return None
+        try:
+            answer = self.call_raylet(m.RestoreSpilled(object_id), self.config.rpc_timeout_s)
+        except (RemoteError, TimeoutError, exc.LumosSystemError) as e:
+            logger.warning("restoring spilled object %s failed: %s", short(object_id), e)
+            return None
+        return answer if isinstance(answer, str) else None
+
     # ================================================================== put
 
     def put(self, value: Any, *, _owner: m.Address | None = None, _kind: int = ser.KIND_VALUE) -> ObjectRef:
@@ -662,6 +687,8 @@ class CoreWorker:
         except RemoteError as e:
             if e.type_name == "_StoreFull":
                 raise exc.ObjectStoreFullError(e.text) from None
+            if e.type_name == "_OutOfDisk":
+                raise exc.OutOfDiskError(e.text) from None
             if e.type_name == "_ObjectExists":
                 return  # a task run again where a copy of its result was pulled earlier
             raise

@@ -637,7 +637,10 @@ class Executor:
         try:
             sv = ser.serialize(value)
         except ser.SerializationError as e:
-            raise TypeError(f"the return value of {spec.name} could not be serialized: {e}") from None
+            # (a return id is the task id and the 1-based index, big-endian)
+            which = (f"return value {int.from_bytes(oid[16:], 'big')}" if spec.num_returns > 1
+                     else "the return value")
+            raise TypeError(f"{which} of {spec.name} could not be serialized: {e}") from None
         nested = []
         for ref in sv.nested_refs:
             owner = ref._owner or cw.address

@@ -31,8 +31,9 @@ from lumos._private.config import Config
 from lumos._private.transport import eventloop
 from lumos._private.ids import random_id, short
 from lumos._private.object_store import store_state as st
+from lumos._private.object_store import spill_io
 from lumos._private.object_store.client import unlink_quietly
-from lumos._private.process import check_private_dir, die_with_parent, read_token, report_ready, setup_logging
+from lumos._private.process import make_private_dir, check_private_dir, die_with_parent, read_token, report_ready, setup_logging
 from lumos._private.protocol import messages as m
 from lumos._private.raylet import memory_monitor as mm
 from lumos._private.raylet import scheduler as sc
@@ -85,8 +86,18 @@ class RayletServer:
         max_workers = config.max_workers_per_node if config.max_workers_per_node > 0 else 4 * cpus + 8
         self.scheduler = sc.LocalSchedulerState(resources, prestart, max_workers,
                                                 config.worker_idle_timeout_s, validate=config.validate)
+        #: This node's private spill directory ("" when spilling is off).
+        self.spill_dir = ""
+        if config.object_spilling_enabled:
+            self.spill_dir = spill_io.node_spill_dir(config.object_spilling_directory, session_dir, node_id)
         self.store = st.ObjectStoreState(store_dir, store_bytes, config.object_store_recycle_bytes,
-                                         config.object_store_full_timeout_s, validate=config.validate)
+                                         config.object_store_full_timeout_s, validate=config.validate,
+                                         spill_dir=self.spill_dir, spill_threshold=config.object_spilling_threshold)
+        #: Spill, restore and on-disk preallocation run here, never on the loop.
+        self._spill_io = ThreadPoolExecutor(2, thread_name_prefix="raylet.spill")
+        #: Object id -> readers waiting for its restore.
+        self._restore_waiters: dict[bytes, list[asyncio.Future[str | None]]] = {}
+        self._spill_dir_made = False
         self.num_prestart = prestart
         #: Workers that died before registering, in a row; starts back off while it grows.
         self._failed_starts = 0
@@ -145,6 +156,8 @@ class RayletServer:
             m.GetObjectSize: lambda c, msg: self.object_manager.object_size(msg.object_id),
             m.ReadObjectChunk: lambda c, msg: self.object_manager.read_chunk(msg.object_id, msg.offset, msg.length),
             m.MarkShared: lambda c, msg: self._store(st.MarkedShared(msg.object_ids)),
+            m.PinObjects: self._pin_objects,
+            m.RestoreSpilled: self._restore_spilled,
             m.GetWorkerExit: self._get_worker_exit,
             m.KillWorker: self._kill_worker_request,
             m.GetNodeStats: self._node_stats,
@@ -162,6 +175,10 @@ class RayletServer:
         # The parent made it 0700 before starting us; never use one someone else made (issue 11).
         check_private_dir(self.store_dir, "object store directory")
         self._store_dir_checked = True
+        if self.spill_dir:
+            os.makedirs(os.path.dirname(self.spill_dir), mode=0o700, exist_ok=True)
+            make_private_dir(self.spill_dir, "spill directory")
+            self._spill_dir_made = True
         os.makedirs(os.path.dirname(self.unix_path), exist_ok=True)
         await self.server.start(unix_path=self.unix_path, host=self.node_ip, port=0)
         self.object_manager.start(self.node_ip)
@@ -266,8 +283,11 @@ class RayletServer:
         await self.server.stop()
         self.object_manager.close()
         self._unlinker.shutdown(wait=True)
+        self._spill_io.shutdown(wait=True, cancel_futures=True)
         if self._store_dir_checked:
             shutil.rmtree(self.store_dir, ignore_errors=True)
+        if self._spill_dir_made:
+            shutil.rmtree(self.spill_dir, ignore_errors=True)
         self.stopped.set()
 
     def _spawn(self, coro: Any, name: str) -> None:
@@ -729,14 +749,17 @@ class RayletServer:
         for action in self.store.handle(event, time.monotonic()):
             if isinstance(action, st.GrantCreate):
                 fut = self._create_waiters.pop(action.request, None)
-                if fut is not None and not fut.done():
-                    fut.set_result([action.slot, action.path, action.final_path, action.file_size, action.reused])
-                else:  # the creator went away while waiting
+                if fut is None or fut.done():  # the creator went away while waiting
                     self._store(st.ObjectsFreed([action.object_id], [False]))
+                elif action.on_disk:
+                    self._spawn(self._grant_on_disk(action, fut), "raylet.spill.create")
+                else:
+                    fut.set_result([action.slot, action.path, action.final_path, action.file_size, action.reused])
             elif isinstance(action, st.RejectCreate):
                 fut = self._create_waiters.pop(action.request, None)
                 if fut is not None and not fut.done():
-                    fut.set_exception(_ObjectExists(action.reason) if action.exists else _StoreFull(action.reason))
+                    fut.set_exception(_ObjectExists(action.reason) if action.exists else
+                                      _OutOfDisk(action.reason) if action.out_of_disk else _StoreFull(action.reason))
             elif isinstance(action, st.RenameFile):
                 try:
                     os.rename(action.src, action.dst)
@@ -745,9 +768,78 @@ class RayletServer:
             elif isinstance(action, st.UnlinkFile):
                 self._unlinker.submit(unlink_quietly, action.path)
             elif isinstance(action, st.DropSlot):
+                if action.slot < 0:
+                    continue
                 proc = self.procs.get(action.client)
                 if proc is not None and proc.conn is not None:
                     proc.conn.notify(m.DropSlots([action.slot]))
+            elif isinstance(action, st.SpillObject):
+                self._spawn(self._copy(action, st.SpillFinished), f"raylet.spill.{short(action.object_id)}")
+            elif isinstance(action, st.RestoreObject):
+                self._spawn(self._copy(action, st.RestoreFinished), f"raylet.restore.{short(action.object_id)}")
+            elif isinstance(action, st.DropMappings):
+                for proc in self.procs.values():
+                    if proc.conn is not None:
+                        proc.conn.notify(m.DropMappings(action.object_ids))
+            elif isinstance(action, st.AnswerRestore):
+                for fut in self._restore_waiters.pop(action.object_id, ()):
+                    if not fut.done():
+                        fut.set_result(action.path)
+            elif isinstance(action, st.DiskFull):
+                logger.warning("%s", action.message)
+
+    # ------------------------------------------------------------------ spilling
+
+    async def _copy(self, action: st.SpillObject | st.RestoreObject, done: Any) -> None:
+        """Run one spill or restore copy in a spill thread; report it to the store state."""
+        loop = asyncio.get_running_loop()
+        try:
+            seconds = await loop.run_in_executor(self._spill_io, spill_io.copy_file, action.src, action.tmp,
+                                                 action.dst, action.size_bytes)
+        except OSError as e:
+            what = "spilling" if done is st.SpillFinished else "restoring"
+            logger.debug("%s %s failed: %s", what, short(action.object_id), e)
+            if done is st.SpillFinished:
+                self._store(st.SpillFinished(action.object_id, str(e), e.errno in spill_io.DISK_FULL_ERRNOS))
+            else:
+                self._store(st.RestoreFinished(action.object_id, str(e)))
+            return
+        self._store(done(action.object_id, seconds=seconds, started=time.monotonic() - seconds))
+
+    async def _grant_on_disk(self, action: st.GrantCreate, fut: asyncio.Future[Any]) -> None:
+        """An object larger than the store: preallocate its file in the spill dir, then
+        let the creator write it through a mapping."""
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._spill_io, spill_io.preallocate, action.path, action.file_size)
+        except OSError as e:
+            full = e.errno in spill_io.DISK_FULL_ERRNOS
+            self._store(st.DiskCreateFailed(action.object_id, str(e), full))
+            mib = action.file_size / (1024 * 1024)
+            why = (f"object of {mib:.1f} MiB is larger than the object store and the spill directory "
+                   f"{self.spill_dir} has no room for it ({e}); free space there or set object_spilling_directory "
+                   "to a larger disk")
+            if not fut.done():
+                fut.set_exception(_OutOfDisk(why) if full else _StoreFull(why))
+            return
+        if fut.done():  # the creator went away meanwhile
+            self._store(st.ObjectsFreed([action.object_id], [False]))
+            return
+        fut.set_result([action.slot, action.path, action.final_path, action.file_size, action.reused])
+
+    def _pin_objects(self, conn: Connection, msg: m.PinObjects) -> None:
+        client = conn.peer_info
+        if client is None:
+            return
+        self._store(st.ObjectsPinned(client, msg.object_ids) if msg.pinned else
+                    st.ObjectsUnpinned(client, msg.object_ids))
+
+    async def _restore_spilled(self, conn: Connection, msg: m.RestoreSpilled) -> str | None:
+        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._restore_waiters.setdefault(msg.object_id, []).append(fut)
+        self._store(st.RestoreRequested(msg.object_id))
+        async with asyncio.timeout(self.config.rpc_timeout_s):
+            return await fut
 
     async def _get_worker_exit(self, conn: Connection, msg: m.GetWorkerExit) -> str | None:
         if msg.worker_id in self.exits:
@@ -780,6 +872,7 @@ class RayletServer:
                 "resource_ids": lease.resource_ids if lease else {},
             })
         return {"node_id": self.node_id.hex(), "store": self.store.stats(), "workers": workers,
+                "spill": self.store.spill_stats(),
                 "available": self.scheduler.available_floats(), "total": dict(self.resources_total),
                 "queue_length": len(self.scheduler.queue), "infeasible": self.scheduler.infeasible_shapes(),
                 "transfer": self.object_manager.stats(),
@@ -838,6 +931,10 @@ def _bundle_of(msg: m.RequestWorkerLease) -> tuple[bytes, int] | None:
 
 class _StoreFull(Exception):
     """Surfaces at the client as RemoteError('_StoreFull', reason)."""
+
+
+class _OutOfDisk(Exception):
+    """Surfaces at the client as RemoteError('_OutOfDisk', reason): OutOfDiskError."""
 
 
 class _ObjectExists(Exception):
