@@ -93,7 +93,9 @@ def test_every_table_is_written_through_to_redis(redis_cluster: tuple[Cluster, l
     assert [g.state for g in groups] == ["CREATED"]
     # The task-event log is a bounded stream on one of the servers.
     wait_for(lambda: any(s.client().xlen("lumos:stream:task_events") for s in servers), 10)
-    # Every table is spread over both servers (64 keys, with this many rows at least one each).
+    # A table is spread over both servers (with 32 more keys, each server gets some).
+    for i in range(32):
+        gcs_call(cluster, m.KvPut("user", b"k%d" % i, b"v", True))
     assert all(s.client().hlen("lumos:kv") for s in servers)
     lumos.kill(c)
     wait_for(lambda: unpack_value(rows(servers, "actors")[info.actor_id])[0].state == "DEAD", 10)
