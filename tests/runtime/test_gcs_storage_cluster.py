@@ -240,3 +240,30 @@ def test_the_same_gcs_writes_again_once_redis_restarts(redis_server: RedisServer
     finally:
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)
+
+
+@pytest.mark.slow
+def test_a_stopped_cluster_leaves_its_nodes_and_jobs_ended_in_redis(redis_server: RedisServer) -> None:
+    config = {**TEST_CONFIG, "gcs_storage": redis_server.url}
+    first = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": config})
+    try:
+        first.connect(namespace="ns1")
+        c = Counter.options(name="once", lifetime="detached", num_cpus=0).remote()
+        assert lumos.get(c.incr.remote(), timeout=30) == 1
+        assert gcs_call(first, m.KvPut("user", b"kept", b"yes", True)) is True
+    finally:
+        first.shutdown()
+        check_no_leaks(first.session_dir)
+    assert {unpack_value(v).state for v in rows([redis_server], "nodes").values()} == {"DEAD"}
+    assert {unpack_value(v).state for v in rows([redis_server], "jobs").values()} == {"FINISHED"}
+
+    second = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": config})
+    try:
+        assert gcs_call(second, m.KvGet("user", b"kept", 0.0)) == b"yes"
+        # Its node was gone and max_restarts=0: the old detached actor is dead, its name free.
+        assert gcs_call(second, m.GetNamedActor("once", "ns1")) is None
+        alive = [n for n in gcs_call(second, m.GetAllNodes()) if n.state == "ALIVE"]
+        assert len(alive) == 1
+    finally:
+        second.shutdown()
+        check_no_leaks(second.session_dir)
