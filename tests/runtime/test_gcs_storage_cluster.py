@@ -267,3 +267,34 @@ def test_a_stopped_cluster_leaves_its_nodes_and_jobs_ended_in_redis(redis_server
     finally:
         second.shutdown()
         check_no_leaks(second.session_dir)
+
+
+@pytest.mark.slow
+def test_calls_that_need_the_gcs_wait_for_its_restart(redis_cluster: tuple[Cluster, list[RedisServer]]) -> None:
+    import threading
+    cluster, _ = redis_cluster
+    cluster.connect(namespace="ns1")
+    c = Counter.options(name="counter", lifetime="detached", num_cpus=0).remote()
+    assert lumos.get(c.incr.remote(), timeout=30) == 1
+    cluster.kill_gcs()
+    got: list[Any] = []
+
+    def need_the_gcs() -> None:  # both need the GCS: they wait for the restarted one
+        try:
+            d = Counter.options(num_cpus=0).remote()
+            found = lumos.get_actor("counter")
+            got.append(lumos.get([d.incr.remote(), found.incr.remote()], timeout=30))
+        except BaseException as e:
+            got.append(e)
+
+    # (The GCS is started from this thread: it dies with the thread that started it.)
+    caller = threading.Thread(target=need_the_gcs)
+    caller.start()
+    try:
+        from lumos import object_ref
+        cw: Any = object_ref._core_worker
+        wait_for(lambda: cw._gcs_reconnecting, 10)  # the driver saw the GCS go; the calls wait
+        cluster.restart_gcs()
+    finally:
+        caller.join(60)
+    assert got == [[1, 2]]

@@ -409,12 +409,20 @@ class CoreWorker:
         """One GCS request; while a restarted GCS is being reached, it waits (within ``timeout_s``)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while self._gcs_reconnecting and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        gcs = self.gcs
-        if gcs is None:
-            raise exc.LumosSystemError("not connected to the GCS")
-        return await gcs.call(msg, max(0.1, deadline - loop.time()))
+        while True:
+            while self._gcs_reconnecting and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+            gcs = self.gcs
+            if gcs is None:
+                raise exc.LumosSystemError("not connected to the GCS")
+            try:
+                return await gcs.call(msg, max(0.1, deadline - loop.time()))
+            except ConnectionLost:
+                # Lost under this call: with durable storage, a restarted GCS answers it (GCS
+                # requests are idempotent: a retried RegisterActor returns the same actor).
+                if not self._gcs_durable or self._closed or loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(0.05)
 
     def _raylet_lost(self, conn: Connection) -> None:
         if not self._closed:
