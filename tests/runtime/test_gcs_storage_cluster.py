@@ -298,3 +298,22 @@ def test_calls_that_need_the_gcs_wait_for_its_restart(redis_cluster: tuple[Clust
     finally:
         caller.join(60)
     assert got == [[1, 2]]
+
+
+@pytest.mark.slow
+def test_a_detached_actor_whose_node_died_during_the_outage_is_restarted(
+        redis_cluster: tuple[Cluster, list[RedisServer]]) -> None:
+    cluster, _ = redis_cluster
+    doomed = cluster.add_node(num_cpus=1, resources={"spot": 1})
+    cluster.connect(namespace="ns1")
+    c = Counter.options(name="survivor", lifetime="detached", num_cpus=0, resources={"spot": 0.5},
+                        max_restarts=1).remote()
+    assert lumos.get([c.incr.remote(), c.incr.remote()], timeout=30) == [1, 2]
+    cluster.kill_gcs()
+    cluster.remove_node(doomed)  # SIGKILL while the GCS is down: nobody sees it go
+    cluster.restart_gcs()
+    cluster.add_node(num_cpus=1, resources={"spot": 1})
+    # The restarted GCS declares the silent node dead and restarts the actor elsewhere.
+    assert lumos.get(c.incr.remote(), timeout=60) == 1
+    info = gcs_call(cluster, m.GetNamedActor("survivor", "ns1"))
+    assert info.num_restarts == 1 and info.node_id != bytes.fromhex(doomed.node_id)
