@@ -643,7 +643,7 @@ class CoreWorker:
         if self.raylet is None or threading.current_thread() is self._io_thread:
             return None
         try:
-            answer = self.call_raylet(m.RestoreSpilled(object_id), self.config.rpc_timeout_s)
+            answer = self.call_raylet(m.RestoreSpilled(object_id), 3600.0)  # the raylet bounds it by size
         except (RemoteError, TimeoutError, exc.LumosSystemError) as e:
             logger.warning("restoring spilled object %s failed: %s", short(object_id), e)
             return None
@@ -909,7 +909,7 @@ class CoreWorker:
         return value
 
     def _read_from_store(self, oid: bytes, node_id: bytes) -> tuple[int, Any]:
-        view = self.store.view(oid)
+        view = self.store.view(oid, restore=node_id == self.node_id)
         if view is None and node_id != self.node_id:
             self.pull_to_local(oid, node_id)
             view = self.store.view(oid)

@@ -4,6 +4,8 @@
           ┌────────────── RayletServer ──────────────┐
 owners ──►│ RequestWorkerLease ─► LocalSchedulerState │──► worker processes (spawn, reap)
           │ CreateObject/Free  ─► ObjectStoreState    │──► files in /dev/shm/<store dir>
+          │ PinObjects, RestoreSpilled ─┘   │ spill/  │    (spill, restore: raylet.spill
+          │                                 └─────────│──► threads) <spill dir>/node-<id>
 workers ─►│ RegisterClient, LogBatch, WorkerBlocked   │
           └───────────────┬──────────────────────────┘
                           └── RegisterNode, NodeHeartbeat, LogBatch ──► GCS
@@ -838,7 +840,10 @@ class RayletServer:
         fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self._restore_waiters.setdefault(msg.object_id, []).append(fut)
         self._store(st.RestoreRequested(msg.object_id))
-        async with asyncio.timeout(self.config.rpc_timeout_s):
+        obj = self.store.objects.get(msg.object_id)
+        # A copy from disk: allow it 20 MiB/s at least, on top of the usual RPC deadline.
+        slack_s = (obj.size_bytes / (20 * 1024 * 1024)) if obj is not None else 0.0
+        async with asyncio.timeout(self.config.rpc_timeout_s + slack_s):
             return await fut
 
     async def _get_worker_exit(self, conn: Connection, msg: m.GetWorkerExit) -> str | None:
