@@ -33,11 +33,21 @@ import numpy as np
 
 
 def run(impl: str, num_cpus: int, quick: bool) -> dict[str, float]:
+    if impl == "ray":
+        os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")
     ray = importlib.import_module(impl)
     from lumos.examples import allreduce, es, ppo, serving
 
     scale = 0.3 if quick else 1.0
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    for attempt in range(3):
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            break
+        except Exception as e:  # Ray's raylet aborts when its agents start slowly (a loaded machine)
+            ray.shutdown()
+            if attempt == 2:
+                raise
+            print(f"{impl}.init() failed ({e}); trying again", file=sys.stderr)
     results: dict[str, float] = {}
     try:
         workers = max(2, num_cpus)

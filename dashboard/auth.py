@@ -109,14 +109,20 @@ def check_session_id(secret: bytes, session_id: str | None, now: float | None = 
         return False
 
 
+_LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+
+
 def frame_ancestors(host: str | None, other_ports: bool) -> str:
-    """The CSP value for a page served to ``host`` (the request's Host header)."""
+    """The CSP value for a page served to ``host`` (the request's Host header); with
+    ``other_ports``, the same host's other ports may frame it too (all loopback names
+    when it is loopback: Lab at localhost:8888 embeds 127.0.0.1:8265)."""
     value = "frame-ancestors 'self'"
     if other_ports and host:
         name = urlparse("//" + host).hostname
-        if name and all(c.isalnum() or c in ".-:[]" for c in name):
+        if name and all(c.isalnum() or c in ".-:" for c in name):
             name = f"[{name}]" if ":" in name else name
-            value += f" http://{name}:* https://{name}:*"
+            names = _LOOPBACK if name in _LOOPBACK else (name,)
+            value += "".join(f" http://{n}:* https://{n}:*" for n in names)
     return value
 
 

@@ -7,8 +7,9 @@ data (object -> the task that consumes it; task -> the object it returns), contr
 Layout is layered and *incremental*: a node gets its position the first time it is
 seen (depth = one more than whatever it depends on; row = next free row of that
 layer) and keeps it, so a live graph does not jump around as tasks arrive. Beyond
-``group_threshold`` tasks the graph is drawn per function instead (one node per
-function, edges aggregated with counts): measured in ``tests/dashboard`` to build in
+``group_threshold`` tasks, or once one layer holds more than ``max_rows`` tasks (a
+wide tree smears into a thin stripe long before 500 tasks), the graph is drawn per
+function instead (one node per function, edges aggregated with counts): measured in ``tests/dashboard`` to build in
 tens of milliseconds for 10,000 tasks, where 20,000 individual glyphs and edges made
 the browser crawl.
 """
@@ -76,8 +77,9 @@ def _reran(t: TaskLike) -> bool:
 class GraphLayout:
     """Stable positions across calls of ``build`` (one instance per page session)."""
 
-    def __init__(self, group_threshold: int = 500) -> None:
+    def __init__(self, group_threshold: int = 500, max_rows: int = 60) -> None:
         self.group_threshold = group_threshold
+        self.max_rows = max_rows
         #: Task id -> depth (layer).
         self._depth: dict[str, int] = {}
         #: Node id -> (x, y), fixed once assigned.
@@ -114,13 +116,16 @@ class GraphLayout:
         """Columns for the node glyphs and, per edge kind, for the edge segments.
 
         ``tasks`` must come in the order they were first seen (dependencies first).
-        ``grouped=None`` groups by function beyond ``group_threshold`` tasks.
+        ``grouped=None`` groups by function beyond ``group_threshold`` tasks or
+        ``max_rows`` tasks in one layer.
         """
         present = {t.task_id: t for t in tasks}
+        widths: dict[int, int] = {}
         for t in present.values():
-            self._task_depth(t, producer, present)
+            d = self._task_depth(t, producer, present)
+            widths[d] = widths.get(d, 0) + 1
         if grouped is None:
-            grouped = len(present) > self.group_threshold
+            grouped = len(present) > self.group_threshold or max(widths.values(), default=0) > self.max_rows
         if grouped != self.grouped:
             self._pos.clear()
             self._rows.clear()
@@ -197,8 +202,10 @@ class GraphLayout:
             g = groups.get(key)
             if g is None:
                 g = groups[key] = {"depth": self._depth[t.task_id], "count": 0, "states": {}, "reran": 0,
-                                   "name": t.name, "type": t.type}
+                                   "name": t.name, "type": t.type, "names": set()}
             g["count"] += 1
+            if len(g["names"]) < 2:
+                g["names"].add(t.name)
             cls = state_class(t.state)
             g["states"][cls] = g["states"].get(cls, 0) + 1
             if _reran(t):
@@ -226,7 +233,10 @@ class GraphLayout:
             summary = ", ".join(f"{states[c]} {c}" for c in STATE_COLORS if states.get(c))
             if g["reran"]:
                 summary += f", {g['reran']} ran again"
-            label = key if len(key) <= 24 else key[:23] + "…"
+            # The tasks' own name when they share one ("combine", "Counter.add"), not the
+            # module path of the function that would fill the label.
+            short = next(iter(g["names"])) if len(g["names"]) == 1 else key.rsplit(".", 1)[-1]
+            label = short if len(short) <= 24 else short[:23] + "…"
             values = ("group:" + key, "group", pos[0], pos[1], STATE_COLORS[cls],
                       RERUN_COLOR if g["reran"] else "#333333", 3.0 if g["reran"] else 1.0,
                       min(14 + 6 * len(str(g["count"])), 48), "circle", f"{label} ×{g['count']}", key,

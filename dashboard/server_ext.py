@@ -65,8 +65,8 @@ def _write_marker(serverapp: Any, base_url: str) -> None:
 
 
 def session_root() -> str:
-    from lumos._private.node import ROOT
-    return ROOT
+    from lumos._private.node import session_root as root
+    return root()
 
 
 def find_session(name: str) -> str:

@@ -61,11 +61,45 @@ def _make_remote(target: Any, options: dict[str, Any]) -> Any:
                     "for a callable object, wrap it in a function or make its class an actor")
 
 
+#: Ray's public names lumos does not have, and what to use instead (docs/ray-compatibility.md).
+_NOT_IN_LUMOS = {
+    "ActorClassID": "ids are hex strings in lumos (get_runtime_context().get_actor_id())",
+    "ActorID": "ids are hex strings in lumos (get_runtime_context().get_actor_id())",
+    "FunctionID": "ids are hex strings in lumos",
+    "JobID": "ids are hex strings in lumos (get_runtime_context().get_job_id())",
+    "NodeID": "ids are hex strings in lumos (get_runtime_context().get_node_id())",
+    "ObjectID": "use ObjectRef (ref.hex() for its id)",
+    "PlacementGroupID": "use lumos.util.placement_group.PlacementGroupID",
+    "TaskID": "ids are hex strings in lumos (get_runtime_context().get_task_id())",
+    "UniqueID": "ids are hex strings in lumos",
+    "WorkerID": "ids are hex strings in lumos (get_runtime_context().get_worker_id())",
+    "ClientBuilder": "Ray Client is not part of lumos; join with lumos.init(address='lumos://HOST:PORT')",
+    "client": "Ray Client is not part of lumos; join with lumos.init(address='lumos://HOST:PORT')",
+    "Language": "lumos runs Python only",
+    "cpp_function": "lumos runs Python only",
+    "java_function": "lumos runs Python only",
+    "java_actor_class": "lumos runs Python only",
+    "LoggingConfig": "worker logs go to the session's logs directory and output to the driver; "
+                     "lumos.init(log_to_driver=False) turns the latter off",
+    "SCRIPT_MODE": "lumos has no worker modes; lumos._private.worker_context.is_worker tells a worker",
+    "WORKER_MODE": "lumos has no worker modes; lumos._private.worker_context.is_worker tells a worker",
+    "autoscaler": "lumos does not autoscale; add nodes with `lumos start --address HOST:PORT`",
+    "data": "Ray Data is a separate library, not part of lumos; use tasks, actors and lumos.util.multiprocessing",
+    "internal": "Ray's internal API is not part of lumos; use lumos.state for cluster state",
+    "widgets": "lumos's notebook displays come with %load_ext lumos",
+    "workflow": "Ray Workflows is not part of lumos; use tasks with max_retries and actors with checkpoints",
+    "_config": "lumos's settings are init(_system_config={...}) and LUMOS_* environment variables",
+}
+
+
 def __getattr__(name: str) -> Any:
     # ``lumos.dashboard`` and ``lumos.kernelext`` load Bokeh/IPython: only when asked for.
     if name in ("dashboard", "kernelext"):
         import importlib
         return importlib.import_module(f"lumos.{name}")
+    if name in _NOT_IN_LUMOS:
+        raise AttributeError(f"module 'lumos' has no attribute {name!r}: Ray's ray.{name} is not "
+                             f"implemented in lumos; {_NOT_IN_LUMOS[name]}")
     raise AttributeError(f"module 'lumos' has no attribute {name!r}")
 
 

@@ -34,10 +34,14 @@ from lumos._private.ids import random_id
 from lumos.object_ref import ObjectRef
 
 _METHOD_OPTIONS = {"num_returns", "max_task_retries", "retry_exceptions", "concurrency_group", "name",
-                   "enable_task_events"}
+                   "enable_task_events", "tensor_transport"}
 #: Methods every actor has: end it after the calls before (terminate), or answer once it
 #: is up (ready: ``lumos.get(actor.__ray_ready__.remote())``).
 _BUILTIN_METHODS = ("__lumos_terminate__", "__ray_terminate__", "__lumos_ready__", "__ray_ready__")
+
+
+class ActorClassInheritanceException(TypeError):
+    """A class tried to inherit from an actor class (as in Ray, not allowed)."""
 
 
 def method(*args: Any, **options: Any) -> Callable[[Any], Any]:
@@ -51,6 +55,7 @@ def method(*args: Any, **options: Any) -> Callable[[Any], Any]:
         _check_method_num_returns(options["num_returns"])
     if "enable_task_events" in options:
         opts_mod.OPTIONS["enable_task_events"].check("enable_task_events", options["enable_task_events"])
+    _check_tensor_transport(options)
     _check_group(options)
 
     def decorate(fn: Any) -> Any:
@@ -65,6 +70,13 @@ def _check_method_num_returns(value: Any) -> None:
                          "method that yields streams its values with num_returns='streaming' (the default "
                          "for generator methods)")
     opts_mod.OPTIONS["num_returns"].check("num_returns", value)
+
+
+def _check_tensor_transport(options: dict[str, Any]) -> None:
+    if options.get("tensor_transport") not in (None, "object_store", "OBJECT_STORE"):
+        from lumos._private.compat import not_implemented_error
+        raise not_implemented_error(f"the method option tensor_transport={options['tensor_transport']!r}",
+                                    "lumos has no GPU tensor transport; values go through the object store")
 
 
 def _check_group(options: dict[str, Any]) -> None:
@@ -125,7 +137,13 @@ class ActorClass:
         return _ActorClassOptions(self, opts_mod.merged(self._options, options, opts_mod.ACTOR))
 
     def bind(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("lumos does not implement Ray DAGs (.bind)")
+        raise NotImplementedError("Ray DAGs (ray.actor.ActorClass.bind) are not implemented in lumos; "
+                                  "create the actor with .remote(...) and pass the handle on")
+
+    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
+        raise ActorClassInheritanceException(
+            f"class {self._cls.__name__} is an actor class (made by @lumos.remote) and cannot be inherited "
+            f"from; inherit from the plain class and decorate the subclass with @lumos.remote")
 
     def _remote(self, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any]) -> "ActorHandle":
         cw = worker_context.require_or_init()
@@ -301,6 +319,7 @@ class ActorMethod:
             raise ValueError(f"invalid option(s) {sorted(unknown)} for an actor method")
         if "num_returns" in options:
             _check_method_num_returns(options["num_returns"])
+        _check_tensor_transport(options)
         _check_group(options)
         merged = dict(self._options)
         merged.update(options)
@@ -312,6 +331,10 @@ class ActorMethod:
 
     def __repr__(self) -> str:
         return f"<actor method {self._handle._class_name}.{self._name}>"
+
+    def bind(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("Ray DAGs (ray.actor.ActorMethod.bind) are not implemented in lumos; "
+                                  "call .remote(...) and pass the refs on")
 
 
 def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
@@ -345,8 +368,8 @@ def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
     cw.call_gcs(m.KillActor(actor._actor_id, bool(no_restart), "killed by lumos.kill()"))
 
 
-__all__ = ["ActorClass", "ActorHandle", "ActorMethod", "method", "exit_actor", "get_actor", "kill",
-           "list_named_actors"]
+__all__ = ["ActorClass", "ActorHandle", "ActorMethod", "ActorClassInheritanceException", "method", "exit_actor",
+           "get_actor", "kill", "list_named_actors"]
 
 
 def list_named_actors(all_namespaces: bool = False) -> list[Any]:

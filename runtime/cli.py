@@ -80,8 +80,10 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--no-dashboard", dest="no_dashboard", action="store_true")
     start.add_argument("--dashboard-host", default="127.0.0.1")
     start.add_argument("--dashboard-port", type=int, default=8265)
-    start.add_argument("--gcs-storage", default="memory",
-                       help="GCS storage: memory (Redis-backed storage is not available yet)")
+    start.add_argument("--gcs-storage", default=None, metavar="URL",
+                       help="where the GCS keeps its tables: memory (default), or "
+                            "redis://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...] (sharded over the servers "
+                            "listed; a restarted GCS recovers its tables)")
     start.add_argument("--system-config", default=None, help="JSON overrides of lumos Config fields")
     start.add_argument("--block", action="store_true", help="stay in the foreground; Ctrl-C stops the node")
     start.set_defaults(func=cmd_start)
@@ -229,17 +231,19 @@ def cmd_start(args: argparse.Namespace) -> int:
                         ("--object-store-memory", args.object_store_memory), ("--memory", args.memory)):
         if value is not None and value < 0:
             raise _CliError(f"{name} must be >= 0, got {value}")
-    try:
-        config = Config.resolve(_json_arg(args.system_config, "--system-config"))
-        res = node_resources(args.num_cpus, args.num_gpus, resources, args.memory)
-    except (ValueError, TypeError) as e:
-        raise _CliError(str(e)) from None
-    if args.gcs_storage != "memory":
+    overrides = _json_arg(args.system_config, "--system-config")
+    if args.gcs_storage is not None:
         from lumos._private.gcs.storage import check_storage_url
         try:
             check_storage_url(args.gcs_storage)
         except ValueError as e:
             raise _CliError(f"--gcs-storage: {e}") from None
+        overrides = {**overrides, "gcs_storage": args.gcs_storage}
+    try:
+        config = Config.resolve(overrides)
+        res = node_resources(args.num_cpus, args.num_gpus, resources, args.memory)
+    except (ValueError, TypeError) as e:
+        raise _CliError(str(e)) from None
     ip = args.node_ip_address
     res[f"node:{ip}"] = 1.0
 
@@ -271,7 +275,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         if args.head:
             res["node:__internal_head__"] = 1.0
             node.start_gcs_and_raylet(resources=res, store_bytes=store, host=ip, gcs_port=args.port,
-                                      private=False, storage=args.gcs_storage, labels=labels)
+                                      private=False, labels=labels)
             assert node.gcs_address is not None
             gcs_address = f"{node.gcs_address[0]}:{node.gcs_address[1]}"
             if not args.no_dashboard:

@@ -15,7 +15,7 @@ __all__ = [
     "LumosError", "RayError", "TaskError", "RayTaskError", "GetTimeoutError",
     "WorkerCrashedError", "TaskCancelledError", "ObjectLostError", "OwnerDiedError",
     "ObjectFreedError", "ObjectReconstructionFailedError", "ActorDiedError", "RayActorError",
-    "ActorUnavailableError", "ObjectStoreFullError", "OutOfMemoryError", "NodeDiedError",
+    "ActorUnavailableError", "ObjectStoreFullError", "OutOfDiskError", "OutOfMemoryError", "NodeDiedError",
     "LumosSystemError", "RaySystemError", "TaskUnschedulableError", "ActorUnschedulableError",
     "LocalRayletDiedError", "PendingCallsLimitExceeded", "TaskPlacementGroupRemoved",
     "ActorPlacementGroupRemoved", "CrossLanguageError", "RuntimeEnvSetupError",
@@ -299,3 +299,85 @@ class ClusterUnavailableError(LumosSystemError, ConnectionError):
     """The cluster cannot be reached: the connection to the GCS or to this node's raylet
     was lost (the cluster stopped, or its head node died). Calls fail with it at once
     rather than wait; ``lumos.shutdown()`` and ``lumos.init()`` start over."""
+
+
+# Ray's other public errors: defined so that ``except ray.exceptions.X`` works unchanged.
+# lumos raises the ones whose docstring says when; the others name Ray features lumos
+# does not have (compiled graphs, tensor transport, Ray Client), and are never raised.
+
+
+class ActorAlreadyExistsError(LumosError, ValueError):
+    """A named actor with this name already exists (create with ``get_if_exists=True``
+    to get it instead). lumos raises ``ValueError`` for this; this class is kept for
+    ``except`` clauses."""
+
+
+class ActorHandleNotFoundError(LumosError):
+    """Kept for Ray compatibility; never raised by lumos."""
+
+
+class AsyncioActorExit(LumosError):
+    """Kept for Ray compatibility: lumos ends an async actor with ``exit_actor()`` too."""
+
+
+class AuthenticationError(LumosError, ConnectionError):
+    """Kept for Ray compatibility: lumos reports a wrong cluster token as a
+    ``ConnectionError`` saying so."""
+
+
+class ObjectFetchTimedOutError(ObjectLostError):
+    """Kept for Ray compatibility; lumos raises ``ObjectLostError`` when a pull fails."""
+
+
+class ObjectRefStreamEndOfStreamError(LumosError):
+    """Kept for Ray compatibility; lumos's generators raise ``StopIteration`` at the end."""
+
+
+class OufOfBandObjectRefSerializationException(LumosError):
+    """Kept for Ray compatibility (Ray's spelling); lumos allows pickling refs out of band."""
+
+
+class OutOfDiskError(ObjectStoreFullError):
+    """The object store is full and its node's spill directory has no room to spill to
+    (an ``ObjectStoreFullError`` too, so code that catches that keeps working)."""
+
+
+class PlasmaObjectNotAvailable(LumosError):
+    """Kept for Ray compatibility; never raised by lumos."""
+
+
+class RayCgraphCapacityExceeded(LumosError):
+    """Ray compiled graphs are not part of lumos; never raised."""
+
+
+class RayChannelError(LumosError):
+    """Ray compiled-graph channels are not part of lumos; never raised."""
+
+
+class RayChannelTimeoutError(RayChannelError, TimeoutError):
+    """Ray compiled-graph channels are not part of lumos; never raised."""
+
+
+class RayDirectTransportError(LumosError):
+    """Ray's GPU tensor transport is not part of lumos; never raised."""
+
+
+class ReferenceCountingAssertionError(ObjectLostError):
+    """Kept for Ray compatibility; lumos raises ``ObjectFreedError`` for a freed object."""
+
+
+class RpcError(LumosError):
+    """Kept for Ray compatibility; lumos reports lost connections as ``LumosSystemError``."""
+
+
+class StreamingGeneratorReplayInconsistentError(LumosError):
+    """Kept for Ray compatibility; never raised by lumos."""
+
+
+class UnserializableException(LumosError):
+    """Kept for Ray compatibility: a task exception lumos cannot send or rebuild arrives
+    as a ``TaskError`` that keeps its message and traceback text."""
+
+
+class UserCodeException(LumosError):
+    """Kept for Ray compatibility; lumos wraps user errors in ``TaskError``."""

@@ -125,6 +125,17 @@ class ObjectRefGenerator:
         except LumosSystemError:
             return  # shut down meanwhile: nothing left to release
 
+    from lumos._private.compat import missing_function as _missing
+    _INSTEAD = "iterate it (for, next(), async for) for the refs; drop it to stop receiving values"
+    completed = _missing("ray.ObjectRefGenerator.completed", "lumos.wait([gen]) is not supported either; " + _INSTEAD)
+    close = _missing("ray.ObjectRefGenerator.close", _INSTEAD)
+    aclose = _missing("ray.ObjectRefGenerator.aclose", _INSTEAD)
+    send = _missing("ray.ObjectRefGenerator.send", _INSTEAD)
+    asend = _missing("ray.ObjectRefGenerator.asend", _INSTEAD)
+    throw = _missing("ray.ObjectRefGenerator.throw", _INSTEAD)
+    athrow = _missing("ray.ObjectRefGenerator.athrow", _INSTEAD)
+    del _missing, _INSTEAD
+
     def __reduce__(self) -> Any:
         raise TypeError("an ObjectRefGenerator cannot be passed to another task or stored; "
                         "pass the refs it yields (or a list of them) instead")

@@ -50,6 +50,36 @@ class ObjectRef:
     def owner_address(self) -> m.Address | None:
         return self._owner
 
+    def is_nil(self) -> bool:
+        """Whether this is the all-zero id (never true for a ref lumos made)."""
+        return not any(self._id)
+
+    def size(self) -> int:
+        """The id's length in bytes (Ray's ``BaseID.size``)."""
+        return len(self._id)
+
+    def call_site(self) -> str:
+        """Where the ref was made; lumos does not record it (Ray records it only with
+        ``RAY_record_ref_creation_sites=1``): always ``""``."""
+        return ""
+
+    def as_future(self, _internal: bool = False) -> "asyncio.Future[Any]":
+        """The value as an ``asyncio.Future`` of the running event loop."""
+        return asyncio.wrap_future(self.future())
+
+    from lumos._private.compat import missing_function as _missing
+    nil = staticmethod(_missing("ray.ObjectRef.nil", "refs are made by .remote() and lumos.put()"))
+    from_binary = staticmethod(_missing("ray.ObjectRef.from_binary",
+                                        "refs are made by .remote() and lumos.put(); pass refs, not ids"))
+    from_hex = staticmethod(_missing("ray.ObjectRef.from_hex",
+                                     "refs are made by .remote() and lumos.put(); pass refs, not ids"))
+    from_random = staticmethod(_missing("ray.ObjectRef.from_random", "refs are made by .remote() and lumos.put()"))
+    job_id = _missing("ray.ObjectRef.job_id", "ids do not encode their job in lumos; see lumos.state.list_objects()")
+    redis_shard_hash = _missing("ray.ObjectRef.redis_shard_hash", "lumos shards nothing by object id")
+    tensor_transport = _missing("ray.ObjectRef.tensor_transport",
+                                "lumos has no GPU tensor transport; values travel through the object store")
+    del _missing
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ObjectRef) and other._id == self._id
 

@@ -107,6 +107,17 @@ def _anything(name: str, v: Any) -> None:
     return None
 
 
+def _unsupported(instead: str, allowed: tuple[Any, ...] = (None, False)) -> Callable[[str, Any], None]:
+    """A Ray option lumos does not implement: its default (or an empty value) passes, any
+    other value raises ``NotImplementedError`` saying what to use instead."""
+    def check(name: str, v: Any) -> None:
+        if any(v is a or (a is not None and a is not False and v == a) for a in allowed) or v in ({}, [], ()):
+            return
+        from lumos._private.compat import not_implemented_error
+        raise not_implemented_error(f"the option {name}={v!r}", instead)
+    return check
+
+
 def _runtime_env(name: str, v: Any) -> None:
     env_vars_of(v)
 
@@ -183,7 +194,21 @@ OPTIONS: dict[str, Option] = {
     "placement_group_bundle_index": Option(_int_at_least(-1), None, None, _BOTH, "legacy"),
     "placement_group_capture_child_tasks": Option(_anything, None, None, _BOTH, "legacy"),
     "_metadata": Option(_anything, None, None, _BOTH, "ignored"),
-    "label_selector": Option(_anything, None, None, _BOTH, "ignored"),
+    "label_selector": Option(_unsupported("lumos nodes have no labels; ask for a custom resource "
+                                          "(resources={'name': amount}) or use NodeAffinitySchedulingStrategy"),
+                             None, None, _BOTH, "node labels (not implemented: raises unless empty)"),
+    "fallback_strategy": Option(_unsupported("give a soft NodeAffinitySchedulingStrategy (soft=True), which falls "
+                                             "back to other nodes"), None, None, _BOTH,
+                                "label fallbacks (not implemented: raises unless empty)"),
+    "object_store_memory": Option(_unsupported("lumos does not reserve object store memory per task or actor; "
+                                               "size the store with lumos.init(object_store_memory=...)"),
+                                  None, None, _BOTH, "per-task store memory (not implemented: raises)"),
+    "allow_out_of_order_execution": Option(_unsupported("calls from one caller run in order; use an async or "
+                                                        "threaded actor (max_concurrency) to overlap them"),
+                                           None, False, _A, "out-of-order calls (not implemented: raises if True)"),
+    "enable_tensor_transport": Option(_unsupported("lumos has no GPU tensor transport; values go through the "
+                                                   "object store"), None, False, _A,
+                                      "GPU tensor transport (not implemented: raises if True)"),
     "enable_task_events": Option(_bool, True, True, _BOTH,
                                  "record this task's state changes for the state API and dashboard"),
 }

@@ -50,6 +50,10 @@ class RemoteFunction:
         """Submit a call; returns an ``ObjectRef`` (a list of them when ``num_returns > 1``)."""
         return self._remote(args, kwargs, self._options, None)
 
+    def bind(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("Ray DAGs (ray.remote_function.RemoteFunction.bind) are not implemented in "
+                                  "lumos; call .remote(...) and pass the refs on")
+
     def options(self, **options: Any) -> "_BoundOptions":
         """A copy of this function with some options changed, e.g. ``f.options(num_cpus=2)``."""
         return _BoundOptions(self, opts_mod.merged(self._options, options, opts_mod.TASK))

@@ -46,6 +46,43 @@ class RuntimeContext:
         spec = cw.executor._running
         return dict(spec.resources) if spec is not None else {}
 
+    def get_resource_ids(self) -> dict[str, list[str]]:
+        """The ids of the resources held by the current task or actor, e.g.
+        ``{"GPU": ["0"]}`` (Ray's ``get_resource_ids``; ``{}`` in a driver)."""
+        cw = worker_context.require()
+        if not worker_context.is_worker:
+            return {}
+        return {k: [str(i) for i in v] for k, v in (cw.current_resource_ids or {}).items()}
+
+    def get_task_function_name(self) -> str | None:
+        """The ``module.qualname`` of the running task's function (None in a driver)."""
+        cw = worker_context.require()
+        spec = getattr(cw.executor, "_running", None) if worker_context.is_worker else None
+        return spec.function_name if spec is not None else None
+
+    def get_session_name(self) -> str:
+        """The cluster session's name (its session directory's name)."""
+        import os
+        return os.path.basename(os.path.normpath(worker_context.require().session_dir))
+
+    def get_temp_dir(self) -> str:
+        """The cluster session's directory on this node (logs, sockets)."""
+        return str(worker_context.require().session_dir)
+
+    def get_node_labels(self) -> dict[str, str]:
+        """Node labels: lumos nodes have none (``{}``); select nodes with custom resources."""
+        worker_context.require()
+        return {}
+
+    def get_runtime_env_string(self) -> str:
+        """``runtime_env`` as JSON."""
+        import json
+        return json.dumps(self.runtime_env)
+
+    def should_capture_child_tasks_in_placement_group(self) -> bool:
+        """Whether tasks submitted here go into the current placement group by default."""
+        return worker_context.require().capture_strategy is not None
+
     def get_accelerator_ids(self) -> dict[str, list[str]]:
         from lumos.api import get_gpu_ids
         return {"GPU": [str(g) for g in get_gpu_ids()]}

@@ -62,7 +62,8 @@ class Cluster:
         connect: also call ``lumos.init()`` against it (needs ``initialize_head``).
         head_node_args: ``num_cpus``, ``num_gpus``, ``resources``, ``memory``,
             ``object_store_memory``, ``labels`` and ``_system_config`` (Config overrides
-            for every process of the cluster, and for ``connect()``).
+            for every process of the cluster, and for ``connect()``; e.g.
+            ``{"gcs_storage": "redis://127.0.0.1:6379"}`` keeps the GCS tables in Redis).
         shutdown_at_exit: shut down at interpreter exit if still running.
     """
 
@@ -191,6 +192,35 @@ class Cluster:
         elif node is self.head_node:
             self.head_node = None
         self._removed.append(node)
+
+    def kill_gcs(self) -> None:
+        """SIGKILL the head's GCS, leaving its raylet and the other nodes be."""
+        procs = self._head_processes()
+        if procs.gcs_proc is not None and procs.gcs_proc.poll() is None:
+            procs.gcs_proc.kill()
+            procs.gcs_proc.wait(5.0)
+
+    def restart_gcs(self, timeout_s: float = 30.0) -> None:
+        """Start the GCS again on its address, with its session and storage (after ``kill_gcs``).
+
+        With ``gcs_storage`` on Redis it reloads its tables; with memory it starts empty.
+        Call it from the thread that keeps running: the GCS dies with the thread that
+        started it (parent-death signal).
+        """
+        procs = self._head_processes()
+        if procs.gcs_proc is not None and procs.gcs_proc.poll() is None:
+            raise RuntimeError("the GCS is still running: kill_gcs() first")
+        args, tie = procs.gcs_spawn_args
+        args = list(args)
+        args[args.index("--port") + 1] = self.gcs_address.rpartition(":")[2]
+        proc, fd = procs._spawn(args, tie_to_parent=tie)
+        procs.gcs_proc = proc
+        procs._await_ready(proc, fd, "gcs", timeout_s)
+
+    def _head_processes(self) -> Any:
+        if self.head_node is None:
+            raise RuntimeError("the cluster has no head node")
+        return self.head_node._processes
 
     def wait_for_nodes(self, timeout: float = 30.0) -> None:
         """Wait until the GCS lists every node of this Cluster as alive."""

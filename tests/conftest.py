@@ -140,3 +140,95 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                     continue
                 report.sections.append((f"lumos log {os.path.basename(path)} (last lines)", "".join(tail)))
     return report
+
+
+class RedisServer:
+    """A ``redis-server`` on a loopback port of its own, with its data in a private dir.
+
+    ``stop()`` ends it by pid (SIGTERM, then SIGKILL); ``start()`` again reuses the port
+    and the append-only file, as an operator restarting Redis would.
+    """
+
+    def __init__(self, data_dir: str, password: str | None = None) -> None:
+        import socket
+        self.data_dir = data_dir
+        self.password = password
+        with socket.socket() as s:  # a free port, picked by the kernel
+            s.bind(("127.0.0.1", 0))
+            self.port: int = s.getsockname()[1]
+        self.proc: Any = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.address}"
+
+    def start(self) -> None:
+        import shutil
+        import subprocess
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.skip("redis-server is not installed (.ci/run installs it)")
+        cmd = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.data_dir,
+               "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--daemonize", "no",
+               "--logfile", os.path.join(self.data_dir, "redis.log")]
+        if self.password:
+            cmd += ["--requirepass", self.password]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        wait_for(self._answers, 10.0, 0.05)
+
+    def _answers(self) -> bool:
+        import redis
+        if self.proc.poll() is not None:
+            raise AssertionError(f"redis-server exited with {self.proc.returncode}; see {self.data_dir}/redis.log")
+        try:
+            with redis.Redis(port=self.port, password=self.password, socket_timeout=1) as r:
+                return bool(r.ping())
+        except redis.exceptions.ConnectionError:
+            return False
+
+    def client(self) -> Any:
+        import redis
+        return redis.Redis(port=self.port, password=self.password, socket_timeout=5)
+
+    def stop(self) -> None:
+        import subprocess
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def redis_server_factory(tmp_path: Any) -> Iterator[Callable[..., RedisServer]]:
+    """Start ``redis-server``s (``make(password=None)``); every one is stopped after the test."""
+    servers: list[RedisServer] = []
+
+    def make(password: str | None = None) -> RedisServer:
+        d = tmp_path / f"redis{len(servers)}"
+        d.mkdir()
+        server = RedisServer(str(d), password)
+        servers.append(server)
+        server.start()
+        return server
+
+    try:
+        yield make
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture
+def redis_server(redis_server_factory: Callable[..., RedisServer]) -> RedisServer:
+    """One ``redis-server`` on a loopback port picked for this test."""
+    return redis_server_factory()

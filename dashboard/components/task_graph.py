@@ -3,8 +3,14 @@
 Drawn from ``graph_layout`` columns: one glyph renderer for nodes (circles for tasks,
 squares for objects, big circles for per-function groups), one segment renderer per
 edge kind (each its own colour and dash, with a legend). Clicking a node shows its
-details below the plot (escaped). Updates send only what changed: new nodes are
-streamed, changed colours patched; a re-layout (grouping switched on) replaces all.
+details below the plot (escaped), with a link to the lineage of its value. Updates
+send only what changed: new nodes are streamed, changed colours patched; a re-layout
+(grouping switched on) replaces all.
+
+The plot fits what is drawn: its height follows the number of rows (``ROW_PX`` each,
+between ``MIN_HEIGHT`` and ``MAX_HEIGHT``), its ranges are set to the nodes plus room
+for the labels (and are what "reset" returns to), and labels are hidden when rows
+are too close to read them. "by function" / "each task" / "auto" switch grouping.
 """
 
 from __future__ import annotations
@@ -19,6 +25,12 @@ from lumos.dashboard.graph_layout import (EDGE_FIELDS, EDGE_STYLES, NODE_FIELDS,
 #: a task first seen through its worker's events gets its name when the submitter's
 #: events arrive, so the name columns are patched too.
 _PATCHABLE = tuple(f for f in NODE_FIELDS if f not in ("id", "x", "y"))
+ROW_PX = 24
+MIN_HEIGHT = 260
+MAX_HEIGHT = 1000
+#: Room (in layout units: a layer is 2 wide) right of the last column for its labels.
+LABEL_ROOM = 1.6
+GROUP_MODES = ["auto", "each task", "by function"]
 
 
 def legend_html(grouped: bool, n_tasks: int | None, threshold: int) -> str:
@@ -31,7 +43,8 @@ def legend_html(grouped: bool, n_tasks: int | None, threshold: int) -> str:
     if n_tasks is None:
         mode = ""
     elif grouped:
-        mode = f"{n_tasks} tasks: grouped by function (more than {threshold}); open Lineage for one object's tasks"
+        mode = (f"{n_tasks} tasks, grouped by function (more than {threshold}, or too many side by side); "
+                "choose \"each task\" to see them all, or open Lineage for one object's tasks")
     else:
         mode = f"{n_tasks} tasks"
     head = f"{esc(mode)}<br>" if mode else ""
@@ -60,8 +73,8 @@ class GraphView:
         nodes = self.plot.scatter(x="x", y="y", size="size", marker="marker", fill_color="color",
                                   line_color="line_color", line_width="line_width", source=self.node_source,
                                   name="nodes")
-        self.plot.text(x="x", y="y", text="label", source=self.node_source, text_font_size="9px",
-                       x_offset=9, y_offset=-4, text_color="#333333")
+        self.labels = self.plot.text(x="x", y="y", text="label", source=self.node_source, text_font_size="9px",
+                                     x_offset=9, y_offset=-4, text_color="#333333", name="labels")
         self.plot.add_tools(HoverTool(renderers=[nodes], tooltips=[
             ("", "@kind"), ("name", "@name"), ("id", "@id"), ("state", "@state"), ("", "@info")]))
         self.plot.add_tools(TapTool(renderers=[nodes]))
@@ -70,8 +83,10 @@ class GraphView:
         legend.orientation = "horizontal"
         self.plot.center.remove(legend)
         self.plot.add_layout(legend, "below")
-        self.plot.x_range.range_padding = 0.08
-        self.plot.y_range.range_padding = 0.08
+        from bokeh.models import Range1d
+        self.plot.x_range = Range1d(-1.0, 1.0, name="graph_x")
+        self.plot.y_range = Range1d(-1.0, 1.0, name="graph_y")
+        self._bounds: tuple[float, float, float, float] | None = None
         self._ids: list[str] = []
 
     def show(self, tasks: Iterable[Any], producer: dict[str, str], grouped: bool | None = None) -> None:
@@ -94,6 +109,7 @@ class GraphView:
         else:
             self.node_source.data = nodes
         self._ids = list(ids)
+        self._fit(nodes)
         for kind, cols in edges.items():
             src = self.edge_sources[kind]
             have = len(src.data["x0"])
@@ -102,6 +118,24 @@ class GraphView:
                     src.stream({f: cols[f][have:] for f in EDGE_FIELDS})
             elif cols["x0"] or have:
                 src.data = cols
+
+    def _fit(self, nodes: dict[str, list[Any]]) -> None:
+        """Height from the rows, ranges around the nodes and their labels (only when they change)."""
+        xs, ys = nodes["x"], nodes["y"]
+        bounds = (min(xs), max(xs), min(ys), max(ys)) if xs else (0.0, 0.0, 0.0, 0.0)
+        if bounds == self._bounds:
+            return
+        self._bounds = bounds
+        x0, x1, y0, y1 = bounds
+        rows = int(y1 - y0) + 1
+        height = max(MIN_HEIGHT, min(MAX_HEIGHT, 110 + ROW_PX * rows))
+        if self.plot.height != height:
+            self.plot.height = height
+        for rng, start, end in ((self.plot.x_range, x0 - 0.6, x1 + LABEL_ROOM),
+                                (self.plot.y_range, y0 - 0.7, y1 + 0.7)):
+            rng.update(start=start, end=end, reset_start=start, reset_end=end)
+        # Labels overlap below ~11 px a row: hide them (hover and click still tell).
+        self.labels.visible = (height - 110) / rows >= 11
 
     def selected_id(self) -> str | None:
         idx = self.node_source.selected.indices
@@ -166,12 +200,15 @@ class TaskGraphPage(Page):
         except ValueError:
             threshold = 500
         self.threshold = threshold
+        from bokeh.models import RadioButtonGroup
         self.view = GraphView("Task graph", "task_graph", threshold)
+        self.mode = RadioButtonGroup(labels=GROUP_MODES, active=0, name="group_mode")
+        self.mode.on_change("active", lambda attr, old, new: self.update())
         self.legend = Div(text="", name="legend")
         self.details = Div(text="<i style='font-family:sans-serif;font-size:12px'>click a node for details</i>",
                            name="details")
         self.view.node_source.selected.on_change("indices", lambda attr, old, new: self._select())
-        return column(self.legend, self.view.plot, self.details, sizing_mode="stretch_width")
+        return column(self.mode, self.legend, self.view.plot, self.details, sizing_mode="stretch_width")
 
     def _select(self) -> None:
         node_id = self.view.selected_id()
@@ -180,6 +217,7 @@ class TaskGraphPage(Page):
 
     def update(self) -> None:
         src = self.source
-        self.view.show(src.tasks.values(), src.producer)
+        grouped = (None, False, True)[self.mode.active or 0]
+        self.view.show(src.tasks.values(), src.producer, grouped)
         self.legend.text = legend_html(self.view.layout_engine.grouped, len(src.tasks), self.threshold)
         self._select()

@@ -2,25 +2,21 @@
 
 Finished executions are streamed into a rolling source (only new ones travel to the
 browser); running ones sit in a small source replaced on every update, their bars
-growing to "now". Bars are coloured by function; hover shows name, id, state, timing.
+growing to "now". Bars are coloured by state with the task graph's colours (and its
+"ran again" outline), under the same legend; hover shows name, function, id, state, timing.
 """
 
 from __future__ import annotations
 
 import time
-import zlib
 from typing import Any
 
 from lumos.dashboard.components.common import Page, esc
-from lumos.dashboard.graph_layout import STATE_COLORS, state_class
+from lumos.dashboard.graph_layout import RERUN_COLOR, STATE_COLORS, state_class
 
 ROLLOVER = 20_000
-FIELDS = ("worker", "start", "end", "color", "name", "task_id", "state", "duration", "node", "type")
-
-
-def _palette() -> tuple[str, ...]:
-    from bokeh.palettes import Category20_20
-    return tuple(Category20_20)
+FIELDS = ("worker", "start", "end", "color", "line_color", "name", "function", "task_id", "state", "duration",
+          "node", "type")
 
 
 class TaskStreamPage(Page):
@@ -30,7 +26,8 @@ class TaskStreamPage(Page):
         from bokeh.layouts import column
         from bokeh.models import ColumnDataSource, DataRange1d, Div, FactorRange, HoverTool
         from bokeh.plotting import figure
-        self.colors = _palette()
+
+        from lumos.dashboard.components.task_graph import legend_html
         self.done_source = ColumnDataSource({f: [] for f in FIELDS})
         self.running_source = ColumnDataSource({f: [] for f in FIELDS})
         self.plotted: set[str] = set()
@@ -40,23 +37,23 @@ class TaskStreamPage(Page):
                            x_range=DataRange1d(follow="end", follow_interval=120_000, range_padding=0.02),
                            tools="xpan,xwheel_zoom,reset,save")
         for src, alpha, name in ((self.done_source, 0.9, "done"), (self.running_source, 0.5, "running")):
-            self.plot.hbar(y="worker", left="start", right="end", height=0.8, color="color", source=src,
-                           fill_alpha=alpha, line_color="color", name=name)
-        self.plot.add_tools(HoverTool(tooltips=[("task", "@name"), ("id", "@task_id"), ("state", "@state"),
+            self.plot.hbar(y="worker", left="start", right="end", height=0.8, fill_color="color", source=src,
+                           fill_alpha=alpha, line_color="line_color", line_width=1.5, name=name)
+        self.plot.add_tools(HoverTool(tooltips=[("task", "@name"), ("function", "@function"), ("id", "@task_id"),
+                                                ("state", "@state"),
                                                 ("duration", "@duration"), ("worker", "@worker"),
                                                 ("type", "@type")]))
         self.counts = Div(text="", name="counts")
-        return column(self.counts, self.plot, sizing_mode="stretch_width")
-
-    def _color(self, name: str) -> str:
-        return self.colors[zlib.crc32(name.encode()) % len(self.colors)]
+        self.legend = Div(text=legend_html(False, None, 0), name="legend")
+        return column(self.counts, self.legend, self.plot, sizing_mode="stretch_width")
 
     def _row(self, t: Any, end: float) -> tuple[Any, ...]:
         start = t.start_time or end
         dur = end - start
-        return (self.source.worker_label(t.worker_id), start * 1000, end * 1000, self._color(t.function_name or t.name),
-                t.name, t.task_id, t.state, f"{dur * 1000:.1f} ms" if dur < 10 else f"{dur:.1f} s",
-                (t.node_id or "")[:8], t.type)
+        color = STATE_COLORS[state_class(t.state)]
+        return (self.source.worker_label(t.worker_id), start * 1000, end * 1000, color,
+                RERUN_COLOR if t.reran else color, t.name, t.function_name or t.name, t.task_id, t.state,
+                f"{dur * 1000:.1f} ms" if dur < 10 else f"{dur:.1f} s", (t.node_id or "")[:8], t.type)
 
     def update(self) -> None:
         src = self.source

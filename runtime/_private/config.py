@@ -43,12 +43,18 @@ class _Range:
     positive: bool = False
     #: ``_AUTO`` is accepted too.
     auto: bool = False
+    #: ``<= 1`` as well (a fraction).
+    at_most_one: bool = False
 
     def admits(self, value: float) -> bool:
+        if self.at_most_one and value > 1:
+            return False
         return (self.auto and value == _AUTO) or (value > 0 if self.positive else value >= 0)
 
     def __str__(self) -> str:
         bound = "> 0" if self.positive else ">= 0"
+        if self.at_most_one:
+            bound += " and <= 1"
         return f"{bound} or {_AUTO} (automatic)" if self.auto else bound
 
 
@@ -67,6 +73,11 @@ def _positive_or_auto(default: _T) -> _T:
 
 def _non_negative_or_auto(default: _T) -> _T:
     return _knob(default, _Range(auto=True))
+
+
+def _fraction(default: _T) -> _T:
+    """A share of something: ``> 0`` and ``<= 1``."""
+    return _knob(default, _Range(positive=True, at_most_one=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +130,13 @@ class Config:
     object_store_recycle_bytes: int = 1024 * 1024 * 1024
     #: How long a create waits for space (frees, spilling) before failing.
     object_store_full_timeout_s: float = 10.0
+    #: Where a node spills primary copies when its store is full ("": ``spill/`` in the
+    #: session directory); each node uses a private (0700) subdirectory of it.
+    object_spilling_directory: str = ""
+    #: Spill primaries to disk under memory pressure (False: a full store only waits or fails).
+    object_spilling_enabled: bool = True
+    #: Above this fraction of the store in use, primaries are spilled ahead of need.
+    object_spilling_threshold: float = _positive(0.8)
     #: Threads used to copy large buffers into the store.
     memcpy_threads: int = _positive(4)
     #: Buffers at least this large are copied with several threads.
@@ -134,6 +152,19 @@ class Config:
     validate: bool = False
     #: Warn about infeasible tasks after they have waited this long.
     infeasible_warning_s: float = 1.0
+    #: Where the GCS keeps its tables: "memory", or
+    #: "redis://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...]" (sharded; survives a GCS restart).
+    gcs_storage: str = "memory"
+    #: Deadline for one read or write batch on the GCS storage (Redis).
+    gcs_storage_timeout_s: float = _positive(5.0)
+    #: How long raylets, workers and drivers try to reach a restarted GCS before giving up.
+    gcs_reconnect_timeout_s: float = _positive(60.0)
+    #: How often the raylet samples node memory (0: no memory monitor).
+    memory_monitor_refresh_ms: int = 250
+    #: Fraction of node memory (or of the cgroup limit) above which a worker is killed.
+    memory_usage_threshold: float = _fraction(0.95)
+    #: A task whose worker the memory monitor killed runs again after this, doubled per attempt.
+    task_oom_retry_delay_base_ms: int = 1000
 
     @classmethod
     def resolve(cls, overrides: Mapping[str, Any] | None = None,
@@ -159,10 +190,18 @@ class Config:
                 raise ValueError(
                     f"unknown _system_config key {name!r}; valid keys: {', '.join(sorted(fields))}")
             values[name] = _check(fields[name], value, f"_system_config[{name!r}]")
+        if "gcs_storage" in values:
+            from lumos._private.gcs.storage import check_storage_url
+            check_storage_url(values["gcs_storage"])
         return cls(**values)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        """The config for a child's command line, where every local user can read it: the
+        GCS storage URL loses its password (the GCS reads the whole URL from a private file)."""
+        from lumos._private.gcs.storage import redact_url
+        values = dataclasses.asdict(self)
+        values["gcs_storage"] = redact_url(self.gcs_storage)
+        return json.dumps(values)
 
     @classmethod
     def from_json(cls, text: str) -> "Config":

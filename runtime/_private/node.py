@@ -22,6 +22,7 @@ read it nor plant files in it; private files are written to a fresh temporary na
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import secrets
@@ -35,6 +36,7 @@ from typing import Any
 
 from lumos._private.config import Config
 from lumos._private.ids import random_id
+from lumos._private.object_store.spill_io import node_spill_dir
 from lumos._private.process import (await_ready, check_private_dir, make_private_dir,
                                     read_private_file, write_private_file)
 
@@ -70,6 +72,47 @@ def session_root() -> str:
         os.mkdir(root, 0o700)
     check_private_dir(root, "lumos session root")
     return root
+
+
+def __getattr__(name: str) -> Any:
+    # ``node.ROOT`` (a constant before the root became per user): the checked root, now.
+    if name == "ROOT":
+        return session_root()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+#: In a head's session directory: the GCS's ``HOST:PORT``, next to its ``token``.
+GCS_ADDRESS_FILE = "gcs_address"
+_LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0", ""}
+
+
+def find_local_token(address: str) -> tuple[str | None, str]:
+    """The token of the running cluster at ``address`` (``HOST:PORT``) that this user
+    started on this machine: ``(token, the file it was read from)``, or ``(None, a
+    sentence saying where it looked)``. Only this user's checked root is read; a session
+    counts while its GCS socket exists (a stopped cluster's directory may stay)."""
+    host, _, port = address.rpartition(":")
+    root = session_root()
+    pattern = os.path.join(root, "session_*", GCS_ADDRESS_FILE)
+    found: list[tuple[float, str]] = []
+    for path in glob.glob(pattern):
+        session = os.path.dirname(path)
+        try:
+            recorded = read_private_file(path).decode().strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        r_host, _, r_port = recorded.rpartition(":")
+        same_host = r_host == host or (r_host in _LOOPBACK and host in _LOOPBACK)
+        if r_port == port and same_host and os.path.exists(os.path.join(session, "sockets", "gcs.sock")):
+            found.append((os.path.getmtime(path), session))
+    if not found:
+        return None, (f"no running cluster of this user on this machine has the address {address} "
+                      f"(looked in {pattern})")
+    token_path = os.path.join(max(found)[1], "token")
+    try:
+        return read_private_file(token_path).decode().strip(), token_path
+    except (OSError, UnicodeDecodeError) as e:
+        return None, f"the token file {token_path} of the cluster at {address} could not be read: {e}"
 
 
 def current_cluster_path() -> str:
@@ -211,23 +254,29 @@ class NodeProcesses:
         return info
 
     def start_gcs_and_raylet(self, *, resources: dict[str, float], store_bytes: int, host: str,
-                             gcs_port: int, private: bool, storage: str = "memory",
+                             gcs_port: int, private: bool, storage: str | None = None,
                              labels: dict[str, str] | None = None,
                              tie_to_parent: bool | None = None) -> None:
         """Start a head node: GCS and raylet in parallel (the raylet waits for the GCS socket).
 
         ``private``: the GCS ends when the first driver disconnects (``lumos.init()``).
         ``tie_to_parent`` (default: ``private``): the processes die with this process.
+        ``storage``: the GCS storage URL (default: the config's ``gcs_storage``).
         """
         tie = private if tie_to_parent is None else tie_to_parent
         cfg = self.config.to_json()
+        # The URL may hold a Redis password: it goes in a private file, not on a command line.
+        storage_file = os.path.join(self.session_dir, "gcs_storage")
+        write_private_file(storage_file, (storage or self.config.gcs_storage).encode())
         gcs_args = ["lumos._private.gcs.server", "--session-dir", self.session_dir,
                     "--token-file", self.token_path, "--host", host, "--port", str(gcs_port),
-                    "--unix-path", self.gcs_unix, "--storage", storage, "--config", cfg]
+                    "--unix-path", self.gcs_unix, "--storage-file", storage_file, "--config", cfg]
         if private:
             gcs_args.append("--private")
         gcs, gcs_fd = self._spawn(gcs_args, tie_to_parent=tie)
         self.gcs_proc = gcs
+        #: How the GCS was started (``lumos.testing.Cluster.restart_gcs`` starts it again).
+        self.gcs_spawn_args = (gcs_args, tie)
         raylet, raylet_fd = self._start_raylet(f"unix:{self.gcs_unix}", resources, store_bytes, host,
                                                head=True, tie_to_parent=tie, labels=labels)
         try:
@@ -236,6 +285,9 @@ class NodeProcesses:
             os.close(raylet_fd)
             raise
         self.gcs_address = (info["host"], int(info["port"]))
+        # So a driver of this user on this machine finds the token by the address (issue 14).
+        write_private_file(os.path.join(self.session_dir, GCS_ADDRESS_FILE),
+                           f"{info['host']}:{int(info['port'])}".encode())
         self._finish_raylet(raylet, raylet_fd)
 
     def start_raylet(self, gcs_address: str, *, resources: dict[str, float], store_bytes: int, host: str,
@@ -278,6 +330,8 @@ class NodeProcesses:
             proc.wait(5.0)
         if self.store_dir:
             shutil.rmtree(self.store_dir, ignore_errors=True)
+            shutil.rmtree(node_spill_dir(self.config.object_spilling_directory, self.session_dir, self.node_id),
+                          ignore_errors=True)
         if self.raylet_socket:
             try:
                 os.unlink(self.raylet_socket)
@@ -302,6 +356,8 @@ class NodeProcesses:
         self.procs.clear()
         if self.store_dir:
             shutil.rmtree(self.store_dir, ignore_errors=True)
+            shutil.rmtree(node_spill_dir(self.config.object_spilling_directory, self.session_dir, self.node_id),
+                          ignore_errors=True)
         if remove_sockets:
             shutil.rmtree(os.path.join(self.session_dir, "sockets"), ignore_errors=True)
         elif self.raylet_socket:

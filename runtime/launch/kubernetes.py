@@ -100,7 +100,9 @@ def _container(spec: KubeSpec, head: bool) -> dict[str, Any]:
     env: list[dict[str, Any]] = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
     if head:
         env.append({"name": "LUMOS_ADDRESS", "value": f"$(POD_IP):{GCS_PORT}"})
-        role = ["--head", "--port", str(GCS_PORT), "--dashboard-host", "$(POD_IP)",
+        # The dashboard listens on every address of the pod: `kubectl port-forward` connects
+        # to the pod's loopback, the Service to its pod IP.
+        role = ["--head", "--port", str(GCS_PORT), "--dashboard-host", "0.0.0.0",
                 "--dashboard-port", str(DASHBOARD_PORT)]
         ports = [{"name": "gcs", "containerPort": GCS_PORT, "protocol": "TCP"},
                  {"name": "dashboard", "containerPort": DASHBOARD_PORT, "protocol": "TCP"}]
@@ -422,6 +424,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     pr.add_argument("--node-ip", default=None, help="also require an alive node at this address")
     pr.add_argument("--timeout", type=float, default=10.0)
     pr.set_defaults(kubernetes_func=_cmd_probe)
+    lu = sub.add_parser("login-url", help="the dashboard's login link, from the cluster token")
+    lu.add_argument("--token-file", required=True,
+                    help="the cluster token, e.g. from `kubectl get secret lumos-token -o "
+                         "jsonpath='{.data.token}' | base64 -d`")
+    lu.add_argument("--url", default=f"http://localhost:{DASHBOARD_PORT}",
+                    help=f"where the dashboard is reached (default http://localhost:{DASHBOARD_PORT}, "
+                         "as `kubectl port-forward svc/lumos-head 8265` serves it)")
+    lu.set_defaults(kubernetes_func=_cmd_login_url)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -445,6 +455,23 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         print(probe(args.address, args.token_file, args.node_ip, args.timeout))
     except KubernetesError as e:
         print(f"lumos kubernetes probe: not ready: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def login_url(token_file: str, url: str) -> str:
+    """The dashboard's login link at ``url`` (it carries a key derived from the token)."""
+    from lumos.dashboard.auth import login_token
+    from lumos.launch.node import read_token
+    return f"{url.rstrip('/')}/login?token={login_token(read_token(token_file, {}))}"
+
+
+def _cmd_login_url(args: argparse.Namespace) -> int:
+    from lumos.launch.node import NodeStartError
+    try:
+        print(login_url(args.token_file, args.url))
+    except NodeStartError as e:
+        print(f"lumos kubernetes login-url: error: {e}", file=sys.stderr)
         return 1
     return 0
 

@@ -7,7 +7,7 @@ python -m lumos.launch.node --address HOST:PORT --token-file F ...
 
 Unlike ``lumos start`` it records nothing machine-wide (no ``current_cluster.json``, no
 ``lumos stop`` record: the engine owns the node's lifecycle, and two jobs of one user may
-share a machine), reads the token only from a file or ``LUMOS_CLUSTER_TOKEN`` (never from
+share a machine), takes the token only from a file or ``LUMOS_CLUSTER_TOKEN`` (never on
 its command line, which other users can read), and stays in the foreground:
 
 ```
@@ -17,7 +17,9 @@ engine (srun / kubelet) ──► node runner ──► GCS (head only), raylet,
 ```
 
 A joining node waits for the GCS (``--join-timeout-s``): Kubernetes starts worker pods
-without waiting for the head.
+without waiting for the head. A head can write its GCS address (``--address-file``) and
+its dashboard's login link (``--dashboard-file``, 0600) for the launcher, and
+``--wait-for-nodes N`` starts nothing but waits for a cluster of N nodes.
 """
 
 from __future__ import annotations
@@ -166,6 +168,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dashboard-host", default=None, help="head: dashboard address (default: the node's)")
     p.add_argument("--dashboard-port", type=int, default=8265)
     p.add_argument("--address-file", default=None, help="head: write HOST:PORT of the GCS here once it serves")
+    p.add_argument("--dashboard-file", default=None,
+                   help="head: write the dashboard's login link here (0600; the directory must be private)")
     p.add_argument("--join-timeout-s", type=float, default=300.0, help="how long a joining node waits for the GCS")
     p.add_argument("--system-config", default=None, help="JSON overrides of lumos Config fields")
     p.add_argument("--wait-for-nodes", type=int, default=None, metavar="N",
@@ -260,7 +264,10 @@ def _start(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     ip = args.node_ip_address if args.node_ip_address != "auto" else auto_node_ip(os.environ, gcs)
     res[f"node:{ip}"] = 1.0
     store = args.object_store_memory or config.object_store_memory or default_store_bytes()
-    session_dir = new_session_dir()
+    try:
+        session_dir = new_session_dir()
+    except OSError as e:  # UnsafePathError says what to fix
+        raise NodeStartError(str(e)) from None
     node = NodeProcesses(session_dir, config)
     node.write_token(token)
     dashboard = ""
@@ -288,12 +295,20 @@ def _start(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     print(f"lumos {kind} {node.node_id.hex()[:8]} on {socket.gethostname()} ({ip}): GCS at {address}, "
           f"session directory {session_dir}", flush=True)
     if dashboard:
-        print(f"lumos dashboard: {dashboard} (log in with the cluster token)", flush=True)
+        # The login link carries a key derived from the token; job output is often readable by others.
+        base = dashboard.split("/login", 1)[0]
+        if args.dashboard_file:
+            from lumos._private.process import write_private_file
+            write_private_file(args.dashboard_file, (dashboard + "\n").encode())
+            print(f"lumos dashboard: {base} (login link in {args.dashboard_file})", flush=True)
+        else:
+            print(f"lumos dashboard: {base} (`lumos kubernetes login-url --token-file TOKEN_FILE --url {base}` "
+                  "prints its login link)", flush=True)
     return node, {"address": address, "session_dir": session_dir}
 
 
 def _start_dashboard(node: Any, host: str, port: int) -> str:
-    """Start the head's dashboard; returns its URL without the login token, or "" on failure."""
+    """Start the head's dashboard; returns its login link, or "" on failure."""
     from lumos._private.dashboard_process import DashboardStartError, start_dashboard
     try:
         proc, url = start_dashboard(node.session_dir, f"unix:{node.gcs_unix}", node.token_path, host, port,
@@ -302,8 +317,7 @@ def _start_dashboard(node: Any, host: str, port: int) -> str:
         print(f"lumos node: warning: the cluster runs without its dashboard: {e}", file=sys.stderr, flush=True)
         return ""
     node.procs.append(proc)
-    # The login URL carries the token; job output files are often readable by others.
-    return str(url).split("/login", 1)[0]
+    return str(url)
 
 
 def _run(node: Any, record: dict[str, Any]) -> int:

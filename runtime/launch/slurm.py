@@ -11,6 +11,7 @@ lumos-<time>-<rand>/          0700
     token                     the cluster token (0600); nodes read it with --token-file
     cluster.sh, join.sh       the batch scripts, as submitted
     address                   HOST:PORT of the GCS, written by the head once it serves
+    dashboard                 the dashboard's login link (0600), written by the head
     slurm-<jobid>.out         the jobs' output
 
 sbatch cluster.sh ─► batch script (first node) ─► srun head step ─► writes address
@@ -124,6 +125,7 @@ def render_batch_script(spec: SlurmJobSpec, cluster_dir: str) -> str:
         f"PYTHON={q(spec.python)}",
         f"TOKEN_FILE={q(token_file)}",
         f"ADDRESS_FILE={q(address_file)}",
+        f"DASHBOARD_FILE={q(os.path.join(cluster_dir, 'dashboard'))}",
         f"NODE_ARGS=({' '.join(q(a) for a in node_args)})",
         f"STEP_ARGS=({' '.join(q(a) for a in step)})",
         "steps=()",
@@ -145,7 +147,9 @@ def render_batch_script(spec: SlurmJobSpec, cluster_dir: str) -> str:
             'rm -f "$ADDRESS_FILE"',
             'srun --nodes=1 --ntasks=1 --nodelist="$head_node" "${STEP_ARGS[@]}" \\',
             '    "$PYTHON" -m lumos.launch.node --head --port 0 --token-file "$TOKEN_FILE" \\',
-            f'    --address-file "$ADDRESS_FILE" {"" if spec.dashboard else "--no-dashboard "}"${{NODE_ARGS[@]}}" &',
+            '    --address-file "$ADDRESS_FILE" '
+            + ('--dashboard-file "$DASHBOARD_FILE" ' if spec.dashboard else "--no-dashboard ")
+            + '"${NODE_ARGS[@]}" &',
             "head_pid=$!",
             "steps+=($head_pid)",
             'while [ ! -s "$ADDRESS_FILE" ]; do',
@@ -363,6 +367,15 @@ class SlurmCluster:
         return self._address
 
     @property
+    def dashboard_url(self) -> str:
+        """The dashboard's login link, once the head has started it ("" before, or without one)."""
+        try:
+            with open(os.path.join(self.cluster_dir, "dashboard")) as f:
+                return f.read().strip()
+        except FileNotFoundError:
+            return ""
+
+    @property
     def token(self) -> str:
         with open(self.token_file) as f:
             return f.read().strip()
@@ -554,6 +567,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     address = cluster.address
     print(f"lumos cluster at {address}: {args.nodes} node(s) alive (Slurm job {job_id})")
+    if cluster.dashboard_url:
+        print(f"dashboard: {cluster.dashboard_url}")
     print("\nConnect from a node of the job, e.g.:\n"
           f"    srun --jobid {job_id} --overlap --nodes 1 --ntasks 1 python your_script.py\n"
           "with, in the script:\n"

@@ -76,6 +76,15 @@ class PlacementGroup:
     def bundle_count(self) -> int:
         return len(self.bundle_specs)
 
+    @staticmethod
+    def empty() -> "PlacementGroup":
+        """The "no group" placement group (Ray's ``PlacementGroup.empty()``)."""
+        return PlacementGroup(PlacementGroupID(bytes(16)), [])
+
+    @property
+    def is_empty(self) -> bool:
+        return self.id.is_nil()
+
     def ready(self) -> Any:
         """An ObjectRef that resolves (to this group) once every bundle is reserved.
 
@@ -125,7 +134,9 @@ class PlacementGroup:
 
 def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK", name: str = "",
                     lifetime: str | None = None, _max_cpu_fraction_per_node: float | None = None,
-                    _soft_target_node_id: str | None = None) -> PlacementGroup:
+                    _soft_target_node_id: str | None = None,
+                    bundle_label_selector: list[dict[str, str]] | None = None,
+                    topology_strategy: Any = None) -> PlacementGroup:
     """Reserve ``bundles`` of resources on the cluster as one group.
 
     Args:
@@ -147,6 +158,13 @@ def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK", nam
         >>> lumos.get(pg.ready(), timeout=30)
     """
     from lumos._private.protocol import messages as m
+    from lumos._private.compat import not_implemented_error
+    if bundle_label_selector and any(bundle_label_selector):
+        raise not_implemented_error("placement_group(bundle_label_selector=...)", "lumos nodes have no labels; put a "
+                                    "custom resource in the bundles (e.g. {'CPU': 1, 'rack_a': 0.01})")
+    if topology_strategy is not None:
+        raise not_implemented_error("placement_group(topology_strategy=...)", "use strategy='PACK', 'SPREAD', "
+                                    "'STRICT_PACK' or 'STRICT_SPREAD'")
     _check_bundles(bundles)
     if strategy not in STRATEGIES:
         raise ValueError(f"invalid placement group strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")

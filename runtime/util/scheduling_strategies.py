@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lumos._private.compat import missing_class as _missing_class
+
 
 class NodeAffinitySchedulingStrategy:
     """Run on the node ``node_id`` (hex). ``soft=True`` falls back to other nodes."""
@@ -59,6 +61,15 @@ class PlacementGroupSchedulingStrategy:
                 bool(self.placement_group_capture_child_tasks)]
 
 
+_NO_LABELS = ("lumos nodes have no labels; ask for a custom resource (resources={'name': amount}) "
+              "or use NodeAffinitySchedulingStrategy")
+NodeLabelSchedulingStrategy = _missing_class("ray.util.scheduling_strategies.NodeLabelSchedulingStrategy", _NO_LABELS)
+In = _missing_class("ray.util.scheduling_strategies.In", _NO_LABELS)
+NotIn = _missing_class("ray.util.scheduling_strategies.NotIn", _NO_LABELS)
+Exists = _missing_class("ray.util.scheduling_strategies.Exists", _NO_LABELS)
+DoesNotExist = _missing_class("ray.util.scheduling_strategies.DoesNotExist", _NO_LABELS)
+
+
 def strategy_to_wire(strategy: Any) -> Any:
     """The strategy as sent in task specs: None, ["SPREAD"], ["NODE", ...], ["PG", ...], or
     ["DEFAULT"] (default placement, never captured into a parent's placement group)."""
@@ -72,4 +83,5 @@ def strategy_to_wire(strategy: Any) -> Any:
                      "NodeAffinitySchedulingStrategy or PlacementGroupSchedulingStrategy")
 
 
-__all__ = ["NodeAffinitySchedulingStrategy", "PlacementGroupSchedulingStrategy"]
+__all__ = ["NodeAffinitySchedulingStrategy", "PlacementGroupSchedulingStrategy", "NodeLabelSchedulingStrategy",
+           "In", "NotIn", "Exists", "DoesNotExist"]

@@ -144,7 +144,8 @@ def test_every_response_forbids_framing_by_other_sites(dash_cluster: lumos.Lumos
     opener, _ = logged_in
     base = base_url(dash_cluster.dashboard_url)
     # The notebook server on the same host (another port) may embed it; other sites may not.
-    want = "frame-ancestors 'self' http://127.0.0.1:* https://127.0.0.1:*"
+    want = ("frame-ancestors 'self' http://127.0.0.1:* https://127.0.0.1:* http://localhost:* https://localhost:*"
+            " http://[::1]:* https://[::1]:*")
     for url, who in ((f"{base}/status", opener), (f"{base}/status", None), (dash_cluster.dashboard_url, None)):
         _, _, headers = fetch(url, who)
         assert headers["Content-Security-Policy"] == want, url

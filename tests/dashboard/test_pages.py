@@ -13,11 +13,14 @@ from typing import Any
 import pytest
 
 import lumos
+from lumos.dashboard.components.status import COLUMNS
+from lumos.dashboard.graph_layout import STATE_COLORS
 from tests.dashboard.conftest import base_url, column, screenshot, wait_doc
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
 EVIL = "<img src=x onerror=window.__pwned=1>"
+COLUMN_NAMES = [k for k, _ in COLUMNS]
 
 
 @lumos.remote
@@ -90,7 +93,30 @@ def test_login_link_and_status_page(dash_cluster: lumos.LumosContext, workload: 
     assert column(page, "nodes_table", "gpu")[0].endswith("/ 2")
     page.locator(".slick-cell", has_text=node_id[:8]).first.wait_for()
     assert "connected to" in page.locator(".lumos-header").first.inner_text()
+    # Real memory use beside the reservation, and one bar per node.
+    assert "(lumos " in column(page, "nodes_table", "memory_real")[0]
+    assert column(page, "memory_bar", "node") == [column(page, "nodes_table", "node")[0]]
+    assert 0 < column(page, "memory_bar", "memory")[0] <= 100
+    # One worker count: the table's rows add up to the summary's.
+    workers = int(page.locator(".lumos-workers").inner_text())
+    assert workers == sum(column(page, "nodes_table", "workers")) and workers >= 1
+    # History fills once a second.
+    wait_doc(page, "(d, col) => col('history_memory', 'memory').length >= 3", 20)
+    assert all(0 <= v <= 100 for v in column(page, "history_cpu", "cpu"))
+    # Recent failures with their error line, shown as text.
+    assert column(page, "failed_table", "name") == [EVIL]
+    assert column(page, "failed_table", "error")[0] == "ValueError: <script>window.__pwned=2</script> boom"
+    page.locator(".slick-cell", has_text="ValueError: <script>").first.wait_for()
+    # Log tails: the raylet's, then a worker's; escaped.
+    page.locator("pre.lumos-log", has_text="up:").wait_for()
+    option = page.locator("select option", has_text="worker pid").first
+    option.wait_for(state="attached")
+    page.select_option("select", label=option.inner_text())
+    page.locator(".lumos-log-name", has_text="worker-").wait_for()
+    assert page.evaluate("() => window.__pwned") is None and page.locator("script", has_text="__pwned").count() == 0
     screenshot(page, "status")
+    rendered = page.locator(".slick-row").first.inner_text().split("\n")
+    assert rendered[COLUMN_NAMES.index("workers")] == str(workers)
     assert not page.js_errors
 
 
@@ -102,6 +128,11 @@ def test_task_stream_shows_executions_and_counts(dash_cluster: lumos.LumosContex
     assert {"square", "total", "fan_out", "Counter.add"} <= set(names), names
     page.locator(".lumos-count[data-state='FINISHED']").wait_for()
     assert "FAILED" in page.locator(".lumos-count[data-state='FAILED']").inner_text()
+    # Bars take the task graph's state colours, explained by the same legend.
+    colors = dict(zip(column(page, "done", "name"), column(page, "done", "color")))
+    assert colors["square"] == STATE_COLORS["finished"] and colors[EVIL] == STATE_COLORS["failed"]
+    legend = page.locator(".lumos-graph-legend").inner_text()
+    assert all(state in legend for state in STATE_COLORS)
     screenshot(page, "task_stream")
     assert not page.js_errors
 

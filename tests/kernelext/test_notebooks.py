@@ -8,6 +8,7 @@ and no lumos process may be left after it.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 from pathlib import Path
@@ -26,7 +27,7 @@ NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 SMALL: dict[str, str] = {
     "04-evolution-strategies.ipynb": "ITERATIONS = 4\nSPEEDUP_ITERATIONS = 2",
     "05-ppo-parameter-server.ipynb": "UPDATES = 8",
-    "06-allreduce.ipynb": "SIZES_MB = [0.25, 1]\nWORKERS = [2, 3]\nITERATIONS = 1",
+    "06-allreduce.ipynb": "SIZES_MB = [0.25, 1]\nWORKERS = [3]\nITERATIONS = 1",
     "07-serving-latency.ipynb": "REQUESTS = 100",
     "08-hyperparameter-search.ipynb": "TRIALS = 8\nEPOCHS = 3",
     "09-data-with-arrow.ipynb": "ROWS = 200_000",
@@ -149,7 +150,7 @@ def _check_remote_cells(nb: Any) -> None:
     assert "trainer" in str(displays(_cell(nb, "%lumos sessions")) or result_text(_cell(nb, "%lumos sessions")))
     spec = result_text(_cell(nb, "panel.num_gpus.value = 0.5"))
     assert "'num_gpus': 0.5" in spec and "'strategy': 'SPREAD'" in spec
-    gpu_ids, visible = eval(result_text(_cell(nb, "%%remote\nimport os\n(lumos.get_gpu_ids()")) or "")
+    gpu_ids, visible = ast.literal_eval(result_text(_cell(nb, "%%remote\nimport os\n(lumos.get_gpu_ids()")) or "")
     assert len(gpu_ids) == 1 and visible is not None
 
 
@@ -190,7 +191,7 @@ def _check_ppo(nb: Any) -> None:
 
 def _check_allreduce(nb: Any) -> None:
     out = stdout(_cell(nb, "rows = []"))
-    assert out.count("sum correct: True") == 4, out
+    assert out.count("sum correct: True") == 2, out
     assert _has_image(_cell(nb, "fig, axes"))
 
 
@@ -223,7 +224,7 @@ def _check_multi_node(nb: Any) -> None:
     spread = stdout(_cell(nb, "@lumos.remote\ndef where"))
     assert spread.count(":") >= 3, spread  # tasks landed on at least two nodes
     assert "distinct nodes: 3" in stdout(_cell(nb, "pg = placement_group"))
-    node, visible = eval(result_text(_cell(nb, "%%remote --num-gpus 1")) or "")
+    node, visible = ast.literal_eval(result_text(_cell(nb, "%%remote --num-gpus 1")) or "")
     assert visible in ("0", "1") and len(node) == 12
 
 

@@ -45,6 +45,19 @@ WORKLOAD = textwrap.dedent("""
         lumos.shutdown()
 """)
 
+def login_status(url: str) -> int:
+    """HTTP status of a dashboard login link, without following its redirect (302: logged in)."""
+    import http.client
+    from urllib.parse import urlsplit
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        conn.request("GET", f"{parts.path}?{parts.query}")
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel", "scontrol", "sinfo")
 
 
@@ -216,6 +229,15 @@ PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
                     proc.wait(5)
         assert not left_jobs, f"Slurm jobs still queued after scancel: {left_jobs}"
         assert not stepds, f"slurmstepd processes left behind (killed): {[p.pid for p in stepds]}"
+
+
+@pytest.fixture
+def short_root() -> Iterator[str]:
+    root = tempfile.mkdtemp(prefix="k8", dir="/tmp")  # socket paths must stay short
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -6,31 +6,32 @@ exactly the container's ``env`` (``$(VAR)`` expanded as the kubelet does, ``stat
 from the downward API = 127.0.0.1), writes the Secret's keys into the token volume with
 its ``defaultMode``, expands ``command``/``args`` and runs them. What it must change, it
 changes in one place: mount paths point into a temporary directory (a container has its
-own filesystem), the head Service's DNS name becomes 127.0.0.1, and the GCS port is a
-free one (all "pods" share this host's network), and each container gets its own
-``LUMOS_TMPDIR`` (a container has its own /tmp).
+own filesystem), the head Service's DNS name and 0.0.0.0 become 127.0.0.1 and the GCS
+port is a free one (all "pods" share this host's network), and each container gets its
+own ``LUMOS_TMPDIR`` (a container has its own /tmp).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
 
 from lumos.launch import kubernetes as kube
 from tests.conftest import wait_for
-from tests.launch.conftest import WORKLOAD, free_ports
+from tests.launch.conftest import WORKLOAD, free_ports, login_status
 
 k8s_models = pytest.importorskip("kubernetes.client.models")
 
+LUMOS = os.path.join(os.path.dirname(sys.executable), "lumos")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PRIMITIVES = {"str": str, "int": int, "bool": bool, "float": (int, float), "object": object,
               "datetime": str, "date": str}
@@ -172,6 +173,8 @@ class Pod:
         def local(arg: str) -> str:
             if arg == str(kube.GCS_PORT):
                 return str(gcs_port)
+            if arg == "0.0.0.0":
+                return "127.0.0.1"  # all of the pod's addresses; here, the pods share the machine's
             arg = arg.replace(service, f"127.0.0.1:{kube.GCS_PORT}").replace(f":{kube.GCS_PORT}", f":{gcs_port}")
             for mount, path in mounts.items():
                 arg = arg.replace(mount, path)
@@ -213,15 +216,6 @@ class Pod:
             raise AssertionError(f"container ignored SIGTERM: {self.output()}") from None
 
 
-@pytest.fixture
-def short_root() -> Iterator[str]:
-    root = tempfile.mkdtemp(prefix="k8", dir="/tmp")  # socket paths must stay short
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_head_and_two_workers_run_from_their_manifests_and_run_a_task_on_every_pod(short_root: str) -> None:
@@ -242,6 +236,13 @@ def test_head_and_two_workers_run_from_their_manifests_and_run_a_task_on_every_p
             raise AssertionError("pods not ready:\n" + "\n".join(p.output() for p in pods)) from None
         token_file = pods[-1].argv[pods[-1].argv.index("--token-file") + 1]
         assert oct(os.stat(token_file).st_mode & 0o777) == oct(0o440)
+        # The dashboard (on every address of the head pod) takes the link `login-url` makes.
+        base = re.search(r"lumos dashboard: (\S+)", pods[-1].output()).group(1)  # type: ignore[union-attr]
+        link = subprocess.run([LUMOS, "kubernetes", "login-url", "--token-file", token_file,
+                               "--url", base.replace(socket.gethostname(), "127.0.0.1")],
+                              capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+        assert login_status(link) == 302
+        assert login_status(link.split("token=")[0] + "token=" + "0" * 40) == 403
         out = subprocess.run([sys.executable, "-c", WORKLOAD, f"127.0.0.1:{port}", token_file],
                              capture_output=True, text=True, timeout=120,
                              env={**os.environ, "LUMOS_TMPDIR": os.path.join(short_root, "driver")})
@@ -252,7 +253,7 @@ def test_head_and_two_workers_run_from_their_manifests_and_run_a_task_on_every_p
         bad = os.path.join(short_root, "bad-token")
         with open(bad, "w") as f:
             f.write(kube.new_token())
-        refused = subprocess.run([os.path.join(os.path.dirname(sys.executable), "lumos"), "kubernetes", "probe",
+        refused = subprocess.run([LUMOS, "kubernetes", "probe",
                                   "--address", f"127.0.0.1:{port}", "--token-file", bad],
                                  capture_output=True, text=True, timeout=60)
         assert refused.returncode == 1 and "token is wrong" in refused.stderr, refused.stderr
@@ -270,3 +271,110 @@ def test_head_and_two_workers_run_from_their_manifests_and_run_a_task_on_every_p
         for session in os.listdir(pod.base["LUMOS_TMPDIR"]):
             stores = [d for d in os.listdir("/dev/shm") if d.startswith(f"lumos-{session}-")]
             assert not stores, f"object stores left behind: {stores}"
+
+
+
+# ----------------------------------------------------------------------------- KubeCluster against a stand-in API
+
+
+class FakeApiServer:
+    """Just enough of the Kubernetes API for KubeCluster: create, read status, scale, delete
+    of Secrets, Services and Deployments in one namespace, over real HTTP. Deployments
+    report every replica ready at once (no pods run). Stands in for a real API server,
+    which no test here can reach; the official client does all the (de)serialisation."""
+
+    def __init__(self) -> None:
+        import http.server
+        import json
+        import threading
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.requests: list[tuple[str, str]] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _reply(self, code: int, obj: dict[str, Any]) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            @property
+            def route(self) -> str:
+                return self.path.split("?", 1)[0]
+
+            def _body(self) -> Any:
+                return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"null")
+
+            def do_POST(self) -> None:
+                outer.requests.append(("POST", self.route))
+                obj = self._body()
+                outer.objects[f"{self.route}/{obj['metadata']['name']}"] = obj
+                self._reply(201, obj)
+
+            def do_GET(self) -> None:
+                outer.requests.append(("GET", self.route))
+                obj = outer.objects.get(self.route.removesuffix("/status"))
+                if obj is None:
+                    self._reply(404, {"kind": "Status", "apiVersion": "v1", "code": 404, "reason": "NotFound"})
+                    return
+                n = obj["spec"]["replicas"]
+                self._reply(200, {**obj, "status": {"replicas": n, "readyReplicas": n, "availableReplicas": n}})
+
+            def do_PATCH(self) -> None:
+                outer.requests.append(("PATCH", self.route))
+                obj = outer.objects[self.route.removesuffix("/scale")]
+                obj["spec"]["replicas"] = self._body()["spec"]["replicas"]
+                self._reply(200, {"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": obj["metadata"],
+                                  "spec": {"replicas": obj["spec"]["replicas"]}})
+
+            def do_DELETE(self) -> None:
+                outer.requests.append(("DELETE", self.route))
+                obj = outer.objects.pop(self.route, None)
+                if "/services/" in self.route and obj is not None:
+                    self._reply(200, obj)  # as the real API does: the deleted Service
+                else:
+                    self._reply(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, name="fake-kube-api", daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+def test_kube_cluster_creates_scales_and_deletes_the_rendered_objects() -> None:
+    from kubernetes import client
+    api = FakeApiServer()
+    try:
+        config = client.Configuration()
+        config.host = api.url
+        cluster = kube.KubeCluster(workers=2, cpus=4, namespace="ml", api_client=client.ApiClient(config),
+                                   timeout_s=30)
+        prefix = "/api/v1/namespaces/ml"
+        apps = "/apis/apps/v1/namespaces/ml"
+        assert sorted(api.objects) == sorted([f"{prefix}/secrets/lumos-token", f"{prefix}/services/lumos-head",
+                                              f"{apps}/deployments/lumos-head", f"{apps}/deployments/lumos-worker"])
+        expected = kube.render_manifests(cluster.spec, cluster.token)
+        for obj in expected:
+            sent = next(v for k, v in api.objects.items() if k.endswith(f"/{obj['metadata']['name']}")
+                        and obj["kind"].lower() in k)
+            assert sent == obj
+        assert cluster.address == "lumos-head.ml.svc:6379"
+        cluster.scale(5)
+        assert api.objects[f"{apps}/deployments/lumos-worker"]["spec"]["replicas"] == 5
+        assert ("PATCH", f"{apps}/deployments/lumos-worker/scale") in api.requests
+        cluster.close()
+        assert api.objects == {}
+        deletes = [path for verb, path in api.requests if verb == "DELETE"]
+        assert deletes[0].endswith("/deployments/lumos-worker") and deletes[-1].endswith("/secrets/lumos-token")
+    finally:
+        api.close()

@@ -22,7 +22,7 @@ from lumos._private.config import Config
 from lumos.launch.node import gcs_nodes
 from lumos.launch.slurm import SlurmCluster, SlurmJobSpec, render_batch_script
 from tests.conftest import wait_for
-from tests.launch.conftest import WORKLOAD, LocalSlurm
+from tests.launch.conftest import WORKLOAD, LocalSlurm, login_status
 
 LUMOS = os.path.join(os.path.dirname(sys.executable), "lumos")
 
@@ -99,12 +99,17 @@ def test_slurm_cluster_scales_up_and_down_and_close_cancels_its_jobs(slurm: Loca
     for k, v in slurm.env.items():
         if k in ("SLURM_CONF", "LUMOS_TMPDIR"):
             monkeypatch.setenv(k, v)
-    cluster = SlurmCluster(nodes=1, cpus_per_node=1, dashboard=False, job_dir=os.path.join(slurm.root, "jobs"),
-                           timeout_s=120)
+    cluster = SlurmCluster(nodes=1, cpus_per_node=1, job_dir=os.path.join(slurm.root, "jobs"), timeout_s=120)
     procs: list[psutil.Process] = []
     files: list[str] = []
     try:
         assert len(cluster.alive_nodes()) == 1
+        # The head's dashboard: its login link is in the cluster's private directory only.
+        wait_for(lambda: cluster.dashboard_url, 30, 0.3)
+        assert login_status(cluster.dashboard_url) == 302
+        assert os.stat(os.path.join(cluster.cluster_dir, "dashboard")).st_mode & 0o777 == 0o600
+        with open(cluster.output_file()) as f:
+            assert cluster.dashboard_url.split("token=")[1] not in f.read()
         cluster.scale(2, timeout_s=120)
         result = run_workload(slurm, cluster.address, cluster.token_file)
         assert len(result["nodes"]) == 2 and result["ran_on"] == result["nodes"]

@@ -213,8 +213,8 @@ def test_bad_arguments_get_clear_errors(cli: CliEnv) -> None:
     assert out.returncode == 1 and "--resources is not valid JSON" in out.stderr
     out = cli.lumos("start", "--num-cpus", "1", check=False)
     assert out.returncode == 1 and "either --head" in out.stderr
-    out = cli.lumos("start", "--head", "--gcs-storage", "redis://127.0.0.1:6379", check=False)
-    assert out.returncode == 1 and "not available in this version" in out.stderr
+    out = cli.lumos("start", "--head", "--gcs-storage", "etcd://127.0.0.1:2379", check=False)
+    assert out.returncode == 1 and "--gcs-storage: unknown GCS storage" in out.stderr
     out = cli.lumos("start", "--address", "127.0.0.1:1", "--num-cpus", "1", check=False)
     assert out.returncode == 1 and "needs its token" in out.stderr
     out = cli.lumos("start", "--address", "127.0.0.1:1", "--token", "x" * 64, check=False)

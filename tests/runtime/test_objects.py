@@ -131,7 +131,7 @@ def test_value_survives_while_views_are_alive(fresh_cluster):
 
 
 def test_put_larger_than_store_fails_clearly_and_nothing_breaks(fresh_cluster):
-    fresh_cluster(object_store_memory=64 * 1024 * 1024)
+    fresh_cluster(object_store_memory=64 * 1024 * 1024, _system_config={"object_spilling_enabled": False})
     with pytest.raises(ObjectStoreFullError, match="larger than the object store"):
         lumos.put(np.zeros(100 * 1024 * 1024, dtype=np.uint8))
     ok = lumos.put(np.zeros(10 * 1024 * 1024, dtype=np.uint8))
@@ -139,7 +139,7 @@ def test_put_larger_than_store_fails_clearly_and_nothing_breaks(fresh_cluster):
 
 
 def test_store_full_of_live_objects_raises_after_waiting(fresh_cluster):
-    fresh_cluster(object_store_memory=64 * 1024 * 1024)
+    fresh_cluster(object_store_memory=64 * 1024 * 1024, _system_config={"object_spilling_enabled": False})
     keep = [lumos.put(np.zeros(20 * 1024 * 1024, dtype=np.uint8)) for _ in range(3)]
     with pytest.raises(ObjectStoreFullError, match="full"):
         lumos.put(np.zeros(20 * 1024 * 1024, dtype=np.uint8))

@@ -288,24 +288,89 @@ def test_num_returns_dynamic_returns_a_dynamic_object_ref_generator(cluster: lum
         lumos.method(num_returns="dynamic")
 
 
-# ----------------------------------------------------------------------------- leases
+# ----------------------------------------------------------------------------- audit additions
 
 
 @lumos.remote
-def burst_item(i: int) -> int:
-    return i
+def context_facts() -> dict[str, Any]:
+    ctx = lumos.get_runtime_context()
+    return {"function": ctx.get_task_function_name(), "resources": ctx.get_resource_ids(),
+            "session": ctx.get_session_name(), "temp": ctx.get_temp_dir(), "labels": ctx.get_node_labels(),
+            "env": ctx.get_runtime_env_string(), "capture": ctx.should_capture_child_tasks_in_placement_group()}
+
+
+def test_runtime_context_getters_of_ray(cluster: lumos.LumosContext) -> None:
+    facts = lumos.get(context_facts.options(runtime_env={"env_vars": {"A": "1"}}).remote(), timeout=30)
+    assert facts["function"].endswith("context_facts")
+    assert "CPU" in facts["resources"] or facts["resources"] == {}
+    session_dir = cluster.address_info["session_dir"]
+    assert facts["temp"] == session_dir and session_dir.rstrip("/").endswith(facts["session"])
+    assert facts["labels"] == {} and facts["capture"] is False
+    assert '"A": "1"' in facts["env"]
+    assert lumos.get_runtime_context().get_task_function_name() is None  # the driver runs no task
 
 
 @lumos.remote
-def other_function() -> str:
-    return "ran"
+def slow_square(x: int) -> int:
+    import time
+    time.sleep(0.05 * (x % 3))
+    return x * x
 
 
-def test_idle_leases_of_one_function_do_not_starve_another(fresh_cluster: Any) -> None:
-    # Idle leases are kept a minute here: the second function gets a worker only because
-    # this process gives back the workers it holds idle for the first (and any lease
-    # granted after the burst ended) instead of waiting for them to time out.
-    fresh_cluster(num_cpus=2, _system_config={"lease_idle_timeout_ms": 60_000})
-    assert lumos.get([burst_item.remote(i) for i in range(200)], timeout=60) == list(range(200))
-    assert lumos.get(other_function.remote(), timeout=30) == "ran"
-    assert lumos.get([burst_item.remote(i) for i in range(20)], timeout=20) == list(range(20))
+def test_as_completed_and_map_unordered_yield_every_result(cluster: lumos.LumosContext) -> None:
+    refs = [slow_square.remote(i) for i in range(7)]
+    assert sorted(lumos.util.as_completed(refs, chunk_size=2, timeout=30)) == [i * i for i in range(7)]
+    got = list(lumos.util.as_completed(refs, chunk_size=3, yield_obj_refs=True))
+    assert sorted(got, key=lambda r: r.hex()) == sorted(refs, key=lambda r: r.hex())
+    assert sorted(lumos.util.map_unordered(slow_square, range(9), backpressure_size=3, chunk_size=2)) == \
+        [i * i for i in range(9)]
+    with pytest.raises(ValueError, match="chunk_size"):
+        next(lumos.util.as_completed(refs, chunk_size=0))
+
+
+def test_util_state_has_rays_signatures_and_attribute_rows(cluster: lumos.LumosContext) -> None:
+    from lumos.util import state
+    a = Self.remote()
+    lumos.get(a.ping.remote(), timeout=30)
+    rows = state.list_actors(filters=[("class_name", "=", "Self")], limit=1000, timeout=10, detail=True)
+    assert rows and rows[0].state == rows[0]["state"]
+    one = state.get_actor(rows[0].actor_id)
+    assert one is not None and one.class_name == "Self"
+    assert state.summarize_actors()["Self"]["ALIVE"] >= 1
+    node = state.list_nodes()[0]
+    assert state.get_node(node.node_id).node_id == node.node_id
+    with pytest.raises(ValueError, match="connected to"):
+        state.list_tasks(address="10.0.0.1:6379")
+    with pytest.raises(NotImplementedError, match="get_log is not implemented in lumos; worker output"):
+        state.get_log(actor_id=rows[0].actor_id)
+
+
+def test_object_ref_and_actor_class_extras_of_ray(cluster: lumos.LumosContext) -> None:
+    ref = lumos.put(5)
+    assert not ref.is_nil() and ref.size() == len(ref.binary()) and ref.call_site() == ""
+
+    async def read() -> int:
+        return await ref.as_future()
+
+    assert asyncio.run(read()) == 5
+    with pytest.raises(lumos.actor.ActorClassInheritanceException, match="cannot be inherited"):
+        class Sub(Self):  # type: ignore[misc,valid-type]
+            pass
+    assert lumos.util.placement_group.__module__ == "lumos.util.placement_group"
+    from lumos.util.placement_group import PlacementGroup
+    assert PlacementGroup.empty().is_empty
+
+
+def test_log_once_and_inspect_serializability() -> None:
+    import threading
+    key = "test_log_once_and_inspect_serializability"
+    assert lumos.util.log_once(key) and not lumos.util.log_once(key)
+    lock = threading.Lock()
+
+    def uses_lock() -> None:
+        with lock:
+            pass
+
+    ok, failures = lumos.util.inspect_serializability(uses_lock, name="uses_lock")
+    assert not ok and any(name == "lock" for name, _ in failures)
+    assert lumos.util.inspect_serializability(plain)[0]

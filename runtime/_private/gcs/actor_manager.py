@@ -123,7 +123,25 @@ class ActorManager:
 
     def _publish(self, actor: _Actor) -> None:
         actor.info.version += 1
+        self.gcs.persist("actors", actor.info.actor_id,
+                         [actor.info, actor.spec, actor.worker_id, actor.lease_id, actor.lease_node])
         self.gcs.publish("actors", actor.info.actor_id, actor.info)
+
+    def restore(self, info: m.ActorInfo, spec: m.TaskSpec, worker_id: bytes | None, lease_id: int,
+                lease_node: bytes | None) -> None:
+        """Take back an actor row from storage (a restarted GCS); unfinished creations resume."""
+        actor = _Actor(info, spec)
+        actor.worker_id, actor.lease_id, actor.lease_node = worker_id, lease_id, lease_node
+        self.actors[info.actor_id] = actor
+        if info.state == DEAD:
+            return
+        if info.name:
+            self.named[(info.namespace, info.name)] = info.actor_id
+        if worker_id is not None:
+            self._by_worker[worker_id] = info.actor_id
+        if info.state in (PENDING, RESTARTING):
+            actor.worker_id = None
+            actor.schedule_task = self.gcs._spawn_task(self._create(actor), "actor.create.recovered")
 
     # ------------------------------------------------------------------ placement and creation
 
@@ -273,7 +291,8 @@ class ActorManager:
         info.address = None
         if info.name and self.named.get((info.namespace, info.name)) == info.actor_id:
             del self.named[(info.namespace, info.name)]
-        self.gcs.kv.pop((CHECKPOINT_NS, info.actor_id), None)
+        if self.gcs.kv.pop((CHECKPOINT_NS, info.actor_id), None) is not None:
+            self.gcs.unpersist("kv", CHECKPOINT_NS.encode() + b"\0" + info.actor_id)
         self._release_worker(actor)
         logger.info("actor %s (%s) dead: %s", short(info.actor_id), info.class_name, cause)
         self._publish(actor)

@@ -425,12 +425,27 @@ class PlacementGroupTable:
 
     def _publish(self, g: _Group) -> None:
         g.info.version += 1
+        self.gcs.persist("placement_groups", g.info.pg_id, g.info)
         self.gcs.publish("placement_groups", g.info.pg_id, g.info)
+
+    def restore(self, info: m.PlacementGroupInfo) -> None:
+        """Take back a group row from storage (a restarted GCS); unplaced bundles are placed again."""
+        g = _Group(info)
+        self.groups[info.pg_id] = g
+        if info.state == REMOVED:
+            return
+        if info.name:
+            self.named[(info.namespace, info.name)] = info.pg_id
+        if info.state == CREATED:
+            g.ready.set()
+        else:
+            self._start_placing(g)
 
     def _trim(self) -> None:
         removed = [k for k, g in self.groups.items() if g.info.state == REMOVED]
         for k in removed[:max(0, len(removed) - _KEEP_REMOVED)]:
             del self.groups[k]
+            self.gcs.unpersist("placement_groups", k)
 
     # ------------------------------------------------------------------ cluster events
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -26,15 +27,15 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-import msgpack
-
 from lumos._private.config import Config
 from lumos._private.transport import eventloop
 from lumos._private.gcs.actor_manager import ActorManager
-from lumos._private.gcs.storage import GcsStorage, create_storage
+from lumos._private.gcs.storage import (GcsStorage, StorageUnavailable, StorageWriter, create_storage,
+                                        pack_value, unpack_value)
 from lumos._private.gcs.task_log import TaskEventTable
 from lumos._private.ids import new_job_id, short
-from lumos._private.process import die_with_parent, read_token, report_ready, setup_logging
+from lumos._private.process import (die_with_parent, read_private_file, read_token, report_ready,
+                                    setup_logging)
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, RpcServer
 
@@ -49,6 +50,8 @@ class GcsServer:
         self.config = config
         self.token = token
         self.storage = storage
+        #: Writes every table change through to a durable storage (None: memory, nothing to keep).
+        self.writer: StorageWriter | None = StorageWriter(storage) if storage.durable else None
         self.session_dir = session_dir
         #: Exit when the first job's driver disconnects (a cluster started by init()).
         self.private_cluster = private_cluster
@@ -106,12 +109,19 @@ class GcsServer:
         from lumos._private.gcs.placement_groups import PlacementGroupTable
         self.placement_groups = PlacementGroupTable(self)
         handlers.update(self.placement_groups.handlers())
+        if self.writer is not None:
+            handlers = {t: self._durable(h) for t, h in handlers.items()}
         self.server = RpcServer(token=token, config=config, handlers=handlers, name="gcs",
                                 on_close=self._conn_closed)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, host: str, port: int, unix_path: str | None = None) -> None:
+        if self.writer is not None:
+            await self.recover()
+            self.writer.start()
+        # Clients ask this to know whether to wait for a restarted GCS when this one goes.
+        self.kv[("cluster", b"gcs_storage_durable")] = b"1" if self.writer is not None else b"0"
         await self.server.start(unix_path=unix_path, host=host, port=port)
         self._spawn(self._health_loop(), "gcs.health")
         logger.info("GCS listening on %s:%d", self.server.host, self.server.port)
@@ -119,6 +129,8 @@ class GcsServer:
     async def stop(self) -> None:
         for node_id, conn in list(self._node_conns.items()):
             conn.notify(m.ShutdownNode("cluster is shutting down"))
+        if self.writer is not None:
+            self._persist_cluster_stopped()
         await asyncio.sleep(0.05)
         for task in list(self._tasks):
             task.cancel()
@@ -126,6 +138,8 @@ class GcsServer:
         self.placement_groups.close()
         await self.server.stop()
         self.task_events.close()
+        if self.writer is not None:
+            await self.writer.aclose()
         await self.storage.aclose()
         if self.private_cluster:
             # The driver that owns this session may be gone (SIGKILL): its socket and those
@@ -146,6 +160,100 @@ class GcsServer:
                 logger.error("%s failed", name, exc_info=t.exception())
         task.add_done_callback(done)
         return task
+
+    # ------------------------------------------------------------------ storage
+
+    def persist(self, table: str, key: bytes, row: Any) -> None:
+        """Write a table row through to durable storage (no-op with memory storage)."""
+        if self.writer is not None:
+            self.writer.put_nowait(table, key, pack_value(row))
+
+    def unpersist(self, table: str, key: bytes) -> None:
+        if self.writer is not None:
+            self.writer.delete_nowait(table, key)
+
+    def _durable(self, handler: Any) -> Any:
+        """``handler``, replying only once the table writes it made are in the storage."""
+        writer = self.writer
+        assert writer is not None
+
+        async def after(result: Any, before: int) -> Any:
+            if inspect.isawaitable(result):
+                result = await result
+            if writer.enqueued != before:
+                await writer.wait_written(writer.enqueued)
+            return result
+
+        def run(conn: Connection, msg: Any) -> Any:
+            before = writer.enqueued
+            result = handler(conn, msg)
+            if inspect.isawaitable(result) or writer.enqueued != before:
+                return after(result, before)
+            return result
+        return run
+
+    async def recover(self) -> None:
+        """Load the tables a previous GCS wrote to this storage (a restart on Redis).
+
+        Nodes listed alive get a fresh heartbeat deadline: a raylet that reconnects in time
+        keeps its node; one that does not is declared dead, and its actors restart or die
+        as their ``max_restarts`` says.
+        """
+        st = self.storage
+        now = time.monotonic()
+        jobs = sorted((unpack_value(v) for v in (await st.get_all("jobs")).values()),
+                      key=lambda j: j.start_time)
+        for job in jobs:
+            self.jobs[job.job_id] = job
+        for value in (await st.get_all("nodes")).values():
+            node: m.NodeInfo = unpack_value(value)
+            self.nodes[node.node_id] = node
+            if node.state == "ALIVE":
+                self._last_heartbeat[node.node_id] = now
+        for key, value in (await st.get_all("kv")).items():
+            ns, _, k = key.partition(b"\0")
+            self.kv[(ns.decode(), k)] = value
+        actors = [unpack_value(v) for v in (await st.get_all("actors")).values()]
+        for row in sorted(actors, key=lambda r: r[0].start_time):
+            self.actors.restore(*row)
+        for value in (await st.get_all("placement_groups")).values():
+            self.placement_groups.restore(unpack_value(value))
+        batches = await st.read_stream("task_events")
+        for blob in batches:
+            self.task_events.add(unpack_value(blob))
+        # Actors and bundles on nodes that were dead already (a cluster stopped before) move on now.
+        for node_id, node in self.nodes.items():
+            if node.state == "DEAD":
+                self.placement_groups.on_node_dead(node_id)
+                self.actors.on_node_dead(node_id, node.death_reason or "it was dead when the GCS restarted")
+        running = [j.job_id for j in jobs if j.state == "RUNNING"]
+        if running:
+            self._spawn(self._finish_unclaimed_jobs(running), "gcs.unclaimed_jobs")
+        if jobs or self.nodes or self.kv or actors:
+            logger.info("recovered from %s: %d jobs, %d nodes, %d KV entries, %d actors, %d placement groups, "
+                        "%d task-event batches", st.description, len(jobs), len(self.nodes), len(self.kv),
+                        len(actors), len(self.placement_groups.groups), len(batches))
+
+    async def _finish_unclaimed_jobs(self, job_ids: list[bytes]) -> None:
+        """Jobs whose driver did not reconnect to this restarted GCS in time have ended."""
+        await asyncio.sleep(self.config.gcs_reconnect_timeout_s + self.config.rpc_timeout_s)
+        claimed = set(self._job_conns.values())
+        for job_id in job_ids:
+            if job_id not in claimed:
+                logger.info("job %s: its driver did not reconnect after the GCS restart", job_id.hex())
+                self._finish_job(job_id)
+
+    def _persist_cluster_stopped(self) -> None:
+        """A cluster stopped on purpose: its nodes and jobs are over, also for a later GCS on this storage."""
+        now = time.time()
+        for node_id, info in self.nodes.items():
+            if info.state == "ALIVE":
+                info.state, info.end_time, info.death_reason = "DEAD", now, "the cluster was stopped"
+                self.persist("nodes", node_id, info)
+        for job_id, job in self.jobs.items():
+            if job.state == "RUNNING":
+                job.state, job.end_time = "FINISHED", now
+                self.persist("jobs", job_id, job)
 
     # ------------------------------------------------------------------ pub/sub
 
@@ -185,7 +293,7 @@ class GcsServer:
         self._node_conns[info.node_id] = conn
         conn.peer_info = ("node", info.node_id)
         self._last_heartbeat[info.node_id] = time.monotonic()
-        await self.storage.put("nodes", info.node_id, msgpack.packb(info.pids))
+        self.persist("nodes", info.node_id, info)
         logger.info("node %s joined (%s, %s)", short(info.node_id), info.hostname, info.resources_total)
         self.publish("nodes", info.node_id, info)
         self.actors.nodes_changed()
@@ -221,6 +329,7 @@ class GcsServer:
         if conn is not None and not conn.is_closed:
             # A frozen or cut-off raylet reads this first when it runs again (issue 12).
             self._fence(conn, node_id)
+        self.persist("nodes", node_id, info)
         logger.warning("node %s marked dead: %s", short(node_id), reason)
         gone = []
         for w in self.workers.values():
@@ -262,6 +371,12 @@ class GcsServer:
     # ------------------------------------------------------------------ jobs
 
     def _register_job(self, conn: Connection, msg: m.RegisterJob) -> m.JobInfo:
+        known = self.jobs.get(msg.job_id) if msg.job_id else None
+        if known is not None:  # its driver, back after a GCS restart
+            self._job_conns[conn] = known.job_id
+            conn.peer_info = ("job", known.job_id)
+            logger.info("job %s: its driver reconnected", known.job_id.hex())
+            return known
         job_id = new_job_id()
         while job_id in self.jobs:
             job_id = new_job_id()
@@ -272,6 +387,7 @@ class GcsServer:
         if self._owner_job is None:
             self._owner_job = job_id
         conn.peer_info = ("job", job_id)
+        self.persist("jobs", job_id, info)
         logger.info("job %s started (driver pid %d)", job_id.hex(), msg.pid)
         self.publish("jobs", job_id, info)
         return info
@@ -285,6 +401,7 @@ class GcsServer:
             return
         info.state = "FINISHED"
         info.end_time = time.time()
+        self.persist("jobs", job_id, info)
         logger.info("job %s finished", job_id.hex())
         self.publish("jobs", job_id, info)
         self.actors.on_job_finished(job_id)
@@ -315,7 +432,8 @@ class GcsServer:
         for fut in self._kv_waiters.pop(key, []):
             if not fut.done():
                 fut.set_result(msg.value)
-        self._spawn(self.storage.put("kv", msg.namespace.encode() + b"\0" + msg.key, msg.value), "gcs.kv_put")
+        if self.writer is not None:
+            self.writer.put_nowait("kv", msg.namespace.encode() + b"\0" + msg.key, msg.value)
         return True
 
     async def _kv_get(self, conn: Connection, msg: m.KvGet) -> bytes | None:
@@ -339,7 +457,7 @@ class GcsServer:
 
     def _kv_del(self, conn: Connection, msg: m.KvDel) -> bool:
         found = self.kv.pop((msg.namespace, msg.key), None) is not None
-        self._spawn(self.storage.delete("kv", msg.namespace.encode() + b"\0" + msg.key), "gcs.kv_del")
+        self.unpersist("kv", msg.namespace.encode() + b"\0" + msg.key)
         return found
 
     def _kv_keys(self, conn: Connection, msg: m.KvKeys) -> list[bytes]:
@@ -349,6 +467,9 @@ class GcsServer:
 
     def _add_task_events(self, conn: Connection, msg: m.AddTaskEvents) -> None:
         self.task_events.add(msg.events)
+        if self.writer is not None:  # a bounded stream: XADD ... MAXLEN ~ on Redis
+            self.writer.append_nowait("task_events", pack_value(msg.events),
+                                      max(1, self.config.task_event_max_records))
         self.publish("task_events", None, len(msg.events))
 
     def _log_batch(self, conn: Connection, msg: m.LogBatch) -> None:
@@ -387,7 +508,14 @@ class GcsServer:
 async def _amain(args: argparse.Namespace) -> None:
     config = Config.from_json(args.config) if args.config else Config.resolve()
     token = read_token(args.token_file)
-    storage = create_storage(args.storage)
+    url = read_private_file(args.storage_file).decode().strip() if args.storage_file else args.storage
+    storage = create_storage(url, config.gcs_storage_timeout_s)
+    try:
+        await storage.start()
+    except StorageUnavailable as e:
+        logger.error("cannot use the GCS storage %s: %s", storage.description, e)
+        await storage.aclose()
+        raise SystemExit(1) from None
     gcs = GcsServer(config, token, storage, args.session_dir, private_cluster=args.private)
     await gcs.start(args.host, args.port, args.unix_path or None)
     loop = asyncio.get_running_loop()
@@ -404,7 +532,8 @@ def main() -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--unix-path", default="")
-    p.add_argument("--storage", default="memory")
+    p.add_argument("--storage", default="memory", help="GCS storage URL without a password")
+    p.add_argument("--storage-file", default="", help="private file holding the GCS storage URL")
     p.add_argument("--config", default="")
     p.add_argument("--ready-fd", type=int, default=-1)
     p.add_argument("--private", action="store_true")

@@ -10,6 +10,11 @@ while the object lives (its own gets are views of it) and, when the raylet pools
 slot, keeps it for the next create of that slot: those writes hit already-faulted
 pages. Views handed to user code are read-only and tracked (``_Mapping.live_views``)
 so a slot is never reused while any view of it is alive.
+
+Spilling: the raylet spills only objects no process views. Each process reports when
+its count of live views of an object leaves zero and when it returns to zero
+(``on_pin``), drops cached mappings of spilled objects when told (``drop_mappings``),
+and asks for a restore when an object's store file is missing (``restore``).
 """
 
 from __future__ import annotations
@@ -27,14 +32,15 @@ logger = logging.getLogger(__name__)
 
 
 class _Mapping:
-    __slots__ = ("mm", "size", "live_views", "slot", "__weakref__")
+    __slots__ = ("mm", "size", "live_views", "slot", "object_id", "__weakref__")
 
-    def __init__(self, mm: mmap.mmap, size: int, slot: int) -> None:
+    def __init__(self, mm: mmap.mmap, size: int, slot: int, object_id: bytes = b"") -> None:
         self.mm = mm
         self.size = size
         #: Read-only views of this mapping still referenced by user code.
         self.live_views = 0
         self.slot = slot
+        self.object_id = object_id
 
 
 class StoreClient:
@@ -51,7 +57,15 @@ class StoreClient:
         #: Object id -> writable mapping of a file this process created.
         self._created: dict[bytes, _Mapping] = {}
         #: Object id -> read-only mapping of a file another process created.
-        self._read: dict[bytes, mmap.mmap] = {}
+        self._read: dict[bytes, _Mapping] = {}
+        #: Object id -> live views of it in this process (any mapping).
+        self._pins: dict[bytes, int] = {}
+        #: Called with (object id, True) when this process's first live view of an object
+        #: appears and (object id, False) when its last one goes (any thread).
+        self.on_pin: Callable[[bytes, bool], None] | None = None
+        #: Asks the raylet to bring a missing object back (user threads): None (gone), ""
+        #: (back in the store) or the spill file to map.
+        self.restore: Callable[[bytes], str | None] | None = None
         #: Slot -> mapping kept after free, for the next create of that slot.
         self._slots: dict[int, _Mapping] = {}
         self._slot_bytes = 0
@@ -78,11 +92,13 @@ class StoreClient:
             try:
                 if not reused:
                     os.ftruncate(fd, file_size)
-                flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if reused else 0)
+                # slot < 0: a new file in the spill dir (no pages to fault in ahead).
+                flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if reused and slot >= 0 else 0)
                 mm = mmap.mmap(fd, file_size, flags=flags)
             finally:
                 os.close(fd)
             mapping = _Mapping(mm, file_size, slot)
+        mapping.object_id = object_id
         with memoryview(mapping.mm) as dest:
             fill(dest[:size], self._copy)
         os.rename(grant_path, final_path)
@@ -110,48 +126,89 @@ class StoreClient:
 
     # ------------------------------------------------------------------ reading
 
-    def view(self, object_id: bytes) -> memoryview | None:
-        """A read-only view of a sealed object in this node's store, or None if absent."""
+    def view(self, object_id: bytes, restore: bool = True) -> memoryview | None:
+        """A read-only view of a sealed object in this node's store, or None if absent.
+
+        A spilled object is restored first (blocks on the raylet; user threads only).
+        ``restore=False``: the caller knows the object lives on another node; do not ask."""
         with self._lock:
-            mapping = self._created.get(object_id)
+            mapping = self._created.get(object_id) or self._read.get(object_id)
             if mapping is not None:
                 return self._tracked_view(mapping)
-            mm = self._read.get(object_id)
-        if mm is None:
-            path = os.path.join(self.directory, object_id.hex())
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except FileNotFoundError:
+        path: str | None = os.path.join(self.directory, object_id.hex())
+        for _ in range(8):  # a restored copy may be spilled again before we map it
+            assert path is not None
+            mapping = self._map_readonly(object_id, path)
+            if mapping is not None:
+                break
+            if self.restore is None or not restore:
                 return None
-            try:
-                size = os.fstat(fd).st_size
-                if size == 0:
-                    return None
-                mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-            finally:
-                os.close(fd)
-            with self._lock:
-                mm = self._read.setdefault(object_id, mm)
-        return memoryview(mm)
+            path = self.restore(object_id)
+            if path is None:
+                return None
+            if not path:
+                path = os.path.join(self.directory, object_id.hex())
+        else:
+            return None
+        with self._lock:
+            mapping = self._read.setdefault(object_id, mapping)
+            return self._tracked_view(mapping)
+
+    @staticmethod
+    def _map_readonly(object_id: bytes, path: str) -> _Mapping | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                return None
+            # Copy-on-write (never written: pages stay shared) because the view tracker's
+            # ctypes exporter needs a writable buffer; what users get is read-only.
+            return _Mapping(mmap.mmap(fd, size, access=mmap.ACCESS_COPY), size, 0, object_id)
+        finally:
+            os.close(fd)
 
     def _tracked_view(self, mapping: _Mapping) -> memoryview:
         # A ctypes array over the mapping is the exporter every derived view keeps
         # alive; its death (all user views gone) decrements live_views. Lock held.
         arr = (ctypes.c_char * mapping.size).from_buffer(mapping.mm)
         mapping.live_views += 1
+        oid = mapping.object_id
+        n = self._pins.get(oid, 0)
+        self._pins[oid] = n + 1
+        if n == 0 and self.on_pin is not None:
+            self.on_pin(oid, True)
         lock = self._lock
         ref = weakref.ref(mapping)
 
-        def gone(w: Any, ref: Any = ref) -> None:
+        def gone(w: Any, ref: Any = ref, oid: bytes = oid) -> None:
             self._weak.pop(id(w), None)
             m = ref()
-            if m is not None:
-                with lock:
+            with lock:
+                if m is not None:
                     m.live_views -= 1
+                left = self._pins.get(oid, 1) - 1
+                if left > 0:
+                    self._pins[oid] = left
+                    return
+                self._pins.pop(oid, None)
+                if self.on_pin is not None:
+                    self.on_pin(oid, False)
 
         w = weakref.ref(arr, gone)
         self._weak[id(w)] = w
         return memoryview(arr).cast("B").toreadonly()
+
+    def drop_mappings(self, object_ids: list[bytes]) -> None:
+        """These objects left the store (spilled): unmap them. A mapping with live views
+        stays valid (the file is immutable) and goes with its last view."""
+        with self._lock:
+            gone = [m for oid in object_ids
+                    for m in (self._read.pop(oid, None), self._created.pop(oid, None)) if m is not None]
+        for mapping in gone:
+            self._close(mapping)
 
     def contains_local(self, object_id: bytes) -> bool:
         return object_id in self._created or os.path.exists(os.path.join(self.directory, object_id.hex()))
@@ -161,7 +218,8 @@ class StoreClient:
     def release(self, object_id: bytes, shared: bool) -> bool:
         """The object is freed: drop or pool our mapping. True if the slot may be reused."""
         with self._lock:
-            mm = self._read.pop(object_id, None)
+            read = self._read.pop(object_id, None)
+            mm = read.mm if read is not None else None
             mapping = self._created.pop(object_id, None)
             if mapping is None:
                 recyclable = False
@@ -199,7 +257,9 @@ class StoreClient:
     def close(self) -> None:
         with self._lock:
             maps = [m.mm for m in self._created.values()] + [m.mm for m in self._slots.values()]
-            maps += list(self._read.values())
+            maps += [m.mm for m in self._read.values()]
+            self.on_pin = None
+            self.restore = None
             self._created.clear()
             self._slots.clear()
             self._read.clear()

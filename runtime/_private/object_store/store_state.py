@@ -17,9 +17,25 @@ safe (readers' mappings keep their pages alive).
  sealed(id)    ──► object counted as sealed
  freed(ids)    ──► RenameFile(final → pool) when recyclable, else UnlinkFile
  no room       ──► evict pool slots (DropSlot to their mapper), then copies pulled from
-                   other nodes (oldest first; a reader pulls again), else the create
-                   waits for frees until its deadline, then RejectCreate
+                   other nodes, then drop primaries already on disk, then SpillObject
+                   primaries no process views (oldest first); the create waits for the
+                   spills (or frees) until its deadline, then RejectCreate
+ n > capacity  ──► GrantCreate(on_disk): the creator writes straight into the spill dir
 ```
+
+Spilling (``spill_dir`` set). A primary is spillable when sealed and no process holds
+a live view of it (``ObjectsPinned``/``ObjectsUnpinned``, sent by each reader's
+``StoreClient`` when its view count of an object leaves or reaches zero). A spill is a
+plain file copy in a raylet thread; when it is done the ``/dev/shm`` file is unlinked
+and every process on the node is told to drop its cached mapping (``DropMappings``),
+so the pages really go. A reader that then misses the file asks for a restore
+(``RestoreRequested``): the copy comes back into the store when room can be made at
+once, otherwise the reader maps the spill file itself (page cache). The spill file is
+kept until the object is freed, so the next spill of a restored object is an unlink.
+A spill that fails for lack of disk starts an *episode* (``DiskFull``, logged once).
+While it lasts, spills are tried again only every ``DISK_FULL_RETRY_S`` (or at once
+after a free of something on disk), and creates that need one fail with
+``RejectCreate(out_of_disk=True)``; the first spill that succeeds ends it.
 """
 
 from __future__ import annotations
@@ -32,6 +48,9 @@ from typing import Union
 #: The creator of copies the raylet pulled from other nodes (secondary copies: the
 #: primary stays where the object was made, so these may be evicted under pressure).
 PULLED = b"object-manager"
+
+#: After a spill failed for lack of disk, spills are tried again after this long.
+DISK_FULL_RETRY_S = 2.0
 
 
 # ----------------------------------------------------------------------------- events
@@ -71,7 +90,52 @@ class MarkedShared:
     object_ids: list[bytes]
 
 
-Event = Union[CreateRequested, ObjectSealed, ObjectsFreed, ClientGone, Ticked, MarkedShared]
+@dataclasses.dataclass(slots=True)
+class ObjectsPinned:
+    """``client`` now holds live views of these objects (they must stay in memory)."""
+    client: bytes
+    object_ids: list[bytes]
+
+
+@dataclasses.dataclass(slots=True)
+class ObjectsUnpinned:
+    client: bytes
+    object_ids: list[bytes]
+
+
+@dataclasses.dataclass(slots=True)
+class SpillFinished:
+    object_id: bytes
+    error: str = ""           #: empty: the spill file is complete
+    out_of_disk: bool = False
+    seconds: float = 0.0      #: how long the copy took
+    started: float = 0.0      #: when it started (monotonic), for throughput over busy time
+
+
+@dataclasses.dataclass(slots=True)
+class RestoreRequested:
+    object_id: bytes
+
+
+@dataclasses.dataclass(slots=True)
+class RestoreFinished:
+    object_id: bytes
+    error: str = ""
+    seconds: float = 0.0
+    started: float = 0.0
+
+
+@dataclasses.dataclass(slots=True)
+class DiskCreateFailed:
+    """Preallocating the spill file of an object created straight on disk failed."""
+    object_id: bytes
+    error: str
+    out_of_disk: bool
+
+
+Event = Union[CreateRequested, ObjectSealed, ObjectsFreed, ClientGone, Ticked, MarkedShared,
+              ObjectsPinned, ObjectsUnpinned, SpillFinished, RestoreRequested, RestoreFinished,
+              DiskCreateFailed]
 
 
 # ----------------------------------------------------------------------------- actions
@@ -85,6 +149,9 @@ class GrantCreate:
     final_path: str
     file_size: int        #: size of the file; >= the requested size for a reused slot
     reused: bool
+    #: Larger than the store: the file is in the spill dir; the server preallocates it
+    #: (``posix_fallocate``, so a full disk is an error, not a SIGBUS) before answering.
+    on_disk: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -95,6 +162,8 @@ class RejectCreate:
     #: The object is already here, sealed, with that size (a copy pulled earlier): a
     #: task that made it again can use it as its result.
     exists: bool = False
+    #: Room needs spilling and the spill directory is full.
+    out_of_disk: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -114,7 +183,48 @@ class DropSlot:
     slot: int
 
 
-Action = Union[GrantCreate, RejectCreate, UnlinkFile, RenameFile, DropSlot]
+@dataclasses.dataclass(slots=True)
+class SpillObject:
+    """Copy ``src`` (in the store) to ``tmp`` in the spill dir, then rename it to ``dst``."""
+    object_id: bytes
+    src: str
+    tmp: str
+    dst: str
+    size_bytes: int
+
+
+@dataclasses.dataclass(slots=True)
+class RestoreObject:
+    """Copy ``src`` (spill file) to ``tmp`` in the store, then rename it to ``dst``."""
+    object_id: bytes
+    src: str
+    tmp: str
+    dst: str
+    size_bytes: int
+
+
+@dataclasses.dataclass(slots=True)
+class DropMappings:
+    """Tell every process on the node: unmap these objects (their store files are gone)."""
+    object_ids: list[bytes]
+
+
+@dataclasses.dataclass(slots=True)
+class AnswerRestore:
+    """Answer every reader waiting to restore ``object_id``: ``path`` None when the object
+    is gone, "" when it is in the store, else the spill file to map."""
+    object_id: bytes
+    path: str | None
+
+
+@dataclasses.dataclass(slots=True)
+class DiskFull:
+    """An out-of-disk episode began (log it once)."""
+    message: str
+
+
+Action = Union[GrantCreate, RejectCreate, UnlinkFile, RenameFile, DropSlot, SpillObject, RestoreObject,
+               DropMappings, AnswerRestore, DiskFull]
 
 
 @dataclasses.dataclass(slots=True)
@@ -125,6 +235,16 @@ class _Obj:
     creator: bytes
     sealed: bool
     shared: bool
+    #: The file is in the store (counted in ``used_bytes``), or being restored into it.
+    in_shm: bool = True
+    #: A complete copy is in the spill dir.
+    on_disk: bool = False
+    spilling: bool = False
+    restoring: bool = False
+    #: Processes holding live views.
+    pins: int = 0
+    #: Its store file was dropped once: never pool it (a creator may map an older inode).
+    moved: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -137,16 +257,27 @@ class ObjectStoreState:
     """Space accounting and slot reuse for one node's store."""
 
     def __init__(self, directory: str, capacity_bytes: int, recycle_bytes: int,
-                 full_timeout_s: float, validate: bool = False) -> None:
+                 full_timeout_s: float, validate: bool = False, spill_dir: str = "",
+                 spill_threshold: float = 1.0) -> None:
         self.directory = directory
+        #: Where primaries go under pressure ("" : spilling off).
+        self.spill_dir = spill_dir
+        #: Above this fraction of capacity in use, sealed primaries are spilled ahead of
+        #: need, so a stream of puts rarely waits for a spill.
+        self.spill_threshold = spill_threshold
+        #: End of the latest spill / restore copy counted in the busy time.
+        self._busy_until = {"spill": 0.0, "restore": 0.0}
         #: Bytes of files allowed in the store (objects + pooled slots).
         self.capacity_bytes = capacity_bytes
         #: Bytes of free slots kept for reuse.
         self.recycle_bytes = recycle_bytes
         self.full_timeout_s = full_timeout_s
         self.validate = validate
-        #: Object id -> its file (creating or sealed).
+        #: Object id -> its file (creating or sealed), in the store or on disk.
         self.objects: dict[bytes, _Obj] = {}
+        #: The objects whose file is in the store, least recently made or restored first
+        #: (what spilling and eviction scan, so spilled objects cost them nothing).
+        self.resident: OrderedDict[bytes, _Obj] = OrderedDict()
         #: Free slots: slot -> (file size, last mapper), oldest first.
         self.pool: OrderedDict[int, tuple[int, bytes]] = OrderedDict()
         self.pool_bytes = 0
@@ -157,6 +288,32 @@ class ObjectStoreState:
         self._next_slot = 1
         #: Pulled copies evicted to make room.
         self.evicted = 0
+        #: Client -> objects it holds live views of.
+        self.pins: dict[bytes, set[bytes]] = {}
+        #: Bytes of spills in flight (freed from the store when they finish).
+        self.spilling_bytes = 0
+        #: Spills / restores in flight of objects freed meanwhile: their files go when done.
+        self._spill_orphans: set[bytes] = set()
+        self._restore_orphans: set[bytes] = set()
+        #: Out-of-disk episode: when it began (None: no episode).
+        self.disk_full = False
+        #: During an episode, when spilling may be tried again.
+        self.disk_retry_at = 0.0
+        #: ``now`` of the event being handled.
+        self._now = 0.0
+        #: Bytes of files in the spill dir.
+        self.disk_bytes = 0
+        self.spilled_bytes = 0
+        self.spilled_objects = 0
+        self.spill_seconds = 0.0
+        self.restored_bytes = 0
+        self.restored_objects = 0
+        self.restore_seconds = 0.0
+        #: Restores answered with the spill file (no room in the store): read from disk.
+        self.restored_from_disk = 0
+        self.out_of_disk_rejects = 0
+        #: Restores waiting for spills in flight to make room: (object id, deadline).
+        self.restores_waiting: deque[tuple[bytes, float]] = deque()
 
     # ------------------------------------------------------------------ paths
 
@@ -169,16 +326,24 @@ class ObjectStoreState:
     def _pool_path(self, slot: int) -> str:
         return os.path.join(self.directory, f"pool-{slot}")
 
+    def spill_path(self, object_id: bytes) -> str:
+        return os.path.join(self.spill_dir, object_id.hex())
+
+    def _spill_tmp_path(self, object_id: bytes) -> str:
+        return os.path.join(self.spill_dir, object_id.hex() + ".w")
+
     # ------------------------------------------------------------------ events
 
     def handle(self, event: Event, now: float) -> list[Action]:
         actions: list[Action] = []
+        self._now = now
         if isinstance(event, CreateRequested):
             self._create(event, now, actions)
         elif isinstance(event, ObjectSealed):
             obj = self.objects.get(event.object_id)
             if obj is not None:
                 obj.sealed = True
+                self._spill_ahead(actions)
         elif isinstance(event, ObjectsFreed):
             for oid, recyclable in zip(event.object_ids, event.recyclable):
                 self._free(oid, recyclable, actions)
@@ -195,13 +360,41 @@ class ObjectStoreState:
             for slot, (size, mapper) in list(self.pool.items()):
                 if mapper == event.client:
                     self.pool[slot] = (size, b"")
+            self._unpin(event.client, list(self.pins.get(event.client, ())))
+            self.pins.pop(event.client, None)
             self.pending = deque(p for p in self.pending if p.request.client != event.client)
             self._retry_pending(now, actions)
         elif isinstance(event, Ticked):
+            if self.disk_full and now >= self.disk_retry_at and self.pending:
+                self._retry_pending(now, actions)
+            while self.restores_waiting and self.restores_waiting[0][1] <= now:
+                self._restore_from_disk(self.restores_waiting.popleft()[0], actions)
             while self.pending and self.pending[0].deadline <= now:
                 p = self.pending.popleft()
                 actions.append(RejectCreate(p.request.request, p.request.object_id, self._full_reason(
                     p.request.size_bytes, waited=True)))
+        elif isinstance(event, ObjectsPinned):
+            held = self.pins.setdefault(event.client, set())
+            for oid in event.object_ids:
+                obj = self.objects.get(oid)
+                if obj is not None and oid not in held:
+                    held.add(oid)
+                    obj.pins += 1
+        elif isinstance(event, ObjectsUnpinned):
+            self._unpin(event.client, event.object_ids)
+            self._retry_pending(now, actions)
+        elif isinstance(event, SpillFinished):
+            self._spill_finished(event, now, actions)
+        elif isinstance(event, RestoreRequested):
+            self._restore(event.object_id, now, actions)
+        elif isinstance(event, RestoreFinished):
+            self._restore_finished(event, actions)
+        elif isinstance(event, DiskCreateFailed):
+            obj = self.objects.pop(event.object_id, None)
+            if obj is not None:
+                self.disk_bytes -= obj.file_size
+                actions.append(UnlinkFile(self._spill_tmp_path(event.object_id)))
+            self._disk_full(now, event.error, actions)
         if self.validate:
             self.check_invariants()
         return actions
@@ -215,10 +408,25 @@ class ObjectStoreState:
             actions.append(RejectCreate(ev.request, ev.object_id, "object already exists in the store", same))
             return
         if ev.size_bytes > self.capacity_bytes:
-            actions.append(RejectCreate(ev.request, ev.object_id, self._full_reason(ev.size_bytes, waited=False)))
+            if not self.spill_dir:
+                actions.append(RejectCreate(ev.request, ev.object_id, self._full_reason(ev.size_bytes, waited=False)))
+            elif self._disk_blocked():
+                self.out_of_disk_rejects += 1
+                actions.append(RejectCreate(ev.request, ev.object_id, self._disk_reason(ev.size_bytes),
+                                            out_of_disk=True))
+            else:
+                self.objects[ev.object_id] = _Obj(-1, ev.size_bytes, ev.size_bytes, ev.client, False, False,
+                                                  in_shm=False, on_disk=True, moved=True)
+                self.disk_bytes += ev.size_bytes
+                if ev.client != PULLED:
+                    self.spilled_bytes += ev.size_bytes
+                    self.spilled_objects += 1
+                actions.append(GrantCreate(ev.request, ev.object_id, -1, self._spill_tmp_path(ev.object_id),
+                                           self.spill_path(ev.object_id), ev.size_bytes, True, on_disk=True))
             return
         if self.pending or not self._try_grant(ev, actions):
             self.pending.append(_Pending(ev, now + self.full_timeout_s))
+            self._reject_hopeless(actions)
 
     def _try_grant(self, ev: CreateRequested, actions: list[Action]) -> bool:
         slot = self._pick_slot(ev.size_bytes, ev.client)
@@ -227,7 +435,8 @@ class ObjectStoreState:
             self.pool_bytes -= file_size
             tmp = self._tmp_path(ev.object_id)
             actions.append(RenameFile(self._pool_path(slot), tmp))
-            self.objects[ev.object_id] = _Obj(slot, file_size, ev.size_bytes, ev.client, False, False)
+            self.objects[ev.object_id] = self.resident[ev.object_id] = _Obj(
+                slot, file_size, ev.size_bytes, ev.client, False, False)
             actions.append(GrantCreate(ev.request, ev.object_id, slot, tmp,
                                        self.final_path(ev.object_id), file_size, True))
             return True
@@ -236,7 +445,8 @@ class ObjectStoreState:
         slot = self._next_slot
         self._next_slot += 1
         self.used_bytes += ev.size_bytes
-        self.objects[ev.object_id] = _Obj(slot, ev.size_bytes, ev.size_bytes, ev.client, False, False)
+        self.objects[ev.object_id] = self.resident[ev.object_id] = _Obj(
+            slot, ev.size_bytes, ev.size_bytes, ev.client, False, False)
         actions.append(GrantCreate(ev.request, ev.object_id, slot, self._tmp_path(ev.object_id),
                                    self.final_path(ev.object_id), ev.size_bytes, False))
         return True
@@ -252,12 +462,253 @@ class ObjectStoreState:
                     best = slot
         return best
 
-    def _make_room(self, size: int, actions: list[Action]) -> bool:
+    def _make_room(self, size: int, actions: list[Action], spill: bool = True) -> bool:
+        """Free store space for ``size`` bytes: synchronously where a copy is elsewhere
+        (pool slots, pulled copies, primaries already on disk), else by starting spills
+        (``spill``) that free it when done. True if ``size`` fits now."""
         while self.used_bytes + size > self.capacity_bytes and self.pool:
             self._evict_oldest_slot(actions)
         if self.used_bytes + size > self.capacity_bytes:
             self._evict_pulled_copies(size, actions)
+        if self.used_bytes + size > self.capacity_bytes and self.spill_dir:
+            self._drop_or_spill(size, actions, spill)
         return self.used_bytes + size <= self.capacity_bytes
+
+    def _spillable(self, obj: _Obj) -> bool:
+        return obj.sealed and obj.in_shm and not obj.restoring and not obj.spilling and obj.pins == 0 \
+            and obj.creator != PULLED
+
+    def _spill_ahead(self, actions: list[Action]) -> None:
+        if not self.spill_dir or self.pending or self._disk_blocked():
+            return
+        target = int(self.capacity_bytes * self.spill_threshold)
+        over = self.used_bytes - self.pool_bytes - self.spilling_bytes - target
+        if over <= 0:
+            return
+        spills = []
+        for oid, obj in self.resident.items():
+            if over <= 0:
+                break
+            if not obj.on_disk and self._spillable(obj):
+                spills.append(oid)
+                over -= obj.file_size
+        self._start_spills(spills, actions)
+
+    def _start_spills(self, spills: list[bytes], actions: list[Action]) -> None:
+        for oid in spills:
+            obj = self.objects[oid]
+            obj.spilling = True
+            self.spilling_bytes += obj.file_size
+            actions.append(SpillObject(oid, self.final_path(oid), self._spill_tmp_path(oid), self.spill_path(oid),
+                                       obj.size_bytes))
+
+    def _count_busy(self, kind: str, started: float, seconds: float) -> float:
+        """Seconds of ``[started, started + seconds]`` not yet counted (copies overlap)."""
+        end = started + seconds
+        add = max(0.0, end - max(started, self._busy_until[kind]))
+        self._busy_until[kind] = max(self._busy_until[kind], end)
+        return add
+
+    def _drop_or_spill(self, size: int, actions: list[Action], spill: bool) -> None:
+        need = self.used_bytes + size - self.capacity_bytes - self.spilling_bytes
+        if need <= 0:
+            return  # spills in flight will make the room
+        drops: list[bytes] = []
+        spills: list[bytes] = []
+        for oid, obj in self.resident.items():  # oldest first; primaries already on disk first
+            if need <= 0:
+                break
+            if obj.on_disk and self._spillable(obj):
+                drops.append(oid)
+                need -= obj.file_size
+        if need > 0 and spill and not self._disk_blocked():
+            for oid, obj in self.resident.items():
+                if need <= 0:
+                    break
+                if not obj.on_disk and self._spillable(obj):
+                    spills.append(oid)
+                    need -= obj.file_size
+        if need > 0:
+            return  # cannot fit yet: wait for frees and unpins rather than move data for nothing
+        if drops:
+            for oid in drops:
+                self._drop_from_store(oid, actions)
+            actions.append(DropMappings(drops))
+        self._start_spills(spills, actions)
+
+    def _drop_from_store(self, oid: bytes, actions: list[Action]) -> None:
+        obj = self.resident.pop(oid)
+        obj.in_shm = False
+        obj.moved = True
+        self.used_bytes -= obj.file_size
+        actions.append(UnlinkFile(self.final_path(oid)))
+
+    def _spill_finished(self, ev: SpillFinished, now: float, actions: list[Action]) -> None:
+        oid = ev.object_id
+        if oid in self._spill_orphans:  # freed while spilling: the store file went then
+            self._spill_orphans.discard(oid)
+            if not ev.error:
+                actions.append(UnlinkFile(self.spill_path(oid)))
+            self._retry_pending(now, actions)
+            return
+        obj = self.objects.get(oid)
+        if obj is None or not obj.spilling:
+            return
+        obj.spilling = False
+        self.spilling_bytes -= obj.file_size
+        if ev.error:  # any failure pauses spilling (a retry loop on a broken disk helps nobody)
+            self._disk_full(now, ev.error, actions)
+            self._retry_pending(now, actions)
+            return
+        self.disk_full = False
+        obj.on_disk = True
+        self.disk_bytes += obj.file_size
+        self.spilled_bytes += obj.size_bytes
+        self.spilled_objects += 1
+        self.spill_seconds += self._count_busy("spill", ev.started, ev.seconds)
+        if obj.pins == 0:
+            self._drop_from_store(oid, actions)
+            actions.append(DropMappings([oid]))
+        self._retry_pending(now, actions)
+
+    def _disk_full(self, now: float, error: str, actions: list[Action]) -> None:
+        self.disk_retry_at = now + DISK_FULL_RETRY_S
+        if not self.disk_full:
+            self.disk_full = True
+            actions.append(DiskFull(f"spilling to {self.spill_dir} failed ({error}); creates that need "
+                                    "spilling fail with OutOfDiskError until space is freed there"))
+
+    def _disk_blocked(self) -> bool:
+        """An out-of-disk episode is on and the next try is not due yet."""
+        return self.disk_full and self._now < self.disk_retry_at
+
+    def _reject_hopeless(self, actions: list[Action]) -> None:
+        """During an out-of-disk episode, creates that only spilling could serve fail now."""
+        while self.pending and self._disk_blocked() and self.spilling_bytes == 0:
+            p = self.pending[0]
+            if self._would_fit_with_spilling(p.request.size_bytes):
+                self.pending.popleft()
+                self.out_of_disk_rejects += 1
+                actions.append(RejectCreate(p.request.request, p.request.object_id,
+                                            self._disk_reason(p.request.size_bytes), out_of_disk=True))
+            else:
+                return
+
+    def _would_fit_with_spilling(self, size: int) -> bool:
+        free = self.capacity_bytes - self.used_bytes + self.pool_bytes
+        free += sum(o.file_size for o in self.resident.values() if self._spillable(o) or
+                    (o.in_shm and o.sealed and o.creator == PULLED))
+        return size <= free
+
+    def _restore(self, oid: bytes, now: float, actions: list[Action]) -> None:
+        obj = self.objects.get(oid)
+        if obj is None or not obj.sealed:
+            actions.append(AnswerRestore(oid, None))
+            return
+        if obj.restoring or any(w == oid for w, _ in self.restores_waiting):
+            return  # answered when it is done
+        if obj.in_shm:
+            self.resident.move_to_end(oid)  # recently used: spilled last
+            actions.append(AnswerRestore(oid, ""))
+            return
+        if not obj.on_disk:
+            actions.append(AnswerRestore(oid, None))
+            return
+        if obj.file_size <= self.capacity_bytes and not self.pending and not self.restores_waiting:
+            if self._try_restore(oid, actions):
+                return
+            if self.spilling_bytes:  # spills in flight make the room
+                self.restores_waiting.append((oid, now + self.full_timeout_s))
+                return
+        self._restore_from_disk(oid, actions)
+
+    def _try_restore(self, oid: bytes, actions: list[Action]) -> bool:
+        obj = self.objects[oid]
+        if not self._make_room(obj.file_size, actions):
+            return False
+        obj.restoring = True
+        obj.in_shm = True
+        self.used_bytes += obj.file_size
+        self.resident[oid] = obj
+        actions.append(RestoreObject(oid, self.spill_path(oid), self._tmp_path(oid) + "r", self.final_path(oid),
+                                     obj.size_bytes))
+        return True
+
+    def _retry_restores(self, actions: list[Action]) -> None:
+        while self.restores_waiting:
+            oid = self.restores_waiting[0][0]
+            obj = self.objects.get(oid)
+            if obj is None or obj.in_shm or not obj.on_disk:
+                self.restores_waiting.popleft()
+                self._restore_answer_now(oid, actions)
+                continue
+            if self._try_restore(oid, actions):
+                self.restores_waiting.popleft()
+                continue
+            if self.spilling_bytes:
+                return
+            self.restores_waiting.popleft()
+            self._restore_from_disk(oid, actions)
+
+    def _restore_answer_now(self, oid: bytes, actions: list[Action]) -> None:
+        obj = self.objects.get(oid)
+        if obj is None or not obj.sealed:
+            actions.append(AnswerRestore(oid, None))
+        elif obj.in_shm and not obj.restoring:
+            actions.append(AnswerRestore(oid, ""))
+        elif not obj.restoring:
+            self._restore_from_disk(oid, actions)
+
+    def _restore_from_disk(self, oid: bytes, actions: list[Action]) -> None:
+        """No room in the store soon: the reader maps the spill file (page cache)."""
+        obj = self.objects.get(oid)
+        if obj is not None and obj.in_shm:
+            self._restore_answer_now(oid, actions)
+            return
+        if obj is None or not obj.on_disk:
+            actions.append(AnswerRestore(oid, None))
+            return
+        self.restored_from_disk += 1
+        self.restored_bytes += obj.size_bytes
+        self.restored_objects += 1
+        actions.append(AnswerRestore(oid, self.spill_path(oid)))
+
+    def _restore_finished(self, ev: RestoreFinished, actions: list[Action]) -> None:
+        oid = ev.object_id
+        if oid in self._restore_orphans:
+            self._restore_orphans.discard(oid)
+            if not ev.error:
+                actions.append(UnlinkFile(self.final_path(oid)))
+            actions.append(AnswerRestore(oid, None))
+            return
+        obj = self.objects.get(oid)
+        if obj is None or not obj.restoring:
+            return
+        obj.restoring = False
+        self.restored_bytes += obj.size_bytes
+        self.restored_objects += 1
+        if ev.error:
+            obj.in_shm = False
+            del self.resident[oid]
+            self.used_bytes -= obj.file_size
+            self.restored_from_disk += 1
+            actions.append(AnswerRestore(oid, self.spill_path(oid)))
+            return
+        self.restore_seconds += self._count_busy("restore", ev.started, ev.seconds)
+        actions.append(AnswerRestore(oid, ""))
+
+    def _unpin(self, client: bytes, object_ids: list[bytes]) -> None:
+        held = self.pins.get(client)
+        if held is None:
+            return
+        for oid in object_ids:
+            if oid in held:
+                held.discard(oid)
+                obj = self.objects.get(oid)
+                if obj is not None and obj.pins > 0:
+                    obj.pins -= 1
+        if not held:
+            del self.pins[client]
 
     def _evict_pulled_copies(self, size: int, actions: list[Action]) -> None:
         """Unlink sealed copies pulled from other nodes, oldest first, until ``size`` fits
@@ -265,7 +716,7 @@ class ObjectStoreState:
         Readers that map one keep their pages; a later reader pulls it again."""
         need = self.used_bytes + size - self.capacity_bytes
         victims = []
-        for oid, obj in self.objects.items():
+        for oid, obj in self.resident.items():
             if need <= 0:
                 break
             if obj.sealed and obj.creator == PULLED:
@@ -274,7 +725,8 @@ class ObjectStoreState:
         if need > 0:
             return
         for oid in victims:
-            obj = self.objects.pop(oid)
+            del self.objects[oid]
+            obj = self.resident.pop(oid)
             self.used_bytes -= obj.file_size
             self.evicted += 1
             actions.append(UnlinkFile(self.final_path(oid)))
@@ -291,7 +743,23 @@ class ObjectStoreState:
         obj = self.objects.pop(oid, None)
         if obj is None:
             return
+        self.resident.pop(oid, None)
+        if obj.spilling:
+            self.spilling_bytes -= obj.file_size
+            self._spill_orphans.add(oid)
+        if obj.on_disk:
+            self.disk_bytes -= obj.file_size
+            self.disk_retry_at = self._now  # disk space comes back: spilling may work again
+            actions.append(UnlinkFile(self.spill_path(oid) if obj.sealed and not tmp else self._spill_tmp_path(oid)))
+        if not obj.in_shm:
+            return
+        if obj.restoring:
+            self.used_bytes -= obj.file_size
+            self._restore_orphans.add(oid)
+            return
         path = self._tmp_path(oid) if tmp or not obj.sealed else self.final_path(oid)
+        if obj.moved:
+            recyclable = False
         if recyclable and obj.sealed and not obj.shared and obj.file_size <= self.recycle_bytes:
             while self.pool_bytes + obj.file_size > self.recycle_bytes and self.pool:
                 self._evict_oldest_slot(actions)
@@ -304,10 +772,15 @@ class ObjectStoreState:
             actions.append(DropSlot(obj.creator, obj.slot))
 
     def _retry_pending(self, now: float, actions: list[Action]) -> None:
+        self._retry_restores(actions)
         while self.pending:
-            if not self._try_grant(self.pending[0].request, actions):
+            if self._try_grant(self.pending[0].request, actions):
+                self.pending.popleft()
+                continue
+            before = len(self.pending)
+            self._reject_hopeless(actions)
+            if len(self.pending) == before:
                 return
-            self.pending.popleft()
 
     def _full_reason(self, size: int, waited: bool) -> str:
         mib = 1024 * 1024
@@ -319,6 +792,12 @@ class ObjectStoreState:
                 f"in use, {size / mib:.1f} MiB needed" + (f", waited {self.full_timeout_s:.0f}s for frees" if waited else "")
                 + "; drop references to objects you no longer need, or raise object_store_memory")
 
+    def _disk_reason(self, size: int) -> str:
+        mib = 1024 * 1024
+        return (f"object of {size / mib:.1f} MiB needs spilling, and the spill directory {self.spill_dir} is "
+                f"full ({self.disk_bytes / mib:.1f} MiB spilled by this node); free space there, drop "
+                "references to objects you no longer need, or set object_spilling_directory to a larger disk")
+
     # ------------------------------------------------------------------ queries
 
     def stats(self) -> dict[str, int]:
@@ -326,9 +805,26 @@ class ObjectStoreState:
                 "pool_bytes": self.pool_bytes, "num_objects": len(self.objects),
                 "pending_creates": len(self.pending), "evicted_copies": self.evicted}
 
+    def spill_stats(self) -> dict[str, float]:
+        mib = 1024 * 1024
+        return {"spilled_bytes": self.spilled_bytes, "spilled_objects": self.spilled_objects,
+                "restored_bytes": self.restored_bytes, "restored_objects": self.restored_objects,
+                "restored_from_disk": self.restored_from_disk,
+                "spill_mib_s": self.spilled_bytes / mib / self.spill_seconds if self.spill_seconds else 0.0,
+                "restore_mib_s": self.restored_bytes / mib / self.restore_seconds if self.restore_seconds else 0.0,
+                "disk_bytes": self.disk_bytes, "spilling_bytes": self.spilling_bytes,
+                "out_of_disk": self.disk_full, "out_of_disk_rejects": self.out_of_disk_rejects,
+                "spill_dir": self.spill_dir}  # type: ignore[dict-item]
+
     def check_invariants(self) -> None:
-        total = sum(o.file_size for o in self.objects.values()) + sum(s for s, _ in self.pool.values())
+        total = sum(o.file_size for o in self.objects.values() if o.in_shm) + sum(s for s, _ in self.pool.values())
         if total != self.used_bytes:
             raise AssertionError(f"store accounting drifted: files {total} != used {self.used_bytes}")
         if sum(s for s, _ in self.pool.values()) != self.pool_bytes:
             raise AssertionError("pool accounting drifted")
+        if {k for k, o in self.objects.items() if o.in_shm} != set(self.resident):
+            raise AssertionError("resident objects drifted")
+        if sum(o.file_size for o in self.objects.values() if o.spilling) != self.spilling_bytes:
+            raise AssertionError("spill accounting drifted")
+        if sum(o.file_size for o in self.objects.values() if o.on_disk) != self.disk_bytes:
+            raise AssertionError("spill-dir accounting drifted")

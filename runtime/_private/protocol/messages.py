@@ -320,6 +320,8 @@ class RegisterJob:
     pid: int
     namespace: str
     entrypoint: str
+    #: A driver reconnecting to a restarted GCS: the job it already has.
+    job_id: bytes = b""
 
 
 @message(15)
@@ -592,6 +594,31 @@ class DropSlots:
     """Raylet to creator: these pooled files are gone; unmap them."""
 
     slots: list[int]
+
+
+@message(56)
+class PinObjects:
+    """Worker -> its raylet: this process now holds live views of these objects
+    (``pinned``), or no longer does; pinned objects are never spilled."""
+
+    object_ids: list[bytes]
+    pinned: bool
+
+
+@message(57)
+class RestoreSpilled:
+    """Worker -> its raylet: the object's store file is missing; bring it back. Answer:
+    None (not here), "" (in the store again), or the spill file to map read-only."""
+
+    object_id: bytes
+
+
+@message(58)
+class DropMappings:
+    """Raylet -> every process on its node: these objects left the store (spilled);
+    unmap them unless views are alive."""
+
+    object_ids: list[bytes]
 
 
 # --------------------------------------------------------------------------- core worker

@@ -24,7 +24,8 @@ A peer that never finishes its handshake holds one file descriptor until its dea
 never a thread, and crowds out only other handshakes from its own address.
 
 After the pull the object is an ordinary sealed file in this node's store: readers map
-it zero-copy. Frees reach the copies through ``FreeObjectCopies``, which the raylet
+it zero-copy. A holder serves a spilled object straight from its spill file (no restore);
+a puller whose store is smaller than the object writes it into its own spill directory. Frees reach the copies through ``FreeObjectCopies``, which the raylet
 that hears a free from an owner sends to every other alive raylet.
 """
 
@@ -244,10 +245,20 @@ class ObjectManager:
         except (OSError, ConnectionError) as e:
             logger.debug("data channel connection ended: %s", e)
 
+    def _open_object(self, object_id: bytes) -> int:
+        """A read-only fd of a local object: its store file, else its spill file (a spilled
+        object is served from disk, without a restore). Any thread."""
+        store = self.raylet.store
+        try:
+            return os.open(store.final_path(object_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if not store.spill_dir:
+                raise
+            return os.open(store.spill_path(object_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
     def _send_range(self, sock: socket.socket, object_id: bytes, offset: int, length: int) -> None:
         try:
-            f = os.fdopen(os.open(self.raylet.store.final_path(object_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC),
-                          "rb")
+            f = os.fdopen(self._open_object(object_id), "rb")
         except OSError:
             sock.sendall(_LEN.pack(-1))
             return
@@ -405,6 +416,13 @@ class ObjectManager:
         finally:
             self._connecting.pop(node_id, None)
 
+    def _pread(self, object_id: bytes, offset: int, length: int) -> bytes:
+        fd = self._open_object(object_id)
+        try:
+            return os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+
     def stats(self) -> dict[str, int]:
         return {"bytes_pulled": self.bytes_pulled, "bytes_served": self.bytes_served, "pulls": self.pulls_done,
                 "pulls_in_progress": len(self._pulls)}
@@ -443,8 +461,7 @@ class ObjectManager:
         if obj is None or not obj.sealed or offset < 0 or length < 0 or offset + length > obj.size_bytes \
                 or length > CHUNK_BYTES * 4:
             return None
-        path = self.raylet.store.final_path(object_id)
-        data = await asyncio.get_running_loop().run_in_executor(self._io, _pread, path, offset, length)
+        data = await asyncio.get_running_loop().run_in_executor(self._io, self._pread, object_id, offset, length)
         self.bytes_served += len(data)
         return data
 
@@ -517,11 +534,3 @@ def _open_for_write(path: str, file_size: int, reused: bool) -> mmap.mmap:
 
 def _write(mm: mmap.mmap, offset: int, data: bytes) -> None:
     mm[offset:offset + len(data)] = data
-
-
-def _pread(path: str, offset: int, length: int) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        return os.pread(fd, length, offset)
-    finally:
-        os.close(fd)

@@ -4,6 +4,8 @@
           ┌────────────── RayletServer ──────────────┐
 owners ──►│ RequestWorkerLease ─► LocalSchedulerState │──► worker processes (spawn, reap)
           │ CreateObject/Free  ─► ObjectStoreState    │──► files in /dev/shm/<store dir>
+          │ PinObjects, RestoreSpilled ─┘   │ spill/  │    (spill, restore: raylet.spill
+          │                                 └─────────│──► threads) <spill dir>/node-<id>
 workers ─►│ RegisterClient, LogBatch, WorkerBlocked   │
           └───────────────┬──────────────────────────┘
                           └── RegisterNode, NodeHeartbeat, LogBatch ──► GCS
@@ -31,9 +33,11 @@ from lumos._private.config import Config
 from lumos._private.transport import eventloop
 from lumos._private.ids import random_id, short
 from lumos._private.object_store import store_state as st
+from lumos._private.object_store import spill_io
 from lumos._private.object_store.client import unlink_quietly
-from lumos._private.process import check_private_dir, die_with_parent, read_token, report_ready, setup_logging
+from lumos._private.process import make_private_dir, check_private_dir, die_with_parent, read_token, report_ready, setup_logging
 from lumos._private.protocol import messages as m
+from lumos._private.raylet import memory_monitor as mm
 from lumos._private.raylet import scheduler as sc
 from lumos._private.raylet.object_manager import ObjectManager
 from lumos._private.raylet.resources import request_units
@@ -84,8 +88,18 @@ class RayletServer:
         max_workers = config.max_workers_per_node if config.max_workers_per_node > 0 else 4 * cpus + 8
         self.scheduler = sc.LocalSchedulerState(resources, prestart, max_workers,
                                                 config.worker_idle_timeout_s, validate=config.validate)
+        #: This node's private spill directory ("" when spilling is off).
+        self.spill_dir = ""
+        if config.object_spilling_enabled:
+            self.spill_dir = spill_io.node_spill_dir(config.object_spilling_directory, session_dir, node_id)
         self.store = st.ObjectStoreState(store_dir, store_bytes, config.object_store_recycle_bytes,
-                                         config.object_store_full_timeout_s, validate=config.validate)
+                                         config.object_store_full_timeout_s, validate=config.validate,
+                                         spill_dir=self.spill_dir, spill_threshold=config.object_spilling_threshold)
+        #: Spill, restore and on-disk preallocation run here, never on the loop.
+        self._spill_io = ThreadPoolExecutor(2, thread_name_prefix="raylet.spill")
+        #: Object id -> readers waiting for its restore.
+        self._restore_waiters: dict[bytes, list[asyncio.Future[str | None]]] = {}
+        self._spill_dir_made = False
         self.num_prestart = prestart
         #: Workers that died before registering, in a row; starts back off while it grows.
         self._failed_starts = 0
@@ -118,7 +132,14 @@ class RayletServer:
         self._unlinker = ThreadPoolExecutor(1, thread_name_prefix="raylet.unlink")
         self.stopped = asyncio.Event()
         self.object_manager = ObjectManager(self)
+        self.memory_monitor = mm.MemoryMonitorState(config.memory_usage_threshold, short(node_id),
+                                                    validate=config.validate)
         self._stopping = False
+        #: A reconnection to a restarted GCS is under way.
+        self._gcs_reconnecting = False
+        #: The GCS keeps its tables in durable storage (asked at registration): when it goes,
+        #: wait for its restart rather than stop.
+        self._gcs_durable = config.gcs_storage not in ("", "memory")
         #: The store directory passed the ownership check (so ``stop`` may remove it).
         self._store_dir_checked = False
         self.unix_path = os.path.join(session_dir, "sockets", f"raylet-{node_id.hex()[:12]}.sock")
@@ -137,6 +158,8 @@ class RayletServer:
             m.GetObjectSize: lambda c, msg: self.object_manager.object_size(msg.object_id),
             m.ReadObjectChunk: lambda c, msg: self.object_manager.read_chunk(msg.object_id, msg.offset, msg.length),
             m.MarkShared: lambda c, msg: self._store(st.MarkedShared(msg.object_ids)),
+            m.PinObjects: self._pin_objects,
+            m.RestoreSpilled: self._restore_spilled,
             m.GetWorkerExit: self._get_worker_exit,
             m.KillWorker: self._kill_worker_request,
             m.GetNodeStats: self._node_stats,
@@ -154,31 +177,74 @@ class RayletServer:
         # The parent made it 0700 before starting us; never use one someone else made (issue 11).
         check_private_dir(self.store_dir, "object store directory")
         self._store_dir_checked = True
+        if self.spill_dir:
+            os.makedirs(os.path.dirname(self.spill_dir), mode=0o700, exist_ok=True)
+            make_private_dir(self.spill_dir, "spill directory")
+            self._spill_dir_made = True
         os.makedirs(os.path.dirname(self.unix_path), exist_ok=True)
         await self.server.start(unix_path=self.unix_path, host=self.node_ip, port=0)
         self.object_manager.start(self.node_ip)
         for _ in range(self.num_prestart):
             self._start_worker()
-        self.gcs = await connect_with_retry(
+        await self._connect_gcs(self.config.connect_timeout_s)
+        self._spawn(self._heartbeat_loop(), "raylet.heartbeat")
+        self._spawn(self._tick_loop(), "raylet.tick")
+        if self.config.memory_monitor_refresh_ms > 0:
+            self._spawn(self._memory_loop(), "raylet.memory_monitor")
+        logger.info("raylet %s up: %s, store %d MiB at %s", short(self.node_id), self.resources_total,
+                    self.store.capacity_bytes >> 20, self.store_dir)
+
+    async def _connect_gcs(self, timeout_s: float) -> None:
+        """Connect and register with the GCS (at start, and again after a GCS restart)."""
+        gcs = await connect_with_retry(
             parse_address(self.gcs_address), token=self.token, config=self.config,
             handlers={m.Publish: self._on_publish, m.ShutdownNode: self._shutdown_request},
-            name="raylet->gcs", on_close=self._gcs_lost)
-        await self.gcs.call(m.RegisterNode(self.node_info()), self.config.rpc_timeout_s)
+            name="raylet->gcs", on_close=self._gcs_lost, timeout_s=timeout_s)
+        self.gcs = gcs
+        await gcs.call(m.RegisterNode(self.node_info()), self.config.rpc_timeout_s)
+        durable = await gcs.call(m.KvGet("cluster", b"gcs_storage_durable", 0.0), self.config.rpc_timeout_s)
+        self._gcs_durable = durable == b"1"
         # Pre-started workers that registered here before the GCS connection was up were
-        # not reported (``_report_worker`` needs it): report them now.
+        # not reported (``_report_worker`` needs it): report them now (a restarted GCS too).
         for proc in list(self.procs.values()):
             if proc.address is not None and not proc.is_driver and proc.exit_info is None:
                 self._report_worker(proc, "ALIVE")
-        self.gcs.notify(m.Subscribe("jobs", None))
-        self.gcs.notify(m.Subscribe("nodes", None))
-        self.gcs.notify(m.Subscribe("workers", None))  # owners that die: their objects go
-        for info in await self.gcs.call(m.GetAllNodes(), self.config.rpc_timeout_s):
+        gcs.notify(m.Subscribe("jobs", None))
+        gcs.notify(m.Subscribe("nodes", None))
+        gcs.notify(m.Subscribe("workers", None))  # owners that die: their objects go
+        for info in await gcs.call(m.GetAllNodes(), self.config.rpc_timeout_s):
             if info.state == "ALIVE":
                 self.alive_nodes[info.node_id] = info
-        self._spawn(self._heartbeat_loop(), "raylet.heartbeat")
-        self._spawn(self._tick_loop(), "raylet.tick")
-        logger.info("raylet %s up: %s, store %d MiB at %s", short(self.node_id), self.resources_total,
-                    self.store.capacity_bytes >> 20, self.store_dir)
+
+    async def _reconnect_gcs(self) -> None:
+        """The GCS (on durable storage) went away: reach its restart within gcs_reconnect_timeout_s."""
+        self._gcs_reconnecting = True
+        try:
+            await self._reconnect_gcs_until(self.config.gcs_reconnect_timeout_s)
+        finally:
+            self._gcs_reconnecting = False
+
+    async def _reconnect_gcs_until(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        delay = 0.1
+        while not self._stopping:
+            try:
+                await self._connect_gcs(max(0.1, deadline - time.monotonic()))
+                logger.info("reconnected to the GCS at %s", self.gcs_address)
+                return
+            except (ConnectionLost, OSError, TimeoutError) as e:
+                why = f"{type(e).__name__}: {e}"
+            except RemoteError as e:  # e.g. declared dead while away: fenced, must exit
+                logger.error("the restarted GCS refused this node (%s); stopping this node", e)
+                await self.stop()
+                return
+            if time.monotonic() + delay > deadline:
+                logger.error("could not reach the GCS at %s within gcs_reconnect_timeout_s=%.0fs (%s); "
+                             "stopping this node", self.gcs_address, timeout_s, why)
+                await self.stop()
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     def node_info(self) -> m.NodeInfo:
         address = m.Address(self.node_id, b"", self.unix_path, self.server.host, self.server.port)
@@ -219,8 +285,11 @@ class RayletServer:
         await self.server.stop()
         self.object_manager.close()
         self._unlinker.shutdown(wait=True)
+        self._spill_io.shutdown(wait=True, cancel_futures=True)
         if self._store_dir_checked:
             shutil.rmtree(self.store_dir, ignore_errors=True)
+        if self._spill_dir_made:
+            shutil.rmtree(self.spill_dir, ignore_errors=True)
         self.stopped.set()
 
     def _spawn(self, coro: Any, name: str) -> None:
@@ -234,9 +303,16 @@ class RayletServer:
         task.add_done_callback(done)
 
     def _gcs_lost(self, conn: Connection) -> None:
-        if not self._stopping:
+        if self._stopping or conn is not self.gcs or self._gcs_reconnecting:
+            return
+        if not self._gcs_durable:
             logger.error("lost the GCS connection; stopping this node")
             self._spawn(self.stop(), "raylet.stop")
+            return
+        # Its tables are in durable storage: a restarted GCS recovers them; workers keep running.
+        logger.warning("lost the GCS connection; reconnecting for up to %.0fs (gcs_reconnect_timeout_s)",
+                       self.config.gcs_reconnect_timeout_s)
+        self._spawn(self._reconnect_gcs(), "raylet.gcs_reconnect")
 
     def _shutdown_request(self, conn: Connection, msg: m.ShutdownNode) -> None:
         logger.info("shutdown requested: %s", msg.reason)
@@ -424,6 +500,30 @@ class RayletServer:
         # never refill what the idle reaper just trimmed.
         if proc.kill_reason != "idle":
             self._refill_pool()
+
+    async def _memory_loop(self) -> None:
+        """Sample memory; above the threshold kill one worker (see memory_monitor.py)."""
+        import psutil
+        interval = self.config.memory_monitor_refresh_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            usage = mm.read_memory()  # a few small file reads
+            if usage.fraction <= self.memory_monitor.threshold and self.memory_monitor.pending is None:
+                continue
+            candidates = []
+            for w in self.scheduler.workers.values():
+                proc = self.procs.get(w.worker_id)
+                if w.state != sc.LEASED or proc is None or proc.popen is None or proc.exit_info is not None:
+                    continue
+                try:
+                    rss = psutil.Process(proc.pid).memory_info().rss
+                except psutil.Error:
+                    continue
+                candidates.append(mm.Candidate(w.worker_id, proc.pid, mm.ACTOR if w.actor_id else mm.TASK,
+                                               w.lease_id, rss))
+            for action in self.memory_monitor.handle(mm.MemorySampled(usage, candidates, time.monotonic())):
+                logger.warning("worker %s: %s", short(action.worker_id), action.reason)
+                self._kill_worker(action.worker_id, action.reason)
 
     def _kill_worker(self, worker_id: bytes, reason: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.get(worker_id)
@@ -651,14 +751,17 @@ class RayletServer:
         for action in self.store.handle(event, time.monotonic()):
             if isinstance(action, st.GrantCreate):
                 fut = self._create_waiters.pop(action.request, None)
-                if fut is not None and not fut.done():
-                    fut.set_result([action.slot, action.path, action.final_path, action.file_size, action.reused])
-                else:  # the creator went away while waiting
+                if fut is None or fut.done():  # the creator went away while waiting
                     self._store(st.ObjectsFreed([action.object_id], [False]))
+                elif action.on_disk:
+                    self._spawn(self._grant_on_disk(action, fut), "raylet.spill.create")
+                else:
+                    fut.set_result([action.slot, action.path, action.final_path, action.file_size, action.reused])
             elif isinstance(action, st.RejectCreate):
                 fut = self._create_waiters.pop(action.request, None)
                 if fut is not None and not fut.done():
-                    fut.set_exception(_ObjectExists(action.reason) if action.exists else _StoreFull(action.reason))
+                    fut.set_exception(_ObjectExists(action.reason) if action.exists else
+                                      _OutOfDisk(action.reason) if action.out_of_disk else _StoreFull(action.reason))
             elif isinstance(action, st.RenameFile):
                 try:
                     os.rename(action.src, action.dst)
@@ -667,9 +770,81 @@ class RayletServer:
             elif isinstance(action, st.UnlinkFile):
                 self._unlinker.submit(unlink_quietly, action.path)
             elif isinstance(action, st.DropSlot):
+                if action.slot < 0:
+                    continue
                 proc = self.procs.get(action.client)
                 if proc is not None and proc.conn is not None:
                     proc.conn.notify(m.DropSlots([action.slot]))
+            elif isinstance(action, st.SpillObject):
+                self._spawn(self._copy(action, st.SpillFinished), f"raylet.spill.{short(action.object_id)}")
+            elif isinstance(action, st.RestoreObject):
+                self._spawn(self._copy(action, st.RestoreFinished), f"raylet.restore.{short(action.object_id)}")
+            elif isinstance(action, st.DropMappings):
+                for proc in self.procs.values():
+                    if proc.conn is not None:
+                        proc.conn.notify(m.DropMappings(action.object_ids))
+            elif isinstance(action, st.AnswerRestore):
+                for fut in self._restore_waiters.pop(action.object_id, ()):
+                    if not fut.done():
+                        fut.set_result(action.path)
+            elif isinstance(action, st.DiskFull):
+                logger.warning("%s", action.message)
+
+    # ------------------------------------------------------------------ spilling
+
+    async def _copy(self, action: st.SpillObject | st.RestoreObject, done: Any) -> None:
+        """Run one spill or restore copy in a spill thread; report it to the store state."""
+        loop = asyncio.get_running_loop()
+        try:
+            seconds = await loop.run_in_executor(self._spill_io, spill_io.copy_file, action.src, action.tmp,
+                                                 action.dst, action.size_bytes)
+        except OSError as e:
+            what = "spilling" if done is st.SpillFinished else "restoring"
+            logger.debug("%s %s failed: %s", what, short(action.object_id), e)
+            if done is st.SpillFinished:
+                self._store(st.SpillFinished(action.object_id, str(e), e.errno in spill_io.DISK_FULL_ERRNOS))
+            else:
+                self._store(st.RestoreFinished(action.object_id, str(e)))
+            return
+        self._store(done(action.object_id, seconds=seconds, started=time.monotonic() - seconds))
+
+    async def _grant_on_disk(self, action: st.GrantCreate, fut: asyncio.Future[Any]) -> None:
+        """An object larger than the store: preallocate its file in the spill dir, then
+        let the creator write it through a mapping."""
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._spill_io, spill_io.preallocate, action.path, action.file_size)
+        except OSError as e:
+            full = e.errno in spill_io.DISK_FULL_ERRNOS
+            self._store(st.DiskCreateFailed(action.object_id, str(e), full))
+            mib = action.file_size / (1024 * 1024)
+            why = (f"object of {mib:.1f} MiB is larger than the object store and the spill directory "
+                   f"{self.spill_dir} has no room for it ({e}); free space there or set object_spilling_directory "
+                   "to a larger disk")
+            if not fut.done():
+                fut.set_exception(_OutOfDisk(why) if full else _StoreFull(why))
+            return
+        if fut.done():  # the creator went away meanwhile
+            self._store(st.ObjectsFreed([action.object_id], [False]))
+            return
+        fut.set_result([action.slot, action.path, action.final_path, action.file_size, action.reused])
+
+    def _pin_objects(self, conn: Connection, msg: m.PinObjects) -> None:
+        client = conn.peer_info
+        if client is None:
+            return
+        self._store(st.ObjectsPinned(client, msg.object_ids) if msg.pinned else
+                    st.ObjectsUnpinned(client, msg.object_ids))
+
+    async def _restore_spilled(self, conn: Connection, msg: m.RestoreSpilled) -> str | None:
+        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._restore_waiters.setdefault(msg.object_id, []).append(fut)
+        self._store(st.RestoreRequested(msg.object_id))
+        obj = self.store.objects.get(msg.object_id)
+        # A copy from disk: allow it 20 MiB/s at least, on top of the usual RPC deadline.
+        slack_s = (obj.size_bytes / (20 * 1024 * 1024)) if obj is not None else 0.0
+        async with asyncio.timeout(self.config.rpc_timeout_s + slack_s):
+            return await fut
 
     async def _get_worker_exit(self, conn: Connection, msg: m.GetWorkerExit) -> str | None:
         if msg.worker_id in self.exits:
@@ -702,6 +877,7 @@ class RayletServer:
                 "resource_ids": lease.resource_ids if lease else {},
             })
         return {"node_id": self.node_id.hex(), "store": self.store.stats(), "workers": workers,
+                "spill": self.store.spill_stats(),
                 "available": self.scheduler.available_floats(), "total": dict(self.resources_total),
                 "queue_length": len(self.scheduler.queue), "infeasible": self.scheduler.infeasible_shapes(),
                 "transfer": self.object_manager.stats(),
@@ -721,9 +897,14 @@ class RayletServer:
                 del self._lease_waiters[rid]
                 fut.cancel()
                 self._sched(sc.LeaseCancelled(rid))
+        durable_gcs = self._gcs_durable
         for lease_id, owner in list(self._lease_owner.items()):
             if owner is conn:
                 del self._lease_owner[lease_id]
+                lease = self.scheduler.leases.get(lease_id)
+                w = self.scheduler.workers.get(lease.worker_id) if lease is not None else None
+                if durable_gcs and w is not None and w.actor_id is not None:
+                    continue  # an actor's lease, held by a GCS that restarts and takes it back
                 self._sched(sc.LeaseReturned(lease_id, True))  # its owner is gone: so is the work
         if worker_id is None:
             return
@@ -755,6 +936,10 @@ def _bundle_of(msg: m.RequestWorkerLease) -> tuple[bytes, int] | None:
 
 class _StoreFull(Exception):
     """Surfaces at the client as RemoteError('_StoreFull', reason)."""
+
+
+class _OutOfDisk(Exception):
+    """Surfaces at the client as RemoteError('_OutOfDisk', reason): OutOfDiskError."""
 
 
 class _ObjectExists(Exception):

@@ -2,22 +2,40 @@
 
 from __future__ import annotations
 
-from lumos._private.gcs.storage import GcsStorage
+from collections import deque
+
+from lumos._private.gcs.storage import Append, Delete, GcsStorage, Op, Put
 
 
 class InMemoryStorage(GcsStorage):
+    description = "memory"
+    durable = False
+
     def __init__(self) -> None:
         #: Table name -> key -> value.
         self._tables: dict[str, dict[bytes, bytes]] = {}
+        #: Stream name -> its last entries.
+        self._streams: dict[str, deque[bytes]] = {}
 
-    async def put(self, table: str, key: bytes, value: bytes) -> None:
-        self._tables.setdefault(table, {})[key] = value
+    async def write_batch(self, ops: list[Op]) -> None:
+        for op in ops:
+            if isinstance(op, Put):
+                self._tables.setdefault(op.table, {})[op.key] = op.value
+            elif isinstance(op, Delete):
+                self._tables.get(op.table, {}).pop(op.key, None)
+            elif isinstance(op, Append):
+                stream = self._streams.get(op.stream)
+                if stream is None or stream.maxlen != op.max_len:
+                    stream = self._streams[op.stream] = deque(stream or (), maxlen=op.max_len)
+                stream.append(op.value)
+            else:
+                raise TypeError(f"not a storage op: {op!r}")
 
     async def get(self, table: str, key: bytes) -> bytes | None:
         return self._tables.get(table, {}).get(key)
 
-    async def delete(self, table: str, key: bytes) -> None:
-        self._tables.get(table, {}).pop(key, None)
-
     async def get_all(self, table: str) -> dict[bytes, bytes]:
         return dict(self._tables.get(table, {}))
+
+    async def read_stream(self, stream: str) -> list[bytes]:
+        return list(self._streams.get(stream, ()))

@@ -1,0 +1,189 @@
+"""Ray's ``ray.util.state`` API (list, get, summarize) over ``lumos.state``.
+
+Same names and parameters as Ray. Rows are dicts that also read as attributes
+(``row["state"]`` or ``row.state``), as Ray's state objects do. lumos's state API reads
+the cluster this process is connected to: ``address`` must be None (or that cluster's
+address); ``timeout`` and ``detail`` are accepted (rows always hold every field).
+
+    from lumos.util.state import list_actors, summarize_tasks
+    list_actors(filters=[("state", "=", "ALIVE")])
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from lumos import state as _state
+from lumos._private.compat import missing_class, missing_function
+
+Filter = tuple[str, str, Any]
+
+
+class StateRow(dict):  # type: ignore[type-arg]
+    """A state row: a dict whose keys also read as attributes."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"state row has no field {name!r}; fields: {sorted(self)}") from None
+
+
+def _rows(rows: Iterable[dict[str, Any]], limit: int | None = None) -> list[StateRow]:
+    out = [StateRow(r) for r in rows]
+    return out[:limit] if limit is not None and limit >= 0 else out
+
+
+def _check_address(address: str | None) -> None:
+    if address in (None, "", "auto"):
+        return
+    from lumos._private import worker_context
+    cw = worker_context.require()
+    gcs = cw.gcs_address if isinstance(cw.gcs_address, str) else f"{cw.gcs_address[0]}:{cw.gcs_address[1]}"
+    if str(address).split("://")[-1] != gcs:
+        raise ValueError(f"lumos's state API reads the cluster this process is connected to ({gcs}), not "
+                         f"{address!r}; call lumos.init(address=...) for that cluster first")
+
+
+def _filter(rows: list[dict[str, Any]], filters: Iterable[Filter] | None) -> list[dict[str, Any]]:
+    flt = _state._check_filters(filters)
+    return [r for r in rows if _state._match(r, flt)]
+
+
+def list_actors(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
+                timeout: int = 30, detail: bool = False, raise_on_missing_output: bool = True,
+                _explain: bool = False) -> list[StateRow]:
+    """Actors of every job: state, class_name, name, node_id, pid, restarts."""
+    _check_address(address)
+    return _rows(_state.list_actors(filters), limit)
+
+
+def list_tasks(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
+               timeout: int = 30, detail: bool = False, raise_on_missing_output: bool = True,
+               _explain: bool = False) -> list[StateRow]:
+    """Tasks of every job from the task-event log (the newest ``limit``)."""
+    _check_address(address)
+    return _rows(_state.list_tasks(filters, limit=limit, all_jobs=True))
+
+
+def list_nodes(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
+               timeout: int = 30, detail: bool = False, raise_on_missing_output: bool = True,
+               _explain: bool = False) -> list[StateRow]:
+    _check_address(address)
+    return _rows(_state.list_nodes(filters), limit)
+
+
+def list_workers(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
+                 timeout: int = 30, detail: bool = False, raise_on_missing_output: bool = True,
+                 _explain: bool = False) -> list[StateRow]:
+    _check_address(address)
+    return _rows(_state.list_workers(filters), limit)
+
+
+def list_jobs(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
+              timeout: int = 30, detail: bool = False, raise_on_missing_output: bool = True,
+              _explain: bool = False) -> list[StateRow]:
+    _check_address(address)
+    return _rows(_filter(_state.list_jobs(), filters), limit)
+
+
+def list_objects(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
+                 timeout: int = 30, detail: bool = False, raise_on_missing_output: bool = True,
+                 _explain: bool = False) -> list[StateRow]:
+    _check_address(address)
+    return _rows(_state.list_objects(filters, limit=limit if limit > 0 else 10_000))
+
+
+def list_placement_groups(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
+                          timeout: int = 30, detail: bool = False, raise_on_missing_output: bool = True,
+                          _explain: bool = False) -> list[StateRow]:
+    from lumos.util.placement_group import placement_group_table
+    _check_address(address)
+    return _rows(_filter(list(placement_group_table().values()), filters), limit)
+
+
+def _one(rows: list[StateRow], key: str, id: Any) -> StateRow | None:
+    want = id.hex() if hasattr(id, "hex") and not isinstance(id, str) else str(id)
+    return next((r for r in rows if r.get(key) == want), None)
+
+
+def get_actor(id: str, address: str | None = None, timeout: int = 30, _explain: bool = False) -> StateRow | None:
+    return _one(list_actors(address, limit=-1), "actor_id", id)
+
+
+def get_task(id: Any, address: str | None = None, timeout: int = 30, _explain: bool = False) -> StateRow | None:
+    """The task with this id (hex), or the task that makes this ``ObjectRef``."""
+    _check_address(address)
+    from lumos.object_ref import ObjectRef
+    task_id = id.task_id().hex() if isinstance(id, ObjectRef) else str(id)
+    row = _state.get_task(task_id)
+    return StateRow(row) if row is not None else None
+
+
+def get_node(id: str, address: str | None = None, timeout: int = 30, _explain: bool = False) -> StateRow | None:
+    return _one(list_nodes(address, limit=-1), "node_id", id)
+
+
+def get_worker(id: str, address: str | None = None, timeout: int = 30, _explain: bool = False) -> StateRow | None:
+    return _one(list_workers(address, limit=-1), "worker_id", id)
+
+
+def get_job(id: str, address: str | None = None, timeout: int = 30, _explain: bool = False) -> StateRow | None:
+    return _one(list_jobs(address, limit=-1), "job_id", id)
+
+
+def get_placement_group(id: str, address: str | None = None, timeout: int = 30,
+                        _explain: bool = False) -> StateRow | None:
+    return _one(list_placement_groups(address, limit=-1), "placement_group_id", id)
+
+
+def get_objects(id: str, address: str | None = None, timeout: int = 30, _explain: bool = False) -> list[StateRow]:
+    """Every process's record of the object ``id`` (owner and borrowers)."""
+    return list_objects(address, filters=[("object_id", "=", id)], limit=-1)
+
+
+def summarize_tasks(address: str | None = None, timeout: int = 30, raise_on_missing_output: bool = True,
+                    _explain: bool = False) -> dict[str, Any]:
+    """Task counts per function name and state."""
+    _check_address(address)
+    return _state.summarize_tasks()
+
+
+def summarize_actors(address: str | None = None, timeout: int = 30, raise_on_missing_output: bool = True,
+                     _explain: bool = False) -> dict[str, Any]:
+    """Actor counts per class name and state."""
+    out: dict[str, dict[str, int]] = {}
+    for a in list_actors(address, limit=-1):
+        by_state = out.setdefault(a["class_name"], {})
+        by_state[a["state"]] = by_state.get(a["state"], 0) + 1
+    return out
+
+
+def summarize_objects(address: str | None = None, timeout: int = 30, raise_on_missing_output: bool = True,
+                      _explain: bool = False) -> dict[str, Any]:
+    """Object records: how many, their total size, and how many per process."""
+    rows = list_objects(address, limit=-1)
+    per_worker: dict[str, int] = {}
+    for r in rows:
+        per_worker[r["reporter_worker_id"]] = per_worker.get(r["reporter_worker_id"], 0) + 1
+    return {"total_objects": len(rows), "total_size_bytes": sum(r.get("size") or 0 for r in rows),
+            "objects_per_worker": per_worker}
+
+
+_LOGS = ("worker output reaches the driver as it is printed; every process's log file is in the "
+         "session's logs directory (lumos.get_runtime_context().get_temp_dir() + '/logs')")
+get_log = missing_function("ray.util.state.get_log", _LOGS)
+list_logs = missing_function("ray.util.state.list_logs", _LOGS)
+list_runtime_envs = missing_function("ray.util.state.list_runtime_envs",
+                                     "lumos runtime_envs are env_vars and a job's working_dir, shown by "
+                                     "lumos.get_runtime_context().runtime_env")
+list_cluster_events = missing_function("ray.util.state.list_cluster_events",
+                                       "node and actor changes are in list_nodes() and list_actors(); the "
+                                       "GCS log is in the session's logs directory")
+StateApiClient = missing_class("ray.util.state.StateApiClient",
+                               "use the functions of lumos.util.state, which read the connected cluster")
+
+__all__ = ["StateApiClient", "get_actor", "get_job", "get_log", "get_node", "get_objects", "get_placement_group",
+           "get_task", "get_worker", "list_actors", "list_cluster_events", "list_jobs", "list_logs", "list_nodes",
+           "list_objects", "list_placement_groups", "list_runtime_envs", "list_tasks", "list_workers",
+           "summarize_actors", "summarize_objects", "summarize_tasks"]
