@@ -263,10 +263,6 @@ class ObjectStoreFullError(LumosError, MemoryError):
     """The node's object store has no room for a new object."""
 
 
-class OutOfDiskError(LumosError, OSError):
-    """The object store is full and the spill directory has no room to spill to."""
-
-
 class OutOfMemoryError(LumosError, MemoryError):
     """A worker was killed because its node ran out of memory."""
 
@@ -342,7 +338,8 @@ class OufOfBandObjectRefSerializationException(LumosError):
 
 
 class OutOfDiskError(ObjectStoreFullError):
-    """Kept for Ray compatibility; lumos reports a full spill directory as ``ObjectStoreFullError``."""
+    """The object store is full and its node's spill directory has no room to spill to
+    (an ``ObjectStoreFullError`` too, so code that catches that keeps working)."""
 
 
 class PlasmaObjectNotAvailable(LumosError):

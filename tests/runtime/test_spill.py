@@ -99,16 +99,38 @@ def test_spilled_objects_are_pulled_by_other_nodes() -> None:
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "object_store_memory": 64 * MIB, "_system_config": dict(TEST_CONFIG)})
     try:
-        cluster.add_node(num_cpus=1, resources={"far": 1}, object_store_memory=64 * MIB)
+        far = cluster.add_node(num_cpus=1, resources={"far": 1}, object_store_memory=64 * MIB)
         cluster.connect()
 
         @lumos.remote(resources={"far": 1})
         def same(a: np.ndarray, i: int) -> bool:
             return bool(np.array_equal(a, block(i)))
 
+        @lumos.remote(resources={"far": 1})
+        def make(i: int) -> np.ndarray:
+            return block(i)
+
+        @lumos.remote(resources={"far": 1})
+        def size_of(a: np.ndarray) -> int:
+            assert np.array_equal(a, block(99, 80 * MIB))
+            return int(a.size)
+
         refs = [lumos.put(block(i)) for i in range(32)]  # 128 MiB on the head
         assert spill_files(cluster.session_dir)
         assert all(lumos.get([same.remote(refs[i], i) for i in range(0, 32, 3)], timeout=180))
+        # Larger than either store: on disk on the head, pulled straight to disk on the far node.
+        huge = lumos.put(block(99, 80 * MIB))
+        assert lumos.get(size_of.remote(huge), timeout=120) == 80 * MIB
+        del huge
+        made = [make.remote(i) for i in range(24)]  # 96 MiB of primaries in the far node's store
+        lumos.wait(made, num_returns=len(made), timeout=120)
+        before = set(spill_files(cluster.session_dir))
+        far_files = [f for f in before if f.split(os.sep)[-2] == f"node-{far.node_id[:12]}"]
+        assert far_files, "the far node spilled nothing"
+        rows = {r["node_id"]: r for r in lumos.state.spill_stats()}
+        assert len(rows) == 2 and rows[far.node_id]["spilled_objects"] > 0
+        cluster.remove_node(far)  # SIGKILL: its raylet cannot clean up; its parent does
+        wait_for(lambda: not any(os.path.exists(f) for f in far_files), 20)
     finally:
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)
@@ -178,3 +200,31 @@ def test_full_spill_disk_raises_out_of_disk_once_per_episode(tmp_path: Any) -> N
     assert out["stats"]["out_of_disk_rejects"] >= out["errors"]
     assert out["log_lines"] == 1, f"one log line per out-of-disk episode, got {out['log_lines']}"
     assert out["left"] == [], out["left"]
+
+
+def deleted_store_mappings(store_prefix: str) -> list[str]:
+    """Mappings this process holds of store files already unlinked (memory not given back)."""
+    with open("/proc/self/maps") as f:
+        return [ln for ln in f if store_prefix in ln and ln.rstrip().endswith("(deleted)")]
+
+
+@pytest.mark.timeout(120)
+def test_spilling_unmaps_what_it_spills_and_never_spills_viewed_objects(fresh_cluster: Any) -> None:
+    ctx = fresh_cluster(num_cpus=1, object_store_memory=64 * MIB, include_dashboard=False)
+    prefix = "/dev/shm/lumos-" + os.path.basename(ctx.address_info["session_dir"])
+    held_ref = lumos.put(block(1000))
+    held = lumos.get(held_ref, timeout=30)  # a live zero-copy view: must stay in memory
+    refs = [lumos.put(block(i)) for i in range(40)]  # 160 MiB more; the creator mapped every one
+    (row,) = lumos.state.spill_stats()
+    assert row["spilled_objects"] >= 20
+    # The spilled files' pages are really released: this process keeps no mapping of them.
+    assert deleted_store_mappings(prefix) == []
+    held_file = os.path.join(lumos._private.worker_context.require().store.directory, held_ref.hex())
+    assert os.path.exists(held_file), "an object with a live view was spilled"
+    assert np.array_equal(held, block(1000))
+    del held
+    gc.collect()
+    more = [lumos.put(block(i)) for i in range(40, 60)]  # now the old one may go too
+    wait_for(lambda: not os.path.exists(held_file), 20)
+    assert np.array_equal(lumos.get(held_ref, timeout=30), block(1000))
+    del refs, more

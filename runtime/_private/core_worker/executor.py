@@ -482,7 +482,7 @@ class Executor:
         node holding it, or, when that node died, a copy its owner rebuilt from lineage."""
         cw = self.cw
         oid = dep.object_id
-        view = cw.store.view(oid)
+        view = cw.store.view(oid, restore=node_id is None or node_id == cw.node_id)
         if view is None and node_id is not None and node_id != cw.node_id:
             lost = None
             try:

@@ -120,6 +120,8 @@ class GcsServer:
         if self.writer is not None:
             await self.recover()
             self.writer.start()
+        # Clients ask this to know whether to wait for a restarted GCS when this one goes.
+        self.kv[("cluster", b"gcs_storage_durable")] = b"1" if self.writer is not None else b"0"
         await self.server.start(unix_path=unix_path, host=host, port=port)
         self._spawn(self._health_loop(), "gcs.health")
         logger.info("GCS listening on %s:%d", self.server.host, self.server.port)
@@ -127,6 +129,8 @@ class GcsServer:
     async def stop(self) -> None:
         for node_id, conn in list(self._node_conns.items()):
             conn.notify(m.ShutdownNode("cluster is shutting down"))
+        if self.writer is not None:
+            self._persist_cluster_stopped()
         await asyncio.sleep(0.05)
         for task in list(self._tasks):
             task.cancel()
@@ -217,10 +221,39 @@ class GcsServer:
         batches = await st.read_stream("task_events")
         for blob in batches:
             self.task_events.add(unpack_value(blob))
+        # Actors and bundles on nodes that were dead already (a cluster stopped before) move on now.
+        for node_id, node in self.nodes.items():
+            if node.state == "DEAD":
+                self.placement_groups.on_node_dead(node_id)
+                self.actors.on_node_dead(node_id, node.death_reason or "it was dead when the GCS restarted")
+        running = [j.job_id for j in jobs if j.state == "RUNNING"]
+        if running:
+            self._spawn(self._finish_unclaimed_jobs(running), "gcs.unclaimed_jobs")
         if jobs or self.nodes or self.kv or actors:
             logger.info("recovered from %s: %d jobs, %d nodes, %d KV entries, %d actors, %d placement groups, "
                         "%d task-event batches", st.description, len(jobs), len(self.nodes), len(self.kv),
                         len(actors), len(self.placement_groups.groups), len(batches))
+
+    async def _finish_unclaimed_jobs(self, job_ids: list[bytes]) -> None:
+        """Jobs whose driver did not reconnect to this restarted GCS in time have ended."""
+        await asyncio.sleep(self.config.gcs_reconnect_timeout_s + self.config.rpc_timeout_s)
+        claimed = set(self._job_conns.values())
+        for job_id in job_ids:
+            if job_id not in claimed:
+                logger.info("job %s: its driver did not reconnect after the GCS restart", job_id.hex())
+                self._finish_job(job_id)
+
+    def _persist_cluster_stopped(self) -> None:
+        """A cluster stopped on purpose: its nodes and jobs are over, also for a later GCS on this storage."""
+        now = time.time()
+        for node_id, info in self.nodes.items():
+            if info.state == "ALIVE":
+                info.state, info.end_time, info.death_reason = "DEAD", now, "the cluster was stopped"
+                self.persist("nodes", node_id, info)
+        for job_id, job in self.jobs.items():
+            if job.state == "RUNNING":
+                job.state, job.end_time = "FINISHED", now
+                self.persist("jobs", job_id, job)
 
     # ------------------------------------------------------------------ pub/sub
 
@@ -338,6 +371,12 @@ class GcsServer:
     # ------------------------------------------------------------------ jobs
 
     def _register_job(self, conn: Connection, msg: m.RegisterJob) -> m.JobInfo:
+        known = self.jobs.get(msg.job_id) if msg.job_id else None
+        if known is not None:  # its driver, back after a GCS restart
+            self._job_conns[conn] = known.job_id
+            conn.peer_info = ("job", known.job_id)
+            logger.info("job %s: its driver reconnected", known.job_id.hex())
+            return known
         job_id = new_job_id()
         while job_id in self.jobs:
             job_id = new_job_id()

@@ -126,10 +126,11 @@ class StoreClient:
 
     # ------------------------------------------------------------------ reading
 
-    def view(self, object_id: bytes) -> memoryview | None:
+    def view(self, object_id: bytes, restore: bool = True) -> memoryview | None:
         """A read-only view of a sealed object in this node's store, or None if absent.
 
-        A spilled object is restored first (blocks on the raylet; user threads only)."""
+        A spilled object is restored first (blocks on the raylet; user threads only).
+        ``restore=False``: the caller knows the object lives on another node; do not ask."""
         with self._lock:
             mapping = self._created.get(object_id) or self._read.get(object_id)
             if mapping is not None:
@@ -140,7 +141,7 @@ class StoreClient:
             mapping = self._map_readonly(object_id, path)
             if mapping is not None:
                 break
-            if self.restore is None:
+            if self.restore is None or not restore:
                 return None
             path = self.restore(object_id)
             if path is None:

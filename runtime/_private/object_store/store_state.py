@@ -273,8 +273,11 @@ class ObjectStoreState:
         self.recycle_bytes = recycle_bytes
         self.full_timeout_s = full_timeout_s
         self.validate = validate
-        #: Object id -> its file (creating or sealed).
+        #: Object id -> its file (creating or sealed), in the store or on disk.
         self.objects: dict[bytes, _Obj] = {}
+        #: The objects whose file is in the store, least recently made or restored first
+        #: (what spilling and eviction scan, so spilled objects cost them nothing).
+        self.resident: OrderedDict[bytes, _Obj] = OrderedDict()
         #: Free slots: slot -> (file size, last mapper), oldest first.
         self.pool: OrderedDict[int, tuple[int, bytes]] = OrderedDict()
         self.pool_bytes = 0
@@ -432,7 +435,8 @@ class ObjectStoreState:
             self.pool_bytes -= file_size
             tmp = self._tmp_path(ev.object_id)
             actions.append(RenameFile(self._pool_path(slot), tmp))
-            self.objects[ev.object_id] = _Obj(slot, file_size, ev.size_bytes, ev.client, False, False)
+            self.objects[ev.object_id] = self.resident[ev.object_id] = _Obj(
+                slot, file_size, ev.size_bytes, ev.client, False, False)
             actions.append(GrantCreate(ev.request, ev.object_id, slot, tmp,
                                        self.final_path(ev.object_id), file_size, True))
             return True
@@ -441,7 +445,8 @@ class ObjectStoreState:
         slot = self._next_slot
         self._next_slot += 1
         self.used_bytes += ev.size_bytes
-        self.objects[ev.object_id] = _Obj(slot, ev.size_bytes, ev.size_bytes, ev.client, False, False)
+        self.objects[ev.object_id] = self.resident[ev.object_id] = _Obj(
+            slot, ev.size_bytes, ev.size_bytes, ev.client, False, False)
         actions.append(GrantCreate(ev.request, ev.object_id, slot, self._tmp_path(ev.object_id),
                                    self.final_path(ev.object_id), ev.size_bytes, False))
         return True
@@ -481,7 +486,7 @@ class ObjectStoreState:
         if over <= 0:
             return
         spills = []
-        for oid, obj in self.objects.items():
+        for oid, obj in self.resident.items():
             if over <= 0:
                 break
             if not obj.on_disk and self._spillable(obj):
@@ -510,14 +515,14 @@ class ObjectStoreState:
             return  # spills in flight will make the room
         drops: list[bytes] = []
         spills: list[bytes] = []
-        for oid, obj in self.objects.items():  # oldest first; primaries already on disk first
+        for oid, obj in self.resident.items():  # oldest first; primaries already on disk first
             if need <= 0:
                 break
             if obj.on_disk and self._spillable(obj):
                 drops.append(oid)
                 need -= obj.file_size
         if need > 0 and spill and not self._disk_blocked():
-            for oid, obj in self.objects.items():
+            for oid, obj in self.resident.items():
                 if need <= 0:
                     break
                 if not obj.on_disk and self._spillable(obj):
@@ -532,7 +537,7 @@ class ObjectStoreState:
         self._start_spills(spills, actions)
 
     def _drop_from_store(self, oid: bytes, actions: list[Action]) -> None:
-        obj = self.objects[oid]
+        obj = self.resident.pop(oid)
         obj.in_shm = False
         obj.moved = True
         self.used_bytes -= obj.file_size
@@ -591,7 +596,7 @@ class ObjectStoreState:
 
     def _would_fit_with_spilling(self, size: int) -> bool:
         free = self.capacity_bytes - self.used_bytes + self.pool_bytes
-        free += sum(o.file_size for o in self.objects.values() if self._spillable(o) or
+        free += sum(o.file_size for o in self.resident.values() if self._spillable(o) or
                     (o.in_shm and o.sealed and o.creator == PULLED))
         return size <= free
 
@@ -603,7 +608,7 @@ class ObjectStoreState:
         if obj.restoring or any(w == oid for w, _ in self.restores_waiting):
             return  # answered when it is done
         if obj.in_shm:
-            self.objects[oid] = self.objects.pop(oid)  # recently used: spilled last
+            self.resident.move_to_end(oid)  # recently used: spilled last
             actions.append(AnswerRestore(oid, ""))
             return
         if not obj.on_disk:
@@ -624,7 +629,7 @@ class ObjectStoreState:
         obj.restoring = True
         obj.in_shm = True
         self.used_bytes += obj.file_size
-        self.objects[oid] = self.objects.pop(oid)
+        self.resident[oid] = obj
         actions.append(RestoreObject(oid, self.spill_path(oid), self._tmp_path(oid) + "r", self.final_path(oid),
                                      obj.size_bytes))
         return True
@@ -684,6 +689,7 @@ class ObjectStoreState:
         self.restored_objects += 1
         if ev.error:
             obj.in_shm = False
+            del self.resident[oid]
             self.used_bytes -= obj.file_size
             self.restored_from_disk += 1
             actions.append(AnswerRestore(oid, self.spill_path(oid)))
@@ -710,16 +716,17 @@ class ObjectStoreState:
         Readers that map one keep their pages; a later reader pulls it again."""
         need = self.used_bytes + size - self.capacity_bytes
         victims = []
-        for oid, obj in self.objects.items():
+        for oid, obj in self.resident.items():
             if need <= 0:
                 break
-            if obj.sealed and obj.in_shm and obj.creator == PULLED:
+            if obj.sealed and obj.creator == PULLED:
                 victims.append(oid)
                 need -= obj.file_size
         if need > 0:
             return
         for oid in victims:
-            obj = self.objects.pop(oid)
+            del self.objects[oid]
+            obj = self.resident.pop(oid)
             self.used_bytes -= obj.file_size
             self.evicted += 1
             actions.append(UnlinkFile(self.final_path(oid)))
@@ -736,6 +743,7 @@ class ObjectStoreState:
         obj = self.objects.pop(oid, None)
         if obj is None:
             return
+        self.resident.pop(oid, None)
         if obj.spilling:
             self.spilling_bytes -= obj.file_size
             self._spill_orphans.add(oid)
@@ -814,6 +822,8 @@ class ObjectStoreState:
             raise AssertionError(f"store accounting drifted: files {total} != used {self.used_bytes}")
         if sum(s for s, _ in self.pool.values()) != self.pool_bytes:
             raise AssertionError("pool accounting drifted")
+        if {k for k, o in self.objects.items() if o.in_shm} != set(self.resident):
+            raise AssertionError("resident objects drifted")
         if sum(o.file_size for o in self.objects.values() if o.spilling) != self.spilling_bytes:
             raise AssertionError("spill accounting drifted")
         if sum(o.file_size for o in self.objects.values() if o.on_disk) != self.disk_bytes:

@@ -24,7 +24,8 @@ A peer that never finishes its handshake holds one file descriptor until its dea
 never a thread, and crowds out only other handshakes from its own address.
 
 After the pull the object is an ordinary sealed file in this node's store: readers map
-it zero-copy. Frees reach the copies through ``FreeObjectCopies``, which the raylet
+it zero-copy. A holder serves a spilled object straight from its spill file (no restore);
+a puller whose store is smaller than the object writes it into its own spill directory. Frees reach the copies through ``FreeObjectCopies``, which the raylet
 that hears a free from an owner sends to every other alive raylet.
 """
 

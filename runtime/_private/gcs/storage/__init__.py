@@ -202,13 +202,23 @@ class StorageWriter:
             upto = self.enqueued
             self._ops = {}
             self._appends = []
-            await self._write(batch)
+            failed: Exception | None = None
+            try:
+                await self._write(batch)
+            except Exception as e:  # not an outage (those are retried): a bug or a refused command
+                logger.exception("GCS storage %s refused a batch of %d writes; they are lost",
+                                 self.storage.description, len(batch))
+                failed = StorageUnavailable(f"a write to GCS storage {self.storage.description} failed: "
+                                            f"{type(e).__name__}: {e}")
             self.written = upto
             keep = []
             for seq, fut in self._waiters:
                 if seq <= upto:
                     if not fut.done():
-                        fut.set_result(None)
+                        if failed is None:
+                            fut.set_result(None)
+                        else:
+                            fut.set_exception(failed)
                 else:
                     keep.append((seq, fut))
             self._waiters = keep
