@@ -273,12 +273,18 @@ def test_the_same_gcs_writes_again_once_redis_restarts(redis_server: RedisServer
 
 
 @pytest.mark.slow
-def test_a_redis_that_never_returns_makes_the_gcs_unhealthy_then_exit(redis_server: RedisServer) -> None:
+def test_a_redis_that_never_returns_makes_the_gcs_unhealthy_then_exit(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+    import io
+    import json
+    from lumos import cli
     from tests.conftest import process_gone
     config = {**TEST_CONFIG, "gcs_storage": redis_server.url, "gcs_storage_check_interval_ms": 100,
-              "gcs_storage_unavailable_exit_s": 3.0, "gcs_reconnect_timeout_s": 2.0, "gcs_storage_timeout_s": 1.0}
+              "gcs_storage_unavailable_exit_s": 5.0, "gcs_reconnect_timeout_s": 2.0, "gcs_storage_timeout_s": 1.0}
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": config})
     try:
+        monkeypatch.setenv("LUMOS_CLUSTER_TOKEN", cluster.token)  # for `lumos status`
         cluster.connect()
         assert lumos.get(square.remote(2), timeout=30) == 4
         gcs_proc = cluster.head_node._processes.gcs_proc  # type: ignore[union-attr]
@@ -291,6 +297,10 @@ def test_a_redis_that_never_returns_makes_the_gcs_unhealthy_then_exit(redis_serv
             return health.startswith(b"unavailable for")
         wait_for(reported, 10, 0.05)
         assert "GCS unhealthy: its storage" in gcs_log(cluster)
+        status = io.StringIO()
+        with contextlib.redirect_stdout(status):
+            assert cli.main(["status", "--address", cluster.address, "--json"]) == 0
+        assert json.loads(status.getvalue())["gcs_storage_health"].startswith("unavailable for")
         gcs_proc.wait(30)
         assert gcs_proc.returncode == 1
         assert "the GCS exits: its storage" in gcs_log(cluster)
