@@ -105,7 +105,11 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
                 return worker_context.context or LumosContext({}, "")
             raise RuntimeError("lumos.init() was already called; call lumos.shutdown() first, "
                                "or pass ignore_reinit_error=True")
-        unknown = set(kwargs) - _IGNORED_INIT_ARGS
+        for name in sorted(set(kwargs) & set(_REFUSED_INIT_ARGS)):
+            if kwargs[name] not in (None, False):  # Ray's defaults mean "not used"
+                raise NotImplementedError(f"init({name}=...) is not implemented in lumos; "
+                                          f"{_REFUSED_INIT_ARGS[name]}")
+        unknown = set(kwargs) - _IGNORED_INIT_ARGS - set(_REFUSED_INIT_ARGS)
         if unknown:
             raise TypeError(f"init() got unexpected arguments {sorted(unknown)}")
         _check_number("num_cpus", num_cpus)
@@ -152,6 +156,18 @@ failed_connect: str | None = None
 _IGNORED_INIT_ARGS = {"logging_level", "logging_format", "configure_logging", "local_mode",
                       "_temp_dir", "job_config", "_plasma_directory", "_enable_object_reconstruction",
                       "log_to_driver", "_metrics_export_port", "storage", "logging_config"}
+
+_NO_CGROUPS = "lumos does not isolate its processes in cgroups"
+#: Ray's init() arguments with no lumos counterpart (accepted at their defaults): what to do instead.
+_REFUSED_INIT_ARGS = {
+    "cgroup_path": f"{_NO_CGROUPS}; give the node fewer num_cpus or less memory",
+    "enable_resource_isolation": f"{_NO_CGROUPS}; give the node fewer num_cpus or less memory",
+    "system_reserved_cpu": f"{_NO_CGROUPS}; start the node with fewer num_cpus",
+    "system_reserved_memory": f"{_NO_CGROUPS}; start the node with a smaller memory=",
+    "labels": "lumos nodes have no labels; give the node a custom resource (resources={'name': 1}) "
+              "and ask for it",
+    "proxy_server_url": "Ray Client proxies are not part of lumos; run the driver on a machine of the cluster",
+}
 
 
 def _hint(value: Any) -> str:
@@ -370,8 +386,13 @@ def _at_exit() -> None:
     shutdown()
 
 
-def shutdown() -> None:
-    """Disconnect; stop the private cluster if ``init()`` started one. Safe to call twice."""
+def shutdown(wait_for_processes: bool = True) -> None:
+    """Disconnect; stop the private cluster if ``init()`` started one. Safe to call twice.
+
+    Args:
+        wait_for_processes: accepted for Ray's signature; lumos always waits (a few
+            seconds at most) for the processes it stops, so none outlives this call.
+    """
     with worker_context.lock:
         if worker_context.is_worker:
             return

@@ -204,6 +204,8 @@ class Cluster:
         """Start the GCS again on its address, with its session and storage (after ``kill_gcs``).
 
         With ``gcs_storage`` on Redis it reloads its tables; with memory it starts empty.
+        Call it from the thread that keeps running: the GCS dies with the thread that
+        started it (parent-death signal).
         """
         procs = self._head_processes()
         if procs.gcs_proc is not None and procs.gcs_proc.poll() is None:

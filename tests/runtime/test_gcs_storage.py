@@ -7,7 +7,7 @@ from typing import Awaitable, Callable, Iterator, TypeVar
 
 import pytest
 
-from lumos._private.gcs.storage import (Append, Delete, GcsStorage, Put, StorageUnavailable, StorageWriter,
+from lumos._private.gcs.storage import (Append, Delete, GcsStorage, Op, Put, StorageUnavailable, StorageWriter,
                                         check_storage_url, create_storage, redact_url)
 from lumos._private.gcs.storage.redis_storage import RedisStorage, parse_redis_url
 
@@ -189,3 +189,77 @@ def test_config_keeps_the_password_off_command_lines() -> None:
     assert "hunter2" not in c.to_json()
     with pytest.raises(ValueError, match="unknown GCS storage"):
         Config.resolve({"gcs_storage": "mysql://x"})
+
+
+class _FlakyStorage(GcsStorage):
+    """Refuses the first ``outages`` batches as an outage, then one batch as a bug."""
+
+    def __init__(self, outages: int) -> None:
+        from lumos._private.gcs.storage.memory import InMemoryStorage
+        self.inner = InMemoryStorage()
+        self.outages = outages
+        self.bug_once = True
+
+    async def write_batch(self, ops: list[Op]) -> None:
+        if self.outages:
+            self.outages -= 1
+            raise StorageUnavailable("down")
+        if self.bug_once and any(isinstance(op, Put) and op.value == b"bad" for op in ops):
+            self.bug_once = False
+            raise RuntimeError("refused command")
+        await self.inner.write_batch(ops)
+
+    async def get(self, table: str, key: bytes) -> bytes | None:
+        return await self.inner.get(table, key)
+
+    async def get_all(self, table: str) -> dict[bytes, bytes]:
+        return await self.inner.get_all(table)
+
+    async def read_stream(self, stream: str) -> list[bytes]:
+        return await self.inner.read_stream(stream)
+
+
+def test_writer_retries_an_outage_and_reports_a_refused_batch(caplog: pytest.LogCaptureFixture) -> None:
+    async def body() -> None:
+        st = _FlakyStorage(outages=3)
+        w = StorageWriter(st, retry_max_s=0.05)
+        w.start()
+        try:
+            await w.wait_written(w.put_nowait("kv", b"a", b"1"))  # taken once the outage ends
+            assert await st.get("kv", b"a") == b"1" and not w.failing
+            with pytest.raises(StorageUnavailable, match="refused command"):
+                await w.wait_written(w.put_nowait("kv", b"b", b"bad"))
+            await w.wait_written(w.put_nowait("kv", b"c", b"3"))  # the writer goes on
+            assert await st.get_all("kv") == {b"a": b"1", b"c": b"3"}
+        finally:
+            await w.aclose()
+    run(body())
+    assert "retrying until it is back" in caplog.text and "they are lost" in caplog.text
+
+
+def test_health_state_exits_only_after_the_documented_bound() -> None:
+    from lumos._private.gcs.storage import StorageHealthState
+    h = StorageHealthState(exit_after_s=60.0)
+    assert h.healthy and h.answered(5.0) is None and h.describe(5.0) == "ok"
+    assert h.failed("refused", 10.0) is False
+    assert h.failed("refused", 69.0) is False and not h.healthy
+    assert "unavailable for 59.0s (refused)" in h.describe(69.0)
+    assert "gcs_storage_unavailable_exit_s=60s" in h.describe(69.0)
+    assert h.answered(69.5) == 59.5 and h.healthy  # back in time: the clock starts over
+    assert h.failed("refused", 100.0) is False
+    assert h.failed("refused", 160.0) is True
+
+
+def test_a_redis_shard_that_lost_its_data_is_reported(redis_server_factory: Callable[..., RedisServer]) -> None:
+    a, b = redis_server_factory(), redis_server_factory()
+
+    async def body(st: GcsStorage) -> None:
+        assert await st.lost_parts() == []
+        b.client().flushall()  # as a Redis restarted without its data
+        assert await st.lost_parts() == [f"Redis at {b.address}"]
+        await st.mark_parts()
+        assert await st.lost_parts() == []
+        a.stop()
+        with pytest.raises(StorageUnavailable, match=f"Redis at {a.address}"):
+            await st.lost_parts()
+    with_storage(f"redis://{a.address},{b.address}", body)

@@ -93,7 +93,9 @@ def test_every_table_is_written_through_to_redis(redis_cluster: tuple[Cluster, l
     assert [g.state for g in groups] == ["CREATED"]
     # The task-event log is a bounded stream on one of the servers.
     wait_for(lambda: any(s.client().xlen("lumos:stream:task_events") for s in servers), 10)
-    # Every table is spread over both servers (64 keys, with this many rows at least one each).
+    # A table is spread over both servers (with 32 more keys, each server gets some).
+    for i in range(32):
+        gcs_call(cluster, m.KvPut("user", b"k%d" % i, b"v", True))
     assert all(s.client().hlen("lumos:kv") for s in servers)
     lumos.kill(c)
     wait_for(lambda: unpack_value(rows(servers, "actors")[info.actor_id])[0].state == "DEAD", 10)
@@ -152,3 +154,273 @@ def test_lumos_start_keeps_the_gcs_in_password_protected_redis(
         assert_all_gone(procs, records)
     finally:
         cli.cleanup()
+
+
+@pytest.mark.slow
+def test_actors_and_tasks_keep_working_while_the_gcs_restarts(
+        redis_cluster: tuple[Cluster, list[RedisServer]]) -> None:
+    cluster, _ = redis_cluster
+    cluster.connect(namespace="ns1")
+    c = Counter.options(name="counter", lifetime="detached", num_cpus=0).remote()
+    assert lumos.get(c.incr.remote(), timeout=30) == 1
+    assert lumos.get(square.remote(2), timeout=30) == 4
+    job = lumos.get_runtime_context().get_job_id()
+
+    cluster.kill_gcs()
+    # The GCS is down: calls on a live actor go straight to its worker, tasks get local leases.
+    assert lumos.get(c.incr.remote(), timeout=30) == 2
+    assert lumos.get(square.remote(3), timeout=30) == 9
+    cluster.restart_gcs()
+
+    # Operations that need the GCS work again, on the same actor (its state kept: not restarted).
+    again = lumos.get_actor("counter")
+    assert lumos.get(again.incr.remote(), timeout=30) == 3
+    d = Counter.remote()
+    assert lumos.get(d.incr.remote(), timeout=30) == 1
+    jobs = {j.job_id.hex(): j.state for j in gcs_call(cluster, m.GetAllJobs())}
+    assert jobs[job] == "RUNNING"
+    nodes = gcs_call(cluster, m.GetAllNodes())
+    assert [n.state for n in nodes] == ["ALIVE"], "the head's raylet did not come back as the same node"
+
+
+@pytest.mark.slow
+def test_without_redis_a_gcs_death_fails_the_driver_at_once() -> None:
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": TEST_CONFIG})
+    try:
+        cluster.connect()
+        assert lumos.get(square.remote(2), timeout=30) == 4
+        cluster.kill_gcs()
+
+        def fails() -> bool:
+            try:
+                lumos.get(square.remote(3), timeout=5)
+            except lumos.exceptions.ClusterUnavailableError:
+                return True
+            return False
+        wait_for(fails, 20, 0.2)
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)
+
+
+@pytest.mark.slow
+def test_a_gcs_that_never_returns_stops_raylets_and_fails_drivers(redis_server: RedisServer) -> None:
+    import glob
+    import os
+    from tests.conftest import process_gone
+    config = {**TEST_CONFIG, "gcs_storage": redis_server.url, "gcs_reconnect_timeout_s": 2.0}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": config})
+    try:
+        cluster.connect()
+        assert lumos.get(square.remote(2), timeout=30) == 4
+        raylet_pid = cluster.head_node.raylet_pid  # type: ignore[union-attr]
+        cluster.kill_gcs()
+        wait_for(lambda: process_gone(raylet_pid), 30, 0.1)
+        [log] = glob.glob(os.path.join(cluster.session_dir, "logs", "raylet-*.log"))
+        with open(log) as f:
+            assert "within gcs_reconnect_timeout_s=2s" in f.read()
+        with pytest.raises(lumos.exceptions.ClusterUnavailableError):
+            lumos.get(square.remote(3), timeout=30)
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)
+
+
+def kill_redis(server: RedisServer) -> None:
+    """SIGKILL ``server`` (no shutdown save): it comes back from what its AOF holds, if anything."""
+    server.proc.kill()
+    server.proc.wait(10)
+
+
+def wipe_redis_data(server: RedisServer) -> None:
+    """Remove the killed ``server``'s data files: its next start is an empty Redis."""
+    import os
+    import shutil
+    for name in os.listdir(server.data_dir):
+        path = os.path.join(server.data_dir, name)
+        if name != "redis.log":
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+def gcs_log(cluster: Cluster) -> str:
+    import glob
+    import os
+    out = ""
+    for path in glob.glob(os.path.join(cluster.session_dir, "logs", "gcs*.log")):
+        with open(path) as f:
+            out += f.read()
+    return out
+
+
+@pytest.mark.slow
+def test_the_same_gcs_writes_again_once_redis_restarts(redis_server: RedisServer) -> None:
+    config = {**TEST_CONFIG, "gcs_storage": redis_server.url, "gcs_storage_check_interval_ms": 200}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": config})
+    try:
+        gcs_pid = cluster.head_node._processes.gcs_proc.pid  # type: ignore[union-attr]
+        redis_server.client().config_set("appendfsync", "always")  # what was acknowledged is in the AOF
+        assert gcs_call(cluster, m.KvPut("user", b"before", b"1", True)) is True
+        kill_redis(redis_server)  # SIGKILL: no shutdown save, only the append-only file
+        redis_server.start()  # same port, same file
+        assert gcs_call(cluster, m.KvPut("user", b"after", b"2", True)) is True
+        assert redis_server.client().hget("lumos:kv", b"user\0before") == b"1"
+        assert redis_server.client().hget("lumos:kv", b"user\0after") == b"2"
+        assert cluster.head_node._processes.gcs_proc.pid == gcs_pid  # type: ignore[union-attr]
+        assert cluster.head_node._processes.gcs_proc.poll() is None  # type: ignore[union-attr]
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)
+
+
+@pytest.mark.slow
+def test_a_redis_that_never_returns_makes_the_gcs_unhealthy_then_exit(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+    import io
+    import json
+    from lumos import cli
+    from tests.conftest import process_gone
+    config = {**TEST_CONFIG, "gcs_storage": redis_server.url, "gcs_storage_check_interval_ms": 100,
+              "gcs_storage_unavailable_exit_s": 5.0, "gcs_reconnect_timeout_s": 2.0, "gcs_storage_timeout_s": 1.0}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": config})
+    try:
+        monkeypatch.setenv("LUMOS_CLUSTER_TOKEN", cluster.token)  # for `lumos status`
+        cluster.connect()
+        assert lumos.get(square.remote(2), timeout=30) == 4
+        gcs_proc = cluster.head_node._processes.gcs_proc  # type: ignore[union-attr]
+        raylet_pid = cluster.head_node.raylet_pid  # type: ignore[union-attr]
+        assert gcs_call(cluster, m.KvGet("cluster", b"gcs_storage_health", 0.0)) == b"ok"
+        kill_redis(redis_server)  # and never started again
+
+        def reported() -> bool:
+            health = gcs_call(cluster, m.KvGet("cluster", b"gcs_storage_health", 0.0))
+            return health.startswith(b"unavailable for")
+        wait_for(reported, 10, 0.05)
+        assert "GCS unhealthy: its storage" in gcs_log(cluster)
+        status = io.StringIO()
+        with contextlib.redirect_stdout(status):
+            assert cli.main(["status", "--address", cluster.address, "--json"]) == 0
+        assert json.loads(status.getvalue())["gcs_storage_health"].startswith("unavailable for")
+        gcs_proc.wait(30)
+        assert gcs_proc.returncode == 1
+        assert "the GCS exits: its storage" in gcs_log(cluster)
+        # Then the raylet and the driver take their GCS-gone paths.
+        wait_for(lambda: process_gone(raylet_pid), 30, 0.1)
+        with pytest.raises(lumos.exceptions.ClusterUnavailableError):
+            lumos.get(square.remote(3), timeout=30)
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)
+
+
+@pytest.mark.slow
+def test_a_redis_that_comes_back_empty_gets_the_live_tables_written_back(redis_server: RedisServer) -> None:
+    config = {**TEST_CONFIG, "gcs_storage": redis_server.url, "gcs_storage_check_interval_ms": 200}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": config})
+    try:
+        cluster.connect(namespace="ns1")
+        c = Counter.options(name="counter", lifetime="detached", num_cpus=0).remote()
+        assert lumos.get(c.incr.remote(), timeout=30) == 1
+        pg = lumos.util.placement_group([{"CPU": 0.5}])
+        assert pg.wait(timeout_seconds=30)
+        assert gcs_call(cluster, m.KvPut("user", b"answer", b"42", True)) is True
+        tables = ["nodes", "jobs", "kv", "actors", "placement_groups"]
+        before = {t: set(rows([redis_server], t)) for t in tables}
+        assert all(before.values())
+
+        kill_redis(redis_server)
+        wipe_redis_data(redis_server)
+        redis_server.start()  # same port, empty
+        assert not rows([redis_server], "kv")
+
+        def back() -> bool:
+            return all(before[t] <= set(rows([redis_server], t)) for t in tables)
+        wait_for(back, 20, 0.1)
+        assert "came back without the GCS's data; writing the live tables back" in gcs_log(cluster)
+        assert rows([redis_server], "kv")[b"user\0answer"] == b"42"
+
+        # What was written back is what a restarted GCS recovers from.
+        cluster.kill_gcs()
+        cluster.restart_gcs()
+        again = lumos.get_actor("counter")
+        assert lumos.get(again.incr.remote(), timeout=30) == 2
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)
+
+
+@pytest.mark.slow
+def test_a_stopped_cluster_leaves_its_nodes_and_jobs_ended_in_redis(redis_server: RedisServer) -> None:
+    config = {**TEST_CONFIG, "gcs_storage": redis_server.url}
+    first = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": config})
+    try:
+        first.connect(namespace="ns1")
+        c = Counter.options(name="once", lifetime="detached", num_cpus=0).remote()
+        assert lumos.get(c.incr.remote(), timeout=30) == 1
+        assert gcs_call(first, m.KvPut("user", b"kept", b"yes", True)) is True
+    finally:
+        first.shutdown()
+        check_no_leaks(first.session_dir)
+    assert {unpack_value(v).state for v in rows([redis_server], "nodes").values()} == {"DEAD"}
+    assert {unpack_value(v).state for v in rows([redis_server], "jobs").values()} == {"FINISHED"}
+
+    second = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": config})
+    try:
+        assert gcs_call(second, m.KvGet("user", b"kept", 0.0)) == b"yes"
+        # Its node was gone and max_restarts=0: the old detached actor is dead, its name free.
+        assert gcs_call(second, m.GetNamedActor("once", "ns1")) is None
+        alive = [n for n in gcs_call(second, m.GetAllNodes()) if n.state == "ALIVE"]
+        assert len(alive) == 1
+    finally:
+        second.shutdown()
+        check_no_leaks(second.session_dir)
+
+
+@pytest.mark.slow
+def test_calls_that_need_the_gcs_wait_for_its_restart(redis_cluster: tuple[Cluster, list[RedisServer]]) -> None:
+    import threading
+    cluster, _ = redis_cluster
+    cluster.connect(namespace="ns1")
+    c = Counter.options(name="counter", lifetime="detached", num_cpus=0).remote()
+    assert lumos.get(c.incr.remote(), timeout=30) == 1
+    cluster.kill_gcs()
+    got: list[Any] = []
+
+    def need_the_gcs() -> None:  # both need the GCS: they wait for the restarted one
+        try:
+            d = Counter.options(num_cpus=0).remote()
+            found = lumos.get_actor("counter")
+            got.append(lumos.get([d.incr.remote(), found.incr.remote()], timeout=30))
+        except BaseException as e:
+            got.append(e)
+
+    # (The GCS is started from this thread: it dies with the thread that started it.)
+    caller = threading.Thread(target=need_the_gcs)
+    caller.start()
+    try:
+        from lumos import object_ref
+        cw: Any = object_ref._core_worker
+        wait_for(lambda: cw._gcs_reconnecting, 10)  # the driver saw the GCS go; the calls wait
+        cluster.restart_gcs()
+    finally:
+        caller.join(60)
+    assert got == [[1, 2]]
+
+
+@pytest.mark.slow
+def test_a_detached_actor_whose_node_died_during_the_outage_is_restarted(
+        redis_cluster: tuple[Cluster, list[RedisServer]]) -> None:
+    cluster, _ = redis_cluster
+    doomed = cluster.add_node(num_cpus=1, resources={"spot": 1})
+    cluster.connect(namespace="ns1")
+    c = Counter.options(name="survivor", lifetime="detached", num_cpus=0, resources={"spot": 0.5},
+                        max_restarts=1).remote()
+    assert lumos.get([c.incr.remote(), c.incr.remote()], timeout=30) == [1, 2]
+    cluster.kill_gcs()
+    cluster.remove_node(doomed)  # SIGKILL while the GCS is down: nobody sees it go
+    cluster.restart_gcs()
+    cluster.add_node(num_cpus=1, resources={"spot": 1})
+    # The restarted GCS declares the silent node dead and restarts the actor elsewhere.
+    assert lumos.get(c.incr.remote(), timeout=60) == 1
+    info = gcs_call(cluster, m.GetNamedActor("survivor", "ns1"))
+    assert info.num_restarts == 1 and info.node_id != bytes.fromhex(doomed.node_id)

@@ -81,11 +81,12 @@ def test_shutdown_leaves_no_process_socket_or_shm_file(fresh_cluster):
 
 
 def test_init_shutdown_init_again_in_one_process(fresh_cluster):
-    first = fresh_cluster()
+    # Ray's arguments lumos has no counterpart for are accepted at Ray's defaults.
+    first = fresh_cluster(labels=None, proxy_server_url=None, enable_resource_isolation=False)
     s1 = first.address_info["session_dir"]
     pids1 = _use_cluster()
     job1 = lumos.get_runtime_context().get_job_id()
-    lumos.shutdown()
+    lumos.shutdown(wait_for_processes=False)
     assert _nothing_left(s1, pids1), _leftovers(s1, pids1)
     second = fresh_cluster()
     s2 = second.address_info["session_dir"]

@@ -153,8 +153,13 @@ def test_task_killed_for_memory_is_retried_then_raises_out_of_memory(
                  "Retried 1 times"):
         assert part in text, (part, text)
     from lumos import state
-    [t] = [t for t in state.list_tasks() if t["func_or_class_name"].endswith("hold_memory")]
-    assert t["attempt_number"] == 1
+
+    from tests.conftest import wait_for
+
+    def failed_on_second_attempt() -> bool:
+        [t] = [t for t in state.list_tasks() if t["func_or_class_name"].endswith("hold_memory")]
+        return t["state"] == "FAILED" and t["attempt_number"] == 1
+    wait_for(failed_on_second_attempt, 10, 0.1)
 
 
 def test_memory_monitor_is_off_with_refresh_zero(fresh_cluster: Callable[..., Any]) -> None:

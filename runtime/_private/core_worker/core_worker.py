@@ -43,6 +43,7 @@ from lumos._private.object_store.client import StoreClient
 from lumos._private.protocol import messages as m
 from lumos._private.raylet.memory_monitor import OOM_KILL_REASON
 from lumos._private.transport.connection import (Connection, ConnectionCache, ConnectionLost, RemoteError, batch,
+                                                 connect_with_retry,
                                                  RpcServer, connect)
 from lumos.generator import GeneratorStream, ObjectRefGenerator
 from lumos.object_ref import ObjectRef
@@ -135,6 +136,12 @@ class CoreWorker:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._io_thread: threading.Thread | None = None
         self.gcs: Connection | None = None
+        #: The GCS keeps its tables in durable storage: when it goes, wait for its restart.
+        self._gcs_durable = config.gcs_storage not in ("", "memory")
+        #: A reconnection to a restarted GCS is under way.
+        self._gcs_reconnecting = False
+        #: Function exports made while the GCS was away, sent again once it is back.
+        self._gcs_backlog: list[Any] = []
         self.raylet: Connection | None = None
         self.server: RpcServer | None = None
         self.node_info: m.NodeInfo | None = None
@@ -259,9 +266,15 @@ class CoreWorker:
                                 host=self.node_ip, port=0)
         self.address = m.Address(self.node_id, self.worker_id, self.server.unix_path,
                                  self.server.host, self.server.port)
-        self.gcs = await connect(self.gcs_address, token=self.token, config=cfg,
-                                 handlers={m.Publish: self._handle_publish}, name="core-worker->gcs",
-                                 on_close=self._gcs_lost)
+        if self._gcs_durable:  # a worker started while the GCS restarts waits for it
+            self.gcs = await connect_with_retry(self.gcs_address, token=self.token, config=cfg,
+                                                handlers={m.Publish: self._handle_publish},
+                                                name="core-worker->gcs", on_close=self._gcs_lost,
+                                                timeout_s=cfg.gcs_reconnect_timeout_s)
+        else:
+            self.gcs = await connect(self.gcs_address, token=self.token, config=cfg,
+                                     handlers={m.Publish: self._handle_publish}, name="core-worker->gcs",
+                                     on_close=self._gcs_lost)
         self.raylet = await connect(self.raylet_socket, token=self.token, config=cfg,
                                     handlers={m.DropSlots: self._handle_drop_slots,
                                               m.DropMappings: lambda c, msg: self.store.drop_mappings(msg.object_ids),
@@ -281,6 +294,8 @@ class CoreWorker:
             await self.gcs.call(m.KvPut("job", self.job_id, _job_config(self.namespace, self.job_env_vars,
                                                                          package_hash), True),
                                   cfg.rpc_timeout_s)
+        durable = await self.gcs.call(m.KvGet("cluster", b"gcs_storage_durable", 0.0), cfg.rpc_timeout_s)
+        self._gcs_durable = durable == b"1"
         self.gcs.notify(m.Subscribe("workers", None))
         self.gcs.notify(m.Subscribe("nodes", None))
         self.node_info = await self.raylet.call(
@@ -337,9 +352,77 @@ class CoreWorker:
             self._io_thread.join(5.0)
 
     def _gcs_lost(self, conn: Connection) -> None:
-        if not self._closed:
-            logger.error("lost the connection to the GCS")
-            self._cluster_gone("the GCS went away")
+        if self._closed or conn is not self.gcs or self._gcs_reconnecting:
+            return
+        if self._gcs_durable:
+            logger.warning("lost the connection to the GCS; reconnecting for up to %.0fs (gcs_reconnect_timeout_s)",
+                           self.config.gcs_reconnect_timeout_s)
+            self._gcs_reconnecting = True
+            self._spawn(self._reconnect_gcs(), "core-worker.gcs_reconnect")
+            return
+        logger.error("lost the connection to the GCS")
+        self._cluster_gone("the GCS went away")
+
+    async def _reconnect_gcs(self) -> None:
+        """Reach the restarted GCS (durable storage) with backoff, within gcs_reconnect_timeout_s."""
+        cfg = self.config
+        deadline = time.monotonic() + cfg.gcs_reconnect_timeout_s
+        delay = 0.1
+        try:
+            while not self._closed:
+                try:
+                    gcs = await connect_with_retry(self.gcs_address, token=self.token, config=cfg,
+                                                   handlers={m.Publish: self._handle_publish},
+                                                   name="core-worker->gcs", on_close=self._gcs_lost,
+                                                   timeout_s=max(0.1, deadline - time.monotonic()))
+                    if self.mode == DRIVER:
+                        await gcs.call(m.RegisterJob(self.address, os.getpid(), self.namespace, self.entrypoint,
+                                                     self.job_id), cfg.rpc_timeout_s)
+                        gcs.notify(m.Subscribe("logs", self.job_id))
+                        gcs.notify(m.Subscribe("errors", self.job_id))
+                    gcs.notify(m.Subscribe("workers", None))
+                    gcs.notify(m.Subscribe("nodes", None))
+                    self.gcs = gcs
+                    for msg in self._gcs_backlog:
+                        gcs.notify(msg)
+                    self._gcs_backlog = []
+                    for q in list(self.actor_submitter.actors.values()):
+                        if q.subscribed:
+                            q.subscribed = False
+                            self.actor_submitter.track(q.actor_id)
+                    logger.info("reconnected to the GCS")
+                    return
+                except (ConnectionLost, OSError, TimeoutError, RemoteError) as e:
+                    why = f"{type(e).__name__}: {e}"
+                if time.monotonic() + delay > deadline:
+                    logger.error("could not reach the GCS again within gcs_reconnect_timeout_s=%.0fs (%s)",
+                                 cfg.gcs_reconnect_timeout_s, why)
+                    self._cluster_gone(f"the GCS went away and was not back within gcs_reconnect_timeout_s="
+                                       f"{cfg.gcs_reconnect_timeout_s:.0f}s")
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        finally:
+            self._gcs_reconnecting = False
+
+    async def _gcs_call(self, msg: Any, timeout_s: float) -> Any:
+        """One GCS request; while a restarted GCS is being reached, it waits (within ``timeout_s``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            while self._gcs_reconnecting and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+            gcs = self.gcs
+            if gcs is None:
+                raise exc.LumosSystemError("not connected to the GCS")
+            try:
+                return await gcs.call(msg, max(0.1, deadline - loop.time()))
+            except ConnectionLost:
+                # Lost under this call: with durable storage, a restarted GCS answers it (GCS
+                # requests are idempotent: a retried RegisterActor returns the same actor).
+                if not self._gcs_durable or self._closed or loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(0.05)
 
     def _raylet_lost(self, conn: Connection) -> None:
         if not self._closed:
@@ -437,11 +520,10 @@ class CoreWorker:
     def call_gcs(self, msg: Any, timeout_s: float | None = None) -> Any:
         """One GCS request from a user thread. Raises ``ClusterUnavailableError`` when the
         GCS cannot be reached."""
-        gcs = self.gcs
-        if gcs is None:
+        if self.gcs is None:
             raise exc.LumosSystemError("not connected to the GCS")
         try:
-            return self.run_sync(gcs.call(msg, timeout_s or self.config.rpc_timeout_s),
+            return self.run_sync(self._gcs_call(msg, timeout_s or self.config.rpc_timeout_s),
                                  (timeout_s or self.config.rpc_timeout_s) + 1)
         except (ConnectionLost, OSError) as e:
             raise self._unavailable("the GCS", msg, e) from None
@@ -1055,7 +1137,11 @@ class CoreWorker:
             return
         self._exported.add(template.function_id)
         assert self.gcs is not None
-        self.gcs.notify(m.KvPut("fn", self.job_id + template.function_id, template.pickled_function, True))
+        msg = m.KvPut("fn", self.job_id + template.function_id, template.pickled_function, True)
+        if self._gcs_reconnecting:
+            self._gcs_backlog.append(msg)
+        else:
+            self.gcs.notify(msg)
 
     def _pack_args(self, args: tuple[Any, ...], kwargs: dict[str, Any], template: TaskTemplate
                    ) -> tuple[ser.SerializedValue, list[ObjectRef]]:
@@ -1184,8 +1270,7 @@ class CoreWorker:
 
         async def register() -> m.ActorInfo:
             self.export_function(template)
-            assert self.gcs is not None
-            return await self.gcs.call(m.RegisterActor(spec), self.config.rpc_timeout_s)  # type: ignore[no-any-return]
+            return await self._gcs_call(m.RegisterActor(spec), self.config.rpc_timeout_s)  # type: ignore[no-any-return]
 
         try:
             info: m.ActorInfo = self.run_sync(register(), self.config.rpc_timeout_s + 1)

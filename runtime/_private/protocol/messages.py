@@ -320,6 +320,8 @@ class RegisterJob:
     pid: int
     namespace: str
     entrypoint: str
+    #: A driver reconnecting to a restarted GCS: the job it already has.
+    job_id: bytes = b""
 
 
 @message(15)

@@ -135,6 +135,11 @@ class RayletServer:
         self.memory_monitor = mm.MemoryMonitorState(config.memory_usage_threshold, short(node_id),
                                                     validate=config.validate)
         self._stopping = False
+        #: A reconnection to a restarted GCS is under way.
+        self._gcs_reconnecting = False
+        #: The GCS keeps its tables in durable storage (asked at registration): when it goes,
+        #: wait for its restart rather than stop.
+        self._gcs_durable = config.gcs_storage not in ("", "memory")
         #: The store directory passed the ownership check (so ``stop`` may remove it).
         self._store_dir_checked = False
         self.unix_path = os.path.join(session_dir, "sockets", f"raylet-{node_id.hex()[:12]}.sock")
@@ -181,28 +186,65 @@ class RayletServer:
         self.object_manager.start(self.node_ip)
         for _ in range(self.num_prestart):
             self._start_worker()
-        self.gcs = await connect_with_retry(
-            parse_address(self.gcs_address), token=self.token, config=self.config,
-            handlers={m.Publish: self._on_publish, m.ShutdownNode: self._shutdown_request},
-            name="raylet->gcs", on_close=self._gcs_lost)
-        await self.gcs.call(m.RegisterNode(self.node_info()), self.config.rpc_timeout_s)
-        # Pre-started workers that registered here before the GCS connection was up were
-        # not reported (``_report_worker`` needs it): report them now.
-        for proc in list(self.procs.values()):
-            if proc.address is not None and not proc.is_driver and proc.exit_info is None:
-                self._report_worker(proc, "ALIVE")
-        self.gcs.notify(m.Subscribe("jobs", None))
-        self.gcs.notify(m.Subscribe("nodes", None))
-        self.gcs.notify(m.Subscribe("workers", None))  # owners that die: their objects go
-        for info in await self.gcs.call(m.GetAllNodes(), self.config.rpc_timeout_s):
-            if info.state == "ALIVE":
-                self.alive_nodes[info.node_id] = info
+        await self._connect_gcs(self.config.connect_timeout_s)
         self._spawn(self._heartbeat_loop(), "raylet.heartbeat")
         self._spawn(self._tick_loop(), "raylet.tick")
         if self.config.memory_monitor_refresh_ms > 0:
             self._spawn(self._memory_loop(), "raylet.memory_monitor")
         logger.info("raylet %s up: %s, store %d MiB at %s", short(self.node_id), self.resources_total,
                     self.store.capacity_bytes >> 20, self.store_dir)
+
+    async def _connect_gcs(self, timeout_s: float) -> None:
+        """Connect and register with the GCS (at start, and again after a GCS restart)."""
+        gcs = await connect_with_retry(
+            parse_address(self.gcs_address), token=self.token, config=self.config,
+            handlers={m.Publish: self._on_publish, m.ShutdownNode: self._shutdown_request},
+            name="raylet->gcs", on_close=self._gcs_lost, timeout_s=timeout_s)
+        self.gcs = gcs
+        await gcs.call(m.RegisterNode(self.node_info()), self.config.rpc_timeout_s)
+        durable = await gcs.call(m.KvGet("cluster", b"gcs_storage_durable", 0.0), self.config.rpc_timeout_s)
+        self._gcs_durable = durable == b"1"
+        # Pre-started workers that registered here before the GCS connection was up were
+        # not reported (``_report_worker`` needs it): report them now (a restarted GCS too).
+        for proc in list(self.procs.values()):
+            if proc.address is not None and not proc.is_driver and proc.exit_info is None:
+                self._report_worker(proc, "ALIVE")
+        gcs.notify(m.Subscribe("jobs", None))
+        gcs.notify(m.Subscribe("nodes", None))
+        gcs.notify(m.Subscribe("workers", None))  # owners that die: their objects go
+        for info in await gcs.call(m.GetAllNodes(), self.config.rpc_timeout_s):
+            if info.state == "ALIVE":
+                self.alive_nodes[info.node_id] = info
+
+    async def _reconnect_gcs(self) -> None:
+        """The GCS (on durable storage) went away: reach its restart within gcs_reconnect_timeout_s."""
+        self._gcs_reconnecting = True
+        try:
+            await self._reconnect_gcs_until(self.config.gcs_reconnect_timeout_s)
+        finally:
+            self._gcs_reconnecting = False
+
+    async def _reconnect_gcs_until(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        delay = 0.1
+        while not self._stopping:
+            try:
+                await self._connect_gcs(max(0.1, deadline - time.monotonic()))
+                logger.info("reconnected to the GCS at %s", self.gcs_address)
+                return
+            except (ConnectionLost, OSError, TimeoutError) as e:
+                why = f"{type(e).__name__}: {e}"
+            except RemoteError as e:  # e.g. declared dead while away: fenced, must exit
+                logger.error("the restarted GCS refused this node (%s); stopping this node", e)
+                await self.stop()
+                return
+            if time.monotonic() + delay > deadline:
+                logger.error("could not reach the GCS at %s within gcs_reconnect_timeout_s=%.0fs (%s); "
+                             "stopping this node", self.gcs_address, timeout_s, why)
+                await self.stop()
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     def node_info(self) -> m.NodeInfo:
         address = m.Address(self.node_id, b"", self.unix_path, self.server.host, self.server.port)
@@ -261,9 +303,16 @@ class RayletServer:
         task.add_done_callback(done)
 
     def _gcs_lost(self, conn: Connection) -> None:
-        if not self._stopping:
+        if self._stopping or conn is not self.gcs or self._gcs_reconnecting:
+            return
+        if not self._gcs_durable:
             logger.error("lost the GCS connection; stopping this node")
             self._spawn(self.stop(), "raylet.stop")
+            return
+        # Its tables are in durable storage: a restarted GCS recovers them; workers keep running.
+        logger.warning("lost the GCS connection; reconnecting for up to %.0fs (gcs_reconnect_timeout_s)",
+                       self.config.gcs_reconnect_timeout_s)
+        self._spawn(self._reconnect_gcs(), "raylet.gcs_reconnect")
 
     def _shutdown_request(self, conn: Connection, msg: m.ShutdownNode) -> None:
         logger.info("shutdown requested: %s", msg.reason)
@@ -848,9 +897,14 @@ class RayletServer:
                 del self._lease_waiters[rid]
                 fut.cancel()
                 self._sched(sc.LeaseCancelled(rid))
+        durable_gcs = self._gcs_durable
         for lease_id, owner in list(self._lease_owner.items()):
             if owner is conn:
                 del self._lease_owner[lease_id]
+                lease = self.scheduler.leases.get(lease_id)
+                w = self.scheduler.workers.get(lease.worker_id) if lease is not None else None
+                if durable_gcs and w is not None and w.actor_id is not None:
+                    continue  # an actor's lease, held by a GCS that restarts and takes it back
                 self._sched(sc.LeaseReturned(lease_id, True))  # its owner is gone: so is the work
         if worker_id is None:
             return
