@@ -596,7 +596,8 @@ class CoreWorker:
             if e.owned:
                 if e.node_id is not None and e.data is None:
                     store_frees.append(f.object_id)
-                    recyclable.append(self.store.release(f.object_id, e.shared))
+                    # Readers elsewhere may still view it: the raylet checks their pins.
+                    recyclable.append(self.store.release(f.object_id, False))
             else:
                 self.store.release(f.object_id, True)
                 if e.registered and e.owner is not None:

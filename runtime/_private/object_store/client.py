@@ -6,9 +6,9 @@ raylet (``ObjectStoreState``); this class only creates, maps and renames files.
 
 Writes go to ``<id>.w`` and are renamed to ``<id>`` when complete, so a file under its
 final name is always sealed. A process keeps the writable mapping of what it created
-while the object lives (its own gets are views of it) and, when the raylet pools the
-slot, keeps it for the next create of that slot: those writes hit already-faulted
-pages. Views handed to user code are read-only and tracked (``_Mapping.live_views``)
+while the object lives (its own gets are views of it; a task's return is kept by slot)
+and, when the raylet pools the slot, keeps it for the next create of that slot: those
+writes hit already-faulted pages. Views handed to user code are read-only and tracked (``_Mapping.live_views``)
 so a slot is never reused while any view of it is alive.
 
 Spilling: the raylet spills only objects no process views. Each process reports when
@@ -105,8 +105,16 @@ class StoreClient:
         if keep_mapping:
             with self._lock:
                 self._created[object_id] = mapping
-        else:
-            self._close(mapping)
+            return
+        if slot >= 0:
+            # Another process owns it (a task's return): keep the faulted pages for the
+            # slot's next create here. The raylet says DropSlot when the file goes.
+            with self._lock:
+                if self._slot_bytes + mapping.size <= self._recycle_bytes and slot not in self._slots:
+                    self._slots[slot] = mapping
+                    self._slot_bytes += mapping.size
+                    return
+        self._close(mapping)
 
     def _copy(self, dst: memoryview, src: memoryview) -> None:
         n = src.nbytes
@@ -207,6 +215,13 @@ class StoreClient:
         with self._lock:
             gone = [m for oid in object_ids
                     for m in (self._read.pop(oid, None), self._created.pop(oid, None)) if m is not None]
+            if self._slots:
+                ids = set(object_ids)
+                for slot, m in list(self._slots.items()):
+                    if m.object_id in ids:  # a return we wrote: its file left the store
+                        del self._slots[slot]
+                        self._slot_bytes -= m.size
+                        gone.append(m)
         for mapping in gone:
             self._close(mapping)
 
@@ -216,13 +231,16 @@ class StoreClient:
     # ------------------------------------------------------------------ freeing
 
     def release(self, object_id: bytes, shared: bool) -> bool:
-        """The object is freed: drop or pool our mapping. True if the slot may be reused."""
+        """The object is freed: drop or pool our mapping. True if this process views it no
+        more and the slot may be reused; the raylet also checks that no other process
+        views it (pins). ``shared``: we do not own it (a borrowed value): never reused."""
         with self._lock:
             read = self._read.pop(object_id, None)
             mm = read.mm if read is not None else None
             mapping = self._created.pop(object_id, None)
             if mapping is None:
-                recyclable = False
+                # Written by another process (a task's return), which keeps the slot.
+                recyclable = not shared and (read is None or read.live_views == 0)
             else:
                 recyclable = (not shared and mapping.live_views == 0
                               and self._slot_bytes + mapping.size <= self._recycle_bytes)
