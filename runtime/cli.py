@@ -17,7 +17,6 @@ their start times; the root is private to this user, see ``lumos._private.node``
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import signal
@@ -378,7 +377,7 @@ def _check_gcs(config: Any, token: bytes, gcs: Any, text: str) -> list[Any]:
         raise _CliError(str(e)) from None
 
 
-def _gcs_call(config: Any, token: bytes, gcs: Any, what: str) -> Any:
+def _gcs_call(config: Any, token: bytes, gcs: Any, what: str, *fields: Any) -> Any:
     from lumos._private.protocol import messages as m
     from lumos._private.transport.connection import ConnectionLost, connect
 
@@ -389,12 +388,13 @@ def _gcs_call(config: Any, token: bytes, gcs: Any, what: str) -> Any:
             raise ConnectionError(f"the GCS at {_fmt(gcs)} refused the connection during authentication: "
                                   "the cluster token is wrong (use the token `lumos start --head` printed)") from None
         try:
-            return await conn.call(getattr(m, what)(), config.rpc_timeout_s)
+            return await conn.call(getattr(m, what)(*fields), config.rpc_timeout_s)
         finally:
             conn.close()
 
-    try:
-        return asyncio.run(ask())
+    from lumos.api import _run_on_own_loop
+    try:  # on a loop of its own: the caller's thread may run one (a notebook cell calling main())
+        return _run_on_own_loop(ask, config.connect_timeout_s + config.rpc_timeout_s + 5)
     except (OSError, TimeoutError) as e:
         if isinstance(e, ConnectionError) and "authentication" in str(e):
             raise
@@ -475,16 +475,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         nodes = _gcs_call(config, token, gcs, "GetAllNodes")
         loads = {r.node_id: r for r in _gcs_call(config, token, gcs, "GetClusterStatus")}
+        storage = _gcs_call(config, token, gcs, "KvGet", "cluster", b"gcs_storage_health", 0.0)
     except ConnectionError as e:
         raise _CliError(str(e)) from None
+    storage_health = storage.decode() if storage else "ok"
     dashboard = next((n.dashboard_url for n in nodes if n.dashboard_url), "") or current.get("dashboard_url", "")
     if args.json:
-        print(json.dumps({"gcs_address": address, "dashboard_url": dashboard, "nodes": [
+        print(json.dumps({"gcs_address": address, "dashboard_url": dashboard,
+                          "gcs_storage_health": storage_health, "nodes": [
             _node_json(n, loads.get(n.node_id)) for n in nodes]}, indent=1))
         return 0
     alive = [n for n in nodes if n.state == "ALIVE"]
     print(f"lumos cluster at {address}: {len(alive)} node(s) alive, {len(nodes) - len(alive)} dead")
     print(f"dashboard: {dashboard}" if dashboard else "dashboard: none")
+    if storage_health != "ok":
+        print(f"GCS UNHEALTHY: its storage is {storage_health}")
     total: dict[str, float] = {}
     avail: dict[str, float] = {}
     for n in nodes:

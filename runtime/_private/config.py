@@ -159,6 +159,12 @@ class Config:
     gcs_storage_timeout_s: float = _positive(5.0)
     #: How long raylets, workers and drivers try to reach a restarted GCS before giving up.
     gcs_reconnect_timeout_s: float = _positive(60.0)
+    #: The GCS exits when its storage (Redis) has been unreachable this long, reporting
+    #: itself unhealthy meanwhile; raylets and drivers then wait gcs_reconnect_timeout_s
+    #: for a GCS restarted over the storage, as after any GCS death.
+    gcs_storage_unavailable_exit_s: float = _positive(60.0)
+    #: How often the GCS checks that its storage answers and still holds its tables.
+    gcs_storage_check_interval_ms: int = 1000
     #: How often the raylet samples node memory (0: no memory monitor).
     memory_monitor_refresh_ms: int = 250
     #: Fraction of node memory (or of the cgroup limit) above which a worker is killed.

@@ -235,3 +235,31 @@ def test_writer_retries_an_outage_and_reports_a_refused_batch(caplog: pytest.Log
             await w.aclose()
     run(body())
     assert "retrying until it is back" in caplog.text and "they are lost" in caplog.text
+
+
+def test_health_state_exits_only_after_the_documented_bound() -> None:
+    from lumos._private.gcs.storage import StorageHealthState
+    h = StorageHealthState(exit_after_s=60.0)
+    assert h.healthy and h.answered(5.0) is None and h.describe(5.0) == "ok"
+    assert h.failed("refused", 10.0) is False
+    assert h.failed("refused", 69.0) is False and not h.healthy
+    assert "unavailable for 59.0s (refused)" in h.describe(69.0)
+    assert "gcs_storage_unavailable_exit_s=60s" in h.describe(69.0)
+    assert h.answered(69.5) == 59.5 and h.healthy  # back in time: the clock starts over
+    assert h.failed("refused", 100.0) is False
+    assert h.failed("refused", 160.0) is True
+
+
+def test_a_redis_shard_that_lost_its_data_is_reported(redis_server_factory: Callable[..., RedisServer]) -> None:
+    a, b = redis_server_factory(), redis_server_factory()
+
+    async def body(st: GcsStorage) -> None:
+        assert await st.lost_parts() == []
+        b.client().flushall()  # as a Redis restarted without its data
+        assert await st.lost_parts() == [f"Redis at {b.address}"]
+        await st.mark_parts()
+        assert await st.lost_parts() == []
+        a.stop()
+        with pytest.raises(StorageUnavailable, match=f"Redis at {a.address}"):
+            await st.lost_parts()
+    with_storage(f"redis://{a.address},{b.address}", body)

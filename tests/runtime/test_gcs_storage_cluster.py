@@ -226,17 +226,124 @@ def test_a_gcs_that_never_returns_stops_raylets_and_fails_drivers(redis_server: 
         check_no_leaks(cluster.session_dir)
 
 
+def kill_redis(server: RedisServer) -> None:
+    """SIGKILL ``server`` (no shutdown save): it comes back from what its AOF holds, if anything."""
+    server.proc.kill()
+    server.proc.wait(10)
+
+
+def wipe_redis_data(server: RedisServer) -> None:
+    """Remove the killed ``server``'s data files: its next start is an empty Redis."""
+    import os
+    import shutil
+    for name in os.listdir(server.data_dir):
+        path = os.path.join(server.data_dir, name)
+        if name != "redis.log":
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+def gcs_log(cluster: Cluster) -> str:
+    import glob
+    import os
+    out = ""
+    for path in glob.glob(os.path.join(cluster.session_dir, "logs", "gcs*.log")):
+        with open(path) as f:
+            out += f.read()
+    return out
+
+
 @pytest.mark.slow
 def test_the_same_gcs_writes_again_once_redis_restarts(redis_server: RedisServer) -> None:
-    config = {**TEST_CONFIG, "gcs_storage": redis_server.url}
+    config = {**TEST_CONFIG, "gcs_storage": redis_server.url, "gcs_storage_check_interval_ms": 200}
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": config})
     try:
+        gcs_pid = cluster.head_node._processes.gcs_proc.pid  # type: ignore[union-attr]
+        redis_server.client().config_set("appendfsync", "always")  # what was acknowledged is in the AOF
         assert gcs_call(cluster, m.KvPut("user", b"before", b"1", True)) is True
-        redis_server.stop()  # SIGTERM: Redis writes its append-only file and exits
+        kill_redis(redis_server)  # SIGKILL: no shutdown save, only the append-only file
         redis_server.start()  # same port, same file
         assert gcs_call(cluster, m.KvPut("user", b"after", b"2", True)) is True
         assert redis_server.client().hget("lumos:kv", b"user\0before") == b"1"
         assert redis_server.client().hget("lumos:kv", b"user\0after") == b"2"
+        assert cluster.head_node._processes.gcs_proc.pid == gcs_pid  # type: ignore[union-attr]
+        assert cluster.head_node._processes.gcs_proc.poll() is None  # type: ignore[union-attr]
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)
+
+
+@pytest.mark.slow
+def test_a_redis_that_never_returns_makes_the_gcs_unhealthy_then_exit(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+    import io
+    import json
+    from lumos import cli
+    from tests.conftest import process_gone
+    config = {**TEST_CONFIG, "gcs_storage": redis_server.url, "gcs_storage_check_interval_ms": 100,
+              "gcs_storage_unavailable_exit_s": 5.0, "gcs_reconnect_timeout_s": 2.0, "gcs_storage_timeout_s": 1.0}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": config})
+    try:
+        monkeypatch.setenv("LUMOS_CLUSTER_TOKEN", cluster.token)  # for `lumos status`
+        cluster.connect()
+        assert lumos.get(square.remote(2), timeout=30) == 4
+        gcs_proc = cluster.head_node._processes.gcs_proc  # type: ignore[union-attr]
+        raylet_pid = cluster.head_node.raylet_pid  # type: ignore[union-attr]
+        assert gcs_call(cluster, m.KvGet("cluster", b"gcs_storage_health", 0.0)) == b"ok"
+        kill_redis(redis_server)  # and never started again
+
+        def reported() -> bool:
+            health = gcs_call(cluster, m.KvGet("cluster", b"gcs_storage_health", 0.0))
+            return health.startswith(b"unavailable for")
+        wait_for(reported, 10, 0.05)
+        assert "GCS unhealthy: its storage" in gcs_log(cluster)
+        status = io.StringIO()
+        with contextlib.redirect_stdout(status):
+            assert cli.main(["status", "--address", cluster.address, "--json"]) == 0
+        assert json.loads(status.getvalue())["gcs_storage_health"].startswith("unavailable for")
+        gcs_proc.wait(30)
+        assert gcs_proc.returncode == 1
+        assert "the GCS exits: its storage" in gcs_log(cluster)
+        # Then the raylet and the driver take their GCS-gone paths.
+        wait_for(lambda: process_gone(raylet_pid), 30, 0.1)
+        with pytest.raises(lumos.exceptions.ClusterUnavailableError):
+            lumos.get(square.remote(3), timeout=30)
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)
+
+
+@pytest.mark.slow
+def test_a_redis_that_comes_back_empty_gets_the_live_tables_written_back(redis_server: RedisServer) -> None:
+    config = {**TEST_CONFIG, "gcs_storage": redis_server.url, "gcs_storage_check_interval_ms": 200}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": config})
+    try:
+        cluster.connect(namespace="ns1")
+        c = Counter.options(name="counter", lifetime="detached", num_cpus=0).remote()
+        assert lumos.get(c.incr.remote(), timeout=30) == 1
+        pg = lumos.util.placement_group([{"CPU": 0.5}])
+        assert pg.wait(timeout_seconds=30)
+        assert gcs_call(cluster, m.KvPut("user", b"answer", b"42", True)) is True
+        tables = ["nodes", "jobs", "kv", "actors", "placement_groups"]
+        before = {t: set(rows([redis_server], t)) for t in tables}
+        assert all(before.values())
+
+        kill_redis(redis_server)
+        wipe_redis_data(redis_server)
+        redis_server.start()  # same port, empty
+        assert not rows([redis_server], "kv")
+
+        def back() -> bool:
+            return all(before[t] <= set(rows([redis_server], t)) for t in tables)
+        wait_for(back, 20, 0.1)
+        assert "came back without the GCS's data; writing the live tables back" in gcs_log(cluster)
+        assert rows([redis_server], "kv")[b"user\0answer"] == b"42"
+
+        # What was written back is what a restarted GCS recovers from.
+        cluster.kill_gcs()
+        cluster.restart_gcs()
+        again = lumos.get_actor("counter")
+        assert lumos.get(again.incr.remote(), timeout=30) == 2
     finally:
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)

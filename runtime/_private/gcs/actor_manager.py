@@ -123,9 +123,17 @@ class ActorManager:
 
     def _publish(self, actor: _Actor) -> None:
         actor.info.version += 1
+        self._persist(actor)
+        self.gcs.publish("actors", actor.info.actor_id, actor.info)
+
+    def _persist(self, actor: _Actor) -> None:
         self.gcs.persist("actors", actor.info.actor_id,
                          [actor.info, actor.spec, actor.worker_id, actor.lease_id, actor.lease_node])
-        self.gcs.publish("actors", actor.info.actor_id, actor.info)
+
+    def persist_all(self) -> None:
+        """Write every actor row again (a storage that came back empty)."""
+        for actor in self.actors.values():
+            self._persist(actor)
 
     def restore(self, info: m.ActorInfo, spec: m.TaskSpec, worker_id: bytes | None, lease_id: int,
                 lease_node: bytes | None) -> None:

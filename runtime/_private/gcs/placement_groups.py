@@ -428,6 +428,11 @@ class PlacementGroupTable:
         self.gcs.persist("placement_groups", g.info.pg_id, g.info)
         self.gcs.publish("placement_groups", g.info.pg_id, g.info)
 
+    def persist_all(self) -> None:
+        """Write every group row again (a storage that came back empty)."""
+        for g in self.groups.values():
+            self.gcs.persist("placement_groups", g.info.pg_id, g.info)
+
     def restore(self, info: m.PlacementGroupInfo) -> None:
         """Take back a group row from storage (a restarted GCS); unplaced bundles are placed again."""
         g = _Group(info)

@@ -30,8 +30,8 @@ from typing import Any
 from lumos._private.config import Config
 from lumos._private.transport import eventloop
 from lumos._private.gcs.actor_manager import ActorManager
-from lumos._private.gcs.storage import (GcsStorage, StorageUnavailable, StorageWriter, create_storage,
-                                        pack_value, unpack_value)
+from lumos._private.gcs.storage import (GcsStorage, StorageHealthState, StorageUnavailable, StorageWriter,
+                                        create_storage, pack_value, unpack_value)
 from lumos._private.gcs.task_log import TaskEventTable
 from lumos._private.ids import new_job_id, short
 from lumos._private.process import (die_with_parent, read_private_file, read_token, report_ready,
@@ -52,6 +52,10 @@ class GcsServer:
         self.storage = storage
         #: Writes every table change through to a durable storage (None: memory, nothing to keep).
         self.writer: StorageWriter | None = StorageWriter(storage) if storage.durable else None
+        self.storage_health = StorageHealthState(config.gcs_storage_unavailable_exit_s)
+        #: Exit status for the process once ``stopped`` is set (1: the storage was lost).
+        self.exit_code = 0
+        self._writing_back: asyncio.Task[None] | None = None
         self.session_dir = session_dir
         #: Exit when the first job's driver disconnects (a cluster started by init()).
         self.private_cluster = private_cluster
@@ -122,8 +126,11 @@ class GcsServer:
             self.writer.start()
         # Clients ask this to know whether to wait for a restarted GCS when this one goes.
         self.kv[("cluster", b"gcs_storage_durable")] = b"1" if self.writer is not None else b"0"
+        self.kv[("cluster", b"gcs_storage_health")] = b"ok"
         await self.server.start(unix_path=unix_path, host=host, port=port)
         self._spawn(self._health_loop(), "gcs.health")
+        if self.writer is not None:
+            self._spawn(self._storage_health_loop(), "gcs.storage_health")
         logger.info("GCS listening on %s:%d", self.server.host, self.server.port)
 
     async def stop(self) -> None:
@@ -233,6 +240,82 @@ class GcsServer:
             logger.info("recovered from %s: %d jobs, %d nodes, %d KV entries, %d actors, %d placement groups, "
                         "%d task-event batches", st.description, len(jobs), len(self.nodes), len(self.kv),
                         len(actors), len(self.placement_groups.groups), len(batches))
+
+    async def _storage_health_loop(self) -> None:
+        """Check the storage answers and still holds our tables; exit if it stays away too long."""
+        interval = self.config.gcs_storage_check_interval_ms / 1000
+        health = self.storage_health
+        desc = self.storage.description
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                async with asyncio.timeout(self.config.gcs_storage_timeout_s):
+                    lost = await self.storage.lost_parts()
+            except (StorageUnavailable, TimeoutError) as e:
+                now = time.monotonic()
+                first = health.healthy
+                must_exit = health.failed(str(e) or type(e).__name__, now)
+                self.kv[("cluster", b"gcs_storage_health")] = health.describe(now).encode()
+                if first:
+                    logger.error("GCS unhealthy: its storage %s does not answer (%s); it keeps retrying and "
+                                 "exits after gcs_storage_unavailable_exit_s=%gs", desc, e, health.exit_after_s)
+                if must_exit:
+                    self._spawn(self.abort(f"its storage {desc} did not answer for "
+                                           f"gcs_storage_unavailable_exit_s={health.exit_after_s:g}s ({e})"),
+                                "gcs.abort")
+                    return
+                continue
+            lasted = health.answered(time.monotonic())
+            if lasted is not None:
+                self.kv[("cluster", b"gcs_storage_health")] = b"ok"
+                logger.warning("GCS healthy again: its storage %s answers after %.1fs", desc, lasted)
+            if (lost or lasted is not None) and (self._writing_back is None or self._writing_back.done()):
+                self._writing_back = self._spawn_task(self._write_tables_back(lost), "gcs.write_back")
+
+    async def _write_tables_back(self, lost: list[str]) -> None:
+        """Write every live table row to the storage again, then mark it as holding them.
+
+        With ``lost`` (a Redis restarted empty) that restores its data; after an outage
+        without loss it covers writes a Redis killed mid-``appendfsync`` may have dropped.
+        """
+        if lost:
+            logger.warning("GCS storage %s: %s came back without the GCS's data; writing the live tables back "
+                           "(%d nodes, %d jobs, %d KV entries, %d actors, %d placement groups)",
+                           self.storage.description, ", ".join(lost), len(self.nodes), len(self.jobs),
+                           len(self.kv), len(self.actors.actors), len(self.placement_groups.groups))
+        for node_id, node in self.nodes.items():
+            self.persist("nodes", node_id, node)
+        for job_id, job in self.jobs.items():
+            self.persist("jobs", job_id, job)
+        assert self.writer is not None
+        for (ns, k), value in self.kv.items():
+            if ns == "cluster" and k in (b"gcs_storage_durable", b"gcs_storage_health"):
+                continue  # this process's own view, never stored
+            self.writer.put_nowait("kv", ns.encode() + b"\0" + k, value)
+        self.actors.persist_all()
+        self.placement_groups.persist_all()
+        await self.writer.flush()
+        await self.storage.mark_parts()
+        if lost:
+            logger.warning("GCS storage %s: the live tables are written back", self.storage.description)
+
+    async def abort(self, reason: str) -> None:
+        """Exit at once, as a crash would: nodes and drivers wait for a restarted GCS."""
+        logger.error("the GCS exits: %s; restart it once the storage is back (raylets and drivers wait "
+                     "gcs_reconnect_timeout_s=%gs for it)", reason, self.config.gcs_reconnect_timeout_s)
+        me = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not me:
+                task.cancel()
+        self.actors.close()
+        self.placement_groups.close()
+        await self.server.stop()
+        self.task_events.close()
+        if self.writer is not None:
+            await self.writer.aclose(timeout_s=0.1)
+        await self.storage.aclose()
+        self.exit_code = 1
+        self.stopped.set()
 
     async def _finish_unclaimed_jobs(self, job_ids: list[bytes]) -> None:
         """Jobs whose driver did not reconnect to this restarted GCS in time have ended."""
@@ -523,6 +606,8 @@ async def _amain(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, lambda: asyncio.ensure_future(gcs.stop()))
     report_ready(args.ready_fd, {"host": gcs.server.host, "port": gcs.server.port, "pid": os.getpid()})
     await gcs.stopped.wait()
+    if gcs.exit_code:
+        raise SystemExit(gcs.exit_code)
 
 
 def main() -> None:

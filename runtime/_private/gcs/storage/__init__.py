@@ -15,6 +15,11 @@ GcsServer ──put_nowait/delete_nowait/append_nowait──► StorageWriter �
 Backends: ``memory`` (the default, gone with the process) and
 ``redis://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...][/DB][?prefix=NAME]`` (``RedisStorage``,
 keys sharded by hash across the listed servers).
+
+What lives here: this module (the ``GcsStorage`` interface, ``StorageWriter``,
+``create_storage``), ``memory.py`` and ``redis_storage.py`` (speaks RESP itself). May
+import: the standard library and ``protocol`` (only to pack table rows); knows tables,
+keys and bytes, never what the GCS keeps in them.
 """
 
 from __future__ import annotations
@@ -82,6 +87,19 @@ class GcsStorage(abc.ABC):
     @abc.abstractmethod
     async def read_stream(self, stream: str) -> list[bytes]:
         """Every entry kept in ``stream``, oldest first."""
+
+    async def lost_parts(self) -> list[str]:
+        """The parts of the storage that answer but no longer hold what was written to them.
+
+        A Redis server restarted without its data (no append-only file, or a new data
+        dir) is one: the GCS then writes its live tables back and calls ``mark_parts``.
+        Raises ``StorageUnavailable`` when a part does not answer (the GCS's health check).
+        """
+        return []
+
+    async def mark_parts(self) -> None:
+        """Record in every part that it holds this storage's data (see ``lost_parts``)."""
+        return None
 
     async def put(self, table: str, key: bytes, value: bytes) -> None:
         await self.write_batch([Put(table, key, value)])
@@ -261,6 +279,51 @@ class StorageWriter:
             if not fut.done():
                 fut.cancel()
         self._waiters = []
+
+
+class StorageHealthState:
+    """Pure: whether the GCS's storage answers, since when it has not, and when the GCS must exit.
+
+    The GCS checks its storage every ``gcs_storage_check_interval_ms`` and tells this
+    what it saw (``failed``/``answered``, time passed in). Unreachable for longer than
+    ``exit_after_s`` (``gcs_storage_unavailable_exit_s``), the GCS exits: it cannot
+    acknowledge anything durable, and a GCS restarted once the storage is back recovers.
+    """
+
+    def __init__(self, exit_after_s: float) -> None:
+        self.exit_after_s = exit_after_s
+        #: Monotonic time of the first failed check of the current outage (None: healthy).
+        self.unavailable_since: float | None = None
+        #: What the last failed check said.
+        self.reason = ""
+
+    @property
+    def healthy(self) -> bool:
+        return self.unavailable_since is None
+
+    def failed(self, reason: str, now: float) -> bool:
+        """A check failed; True when the outage has lasted past ``exit_after_s`` (exit now)."""
+        if self.unavailable_since is None:
+            self.unavailable_since = now
+        self.reason = reason
+        return now - self.unavailable_since >= self.exit_after_s
+
+    def answered(self, now: float) -> float | None:
+        """A check succeeded; how long the outage it ends lasted (None: there was none)."""
+        if self.unavailable_since is None:
+            return None
+        lasted = now - self.unavailable_since
+        self.unavailable_since = None
+        self.reason = ""
+        return lasted
+
+    def describe(self, now: float) -> str:
+        """One line for logs and ``lumos status``."""
+        if self.unavailable_since is None:
+            return "ok"
+        down = now - self.unavailable_since
+        return (f"unavailable for {down:.1f}s ({self.reason}); the GCS exits after "
+                f"gcs_storage_unavailable_exit_s={self.exit_after_s:g}s")
 
 
 def pack_value(obj: Any) -> bytes:

@@ -11,7 +11,8 @@ Layout, with ``P`` the prefix (default ``lumos:``):
   ``crc32(table \\0 key) % shards``: every table is spread over every server;
 - a stream is the Redis stream ``Pstream:{name}`` on shard ``crc32("stream" \\0 name) % shards``,
   trimmed with ``XADD ... MAXLEN ~ N``;
-- ``Pmeta`` on shard 0 holds the shard count.
+- ``Pmeta`` holds the shard count, on every shard: a shard without it has lost its data
+  (a Redis restarted empty), and the GCS writes its live tables back (``lost_parts``).
 
 A batch is one pipeline (no MULTI) per shard, the shards written concurrently; a batch
 returns once every server has answered, so a write the GCS acknowledged is in Redis
@@ -137,17 +138,29 @@ class RedisStorage(GcsStorage):
 
     async def start(self) -> None:
         await asyncio.gather(*(self._call("PING", i, c.ping()) for i, c in enumerate(self.shards)))
-        meta = self._prefix + b"meta"
         first = self.shards[0]
-        recorded = await self._call("HGET", 0, first.hget(meta, b"shards"))
-        if recorded is None:
-            await self._call("HSET", 0, first.hset(meta, b"shards", str(len(self.shards)).encode()))
-        elif int(recorded) != len(self.shards):
+        recorded = await self._call("HGET", 0, first.hget(self._meta, b"shards"))
+        if recorded is not None and int(recorded) != len(self.shards):
             raise StorageUnavailable(
                 f"the GCS data under prefix {self.url.prefix!r} was written sharded over {int(recorded)} Redis "
                 f"servers, and {self.description} lists {len(self.shards)}; give the same servers in the "
                 "same order (or another ?prefix=)")
+        await self.mark_parts()
         logger.info("GCS storage: Redis, %d shard(s): %s", len(self.shards), self.description)
+
+    @property
+    def _meta(self) -> bytes:
+        return self._prefix + b"meta"
+
+    async def lost_parts(self) -> list[str]:
+        found = await asyncio.gather(*(self._call("HGET", i, c.hget(self._meta, b"shards"))
+                                       for i, c in enumerate(self.shards)))
+        return [f"Redis at {h}:{p}" for (h, p), v in zip(self.url.hosts, found) if v is None]
+
+    async def mark_parts(self) -> None:
+        count = str(len(self.shards)).encode()
+        await asyncio.gather(*(self._call("HSET", i, c.hset(self._meta, b"shards", count))
+                               for i, c in enumerate(self.shards)))
 
     async def write_batch(self, ops: list[Op]) -> None:
         pipes: dict[int, Any] = {}
