@@ -162,6 +162,28 @@ def test_task_returns_and_args_reuse_freed_slots_without_changing_live_values(fr
     assert lumos.get(keeper.first_and_last.remote(), timeout=30) == (2.0, 2.0)
 
 
+def test_return_freed_while_viewed_is_pooled_when_its_last_view_goes(fresh_cluster):
+    fresh_cluster()
+
+    @lumos.remote
+    def make():
+        return np.full(2_000_000, 3.0)
+
+    ref = make.remote()
+    out = lumos.get(ref, timeout=30)  # the usual loop: the array outlives its ref
+    name = ref.hex()
+    del ref
+    gc.collect()
+    lumos.put(0)  # API calls apply dropped refs
+    assert name in os.listdir(store_dir())  # still viewed here: not freed yet
+    assert out[0] == 3.0 and out[-1] == 3.0
+    del out
+    gc.collect()
+    wait_for(lambda: name not in os.listdir(store_dir()), 10)
+    assert any(n.startswith("pool-") for n in os.listdir(store_dir()))
+    assert lumos.get(make.remote(), timeout=30)[-1] == 3.0
+
+
 def test_put_larger_than_store_fails_clearly_and_nothing_breaks(fresh_cluster):
     fresh_cluster(object_store_memory=64 * 1024 * 1024, _system_config={"object_spilling_enabled": False})
     with pytest.raises(ObjectStoreFullError, match="larger than the object store"):

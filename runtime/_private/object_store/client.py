@@ -66,6 +66,11 @@ class StoreClient:
         #: Asks the raylet to bring a missing object back (user threads): None (gone), ""
         #: (back in the store) or the spill file to map.
         self.restore: Callable[[bytes], str | None] | None = None
+        #: Called (any thread) with an owned object's id when it was freed while this
+        #: process still viewed it and its last view has gone: free it in the store now.
+        self.on_free_later: Callable[[bytes], None] | None = None
+        #: Object id -> mapping of an owned object freed while viewed here.
+        self._deferred: dict[bytes, tuple[_Mapping, bool]] = {}
         #: Slot -> mapping kept after free, for the next create of that slot.
         self._slots: dict[int, _Mapping] = {}
         self._slot_bytes = 0
@@ -204,6 +209,17 @@ class StoreClient:
                 self._pins.pop(oid, None)
                 if self.on_pin is not None:
                     self.on_pin(oid, False)
+                deferred = self._deferred.pop(oid, None)
+                if deferred is None:
+                    return
+                mapping, created = deferred
+                # A mapping we wrote is kept for the slot's next create; a read-only one
+                # goes with this last view.
+                if created and self._slot_bytes + mapping.size <= self._recycle_bytes:
+                    self._slots[mapping.slot] = mapping
+                    self._slot_bytes += mapping.size
+                if self.on_free_later is not None:
+                    self.on_free_later(oid)
 
         w = weakref.ref(arr, gone)
         self._weak[id(w)] = w
@@ -230,17 +246,27 @@ class StoreClient:
 
     # ------------------------------------------------------------------ freeing
 
-    def release(self, object_id: bytes, shared: bool) -> bool:
+    def release(self, object_id: bytes, shared: bool) -> bool | None:
         """The object is freed: drop or pool our mapping. True if this process views it no
         more and the slot may be reused; the raylet also checks that no other process
-        views it (pins). ``shared``: we do not own it (a borrowed value): never reused."""
+        views it (pins). ``shared``: we do not own it (a borrowed value): never reused.
+
+        None: the owner still views it here (``x = get(f.remote())`` keeps the array past
+        the ref); ``on_free_later`` tells when the last view goes, so the slot can be
+        reused then instead of the file being unlinked now."""
         with self._lock:
+            viewed = self._pins.get(object_id, 0) > 0
             read = self._read.pop(object_id, None)
-            mm = read.mm if read is not None else None
             mapping = self._created.pop(object_id, None)
+            held = mapping or read
+            if viewed and not shared and self.on_free_later is not None and held is not None \
+                    and held.slot >= 0:
+                self._deferred[object_id] = (held, mapping is not None)
+                return None
+            mm = read.mm if read is not None else None
             if mapping is None:
                 # Written by another process (a task's return), which keeps the slot.
-                recyclable = not shared and (read is None or read.live_views == 0)
+                recyclable = not shared and not viewed
             else:
                 recyclable = (not shared and mapping.live_views == 0
                               and self._slot_bytes + mapping.size <= self._recycle_bytes)
@@ -279,6 +305,7 @@ class StoreClient:
             self.on_pin = None
             self.restore = None
             self._created.clear()
+            self._deferred.clear()
             self._slots.clear()
             self._read.clear()
             self._slot_bytes = 0
