@@ -118,6 +118,22 @@ def run(impl: str, num_cpus: int, quick: bool) -> dict[str, float]:
     ray.get([noop.remote(one) for _ in range(n)])
     results["1 MiB ref-arg tasks (/s)"] = n / (time.perf_counter() - t)
 
+    value = np.ones(MiB, dtype=np.uint8)
+    ray.get([noop.remote(value) for _ in range(20)])  # warm-up: store slots of this size
+    t = time.perf_counter()
+    ray.get([noop.remote(value) for _ in range(n)])
+    results["1 MiB by-value arg tasks (/s)"] = n / (time.perf_counter() - t)
+    lat = _latencies(lambda: ray.get(noop.remote(value)), int(1000 * scale))
+    results["1 MiB by-value arg round trip p50 (us)"] = lat[len(lat) // 2] * 1e6
+
+    @ray.remote
+    def make_mib() -> np.ndarray:
+        return np.ones(MiB, dtype=np.uint8)
+
+    lat = _latencies(lambda: ray.get(make_mib.remote()), int(1000 * scale))
+    results["1 MiB return round trip p50 (us)"] = lat[len(lat) // 2] * 1e6
+    results["1 MiB return round trip p99 (us)"] = lat[int(len(lat) * 0.99)] * 1e6
+
     refs = [ray.put(i) for i in range(1000)]
     results["wait on 1000 refs (/s)"] = 1 / _timeit(
         lambda: ray.wait(refs, num_returns=len(refs)), 1.0 * scale, 20000)

@@ -130,6 +130,60 @@ def test_value_survives_while_views_are_alive(fresh_cluster):
     assert view[0] == 7.0 and view[-1] == 7.0
 
 
+def test_task_returns_and_args_reuse_freed_slots_without_changing_live_values(fresh_cluster):
+    fresh_cluster()
+
+    @lumos.remote
+    def make(i):
+        return np.full(2_000_000, float(i))
+
+    @lumos.remote
+    class Keeper:
+        def keep(self, arr):
+            self.arr = arr  # a view of the argument's store file, kept past the call
+
+        def first_and_last(self):
+            return float(self.arr[0]), float(self.arr[-1])
+
+    keeper = Keeper.remote()
+    lumos.get(keeper.keep.remote(np.full(2_000_000, -1.0)), timeout=30)
+    kept = lumos.get(make.remote(0), timeout=30)  # a view of a return, its ref dropped
+    for i in range(1, 6):
+        assert lumos.get(make.remote(i), timeout=30)[-1] == i
+        assert lumos.get(keeper.first_and_last.remote(), timeout=30) == (-1.0, -1.0)
+    gc.collect()
+    lumos.put(0)  # API calls apply dropped refs
+    # A freed return nobody views goes back to the pool for the next create.
+    wait_for(lambda: any(n.startswith("pool-") for n in os.listdir(store_dir())), 10)
+    assert kept[0] == 0.0 and kept[-1] == 0.0
+    for i in range(3):
+        lumos.get(keeper.keep.remote(np.full(2_000_000, float(i))), timeout=30)
+        lumos.put(np.zeros(2_000_000))
+    assert lumos.get(keeper.first_and_last.remote(), timeout=30) == (2.0, 2.0)
+
+
+def test_return_freed_while_viewed_is_pooled_when_its_last_view_goes(fresh_cluster):
+    fresh_cluster()
+
+    @lumos.remote
+    def make():
+        return np.full(2_000_000, 3.0)
+
+    ref = make.remote()
+    out = lumos.get(ref, timeout=30)  # the usual loop: the array outlives its ref
+    name = ref.hex()
+    del ref
+    gc.collect()
+    lumos.put(0)  # API calls apply dropped refs
+    assert name in os.listdir(store_dir())  # still viewed here: not freed yet
+    assert out[0] == 3.0 and out[-1] == 3.0
+    del out
+    gc.collect()
+    wait_for(lambda: name not in os.listdir(store_dir()), 10)
+    assert any(n.startswith("pool-") for n in os.listdir(store_dir()))
+    assert lumos.get(make.remote(), timeout=30)[-1] == 3.0
+
+
 def test_put_larger_than_store_fails_clearly_and_nothing_breaks(fresh_cluster):
     fresh_cluster(object_store_memory=64 * 1024 * 1024, _system_config={"object_spilling_enabled": False})
     with pytest.raises(ObjectStoreFullError, match="larger than the object store"):

@@ -371,6 +371,26 @@ def test_shared_objects_are_unlinked_not_pooled():
     assert s.used_bytes == 0
 
 
+def test_free_of_an_object_another_process_views_unlinks_it():
+    s = store()
+    (g,) = create(s, 1, A, MiB)
+    s.handle(st.ObjectSealed(A, MiB), 0)
+    s.handle(st.ObjectsPinned(W2, [A]), 0)  # a task still holds its argument
+    acts = s.handle(st.ObjectsFreed([A], [True]), 1)
+    assert acts == [st.UnlinkFile(s.final_path(A)), st.DropSlot(W1, g.slot)]
+    assert s.pool_bytes == 0
+
+
+def test_pooled_slot_granted_to_another_process_drops_the_old_mapping():
+    s = store()
+    (g,) = create(s, 1, A, MiB, client=W1)
+    s.handle(st.ObjectSealed(A, MiB), 0)
+    s.handle(st.ObjectsFreed([A], [True]), 1)
+    acts = create(s, 2, B, MiB, client=W2)
+    assert st.DropSlot(W1, g.slot) in acts
+    assert any(isinstance(a, st.GrantCreate) and a.reused and a.slot == g.slot for a in acts)
+
+
 def test_pool_is_evicted_to_make_room():
     s = store(capacity=30 * MiB, recycle=30 * MiB)
     (g,) = create(s, 1, A, 20 * MiB)

@@ -122,6 +122,7 @@ class CoreWorker:
                                  config.object_store_recycle_bytes)
         self.store.on_pin = self._store_pin_changed
         self.store.restore = self._restore_spilled
+        self.store.on_free_later = self._free_after_views
         self.address: m.Address = m.Address(node_id, worker_id, "", "", 0)
         #: The driver's own task id (parent of what it submits); in workers the running task's.
         self.current_task_id: bytes = new_task_id()
@@ -595,8 +596,12 @@ class CoreWorker:
                 dropped.append(f.object_id[:TASK_ID_SIZE])
             if e.owned:
                 if e.node_id is not None and e.data is None:
+                    # Readers elsewhere may still view it: the raylet checks their pins.
+                    r = self.store.release(f.object_id, False)
+                    if r is None:
+                        continue  # viewed here: freed when the last view goes (_free_after_views)
                     store_frees.append(f.object_id)
-                    recyclable.append(self.store.release(f.object_id, e.shared))
+                    recyclable.append(r)
             else:
                 self.store.release(f.object_id, True)
                 if e.registered and e.owner is not None:
@@ -636,6 +641,16 @@ class CoreWorker:
             self._post(self._notify_raylet, m.PinObjects([object_id], pinned))
         except exc.LumosSystemError:
             pass  # shutting down: the raylet forgets this process's pins when it goes
+
+    def _free_after_views(self, object_id: bytes) -> None:
+        """An object we freed while viewing it lost its last view here (any thread, GC
+        included): free it in the store now, its slot reusable if nobody else views it."""
+        if self._closed or self.loop is None or self.loop.is_closed():
+            return
+        try:
+            self._post(self._send_releases, [object_id], [True], {})
+        except exc.LumosSystemError:
+            pass  # shutting down: the raylet frees what this process owned when it goes
 
     def _restore_spilled(self, object_id: bytes) -> str | None:
         """The object's store file is missing: ask the raylet to restore it (user threads).

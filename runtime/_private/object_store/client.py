@@ -6,9 +6,9 @@ raylet (``ObjectStoreState``); this class only creates, maps and renames files.
 
 Writes go to ``<id>.w`` and are renamed to ``<id>`` when complete, so a file under its
 final name is always sealed. A process keeps the writable mapping of what it created
-while the object lives (its own gets are views of it) and, when the raylet pools the
-slot, keeps it for the next create of that slot: those writes hit already-faulted
-pages. Views handed to user code are read-only and tracked (``_Mapping.live_views``)
+while the object lives (its own gets are views of it; a task's return is kept by slot)
+and, when the raylet pools the slot, keeps it for the next create of that slot: those
+writes hit already-faulted pages. Views handed to user code are read-only and tracked (``_Mapping.live_views``)
 so a slot is never reused while any view of it is alive.
 
 Spilling: the raylet spills only objects no process views. Each process reports when
@@ -66,6 +66,11 @@ class StoreClient:
         #: Asks the raylet to bring a missing object back (user threads): None (gone), ""
         #: (back in the store) or the spill file to map.
         self.restore: Callable[[bytes], str | None] | None = None
+        #: Called (any thread) with an owned object's id when it was freed while this
+        #: process still viewed it and its last view has gone: free it in the store now.
+        self.on_free_later: Callable[[bytes], None] | None = None
+        #: Object id -> mapping of an owned object freed while viewed here.
+        self._deferred: dict[bytes, tuple[_Mapping, bool]] = {}
         #: Slot -> mapping kept after free, for the next create of that slot.
         self._slots: dict[int, _Mapping] = {}
         self._slot_bytes = 0
@@ -105,8 +110,16 @@ class StoreClient:
         if keep_mapping:
             with self._lock:
                 self._created[object_id] = mapping
-        else:
-            self._close(mapping)
+            return
+        if slot >= 0:
+            # Another process owns it (a task's return): keep the faulted pages for the
+            # slot's next create here. The raylet says DropSlot when the file goes.
+            with self._lock:
+                if self._slot_bytes + mapping.size <= self._recycle_bytes and slot not in self._slots:
+                    self._slots[slot] = mapping
+                    self._slot_bytes += mapping.size
+                    return
+        self._close(mapping)
 
     def _copy(self, dst: memoryview, src: memoryview) -> None:
         n = src.nbytes
@@ -196,6 +209,17 @@ class StoreClient:
                 self._pins.pop(oid, None)
                 if self.on_pin is not None:
                     self.on_pin(oid, False)
+                deferred = self._deferred.pop(oid, None)
+                if deferred is None:
+                    return
+                mapping, created = deferred
+                # A mapping we wrote is kept for the slot's next create; a read-only one
+                # goes with this last view.
+                if created and self._slot_bytes + mapping.size <= self._recycle_bytes:
+                    self._slots[mapping.slot] = mapping
+                    self._slot_bytes += mapping.size
+                if self.on_free_later is not None:
+                    self.on_free_later(oid)
 
         w = weakref.ref(arr, gone)
         self._weak[id(w)] = w
@@ -207,6 +231,13 @@ class StoreClient:
         with self._lock:
             gone = [m for oid in object_ids
                     for m in (self._read.pop(oid, None), self._created.pop(oid, None)) if m is not None]
+            if self._slots:
+                ids = set(object_ids)
+                for slot, m in list(self._slots.items()):
+                    if m.object_id in ids:  # a return we wrote: its file left the store
+                        del self._slots[slot]
+                        self._slot_bytes -= m.size
+                        gone.append(m)
         for mapping in gone:
             self._close(mapping)
 
@@ -215,14 +246,27 @@ class StoreClient:
 
     # ------------------------------------------------------------------ freeing
 
-    def release(self, object_id: bytes, shared: bool) -> bool:
-        """The object is freed: drop or pool our mapping. True if the slot may be reused."""
+    def release(self, object_id: bytes, shared: bool) -> bool | None:
+        """The object is freed: drop or pool our mapping. True if this process views it no
+        more and the slot may be reused; the raylet also checks that no other process
+        views it (pins). ``shared``: we do not own it (a borrowed value): never reused.
+
+        None: the owner still views it here (``x = get(f.remote())`` keeps the array past
+        the ref); ``on_free_later`` tells when the last view goes, so the slot can be
+        reused then instead of the file being unlinked now."""
         with self._lock:
+            viewed = self._pins.get(object_id, 0) > 0
             read = self._read.pop(object_id, None)
-            mm = read.mm if read is not None else None
             mapping = self._created.pop(object_id, None)
+            held = mapping or read
+            if viewed and not shared and self.on_free_later is not None and held is not None \
+                    and held.slot >= 0:
+                self._deferred[object_id] = (held, mapping is not None)
+                return None
+            mm = read.mm if read is not None else None
             if mapping is None:
-                recyclable = False
+                # Written by another process (a task's return), which keeps the slot.
+                recyclable = not shared and not viewed
             else:
                 recyclable = (not shared and mapping.live_views == 0
                               and self._slot_bytes + mapping.size <= self._recycle_bytes)
@@ -261,6 +305,7 @@ class StoreClient:
             self.on_pin = None
             self.restore = None
             self._created.clear()
+            self._deferred.clear()
             self._slots.clear()
             self._read.clear()
             self._slot_bytes = 0

@@ -5,12 +5,13 @@ directory in ``/dev/shm``; this class decides names and sizes, never touches fil
 itself: it returns actions (``GrantCreate``, ``UnlinkFile``, ``RenameFile``, ...)
 that ``RayletServer`` executes.
 
-A file is a *slot*. A freed object whose creator was its only reader, and whose
-creator holds no views of it any more, goes back to a bounded pool as a free slot;
-the next create of a fitting size reuses it. Reuse matters: the creator process keeps
-its mapping of the slot, so a later put writes to already-faulted pages (about 3x
-faster than a new file on tmpfs). Every other freed file is unlinked, which is always
-safe (readers' mappings keep their pages alive).
+A file is a *slot*. A freed object that no process views any more (its owner says
+so and no reader's pin is left) goes back to a bounded pool as a free slot; the next
+create of a fitting size reuses it. Reuse matters: the creator process keeps its
+mapping of the slot, so a later put or task return writes to already-faulted pages
+(a 16 MiB value: ~2 ms of CPU instead of ~16 ms for a new file on tmpfs, most of it
+page faults). Every other freed file is unlinked, which is always safe (readers'
+mappings keep their pages alive), and its creator is told to drop its mapping.
 
 ```
  create(id, n) ──► GrantCreate(slot, tmp path, reuse?) ──► client writes, renames to final
@@ -431,8 +432,10 @@ class ObjectStoreState:
     def _try_grant(self, ev: CreateRequested, actions: list[Action]) -> bool:
         slot = self._pick_slot(ev.size_bytes, ev.client)
         if slot is not None:
-            file_size, _mapper = self.pool.pop(slot)
+            file_size, mapper = self.pool.pop(slot)
             self.pool_bytes -= file_size
+            if mapper and mapper != ev.client:
+                actions.append(DropSlot(mapper, slot))  # its old mapping would only pin pages
             tmp = self._tmp_path(ev.object_id)
             actions.append(RenameFile(self._pool_path(slot), tmp))
             self.objects[ev.object_id] = self.resident[ev.object_id] = _Obj(
@@ -760,7 +763,8 @@ class ObjectStoreState:
         path = self._tmp_path(oid) if tmp or not obj.sealed else self.final_path(oid)
         if obj.moved:
             recyclable = False
-        if recyclable and obj.sealed and not obj.shared and obj.file_size <= self.recycle_bytes:
+        # pins == 0: no process views it, so rewriting the file changes nobody's value.
+        if recyclable and obj.sealed and not obj.shared and obj.pins == 0 and obj.file_size <= self.recycle_bytes:
             while self.pool_bytes + obj.file_size > self.recycle_bytes and self.pool:
                 self._evict_oldest_slot(actions)
             self.pool[obj.slot] = (obj.file_size, obj.creator)
