@@ -8,6 +8,16 @@
   or lineage widget (``notebook``).
 
 Importing this package stays cheap: Bokeh is imported by the functions that need it.
+
+What lives here: ``source.py`` (``ClusterSource``: the GCS state mirror every page
+reads), ``graph_layout.py`` (pure layout of the task graph), ``components/`` (one file
+per page), ``app.py`` (the Bokeh server), ``auth.py``, ``server_ext.py``,
+``notebook.py``, ``host.py`` and ``__main__.py``.
+
+May import: lumos's public API, ``lumos.state`` (``StateClient`` reads the GCS) and
+``lumos.util`` (``session``: session directories, process plumbing); never
+``lumos._private`` (``tests/test_public_surfaces.py`` checks every import). lumos's
+runtime never imports this package at module level.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 Binds its port at once and reports ``{"url", "port", "pid"}`` on the ready pipe (so
 ``lumos.init()`` is not held up), but imports Bokeh and connects to the GCS only when
 the first browser connects: an unopened dashboard costs one idle process.
-Started by ``lumos._private.dashboard_process.start_dashboard``.
+Started by the head node (``lumos.init()``, ``lumos start --head``), which hands it the
+session directory, the GCS address and the token file; it uses lumos's public
+surfaces only (``lumos.state``, ``lumos.util.session``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import signal
 import socket
 
-from lumos._private.process import die_with_parent, read_token, report_ready, setup_logging, write_private_file
+from lumos.util.session import die_with_parent, read_token, report_ready, setup_logging, write_private_file
 
 logger = logging.getLogger("lumos.dashboard")
 
@@ -61,10 +63,10 @@ async def serve(args: argparse.Namespace, sock: socket.socket, port: int, token:
         waiter.cancel()
         return
     # Someone connected: now pay for Bokeh and the GCS connection.
-    from lumos._private.gcs.client import GcsClient
     from lumos.dashboard.app import DashboardServer
     from lumos.dashboard.source import ClusterSource
-    client = GcsClient(args.gcs_address, token, name="dashboard->gcs")
+    from lumos.state import StateClient
+    client = StateClient(args.gcs_address, token, name="dashboard->gcs")
     source = ClusterSource(client, label=os.path.basename(args.session_dir.rstrip("/")) or args.gcs_address)
     server = DashboardServer(source, token, [sock], port)
     server.start()

@@ -27,8 +27,8 @@ from lumos.dashboard.components.common import PAGE_TITLES
 
 
 def _context() -> Any:
-    from lumos._private import worker_context
-    ctx = worker_context.context
+    from lumos.util.session import current
+    ctx = current()
     if ctx is None or not getattr(ctx, "address_info", None):
         raise RuntimeError("no lumos cluster in this kernel: call lumos.init() first")
     return ctx
@@ -172,12 +172,12 @@ class _Poller:
     """A ClusterSource on its own loop in the ``lumos-dashboard`` thread (one per kernel)."""
 
     def __init__(self, session_dir: str, gcs_address: str) -> None:
-        from lumos._private.gcs.client import GcsClient
-        from lumos._private.process import read_token
         from lumos.dashboard.source import ClusterSource
+        from lumos.state import StateClient
+        from lumos.util.session import read_token
         sock = os.path.join(session_dir, "sockets", "gcs.sock")
         address = sock if os.path.exists(sock) else gcs_address
-        client = GcsClient(address, read_token(os.path.join(session_dir, "token")), name="notebook-graph->gcs")
+        client = StateClient(address, read_token(os.path.join(session_dir, "token")), name="notebook-graph->gcs")
         self.session_dir = session_dir
         self.loop = asyncio.new_event_loop()
         self.source = ClusterSource(client, label=os.path.basename(session_dir))

@@ -44,7 +44,7 @@ def marker_path(runtime_dir: str, server_pid: int) -> str:
 
 
 def _write_marker(serverapp: Any, base_url: str) -> None:
-    from lumos._private.process import write_private_file
+    from lumos.util.session import write_private_file
     path = marker_path(serverapp.runtime_dir, os.getpid())
     try:
         os.makedirs(serverapp.runtime_dir, exist_ok=True)
@@ -65,7 +65,7 @@ def _write_marker(serverapp: Any, base_url: str) -> None:
 
 
 def session_root() -> str:
-    from lumos._private.node import session_root as root
+    from lumos.util.session import session_root as root
     return root()
 
 
@@ -104,13 +104,13 @@ class _Sources:
         self.by_name: dict[str, Any] = {}
 
     def get(self, name: str) -> Any:
-        from lumos._private.gcs.client import GcsClient
         from lumos.dashboard.source import ClusterSource
+        from lumos.state import StateClient
         path = find_session(name)
         name = os.path.basename(path)
         source = self.by_name.get(name)
         if source is None:
-            source = ClusterSource(GcsClient.from_session_dir(path, name="jupyter-dashboard->gcs"), label=name)
+            source = ClusterSource(StateClient.for_session(path, name="jupyter-dashboard->gcs"), label=name)
             self.by_name[name] = source
         return source
 

@@ -1,18 +1,18 @@
 """The dashboard's mirror of GCS state: one per cluster, shared by every open page.
 
-It owns a ``GcsClient`` on the process's asyncio loop (the dashboard's tornado loop or
-the Jupyter server's), subscribes to the nodes/jobs/workers/actors channels and polls
-the task log for changed records (``GetTaskUpdates``), the resource view and the
-placement groups (``ListPlacementGroups``; few rows, removed ones bounded by the GCS)
-every ``poll_interval_s``. Pages read its dicts from the same loop, so no locks are needed.
+It owns a ``lumos.state.StateClient`` on the process's asyncio loop (the dashboard's
+tornado loop or the Jupyter server's), subscribes to the nodes/jobs/workers/actors
+channels and polls the task log for changed records (``task_updates``), the resource
+view and the placement groups (few rows, removed ones bounded by the GCS) every
+``poll_interval_s``. Pages read its dicts from the same loop, so no locks are needed.
 
 It polls only while someone looks: pages call ``touch()`` from their periodic
 callbacks, and after ``idle_after_s`` without a touch the poll loop sleeps. An idle
 dashboard therefore costs the GCS nothing (the "never slows tasks" requirement).
 
 ```
-GCS ──GetTaskUpdates / GetClusterStatus / ListPlacementGroups (poll)──► ClusterSource ──tasks, nodes, tick──► pages
-    ──Publish(nodes | jobs | workers | actors)──►
+GCS ──task_updates / node_resources / placement_groups (poll)──► ClusterSource ──tasks, nodes, tick──► pages
+    ──subscribe(nodes | jobs | workers | actors)──►
 ```
 """
 
@@ -24,16 +24,15 @@ import logging
 import time
 from typing import Any, Iterable
 
-from lumos._private.gcs.client import GcsClient
-from lumos._private.gcs.task_log import ROW_FIELDS
-from lumos._private.protocol import messages as m
-from lumos._private.transport.connection import ConnectionLost, RemoteError
+from lumos.state import (TASK_ROW_FIELDS, ActorInfo, JobInfo, NodeInfo, NodeResources, PlacementGroupInfo,
+                         RemoteError, StateClient, WorkerInfo)
 
 logger = logging.getLogger(__name__)
 
 PENDING_STATES = frozenset(("SUBMITTED", "PENDING_ARGS", "SCHEDULED", "RETRIED"))
 TERMINAL_STATES = frozenset(("FINISHED", "FAILED", "CANCELLED"))
 _HEX_FIELDS = ("task_id", "job_id", "parent", "actor_id", "prev_call", "node_id", "worker_id")
+ROW_FIELDS = TASK_ROW_FIELDS
 _IDX = {name: i for i, name in enumerate(ROW_FIELDS)}
 
 
@@ -89,7 +88,7 @@ class Task:
 class ClusterSource:
     """Mirror of one cluster's GCS state, refreshed while pages look at it."""
 
-    def __init__(self, client: GcsClient, *, poll_interval_s: float = 0.25, idle_after_s: float = 15.0,
+    def __init__(self, client: StateClient, *, poll_interval_s: float = 0.25, idle_after_s: float = 15.0,
                  max_tasks: int = 200_000, label: str = "") -> None:
         self.client = client
         self.poll_interval_s = poll_interval_s
@@ -98,17 +97,17 @@ class ClusterSource:
         #: Shown in page headers (session directory name or GCS address).
         self.label = label
         #: Node id (hex) -> NodeInfo.
-        self.nodes: dict[str, m.NodeInfo] = {}
+        self.nodes: dict[str, NodeInfo] = {}
         #: Node id (hex) -> NodeResources (load as of the last heartbeat).
-        self.status: dict[str, m.NodeResources] = {}
+        self.status: dict[str, NodeResources] = {}
         #: Worker id (hex) -> WorkerInfo.
-        self.workers: dict[str, m.WorkerInfo] = {}
+        self.workers: dict[str, WorkerInfo] = {}
         #: Job id (hex) -> JobInfo.
-        self.jobs: dict[str, m.JobInfo] = {}
-        #: Actor id (hex) -> ActorInfo (when the GCS has an actor table).
-        self.actors: dict[str, Any] = {}
+        self.jobs: dict[str, JobInfo] = {}
+        #: Actor id (hex) -> ActorInfo.
+        self.actors: dict[str, ActorInfo] = {}
         #: Placement group id (hex) -> PlacementGroupInfo, for groups not removed.
-        self.placement_groups: dict[str, m.PlacementGroupInfo] = {}
+        self.placement_groups: dict[str, PlacementGroupInfo] = {}
         #: Task id (hex) -> Task, in the order first seen.
         self.tasks: dict[str, Task] = {}
         #: Object id (hex) -> id of the task that returns it.
@@ -162,7 +161,7 @@ class ClusterSource:
                 await self.poll()
             except asyncio.CancelledError:
                 raise
-            except (ConnectionLost, OSError, TimeoutError, RemoteError) as e:
+            except (OSError, TimeoutError, RemoteError) as e:
                 self.connected = False
                 self.error = f"{type(e).__name__}: {e}"
                 self.client.close()
@@ -188,31 +187,25 @@ class ClusterSource:
         return True
 
     async def _load_tables(self) -> None:
-        call = self.client.call
-        self.nodes = {n.node_id.hex(): n for n in await call(m.GetAllNodes())}
-        self.jobs = {j.job_id.hex(): j for j in await call(m.GetAllJobs())}
-        self.workers = {w.worker_id.hex(): w for w in await call(m.GetAllWorkers())}
-        list_actors = getattr(m, "ListActors", None)
-        if list_actors is not None:
-            try:
-                rows = await call(list_actors(None))
-            except RemoteError:  # a GCS without an actor table
-                rows = []
-            self.actors = {a.actor_id.hex(): a for a in rows if hasattr(a, "actor_id")}
+        client = self.client
+        self.nodes = {n.node_id.hex(): n for n in await client.nodes()}
+        self.jobs = {j.job_id.hex(): j for j in await client.jobs()}
+        self.workers = {w.worker_id.hex(): w for w in await client.workers()}
+        self.actors = {a.actor_id.hex(): a for a in await client.actors()}
 
     async def poll(self) -> None:
         """One refresh: changed task records (all pages of them), the resource view and placement groups."""
         changed: list[str] = []
         more = True
         while more:
-            last, rows, more = await self.client.call(m.GetTaskUpdates(self._seq, 5000))
+            last, rows, more = await self.client.task_updates(self._seq, 5000)
             if last < self._seq:  # the GCS restarted: its log starts over
                 self.tasks.clear()
                 self.producer.clear()
             self._seq = last
             changed.extend(self._apply_rows(rows))
-        self.status = {s.node_id.hex(): s for s in await self.client.call(m.GetClusterStatus())}
-        self.placement_groups = {g.pg_id.hex(): g for g in await self.client.call(m.ListPlacementGroups())
+        self.status = {s.node_id.hex(): s for s in await self.client.node_resources()}
+        self.placement_groups = {g.pg_id.hex(): g for g in await self.client.placement_groups()
                                  if g.state != "REMOVED"}
         self.last_poll = time.time()
         self._bump(changed)
@@ -265,29 +258,24 @@ class ClusterSource:
 
     # ------------------------------------------------------------------ subscriptions
 
-    def _on_node(self, msg: m.Publish) -> None:
-        if isinstance(msg.data, m.NodeInfo):
-            self.nodes[msg.data.node_id.hex()] = msg.data
-            self._bump([])
+    def _on_node(self, info: NodeInfo) -> None:
+        self.nodes[info.node_id.hex()] = info
+        self._bump([])
 
-    def _on_job(self, msg: m.Publish) -> None:
-        if isinstance(msg.data, m.JobInfo):
-            self.jobs[msg.data.job_id.hex()] = msg.data
-            self._bump([])
+    def _on_job(self, info: JobInfo) -> None:
+        self.jobs[info.job_id.hex()] = info
+        self._bump([])
 
-    def _on_worker(self, msg: m.Publish) -> None:
-        if isinstance(msg.data, m.WorkerInfo):
-            self.workers[msg.data.worker_id.hex()] = msg.data
-            self._bump([])
+    def _on_worker(self, info: WorkerInfo) -> None:
+        self.workers[info.worker_id.hex()] = info
+        self._bump([])
 
-    def _on_actor(self, msg: m.Publish) -> None:
-        info = msg.data
-        if hasattr(info, "actor_id"):
-            key = info.actor_id.hex()
-            old = self.actors.get(key)
-            if old is None or getattr(info, "version", 0) >= getattr(old, "version", 0):
-                self.actors[key] = info
-                self._bump([])
+    def _on_actor(self, info: ActorInfo) -> None:
+        key = info.actor_id.hex()
+        old = self.actors.get(key)
+        if old is None or getattr(info, "version", 0) >= getattr(old, "version", 0):
+            self.actors[key] = info
+            self._bump([])
 
     # ------------------------------------------------------------------ derived views
 

@@ -3,6 +3,15 @@
 Registers ``%%remote`` (run a cell on the cluster) and ``%lumos`` (init, status,
 shutdown, gpus, sessions, close). IPython and ipywidgets are imported only here, when
 the extension is loaded; workers import ``lumos.kernelext.cell`` without them.
+
+What lives here: ``magics.py`` (argument parsing only), ``cell.py`` (AST analysis of a
+cell, shipping names; runs in workers too), ``remote.py`` and ``session.py`` (running a
+cell as a task or in a persistent actor), ``output.py`` (routing worker output into
+the submitting cell), ``display.py``/``widgets.py`` (rich displays, the GPU panel),
+``tracebacks.py`` and ``mpl_backend.py``.
+
+May import: lumos's public API, ``lumos.state``, ``lumos.util`` and ``lumos.dashboard``;
+never ``lumos._private`` (``tests/test_public_surfaces.py`` checks every import).
 """
 
 from __future__ import annotations

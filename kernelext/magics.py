@@ -139,8 +139,8 @@ class LumosMagics(Magics):
         _Parser(prog="%lumos status").parse(rest)
         from lumos.kernelext.display import ClusterStatus
         self._require_init()
-        from lumos._private import worker_context
-        ctx = worker_context.context
+        from lumos.util.session import current
+        ctx = current()
         info = getattr(ctx, "address_info", None) or {}
         return ClusterStatus.current(getattr(ctx, "dashboard_url", "") or "", str(info.get("gcs_address") or ""))
 

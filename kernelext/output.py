@@ -1,10 +1,11 @@
 """Worker output of ``%%remote`` tasks, routed to the cell that submitted them.
 
-Owner: the ``OutputRouter`` singleton of the extension. It wraps the core worker's
-``log_handler`` (called on the ``lumos-io`` thread with batches of
-``[job, task_id, task_name, pid, is_stderr, text]`` records, plus ``root_task_id`` when
-the core worker sends it) and hands the records of registered tasks to that cell's
-``CellSink``; other records go to the handler it wrapped (printed with a prefix).
+Owner: the ``OutputRouter`` singleton of the extension. It installs itself as the
+worker-output handler (``lumos.util.output.set_handler``; called on the ``lumos-io``
+thread with batches of ``[job, task_id, task_name, pid, is_stderr, text]`` records,
+plus ``root_task_id`` for nested tasks) and hands the records of registered tasks to
+that cell's ``CellSink``; other records go to the handler it replaced (printed with a
+prefix).
 
 ```
  worker print ─► raylet ─► GCS pub/sub ─► lumos-io: OutputRouter.handle
@@ -29,6 +30,7 @@ import time
 from typing import Any, Callable
 
 from lumos.kernelext.cell import decode_display, display_prefix, end_prefix
+from lumos.util import output
 
 logger = logging.getLogger(__name__)
 
@@ -174,33 +176,26 @@ class CellSink:
 
 
 class OutputRouter:
-    """Task id -> sink. Wraps the core worker's log handler (installed once per core worker)."""
+    """Task id -> sink. Installed as the worker-output handler (once per ``lumos.init()``)."""
 
     def __init__(self, max_routes: int = 20_000) -> None:
         self._routes: collections.OrderedDict[bytes, CellSink] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._max = max_routes
-        self._cw: Any = None
         self._previous: Callable[[list[Any]], None] | None = None
 
     def install(self) -> None:
-        """Wrap the log handler of the current core worker (a no-op when already done)."""
-        from lumos._private import worker_context
-        cw = worker_context.core_worker
-        if cw is None or cw is self._cw:
+        """Become the output handler of this process's cluster connection (a no-op when
+        it already is, or before ``lumos.init()``)."""
+        current = output.get_handler()
+        if current is None or getattr(current, "__self__", None) is self:
             return
-        if getattr(cw.log_handler, "__self__", None) is self:
-            self._cw = cw
-            return
-        self._previous = cw.log_handler
-        self._cw = cw
-        cw.log_handler = self.handle
+        self._previous = output.set_handler(self.handle)
 
     def uninstall(self) -> None:
-        cw, prev = self._cw, self._previous
-        if cw is not None and prev is not None and getattr(cw.log_handler, "__self__", None) is self:
-            cw.log_handler = prev
-        self._cw = None
+        prev = self._previous
+        if prev is not None and getattr(output.get_handler(), "__self__", None) is self:
+            output.set_handler(prev)
 
     def register(self, task_id: bytes, sink: CellSink) -> None:
         with self._lock:

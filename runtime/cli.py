@@ -17,7 +17,6 @@ their start times; the root is private to this user, see ``lumos._private.node``
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import signal
@@ -393,8 +392,9 @@ def _gcs_call(config: Any, token: bytes, gcs: Any, what: str, *fields: Any) -> A
         finally:
             conn.close()
 
-    try:
-        return asyncio.run(ask())
+    from lumos.api import _run_on_own_loop
+    try:  # on a loop of its own: the caller's thread may run one (a notebook cell calling main())
+        return _run_on_own_loop(ask, config.connect_timeout_s + config.rpc_timeout_s + 5)
     except (OSError, TimeoutError) as e:
         if isinstance(e, ConnectionError) and "authentication" in str(e):
             raise

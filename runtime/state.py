@@ -3,7 +3,16 @@ workers, nodes, jobs.
 
 Tasks come from the GCS task-event log; objects from every live core worker's
 reference table; workers, nodes and jobs from the GCS tables. Every function returns
-plain dicts (JSON-ready, ids in hex) and never changes anything.
+plain dicts (JSON-ready, ids in hex) and never changes anything. They need
+``lumos.init()`` and block the calling thread until the answer comes, also when that
+thread runs an event loop (a notebook cell, a coroutine): the work runs on lumos's
+own I/O thread.
+
+``StateClient`` is the asynchronous side, for front ends with their own event loop
+(the dashboard, a Jupyter server, ``await`` in a cell): snapshots of the GCS tables,
+the task-event log paged by sequence number, and a subscription to node, job,
+worker, actor and placement-group changes; it needs only the GCS address and token.
+The notebook extension and the dashboard read the cluster through this module only.
 
 Example:
     >>> lumos.state.list_tasks(filters=[("state", "=", "FAILED")])
@@ -12,16 +21,22 @@ Example:
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Iterable
+import os
+from typing import Any, Callable, Iterable, NamedTuple
 
 from lumos._private import worker_context
+from lumos._private.gcs.task_log import ROW_FIELDS
 from lumos._private.protocol import messages as m
-from lumos._private.transport.connection import ConnectionLost, RemoteError
+from lumos._private.transport.connection import ConnectionLost
+#: A request failed in the GCS's handler (``type_name`` and message); the connection stays up.
+from lumos._private.transport.connection import RemoteError as RemoteError
 
 Filter = tuple[str, str, Any]
 
 __all__ = ["list_tasks", "list_objects", "list_workers", "list_nodes", "list_jobs", "get_task",
-           "summarize_tasks", "list_actors", "spill_stats"]
+           "summarize_tasks", "list_actors", "spill_stats", "StateClient", "TaskUpdates", "CHANNELS",
+           "TASK_ROW_FIELDS", "NodeInfo", "NodeResources", "JobInfo", "WorkerInfo", "ActorInfo",
+           "PlacementGroupInfo", "RemoteError"]
 
 
 def _match(row: dict[str, Any], filters: Iterable[Filter] | None) -> bool:
@@ -221,3 +236,178 @@ def spill_stats() -> list[dict[str, Any]]:
         return await asyncio.gather(*(ask(n) for n in nodes))
 
     return [row for row in cw.run_sync(gather(), 30.0) if row is not None]
+
+
+# --------------------------------------------------------------------------- async client
+
+#: Records the ``StateClient`` hands out (dataclasses with typed attributes; ids are bytes).
+NodeInfo = m.NodeInfo
+NodeResources = m.NodeResources
+JobInfo = m.JobInfo
+WorkerInfo = m.WorkerInfo
+ActorInfo = m.ActorInfo
+PlacementGroupInfo = m.PlacementGroupInfo
+
+#: Field names of a task record as ``StateClient.task_updates`` sends it (one schema
+#: with the GCS task log).
+TASK_ROW_FIELDS = ROW_FIELDS
+
+
+class TaskUpdates(NamedTuple):
+    """One answer of ``StateClient.task_updates``."""
+
+    #: Pass as ``since`` next time. Smaller than the ``since`` asked with: the GCS restarted
+    #: and its log started over (drop what you kept).
+    last_seq: int
+    #: Changed task records, oldest change first; each a list in ``TASK_ROW_FIELDS`` order
+    #: (ids as bytes, times as UNIX seconds or None).
+    rows: list[list[Any]]
+    #: True when ``limit`` cut the answer short: ask again at once.
+    more: bool
+
+
+#: Channels ``StateClient.subscribe`` takes -> the record type each delivers (None: as sent).
+CHANNELS: dict[str, type | None] = {
+    "nodes": m.NodeInfo, "jobs": m.JobInfo, "workers": m.WorkerInfo, "actors": m.ActorInfo,
+    "placement_groups": m.PlacementGroupInfo,
+    "task_events": None,  # the number of task events the GCS just took: a hint to call task_updates
+}
+
+
+class StateClient:
+    """Read access to one cluster's control state from any asyncio loop.
+
+    For front ends that run their own loop (a dashboard's tornado loop, a Jupyter
+    server's, a notebook cell with ``await``): every request is a coroutine on the
+    caller's loop, bounded by the cluster's RPC timeout; nothing blocks and no
+    ``lumos.init()`` is needed (the GCS treats it as a plain subscriber, not a job).
+    The snapshot methods return the GCS tables as records (``NodeInfo``, ``JobInfo``,
+    ``WorkerInfo``, ``ActorInfo``, ``NodeResources``, ``PlacementGroupInfo``);
+    ``subscribe`` delivers each change of a table as it happens; ``task_updates`` pages
+    through the task-event log from a sequence number.
+
+    ```
+    your loop ──connect / nodes() / task_updates(seq) ...──► GCS
+              ◄──subscribe("nodes" | "jobs" | "workers" | "actors" | ...)──┘
+    ```
+
+    Args:
+        address: the GCS: ``"HOST:PORT"``, ``"unix:/path/gcs.sock"``, a Unix socket
+            path, or ``(host, port)``.
+        token: the cluster token (``lumos start --head`` prints it; a session
+            directory keeps it in ``token``).
+        name: names the connection in logs.
+
+    Raises (every coroutine): ``OSError`` (the GCS is unreachable; a
+    ``ConnectionError`` when it refused the token or the connection dropped:
+    ``connect()`` again), ``TimeoutError`` (no answer in time), ``RemoteError`` (the
+    GCS's handler failed on this request; the connection stays up).
+
+    Example:
+        >>> client = lumos.state.StateClient.for_current_cluster()
+        >>> await client.connect()
+        >>> [n.hostname for n in await client.nodes()]
+        >>> client.close()
+    """
+
+    def __init__(self, address: str | tuple[str, int], token: bytes | str, *, name: str = "state->gcs") -> None:
+        from lumos._private.gcs.client import GcsClient
+        if isinstance(token, str):
+            token = token.encode()
+        if not isinstance(token, bytes):
+            raise TypeError(f"token must be bytes or str, not {type(token).__name__}")
+        self._client = GcsClient(address, token, name=name)
+
+    @classmethod
+    def for_session(cls, session_dir: str, *, name: str = "state->gcs") -> "StateClient":
+        """The cluster whose head node keeps ``session_dir`` on this machine (its GCS
+        socket and token file).
+
+        Raises:
+            OSError: the token file cannot be read.
+        """
+        from lumos._private.process import read_token
+        token = read_token(os.path.join(session_dir, "token"))
+        return cls(os.path.join(session_dir, "sockets", "gcs.sock"), token, name=name)
+
+    @classmethod
+    def for_current_cluster(cls, *, name: str = "state->gcs") -> "StateClient":
+        """The cluster this process joined with ``lumos.init()`` (over its head node's
+        Unix socket when that is on this machine).
+
+        Raises:
+            RuntimeError: lumos is not initialized in this process.
+        """
+        cw = worker_context.require()
+        ctx = worker_context.context
+        info = getattr(ctx, "address_info", None) or {}
+        address: Any = cw.gcs_address
+        session_dir = info.get("session_dir")
+        if session_dir:
+            sock = os.path.join(session_dir, "sockets", "gcs.sock")
+            if os.path.exists(sock):
+                address = sock
+        return cls(address, cw.token, name=name)
+
+    @property
+    def connected(self) -> bool:
+        """True while the connection is up."""
+        return self._client.connected
+
+    async def connect(self, timeout_s: float | None = None) -> None:
+        """Connect and authenticate (again, after the connection dropped), retrying
+        until ``timeout_s`` (the cluster's connect timeout by default); channels
+        subscribed before are subscribed again."""
+        await self._client.connect(timeout_s=timeout_s)
+
+    def close(self) -> None:
+        """Drop the connection (``connect()`` may open it again); subscriptions are kept."""
+        self._client.close()
+
+    def subscribe(self, channel: str, callback: Callable[[Any], None]) -> None:
+        """Call ``callback(record)`` on this loop for each change the GCS publishes on
+        ``channel`` (see ``CHANNELS``), across reconnects. Changes made while
+        disconnected are not replayed: read the snapshot again after ``connect()``.
+
+        Raises:
+            ValueError: ``channel`` is not one of ``CHANNELS``.
+        """
+        if channel not in CHANNELS:
+            raise ValueError(f"unknown state channel {channel!r}; channels: {', '.join(CHANNELS)}")
+        kind = CHANNELS[channel]
+
+        def deliver(msg: m.Publish) -> None:
+            if kind is None or isinstance(msg.data, kind):
+                callback(msg.data)
+        self._client.subscribe(channel, deliver)
+
+    async def nodes(self) -> list[m.NodeInfo]:
+        """Every node the GCS knows, alive and dead."""
+        return await self._client.call(m.GetAllNodes())  # type: ignore[no-any-return]
+
+    async def node_resources(self) -> list[m.NodeResources]:
+        """Each alive node's resources and load as of its last heartbeat."""
+        return await self._client.call(m.GetClusterStatus())  # type: ignore[no-any-return]
+
+    async def jobs(self) -> list[m.JobInfo]:
+        """Every job (driver) the GCS knows, running and finished."""
+        return await self._client.call(m.GetAllJobs())  # type: ignore[no-any-return]
+
+    async def workers(self) -> list[m.WorkerInfo]:
+        """Worker and driver processes the GCS knows, alive and dead."""
+        return await self._client.call(m.GetAllWorkers())  # type: ignore[no-any-return]
+
+    async def actors(self) -> list[m.ActorInfo]:
+        """The actor table, every job's."""
+        rows = await self._client.call(m.ListActors(None))
+        return [a for a in rows if isinstance(a, m.ActorInfo)]
+
+    async def placement_groups(self) -> list[m.PlacementGroupInfo]:
+        """Placement groups, removed ones too (bounded by the GCS)."""
+        return await self._client.call(m.ListPlacementGroups())  # type: ignore[no-any-return]
+
+    async def task_updates(self, since: int, limit: int = 5000) -> TaskUpdates:
+        """Task records that changed after sequence number ``since`` (0: from the
+        start of the log), at most ``limit`` of them."""
+        last, rows, more = await self._client.call(m.GetTaskUpdates(since, limit))
+        return TaskUpdates(last, rows, more)

@@ -84,9 +84,9 @@ def bench_graph(n: int = 10_000) -> None:
         frame = time.perf_counter() - t - 0.05
         # Server-side cost of one rebuild of the grouped graph, and of the ungrouped one.
         from lumos.dashboard.source import ClusterSource
-        from lumos._private.gcs.client import GcsClient
+        from lumos.state import StateClient
         import asyncio
-        client = GcsClient.from_session_dir(ctx.address_info["session_dir"])
+        client = StateClient.for_session(ctx.address_info["session_dir"])
         src = ClusterSource(client)
 
         async def load() -> None:

@@ -32,7 +32,9 @@ def _store_objects() -> int:
 @pytest.mark.parametrize("third", ["unpicklable", "too_big"])
 def test_failed_multi_return_attempt_frees_the_returns_it_stored(fresh_cluster, third: str) -> None:
     import numpy as np
-    fresh_cluster(num_cpus=1, object_store_memory=64 * MIB, include_dashboard=False)
+    # Without spilling, a store that is full stays full: the third return cannot be made.
+    fresh_cluster(num_cpus=1, object_store_memory=64 * MIB, include_dashboard=False,
+                  _system_config={"object_spilling_enabled": False})
 
     @lumos.remote(num_returns=3, max_retries=0)
     def two_big_then_bad(third: str) -> Any:

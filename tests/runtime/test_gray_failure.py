@@ -111,7 +111,36 @@ def test_a_frozen_node_is_failed_over_and_fenced(tmp_path: Any) -> None:
         assert row["state"] == "ALIVE" and row["pid"] == pid1 and row["node_id"] == spare.node_id
         (task_row,) = [r for r in lumos.state.list_tasks() if r["name"] == "stuck_once"]
         assert task_row["state"] == "FINISHED" and task_row["attempt_number"] == 1, task_row
+        # It may rejoin only as a new node: registering under its old id is refused.
+        reasons, error = _register_again(cluster, doomed.node_id)
+        assert "may rejoin only as a new node" in error and reasons, (error, reasons)
     finally:
         thaw(procs)
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)
+
+
+def _register_again(cluster: Cluster, node_id: str) -> tuple[list[str], str]:
+    """Register a node under ``node_id`` again, as its raylet would: ``(the reasons of the
+    ShutdownNode messages the GCS sent, the error the registration raised)``."""
+    import asyncio
+
+    from lumos._private import worker_context
+    from lumos._private.protocol import messages as m
+    from lumos._private.transport.connection import RemoteError, connect, parse_address
+    (info,) = [n for n in worker_context.require().call_gcs(m.GetAllNodes()) if n.node_id.hex() == node_id]
+    reasons: list[str] = []
+
+    async def register() -> str:
+        conn = await connect(parse_address(cluster.address), token=cluster.token.encode(),
+                             config=cluster._config, name="test->gcs",
+                             handlers={m.ShutdownNode: lambda c, msg: reasons.append(msg.reason)})
+        try:
+            await conn.call(m.RegisterNode(info), 10.0)
+        except RemoteError as e:
+            return str(e)
+        finally:
+            conn.close()
+        return "registered"
+
+    return reasons, asyncio.run(register())

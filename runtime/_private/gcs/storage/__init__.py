@@ -15,6 +15,11 @@ GcsServer ──put_nowait/delete_nowait/append_nowait──► StorageWriter �
 Backends: ``memory`` (the default, gone with the process) and
 ``redis://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...][/DB][?prefix=NAME]`` (``RedisStorage``,
 keys sharded by hash across the listed servers).
+
+What lives here: this module (the ``GcsStorage`` interface, ``StorageWriter``,
+``create_storage``), ``memory.py`` and ``redis_storage.py`` (speaks RESP itself). May
+import: the standard library and ``protocol`` (only to pack table rows); knows tables,
+keys and bytes, never what the GCS keeps in them.
 """
 
 from __future__ import annotations
