@@ -246,6 +246,7 @@ class GcsServer:
         interval = self.config.gcs_storage_check_interval_ms / 1000
         health = self.storage_health
         desc = self.storage.description
+        write_outages = 0
         while True:
             await asyncio.sleep(interval)
             try:
@@ -269,7 +270,12 @@ class GcsServer:
             if lasted is not None:
                 self.kv[("cluster", b"gcs_storage_health")] = b"ok"
                 logger.warning("GCS healthy again: its storage %s answers after %.1fs", desc, lasted)
-            if (lost or lasted is not None) and (self._writing_back is None or self._writing_back.done()):
+            assert self.writer is not None
+            write_outage = self.writer.outages != write_outages and not self.writer.failing
+            if write_outage:  # writes were refused in between checks, and are taken again
+                write_outages = self.writer.outages
+            if ((lost or lasted is not None or write_outage)
+                    and (self._writing_back is None or self._writing_back.done())):
                 self._writing_back = self._spawn_task(self._write_tables_back(lost), "gcs.write_back")
 
     async def _write_tables_back(self, lost: list[str]) -> None:

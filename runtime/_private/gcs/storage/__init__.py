@@ -173,6 +173,8 @@ class StorageWriter:
         self._task: asyncio.Task[None] | None = None
         #: The storage is refusing writes (logged once per episode).
         self.failing = False
+        #: How many such episodes there were (the GCS writes its tables again after one).
+        self.outages = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="gcs.storage_writer")
@@ -251,6 +253,7 @@ class StorageWriter:
                     logger.warning("GCS storage %s refused a write (%s); retrying until it is back",
                                    self.storage.description, e)
                     self.failing = True
+                    self.outages += 1
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._retry_max_s)
                 continue
