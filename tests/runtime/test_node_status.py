@@ -1,0 +1,79 @@
+"""Each node's real memory use and log tails, read through the GCS (issue 13, item 9).
+
+The raylets report their machine's memory and their processes' RSS in their heartbeats;
+``list_nodes()`` serves the latest figures. ``get_log`` asks the GCS, which forwards the
+request to the named node's raylet; the raylet reads its own files, by ids only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import psutil
+import pytest
+
+import lumos
+from lumos.testing import Cluster
+from tests.conftest import TEST_CONFIG, check_no_leaks, wait_for
+
+
+@pytest.fixture
+def two_nodes() -> Iterator[tuple[Cluster, Any]]:
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
+    try:
+        other = cluster.add_node(num_cpus=1, resources={"other": 1})
+        cluster.connect()
+        yield cluster, other
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)
+
+
+@lumos.remote(resources={"other": 1})
+def shout(text: str) -> tuple[str, str]:
+    print(text, flush=True)
+    ctx = lumos.get_runtime_context()
+    return ctx.get_node_id(), ctx.get_worker_id()
+
+
+@pytest.mark.timeout(90)
+def test_node_rows_carry_memory_and_logs_come_from_each_nodes_raylet(two_nodes: tuple[Cluster, Any]) -> None:
+    cluster, other = two_nodes
+    node_id, worker_id = lumos.get(shout.remote("hello from the other node"), timeout=30)
+    assert node_id == other.node_id
+
+    def reported() -> list[dict[str, Any]] | None:
+        rows = [r for r in lumos.state.list_nodes() if r["state"] == "ALIVE"]
+        return rows if len(rows) == 2 and all(r["memory_total_bytes"] for r in rows) else None
+    rows = wait_for(reported, 15)
+    total = psutil.virtual_memory().total
+    for r in rows:
+        assert r["memory_total_bytes"] == total  # both nodes run on this machine
+        assert 0 < r["memory_used_bytes"] < total
+        assert r["memory_used_bytes"] + r["memory_available_bytes"] == total
+        assert 0 < r["lumos_rss_bytes"] < total  # at least the raylet itself
+    # The other node's worker printed a line: its output file's tail, through GCS -> raylet.
+    text = wait_for(lambda: (t := lumos.state.get_log(other.node_id, worker_id, tail=50))
+                    and "hello from the other node" in t and t, 15)
+    assert len(text.splitlines()) <= 50
+    raylet = lumos.state.get_log(other.node_id, None, tail=200, suffix="log")
+    assert f"raylet {other.node_id[:8]}" in raylet or other.node_id[:8] in raylet
+    assert len(raylet.splitlines()) <= 200
+
+
+@pytest.mark.timeout(60)
+def test_get_log_refuses_bad_ids_paths_and_unknown_nodes(two_nodes: tuple[Cluster, Any]) -> None:
+    cluster, other = two_nodes
+    for bad in ("../../etc/passwd", "ab", other.node_id + "00"):
+        with pytest.raises(ValueError, match="node_id must be a 32-character hex id"):
+            lumos.state.get_log(bad)
+    with pytest.raises(ValueError, match="worker_id must be"):
+        lumos.state.get_log(other.node_id, "../raylet")
+    with pytest.raises(ValueError, match="tail must be"):
+        lumos.state.get_log(other.node_id, tail=201)
+    with pytest.raises(ValueError, match="suffix must be one of log, out"):
+        lumos.state.get_log(other.node_id, suffix="../x")
+    with pytest.raises(LookupError, match="no alive node"):
+        lumos.state.get_log("ab" * 16)
+    with pytest.raises(LookupError, match="has no log file worker-"):
+        lumos.state.get_log(other.node_id, "cd" * 16)
