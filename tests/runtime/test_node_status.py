@@ -77,3 +77,39 @@ def test_get_log_refuses_bad_ids_paths_and_unknown_nodes(two_nodes: tuple[Cluste
         lumos.state.get_log("ab" * 16)
     with pytest.raises(LookupError, match="has no log file worker-"):
         lumos.state.get_log(other.node_id, "cd" * 16)
+
+
+@pytest.mark.timeout(90)
+def test_dashboard_source_gets_the_other_nodes_usage_and_log_over_tcp(two_nodes: tuple[Cluster, Any]) -> None:
+    """What the status page shows, through a TCP client (as a dashboard on another machine)."""
+    import asyncio
+    import time
+
+    from lumos.dashboard import host
+    from lumos.dashboard.source import ClusterSource
+    from lumos.state import StateClient
+
+    cluster, other = two_nodes
+    node_id, worker_id = lumos.get(shout.remote("<b>seen by the dashboard</b>"), timeout=30)
+    assert node_id == other.node_id
+
+    async def watch() -> tuple[Any, Any]:
+        src = ClusterSource(StateClient(cluster.gcs_address, cluster.token))
+        key = (other.node_id, worker_id, "out", 40)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                src.request_log(*key)  # starts the source's poll loop
+                await asyncio.sleep(0.2)
+                usage = host.reported_usage(src.status.get(other.node_id))
+                tail = src.logs.get(key)
+                if usage is not None and tail is not None and "seen by the dashboard" in tail.text:
+                    return usage, tail
+            raise AssertionError(f"no usage or log tail in 30s: {src.status.get(other.node_id)}, "
+                                 f"{src.logs.get(key)}, {src.error}")
+        finally:
+            src.close()
+    usage, tail = asyncio.run(watch())
+    assert 0 < usage.memory_used_bytes < usage.memory_total_bytes == psutil.virtual_memory().total
+    assert usage.lumos_rss_bytes > 0
+    assert tail.name == f"worker-{worker_id[:12]}.out" and not tail.error
