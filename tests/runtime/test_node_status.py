@@ -56,6 +56,10 @@ def test_node_rows_carry_memory_and_logs_come_from_each_nodes_raylet(two_nodes: 
     text = wait_for(lambda: (t := lumos.state.get_log(other.node_id, worker_id, tail=50))
                     and "hello from the other node" in t and t, 15)
     assert len(text.splitlines()) <= 50
+    # Ray's get_log, naming the worker by its pid.
+    from lumos.util import state as ray_state
+    (pid,) = [w["pid"] for w in lumos.state.list_workers() if w["worker_id"] == worker_id]
+    assert "hello from the other node" in "".join(ray_state.get_log(node_id=other.node_id, pid=pid, tail=-1))
     raylet = lumos.state.get_log(other.node_id, None, tail=200, suffix="log")
     assert f"raylet {other.node_id[:8]}" in raylet or other.node_id[:8] in raylet
     assert len(raylet.splitlines()) <= 200
