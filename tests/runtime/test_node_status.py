@@ -7,6 +7,7 @@ request to the named node's raylet; the raylet reads its own files, by ids only.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterator
 
 import psutil
@@ -81,6 +82,11 @@ def test_get_log_refuses_bad_ids_paths_and_unknown_nodes(two_nodes: tuple[Cluste
         lumos.state.get_log("ab" * 16)
     with pytest.raises(LookupError, match="has no log file worker-"):
         lumos.state.get_log(other.node_id, "cd" * 16)
+    # A log name that is a symlink (to a file outside logs/) is not followed.
+    link = os.path.join(cluster.session_dir, "logs", f"worker-{'ef' * 6}.out")
+    os.symlink(os.path.join(cluster.session_dir, "token"), link)
+    with pytest.raises(PermissionError, match=f"cannot read worker-{'ef' * 6}.out"):
+        lumos.state.get_log(other.node_id, "ef" * 16)
 
 
 @pytest.mark.timeout(90)

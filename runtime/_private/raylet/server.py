@@ -902,7 +902,7 @@ class RayletServer:
             text, truncated = node_report.tail(os.path.join(self.session_dir, "logs", name), lines)
         except FileNotFoundError:
             raise LookupError(f"node {short(self.node_id)} has no log file {name} (no such worker "
-                                    "on this node, or it has not logged yet)") from None
+                              "on this node, or it has not logged yet)") from None
         except OSError as e:  # a symlink (O_NOFOLLOW) or unreadable: refuse, typed
             raise PermissionError(f"node {short(self.node_id)} cannot read {name}: {e.strerror}") from None
         return m.NodeLog(name, text, truncated)
