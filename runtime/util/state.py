@@ -219,7 +219,10 @@ def get_log(address: str | None = None, node_id: str | None = None, node_ip: str
         node_id, worker_id = row["node_id"], row["worker_id"]
     if pid is not None and worker_id is None:
         found = [w for w in _state.list_workers() if w["pid"] == pid and not w.get("is_driver")
-                 and w.get("state") == "ALIVE" and (node_id is None or w["node_id"] == node_id)]
+                 and (node_id is None or w["node_id"] == node_id)]
+        if len(found) > 1:  # a pid used again (or on two machines): the live one, else the newest
+            alive = [w for w in found if w["state"] == "ALIVE"]
+            found = alive or sorted(found, key=lambda w: w["start_time"])[-1:]
         if len(found) != 1:
             raise LookupError(f"{'no' if not found else 'more than one'} worker with pid {pid}"
                               f"{'' if node_id is None else f' on node {node_id}'}; pass node_id, or see "
