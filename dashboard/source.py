@@ -13,6 +13,7 @@ dashboard therefore costs the GCS nothing (the "never slows tasks" requirement).
 ```
 GCS ──task_updates / node_resources / placement_groups (poll)──► ClusterSource ──tasks, nodes, tick──► pages
     ──subscribe(nodes | jobs | workers | actors)──►
+    ──node_log (only the tails pages asked for, ``request_log``)──► logs
 ```
 """
 
@@ -22,6 +23,7 @@ import asyncio
 import collections
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 from lumos.state import (TASK_ROW_FIELDS, ActorInfo, JobInfo, NodeInfo, NodeResources, PlacementGroupInfo,
@@ -85,6 +87,23 @@ class Task:
         return {name: getattr(self, name) for name in ROW_FIELDS}
 
 
+#: Most log tails kept (one per node/worker/kind a page asked for).
+MAX_LOGS = 64
+
+
+@dataclass(slots=True)
+class LogTail:
+    """The end of one log file, as the node's raylet sent it (through the GCS)."""
+
+    #: The file's name ("" when it could not be read).
+    name: str
+    text: str
+    #: Why it could not be read ("" when fine).
+    error: str
+    #: ``time.time()`` of the fetch.
+    fetched_at: float
+
+
 class ClusterSource:
     """Mirror of one cluster's GCS state, refreshed while pages look at it."""
 
@@ -112,6 +131,9 @@ class ClusterSource:
         self.tasks: dict[str, Task] = {}
         #: Object id (hex) -> id of the task that returns it.
         self.producer: dict[str, str] = {}
+        #: (node id, worker id or "", suffix, lines) -> the latest tail fetched for ``request_log``.
+        self.logs: dict[tuple[str, str, str, int], LogTail] = {}
+        self._wanted_logs: set[tuple[str, str, str, int]] = set()
         #: Increases whenever anything changed; pages compare it with theirs.
         self.tick = 0
         self._changes: collections.deque[tuple[int, list[str]]] = collections.deque(maxlen=200)
@@ -144,6 +166,26 @@ class ClusterSource:
         self._last_touch = time.monotonic()
         self.start()
         self._wake.set()
+
+    def request_log(self, node_id: str, worker_id: str | None, suffix: str, lines: int) -> None:
+        """Fetch that log's tail (through the GCS, from the node's raylet) at the next poll;
+        the result lands in ``logs``."""
+        self._wanted_logs.add((node_id, worker_id or "", suffix, lines))
+        self.touch()
+
+    async def _fetch_logs(self) -> None:
+        wanted, self._wanted_logs = self._wanted_logs, set()
+        for key in wanted:
+            node_id, worker_id, suffix, lines = key
+            try:
+                reply = await self.client.node_log(node_id, worker_id or None, lines, suffix)
+                tail = LogTail(reply.name, reply.text, "", time.time())
+            except (LookupError, ValueError, PermissionError, TimeoutError, RemoteError) as e:
+                tail = LogTail("", "", str(e), time.time())
+            self.logs.pop(key, None)
+            self.logs[key] = tail
+        while len(self.logs) > MAX_LOGS:
+            del self.logs[next(iter(self.logs))]
 
     async def _run(self) -> None:
         backoff = 0.1
@@ -205,6 +247,8 @@ class ClusterSource:
             self._seq = last
             changed.extend(self._apply_rows(rows))
         self.status = {s.node_id.hex(): s for s in await self.client.node_resources()}
+        if self._wanted_logs:
+            await self._fetch_logs()
         self.placement_groups = {g.pg_id.hex(): g for g in await self.client.placement_groups()
                                  if g.state != "REMOVED"}
         self.last_poll = time.time()

@@ -33,7 +33,7 @@ from lumos._private.transport.connection import RemoteError as RemoteError
 
 Filter = tuple[str, str, Any]
 
-__all__ = ["list_tasks", "list_objects", "list_workers", "list_nodes", "list_jobs", "get_task",
+__all__ = ["list_tasks", "list_objects", "list_workers", "list_nodes", "list_jobs", "get_task", "get_log",
            "summarize_tasks", "list_actors", "spill_stats", "StateClient", "TaskUpdates", "CHANNELS",
            "TASK_ROW_FIELDS", "NodeInfo", "NodeResources", "JobInfo", "WorkerInfo", "ActorInfo",
            "PlacementGroupInfo", "RemoteError"]
@@ -98,7 +98,10 @@ def summarize_tasks() -> dict[str, dict[str, int]]:
 
 
 def list_nodes(filters: Iterable[Filter] | None = None) -> list[dict[str, Any]]:
-    """Nodes with their resources (total and available) and object-store use."""
+    """Nodes with their resources (total and available), object-store use, and real use as
+    their raylets last reported it: ``memory_total_bytes``, ``memory_available_bytes``,
+    ``memory_used_bytes``, ``lumos_rss_bytes`` (raylet and workers) and ``cpu_percent``
+    (None until a node's first report)."""
     flt = _check_filters(filters)
     cw = worker_context.require()
     status = {n.node_id: n for n in cw.call_gcs(m.GetClusterStatus())}
@@ -115,8 +118,84 @@ def list_nodes(filters: Iterable[Filter] | None = None) -> list[dict[str, Any]]:
             "infeasible": list(st.infeasible) if st else [], "labels": dict(n.labels),
             "start_time": n.start_time, "end_time": n.end_time or None,
             "death_reason": n.death_reason or None, "dashboard_url": n.dashboard_url or None,
+            **node_memory(st),
         })
     return [r for r in rows if _match(r, flt)]
+
+
+def node_memory(st: m.NodeResources | None) -> dict[str, int | None]:
+    """A node's real memory figures as its raylet last reported them (None: not reported yet):
+    the machine's total, available and used (total - available) bytes, the resident
+    memory of the node's raylet and workers, and the machine's CPU load (percent)."""
+    if st is None or not st.memory_total_bytes:
+        return {"memory_total_bytes": None, "memory_available_bytes": None, "memory_used_bytes": None,
+                "lumos_rss_bytes": None, "cpu_percent": None}
+    return {"memory_total_bytes": st.memory_total_bytes, "memory_available_bytes": st.memory_available_bytes,
+            "memory_used_bytes": st.memory_total_bytes - st.memory_available_bytes,
+            "lumos_rss_bytes": st.lumos_rss_bytes, "cpu_percent": st.cpu_percent}
+
+
+#: Most lines one log request returns (the raylet reads at most 64 KiB of the file's end).
+MAX_LOG_LINES = 200
+_LOG_SUFFIXES = ("log", "out")
+#: A log request crosses the GCS to the node's raylet: its deadline.
+_LOG_TIMEOUT_S = 30.0
+
+
+def _log_request(node_id: str, worker_id: str | None, tail: int, suffix: str) -> m.GetNodeLog:
+    def hex_id(name: str, value: Any, size: int) -> bytes:
+        try:
+            raw = bytes.fromhex(value) if isinstance(value, str) else b""
+        except ValueError:
+            raw = b""
+        if len(raw) != size:
+            raise ValueError(f"{name} must be a {2 * size}-character hex id (see lumos.state.list_nodes() / "
+                             f"list_workers()), got {value!r:.80}")
+        return raw
+    if isinstance(tail, bool) or not isinstance(tail, int) or not 1 <= tail <= MAX_LOG_LINES:
+        raise ValueError(f"tail must be a number of lines from 1 to {MAX_LOG_LINES}, got {tail!r}")
+    if suffix not in _LOG_SUFFIXES:
+        raise ValueError(f"suffix must be one of {', '.join(_LOG_SUFFIXES)}, got {suffix!r}")
+    return m.GetNodeLog(hex_id("node_id", node_id, 16),
+                        None if worker_id is None else hex_id("worker_id", worker_id, 16), tail, suffix)
+
+
+def _log_error(e: RemoteError) -> Exception:
+    kind = {"LookupError": LookupError, "ValueError": ValueError, "TimeoutError": TimeoutError,
+            "PermissionError": PermissionError}.get(e.type_name)
+    return kind(e.text) if kind is not None else e
+
+
+def get_log(node_id: str, worker_id: str | None = None, tail: int = 100, suffix: str = "out") -> str:
+    """The last ``tail`` lines of a node's raylet log or of one of its workers' log files,
+    read by that node's raylet and passed on by the GCS (so any node of the cluster works).
+
+    Args:
+        node_id: the node (hex id, as in ``list_nodes()``).
+        worker_id: one of that node's workers (hex id, as in ``list_workers()``), or None
+            for the node's raylet.
+        tail: how many lines, 1 to 200 (at most the file's last 64 KiB).
+        suffix: ``"out"`` (a worker's printed output, stdout and stderr) or ``"log"``
+            (the process's own log). The raylet's printed output is in its ``"log"``.
+
+    Returns:
+        The lines, joined with newlines ("" for an empty file).
+
+    Raises:
+        ValueError: a malformed id, ``tail`` or ``suffix``.
+        LookupError: no such alive node, or no such log file on it.
+
+    Example:
+        >>> node = lumos.state.list_nodes()[0]["node_id"]
+        >>> print(lumos.state.get_log(node, tail=20, suffix="log"))
+    """
+    msg = _log_request(node_id, worker_id, tail, suffix)
+    cw = worker_context.require()
+    try:
+        reply = cw.call_gcs(msg, _LOG_TIMEOUT_S)
+    except RemoteError as e:
+        raise _log_error(e) from None
+    return reply.text  # type: ignore[no-any-return]
 
 
 def list_workers(filters: Iterable[Filter] | None = None) -> list[dict[str, Any]]:
@@ -388,6 +467,15 @@ class StateClient:
     async def node_resources(self) -> list[m.NodeResources]:
         """Each alive node's resources and load as of its last heartbeat."""
         return await self._client.call(m.GetClusterStatus())  # type: ignore[no-any-return]
+
+    async def node_log(self, node_id: str, worker_id: str | None = None, tail: int = 100,
+                       suffix: str = "out") -> m.NodeLog:
+        """The end of a node's raylet or worker log, as ``get_log`` (with the file's name)."""
+        msg = _log_request(node_id, worker_id, tail, suffix)
+        try:
+            return await self._client.call(msg, _LOG_TIMEOUT_S)  # type: ignore[no-any-return]
+        except RemoteError as e:
+            raise _log_error(e) from None
 
     async def jobs(self) -> list[m.JobInfo]:
         """Every job (driver) the GCS knows, running and finished."""

@@ -2,20 +2,21 @@
 of the last minutes, recent failures and log tails.
 
 - Summary and node table: CPU/GPU reserved by tasks, memory reserved *and* really in use
-  (``host.node_usage``: the machine's memory and the RSS of the node's lumos processes,
-  for nodes on the dashboard's machine), object store, workers (one count everywhere:
-  the GCS worker table, drivers left out), queued leases.
+  (the machine's memory and the RSS of the node's lumos processes, as each raylet reports
+  them in its heartbeats: ``host.reported_usage``; read locally only for a node that does
+  not report), object store, workers (one count everywhere: the GCS worker table, drivers
+  left out), queued leases.
 - Per-node bars (Dask's style): CPU reserved, memory in use, object store, in percent.
 - History (sampled once a second while the page is open, ``HISTORY_S`` kept): CPU
   reserved, host CPU load, memory in use, object store (percent), and tasks finished
   per second.
 - Recent failed tasks with the last line of their error (``MAX_FAILED``, newest first).
-- The log tail of a node's raylet or one of its workers, chosen in a drop-down (escaped).
+- The log tail of a node's raylet or one of its workers, chosen in a drop-down (escaped),
+  for any node: the GCS asks that node's raylet (``ClusterSource.request_log``).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -93,6 +94,9 @@ class StatusPage(Page):
         self._last_sample = 0.0
         self._sample_tick = -1
         self._last_log = 0.0
+        #: The log tail on show: its key in ``source.logs`` and when it was fetched.
+        self._log_key: tuple[str, str, str, int] | None = None
+        self._log_shown_at = -1.0
         self._usage: dict[str, host.NodeUsage | None] = {}
         return column(self.summary, self.table, row(*self.bars, sizing_mode="stretch_width"),
                       row(self.use_plot, self.rate_plot, sizing_mode="stretch_width"),
@@ -112,6 +116,7 @@ class StatusPage(Page):
         if now - self._last_log >= SAMPLE_S:
             self._log_options()
             self._show_log()
+        self._render_log()
 
     def _workers_by_node(self) -> dict[str, list[Any]]:
         """Alive workers per node, drivers left out (the one count used on this page)."""
@@ -123,8 +128,15 @@ class StatusPage(Page):
 
     def _read_usage(self) -> None:
         workers = self._workers_by_node()
-        self._usage = {node_id: host.node_usage(info, [w.pid for w in workers.get(node_id, [])])
-                       if info.state == "ALIVE" else None for node_id, info in self.source.nodes.items()}
+        usage: dict[str, host.NodeUsage | None] = {}
+        for node_id, info in self.source.nodes.items():
+            if info.state != "ALIVE":
+                usage[node_id] = None
+                continue
+            # The raylet's report (any machine); a local read only for a node that sent none.
+            usage[node_id] = (host.reported_usage(self.source.status.get(node_id))
+                              or host.node_usage(info, [w.pid for w in workers.get(node_id, [])]))
+        self._usage = usage
 
     def _nodes(self) -> dict[str, list[float]]:
         src = self.source
@@ -153,7 +165,7 @@ class StatusPage(Page):
             data["memory_real"].append(
                 f"{fmt_bytes(usage.memory_used_bytes)} / {fmt_bytes(usage.memory_total_bytes)} "
                 f"(lumos {fmt_bytes(usage.lumos_rss_bytes)})" if usage else
-                ("not on this machine" if info.state == "ALIVE" else ""))
+                ("not reported yet" if info.state == "ALIVE" else ""))
             data["store"].append(f"{fmt_bytes(store_used)} / {fmt_bytes(store_cap)}")
             data["workers"].append(len(workers.get(node_id, [])) if info.state == "ALIVE" else 0)
             data["queue"].append(st.queue_length if st else 0)
@@ -241,37 +253,48 @@ class StatusPage(Page):
         options: list[tuple[str, str]] = []
         workers = self._workers_by_node()
         for node_id, info in src.nodes.items():
-            if info.state != "ALIVE" or not host.is_local(info):
+            if info.state != "ALIVE":
                 continue
-            options.append((f"raylet:{node_id}:{node_id}", f"raylet of node {short(node_id)} ({info.hostname})"))
+            options.append((f"raylet:{node_id}:{node_id}:log", f"raylet of node {short(node_id)} ({info.hostname})"))
             for w in sorted(workers.get(node_id, []), key=lambda w: w.pid):
-                options.append((f"worker:{node_id}:{w.worker_id.hex()}",
-                                f"worker pid {w.pid} on node {short(node_id)}"))
+                for suffix, what in (("out", "output"), ("log", "log")):
+                    options.append((f"worker:{node_id}:{w.worker_id.hex()}:{suffix}",
+                                    f"worker pid {w.pid} on node {short(node_id)} ({what})"))
         if options != [tuple(o) for o in self.log_select.options]:
             self.log_select.options = options
             if self.log_select.value not in [v for v, _ in options]:
                 self.log_select.value = options[0][0] if options else ""
 
     def _show_log(self) -> None:
+        """Ask for the chosen log's tail (fetched by the source through the GCS)."""
         self._last_log = time.time()
         value = self.log_select.value
         if not value:
-            self.log_tail.text = ("<div style='font-family:sans-serif;color:#555'>no node of this cluster runs on "
-                                  "the dashboard's machine: its logs are in each node's session directory</div>")
+            self._log_key = None
+            self.log_tail.text = ("<div style='font-family:sans-serif;color:#555'>no alive node: "
+                                  "nothing to show</div>")
             return
-        kind, node_id, ident = (value.split(":") + ["", "", ""])[:3]
-        info = self.source.nodes.get(node_id)
-        path = host.log_path(info, kind, ident) if info is not None else None
-        name = os.path.basename(path) if path else ""
-        if path is None:
-            text = "(not on this machine)"
+        kind, node_id, ident, suffix = (value.split(":") + ["", "", "", ""])[:4]
+        key = (node_id, ident if kind == "worker" else "", suffix or "log", TAIL_LINES)
+        if key != self._log_key:
+            self._log_key = key
+            self._log_shown_at = -1.0
+            self._log_html("", "(loading…)")
+        self.source.request_log(key[0], key[1] or None, key[2], key[3])
+
+    def _render_log(self) -> None:
+        if self._log_key is None:
+            return
+        got = self.source.logs.get(self._log_key)
+        if got is None or got.fetched_at == self._log_shown_at:
+            return
+        self._log_shown_at = got.fetched_at
+        if got.error:
+            self._log_html(got.name, f"(cannot read the log: {got.error})")
         else:
-            try:
-                text = host.tail(path, TAIL_LINES) or "(empty: nothing logged yet)"
-            except FileNotFoundError:
-                text = "(no log file yet)"
-            except OSError as e:
-                text = f"(cannot read the log: {e})"
+            self._log_html(got.name, got.text or "(empty: nothing logged yet)")
+
+    def _log_html(self, name: str, text: str) -> None:
         self.log_tail.text = (f"<div class='lumos-log-name' style='font-family:sans-serif;font-size:12px;color:#555'>"
                               f"{esc(name)} (last {TAIL_LINES} lines)</div><pre class='lumos-log' style='font-size:11px;max-height:320px;overflow:auto;"
                               f"background:#f7f7f7;padding:6px;white-space:pre-wrap'>{esc(text)}</pre>")

@@ -11,10 +11,10 @@ address); ``timeout`` and ``detail`` are accepted (rows always hold every field)
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from lumos import state as _state
-from lumos._private.compat import missing_class, missing_function
+from lumos._private.compat import missing_class, missing_function, not_implemented_error
 
 Filter = tuple[str, str, Any]
 
@@ -172,7 +172,68 @@ def summarize_objects(address: str | None = None, timeout: int = 30, raise_on_mi
 
 _LOGS = ("worker output reaches the driver as it is printed; every process's log file is in the "
          "session's logs directory (lumos.get_runtime_context().get_temp_dir() + '/logs')")
-get_log = missing_function("ray.util.state.get_log", _LOGS)
+_GET_LOG = "name the process with node_id, pid, actor_id or task_id (lumos.state.get_log takes a worker id)"
+
+
+def get_log(address: str | None = None, node_id: str | None = None, node_ip: str | None = None,
+            filename: str | None = None, actor_id: str | None = None, task_id: str | None = None,
+            pid: int | None = None, follow: bool = False, tail: int = -1, timeout: int = 30,
+            suffix: str = "out", encoding: str | None = "utf-8", errors: str | None = "strict",
+            submission_id: str | None = None, attempt_number: int = 0, _interval: float | None = None,
+            filter_ansi_code: bool = False) -> Iterator[str]:
+    """The end of a node's raylet log or of a worker's output, read by that node's raylet
+    through the GCS (``lumos.state.get_log``), as Ray's generator of text chunks.
+
+    Supported: ``node_id`` alone (the raylet's log), ``pid`` (with or without
+    ``node_id``), ``actor_id`` and ``task_id`` (the worker that ran it); ``tail`` (at
+    most 200 lines; -1 gives the last 200); ``suffix`` "out" or "err" (a worker's output:
+    both go to one file) or "log" (the process's own log).
+
+    Raises:
+        NotImplementedError: ``filename``, ``node_ip``, ``follow``, ``submission_id``,
+            ``attempt_number``, ``filter_ansi_code`` or an encoding other than utf-8.
+        ValueError, LookupError: see ``lumos.state.get_log``.
+    """
+    for name, value, default in (("filename", filename, None), ("node_ip", node_ip, None), ("follow", follow, False),
+                                 ("submission_id", submission_id, None), ("attempt_number", attempt_number, 0),
+                                 ("filter_ansi_code", filter_ansi_code, False)):
+        if value != default:
+            raise not_implemented_error(f"get_log({name}=...)", _GET_LOG)
+    if encoding not in (None, "utf-8", "utf8"):
+        raise not_implemented_error(f"get_log(encoding={encoding!r})", "logs are read as utf-8 (undecodable "
+                                    "bytes replaced)")
+    _check_address(address)
+    if suffix not in ("out", "err", "log"):
+        raise ValueError(f"suffix must be 'out', 'err' or 'log', got {suffix!r}")
+    lines = _state.MAX_LOG_LINES if tail is None or tail < 0 else tail
+    worker_id: str | None = None
+    if actor_id is not None:
+        rows = [a for a in _state.list_actors() if a["actor_id"] == actor_id]
+        if not rows or not rows[0].get("node_id") or not rows[0].get("pid"):
+            raise LookupError(f"no actor {actor_id!r} with a running process; list_actors() lists them")
+        node_id, pid = rows[0]["node_id"], rows[0]["pid"]
+    elif task_id is not None:
+        row = _state.get_task(task_id)
+        if row is None or not row.get("worker_id"):
+            raise LookupError(f"no task {task_id!r} that started on a worker; list_tasks() lists them")
+        node_id, worker_id = row["node_id"], row["worker_id"]
+    if pid is not None and worker_id is None:
+        found = [w for w in _state.list_workers() if w["pid"] == pid and not w.get("is_driver")
+                 and (node_id is None or w["node_id"] == node_id)]
+        if len(found) > 1:  # a pid used again (or on two machines): the live one, else the newest
+            alive = [w for w in found if w["state"] == "ALIVE"]
+            found = alive or sorted(found, key=lambda w: w["start_time"])[-1:]
+        if len(found) != 1:
+            raise LookupError(f"{'no' if not found else 'more than one'} worker with pid {pid}"
+                              f"{'' if node_id is None else f' on node {node_id}'}; pass node_id, or see "
+                              "list_workers()")
+        node_id, worker_id = found[0]["node_id"], found[0]["worker_id"]
+    if node_id is None:
+        raise ValueError("get_log needs node_id, pid, actor_id or task_id")
+    # Checked and read now, not on first iteration, so a bad call fails where it is made.
+    return iter([_state.get_log(node_id, worker_id, lines, "log" if suffix == "log" else "out") + "\n"])
+
+
 list_logs = missing_function("ray.util.state.list_logs", _LOGS)
 list_runtime_envs = missing_function("ray.util.state.list_runtime_envs",
                                      "lumos runtime_envs are env_vars and a job's working_dir, shown by "

@@ -341,8 +341,10 @@ def test_util_state_has_rays_signatures_and_attribute_rows(cluster: lumos.LumosC
     assert state.get_node(node.node_id).node_id == node.node_id
     with pytest.raises(ValueError, match="connected to"):
         state.list_tasks(address="10.0.0.1:6379")
-    with pytest.raises(NotImplementedError, match="get_log is not implemented in lumos; worker output"):
-        state.get_log(actor_id=rows[0].actor_id)
+    chunks = list(state.get_log(actor_id=rows[0].actor_id, tail=5, suffix="log"))
+    assert len(chunks) == 1 and len(chunks[0].splitlines()) <= 5
+    with pytest.raises(NotImplementedError, match=r"get_log\(follow=...\) is not implemented in lumos; name"):
+        state.get_log(actor_id=rows[0].actor_id, follow=True)
 
 
 def test_object_ref_and_actor_class_extras_of_ray(cluster: lumos.LumosContext) -> None:

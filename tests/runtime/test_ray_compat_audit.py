@@ -37,6 +37,13 @@ _REFUSED_PARAM_CALLS: dict[str, Callable[[], Any]] = {
     "ray.util.placement_group.placement_group(topology_strategy)":
         lambda: lumos.util.placement_group([{"CPU": 1}], topology_strategy="RING"),
     "ray.method(tensor_transport)": lambda: lumos.method(tensor_transport="nccl"),
+    "ray.util.state.get_log(attempt_number)": lambda: lumos.util.state.get_log(node_id="a" * 32, attempt_number=1),
+    "ray.util.state.get_log(filename)": lambda: lumos.util.state.get_log(node_id="a" * 32, filename="raylet.out"),
+    "ray.util.state.get_log(filter_ansi_code)":
+        lambda: lumos.util.state.get_log(node_id="a" * 32, filter_ansi_code=True),
+    "ray.util.state.get_log(follow)": lambda: lumos.util.state.get_log(node_id="a" * 32, follow=True),
+    "ray.util.state.get_log(node_ip)": lambda: lumos.util.state.get_log(node_ip="127.0.0.1"),
+    "ray.util.state.get_log(submission_id)": lambda: lumos.util.state.get_log(submission_id="raysubmit_1"),
 }
 
 

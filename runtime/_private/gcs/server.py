@@ -37,9 +37,14 @@ from lumos._private.ids import new_job_id, short
 from lumos._private.process import (die_with_parent, read_private_file, read_token, report_ready,
                                     setup_logging)
 from lumos._private.protocol import messages as m
-from lumos._private.transport.connection import Connection, RpcServer
+from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError, RpcServer
 
 logger = logging.getLogger(__name__)
+
+#: Errors a raylet's ``GetNodeLog`` handler raises, re-raised by the GCS with their type.
+_LOG_ERRORS: dict[str, type[Exception]] = {
+    "LookupError": LookupError, "ValueError": ValueError,
+    "PermissionError": PermissionError, "TimeoutError": TimeoutError}
 
 
 class GcsServer:
@@ -101,6 +106,7 @@ class GcsServer:
             m.LogBatch: self._log_batch,
             m.PublishError: self._publish_error,
             m.GetClusterStatus: self._cluster_status,
+            m.GetNodeLog: self._node_log,
             m.ShutdownNode: self._shutdown_request,
         }
         self.actors = ActorManager(self)
@@ -454,8 +460,26 @@ class GcsServer:
                 hb.resources_available if hb else dict(info.resources_total),
                 hb.queue_length if hb else 0, hb.store_used_bytes if hb else 0,
                 info.object_store_bytes, hb.num_workers if hb else 0,
-                hb.infeasible if hb else []))
+                hb.infeasible if hb else [],
+                hb.memory_total_bytes if hb else 0, hb.memory_available_bytes if hb else 0,
+                hb.lumos_rss_bytes if hb else 0, hb.cpu_percent if hb else 0.0))
         return out
+
+    async def _node_log(self, conn: Connection, msg: m.GetNodeLog) -> m.NodeLog:
+        """Forward to the node's raylet, which reads its own files (see raylet/node_report.py)."""
+        info = self.nodes.get(msg.node_id) if isinstance(msg.node_id, bytes) else None
+        node_conn = self._node_conns.get(msg.node_id) if info is not None and info.state == "ALIVE" else None
+        if node_conn is None or node_conn.is_closed:
+            raise LookupError(f"no alive node {msg.node_id!r:.60}; lumos.state.list_nodes() lists the nodes")
+        try:
+            reply = await node_conn.call(msg, self.config.rpc_timeout_s)
+        except RemoteError as e:  # the raylet's typed refusal, passed on with its type
+            raise _LOG_ERRORS.get(e.type_name, RuntimeError)(e.text) from None
+        except (ConnectionLost, TimeoutError) as e:
+            raise TimeoutError(f"node {short(msg.node_id)} did not answer for its log: {e}") from None
+        if not isinstance(reply, m.NodeLog):
+            raise RuntimeError(f"node {short(msg.node_id)} answered {type(reply).__name__}, not NodeLog")
+        return reply
 
     # ------------------------------------------------------------------ jobs
 

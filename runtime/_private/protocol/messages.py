@@ -307,6 +307,13 @@ class NodeHeartbeat:
     num_workers: int
     #: Resource shapes that nothing on the node can run (infeasible).
     infeasible: list[dict[str, float]]
+    #: The node's machine memory (psutil), bytes; 0 when not measured.
+    memory_total_bytes: int = 0
+    memory_available_bytes: int = 0
+    #: Resident memory of the node's raylet and workers, bytes.
+    lumos_rss_bytes: int = 0
+    #: The machine's CPU load, percent of all cores, over the last second or so.
+    cpu_percent: float = 0.0
 
 
 @message(13)
@@ -468,6 +475,11 @@ class NodeResources:
     store_capacity_bytes: int
     num_workers: int
     infeasible: list[dict[str, float]]
+    #: As of the node's last heartbeat (see ``NodeHeartbeat``); 0 when not reported yet.
+    memory_total_bytes: int = 0
+    memory_available_bytes: int = 0
+    lumos_rss_bytes: int = 0
+    cpu_percent: float = 0.0
 
 
 # --------------------------------------------------------------------------- raylet
@@ -963,3 +975,30 @@ class WaitPlacementGroupReady:
 
     pg_id: bytes
     timeout_s: float
+
+
+@message(125)
+class GetNodeLog:
+    """State client -> GCS -> that node's raylet: the end of one of the node's log files.
+
+    The raylet builds the path from ids only (``<session>/logs/raylet-<node id[:12]>.<suffix>``
+    or ``worker-<worker id[:12]>.<suffix>``). Reply: ``NodeLog``. Raises ``LookupError``
+    (no such alive node, or no such file) or ``ValueError`` (bad arguments).
+    """
+
+    node_id: bytes
+    #: A worker of that node, or None for the raylet's own log.
+    worker_id: bytes | None
+    #: At most this many lines (1..200; at most 64 KiB are read).
+    tail_lines: int
+    #: "log" (the process's log) or "out" (a worker's stdout and stderr).
+    suffix: str = "log"
+
+
+@message(126)
+class NodeLog:
+    #: The file's name (no directory).
+    name: str
+    text: str
+    #: The file held more than was returned.
+    truncated: bool

@@ -38,6 +38,7 @@ from lumos._private.object_store.client import unlink_quietly
 from lumos._private.process import make_private_dir, check_private_dir, die_with_parent, read_token, report_ready, setup_logging
 from lumos._private.protocol import messages as m
 from lumos._private.raylet import memory_monitor as mm
+from lumos._private.raylet import node_report
 from lumos._private.raylet import scheduler as sc
 from lumos._private.raylet.object_manager import ObjectManager
 from lumos._private.raylet.resources import request_units
@@ -198,7 +199,8 @@ class RayletServer:
         """Connect and register with the GCS (at start, and again after a GCS restart)."""
         gcs = await connect_with_retry(
             parse_address(self.gcs_address), token=self.token, config=self.config,
-            handlers={m.Publish: self._on_publish, m.ShutdownNode: self._shutdown_request},
+            handlers={m.Publish: self._on_publish, m.ShutdownNode: self._shutdown_request,
+                      m.GetNodeLog: self._node_log},
             name="raylet->gcs", on_close=self._gcs_lost, timeout_s=timeout_s)
         self.gcs = gcs
         await gcs.call(m.RegisterNode(self.node_info()), self.config.rpc_timeout_s)
@@ -339,14 +341,18 @@ class RayletServer:
 
     async def _heartbeat_loop(self) -> None:
         interval = self.config.heartbeat_interval_ms / 1000
+        mem, mem_at = None, 0.0
         while True:
             assert self.gcs is not None
             s = self.scheduler
+            workers = [p for p in self.procs.values() if not p.is_driver and p.exit_info is None]
+            if mem is None or time.monotonic() - mem_at >= 1.0:  # a /proc read per worker: at most 1/s
+                mem, mem_at = node_report.sample_memory([os.getpid(), *(p.pid for p in workers)]), time.monotonic()
             self.gcs.notify(m.NodeHeartbeat(
                 # Pooled free slots are given up as soon as a create needs the room: free.
                 self.node_id, s.available_floats(), len(s.queue), self.store.used_bytes - self.store.pool_bytes,
-                sum(1 for p in self.procs.values() if not p.is_driver and p.exit_info is None),
-                s.infeasible_shapes()))
+                len(workers), s.infeasible_shapes(),
+                mem.total_bytes, mem.available_bytes, mem.lumos_rss_bytes, mem.cpu_percent))
             await asyncio.sleep(interval)
 
     async def _tick_loop(self) -> None:
@@ -885,6 +891,21 @@ class RayletServer:
                              "total": b.pool.as_floats(b.pool.total), "node_ids": b.node_ids,
                              "available": {k: v for k, v in b.pool.as_floats(b.pool.available).items()}}
                             for (pg, i), b in self.scheduler.bundles.items()]}
+
+    def _node_log(self, conn: Connection, msg: m.GetNodeLog) -> m.NodeLog:
+        """The end of this raylet's log or one of its workers' (asked through the GCS)."""
+        if msg.node_id != self.node_id:
+            raise LookupError(f"this is node {short(self.node_id)}, not {msg.node_id!r:.40}; ask the GCS")
+        name = node_report.log_name(self.node_id, msg.worker_id, msg.suffix)
+        lines = node_report.check_tail_lines(msg.tail_lines)
+        try:
+            text, truncated = node_report.tail(os.path.join(self.session_dir, "logs", name), lines)
+        except FileNotFoundError:
+            raise LookupError(f"node {short(self.node_id)} has no log file {name} (no such worker "
+                              "on this node, or it has not logged yet)") from None
+        except OSError as e:  # a symlink (O_NOFOLLOW) or unreadable: refuse, typed
+            raise PermissionError(f"node {short(self.node_id)} cannot read {name}: {e.strerror}") from None
+        return m.NodeLog(name, text, truncated)
 
     def _forward_logs(self, conn: Connection, msg: m.LogBatch) -> None:
         if self.gcs is not None:
