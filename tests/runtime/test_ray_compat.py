@@ -180,9 +180,18 @@ def loud_add(x: int, y: int) -> int:
 
 
 @lumos.remote(enable_task_events=False)
+def quiet_outer(x: int) -> int:
+    return lumos.get(loud_add.remote(x, 1), timeout=30)  # its own option: recorded
+
+
+@lumos.remote(enable_task_events=False)
 class QuietActor:
     def value(self) -> int:
         return 5
+
+    @lumos.method(enable_task_events=True)  # overrides the actor's option, as in Ray
+    def traced(self) -> int:
+        return 6
 
 
 @lumos.remote
@@ -210,9 +219,11 @@ def test_enable_task_events_false_records_no_task_events(cluster: lumos.LumosCon
     failed = quiet_fail.remote()
     with pytest.raises(ValueError, match="quiet task failed"):
         lumos.get(failed, timeout=30)
+    outer = quiet_outer.remote(10)
+    assert lumos.get(outer, timeout=30) == 11
     # Recorded as usual, after the quiet ones (an owner sends its events in order).
-    loud = [loud_add.remote(quiet_ref, 1), mixed.loud.remote(1)]
-    assert lumos.get(loud, timeout=30) == [4, 100]
+    loud = [loud_add.remote(quiet_ref, 1), mixed.loud.remote(1), quiet_actor.traced.remote()]
+    assert lumos.get(loud, timeout=30) == [4, 100, 6]
     # Ending the actors flushes their workers' own (RUNNING) events.
     quiet_actor.__ray_terminate__.remote()
     mixed.__ray_terminate__.remote()
@@ -221,16 +232,23 @@ def test_enable_task_events_false_records_no_task_events(cluster: lumos.LumosCon
                       if a["actor_id"] in actor_ids and a["state"] == "DEAD"} == actor_ids, 15)
     loud_ids = {r.task_id().hex() for r in loud}
 
+    outer_id = outer.task_id().hex()
+
     def rows() -> list[dict[str, Any]]:
         found = lumos.state.list_tasks()
         done = {t["task_id"] for t in found if t["task_id"] in loud_ids and t["state"] == "FINISHED"}
-        return found if done == loud_ids else []
+        nested = [t for t in found if t["parent_task_id"] == outer_id and t["state"] == "FINISHED"]
+        return found if done == loud_ids and nested else []
 
     found = {t["task_id"]: t for t in wait_for(rows, 15)}
-    quiet_ids = {r.task_id().hex() for r in [quiet_ref, chained, failed] + quiet_calls}
+    quiet_ids = {r.task_id().hex() for r in [quiet_ref, chained, failed, outer] + quiet_calls}
     assert not quiet_ids & set(found), [found[i] for i in quiet_ids & set(found)]
-    # Nothing of the quiet actor (not even its creation); the other's creation and loud calls.
-    assert quiet_actor._actor_id.hex() not in {t["actor_id"] for t in found.values()}
+    # A task submitted by a quiet task follows its own option: recorded, its parent absent.
+    assert [t["name"] for t in found.values() if t["parent_task_id"] == outer_id] == ["loud_add"]
+    # Of the quiet actor only the call that opts in (not even its creation); the other's
+    # creation and loud calls.
+    quiet_names = {t["name"] for t in found.values() if t["actor_id"] == quiet_actor._actor_id.hex()}
+    assert quiet_names == {"QuietActor.traced"}
     mixed_names = {t["name"] for t in found.values() if t["actor_id"] == mixed._actor_id.hex()}
     assert mixed_names == {"MixedActor.__init__", "MixedActor.loud", "MixedActor.__ray_terminate__"}
 
