@@ -166,9 +166,14 @@ class ActorClass:
         template = TaskTemplate(
             function_id_of(self._pickled), qualname, f"{cls.__name__}.__init__", 1,
             opts_mod.resource_request(o, opts_mod.ACTOR), 0, 0, None, opts_mod.strategy_of(o), kind=1,
-            pickled_function=self._pickled, runtime_env=opts_mod.env_vars_of(o["runtime_env"]))
+            pickled_function=self._pickled, runtime_env=opts_mod.env_vars_of(o["runtime_env"]),
+            enable_task_events=o["enable_task_events"] is not False)
+        methods = self._methods
+        if o["enable_task_events"] is False:  # as in Ray: the actor's default for its methods' calls
+            methods = {name: {"enable_task_events": False, **opts}
+                       for name, opts in {**dict.fromkeys(_BUILTIN_METHODS, {}), **methods}.items()}
         max_pending = o["max_pending_calls"] if o["max_pending_calls"] is not None else -1
-        meta = {"methods": self._methods, "max_task_retries": max_task_retries, "class_name": cls.__name__,
+        meta = {"methods": methods, "max_task_retries": max_task_retries, "class_name": cls.__name__,
                 "max_pending_calls": max_pending}
         actor_options = {
             "name": name or "", "namespace": namespace, "detached": detached,
@@ -182,7 +187,7 @@ class ActorClass:
         if info.actor_id != actor_id:
             return _handle_from_info(info)
         owned = not detached and not name
-        return ActorHandle(actor_id, cls.__name__, self._methods, max_task_retries, owned, max_pending)
+        return ActorHandle(actor_id, cls.__name__, methods, max_task_retries, owned, max_pending)
 
 
 class _ActorClassOptions:
@@ -284,7 +289,7 @@ class ActorHandle:
             n = -1 if n == "streaming" else n
             retries = options.get("max_task_retries", self._max_task_retries)
             t = TaskTemplate(b"", name, options.get("name") or f"{self._class_name}.{name}", n, {}, retries,
-                             0, None, None, kind=2)
+                             0, None, None, kind=2, enable_task_events=options.get("enable_task_events", True))
             cache[key] = t
         return t
 
@@ -319,6 +324,8 @@ class ActorMethod:
             raise ValueError(f"invalid option(s) {sorted(unknown)} for an actor method")
         if "num_returns" in options:
             _check_method_num_returns(options["num_returns"])
+        if "enable_task_events" in options:
+            opts_mod.OPTIONS["enable_task_events"].check("enable_task_events", options["enable_task_events"])
         _check_tensor_transport(options)
         _check_group(options)
         merged = dict(self._options)

@@ -91,7 +91,8 @@ class RemoteFunction:
             opts_mod.num_returns_of(o["num_returns"], fn, "num_returns" in options),
             resources, o["max_retries"],
             retry_kind, retry_types, opts_mod.strategy_of(o), pickled_function=pickled,
-            runtime_env=opts_mod.env_vars_of(o["runtime_env"]), max_calls=max_calls)
+            runtime_env=opts_mod.env_vars_of(o["runtime_env"]), max_calls=max_calls,
+            enable_task_events=o["enable_task_events"] is not False)
         self._templates[key] = template
         return template
 

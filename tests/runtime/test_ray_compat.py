@@ -160,6 +160,112 @@ def test_enable_task_events_is_accepted_for_tasks_actors_and_methods(cluster: lu
                       a.g.options(enable_task_events=False).remote()], timeout=30) == [1, 1, 2, 2]
     with pytest.raises(TypeError, match="enable_task_events must be a bool"):
         lumos.method(enable_task_events="no")
+    with pytest.raises(TypeError, match="enable_task_events must be a bool"):
+        a.g.options(enable_task_events="no")
+
+
+@lumos.remote(enable_task_events=False)
+def quiet_add(x: int, y: int) -> int:
+    return x + y
+
+
+@lumos.remote(enable_task_events=False, max_retries=1, retry_exceptions=True)
+def quiet_fail() -> None:
+    raise ValueError("quiet task failed")
+
+
+@lumos.remote
+def loud_add(x: int, y: int) -> int:
+    return x + y
+
+
+@lumos.remote(enable_task_events=False)
+def quiet_outer(x: int) -> int:
+    return lumos.get(loud_add.remote(x, 1), timeout=30)  # its own option: recorded
+
+
+@lumos.remote(enable_task_events=False)
+class QuietActor:
+    def value(self) -> int:
+        return 5
+
+    @lumos.method(enable_task_events=True)  # overrides the actor's option, as in Ray
+    def traced(self) -> int:
+        return 6
+
+
+@lumos.remote
+class MixedActor:
+    @lumos.method(enable_task_events=False)
+    def quiet(self, x: int) -> int:
+        return x * 10
+
+    def loud(self, x: int) -> int:
+        return x * 100
+
+
+def test_enable_task_events_false_records_no_task_events(cluster: lumos.LumosContext) -> None:
+    # Ray: a task, method call or actor with enable_task_events=False leaves no trace in the
+    # state API (list_tasks, the task graph and the event log all read the GCS's task log);
+    # its results, errors, retries and lineage are unchanged.
+    quiet_ref = quiet_add.remote(1, 2)
+    chained = quiet_add.remote(quiet_ref, 4)  # an argument from a quiet task
+    quiet_actor = QuietActor.remote()
+    mixed = MixedActor.remote()
+    quiet_calls = [quiet_actor.value.remote(), mixed.quiet.remote(2),
+                   mixed.loud.options(enable_task_events=False).remote(3), quiet_actor.__ray_ready__.remote()]
+    assert lumos.get([quiet_ref, chained] + quiet_calls[:3], timeout=30) == [3, 7, 5, 20, 300]
+    lumos.get(quiet_calls[3], timeout=30)
+    failed = quiet_fail.remote()
+    with pytest.raises(ValueError, match="quiet task failed"):
+        lumos.get(failed, timeout=30)
+    outer = quiet_outer.remote(10)
+    assert lumos.get(outer, timeout=30) == 11
+    # Recorded as usual, after the quiet ones (an owner sends its events in order).
+    loud = [loud_add.remote(quiet_ref, 1), mixed.loud.remote(1), quiet_actor.traced.remote()]
+    assert lumos.get(loud, timeout=30) == [4, 100, 6]
+    # Ending the actors flushes their workers' own (RUNNING) events.
+    quiet_actor.__ray_terminate__.remote()
+    mixed.__ray_terminate__.remote()
+    actor_ids = {quiet_actor._actor_id.hex(), mixed._actor_id.hex()}
+    wait_for(lambda: {a["actor_id"] for a in lumos.state.list_actors()
+                      if a["actor_id"] in actor_ids and a["state"] == "DEAD"} == actor_ids, 15)
+    loud_ids = {r.task_id().hex() for r in loud}
+
+    outer_id = outer.task_id().hex()
+
+    def rows() -> list[dict[str, Any]]:
+        found = lumos.state.list_tasks()
+        done = {t["task_id"] for t in found if t["task_id"] in loud_ids and t["state"] == "FINISHED"}
+        nested = [t for t in found if t["parent_task_id"] == outer_id and t["state"] == "FINISHED"]
+        return found if done == loud_ids and nested else []
+
+    found = {t["task_id"]: t for t in wait_for(rows, 15)}
+    quiet_ids = {r.task_id().hex() for r in [quiet_ref, chained, failed, outer] + quiet_calls}
+    assert not quiet_ids & set(found), [found[i] for i in quiet_ids & set(found)]
+    # A task submitted by a quiet task follows its own option: recorded, its parent absent.
+    assert [t["name"] for t in found.values() if t["parent_task_id"] == outer_id] == ["loud_add"]
+    # Of the quiet actor only the call that opts in (not even its creation); the other's
+    # creation and loud calls.
+    quiet_names = {t["name"] for t in found.values() if t["actor_id"] == quiet_actor._actor_id.hex()}
+    assert quiet_names == {"QuietActor.traced"}
+    mixed_names = {t["name"] for t in found.values() if t["actor_id"] == mixed._actor_id.hex()}
+    assert mixed_names == {"MixedActor.__init__", "MixedActor.loud", "MixedActor.__ray_terminate__"}
+
+
+def test_task_spec_from_an_older_peer_records_task_events() -> None:
+    import msgpack
+
+    from lumos._private.protocol import messages as m
+
+    spec = m.TaskSpec(b"t" * 16, b"j" * 4, b"p" * 16, 0, "f", b"f" * 16, "mod.f", b"", [], [], 1, {}, 0, 0,
+                      None, m.Address(b"n" * 16, b"w" * 16, "", "127.0.0.1", 1), 0, None)
+    fields = list(m.TaskSpec._fields_of(spec))
+    assert fields[-1] is True  # enable_task_events is the last field: old frames lack it
+    old = msgpack.packb([m.NOTIFY, 1, msgpack.ExtType(m.TaskSpec._code, msgpack.packb(
+        fields[:-1], default=m._default, use_bin_type=True))], use_bin_type=True)
+    decoded = m.decode(old)[2]
+    assert decoded.enable_task_events is True and decoded == spec
 
 
 # ----------------------------------------------------------------------------- placement groups

@@ -181,8 +181,9 @@ class ActorHost:
         try:
             async with sem:
                 start = time.time()
-                self.cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, self.cw.node_id,
-                                     self.cw.worker_id)
+                if spec.enable_task_events:
+                    self.cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, self.cw.node_id,
+                                         self.cw.worker_id)
                 result = method(*args, **kwargs)
                 if spec.num_returns == -1:
                     reply = await self._stream_async(conn, spec, result, start)
@@ -249,7 +250,8 @@ class ActorHost:
             return
         me = threading.get_ident()
         self._thread_calls[me] = spec.task_id
-        self.cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, self.cw.node_id, self.cw.worker_id)
+        if spec.enable_task_events:
+            self.cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, self.cw.node_id, self.cw.worker_id)
         try:
             result = method(*args, **kwargs)
             if spec.num_returns == -1:

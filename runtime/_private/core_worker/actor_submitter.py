@@ -264,12 +264,14 @@ class ActorSubmitter:
             q.inflight[task.spec.task_id] = task
             spec = task.spec
             if task.retry_why is not None:
-                events.append((spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, None,
-                               task.retry_why))
+                if spec.enable_task_events:
+                    events.append((spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, None,
+                                   task.retry_why))
                 spec.attempt += 1
                 task.retry_why = None
-            events.append((spec.task_id, spec.attempt, "SCHEDULED", time.time(), None,
-                           q.info.node_id, q.conn_worker, None))
+            if spec.enable_task_events:
+                events.append((spec.task_id, spec.attempt, "SCHEDULED", time.time(), None,
+                               q.info.node_id, q.conn_worker, None))
             conn.notify(m.PushTask(spec, {}))
 
     def on_reply(self, task: PendingTask, reply: m.TaskReply) -> None:

@@ -1235,6 +1235,9 @@ class CoreWorker:
                 spec.runtime_env = self._env_for(template)
             if template.max_calls:
                 spec.max_calls = template.max_calls
+        events_on = template.enable_task_events
+        if not events_on:
+            spec.enable_task_events = False
         spec.root_task_id = self.root_task_id()
         dep_ids = [d._id for d in deps]
         task = PendingTask(spec, template, return_ids, dep_ids, [r._id for r in nested], time.time())
@@ -1247,7 +1250,9 @@ class CoreWorker:
                 objects.add_submitted(dep_ids)
             if task.nested_ids:
                 objects.add_submitted(task.nested_ids)
-        self._events.append((task_id, 0, "SUBMITTED", task.submit_time, self._event_info(task), None, None, None))
+        if events_on:
+            self._events.append((task_id, 0, "SUBMITTED", task.submit_time, self._event_info(task), None, None,
+                                 None))
         address = self.address
         if n == -1:
             stream = self.streams[task_id] = GeneratorStream(task_id)
@@ -1274,7 +1279,8 @@ class CoreWorker:
             task_id, self.job_id, self.current_task_id, 1, template.name, template.function_id,
             template.function_name, sv.to_bytes(), [m.Dep(d._id, d._owner or self.address, None, None) for d in deps],
             [[r._id, r._owner or self.address] for r in nested] if nested else [], 1, template.resources, 0, 0,
-            None, self.address, 0, template.strategy, actor_id=actor_id, actor_options=actor_options)
+            None, self.address, 0, template.strategy, actor_id=actor_id, actor_options=actor_options,
+            enable_task_events=template.enable_task_events)
         spec.root_task_id = self.root_task_id()
         if template.runtime_env is not None or self.inherited_env is not None:
             spec.runtime_env = self._env_for(template)
@@ -1300,7 +1306,7 @@ class CoreWorker:
             raise
         if info.actor_id != actor_id:  # get_if_exists: an existing actor
             self._post(self._unpin, pinned)
-        else:
+        elif spec.enable_task_events:
             self._events.append((task_id, 0, "SUBMITTED", time.time(), {
                 "name": template.name, "function_name": template.function_name,
                 "parent": self.current_task_id, "args": pinned, "returns": [],
@@ -1611,9 +1617,10 @@ class CoreWorker:
             lease.idle_timer = None
             self._idle_leases.discard(lease)
         spec = task.spec
-        self._events.append((spec.task_id, spec.attempt, "SCHEDULED", time.time(),
-                             {"resource_ids": lease.resource_ids} if lease.resource_ids else None,
-                             lease.node_id, lease.worker_id, None))
+        if spec.enable_task_events:
+            self._events.append((spec.task_id, spec.attempt, "SCHEDULED", time.time(),
+                                 {"resource_ids": lease.resource_ids} if lease.resource_ids else None,
+                                 lease.node_id, lease.worker_id, None))
         assert lease.conn is not None
         lease.conn.notify(m.PushTask(spec, lease.resource_ids))
 
@@ -1779,7 +1786,8 @@ class CoreWorker:
         """Record that ``task`` runs again (a retry or a rebuild) and start its next attempt."""
         spec = task.spec
         logger.info("running %s (%s) again: %s", spec.name, short(spec.task_id), why)
-        self._events.append((spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, None, why))
+        if spec.enable_task_events:
+            self._events.append((spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, None, why))
         spec.attempt += 1
         task.lease = None
 
@@ -1975,14 +1983,15 @@ class CoreWorker:
         """A task finished (its values recorded): its event, then its arguments' release
         (after the executor's borrowed refs are registered with their owners)."""
         spec = task.spec
-        state = "FAILED" if reply.app_error else "FINISHED"
-        if reply.start_time:
-            # The executor sends its own RUNNING event in its next batch, which a reader may
-            # not see yet (or ever, if it exits first): the finished row has its start time.
-            self._events.append((spec.task_id, spec.attempt, "RUNNING", reply.start_time, None, None,
-                                 reply.worker_id, None))
-        self._events.append((spec.task_id, spec.attempt, state, reply.end_time or time.time(), info,
-                             None, reply.worker_id, _error_text(reply) if reply.app_error else None))
+        if spec.enable_task_events:
+            state = "FAILED" if reply.app_error else "FINISHED"
+            if reply.start_time:
+                # The executor sends its own RUNNING event in its next batch, which a reader may
+                # not see yet (or ever, if it exits first): the finished row has its start time.
+                self._events.append((spec.task_id, spec.attempt, "RUNNING", reply.start_time, None, None,
+                                     reply.worker_id, None))
+            self._events.append((spec.task_id, spec.attempt, state, reply.end_time or time.time(), info,
+                                 None, reply.worker_id, _error_text(reply) if reply.app_error else None))
         if reply.borrowed:
             executor = (task.lease.address if task.lease is not None
                         else self.actor_submitter.address_of(spec.actor_id or b""))
@@ -2109,9 +2118,10 @@ class CoreWorker:
         if task.spec.num_returns == -1:
             self._end_stream(task, blob)
         spec = task.spec
-        state = "CANCELLED" if task.cancelled else "FAILED"
-        self._events.append((spec.task_id, spec.attempt, state, time.time(), None, None, None,
-                             text or "failed"))
+        if spec.enable_task_events:
+            state = "CANCELLED" if task.cancelled else "FAILED"
+            self._events.append((spec.task_id, spec.attempt, state, time.time(), None, None, None,
+                                 text or "failed"))
         if spec.kind == 2:
             self.actor_submitter.on_failed(task)
         self._release_args(task)
@@ -2156,7 +2166,8 @@ class CoreWorker:
             raise ValueError("this process does not execute tasks")
         spec = msg.spec
         if type(spec) is not m.TaskSpec or type(spec.task_id) is not bytes or type(spec.args) is not bytes \
-                or type(spec.deps) is not list or spec.kind not in (0, 1, 2) or type(spec.num_returns) is not int:
+                or type(spec.deps) is not list or spec.kind not in (0, 1, 2) or type(spec.num_returns) is not int \
+                or type(spec.enable_task_events) is not bool:
             raise ValueError("malformed PushTask")
         self.executor.push(conn, msg)
 

@@ -247,7 +247,8 @@ class Executor:
         cw.current_task_name = spec.name
         cw.current_resource_ids = msg.resource_ids if self.actor is None else self.actor.resource_ids
         cw._put_counter = 0
-        cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, cw.node_id, cw.worker_id)
+        if spec.enable_task_events:
+            cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, cw.node_id, cw.worker_id)
         self._set_gpus(msg.resource_ids)
         self._arg_borrowed = []
         app_error = False

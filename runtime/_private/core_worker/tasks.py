@@ -24,13 +24,14 @@ class TaskTemplate:
 
     __slots__ = ("function_id", "function_name", "name", "num_returns", "resources", "max_retries",
                  "retry_exceptions", "retry_exception_types", "strategy", "key", "kind",
-                 "actor_options", "pickled_function", "runtime_env", "max_calls")
+                 "actor_options", "pickled_function", "runtime_env", "max_calls", "enable_task_events")
 
     def __init__(self, function_id: bytes, function_name: str, name: str, num_returns: int,
                  resources: dict[str, float], max_retries: int, retry_exceptions: int,
                  retry_exception_types: bytes | None, strategy: Any, kind: int = 0,
                  actor_options: Any = None, pickled_function: bytes | None = None,
-                 runtime_env: dict[str, str] | None = None, max_calls: int = 0) -> None:
+                 runtime_env: dict[str, str] | None = None, max_calls: int = 0,
+                 enable_task_events: bool = True) -> None:
         self.function_id = function_id
         self.function_name = function_name
         self.name = name
@@ -48,6 +49,8 @@ class TaskTemplate:
         self.runtime_env = runtime_env
         #: A worker exits after running the function this many times (0: never).
         self.max_calls = max_calls
+        #: False: its calls record no task events (``enable_task_events=False``).
+        self.enable_task_events = enable_task_events
         #: Tasks of the same key share leased workers (and a mean run time, which sets
         #: how deep they are pipelined): one function, one resource shape, one strategy.
         self.key = (function_id, tuple(sorted(resources.items())), repr(strategy))

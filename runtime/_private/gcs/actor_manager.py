@@ -95,6 +95,8 @@ class ActorManager:
         spec = msg.spec
         if spec.kind != 1 or not spec.actor_id:
             raise ValueError("RegisterActor needs an actor creation task")
+        if type(spec.enable_task_events) is not bool:
+            raise ValueError("RegisterActor's enable_task_events must be a bool")
         opts: dict[str, Any] = spec.actor_options or {}
         name = opts.get("name") or ""
         namespace = opts.get("namespace") or ""
@@ -276,14 +278,16 @@ class ActorManager:
             actor.creating = False
         now = time.time()
         if reply.system_error is not None:
-            self.gcs.task_events.add([m.TaskEvent(spec.task_id, spec.attempt, "FAILED", now, spec.job_id,
-                                                  None, grant.node_id, grant.worker_id, reply.system_error)])
+            if spec.enable_task_events:
+                self.gcs.task_events.add([m.TaskEvent(spec.task_id, spec.attempt, "FAILED", now, spec.job_id,
+                                                      None, grant.node_id, grant.worker_id, reply.system_error)])
             return False, None
         blob = reply.returns[0].data if reply.returns else None
-        state = "FAILED" if reply.app_error else "FINISHED"
-        self.gcs.task_events.add([m.TaskEvent(spec.task_id, spec.attempt, state, reply.end_time or now,
-                                              spec.job_id, None, grant.node_id, grant.worker_id,
-                                              "__init__ raised" if reply.app_error else None)])
+        if spec.enable_task_events:
+            state = "FAILED" if reply.app_error else "FINISHED"
+            self.gcs.task_events.add([m.TaskEvent(spec.task_id, spec.attempt, state, reply.end_time or now,
+                                                  spec.job_id, None, grant.node_id, grant.worker_id,
+                                                  "__init__ raised" if reply.app_error else None)])
         return (not reply.app_error), (blob if reply.app_error else None)
 
     # ------------------------------------------------------------------ death and restarts

@@ -223,6 +223,9 @@ class TaskSpec:
     runtime_env: dict[str, str] | None = None
     #: The worker exits after running this function that many times (0: no limit).
     max_calls: int = 0
+    #: False: no task events for this task or call, from its owner, its executor or the
+    #: GCS (``enable_task_events=False``); it still runs, retries and rebuilds as usual.
+    enable_task_events: bool = True
 
 
 @message(4)
