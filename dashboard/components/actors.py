@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lumos.dashboard.components.common import Page, short
+from lumos.dashboard.components.common import Page, set_table_data, short
 from lumos.dashboard.source import TERMINAL_STATES
 
 COLUMNS = [("actor_id", "Actor"), ("class_name", "Class"), ("name", "Name"), ("state", "State"),
@@ -58,7 +58,7 @@ class ActorsPage(Page):
 
     def update(self) -> None:
         data = self.rows()
-        self.table_source.data = data
+        set_table_data(self.table, data)
         by_state: dict[str, int] = {}
         for s in data["state"]:
             by_state[s] = by_state.get(s, 0) + 1

@@ -26,6 +26,22 @@ PAGE_TITLES = {
 Links = Callable[[str, dict[str, str]], str]
 
 
+def set_table_data(table: Any, data: dict[str, list[Any]]) -> None:
+    """Replace a DataTable's rows with ``data`` and make the browser draw them.
+
+    BokehJS redraws a DataTable's cells when its source's row indices change; new values
+    in the same number of rows leave the old cells on screen (Bokeh 3.9). A changed
+    ``tags`` value re-renders the table, so that is set whenever the values changed.
+    """
+    source = table.source
+    if dict(source.data) == data:
+        return
+    same_rows = len(next(iter(source.data.values()), [])) == len(next(iter(data.values()), []))
+    source.data = data
+    if same_rows:
+        table.tags = [int(table.tags[0]) + 1 if table.tags else 1]
+
+
 def esc(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 

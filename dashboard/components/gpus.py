@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lumos.dashboard.components.common import Page, fmt_amount, short
+from lumos.dashboard.components.common import Page, fmt_amount, set_table_data, short
 
 COLUMNS = [("node", "Node"), ("gpu", "GPU"), ("holder_kind", "Held by"), ("holder", "Name"),
            ("holder_id", "Id"), ("amount", "Amount"), ("worker", "Worker")]
@@ -86,7 +86,7 @@ class GpusPage(Page):
 
     def update(self) -> None:
         data = self.rows()
-        self.table_source.data = data
+        set_table_data(self.table, data)
         src = self.source
         total = sum(n.resources_total.get("GPU", 0) for n in src.nodes.values() if n.state == "ALIVE")
         avail = sum(s.available.get("GPU", 0) for s in src.status.values())

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from lumos.dashboard import host
-from lumos.dashboard.components.common import Page, esc, fmt_amount, fmt_bytes, short
+from lumos.dashboard.components.common import Page, esc, fmt_amount, fmt_bytes, set_table_data, short
 
 COLUMNS = [("node", "Node"), ("host", "Host"), ("state", "State"), ("cpu", "CPU reserved / total"),
            ("gpu", "GPU reserved / total"), ("memory", "Memory reserved / total"),
@@ -190,7 +190,7 @@ class StatusPage(Page):
                 acc = totals.setdefault("memory in use", [0.0, 0.0])
                 acc[0] += usage.memory_used_bytes
                 acc[1] += usage.memory_total_bytes
-        self.table_source.data = data
+        set_table_data(self.table, data)
         self.table.height = 30 + 26 * max(1, len(data["node"]))
         if list(self.bar_range.factors) != bars["node"]:
             self.bar_range.factors = bars["node"]
@@ -241,7 +241,7 @@ class StatusPage(Page):
             data["node"].append(short(t.node_id))
             data["error"].append(last_line(t.error))
         if data["task"] != list(self.failed_source.data["task"]):
-            self.failed_source.data = data
+            set_table_data(self.failed, data)
             self.failed.height = 30 + 26 * max(1, len(data["task"]))
         self.failed_title.text = (f"<div style='font-family:sans-serif;font-weight:bold'>Recent failed tasks "
                                   f"({len(failed)})</div>")

@@ -15,6 +15,7 @@ import pytest
 import lumos
 from lumos.dashboard.components.status import COLUMNS
 from lumos.dashboard.graph_layout import STATE_COLORS
+from tests.conftest import wait_for
 from tests.dashboard.conftest import base_url, column, screenshot, wait_doc
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
@@ -115,8 +116,12 @@ def test_login_link_and_status_page(dash_cluster: lumos.LumosContext, workload: 
     page.locator(".lumos-log-name", has_text="worker-").wait_for()
     assert page.evaluate("() => window.__pwned") is None and page.locator("script", has_text="__pwned").count() == 0
     screenshot(page, "status")
-    rendered = page.locator(".slick-row").first.inner_text().split("\n")
-    assert rendered[COLUMN_NAMES.index("workers")] == str(workers)
+    # The rendered table cell follows the count (idle workers come and go meanwhile: read
+    # both at once, until a refresh has drawn the latest).
+    def rendered_workers() -> tuple[str, str]:
+        row = page.locator(".slick-row").first.inner_text().split("\n")
+        return row[COLUMN_NAMES.index("workers")], page.locator(".lumos-workers").inner_text()
+    wait_for(lambda: len(set(rendered_workers())) == 1, 10)
     assert not page.js_errors
 
 
