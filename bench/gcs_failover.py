@@ -69,6 +69,17 @@ def start_redis(data_dir: str) -> tuple[subprocess.Popen[bytes], int]:
     raise SystemExit(f"redis-server did not start; see {data_dir}/redis.log")
 
 
+def stop_redis(proc: subprocess.Popen[bytes], data_dir: str) -> None:
+    """Stop a server ``start_redis`` started and remove its data directory."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+    shutil.rmtree(data_dir, ignore_errors=True)
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -152,13 +163,7 @@ def main() -> None:
     finally:
         if cluster is not None:
             cluster.shutdown()
-        redis_proc.terminate()
-        try:
-            redis_proc.wait(10)
-        except subprocess.TimeoutExpired:
-            redis_proc.kill()
-            redis_proc.wait(10)
-        shutil.rmtree(data_dir, ignore_errors=True)
+        stop_redis(redis_proc, data_dir)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +28,7 @@ import lumos
 from lumos.testing import Cluster
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gcs_failover import start_redis  # noqa: E402  (the bench folder is not a package)
+from gcs_failover import start_redis, stop_redis  # noqa: E402  (the bench folder is not a package)
 
 
 @lumos.remote
@@ -90,13 +88,7 @@ def main() -> None:
     finally:
         if cluster is not None:
             cluster.shutdown()
-        redis_proc.terminate()
-        try:
-            redis_proc.wait(10)
-        except subprocess.TimeoutExpired:
-            redis_proc.kill()
-            redis_proc.wait(10)
-        shutil.rmtree(data_dir, ignore_errors=True)
+        stop_redis(redis_proc, data_dir)
 
 
 if __name__ == "__main__":
