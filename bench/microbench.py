@@ -201,7 +201,7 @@ def run_actors(ray: Any, results: dict[str, float], num_cpus: int, scale: float)
     results["async-actor calls (/s)"] = n / (time.perf_counter() - t)
 
 
-HIGHER_IS_BETTER = {"(/s)": True, "(GB/s)": True, "(us)": False, "(s)": False}
+HIGHER_IS_BETTER = {"(/s)": True, "(GB/s)": True, "(us)": False, "(ms)": False, "(s)": False}
 
 
 def _better(key: str) -> bool:
@@ -211,23 +211,24 @@ def _better(key: str) -> bool:
     return True
 
 
-def compare(num_cpus: int, quick: bool) -> int:
+def compare(script: str, num_cpus: int, quick: bool, timeout_s: float, first_col: str) -> int:
+    """Run ``script --impl ray`` and ``--impl lumos`` one after the other; print the ratio table."""
     cols: dict[str, dict[str, float]] = {}
     for impl in ("ray", "lumos"):
-        cmd = [sys.executable, __file__, "--impl", impl, "--json", "--num-cpus", str(num_cpus)]
+        cmd = [sys.executable, script, "--impl", impl, "--json", "--num-cpus", str(num_cpus)]
         if quick:
             cmd.append("--quick")
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         if out.returncode != 0:
             print(f"{impl} failed:\n{out.stderr[-3000:]}", file=sys.stderr)
             return 1
         cols[impl] = json.loads(out.stdout.strip().splitlines()[-1])
-    print(format_table(cols["ray"], cols["lumos"]))
+    print(format_table(cols["ray"], cols["lumos"], first_col))
     return 0
 
 
-def format_table(ray: dict[str, float], lumos: dict[str, float]) -> str:
-    lines = ["| benchmark | Ray | lumos | lumos vs Ray |", "|---|---:|---:|---:|"]
+def format_table(ray: dict[str, float], lumos: dict[str, float], first_col: str = "benchmark") -> str:
+    lines = [f"| {first_col} | Ray | lumos | lumos vs Ray |", "|---|---:|---:|---:|"]
     for key in lumos:
         r, l = ray.get(key), lumos[key]
         if r is None:
@@ -245,8 +246,10 @@ def _fmt(v: float) -> str:
     return f"{v:.2f}"
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def bench_main(run_fn: Callable[[str, int, bool], dict[str, float]], doc: str | None, script: str,
+               first_col: str, timeout_s: float) -> int:
+    """The command line shared by the benchmarks that run on Ray and lumos alike."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--impl", choices=["ray", "lumos"], default="lumos")
     p.add_argument("--compare", action="store_true", help="run both and print the ratio")
     p.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2)
@@ -254,14 +257,18 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="shorter runs (noisier)")
     args = p.parse_args()
     if args.compare:
-        return compare(args.num_cpus, args.quick)
-    results = run(args.impl, args.num_cpus, args.quick)
+        return compare(script, args.num_cpus, args.quick, timeout_s, first_col)
+    results = run_fn(args.impl, args.num_cpus, args.quick)
     if args.json:
         print(json.dumps(results))
     else:
         for k, v in results.items():
-            print(f"{k:36s} {_fmt(v):>12s}")
+            print(f"{k:40s} {_fmt(v):>12s}")
     return 0
+
+
+def main() -> int:
+    return bench_main(run, __doc__, __file__, "benchmark", timeout_s=900)
 
 
 if __name__ == "__main__":

@@ -21,15 +21,14 @@ Workloads and what is measured:
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import json
 import os
-import subprocess
 import sys
-from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from microbench import bench_main  # noqa: E402  (the bench folder is not a package)
 
 
 def run(impl: str, num_cpus: int, quick: bool) -> dict[str, float]:
@@ -77,61 +76,8 @@ def run(impl: str, num_cpus: int, quick: bool) -> dict[str, float]:
     return results
 
 
-def _higher_is_better(key: str) -> bool:
-    return key.endswith("/s)")
-
-
-def compare(num_cpus: int, quick: bool) -> int:
-    cols: dict[str, dict[str, float]] = {}
-    for impl in ("ray", "lumos"):
-        cmd = [sys.executable, __file__, "--impl", impl, "--json", "--num-cpus", str(num_cpus)]
-        if quick:
-            cmd.append("--quick")
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-        if out.returncode != 0:
-            print(f"{impl} failed:\n{out.stderr[-3000:]}", file=sys.stderr)
-            return 1
-        cols[impl] = json.loads(out.stdout.strip().splitlines()[-1])
-    print(format_table(cols["ray"], cols["lumos"]))
-    return 0
-
-
-def format_table(ray: dict[str, float], lumos: dict[str, float]) -> str:
-    lines = ["| workload | Ray | lumos | lumos vs Ray |", "|---|---:|---:|---:|"]
-    for key, value in lumos.items():
-        other = ray.get(key)
-        if other is None:
-            continue
-        ratio = value / other if _higher_is_better(key) else (other / value if value else float("inf"))
-        lines.append(f"| {key} | {_fmt(other)} | {_fmt(value)} | {ratio:.2f}x |")
-    return "\n".join(lines)
-
-
-def _fmt(v: float) -> str:
-    if v >= 100:
-        return f"{v:,.0f}"
-    if v >= 10:
-        return f"{v:.1f}"
-    return f"{v:.2f}"
-
-
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--impl", choices=["ray", "lumos"], default="lumos")
-    p.add_argument("--compare", action="store_true", help="run both and print the ratio")
-    p.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2)
-    p.add_argument("--json", action="store_true", help="print results as one JSON line")
-    p.add_argument("--quick", action="store_true", help="shorter runs (noisier)")
-    args = p.parse_args()
-    if args.compare:
-        return compare(args.num_cpus, args.quick)
-    results: Any = run(args.impl, args.num_cpus, args.quick)
-    if args.json:
-        print(json.dumps(results))
-    else:
-        for k, v in results.items():
-            print(f"{k:40s} {_fmt(v):>12s}")
-    return 0
+    return bench_main(run, __doc__, __file__, "workload", timeout_s=1200)
 
 
 if __name__ == "__main__":
