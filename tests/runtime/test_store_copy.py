@@ -1,0 +1,129 @@
+"""Copies into the object store: the parallel copy, preallocated files, reused slots."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+
+import numpy as np
+import pytest
+
+import lumos
+from lumos._private import serialization as ser
+from lumos._private.object_store.client import StoreClient
+from lumos._private.object_store.memcpy import PIECE_ALIGN, ParallelCopier
+
+THRESHOLD = 64 * 1024
+
+
+@pytest.fixture
+def copier():
+    c = ParallelCopier(threads=3, threshold_bytes=THRESHOLD)
+    c.threads = 3  # whatever this machine's core count: exercise three pieces
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("n", [1, THRESHOLD - 1, THRESHOLD, THRESHOLD + 1, 2 * THRESHOLD - 1,
+                               2 * THRESHOLD, 2 * THRESHOLD + 1, 3 * THRESHOLD + 4097, 10 * THRESHOLD + 13])
+@pytest.mark.parametrize("src_off,dst_off", [(0, 0), (1, 0), (0, 3), (7, 61)])
+def test_parallel_copy_gives_identical_bytes_around_the_threshold_at_odd_alignments(copier, n, src_off, dst_off):
+    rng = np.random.default_rng(n + src_off)
+    src = rng.integers(0, 256, size=n + src_off, dtype=np.uint8)
+    dst = np.zeros(n + dst_off + 5, dtype=np.uint8)
+    copier.copy(memoryview(dst)[dst_off:dst_off + n], memoryview(src)[src_off:])
+    assert np.array_equal(dst[dst_off:dst_off + n], src[src_off:])
+    assert not dst[:dst_off].any() and not dst[dst_off + n:].any()  # nothing written outside
+
+
+def test_parallel_copy_splits_large_copies_into_page_aligned_pieces_on_helper_threads(copier):
+    for n in (THRESHOLD, 2 * THRESHOLD + 1, 3 * THRESHOLD, 100 * THRESHOLD + 7):
+        pieces = copier.pieces(n)
+        assert pieces[0][0] == 0 and pieces[-1][1] == n
+        assert all(a % PIECE_ALIGN == 0 for a, _ in pieces)
+        assert all(b == a2 for (_, b), (a2, _) in zip(pieces, pieces[1:]))
+        assert len(pieces) == min(3, n // THRESHOLD)
+    src = np.arange(100 * THRESHOLD, dtype=np.uint8)
+    dst = np.empty_like(src)
+    copier.copy(memoryview(dst), memoryview(src))
+    assert np.array_equal(dst, src)
+    assert {"lumos-memcpy-1", "lumos-memcpy-2"} <= {t.name for t in threading.enumerate()}
+
+
+def test_parallel_copy_refuses_a_destination_of_another_size(copier):
+    with pytest.raises(ValueError, match="destination"):
+        copier.copy(memoryview(bytearray(10)), memoryview(bytes(11)))
+
+
+def test_copier_never_uses_more_threads_than_usable_cpus():
+    c = ParallelCopier(threads=1000, threshold_bytes=THRESHOLD)
+    assert c.threads == len(os.sched_getaffinity(0))
+
+
+@pytest.fixture
+def store_client():
+    directory = tempfile.mkdtemp(prefix="lumos-test-copy-", dir="/dev/shm")
+    client = StoreClient(directory, memcpy_threads=2, memcpy_threshold_bytes=THRESHOLD,
+                         recycle_bytes=64 * 1024 * 1024)
+    try:
+        yield client
+    finally:
+        client.close()
+        shutil.rmtree(directory)
+
+
+def _write(client: StoreClient, oid: bytes, slot: int, value: np.ndarray, reused: bool,
+           grant_name: str | None = None) -> str:
+    sv = ser.serialize(value)
+    final = os.path.join(client.directory, oid.hex())
+    grant = os.path.join(client.directory, grant_name or oid.hex() + ".w")
+    size = ((sv.total_size + 4095) & ~4095) + 64 * 1024  # a tail the copy never touches
+    client.write(oid, grant, final, slot, size, reused, sv.total_size,
+                 lambda dest, copy: sv.write_into(dest, copy), keep_mapping=True)
+    return final
+
+
+def test_new_store_file_is_preallocated_and_its_slot_reused_with_the_same_mapping(store_client):
+    a = np.arange(300_000, dtype=np.int64)
+    path = _write(store_client, b"a" * 20, 1, a, reused=False)
+    st = os.stat(path)
+    assert st.st_blocks * 512 >= st.st_size  # every page allocated at create (no holes)
+    view = store_client.view(b"a" * 20)
+    assert np.array_equal(ser.deserialize(view)[1], a)
+    mapping = store_client._created[b"a" * 20]
+    del view
+    # The owner frees it: nobody views it, so the slot (and its faulted mapping) is pooled.
+    assert store_client.release(b"a" * 20, shared=False) is True
+    assert store_client.stats()["pooled_slots"] == 1
+    pool = os.path.join(store_client.directory, "pool-1")
+    os.rename(path, pool)  # what the raylet does with a recyclable slot
+    # The next create of that slot writes through the same mapping (already-faulted pages).
+    os.rename(pool, os.path.join(store_client.directory, (b"b" * 20).hex() + ".w"))
+    b = np.full(300_000, 5, dtype=np.int64)
+    _write(store_client, b"b" * 20, 1, b, reused=True)
+    assert store_client._created[b"b" * 20] is mapping
+    assert store_client.stats()["pooled_slots"] == 0
+    assert np.array_equal(ser.deserialize(store_client.view(b"b" * 20))[1], b)
+    # Freed and then dropped by the raylet (evicted): the mapping goes.
+    assert store_client.release(b"b" * 20, shared=False) in (True, None)
+    store_client.drop_slot(1)
+    assert store_client.stats()["pooled_slots"] == 0
+
+
+def test_put_and_task_args_of_sizes_around_the_copy_threshold_round_trip(fresh_cluster):
+    fresh_cluster(_system_config={"memcpy_threshold_bytes": THRESHOLD, "memcpy_threads": 2})
+
+    @lumos.remote
+    def echo(x):
+        return x
+
+    raw = np.random.default_rng(0).integers(0, 256, size=8 * THRESHOLD + 64, dtype=np.uint8)
+    for n in (2 * THRESHOLD - 1, 2 * THRESHOLD + 1, 5 * THRESHOLD + 4097):
+        for off in (0, 1, 3):  # an array that starts at an odd address
+            value = raw[off:off + n]
+            assert np.array_equal(lumos.get(lumos.put(value), timeout=30), value)
+            assert np.array_equal(lumos.get(echo.remote(value), timeout=30), value)
