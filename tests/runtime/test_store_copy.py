@@ -127,3 +127,15 @@ def test_put_and_task_args_of_sizes_around_the_copy_threshold_round_trip(fresh_c
             value = raw[off:off + n]
             assert np.array_equal(lumos.get(lumos.put(value), timeout=30), value)
             assert np.array_equal(lumos.get(echo.remote(value), timeout=30), value)
+
+
+@pytest.mark.parametrize("sizes", [[1], [3, 64, 65], [0, 7, 1000, 4096 + 1]])
+def test_inline_blob_is_the_same_bytes_as_the_store_layout(sizes):
+    arrays = [np.arange(n, dtype=np.uint8) for n in sizes]
+    sv = ser.serialize({"a": arrays, "x": 1})
+    laid_out = bytearray(sv.total_size)
+    sv.write_into(memoryview(laid_out))
+    blob = sv.to_bytes()
+    assert blob == bytes(laid_out)
+    out = ser.deserialize(blob)[1]
+    assert out["x"] == 1 and all(np.array_equal(a, b) for a, b in zip(out["a"], arrays))
