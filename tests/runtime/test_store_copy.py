@@ -54,6 +54,16 @@ def test_parallel_copy_splits_large_copies_into_page_aligned_pieces_on_helper_th
     assert {"lumos-memcpy-1", "lumos-memcpy-2"} <= {t.name for t in threading.enumerate()}
 
 
+def test_parallel_copy_leaves_no_export_of_the_buffers_behind(copier):
+    import mmap
+    mm = mmap.mmap(-1, 10 * THRESHOLD)
+    src = bytearray(10 * THRESHOLD)
+    with memoryview(mm) as dst:
+        copier.copy(dst, memoryview(src))
+    mm.close()  # BufferError if a helper thread still held a view of it
+    src.extend(b"x")  # likewise for the source
+
+
 def test_parallel_copy_refuses_a_destination_of_another_size(copier):
     with pytest.raises(ValueError, match="destination"):
         copier.copy(memoryview(bytearray(10)), memoryview(bytes(11)))

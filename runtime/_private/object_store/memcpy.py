@@ -101,6 +101,7 @@ class ParallelCopier:
             if item is None:
                 return
             d, s, done, err = item
+            item = None  # hold no export of the buffers once done: the caller may unmap them
             try:
                 np.copyto(d, s)
             except BaseException as e:  # handed to the caller, which raises it
