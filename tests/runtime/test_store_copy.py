@@ -149,3 +149,44 @@ def test_inline_blob_is_the_same_bytes_as_the_store_layout(sizes):
     assert blob == bytes(laid_out)
     out = ser.deserialize(blob)[1]
     assert out["x"] == 1 and all(np.array_equal(a, b) for a, b in zip(out["a"], arrays))
+
+
+def _sealed(s, client: bytes, n: int, first_request: int) -> tuple[list[bytes], list[int]]:
+    from lumos._private.object_store import store_state as st
+    oids, slots = [client + i.to_bytes(4, "big") for i in range(n)], []
+    for i, oid in enumerate(oids):
+        (g,) = s.handle(st.CreateRequested(first_request + i, oid, 1 << 20, client), 0)
+        s.handle(st.ObjectSealed(oid, 1 << 20), 0)
+        slots.append(g.slot)
+    return oids, slots
+
+
+def test_a_create_reuses_its_own_pooled_slot_behind_many_of_another_process():
+    from lumos._private.object_store import store_state as st
+    s = st.ObjectStoreState("/dev/shm/lumos-test", 4096 << 20, 2048 << 20, 5.0, validate=True)
+    their_oids, theirs = _sealed(s, b"W1", 300, 0)
+    my_oids, mine = _sealed(s, b"W2", 2, 1000)
+    s.handle(st.ObjectsFreed(their_oids + my_oids, [True] * 302), 0)  # W1's slots are older
+    grants = [a for a in s.handle(st.CreateRequested(2000, b"new", 1 << 20, b"W2"), 0)
+              if isinstance(a, st.GrantCreate)]
+    assert grants[0].reused and grants[0].slot == mine[0]
+    # A process with no slot of its own gets the oldest that fits, and its mapper drops it.
+    acts = s.handle(st.CreateRequested(2001, b"other", 1 << 20, b"W3"), 0)
+    assert st.DropSlot(b"W1", theirs[0]) in acts
+    # A process that goes leaves its slots to nobody (no DropSlot to a process that is gone).
+    s.handle(st.ClientGone(b"W1"), 0)
+    acts = s.handle(st.CreateRequested(2002, b"third", 1 << 20, b"W3"), 0)
+    assert any(isinstance(a, st.GrantCreate) and a.reused for a in acts)
+    assert not any(isinstance(a, st.DropSlot) for a in acts)
+    assert len(s.pool) == 302 - 3 and s.pool_bytes == len(s.pool) << 20
+
+
+def test_slot_pool_check_finds_a_drifted_index():
+    from lumos._private.object_store.slot_pool import SlotPool
+    pool = SlotPool()
+    pool.add(1, 4096, b"W1")
+    pool.add(2, 4096, b"W2")
+    pool.check()
+    pool._by_mapper[b"W2"][2] = 8192
+    with pytest.raises(AssertionError, match="index"):
+        pool.check()
