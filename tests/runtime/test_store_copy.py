@@ -13,7 +13,7 @@ import pytest
 import lumos
 from lumos._private import serialization as ser
 from lumos._private.object_store.client import StoreClient
-from lumos._private.object_store.memcpy import PIECE_ALIGN, ParallelCopier
+from lumos._private.object_store.memcpy import PIECE_ALIGN, PIECES_PER_THREAD, ParallelCopier
 
 THRESHOLD = 64 * 1024
 
@@ -40,13 +40,13 @@ def test_parallel_copy_gives_identical_bytes_around_the_threshold_at_odd_alignme
     assert not dst[:dst_off].any() and not dst[dst_off + n:].any()  # nothing written outside
 
 
-def test_parallel_copy_splits_large_copies_into_page_aligned_pieces_on_helper_threads(copier):
+def test_parallel_copy_splits_large_copies_into_page_aligned_pieces_shared_by_helper_threads(copier):
     for n in (THRESHOLD, 2 * THRESHOLD + 1, 3 * THRESHOLD, 100 * THRESHOLD + 7):
         pieces = copier.pieces(n)
         assert pieces[0][0] == 0 and pieces[-1][1] == n
         assert all(a % PIECE_ALIGN == 0 for a, _ in pieces)
         assert all(b == a2 for (_, b), (a2, _) in zip(pieces, pieces[1:]))
-        assert len(pieces) == min(3, n // THRESHOLD)
+        assert len(pieces) == max(1, min(3 * PIECES_PER_THREAD, n // THRESHOLD))
     src = np.arange(100 * THRESHOLD, dtype=np.uint8)
     dst = np.empty_like(src)
     copier.copy(memoryview(dst), memoryview(src))

@@ -1,15 +1,17 @@
 """Multi-threaded copy of large buffers into the object store.
 
 Owned by a ``StoreClient``; called from user threads (put, task returns) with the
-destination a slice of a store mapping. One memcpy thread reaches about 60% of this
-machine's memory bandwidth; splitting a copy over the cores reaches the rest. A copy of
-``n`` bytes runs in ``min(threads, n // threshold)`` pieces: the calling thread copies
-the first piece and idle helper threads (started once, kept for the process's life) the
-others. ``numpy.copyto`` releases the GIL for the copy, so the pieces do run at once.
+destination a slice of a store mapping. Splitting a large copy over the cores reaches
+more of the memory bandwidth than one memcpy thread. A copy of ``n`` bytes is cut into
+pieces of at least ``threshold`` bytes, up to ``PIECES_PER_THREAD`` per thread; the
+calling thread and up to ``threads - 1`` helper threads (started once, kept for the
+process's life) take pieces from the copy's shared list until none is left, so a thread
+that the machine's other work delays copies fewer pieces instead of holding up the
+end (on a loaded 2-core machine, equal halves waited for the slower thread).
+``numpy.copyto`` releases the GIL for the copy, so the pieces do run at once.
 
-    caller ── piece 0 ───────────────► wait for the others ─► done
-    lumos-memcpy-1 ── piece 1 ──┘
-    lumos-memcpy-2 ── piece 2 ──┘
+    caller         ── piece 0 ── piece 2 ── piece 3 ──► wait for the last ─► done
+    lumos-memcpy-1 ── piece 1 ──────── piece 4 ──┘
 
 Pieces start at 4 KiB boundaries of the destination, so two threads never write the
 same page (each page's fault and cache lines stay with one thread).
@@ -17,6 +19,7 @@ same page (each page's fault and cache lines stay with one thread).
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import threading
@@ -24,6 +27,8 @@ from typing import Any
 
 #: Pieces start at multiples of this (a page: no page is written by two threads).
 PIECE_ALIGN = 4096
+#: Pieces per thread at most (more pieces: better balance, more hand-offs).
+PIECES_PER_THREAD = 4
 
 
 def usable_cpus() -> int:
@@ -33,8 +38,43 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+class _Copy:
+    """One copy's pieces, taken by whichever thread is free."""
+
+    __slots__ = ("dst", "src", "ranges", "_next", "_lock", "_left", "done", "errors")
+
+    def __init__(self, dst: Any, src: Any, ranges: list[tuple[int, int]]) -> None:
+        self.dst = dst
+        self.src = src
+        self.ranges = ranges
+        self._next = itertools.count()  # next() is atomic under the GIL
+        self._lock = threading.Lock()
+        self._left = len(ranges)
+        #: Set when every piece is copied (or failed).
+        self.done = threading.Event()
+        self.errors: list[BaseException] = []
+
+    def run(self) -> None:
+        """Copy pieces until none is left to take."""
+        import numpy as np
+        while True:
+            i = next(self._next)
+            if i >= len(self.ranges):
+                return
+            a, b = self.ranges[i]
+            try:
+                np.copyto(self.dst[a:b], self.src[a:b])
+            except BaseException as e:  # handed to the caller, which raises it
+                self.errors.append(e)
+            with self._lock:
+                self._left -= 1
+                if self._left == 0:
+                    self.dst = self.src = None  # no export of the buffers outlives the copy
+                    self.done.set()
+
+
 class ParallelCopier:
-    """Copies buffers of at least ``threshold_bytes`` with up to ``threads`` threads."""
+    """Copies buffers of at least ``2 * threshold_bytes`` with up to ``threads`` threads."""
 
     def __init__(self, threads: int, threshold_bytes: int) -> None:
         #: Threads per copy, the caller's included (never more than the usable CPUs:
@@ -42,14 +82,15 @@ class ParallelCopier:
         self.threads = max(1, min(threads, usable_cpus()))
         self.threshold_bytes = max(PIECE_ALIGN, threshold_bytes)
         self._lock = threading.Lock()
-        #: Helper threads' work queue: (dst, src, done event, error slot) or None to stop.
-        self._work: queue.SimpleQueue[tuple[Any, Any, threading.Event, list[BaseException]] | None] = \
-            queue.SimpleQueue()
+        #: Copies for helper threads to join (None: stop).
+        self._work: queue.SimpleQueue[_Copy | None] = queue.SimpleQueue()
         self._helpers: list[threading.Thread] = []
 
     def pieces(self, nbytes: int) -> list[tuple[int, int]]:
         """``(start, end)`` byte ranges a copy of ``nbytes`` is split into."""
-        k = min(self.threads, nbytes // self.threshold_bytes)
+        if self.threads <= 1:
+            return [(0, nbytes)]
+        k = min(self.threads * PIECES_PER_THREAD, nbytes // self.threshold_bytes)
         if k <= 1:
             return [(0, nbytes)]
         step = -(-nbytes // k)
@@ -66,23 +107,15 @@ class ParallelCopier:
             dst[:] = src
             return
         import numpy as np  # only processes that copy large buffers pay for the import
-        d = np.frombuffer(dst, dtype=np.uint8)
-        s = np.frombuffer(src, dtype=np.uint8)
-        self._start_helpers(len(ranges) - 1)
-        waits: list[tuple[threading.Event, list[BaseException]]] = []
-        for a, b in ranges[1:]:
-            done, err = threading.Event(), []
-            self._work.put((d[a:b], s[a:b], done, err))
-            waits.append((done, err))
-        a, b = ranges[0]
-        try:
-            np.copyto(d[a:b], s[a:b])
-        finally:
-            for done, _ in waits:
-                done.wait()
-        for _, err in waits:
-            if err:
-                raise err[0]
+        job = _Copy(np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8), ranges)
+        helpers = min(self.threads, len(ranges)) - 1
+        self._start_helpers(helpers)
+        for _ in range(helpers):
+            self._work.put(job)
+        job.run()
+        job.done.wait()
+        if job.errors:
+            raise job.errors[0]
 
     def _start_helpers(self, n: int) -> None:
         if len(self._helpers) >= n:
@@ -95,20 +128,12 @@ class ParallelCopier:
                 self._helpers.append(t)
 
     def _helper(self) -> None:
-        import numpy as np
         while True:
-            item = self._work.get()
-            if item is None:
+            job = self._work.get()
+            if job is None:
                 return
-            d, s, done, err = item
-            item = None  # hold no export of the buffers once done: the caller may unmap them
-            try:
-                np.copyto(d, s)
-            except BaseException as e:  # handed to the caller, which raises it
-                err.append(e)
-            finally:
-                del d, s
-                done.set()
+            job.run()
+            job = None  # hold no export of the buffers: the caller may unmap them
 
     def close(self) -> None:
         """Stop the helper threads (they hold no resources; this only ends them)."""
