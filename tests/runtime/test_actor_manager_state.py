@@ -271,8 +271,8 @@ def test_gcs_restart_reloads_alive_pending_and_dead_actors() -> None:
     t2, out = _reload(t)
     assert out == [ast.PlaceActor(B)]  # an unfinished creation starts over
     assert t2.info(A).state == ast.ALIVE and t2.s.by_worker == {b"wa": A}
-    assert t2.s.named_info("", "alive").actor_id == A  # type: ignore[union-attr]
-    assert t2.s.named_info("", "pending").actor_id == B  # type: ignore[union-attr]
+    assert t2.s.named_info("", "alive") is t2.info(A)
+    assert t2.s.named_info("", "pending") is t2.info(B)
     assert t2.s.named_info("", "dead") is None and t2.info(c).state == ast.DEAD
     assert t2.s.wants_placement(B)
     # The alive actor's worker reports its death to the new GCS: it restarts as before.

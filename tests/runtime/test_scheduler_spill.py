@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from lumos._private.raylet import scheduler as sc
 
 JOB = b"job1"
@@ -18,10 +20,11 @@ def sched(cpus: float = 2, workers: tuple[bytes, ...] = (W1, W2)) -> sc.LocalSch
     return s
 
 
-def query(resources: dict[str, float] | None = None, strategy: object = None, **kw: object) -> sc.SpillQuery:
-    fields: dict[str, object] = {"node_id": HERE, "alive_nodes": 2, "self_alive": True, **kw}
-    return sc.SpillQuery(resources if resources is not None else {"CPU": 1}, strategy,
-                         **fields)  # type: ignore[arg-type]
+def query(resources: dict[str, float] | None = None, strategy: Any = None, *,
+          bundle: tuple[bytes, int] | None = None, arg_bytes_by_node: dict[bytes, int] | None = None,
+          hops: int = 0, from_gcs: bool = False, gcs_connected: bool = True, alive_nodes: int = 2) -> sc.SpillQuery:
+    return sc.SpillQuery(resources if resources is not None else {"CPU": 1.0}, strategy, bundle, arg_bytes_by_node,
+                         hops, from_gcs, HERE, gcs_connected, alive_nodes, self_alive=True)
 
 
 def test_a_request_that_fits_with_an_empty_queue_is_served_here() -> None:
@@ -42,19 +45,19 @@ def test_a_queued_request_sends_later_ones_to_the_gcs() -> None:
 
 
 def test_a_request_larger_than_this_node_goes_to_the_gcs() -> None:
-    assert sched().should_spill(query({"CPU": 16})) is True
-    assert sched().should_spill(query({"GPU": 1})) is True
+    assert sched().should_spill(query({"CPU": 16.0})) is True
+    assert sched().should_spill(query({"GPU": 1.0})) is True
 
 
 def test_the_only_node_serves_everything_even_what_does_not_fit() -> None:
     s = sched(cpus=1)
-    assert s.should_spill(query({"CPU": 16}, alive_nodes=1)) is False
+    assert s.should_spill(query({"CPU": 16.0}, alive_nodes=1)) is False
     assert s.should_spill(query(strategy=["SPREAD"], alive_nodes=1)) is False
 
 
 def test_spilled_gcs_placed_and_disconnected_requests_are_never_sent_back() -> None:
     s = sched(cpus=1)
-    big = {"CPU": 16}
+    big = {"CPU": 16.0}
     assert s.should_spill(query(big, hops=1)) is False
     assert s.should_spill(query(big, from_gcs=True)) is False
     assert s.should_spill(query(big, gcs_connected=False)) is False
@@ -63,7 +66,7 @@ def test_spilled_gcs_placed_and_disconnected_requests_are_never_sent_back() -> N
 def test_node_affinity_spills_only_for_another_node() -> None:
     s = sched()
     assert s.should_spill(query(strategy=["NODE", OTHER, False])) is True
-    assert s.should_spill(query({"CPU": 16}, strategy=["NODE", HERE, False])) is False
+    assert s.should_spill(query({"CPU": 16.0}, strategy=["NODE", HERE, False])) is False
 
 
 def test_spread_always_asks_the_gcs_when_there_are_other_nodes() -> None:
@@ -93,7 +96,7 @@ def test_the_decision_changes_nothing() -> None:
     s = sched(cpus=1)
     s.handle(sc.LeaseRequested(1, JOB, {"CPU": 1}), now=0)
     before = (dict(s.resources.available), list(s.queue), dict(s.leases))
-    for q in (query(), query({"CPU": 16}), query(strategy=["SPREAD"])):
+    for q in (query(), query({"CPU": 16.0}), query(strategy=["SPREAD"])):
         s.should_spill(q)
     assert (dict(s.resources.available), list(s.queue), dict(s.leases)) == before
     s.check_invariants()
