@@ -108,6 +108,17 @@ def test_node_removed_mid_two_phase_commit_keeps_the_others_and_places_its_bundl
     assert t.info().state == pgs.CREATED and set(t.info().bundle_nodes) == {N1, N3}
 
 
+def test_a_reservation_whose_answer_never_came_is_released_before_planning_again() -> None:
+    t = Groups()
+    t.create("STRICT_PACK", 2)
+    t.tried([N1])  # the loop that asked was cancelled before the raylet answered
+    out = t.tried([N2])
+    assert out[0] == pgs.ReleaseBundles(PG, N1, [0, 1])
+    assert of(out, pgs.ReserveBundles) == [pgs.ReserveBundles(PG, N2, [[0, {"CPU": 1}], [1, {"CPU": 1}]])]
+    t.answer({N2: {}})
+    assert t.info().bundle_nodes == [N2, N2]
+
+
 def test_node_that_dies_while_its_reservation_fails_rolls_back_the_rest() -> None:
     t = Groups()
     t.create("SPREAD", 2)

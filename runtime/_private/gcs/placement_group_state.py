@@ -347,7 +347,7 @@ class PlacementGroupState:
             self._restore(event.info, actions)
         elif isinstance(event, PlacementTried):
             g = self.groups.get(event.pg_id)
-            if g is not None and g.info.state in (PENDING, RESCHEDULING) and g.reserving is None:
+            if g is not None and g.info.state in (PENDING, RESCHEDULING):
                 self._try_placement(g, event, now, actions)
         elif isinstance(event, BundlesReserved):
             g = self.groups.get(event.pg_id)
@@ -402,6 +402,12 @@ class PlacementGroupState:
 
     def _try_placement(self, g: _Group, e: PlacementTried, now: float, actions: list[Action]) -> None:
         info = g.info
+        if g.reserving is not None:
+            # The loop that asked never heard back (it was cancelled or failed): give back
+            # whatever those raylets may hold before planning again.
+            for nid, idx in g.reserving.items():
+                actions.append(ReleaseBundles(info.pg_id, nid, idx))
+            g.reserving = None
         if g.placing_since is None:
             g.placing_since = now
         missing = [i for i, n in enumerate(info.bundle_nodes) if n is None]

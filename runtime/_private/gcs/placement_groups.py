@@ -200,12 +200,12 @@ class PlacementGroupTable:
                 answers = await asyncio.gather(*(self._reserve(a) for a in reserves))
                 actions = self._dispatch(pgs.BundlesReserved(
                     pg_id, {a.node_id: answer for a, answer in zip(reserves, answers)}))
-            for action in actions:
-                if isinstance(action, pgs.RetryPlacement):
-                    if action.on_change:
-                        await self._wait_nodes_changed(action.after_s)
-                    else:
-                        await asyncio.sleep(action.after_s)
+            retry = next((a for a in actions if isinstance(a, pgs.RetryPlacement)), None)
+            if retry is not None and retry.on_change:
+                await self._wait_nodes_changed(retry.after_s)
+            elif retry is not None or (not reserves and self.state.wants_placement(pg_id)):
+                # (the second: nothing to do yet, which the state never answers; never spin)
+                await asyncio.sleep(retry.after_s if retry is not None else self.state.retry_s)
 
     async def _wait_nodes_changed(self, timeout_s: float) -> None:
         self._changed.clear()
