@@ -35,13 +35,13 @@ from lumos._private.core_worker.io_loop import IoLoop
 from lumos._private.core_worker.references import FAILED, PENDING, READY, Freed, ObjectTable
 from lumos._private.core_worker.objects import ObjectsMixin, error_blob
 from lumos._private.core_worker.streams import StreamsMixin
+from lumos._private.core_worker import task_submitter as ts
 from lumos._private.core_worker.tasks import (DRIVER, WORKER, DONE, PUSHED, QUEUED, WAITING_ARGS, LeasedWorker,
                                               PendingTask, SchedulingQueue, TaskTemplate)
 from lumos._private.ids import (TASK_ID_SIZE, is_put_object, new_task_id,
                                 return_object_id, short, task_id_of)
 from lumos._private.object_store.client import StoreClient
 from lumos._private.protocol import messages as m
-from lumos._private.raylet.memory_monitor import OOM_KILL_REASON
 from lumos._private.transport.connection import (Connection, ConnectionCache, ConnectionLost, RemoteError,
                                                  connect_with_retry,
                                                  RpcServer, connect)
@@ -138,9 +138,13 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
         # io-thread state ------------------------------------------------------------
         #: Task id -> task submitted by this process and not answered.
         self.tasks: dict[bytes, PendingTask] = {}
-        self._queues: dict[Any, SchedulingQueue] = {}
-        #: Leased workers with nothing to run, kept a moment for more of their key's tasks.
-        self._idle_leases: set[LeasedWorker] = set()
+        #: Scheduling queues, leases, pipelining and retry decisions (task_submitter.py).
+        self.submitter = ts.TaskSubmitterState(
+            max_tasks_in_flight_per_worker=config.max_tasks_in_flight_per_worker,
+            pipeline_below_ms=config.pipeline_below_ms,
+            max_pending_lease_requests=config.max_pending_lease_requests,
+            max_leases_per_scheduling_key=config.max_leases_per_scheduling_key,
+            task_oom_retry_delay_base_ms=config.task_oom_retry_delay_base_ms, validate=config.validate)
         #: Worker id -> open connection (or the future of one being opened).
         self._peers = ConnectionCache()
         #: Function ids already exported to the GCS for this job.
@@ -286,9 +290,7 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
                 await self.gcs.call(m.MarkJobFinished(self.job_id), 2.0)
             except (ConnectionLost, TimeoutError, RemoteError):
                 pass
-        for q in self._queues.values():
-            for lease in list(q.leases):
-                self._return_lease(lease, disconnect=False)
+        self._run(self.submitter.return_all())
         await asyncio.sleep(0)
         self.io.cancel_tasks()
         self._peers.close_all()
@@ -865,53 +867,45 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
         if task.spec.kind == 2:
             self.actor_submitter.enqueue(task)
             return
-        key = task.template.key
-        q = self._queues.get(key)
-        if q is None:
-            q = self._queues[key] = SchedulingQueue(key, task.template)
-        task.state = QUEUED
-        task.queue = q
-        if front:
-            q.tasks.appendleft(task)
-        else:
-            q.tasks.append(task)
-        self._pump(q)
+        self._run(self.submitter.enqueue(task, front))
 
     def _pump(self, q: SchedulingQueue) -> None:
-        # Pipelining hides the round trip for short tasks; long or unknown ones go one per
-        # worker so a slow task never holds others back while a worker idles.
-        mean = q.mean_exec_s
-        depth = (self.config.max_tasks_in_flight_per_worker
-                 if mean is not None and mean * 1000 < self.config.pipeline_below_ms else 1)
-        tasks = q.tasks
-        while tasks:
-            best = None
-            for lease in q.leases:
-                if lease.conn is not None and not lease.dead and not lease.blocked and not lease.exiting \
-                        and len(lease.tasks) < depth and (
-                        best is None or len(lease.tasks) < len(best.tasks)):
-                    best = lease
-                    if not lease.tasks:
-                        break
-            if best is None:
-                break
-            task = tasks.popleft()
-            if task.cancelled:
-                continue
-            self._push(task, best)
-        if tasks:
-            usable = sum(1 for l in q.leases if not l.dead and not l.exiting)
-            want = min(len(tasks), self.config.max_pending_lease_requests,
-                       self.config.max_leases_per_scheduling_key - usable)
-            if q.requesting < want and self._idle_leases:
-                # Workers this process holds idle for other functions would keep this one's
-                # request waiting until they time out (issue 14: after a burst of f, the
-                # first g waited ~1.2 s): give them back first.
-                for idle in [l for l in self._idle_leases if l.queue is not q]:
-                    self._return_lease(idle, disconnect=False)
-            while q.requesting < want:
-                q.requesting += 1
-                self._spawn(self._request_lease(q), "lease")
+        self._run(self.submitter.pump(q))
+
+    def _run(self, actions: list[ts.Action]) -> None:
+        """Carry out what the task submitter decided (io thread)."""
+        for a in actions:
+            t = type(a)
+            if t is ts.PushTask:
+                self._push(a.task, a.lease)  # type: ignore[union-attr]
+            elif t is ts.RequestLease:
+                self._spawn(self._request_lease(a.queue), "lease")  # type: ignore[union-attr]
+            elif t is ts.ReturnLease:
+                lease = a.lease  # type: ignore[union-attr]
+                if lease.idle_timer is not None:
+                    lease.idle_timer.cancel()
+                    lease.idle_timer = None
+                if not lease.raylet.is_closed:
+                    lease.raylet.notify(m.ReturnWorker(lease.lease_id, a.disconnect))  # type: ignore[union-attr]
+            elif t is ts.StartIdleTimer:
+                lease = a.lease  # type: ignore[union-attr]
+                if self.loop is not None:
+                    lease.idle_timer = self.loop.call_later(self.config.lease_idle_timeout_ms / 1000,
+                                                            self._idle_expired, lease)
+            elif t is ts.FailTask:
+                self._fail_task(a.task, a.error)  # type: ignore[union-attr]
+            elif t is ts.RetryTask:
+                if a.delay_s > 0:  # type: ignore[union-attr]
+                    self._spawn(self._retry_later(a.task, a.why, a.delay_s), "oom-retry")  # type: ignore[union-attr]
+                else:
+                    self._retry(a.task, a.why)  # type: ignore[union-attr]
+            elif t is ts.AwaitWorkerExit:
+                self._spawn(self._handle_worker_death(a.lease, a.tasks), "worker-death")  # type: ignore[union-attr]
+            elif t is ts.PumpLater:
+                if self.loop is not None:
+                    self.loop.call_later(a.delay_s, self._pump, a.queue)  # type: ignore[union-attr]
+            else:
+                raise AssertionError(f"unknown task submitter action {a!r}")
 
     def _arg_bytes_by_node(self, q: SchedulingQueue) -> dict[bytes, int] | None:
         """Where the next task's large arguments are, for locality-aware placement."""
@@ -941,45 +935,29 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
                 raylet = await self._raylet_at(reply.retry_at)
                 reply = await raylet.call(m.RequestSpilledLease(request, hops))
             grant: m.LeaseGrant = reply
-        except (ConnectionLost, OSError, TimeoutError) as e:
-            q.requesting -= 1
-            if not at_local and not self._closed and self.gone is None:
+        except (ConnectionLost, OSError, TimeoutError, RemoteError) as e:
+            elsewhere = not at_local and not isinstance(e, RemoteError) and not self._closed and self.gone is None
+            if elsewhere:
                 # Another node's raylet went away (or was declared dead) while it held the
                 # request: ask again from here.
                 logger.info("lease request for %s at another node failed (%s); asking again",
                             t.function_name, e)
-                if self.loop is not None:
-                    self.loop.call_later(0.1, self._pump, q)
+            elif self._closed:
+                q.requesting -= 1
                 return
-            if not self._closed:
+            else:
                 logger.warning("lease request for %s failed: %s", t.function_name, e)
-                for task in list(q.tasks):
-                    q.tasks.remove(task)
-                    self._fail_task(task, exc.LumosSystemError(f"could not lease a worker: {e}"))
+            self._run(self.submitter.lease_request_failed(q, e, elsewhere))
             return
-        except RemoteError as e:
-            q.requesting -= 1
-            if not self._closed:
-                logger.warning("lease request for %s failed: %s", t.function_name, e)
-                for task in list(q.tasks):
-                    q.tasks.remove(task)
-                    self._fail_task(task, exc.LumosSystemError(f"could not lease a worker: {e}"))
-            return
-        q.requesting -= 1
         lease = LeasedWorker(grant, q, raylet)
-        q.leases.append(lease)
+        self.submitter.lease_granted(q, lease)
         try:
-            lease.conn = await self._peer(grant.worker_address)
+            conn = await self._peer(grant.worker_address)
         except (OSError, ConnectionLost, TimeoutError) as e:
             logger.warning("cannot reach leased worker %s: %s", short(grant.worker_id), e)
-            self._lease_failed(lease)
+            self._run(self.submitter.lease_unreachable(lease))
             return
-        if not q.tasks:
-            # Granted after its tasks went to other workers: keeping it idle would hold a
-            # worker (and a later request queued behind it at the raylet) for nothing.
-            self._return_lease(lease, disconnect=False)
-            return
-        self._pump(q)
+        self._run(self.submitter.lease_connected(lease, conn))
 
     async def _raylet_at(self, address: m.Address) -> Connection:
         """The raylet a spillback named: the local one, or a shared TCP connection to another node's."""
@@ -989,13 +967,9 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
                                           address.host, address.port))
 
     def _push(self, task: PendingTask, lease: LeasedWorker) -> None:
-        task.state = PUSHED
-        task.lease = lease
-        lease.tasks[task.spec.task_id] = task
         if lease.idle_timer is not None:
             lease.idle_timer.cancel()
             lease.idle_timer = None
-            self._idle_leases.discard(lease)
         spec = task.spec
         if spec.enable_task_events:
             self._events.append((spec.task_id, spec.attempt, "SCHEDULED", time.time(),
@@ -1004,35 +978,8 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
         assert lease.conn is not None
         lease.conn.notify(m.PushTask(spec, lease.resource_ids))
 
-    def _start_idle_timer(self, lease: LeasedWorker) -> None:
-        if lease.idle_timer is None and self.loop is not None:
-            lease.idle_timer = self.loop.call_later(self.config.lease_idle_timeout_ms / 1000,
-                                                    self._idle_expired, lease)
-            self._idle_leases.add(lease)
-
     def _idle_expired(self, lease: LeasedWorker) -> None:
-        lease.idle_timer = None
-        self._idle_leases.discard(lease)
-        if not lease.tasks and not lease.queue.tasks:
-            self._return_lease(lease, disconnect=False)
-
-    def _return_lease(self, lease: LeasedWorker, disconnect: bool) -> None:
-        q = lease.queue
-        if lease in q.leases:
-            q.leases.remove(lease)
-        self._idle_leases.discard(lease)
-        if lease.idle_timer is not None:
-            lease.idle_timer.cancel()
-            lease.idle_timer = None
-        if lease.dead:
-            return  # returned already (a worker that said it exits, then closed)
-        lease.dead = True
-        if not lease.raylet.is_closed:
-            lease.raylet.notify(m.ReturnWorker(lease.lease_id, disconnect))
-
-    def _lease_failed(self, lease: LeasedWorker) -> None:
-        self._return_lease(lease, disconnect=True)
-        self._pump(lease.queue)
+        self._run(self.submitter.idle_expired(lease))
 
     async def _peer(self, address: m.Address) -> Connection:
         wid = address.worker_id
@@ -1061,10 +1008,8 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
             self._peer_nodes.pop(conn.peer_info, None)
         if self._closed:
             return
-        for q in list(self._queues.values()):
-            for lease in list(q.leases):
-                if lease.conn is conn:
-                    self._worker_failed(lease)
+        for lease in self.submitter.leases_where(conn=conn):
+            self._run(self.submitter.worker_failed(lease))
         node = self._node_of_conn.pop(conn, None)
         self.actor_submitter.connection_lost(
             conn, f"its node {short(node)} was declared dead" if node else "the actor's connection dropped")
@@ -1091,27 +1036,9 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
                 self._node_of_conn[conn] = node_id
                 _sever(conn)
         # Leases whose connection is not open yet: the worker will never answer.
-        for q in list(self._queues.values()):
-            for lease in list(q.leases):
-                if lease.node_id == node_id and (lease.conn is None or lease.conn.is_closed):
-                    self._worker_failed(lease)
+        for lease in self.submitter.leases_where(node_id=node_id):
+            self._run(self.submitter.worker_failed(lease))
         self.actor_submitter.node_died(node_id)
-
-    def _worker_failed(self, lease: LeasedWorker) -> None:
-        """The connection to a leased worker dropped: its in-flight tasks failed (or, from
-        a worker that said it exits, never ran: they are queued again, using no retry)."""
-        in_flight = list(lease.tasks.values())
-        lease.tasks.clear()
-        self._return_lease(lease, disconnect=True)
-        if in_flight and lease.exiting:
-            for task in reversed(in_flight):
-                if task.state != DONE:
-                    task.lease = None
-                    task.state = QUEUED
-                    lease.queue.tasks.appendleft(task)
-        elif in_flight:
-            self._spawn(self._handle_worker_death(lease, in_flight), "worker-death")
-        self._pump(lease.queue)
 
     async def _handle_worker_death(self, lease: LeasedWorker, tasks: list[PendingTask]) -> None:
         cause = None
@@ -1122,38 +1049,11 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
                 cause = await lease.raylet.call(m.GetWorkerExit(lease.worker_id, 2.0), 5.0)
             except (ConnectionLost, TimeoutError, RemoteError):
                 pass
-        for task in tasks:
-            if task.state == DONE:
-                continue
-            if task.force_cancelled or task.cancelled:
-                self._fail_task(task, exc.TaskCancelledError(task.spec.task_id.hex(), "force-cancelled"))
-                continue
-            name = task.spec.name
-            text = (f"worker {short(lease.worker_id)} on node {short(lease.node_id)} died"
-                    f" ({cause or 'cause unknown'}) while running {name}()")
-            oom = cause is not None and OOM_KILL_REASON in cause
-            if task.retries_left != 0:
-                if task.retries_left > 0:
-                    task.retries_left -= 1
-                if oom:  # memory is short now: give it time to recover before running again
-                    delay = self.config.task_oom_retry_delay_base_ms / 1000 * 2 ** min(task.spec.attempt, 5)
-                    self._spawn(self._retry_later(task, text, delay), "oom-retry")
-                else:
-                    self._retry(task, text)
-            else:
-                tries = task.template.max_retries
-                self._fail_task(task, (exc.OutOfMemoryError if oom else exc.WorkerCrashedError)(
-                    f"{text}. " + (f"Retried {tries} times (max_retries={tries})." if tries > 0 else
-                                   "Not retried (max_retries=0).")))
+        self._run(self.submitter.worker_died(lease, tasks, cause))
 
     async def _retry_later(self, task: PendingTask, why: str, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
-        if task.state == DONE:
-            return
-        if task.force_cancelled or task.cancelled:
-            self._fail_task(task, exc.TaskCancelledError(task.spec.task_id.hex(), "cancelled"))
-            return
-        self._retry(task, why)
+        self._run(self.submitter.retry_due(task, why))
 
     def _retry(self, task: PendingTask, why: str) -> None:
         self._next_attempt(task, why)
@@ -1185,27 +1085,15 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
                         short(reply.task_id), short(reply.worker_id or b""))
             return
         lease = task.lease
-        if reply.error_kind == "requeue" and task.spec.kind == 0 and lease is not None:
-            # The worker blocked in get() with this task queued behind: run it elsewhere.
-            lease.tasks.pop(reply.task_id, None)
-            lease.blocked = True
-            task.lease = None
-            task.state = QUEUED
-            lease.queue.tasks.appendleft(task)
-            self._pump(lease.queue)
-            return
+        submitter = self.submitter
         if lease is not None:
-            lease.tasks.pop(reply.task_id, None)
-            lease.blocked = False
-            q = lease.queue
-            took = reply.end_time - reply.start_time
-            q.mean_exec_s = took if q.mean_exec_s is None else 0.8 * q.mean_exec_s + 0.2 * took
+            if reply.error_kind == "requeue" and task.spec.kind == 0:
+                self._run(submitter.task_requeued(task))
+                return
+            submitter.reply_arrived(lease, reply.task_id, reply.end_time - reply.start_time,
+                                    reply.error_kind == "exiting")
         if task.spec.kind == 2:
             self.actor_submitter.on_reply(task, reply)
-        if reply.error_kind == "exiting" and lease is not None:
-            # The worker reached max_calls and exits after this reply: push nothing more to
-            # it. Tasks already pushed come back requeued, or are requeued when it closes.
-            lease.exiting = True
         if reply.system_error is not None:
             if reply.error_kind == "cancelled" or task.cancelled:
                 self._fail_task(task, exc.TaskCancelledError(task.spec.task_id.hex(), reply.system_error))
@@ -1213,17 +1101,13 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
                 self._fail_task(task, exc.ActorDiedError((task.spec.actor_id or b"").hex(), reply.system_error))
             else:
                 self._fail_task(task, exc.LumosSystemError(reply.system_error))
-        elif reply.app_error and reply.retryable and task.retries_left != 0 and not task.cancelled:
-            if task.retries_left > 0:
-                task.retries_left -= 1
+        elif reply.app_error and reply.retryable and submitter.use_retry(task):
             self._free_orphan_returns(reply)
             self._retry(task, "the task raised a retryable exception")
         else:
             self._finish_task(task, reply)
-        if lease is not None and not lease.dead:
-            if not lease.tasks and not lease.queue.tasks and not lease.exiting:
-                self._start_idle_timer(lease)
-            self._pump(lease.queue)
+        if lease is not None:
+            self._run(submitter.after_reply(lease))
 
     def _executor_of(self, task: PendingTask) -> bytes | None:
         """The worker running ``task``'s current attempt (None: unknown)."""
@@ -1392,10 +1276,7 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
             return
         task.state = DONE
         self.tasks.pop(task.spec.task_id, None)
-        if task.lease is not None:
-            task.lease.tasks.pop(task.spec.task_id, None)
-        if task.queue is not None and task in task.queue.tasks:
-            task.queue.tasks.remove(task)
+        self.submitter.task_gone(task)
         for oid in task.return_ids:
             e = self.objects.complete(oid, FAILED, blob, None, len(blob), None)
             self._run_callbacks(oid, e)
