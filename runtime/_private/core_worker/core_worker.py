@@ -25,21 +25,21 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Container
+from typing import Any, Callable
 
 from lumos import exceptions as exc
 from lumos import object_ref as object_ref_mod
 from lumos._private import serialization as ser
 from lumos._private.config import Config
-from lumos._private.core_worker.io_loop import IoLoop
-from lumos._private.core_worker.references import FAILED, PENDING, READY, Freed, ObjectTable
-from lumos._private.core_worker.objects import ObjectsMixin, error_blob
-from lumos._private.core_worker.streams import StreamsMixin
+from lumos._private.core_worker import owner as ow
 from lumos._private.core_worker import task_submitter as ts
+from lumos._private.core_worker.io_loop import IoLoop
+from lumos._private.core_worker.objects import ObjectsMixin, error_blob
+from lumos._private.core_worker.references import FAILED, PENDING, READY, Freed
+from lumos._private.core_worker.streams import StreamsMixin
 from lumos._private.core_worker.tasks import (DRIVER, WORKER, DONE, PUSHED, QUEUED, WAITING_ARGS, LeasedWorker,
                                               PendingTask, SchedulingQueue, TaskTemplate)
-from lumos._private.ids import (TASK_ID_SIZE, is_put_object, new_task_id,
-                                return_object_id, short, task_id_of)
+from lumos._private.ids import new_task_id, return_object_id, short
 from lumos._private.object_store.client import StoreClient
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import (Connection, ConnectionCache, ConnectionLost, RemoteError,
@@ -49,10 +49,6 @@ from lumos.generator import GeneratorStream, ObjectRefGenerator
 from lumos.object_ref import ObjectRef
 
 logger = logging.getLogger(__name__)
-
-#: Argument bytes of the lineage one process keeps; tasks beyond it cannot be rebuilt.
-LINEAGE_MAX_BYTES = 256 * 1024 * 1024
-
 
 class _ArgRef(int):
     """Placeholder for the i-th top-level ref argument inside the pickled args."""
@@ -64,17 +60,6 @@ class _ArgRef(int):
 
 
 ser._PLAIN_SCALARS = ser._PLAIN_SCALARS | {_ArgRef}  # pickles by reference: safe on the fast path
-
-
-def _lineage_size(task: PendingTask) -> int:
-    """What keeping ``task`` for lineage costs against ``LINEAGE_MAX_BYTES``."""
-    return len(task.spec.args) + 512
-
-
-def _stored_on(e: Any, nodes: Container[bytes]) -> bool:
-    """``e`` is an owned, ready value whose only copy is in the store of one of ``nodes``."""
-    return (e is not None and e.owned and e.state == READY and e.data is None
-            and e.node_id is not None and e.node_id in nodes)
 
 
 class CoreWorker(ObjectsMixin, StreamsMixin):
@@ -102,7 +87,15 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
         #: submits (Ray's runtime_env inheritance); None in drivers and plain tasks.
         self.inherited_env: dict[str, str] | None = None
         self.job_id: bytes = b""
-        self.objects = ObjectTable(worker_id)
+        #: Objects, references, lineage and reconstruction decisions (owner.py).
+        self.owner = ow.OwnerState(worker_id, validate=config.validate)
+        self.owner.on_arg_ready = self._dep_ready
+        #: The object table (shared with user threads under its lock; see owner.py).
+        self.objects = self.owner.objects
+        #: Lineage (io thread): finished normal tasks that may run again, by task id.
+        self.lineage = self.owner.lineage
+        #: Nodes the GCS declared dead (io thread): values stored there are lost.
+        self.dead_nodes = self.owner.dead_nodes
         self.store = StoreClient(store_dir, config.memcpy_threads, config.memcpy_threshold_bytes,
                                  config.object_store_recycle_bytes)
         self.store.on_pin = self._store_pin_changed
@@ -168,19 +161,12 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
         self.extra_publish_handlers: dict[str, Callable[[m.Publish], None]] = {}
         #: Actor id -> the last call this process submitted to it (stateful edges).
         self._last_actor_call: dict[bytes, bytes] = {}
-        #: Lineage (io thread): finished normal tasks whose values in an object store are
-        #: still referenced, by task id. Enough to run such a task again when its node dies
-        #: with the value (its arguments stay pinned while it is kept).
-        self.lineage: dict[bytes, PendingTask] = {}
-        #: Nodes the GCS declared dead (io thread): values stored there are lost.
-        self.dead_nodes: set[bytes] = set()
         #: Why the cluster is unreachable (the GCS or the local raylet went away), else None.
         self.gone: str | None = None
         #: Peer key (worker id, or b"raylet:" + node id) -> the node it runs on (io thread).
         self._peer_nodes: dict[bytes, bytes] = {}
         #: Connections closed because their node was declared dead -> that node.
         self._node_of_conn: dict[Connection, bytes] = {}
-        self._lineage_bytes = 0
         from lumos._private.core_worker.actor_submitter import ActorSubmitter
         self.actor_submitter = ActorSubmitter(self)
 
@@ -483,12 +469,9 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
         store_frees: list[bytes] = []
         recyclable: list[bool] = []
         unborrow: dict[bytes, tuple[m.Address, list[bytes]]] = {}
-        lineage = self.lineage
-        dropped: list[bytes] = []
+        dropped = self.owner.lineage_hit(freed)
         for f in freed:
             e = f.entry
-            if lineage and e.owned and f.object_id[:TASK_ID_SIZE] in lineage:
-                dropped.append(f.object_id[:TASK_ID_SIZE])
             if e.owned:
                 if e.node_id is not None and e.data is None:
                     # Readers elsewhere may still view it: the raylet checks their pins.
@@ -794,72 +777,33 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
             self._enqueue(task)
 
     def _resolve_deps(self, task: PendingTask) -> None:
-        task.state = WAITING_ARGS
-        waiting = 0
-        entries = self.objects.entries
-        for dep in task.spec.deps:
-            e = entries.get(dep.object_id)
-            if e is None:
-                self._fail_task(task, exc.ObjectFreedError(dep.object_id.hex(), "an argument was freed"))
-                return
-            with self.objects.lock:
-                if e.state == PENDING:
-                    waiting += 1
-                    if e.callbacks is None:
-                        e.callbacks = []
-                    e.callbacks.append(lambda entry, t=task: self._dep_ready(t))
-                    if not e.owned and not e.fetching and e.owner is not None:
-                        e.fetching = True
-                        self._start_fetch(dep.object_id, e.owner)
-        task.deps_waiting = waiting
-        if waiting == 0:
-            self._deps_done(task)
+        self._run_owner(self.owner.resolve_args(task))
 
     def _dep_ready(self, task: PendingTask) -> None:
-        task.deps_waiting -= 1
-        if task.deps_waiting == 0 and task.state == WAITING_ARGS:
-            self._deps_done(task)
+        self._run_owner(self.owner.arg_ready(task))
 
-    def _deps_done(self, task: PendingTask) -> None:
-        if task.cancelled:
-            return
-        entries = self.objects.entries
-        if self.dead_nodes and self._rebuild_lost_deps(task):
-            return
-        for dep in task.spec.deps:
-            e = entries.get(dep.object_id)
-            if e is None:
-                self._fail_task(task, exc.ObjectFreedError(dep.object_id.hex(), "an argument was freed"))
-                return
-            if e.state == FAILED or (e.data is not None and ser.kind_of(e.data) == ser.KIND_ERROR):
-                self._fail_task_with_blob(task, e.data or error_blob(exc.ObjectLostError(dep.object_id.hex())))
-                return
-            dep.data = e.data
-            dep.node_id = e.node_id
-            if e.owned:
-                e.shared = True
-        self._enqueue(task)
-
-    def _rebuild_lost_deps(self, task: PendingTask) -> bool:
-        """Arguments owned here whose only copy died with its node are rebuilt from their
-        lineage before the task runs. True when the task now waits for them (or failed)."""
-        entries = self.objects.entries
-        lost = []
-        for dep in task.spec.deps:
-            e = entries.get(dep.object_id)
-            if _stored_on(e, self.dead_nodes):
-                lost.append((dep.object_id, e.node_id))
-        if not lost:
-            return False
-        for oid, node in lost:
-            why = self._reconstruct(oid, node)
-            if why is not None:
-                self._fail_task(task, exc.ObjectLostError(
-                    oid.hex(), f"an argument of {task.spec.name} was lost with node {short(node)}, and it "
-                    f"cannot be rebuilt: {why}"))
-                return True
-        self._resolve_deps(task)
-        return True
+    def _run_owner(self, actions: list[ow.Action]) -> None:
+        """Carry out what the owner state decided (io thread)."""
+        for a in actions:
+            t = type(a)
+            if t is ow.EnqueueTask:
+                self._enqueue(a.task)  # type: ignore[union-attr]
+            elif t is ow.FetchObject:
+                self._start_fetch(a.object_id, a.owner)  # type: ignore[union-attr]
+            elif t is ow.FailTask:
+                self._fail_task(a.task, a.error)  # type: ignore[union-attr]
+            elif t is ow.FailTaskWithValue:
+                self._fail_task_with_blob(a.task, a.blob)  # type: ignore[union-attr]
+            elif t is ow.RunAgain:
+                task = a.task  # type: ignore[union-attr]
+                self._next_attempt(task, a.why)  # type: ignore[union-attr]
+                self.tasks[task.spec.task_id] = task
+                if task.dep_ids:
+                    self._resolve_deps(task)
+                else:
+                    self._enqueue(task)
+            else:
+                raise AssertionError(f"unknown owner action {a!r}")
 
     # -------------------------------------------------------------- io thread: scheduling
 
@@ -1020,9 +964,8 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
         calls in flight there are retried per their policy, its leases are given up), and
         close those connections, so nothing more it sends is taken (gray failure, issue 12).
         """
-        if node_id in self.dead_nodes:
+        if not self.owner.node_died(node_id):
             return
-        self.dead_nodes.add(node_id)
         if node_id == self.node_id and self.mode == WORKER:
             logger.error("this node was declared dead by the GCS; exiting")
             self._flush_events()
@@ -1188,74 +1131,23 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
     # -------------------------------------------------------------- io thread: lineage
 
     def _keep_lineage(self, task: PendingTask) -> None:
-        """Keep a finished task that can run again while its stored values are referenced
-        (inline values live here: nothing to rebuild)."""
-        entries = self.objects.entries
-        for oid in task.return_ids:
-            e = entries.get(oid)
-            if e is not None and e.data is None and e.node_id is not None:
-                break
-        else:
-            return
-        size = _lineage_size(task)
-        if self._lineage_bytes + size > LINEAGE_MAX_BYTES:
-            return
-        self.lineage[task.spec.task_id] = task
-        self._lineage_bytes += size
+        self.owner.keep_lineage(task)
 
     def _drop_lineage(self, task_ids: list[bytes]) -> None:
-        """Returns of these tasks were freed: once none is left, forget the task and let
-        its arguments go."""
-        entries = self.objects.entries
-        for tid in task_ids:
-            task = self.lineage.get(tid)
-            if task is None or any(oid in entries for oid in task.return_ids):
-                continue
-            del self.lineage[tid]
-            self._lineage_bytes -= _lineage_size(task)
+        """Returns of these tasks were freed: forget the tasks none of whose returns is
+        left, and let their arguments go."""
+        for task in self.owner.drop_lineage(task_ids):
             self._release_args(task)
 
     def _reconstruct(self, oid: bytes, lost_node: bytes | None) -> str | None:
         """Run again the task that made ``oid`` (owned here), lost with node ``lost_node``.
-
-        Returns None once the new run is under way (or already was), else why it cannot.
-        Arguments of the task that were lost on the same node are rebuilt first.
-        """
-        e = self.objects.entries.get(oid)
-        if e is None:
-            return "no reference to it is held here"
-        if e.state == PENDING:
-            return None  # already being rebuilt
-        tid = task_id_of(oid)
-        task = self.lineage.get(tid)
-        if task is None:
-            if is_put_object(oid):
-                return "it was stored with put(), which has no lineage"
-            return ("the task that made it cannot run again (max_retries=0, retries used up, or "
-                    "its lineage was not kept)")
-        entries = self.objects.entries
-        for dep_id in task.dep_ids:
-            if lost_node is not None and _stored_on(entries.get(dep_id), (lost_node,)):
-                why = self._reconstruct(dep_id, lost_node)
-                if why is not None:
-                    return f"its argument {short(dep_id)} was lost too and {why}"
-        del self.lineage[tid]
-        self._lineage_bytes -= _lineage_size(task)
-        if task.retries_left > 0:
-            task.retries_left -= 1
-        for rid in task.return_ids:
-            self.objects.reset_pending(rid)
-        self._next_attempt(task, f"lineage reconstruction: its value was lost with node {short(lost_node or b'')}")
-        task.cancelled = task.force_cancelled = False
-        self.tasks[task.spec.task_id] = task
-        if task.dep_ids:
-            self._resolve_deps(task)
-        else:
-            self._enqueue(task)
-        return None
+        Returns None once the new run is under way (or already was), else why it cannot."""
+        why, actions = self.owner.reconstruct(oid, lost_node)
+        self._run_owner(actions)
+        return why
 
     def _release_args(self, task: PendingTask) -> None:
-        if task.spec.task_id in self.lineage:
+        if self.owner.pins_args(task):
             return  # pinned while the task may run again; _drop_lineage lets them go
         ids = task.dep_ids + task.nested_ids
         if ids:

@@ -24,6 +24,7 @@ ones go one per worker, so a slow task never holds others back while a worker id
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, Union
 
 from lumos import exceptions as exc
@@ -105,7 +106,7 @@ class TaskSubmitterState:
         self.max_pending_lease_requests = max_pending_lease_requests
         self.max_leases_per_key = max_leases_per_scheduling_key
         self.oom_retry_delay_base_s = task_oom_retry_delay_base_ms / 1000
-        #: Check the invariants after every event (tests).
+        #: Check the invariants of the queue an event touched (tests; ``validate()`` checks all).
         self.check = validate
         #: Scheduling key -> its queue (kept for the process's life: keys are few).
         self.queues: dict[Any, SchedulingQueue] = {}
@@ -165,8 +166,8 @@ class TaskSubmitterState:
             while q.requesting < want:
                 q.requesting += 1
                 out.append(RequestLease(q))
-        if self.check:
-            self.validate()
+        if self.check:  # per event: the queue it touched (its first queued tasks), cheaply
+            self._check_queue(q, set(), 64)
         return out
 
     def task_gone(self, task: PendingTask) -> None:
@@ -350,27 +351,38 @@ class TaskSubmitterState:
     # ------------------------------------------------------------------ invariants
 
     def validate(self) -> None:
-        """Raise ``AssertionError`` naming the first broken invariant."""
-        seen: dict[int, str] = {}
+        """Check every invariant; raise ``AssertionError`` naming the first one broken."""
+        seen: set[int] = set()
         for key, q in self.queues.items():
-            assert q.key == key, f"queue {key!r} filed under another key"
-            assert q.requesting >= 0, f"queue {key!r}: {q.requesting} lease requests in flight"
-            for task in q.tasks:
-                assert task.state == QUEUED, f"task {short(task.spec.task_id)} queued in state {task.state}"
-                assert task.queue is q, f"task {short(task.spec.task_id)} in a queue not its own"
-                assert id(task) not in seen, f"task {short(task.spec.task_id)} in two places"
-                seen[id(task)] = "queue"
-            for lease in q.leases:
-                assert lease.queue is q, f"lease {short(lease.lease_id)} in a queue not its own"
-                assert not lease.dead, f"returned lease {short(lease.lease_id)} still in its queue"
-                assert len(lease.tasks) <= max(self.max_in_flight, 1), \
-                    f"lease {short(lease.lease_id)}: {len(lease.tasks)} tasks in flight"
-                for tid, task in lease.tasks.items():
-                    assert task.spec.task_id == tid
-                    assert task.state == PUSHED and task.lease is lease, \
-                        f"task {short(tid)} on lease {short(lease.lease_id)} is not pushed there"
-                    assert id(task) not in seen, f"task {short(tid)} in two places"
-                    seen[id(task)] = "lease"
+            _check(q.key == key, f"queue {key!r} filed under another key")
+            self._check_queue(q, seen, len(q.tasks))
         for lease in self.idle_leases:
-            assert lease in lease.queue.leases, f"idle lease {short(lease.lease_id)} not held"
-            assert not lease.tasks, f"idle lease {short(lease.lease_id)} runs tasks"
+            _check(lease in lease.queue.leases, f"idle lease {lease.lease_id} not held")
+            _check(not lease.tasks, f"idle lease {lease.lease_id} runs tasks")
+
+    def _check_queue(self, q: SchedulingQueue, seen: set[int], max_queued: int) -> None:
+        """The invariants of one queue, its leases and (the first ``max_queued``) queued tasks."""
+        _check(q.requesting >= 0, f"queue {q.key!r}: {q.requesting} lease requests in flight")
+        for task in islice(q.tasks, max_queued):
+            tid = short(task.spec.task_id)
+            _check(task.state == QUEUED, f"task {tid} queued in state {task.state}")
+            _check(task.queue is q, f"task {tid} in a queue not its own")
+            _check(id(task) not in seen, f"task {tid} in two places")
+            seen.add(id(task))
+        for lease in q.leases:
+            _check(lease.queue is q, f"lease {lease.lease_id} in a queue not its own")
+            _check(not lease.dead, f"returned lease {lease.lease_id} still in its queue")
+            _check(len(lease.tasks) <= max(self.max_in_flight, 1),
+                   f"lease {lease.lease_id}: {len(lease.tasks)} tasks in flight")
+            for tid_b, task in lease.tasks.items():
+                tid = short(tid_b)
+                _check(task.spec.task_id == tid_b and task.state == PUSHED and task.lease is lease,
+                       f"task {tid} on lease {lease.lease_id} is not pushed there")
+                _check(id(task) not in seen, f"task {tid} in two places")
+                seen.add(id(task))
+            _check(lease not in self.idle_leases or not lease.tasks, f"idle lease {lease.lease_id} runs tasks")
+
+
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise AssertionError(f"TaskSubmitterState: {what}")
