@@ -18,51 +18,36 @@ already awake (``_post``), and wait on per-call locks in short slices.
 from __future__ import annotations
 
 import asyncio
-import copy
-import hashlib
 import logging
 import os
 import sys
-import threading
 import time
 from typing import Any, Callable
 
 from lumos import exceptions as exc
 from lumos import object_ref as object_ref_mod
-from lumos._private import serialization as ser
 from lumos._private.config import Config
 from lumos._private.core_worker import owner as ow
 from lumos._private.core_worker import task_submitter as ts
 from lumos._private.core_worker.io_loop import IoLoop
 from lumos._private.core_worker.objects import ObjectsMixin, error_blob
-from lumos._private.core_worker.references import FAILED, PENDING, READY, Freed
+from lumos._private.core_worker.references import ReferencesMixin
+from lumos._private.core_worker.results import ResultsMixin
 from lumos._private.core_worker.streams import StreamsMixin
-from lumos._private.core_worker.tasks import (DRIVER, WORKER, DONE, PUSHED, QUEUED, WAITING_ARGS, LeasedWorker,
-                                              PendingTask, SchedulingQueue, TaskTemplate)
-from lumos._private.ids import new_task_id, return_object_id, short
+from lumos._private.core_worker.submission import SubmissionMixin, function_id_of  # noqa: F401 (re-exported)
+from lumos._private.core_worker.tasks import (DONE, DRIVER, WORKER, LeasedWorker, PendingTask, SchedulingQueue,
+                                              TaskTemplate)
+from lumos._private.ids import new_task_id, short
 from lumos._private.object_store.client import StoreClient
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import (Connection, ConnectionCache, ConnectionLost, RemoteError,
                                                  connect_with_retry,
                                                  RpcServer, connect)
-from lumos.generator import GeneratorStream, ObjectRefGenerator
-from lumos.object_ref import ObjectRef
+from lumos.generator import GeneratorStream
 
 logger = logging.getLogger(__name__)
 
-class _ArgRef(int):
-    """Placeholder for the i-th top-level ref argument inside the pickled args."""
-
-    __slots__ = ()
-
-    def __reduce__(self) -> Any:
-        return (_ArgRef, (int(self),))
-
-
-ser._PLAIN_SCALARS = ser._PLAIN_SCALARS | {_ArgRef}  # pickles by reference: safe on the fast path
-
-
-class CoreWorker(ObjectsMixin, StreamsMixin):
+class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, ReferencesMixin):
     def __init__(self, *, mode: int, config: Config, token: bytes, gcs_address: tuple[str, int],
                  raylet_socket: str, session_dir: str, node_id: bytes, store_dir: str,
                  worker_id: bytes, node_ip: str = "127.0.0.1", namespace: str = "",
@@ -175,10 +160,6 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
         return self.io.loop
-
-    @property
-    def _io_thread(self) -> threading.Thread | None:
-        return self.io.thread
 
     def start(self) -> None:
         """Start the io thread, connect, register. Returns when ready to submit."""
@@ -430,334 +411,7 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
 
     # ================================================================== references
 
-    def on_ref_deserialized(self, object_id: bytes, owner: m.Address | None) -> ObjectRef:
-        e = self.objects.ref_created(object_id, owner, self.worker_id)
-        if not e.owned and not e.registered and owner is not None:
-            if self._in_arg_context():
-                # Passed in a task's arguments: the executor reports it with the reply if
-                # the task keeps it (the caller then registers this process as borrower).
-                self.executor.note_arg_borrow(object_id, owner)
-            else:
-                e.registered = True
-                self._post(self._send_add_borrower, object_id, owner)
-        return ObjectRef(object_id, owner, True)
-
-    def _in_arg_context(self) -> bool:
-        ex = self.executor
-        return ex is not None and ex.deserializing_args()
-
-    def _send_add_borrower(self, object_id: bytes, owner: m.Address) -> None:
-        self._spawn(self._notify_peer(owner, m.AddBorrowers([object_id], self.address)), "add-borrower")
-
-    async def _notify_peer(self, address: m.Address, msg: Any) -> None:
-        try:
-            conn = await self._peer(address)
-        except (OSError, ConnectionLost, TimeoutError) as e:
-            logger.debug("cannot reach %s for %s: %s", short(address.worker_id), type(msg).__name__, e)
-            return
-        conn.notify(msg)
-
-    def drain_refs(self) -> None:
-        """Apply dropped ObjectRefs (user threads call this at API entry)."""
-        if self.objects.decrements:
-            freed = self.objects.drain()
-            if freed:
-                self._release(freed)
-
-    def _release(self, freed: list[Freed]) -> None:
-        """Entries went away: free owned values, release borrowed ones (any thread)."""
-        store_frees: list[bytes] = []
-        recyclable: list[bool] = []
-        unborrow: dict[bytes, tuple[m.Address, list[bytes]]] = {}
-        dropped = self.owner.lineage_hit(freed)
-        for f in freed:
-            e = f.entry
-            if e.owned:
-                if e.node_id is not None and e.data is None:
-                    # Readers elsewhere may still view it: the raylet checks their pins.
-                    r = self.store.release(f.object_id, False)
-                    if r is None:
-                        continue  # viewed here: freed when the last view goes (_free_after_views)
-                    store_frees.append(f.object_id)
-                    recyclable.append(r)
-            else:
-                self.store.release(f.object_id, True)
-                if e.registered and e.owner is not None:
-                    unborrow.setdefault(e.owner.worker_id, (e.owner, []))[1].append(f.object_id)
-        if store_frees or unborrow:
-            self._post(self._send_releases, store_frees, recyclable, unborrow)
-        if dropped:
-            self._post(self._drop_lineage, dropped)
-
-    def _send_releases(self, store_frees: list[bytes], recyclable: list[bool],
-                       unborrow: dict[bytes, tuple[m.Address, list[bytes]]]) -> None:
-        if store_frees and self.raylet is not None:
-            self.raylet.notify(m.FreeObjects(store_frees, recyclable))
-        for owner, ids in unborrow.values():
-            self._spawn(self._notify_peer(owner, m.RemoveBorrowers(ids, self.worker_id)), "remove-borrower")
-
-    def _handle_add_borrowers(self, conn: Connection, msg: m.AddBorrowers) -> bool:
-        for oid in msg.object_ids:
-            self.objects.add_borrower(oid, msg.borrower)
-        return True
-
-    def _handle_remove_borrowers(self, conn: Connection, msg: m.RemoveBorrowers) -> None:
-        freed = self.objects.remove_borrower(msg.object_ids, msg.borrower_worker_id)
-        if freed:
-            self._release(freed)
-
-    def _handle_drop_slots(self, conn: Connection, msg: m.DropSlots) -> None:
-        for slot in msg.slots:
-            self.store.drop_slot(slot)
-
     # ================================================================== submission
-
-    def export_function(self, template: TaskTemplate) -> None:
-        if template.function_id in self._exported or template.pickled_function is None:
-            return
-        self._exported.add(template.function_id)
-        assert self.gcs is not None
-        msg = m.KvPut("fn", self.job_id + template.function_id, template.pickled_function, True)
-        if self._gcs_reconnecting:
-            self._gcs_backlog.append(msg)
-        else:
-            self.gcs.notify(msg)
-
-    def _pack_args(self, args: tuple[Any, ...], kwargs: dict[str, Any], template: TaskTemplate
-                   ) -> tuple[ser.SerializedValue, list[ObjectRef]]:
-        """Serialize a call's arguments; top-level refs become placeholders listed in deps."""
-        deps: list[ObjectRef] = []
-        if any(type(a) is ObjectRef for a in args):
-            new_args: list[Any] = []
-            for a in args:
-                if type(a) is ObjectRef:
-                    new_args.append(_ArgRef(len(deps)))
-                    deps.append(a)
-                else:
-                    new_args.append(a)
-            args = tuple(new_args)
-        if kwargs and any(type(v) is ObjectRef for v in kwargs.values()):
-            kwargs = dict(kwargs)
-            for k, v in kwargs.items():
-                if type(v) is ObjectRef:
-                    kwargs[k] = _ArgRef(len(deps))
-                    deps.append(v)
-        payload: Any = (args, kwargs) if kwargs else args
-        try:
-            sv = ser.serialize(payload)
-        except ser.SerializationError as e:
-            raise self._argument_error(template, args, kwargs, e) from e.__cause__
-        if sv.total_size > self.config.max_inline_arg_bytes:
-            payload, sv, deps = self._promote_large_args(args, kwargs, deps)
-        return sv, deps
-
-    @staticmethod
-    def _argument_error(template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
-                        error: ser.SerializationError) -> ser.SerializationError:
-        """Which argument of a call could not be serialized, and why (the failure path only)."""
-        names = _parameter_names(template)
-        for i, value in enumerate(args):
-            cause = ser._pickles(value)
-            if cause is not None:
-                name = f" (`{names[i]}`)" if i < len(names) else ""
-                where = f"argument {i + 1}{name}"
-                break
-        else:
-            for key, value in kwargs.items():
-                cause = ser._pickles(value)
-                if cause is not None:
-                    where = f"keyword argument `{key}`"
-                    break
-            else:
-                return error
-        return ser.SerializationError(
-            f"could not serialize {where} of {template.name}(): {ser.describe_culprit(value, cause)}. "
-            "Arguments of tasks and actors must be picklable (cloudpickle); objects holding locks, "
-            "sockets or open files are not: pass what rebuilds them instead (a path, a config).")
-
-    def submit_task(self, template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
-                    actor_fields: tuple[Any, ...] | None = None) -> list[ObjectRef]:
-        """Submit one call (user thread). Returns refs to its ``num_returns`` results."""
-        if self.objects.decrements:
-            self.drain_refs()
-        if self.capture_strategy is not None and template.strategy is None and template.kind != 2:
-            template = self._captured(template)
-        sv, deps = self._pack_args(args, kwargs, template)
-        task_id = new_task_id()
-        n = template.num_returns
-        return_ids = [return_object_id(task_id, i + 1) for i in range(n)] if n > 0 else []
-        nested = sv.nested_refs
-        spec = m.TaskSpec(
-            task_id, self.job_id, self.current_task_id, template.kind, template.name,
-            template.function_id, template.function_name, sv.to_bytes(), [], 
-            [[r._id, r._owner or self.address] for r in nested] if nested else [],
-            n, template.resources, template.max_retries, template.retry_exceptions,
-            template.retry_exception_types, self.address, 0, template.strategy)
-        if actor_fields is not None:
-            spec.actor_id, spec.sequence_no, spec.caller_id, spec.actor_options = actor_fields
-        else:
-            if template.runtime_env is not None or self.inherited_env is not None:
-                spec.runtime_env = self._env_for(template)
-            if template.max_calls:
-                spec.max_calls = template.max_calls
-        events_on = template.enable_task_events
-        if not events_on:
-            spec.enable_task_events = False
-        spec.root_task_id = self.root_task_id()
-        dep_ids = [d._id for d in deps]
-        task = PendingTask(spec, template, return_ids, dep_ids, [r._id for r in nested], time.time())
-        spec.deps = [m.Dep(d._id, d._owner or self.address, None, None) for d in deps]
-        objects = self.objects
-        with objects.lock:
-            for oid in return_ids:
-                objects.add_owned(oid)
-            if dep_ids:
-                objects.add_submitted(dep_ids)
-            if task.nested_ids:
-                objects.add_submitted(task.nested_ids)
-        if events_on:
-            self._events.append((task_id, 0, "SUBMITTED", task.submit_time, self._event_info(task), None, None,
-                                 None))
-        address = self.address
-        if n == -1:
-            stream = self.streams[task_id] = GeneratorStream(task_id)
-            self._post(self._on_submit, task)
-            return [ObjectRefGenerator(stream, address, self)]  # type: ignore[list-item]
-        self._post(self._on_submit, task)
-        return [ObjectRef(oid, address, True) for oid in return_ids]
-
-    def create_actor(self, template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
-                     actor_id: bytes, actor_options: dict[str, Any]) -> m.ActorInfo:
-        """Register an actor with the GCS, which creates it (user thread).
-
-        Returns the GCS's row for the actor: a different actor's row when
-        ``get_if_exists`` found one with the same name.
-        """
-        if self.objects.decrements:
-            self.drain_refs()
-        if self.capture_strategy is not None and template.strategy is None:
-            template = self._captured(template)
-        sv, deps = self._pack_args(args, kwargs, template)
-        nested = sv.nested_refs
-        task_id = new_task_id()
-        spec = m.TaskSpec(
-            task_id, self.job_id, self.current_task_id, 1, template.name, template.function_id,
-            template.function_name, sv.to_bytes(), [m.Dep(d._id, d._owner or self.address, None, None) for d in deps],
-            [[r._id, r._owner or self.address] for r in nested] if nested else [], 1, template.resources, 0, 0,
-            None, self.address, 0, template.strategy, actor_id=actor_id, actor_options=actor_options,
-            enable_task_events=template.enable_task_events)
-        spec.root_task_id = self.root_task_id()
-        if template.runtime_env is not None or self.inherited_env is not None:
-            spec.runtime_env = self._env_for(template)
-        pinned = [d._id for d in deps] + [r._id for r in nested]
-        if pinned:
-            with self.objects.lock:
-                self.objects.add_submitted(pinned)
-
-        async def register() -> m.ActorInfo:
-            self.export_function(template)
-            return await self._gcs_call(m.RegisterActor(spec), self.config.rpc_timeout_s)  # type: ignore[no-any-return]
-
-        try:
-            info: m.ActorInfo = self.run_sync(register(), self.config.rpc_timeout_s + 1)
-        except BaseException as e:
-            self._post(self._unpin, pinned)
-            if isinstance(e, RemoteError) and e.type_name in ("ValueError", "TypeError"):
-                raise (ValueError if e.type_name == "ValueError" else TypeError)(e.text) from None
-            if isinstance(e, ConnectionLost):
-                raise self._unavailable("the GCS", m.RegisterActor(spec), e) from None
-            if isinstance(e, RemoteError):
-                raise exc.LumosSystemError(f"could not create actor {template.name}: {e}") from None
-            raise
-        if info.actor_id != actor_id:  # get_if_exists: an existing actor
-            self._post(self._unpin, pinned)
-        elif spec.enable_task_events:
-            self._events.append((task_id, 0, "SUBMITTED", time.time(), {
-                "name": template.name, "function_name": template.function_name,
-                "parent": self.current_task_id, "args": pinned, "returns": [],
-                "resources": template.resources, "type": "ACTOR_CREATION_TASK", "actor_id": actor_id}, None, None, None))
-            if pinned:
-                self._post(self.actor_submitter.pin_creation_args, actor_id, pinned)
-        self._post(self.actor_submitter.track, info.actor_id, info)
-        return info
-
-    def _env_for(self, template: TaskTemplate) -> dict[str, str] | None:
-        """A new task's or actor's environment variables: its own over its parent's."""
-        inherited, own = self.inherited_env, template.runtime_env
-        if inherited and own:
-            return {**inherited, **own}
-        return own or inherited
-
-    def _captured(self, template: TaskTemplate) -> TaskTemplate:
-        """``template`` scheduled into the placement group that captures this task's children."""
-        strategy = self.capture_strategy
-        key = (id(template), bytes(strategy[1]) if strategy else b"")
-        hit = self._captured_templates.get(key)
-        if hit is not None and hit[0] is template:
-            return hit[1]  # type: ignore[no-any-return]
-        t = copy.copy(template)
-        t.strategy = strategy
-        t.key = (template.function_id, tuple(sorted(template.resources.items())), repr(strategy))
-        if len(self._captured_templates) > 10_000:
-            self._captured_templates.clear()
-        self._captured_templates[key] = (template, t)
-        return t
-
-    def _unpin(self, ids: list[bytes]) -> None:
-        if ids:
-            freed = self.objects.remove_submitted(ids)
-            if freed:
-                self._release(freed)
-
-    def root_task_id(self) -> bytes:
-        ex = self.executor
-        if ex is not None:
-            root = ex.current_root_task_id()
-            if root:
-                return root  # type: ignore[no-any-return]
-        return self.current_task_id
-
-    def _promote_large_args(self, args: tuple[Any, ...], kwargs: dict[str, Any],
-                            deps: list[ObjectRef]) -> tuple[Any, ser.SerializedValue, list[ObjectRef]]:
-        """Put large by-value arguments into the object store and pass them by ref."""
-        limit = self.config.max_inline_arg_bytes // 4
-        deps = list(deps)
-        keep: list[ObjectRef] = []
-
-        def promote(v: Any) -> Any:
-            if type(v) is _ArgRef:
-                return v
-            try:
-                size = ser.serialize(v).total_size
-            except ser.SerializationError:
-                raise
-            if size <= limit:
-                return v
-            ref = self.put(v)
-            keep.append(ref)
-            deps.append(ref)
-            return _ArgRef(len(deps) - 1)
-
-        new_args = tuple(promote(a) for a in args)
-        new_kwargs = {k: promote(v) for k, v in kwargs.items()}
-        payload: Any = (new_args, new_kwargs) if new_kwargs else new_args
-        return payload, ser.serialize(payload), deps
-
-    def _event_info(self, task: PendingTask) -> dict[str, Any]:
-        spec = task.spec
-        info: dict[str, Any] = {"name": spec.name, "function_name": spec.function_name,
-                                "parent": spec.parent_task_id, "args": task.dep_ids + task.nested_ids,
-                                "returns": task.return_ids, "resources": spec.resources,
-                                "type": ("NORMAL_TASK", "ACTOR_CREATION_TASK", "ACTOR_TASK")[spec.kind]}
-        if spec.actor_id:
-            info["actor_id"] = spec.actor_id
-            info["caller_id"] = spec.caller_id
-            if spec.kind == 2:
-                prev = self._last_actor_call.get(spec.actor_id)
-                if prev is not None:
-                    info["prev_call"] = prev
-                self._last_actor_call[spec.actor_id] = spec.task_id
-        return info
 
     # -------------------------------------------------------------- io thread: args
 
@@ -998,135 +652,9 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
         await asyncio.sleep(delay_s)
         self._run(self.submitter.retry_due(task, why))
 
-    def _retry(self, task: PendingTask, why: str) -> None:
-        self._next_attempt(task, why)
-        if task.spec.kind == 0:
-            self._enqueue(task, front=True)
-        else:
-            self._enqueue(task)
-
-    def _next_attempt(self, task: PendingTask, why: str) -> None:
-        """Record that ``task`` runs again (a retry or a rebuild) and start its next attempt."""
-        spec = task.spec
-        logger.info("running %s (%s) again: %s", spec.name, short(spec.task_id), why)
-        if spec.enable_task_events:
-            self._events.append((spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, None, why))
-        spec.attempt += 1
-        task.lease = None
-
     # -------------------------------------------------------------- io thread: replies
 
-    def _handle_task_reply(self, conn: Connection, reply: m.TaskReply) -> None:
-        task = self.tasks.get(reply.task_id)
-        if task is None or task.state == DONE:
-            self._free_orphan_returns(reply)
-            return
-        if task.state != PUSHED or reply.worker_id != self._executor_of(task):
-            # From an attempt given up on (its worker's node was declared dead, or the task
-            # was put back): the current attempt's reply is the one that counts.
-            logger.info("refused a reply for %s from worker %s, which does not run its current attempt",
-                        short(reply.task_id), short(reply.worker_id or b""))
-            return
-        lease = task.lease
-        submitter = self.submitter
-        if lease is not None:
-            if reply.error_kind == "requeue" and task.spec.kind == 0:
-                self._run(submitter.task_requeued(task))
-                return
-            submitter.reply_arrived(lease, reply.task_id, reply.end_time - reply.start_time,
-                                    reply.error_kind == "exiting")
-        if task.spec.kind == 2:
-            self.actor_submitter.on_reply(task, reply)
-        if reply.system_error is not None:
-            if reply.error_kind == "cancelled" or task.cancelled:
-                self._fail_task(task, exc.TaskCancelledError(task.spec.task_id.hex(), reply.system_error))
-            elif reply.error_kind == "actor_died":
-                self._fail_task(task, exc.ActorDiedError((task.spec.actor_id or b"").hex(), reply.system_error))
-            else:
-                self._fail_task(task, exc.LumosSystemError(reply.system_error))
-        elif reply.app_error and reply.retryable and submitter.use_retry(task):
-            self._free_orphan_returns(reply)
-            self._retry(task, "the task raised a retryable exception")
-        else:
-            self._finish_task(task, reply)
-        if lease is not None:
-            self._run(submitter.after_reply(lease))
-
-    def _executor_of(self, task: PendingTask) -> bytes | None:
-        """The worker running ``task``'s current attempt (None: unknown)."""
-        if task.spec.kind == 2:
-            return self.actor_submitter.worker_of(task)
-        return task.lease.worker_id if task.lease is not None else None
-
     # -------------------------------------------------------------- io thread: results
-
-    def _finish_task(self, task: PendingTask, reply: m.TaskReply) -> None:
-        if task.spec.num_returns == -1:
-            self._finish_stream(task, reply)
-            return
-        task.state = DONE
-        self.tasks.pop(task.spec.task_id, None)
-        spec = task.spec
-        objects = self.objects
-        orphans: list[bytes] = []
-        for ret in reply.returns:
-            nested = [(r[0], r[1]) for r in ret.nested_refs] if ret.nested_refs else None
-            if nested:
-                objects.add_contained(nested, registered=True)
-            e = objects.complete(ret.object_id, READY, ret.data, ret.node_id, ret.size, nested)
-            if e is None:
-                if ret.data is None and ret.node_id is not None:
-                    orphans.append(ret.object_id)
-                if nested:
-                    freed = objects.release_nested(nested)
-                    if freed:
-                        self._release(freed)
-            else:
-                e.shared = True
-                self._run_callbacks(ret.object_id, e)
-        if orphans and self.raylet is not None:
-            self.raylet.notify(m.FreeObjects(orphans, [False] * len(orphans)))
-        if spec.kind == 0 and not reply.app_error and task.retries_left != 0:
-            self._keep_lineage(task)
-        self._task_done(task, reply)
-
-    def _task_done(self, task: PendingTask, reply: m.TaskReply, info: dict[str, Any] | None = None) -> None:
-        """A task finished (its values recorded): its event, then its arguments' release
-        (after the executor's borrowed refs are registered with their owners)."""
-        spec = task.spec
-        if spec.enable_task_events:
-            state = "FAILED" if reply.app_error else "FINISHED"
-            if reply.start_time:
-                # The executor sends its own RUNNING event in its next batch, which a reader may
-                # not see yet (or ever, if it exits first): the finished row has its start time.
-                self._events.append((spec.task_id, spec.attempt, "RUNNING", reply.start_time, None, None,
-                                     reply.worker_id, None))
-            self._events.append((spec.task_id, spec.attempt, state, reply.end_time or time.time(), info,
-                                 None, reply.worker_id, _error_text(reply) if reply.app_error else None))
-        if reply.borrowed:
-            executor = (task.lease.address if task.lease is not None
-                        else self.actor_submitter.address_of(spec.actor_id or b""))
-            self._spawn(self._register_borrowers(task, reply.borrowed, executor), "borrowers")
-        else:
-            self._release_args(task)
-
-    async def _register_borrowers(self, task: PendingTask, borrowed: list[Any],
-                                  executor: m.Address | None) -> None:
-        """The executor kept refs from the arguments: make their owners know, then let go."""
-        if executor is not None:
-            by_owner: dict[bytes, tuple[m.Address, list[bytes]]] = {}
-            for oid, owner in borrowed:
-                if owner.worker_id == self.worker_id:
-                    self.objects.add_borrower(oid, executor)
-                else:
-                    by_owner.setdefault(owner.worker_id, (owner, []))[1].append(oid)
-            for owner, ids in by_owner.values():
-                try:
-                    conn = await self._peer(owner)
-                    await conn.call(m.AddBorrowers(ids, executor), self.config.rpc_timeout_s)
-                except (OSError, ConnectionLost, TimeoutError, RemoteError) as e:
-                    logger.debug("could not register borrower at %s: %s", short(owner.worker_id), e)
-        self._release_args(task)
 
     # -------------------------------------------------------------- io thread: lineage
 
@@ -1146,75 +674,7 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
         self._run_owner(actions)
         return why
 
-    def _release_args(self, task: PendingTask) -> None:
-        if self.owner.pins_args(task):
-            return  # pinned while the task may run again; _drop_lineage lets them go
-        ids = task.dep_ids + task.nested_ids
-        if ids:
-            freed = self.objects.remove_submitted(ids)
-            if freed:
-                self._release(freed)
-
-    def _free_orphan_returns(self, reply: m.TaskReply) -> None:
-        ids = [r.object_id for r in reply.returns if r.data is None and r.node_id is not None]
-        if ids and self.raylet is not None:
-            self.raylet.notify(m.FreeObjects(ids, [False] * len(ids)))
-
-    def _fail_task(self, task: PendingTask, error: BaseException) -> None:
-        self._fail_task_with_blob(task, error_blob(error), str(error))
-
-    def _fail_task_with_blob(self, task: PendingTask, blob: bytes, text: str = "") -> None:
-        if task.state == DONE:
-            return
-        task.state = DONE
-        self.tasks.pop(task.spec.task_id, None)
-        self.submitter.task_gone(task)
-        for oid in task.return_ids:
-            e = self.objects.complete(oid, FAILED, blob, None, len(blob), None)
-            self._run_callbacks(oid, e)
-        if task.spec.num_returns == -1:
-            self._end_stream(task, blob)
-        spec = task.spec
-        if spec.enable_task_events:
-            state = "CANCELLED" if task.cancelled else "FAILED"
-            self._events.append((spec.task_id, spec.attempt, state, time.time(), None, None, None,
-                                 text or "failed"))
-        if spec.kind == 2:
-            self.actor_submitter.on_failed(task)
-        self._release_args(task)
-
     # -------------------------------------------------------------- cancel
-
-    def cancel(self, ref: ObjectRef, force: bool, recursive: bool) -> None:
-        self._post(self._cancel, ref._id[:16], force, recursive)
-
-    def _cancel(self, task_id: bytes, force: bool, recursive: bool) -> None:
-        task = self.tasks.get(task_id)
-        if task is None or task.state == DONE:
-            return
-        task.cancelled = True
-        if task.state in (WAITING_ARGS, QUEUED):
-            self._fail_task(task, exc.TaskCancelledError(task_id.hex(), "cancelled before it started"))
-            return
-        if task.spec.kind == 2:
-            conn = self.actor_submitter.connection_of(task.spec.actor_id or b"")
-            if conn is not None and not force:
-                conn.notify(m.CancelTask(task_id, False, recursive))
-            return
-        lease = task.lease
-        if lease is None or lease.conn is None:
-            return
-        if force:
-            task.force_cancelled = True
-            lease.raylet.notify(m.KillWorker(lease.worker_id, f"force-cancelled task {task.spec.name}"))
-        else:
-            lease.conn.notify(m.CancelTask(task_id, False, recursive))
-
-    def cancel_children(self, parent_task_id: bytes, force: bool) -> None:
-        """Cancel every task this process submitted from ``parent_task_id`` (io thread)."""
-        for task in list(self.tasks.values()):
-            if task.spec.parent_task_id == parent_task_id:
-                self._cancel(task.spec.task_id, force, True)
 
     # ================================================================== executor side
 
@@ -1267,66 +727,7 @@ class CoreWorker(ObjectsMixin, StreamsMixin):
         if handler is not None:
             handler(msg)
 
-    def record_event(self, task_id: bytes, attempt: int, state: str, t: float,
-                     node_id: bytes | None = None, worker_id: bytes | None = None,
-                     error: str | None = None, info: Any = None) -> None:
-        self._events.append((task_id, attempt, state, t, info, node_id, worker_id, error))
-
-    async def _flush_loop(self) -> None:
-        interval = self.config.task_event_flush_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            self._flush_events()
-            if self.objects.decrements:
-                freed = self.objects.drain()
-                if freed:
-                    self._release(freed)
-            if self.executor is not None:
-                self.executor.flush_output()
-
-    def _flush_events(self) -> None:
-        if not self._events or self.gcs is None or self.gcs.is_closed:
-            return
-        raw, self._events = self._events, []
-        job = self.job_id
-        events = [m.TaskEvent(tid, attempt, state, t, job, info, node, worker, err)
-                  for (tid, attempt, state, t, info, node, worker, err) in raw]
-        self.gcs.notify(m.AddTaskEvents(events))
-
     # ================================================================== introspection
-
-    def stats(self) -> dict[str, Any]:
-        objects = []
-        with self.objects.lock:
-            for oid, e in list(self.objects.entries.items())[:10_000]:
-                objects.append({
-                    "object_id": oid.hex(), "owned": e.owned,
-                    "state": {PENDING: "PENDING", READY: "READY", FAILED: "FAILED"}[e.state],
-                    "size_bytes": e.size, "local_refs": e.local, "submitted_refs": e.submitted,
-                    "contained_refs": e.contained, "borrowers": len(e.borrowers or ()),
-                    "in_store": e.data is None and e.node_id is not None,
-                    "node_id": (e.node_id or b"").hex() or None,
-                })
-        return {"worker_id": self.worker_id.hex(), "pid": os.getpid(), "job_id": self.job_id.hex(),
-                "node_id": self.node_id.hex(), "is_driver": self.mode == DRIVER,
-                "num_pending_tasks": len(self.tasks), "objects": objects, "store": self.store.stats()}
-
-
-def _parameter_names(template: TaskTemplate) -> list[str]:
-    """Positional parameter names of a task's function or an actor's ``__init__`` (for
-    error messages; empty when they cannot be known here, as for actor methods)."""
-    import inspect
-    if template.pickled_function is None:
-        return []
-    try:
-        fn = ser.deserialize_code(template.pickled_function)
-        if template.kind == 1:
-            names = list(inspect.signature(fn.__init__).parameters)[1:]
-        else:
-            names = list(inspect.signature(fn).parameters)
-    except (ValueError, TypeError, ser.DeserializationError):
-        return []
-    return names
 
 
 def _sever(conn: Connection) -> None:
@@ -1349,19 +750,6 @@ def _job_config(namespace: str, env_vars: dict[str, str] | None = None, working_
                        "env_vars": env_vars or {}, "working_dir": working_dir}).encode()
 
 
-def _error_text(reply: m.TaskReply) -> str:
-    """The last line of a failed task's error (for the task-event log), at most 500 chars."""
-    blob = reply.returns[0].data if reply.returns else None
-    if not blob:
-        return "application error"
-    try:
-        _kind, err = ser.deserialize(blob)
-        lines = [ln for ln in str(err).splitlines() if ln.strip()]
-        return (lines[-1] if lines else type(err).__name__)[:500]
-    except Exception:
-        return "application error"
-
-
 def _print_worker_lines(lines: list[Any]) -> None:
     for rec in lines:
         _job, _task_id, task_name, pid, is_stderr, text = rec[:6]
@@ -1380,10 +768,6 @@ def _print_cluster_error(kind: str, text: str) -> None:
         sys.stderr.flush()
     except (ValueError, OSError):
         pass
-
-
-def function_id_of(pickled: bytes) -> bytes:
-    return hashlib.sha256(pickled).digest()[:16]
 
 
 __all__ = ["CoreWorker", "DRIVER", "WORKER", "TaskTemplate", "error_blob", "function_id_of"]

@@ -31,7 +31,8 @@ from typing import Any, Callable
 from lumos import exceptions as exc
 from lumos._private import serialization as ser
 from lumos._private.core_worker.actor_host import ActorHost
-from lumos._private.core_worker.core_worker import CoreWorker, _ArgRef
+from lumos._private.core_worker.core_worker import CoreWorker
+from lumos._private.core_worker.submission import _ArgRef
 from lumos._private.ids import return_object_id, short
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable
@@ -27,7 +28,7 @@ from typing import Any, Callable
 from lumos import exceptions as exc
 from lumos._private import serialization as ser
 from lumos._private.core_worker.references import FAILED, PENDING, READY, Waiter
-from lumos._private.core_worker.tasks import WORKER
+from lumos._private.core_worker.tasks import DRIVER, WORKER
 from lumos._private.ids import put_object_id, short
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
@@ -53,6 +54,7 @@ class ObjectsMixin:
 
     objects: Any
     config: Any
+    io: Any
     store: Any
     raylet: Any
     node_id: bytes
@@ -82,7 +84,7 @@ class ObjectsMixin:
     def _restore_spilled(self, object_id: bytes) -> str | None:
         """The object's store file is missing: ask the raylet to restore it (user threads).
         Returns None (not on this node), "" (back in the store) or a spill file to map."""
-        if self.raylet is None or threading.current_thread() is self._io_thread:
+        if self.raylet is None or self.io.in_io_thread():
             return None
         try:
             answer = self.call_raylet(m.RestoreSpilled(object_id), 3600.0)  # the raylet bounds it by size
@@ -577,3 +579,19 @@ class ObjectsMixin:
                 "owner": (e.owner.worker_id.hex() if e.owner else self.worker_id.hex()),
                 "node_id": (e.node_id or (self.node_id if e.data is not None else b"")).hex(),
                 "inline": e.data is not None}
+
+    def stats(self) -> dict[str, Any]:
+        objects = []
+        with self.objects.lock:
+            for oid, e in list(self.objects.entries.items())[:10_000]:
+                objects.append({
+                    "object_id": oid.hex(), "owned": e.owned,
+                    "state": {PENDING: "PENDING", READY: "READY", FAILED: "FAILED"}[e.state],
+                    "size_bytes": e.size, "local_refs": e.local, "submitted_refs": e.submitted,
+                    "contained_refs": e.contained, "borrowers": len(e.borrowers or ()),
+                    "in_store": e.data is None and e.node_id is not None,
+                    "node_id": (e.node_id or b"").hex() or None,
+                })
+        return {"worker_id": self.worker_id.hex(), "pid": os.getpid(), "job_id": self.job_id.hex(),
+                "node_id": self.node_id.hex(), "is_driver": self.mode == DRIVER,
+                "num_pending_tasks": len(self.tasks), "objects": objects, "store": self.store.stats()}
