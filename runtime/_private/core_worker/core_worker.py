@@ -1,18 +1,37 @@
 """The core worker: the part of every driver and worker process that talks to the cluster.
 
-It owns the ``lumos-io`` thread and its event loop, the connections to the GCS, the
-local raylet and peer core workers, the object table (ownership and reference counts),
-and the owner side of task submission (dependency resolution, leases, pipelining,
-retries). User threads hand work over without a syscall per call when the io thread is
-already awake (``_post``), and wait on per-call locks in short slices.
+Data flow (each box names its module; ``…State`` classes are pure: events in, actions
+out, touched by the ``lumos-io`` thread only; ``CoreWorker`` runs their actions)::
 
-```
- user thread                       lumos-io thread                          peers
- submit_task ─► _inbox ──wake──►  resolve args ─► SchedulingQueue ─► lease ─► PushTask ─► worker
- get ◄──── Waiter.lock ◄──────────  TaskReply: ObjectTable.complete ◄──────────────────── worker
- put (small) ─► ObjectTable                                        GetObjectStatus ◄──── borrowers
- put (large) ─► StoreClient.write (in the user thread) ─► CreateObject/SealObject ─► raylet
-```
+ user threads                      │ lumos-io thread (io_loop.py)                        │ peers
+                                   │                                                     │
+ submit_task ─ submission.py ─────►│ inbox ─► _on_submit                                 │
+   pack args, TaskSpec, owned      │   ├─ ref args: OwnerState.resolve_args (owner.py)   │
+   returns, SUBMITTED event        │   │     wait / FetchObject / RunAgain lost args     │
+   (one post per call, batched)    │   ├─ actor calls: ActorSubmitter (actor_submitter)  │
+                                   │   └─ TaskSubmitterState.enqueue (task_submitter.py) │
+                                   │        RequestLease ─► _request_lease ─────────────►│ raylet(s)
+                                   │        PushTask ─► _push ───────────────────────────►│ worker
+ get / wait / future ─ objects.py  │ TaskReply ─► results.py: submitter accounting,      │◄── worker
+   read the table under its lock,  │   retry (TaskSubmitterState) or record values       │
+   Waiter.lock ◄───────────────────│   (ObjectTable.complete wakes waiters), lineage     │
+ put ─ objects.py: inline, or      │   (OwnerState.keep_lineage), release args           │
+   StoreClient.write ─► raylet     │ GeneratorItem ─► streams.py ─► ObjectRefGenerator   │◄── worker
+ ObjectRef.__del__ ─► decrements   │ references.py: borrowers, releases, FreeObjects     │◄─► owners
+   (drained at API entry / flush)  │ GetObjectStatus ─► objects.py (owner side)          │◄── borrowers
+                                   │ PushTask ─► executor.py (worker: main thread runs)  │◄── owners
+
+Modules: ``io_loop.py`` the io thread, the inbox, ``run_sync`` and ``spawn``;
+``submission.py`` submit/create_actor/cancel and the task-event buffer; ``owner.py``
+``OwnerState`` (object table, argument resolution, lineage, reconstruction);
+``task_submitter.py`` ``TaskSubmitterState`` (queues per scheduling key, leases,
+pipelining depth, retries); ``results.py`` replies and results; ``objects.py``
+put/get/wait/futures and object status; ``streams.py`` streaming generators;
+``references.py`` the object table and reference counting across processes;
+``actor_submitter.py`` actor calls; ``executor.py`` (+ ``arguments.py``) running pushed
+tasks in a worker; ``actor_host.py`` the actor inside its worker; ``tasks.py`` the
+records they share. This file wires it together: it opens the connections (GCS, local
+raylet, peers), registers the RPC handlers, and carries out the states' actions.
 """
 
 from __future__ import annotations
@@ -41,11 +60,11 @@ from lumos._private.ids import new_task_id, short
 from lumos._private.object_store.client import StoreClient
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import (Connection, ConnectionCache, ConnectionLost, RemoteError,
-                                                 connect_with_retry,
-                                                 RpcServer, connect)
+                                                 RpcServer, connect, connect_with_retry)
 from lumos.generator import GeneratorStream
 
 logger = logging.getLogger(__name__)
+
 
 class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, ReferencesMixin):
     def __init__(self, *, mode: int, config: Config, token: bytes, gcs_address: tuple[str, int],
@@ -101,7 +120,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self.io = IoLoop()
         #: Hot-path hand-overs, bound once (``_post(fn, *args)`` runs ``fn`` on the io thread).
         self._post = self.io.post
-        self._spawn = self.io.spawn
+        self._spawn = self.spawn = self.io.spawn
         self.run_sync = self.io.run_sync
         self.gcs: Connection | None = None
         #: The GCS keeps its tables in durable storage: when it goes, wait for its restart.
@@ -578,6 +597,20 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
 
     def _idle_expired(self, lease: LeasedWorker) -> None:
         self._run(self.submitter.idle_expired(lease))
+
+    # The surface actor_submitter.py uses (it reaches no private member).
+
+    async def peer(self, address: m.Address) -> Connection:
+        """The open connection to the core worker (or raylet) at ``address`` (io thread)."""
+        return await self._peer(address)
+
+    def fail_task(self, task: PendingTask, error: BaseException) -> None:
+        """Fail ``task``: every return becomes ``error`` (io thread)."""
+        self._fail_task(task, error)
+
+    def unpin(self, ids: list[bytes]) -> None:
+        """Drop the submitted-task counts of ``ids`` (io thread)."""
+        self._unpin(ids)
 
     async def _peer(self, address: m.Address) -> Connection:
         wid = address.worker_id
