@@ -29,7 +29,7 @@ from lumos._private.protocol.codec import (  # noqa: F401
 from lumos._private.protocol.task_messages import (  # noqa: F401
     Address, Dep, TaskSpec, ReturnObject, GeneratorItem, TaskReply,
     PushTask, CancelTask, GetObjectStatus, ObjectStatus, AddBorrowers, RemoveBorrowers,
-    GetCoreWorkerStats, ExitWorker, ReportTaskOutput)
+    GetCoreWorkerStats, ExitWorker)
 from lumos._private.protocol.gcs_messages import (  # noqa: F401
     NodeInfo, RegisterNode, NodeHeartbeat, GetAllNodes, RegisterJob, JobInfo,
     MarkJobFinished, GetAllJobs, KvPut, KvGet, KvDel, KvKeys,
@@ -38,7 +38,7 @@ from lumos._private.protocol.gcs_messages import (  # noqa: F401
     ActorInfo, RegisterActor, GetActorInfo, GetNamedActor, KillActor, ListActors,
     ActorExiting, GetTaskUpdates)
 from lumos._private.protocol.raylet_messages import (  # noqa: F401
-    RegisterClient, RequestWorkerLease, LeaseGrant, ReturnWorker, CancelLeaseRequest, WorkerBlocked,
+    RegisterClient, RequestWorkerLease, LeaseGrant, ReturnWorker, WorkerBlocked,
     WorkerUnblocked, CreateObject, SealObject, FreeObjects, GetWorkerExit, KillWorker,
     GetNodeStats, MarkShared, ShutdownNode, DropSlots, PinObjects, RestoreSpilled,
     DropMappings)

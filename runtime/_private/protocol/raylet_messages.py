@@ -64,12 +64,6 @@ class ReturnWorker:
     disconnect: bool
 
 
-@message(44)
-class CancelLeaseRequest:
-    owner_worker_id: WorkerID
-    request_id: int
-
-
 @message(45)
 class WorkerBlocked:
     worker_id: WorkerID

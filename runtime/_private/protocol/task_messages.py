@@ -190,10 +190,3 @@ class GetCoreWorkerStats:
 @message(67)
 class ExitWorker:
     reason: str
-
-
-@message(68)
-class ReportTaskOutput:
-    """Worker output for the driver that owns the root task (per-cell routing)."""
-
-    lines: list[Any]
