@@ -35,8 +35,8 @@ NOTIFY = 3
 _REGISTRY: dict[int, type] = {}
 
 
-#: An enum-typed field: (position, name, enum class, its wire type, None allowed).
-_EnumField = tuple[int, str, type, type, bool]
+#: An enum-typed field: (position, wire type, value -> member, None allowed).
+_EnumField = tuple[int, type, dict[Any, Any], bool]
 
 
 def _enum_fields(cls: type) -> tuple[_EnumField, ...]:
@@ -49,7 +49,7 @@ def _enum_fields(cls: type) -> tuple[_EnumField, ...]:
         if len(names) == 1 and names[0] in WIRE_ENUMS:
             enum_cls = WIRE_ENUMS[names[0]]
             wire_type = int if issubclass(enum_cls, int) else str
-            out.append((i, f.name, enum_cls, wire_type, len(names) < len(parts)))
+            out.append((i, wire_type, dict(enum_cls._value2member_map_), len(names) < len(parts)))
     return tuple(out)
 
 
@@ -144,26 +144,26 @@ def _ext_hook(code: int, data: bytes) -> Any:
         raise ProtocolError(f"malformed {cls.__name__}")
     enums = cls._enum_fields  # type: ignore[attr-defined]
     if enums:
-        _decode_enums(cls, fields, enums)
+        # Inline (not a helper call): a batch of task events decodes one of these per event.
+        n = len(fields)
+        for i, wire_type, members, optional in enums:
+            if i < n:  # else a defaulted field left out (or wrong arity, refused below)
+                value = fields[i]
+                if type(value) is wire_type and value in members:
+                    fields[i] = members[value]
+                elif not (value is None and optional):
+                    _bad_enum(cls, i, value)
     try:
         return cls(*fields)
     except TypeError as e:
         raise ProtocolError(f"malformed {cls.__name__}: {e}") from None
 
 
-def _decode_enums(cls: type, fields: list[Any], enums: tuple[_EnumField, ...]) -> None:
-    n = len(fields)
-    for i, name, enum_cls, wire_type, optional in enums:
-        if i >= n:
-            continue  # a defaulted field left out (or wrong arity, refused by the constructor)
-        value = fields[i]
-        if value is None and optional:
-            continue
-        member = enum_cls._value2member_map_.get(value) if type(value) is wire_type else None  # type: ignore[attr-defined]
-        if member is None:
-            raise ProtocolError(f"malformed {cls.__name__}: {name}={value!r:.40} is not a {enum_cls.__name__} "
-                                f"(one of {', '.join(repr(e.value) for e in enum_cls)})")  # type: ignore[attr-defined]
-        fields[i] = member
+def _bad_enum(cls: type, i: int, value: Any) -> None:
+    f = dataclasses.fields(cls)[i]
+    enum_cls = WIRE_ENUMS[[p.strip() for p in str(f.type).split("|") if p.strip() != "None"][0]]
+    raise ProtocolError(f"malformed {cls.__name__}: {f.name}={value!r:.40} is not a {enum_cls.__name__} "
+                        f"(one of {', '.join(repr(e.value) for e in enum_cls)})")
 
 
 def encode(kind: int, request_id: int, body: Any) -> bytes:
