@@ -202,9 +202,9 @@ def test_sets_travel_as_lists():
 # --------------------------------------------------------------------------- pure: enum fields
 
 #: Every message field annotated with a wire enum: (class, field, enum, None allowed).
-ENUM_FIELDS = [(cls, f.name, enum_cls, optional)
-               for _, cls in ALL_MESSAGES for _i, f_name, enum_cls, _t, optional in cls._enum_fields
-               for f in dataclasses.fields(cls) if f.name == f_name]
+ENUM_FIELDS = [(cls, f.name, WIRE_ENUMS[str(f.type).split(" ")[0]], optional)
+               for _, cls in ALL_MESSAGES for i, _t, _members, optional in cls._enum_fields
+               for f in [dataclasses.fields(cls)[i]]]
 _ENUM_IDS = [f"{cls.__name__}.{name}" for cls, name, _e, _o in ENUM_FIELDS]
 
 
