@@ -317,7 +317,7 @@ class GetTaskUpdates:
     """Task records changed after ``since`` (a GCS task-log sequence number), oldest change first.
 
     Replies ``[last_seq, rows, more]``: ``rows`` are compact lists (see
-    ``task_log.ROW_FIELDS``), ``last_seq`` is what to pass as ``since`` next time, and
+    ``task_row.ROW_FIELDS``), ``last_seq`` is what to pass as ``since`` next time, and
     ``more`` is true when ``limit`` cut the answer short.
     """
 
