@@ -46,6 +46,8 @@ import os
 from collections import OrderedDict, deque
 from typing import Union
 
+from lumos._private.ids import ObjectID
+
 #: The creator of copies the raylet pulled from other nodes (secondary copies: the
 #: primary stays where the object was made, so these may be evicted under pressure).
 PULLED = b"object-manager"
@@ -59,20 +61,20 @@ DISK_FULL_RETRY_S = 2.0
 @dataclasses.dataclass(slots=True)
 class CreateRequested:
     request: int          #: id the server uses to answer the client
-    object_id: bytes
+    object_id: ObjectID
     size_bytes: int
     client: bytes         #: worker id of the creating process
 
 
 @dataclasses.dataclass(slots=True)
 class ObjectSealed:
-    object_id: bytes
+    object_id: ObjectID
     size_bytes: int
 
 
 @dataclasses.dataclass(slots=True)
 class ObjectsFreed:
-    object_ids: list[bytes]
+    object_ids: list[ObjectID]
     recyclable: list[bool]
 
 
@@ -88,25 +90,25 @@ class Ticked:
 
 @dataclasses.dataclass(slots=True)
 class MarkedShared:
-    object_ids: list[bytes]
+    object_ids: list[ObjectID]
 
 
 @dataclasses.dataclass(slots=True)
 class ObjectsPinned:
     """``client`` now holds live views of these objects (they must stay in memory)."""
     client: bytes
-    object_ids: list[bytes]
+    object_ids: list[ObjectID]
 
 
 @dataclasses.dataclass(slots=True)
 class ObjectsUnpinned:
     client: bytes
-    object_ids: list[bytes]
+    object_ids: list[ObjectID]
 
 
 @dataclasses.dataclass(slots=True)
 class SpillFinished:
-    object_id: bytes
+    object_id: ObjectID
     error: str = ""           #: empty: the spill file is complete
     out_of_disk: bool = False
     seconds: float = 0.0      #: how long the copy took
@@ -115,12 +117,12 @@ class SpillFinished:
 
 @dataclasses.dataclass(slots=True)
 class RestoreRequested:
-    object_id: bytes
+    object_id: ObjectID
 
 
 @dataclasses.dataclass(slots=True)
 class RestoreFinished:
-    object_id: bytes
+    object_id: ObjectID
     error: str = ""
     seconds: float = 0.0
     started: float = 0.0
@@ -129,7 +131,7 @@ class RestoreFinished:
 @dataclasses.dataclass(slots=True)
 class DiskCreateFailed:
     """Preallocating the spill file of an object created straight on disk failed."""
-    object_id: bytes
+    object_id: ObjectID
     error: str
     out_of_disk: bool
 
@@ -144,7 +146,7 @@ Event = Union[CreateRequested, ObjectSealed, ObjectsFreed, ClientGone, Ticked, M
 @dataclasses.dataclass(slots=True)
 class GrantCreate:
     request: int
-    object_id: bytes
+    object_id: ObjectID
     slot: int
     path: str             #: where the client writes (renamed to the final name when done)
     final_path: str
@@ -158,7 +160,7 @@ class GrantCreate:
 @dataclasses.dataclass(slots=True)
 class RejectCreate:
     request: int
-    object_id: bytes
+    object_id: ObjectID
     reason: str
     #: The object is already here, sealed, with that size (a copy pulled earlier): a
     #: task that made it again can use it as its result.
@@ -187,7 +189,7 @@ class DropSlot:
 @dataclasses.dataclass(slots=True)
 class SpillObject:
     """Copy ``src`` (in the store) to ``tmp`` in the spill dir, then rename it to ``dst``."""
-    object_id: bytes
+    object_id: ObjectID
     src: str
     tmp: str
     dst: str
@@ -197,7 +199,7 @@ class SpillObject:
 @dataclasses.dataclass(slots=True)
 class RestoreObject:
     """Copy ``src`` (spill file) to ``tmp`` in the store, then rename it to ``dst``."""
-    object_id: bytes
+    object_id: ObjectID
     src: str
     tmp: str
     dst: str
@@ -207,14 +209,14 @@ class RestoreObject:
 @dataclasses.dataclass(slots=True)
 class DropMappings:
     """Tell every process on the node: unmap these objects (their store files are gone)."""
-    object_ids: list[bytes]
+    object_ids: list[ObjectID]
 
 
 @dataclasses.dataclass(slots=True)
 class AnswerRestore:
     """Answer every reader waiting to restore ``object_id``: ``path`` None when the object
     is gone, "" when it is in the store, else the spill file to map."""
-    object_id: bytes
+    object_id: ObjectID
     path: str | None
 
 
@@ -318,19 +320,19 @@ class ObjectStoreState:
 
     # ------------------------------------------------------------------ paths
 
-    def final_path(self, object_id: bytes) -> str:
+    def final_path(self, object_id: ObjectID) -> str:
         return os.path.join(self.directory, object_id.hex())
 
-    def _tmp_path(self, object_id: bytes) -> str:
+    def _tmp_path(self, object_id: ObjectID) -> str:
         return os.path.join(self.directory, object_id.hex() + ".w")
 
     def _pool_path(self, slot: int) -> str:
         return os.path.join(self.directory, f"pool-{slot}")
 
-    def spill_path(self, object_id: bytes) -> str:
+    def spill_path(self, object_id: ObjectID) -> str:
         return os.path.join(self.spill_dir, object_id.hex())
 
-    def _spill_tmp_path(self, object_id: bytes) -> str:
+    def _spill_tmp_path(self, object_id: ObjectID) -> str:
         return os.path.join(self.spill_dir, object_id.hex() + ".w")
 
     # ------------------------------------------------------------------ events
@@ -539,7 +541,7 @@ class ObjectStoreState:
             actions.append(DropMappings(drops))
         self._start_spills(spills, actions)
 
-    def _drop_from_store(self, oid: bytes, actions: list[Action]) -> None:
+    def _drop_from_store(self, oid: ObjectID, actions: list[Action]) -> None:
         obj = self.resident.pop(oid)
         obj.in_shm = False
         obj.moved = True
@@ -603,7 +605,7 @@ class ObjectStoreState:
                     (o.in_shm and o.sealed and o.creator == PULLED))
         return size <= free
 
-    def _restore(self, oid: bytes, now: float, actions: list[Action]) -> None:
+    def _restore(self, oid: ObjectID, now: float, actions: list[Action]) -> None:
         obj = self.objects.get(oid)
         if obj is None or not obj.sealed:
             actions.append(AnswerRestore(oid, None))
@@ -625,7 +627,7 @@ class ObjectStoreState:
                 return
         self._restore_from_disk(oid, actions)
 
-    def _try_restore(self, oid: bytes, actions: list[Action]) -> bool:
+    def _try_restore(self, oid: ObjectID, actions: list[Action]) -> bool:
         obj = self.objects[oid]
         if not self._make_room(obj.file_size, actions):
             return False
@@ -653,7 +655,7 @@ class ObjectStoreState:
             self.restores_waiting.popleft()
             self._restore_from_disk(oid, actions)
 
-    def _restore_answer_now(self, oid: bytes, actions: list[Action]) -> None:
+    def _restore_answer_now(self, oid: ObjectID, actions: list[Action]) -> None:
         obj = self.objects.get(oid)
         if obj is None or not obj.sealed:
             actions.append(AnswerRestore(oid, None))
@@ -662,7 +664,7 @@ class ObjectStoreState:
         elif not obj.restoring:
             self._restore_from_disk(oid, actions)
 
-    def _restore_from_disk(self, oid: bytes, actions: list[Action]) -> None:
+    def _restore_from_disk(self, oid: ObjectID, actions: list[Action]) -> None:
         """No room in the store soon: the reader maps the spill file (page cache)."""
         obj = self.objects.get(oid)
         if obj is not None and obj.in_shm:
@@ -700,7 +702,7 @@ class ObjectStoreState:
         self.restore_seconds += self._count_busy("restore", ev.started, ev.seconds)
         actions.append(AnswerRestore(oid, ""))
 
-    def _unpin(self, client: bytes, object_ids: list[bytes]) -> None:
+    def _unpin(self, client: bytes, object_ids: list[ObjectID]) -> None:
         held = self.pins.get(client)
         if held is None:
             return
@@ -742,7 +744,7 @@ class ObjectStoreState:
         if mapper:
             actions.append(DropSlot(mapper, slot))
 
-    def _free(self, oid: bytes, recyclable: bool, actions: list[Action], tmp: bool = False) -> None:
+    def _free(self, oid: ObjectID, recyclable: bool, actions: list[Action], tmp: bool = False) -> None:
         obj = self.objects.pop(oid, None)
         if obj is None:
             return
