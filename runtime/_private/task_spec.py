@@ -33,7 +33,7 @@ def retry_policy_of(retry_exceptions: bool | Iterable[type[BaseException]]) -> t
     if retry_exceptions is True:
         return RetryPolicy.ANY_EXCEPTION, None
     if retry_exceptions:
-        return RetryPolicy.LISTED_EXCEPTIONS, pickle.dumps(list(retry_exceptions))  # type: ignore[arg-type]
+        return RetryPolicy.LISTED_EXCEPTIONS, pickle.dumps(list(retry_exceptions))
     return RetryPolicy.NEVER, None
 
 

@@ -181,6 +181,16 @@ def test_every_message_class_round_trips(code, cls):
     assert m.decode(m.encode(m.REPLY, 1, [minimal, {"k": minimal}]))[2] == [minimal, {"k": minimal}]
 
 
+def test_messages_module_names_every_message_and_the_codec():
+    # ``m.X`` works for every message class, wherever its area module defines it.
+    for cls in m._REGISTRY.values():
+        assert getattr(m, cls.__name__) is cls and cls.__name__ in m.__all__
+    for name in ("REQUEST", "REPLY", "ERROR", "NOTIFY", "MAX_MESSAGE_NESTING", "encode", "decode", "message",
+                 "TaskKind", "RetryPolicy", "ErrorKind", "TaskState"):
+        assert hasattr(m, name) and name in m.__all__, name
+    assert all(hasattr(m, name) for name in m.__all__)
+
+
 def test_message_codes_are_unique_and_in_range():
     assert all(0 <= code <= 127 for code in m._REGISTRY)
     assert len({c.__name__ for c in m._REGISTRY.values()}) == len(m._REGISTRY)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar, dataclass_transform
 
 import msgpack
 
@@ -53,14 +53,18 @@ def _enum_fields(cls: type) -> tuple[_EnumField, ...]:
     return tuple(out)
 
 
-def message(code: int) -> Callable[[type], type]:
+_T = TypeVar("_T")
+
+
+@dataclass_transform()
+def message(code: int) -> Callable[[type[_T]], type[_T]]:
     """Register a dataclass as message ``code`` (0..127)."""
 
-    def wrap(cls: type) -> type:
+    def wrap(cls: type[_T]) -> type[_T]:
         if code in _REGISTRY:
             raise RuntimeError(f"message code {code} used twice ({_REGISTRY[code].__name__}, {cls.__name__})")
         cls = dataclasses.dataclass(slots=True)(cls)
-        names = [f.name for f in dataclasses.fields(cls)]
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
         if len(names) > 1:
             getter: Callable[[Any], tuple[Any, ...]] = operator.attrgetter(*names)
         elif names:

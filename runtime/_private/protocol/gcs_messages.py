@@ -78,7 +78,7 @@ class RegisterJob:
     namespace: str
     entrypoint: str
     #: A driver reconnecting to a restarted GCS: the job it already has.
-    job_id: JobID = b""
+    job_id: JobID = JobID(b"")
 
 
 @message(15)
