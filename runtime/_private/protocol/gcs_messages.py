@@ -269,7 +269,7 @@ class ActorInfo:
 
 @message(71)
 class RegisterActor:
-    """Create an actor from its creation task (``spec.kind == 1``); returns ``ActorInfo``.
+    """Create an actor from its creation task (an ``ACTOR_CREATION_TASK``); returns ``ActorInfo``.
 
     ``spec.actor_options`` holds name, namespace, detached, max_restarts, get_if_exists,
     max_concurrency, concurrency_groups, checkpoint_interval, class_name and handle_meta.
