@@ -31,6 +31,7 @@ from typing import Any
 
 from lumos._private.config import Config
 from lumos._private.transport import eventloop
+from lumos._private.core_worker.io_loop import spawn
 from lumos._private.ids import JobID, NodeID, ObjectID, WorkerID, random_id, short
 from lumos._private.object_store import store_state as st
 from lumos._private.object_store import spill_io
@@ -294,14 +295,7 @@ class RayletServer:
         self.stopped.set()
 
     def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-
-        def done(t: asyncio.Task[Any]) -> None:
-            self._tasks.discard(t)
-            if not t.cancelled() and t.exception() is not None:
-                logger.error("%s failed", name, exc_info=t.exception())
-        task.add_done_callback(done)
+        spawn(self._tasks, coro, name)
 
     def _gcs_lost(self, conn: Connection) -> None:
         if self._stopping or conn is not self.gcs or self._gcs_reconnecting:
