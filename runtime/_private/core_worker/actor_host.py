@@ -182,7 +182,7 @@ class ActorHost:
             async with sem:
                 start = time.time()
                 if spec.enable_task_events:
-                    self.cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, self.cw.node_id,
+                    self.cw.record_event(spec.task_id, spec.attempt, m.TaskState.RUNNING, start, self.cw.node_id,
                                          self.cw.worker_id)
                 result = method(*args, **kwargs)
                 if spec.num_returns == -1:
@@ -196,11 +196,11 @@ class ActorHost:
                         raise asyncio.CancelledError
                     reply = self.ex._success_reply(spec, result, start)
         except asyncio.CancelledError:
-            reply = self.ex._system_reply(spec, "cancelled while running", "cancelled", start)
+            reply = self.ex._system_reply(spec, "cancelled while running", m.ErrorKind.CANCELLED, start)
         except SystemExit as e:
             reply = self._exit_reply(spec, e, start)
         except Exception as e:
-            reply = (self.ex._system_reply(spec, "cancelled while running", "cancelled", start) if me.cancelling()
+            reply = (self.ex._system_reply(spec, "cancelled while running", m.ErrorKind.CANCELLED, start) if me.cancelling()
                      else self.ex._failed_reply(spec, e, start))
         finally:
             self._async_calls.pop(spec.task_id, None)
@@ -251,7 +251,7 @@ class ActorHost:
         me = threading.get_ident()
         self._thread_calls[me] = spec.task_id
         if spec.enable_task_events:
-            self.cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, self.cw.node_id, self.cw.worker_id)
+            self.cw.record_event(spec.task_id, spec.attempt, m.TaskState.RUNNING, start, self.cw.node_id, self.cw.worker_id)
         try:
             result = method(*args, **kwargs)
             if spec.num_returns == -1:
@@ -284,7 +284,7 @@ class ActorHost:
         from lumos import exceptions as exc
         why = str(e) if isinstance(e, exc.ActorExitRequest) else "the actor called sys.exit()"
         self.exiting(why)
-        return self.ex._system_reply(spec, why, "actor_died", start)
+        return self.ex._system_reply(spec, why, m.ErrorKind.ACTOR_DIED, start)
 
     def exiting(self, reason: str) -> None:
         """Tell the GCS the actor ends on purpose (no restart), then let the process go."""

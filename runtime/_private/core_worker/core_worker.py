@@ -65,6 +65,9 @@ from lumos.generator import GeneratorStream
 
 logger = logging.getLogger(__name__)
 
+#: Every ``TaskKind`` (a spec built in this process may hold the plain int).
+_TASK_KINDS = frozenset(m.TaskKind)
+
 
 class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, ReferencesMixin):
     def __init__(self, *, mode: int, config: Config, token: bytes, gcs_address: tuple[str, int],
@@ -440,7 +443,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             self._fail_task(task, self._gone_error(task))
             return
         self.export_function(task.template)
-        if task.spec.kind == 2:
+        if task.spec.kind == m.TaskKind.ACTOR_TASK:
             self.actor_submitter.add(task)
             if task.state == DONE:
                 return
@@ -481,7 +484,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
     # -------------------------------------------------------------- io thread: scheduling
 
     def _enqueue(self, task: PendingTask, front: bool = False) -> None:
-        if task.spec.kind == 2:
+        if task.spec.kind == m.TaskKind.ACTOR_TASK:
             self.actor_submitter.enqueue(task)
             return
         self._run(self.submitter.enqueue(task, front))
@@ -589,7 +592,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             lease.idle_timer = None
         spec = task.spec
         if spec.enable_task_events:
-            self._events.append((spec.task_id, spec.attempt, "SCHEDULED", time.time(),
+            self._events.append((spec.task_id, spec.attempt, m.TaskState.SCHEDULED, time.time(),
                                  {"resource_ids": lease.resource_ids} if lease.resource_ids else None,
                                  lease.node_id, lease.worker_id, None))
         assert lease.conn is not None
@@ -716,7 +719,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             raise ValueError("this process does not execute tasks")
         spec = msg.spec
         if type(spec) is not m.TaskSpec or type(spec.task_id) is not bytes or type(spec.args) is not bytes \
-                or type(spec.deps) is not list or spec.kind not in (0, 1, 2) or type(spec.num_returns) is not int \
+                or type(spec.deps) is not list or spec.kind not in _TASK_KINDS or type(spec.num_returns) is not int \
                 or type(spec.enable_task_events) is not bool:
             raise ValueError("malformed PushTask")
         self.executor.push(conn, msg)
