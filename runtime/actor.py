@@ -30,9 +30,9 @@ from lumos._private import serialization as ser
 from lumos._private import worker_context
 from lumos._private.core_worker.core_worker import function_id_of
 from lumos._private.core_worker.tasks import TaskTemplate
+from lumos._private.ids import ActorID, random_id
 from lumos._private.protocol.vocab import TaskKind
 from lumos._private.task_spec import task_template
-from lumos._private.ids import random_id
 from lumos.object_ref import ObjectRef
 
 _METHOD_OPTIONS = {"num_returns", "max_task_retries", "retry_exceptions", "concurrency_group", "name",
@@ -214,7 +214,7 @@ class ActorHandle:
     Handles pickle: pass them to tasks and other actors.
     """
 
-    def __init__(self, actor_id: bytes, class_name: str, methods: dict[str, dict[str, Any]],
+    def __init__(self, actor_id: ActorID, class_name: str, methods: dict[str, dict[str, Any]],
                  max_task_retries: int, owned: bool = False, max_pending_calls: int = -1) -> None:
         self._actor_id = actor_id
         self._class_name = class_name
@@ -297,7 +297,7 @@ class ActorHandle:
         return t
 
 
-def _rebuild_handle(actor_id: bytes, class_name: str, methods: dict[str, dict[str, Any]],
+def _rebuild_handle(actor_id: ActorID, class_name: str, methods: dict[str, dict[str, Any]],
                     max_task_retries: int, max_pending_calls: int = -1) -> ActorHandle:
     return ActorHandle(actor_id, class_name, methods, max_task_retries, False, max_pending_calls)
 

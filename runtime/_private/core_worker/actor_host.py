@@ -30,6 +30,7 @@ from lumos._private import serialization as ser
 from lumos._private.gcs.actor_manager import CHECKPOINT_NS
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
+from lumos._private.ids import ActorID, TaskID
 
 if TYPE_CHECKING:
     from lumos._private.core_worker.executor import Executor
@@ -47,7 +48,7 @@ class ActorHost:
                  resource_ids: dict[str, list[Any]]) -> None:
         self.ex = executor
         self.cw = executor.cw
-        self.actor_id: bytes = spec.actor_id or b""
+        self.actor_id: ActorID = spec.actor_id or b""
         self.instance = instance
         self.resource_ids = resource_ids
         opts: dict[str, Any] = spec.actor_options or {}
@@ -233,7 +234,7 @@ class ActorHost:
         return m.TaskReply(spec.task_id, [], False, False, self.ex._still_borrowed(), self.cw.worker_id,
                            start, time.time())
 
-    def cancel_call(self, task_id: bytes) -> bool:
+    def cancel_call(self, task_id: TaskID) -> bool:
         """Cancel a call running, or waiting its turn, on the event loop (any thread).
         False when this actor runs no such call."""
         task = self._async_calls.get(task_id)
@@ -267,7 +268,7 @@ class ActorHost:
             self._cancelled_running.discard(spec.task_id)
         self.cw.send_reply(conn, reply)
 
-    def cancel_threaded(self, task_id: bytes) -> bool:
+    def cancel_threaded(self, task_id: TaskID) -> bool:
         """A threaded actor's running call: flag it, as Ray does (not interrupted). False
         when no pool thread runs it."""
         if task_id not in self._thread_calls.values():

@@ -36,6 +36,7 @@ from lumos._private.core_worker.core_worker import CoreWorker
 from lumos._private.core_worker.arguments import ArgumentsMixin, _TaskFailed
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
+from lumos._private.ids import JobID, TaskID
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class Executor(ArgumentsMixin):
             return
         self.queue.put((conn, msg))
 
-    def cancel(self, task_id: bytes, force: bool, recursive: bool) -> None:
+    def cancel(self, task_id: TaskID, force: bool, recursive: bool) -> None:
         running = self._running
         if running is not None and running.task_id == task_id:
             self._cancel_requested = task_id
@@ -341,7 +342,7 @@ class Executor(ArgumentsMixin):
 
     # ------------------------------------------------------------------ functions, jobs
 
-    def _bind_job(self, job_id: bytes) -> None:
+    def _bind_job(self, job_id: JobID) -> None:
         cw = self.cw
         if cw.job_id != job_id:
             cw.job_id = job_id

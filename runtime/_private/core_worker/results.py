@@ -28,7 +28,7 @@ from lumos._private import serialization as ser
 from lumos._private.core_worker.objects import error_blob
 from lumos._private.core_worker.references import FAILED, READY
 from lumos._private.core_worker.tasks import DONE, PUSHED, PendingTask
-from lumos._private.ids import short
+from lumos._private.ids import WorkerID, short
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
 
@@ -45,7 +45,7 @@ class ResultsMixin:
     actor_submitter: Any
     raylet: Any
     config: Any
-    worker_id: bytes
+    worker_id: WorkerID
     _events: list[tuple[Any, ...]]
 
     def _handle_task_reply(self, conn: Connection, reply: m.TaskReply) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 from lumos import exceptions as exc
 from lumos._private import serialization as ser
 from lumos._private.core_worker.tasks import DONE, QUEUED, WAITING_ARGS, PendingTask, TaskTemplate
-from lumos._private.ids import new_task_id, return_object_id
+from lumos._private.ids import ActorID, JobID, NodeID, TaskID, WorkerID, new_task_id, return_object_id
 from lumos._private.protocol import messages as m
 from lumos._private.task_spec import new_task_spec
 from lumos._private.transport.connection import ConnectionLost, RemoteError
@@ -57,7 +57,7 @@ class SubmissionMixin:
     objects: Any
     config: Any
     address: m.Address
-    job_id: bytes
+    job_id: JobID
     gcs: Any
 
     def export_function(self, template: TaskTemplate) -> None:
@@ -172,7 +172,7 @@ class SubmissionMixin:
         return [ObjectRef(oid, address, True) for oid in return_ids]
 
     def create_actor(self, template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
-                     actor_id: bytes, actor_options: dict[str, Any]) -> m.ActorInfo:
+                     actor_id: ActorID, actor_options: dict[str, Any]) -> m.ActorInfo:
         """Register an actor with the GCS, which creates it (user thread).
 
         Returns the GCS's row for the actor: a different actor's row when
@@ -302,8 +302,8 @@ class SubmissionMixin:
                 self._last_actor_call[spec.actor_id] = spec.task_id
         return info
 
-    def record_event(self, task_id: bytes, attempt: int, state: m.TaskState, t: float,
-                     node_id: bytes | None = None, worker_id: bytes | None = None,
+    def record_event(self, task_id: TaskID, attempt: int, state: m.TaskState, t: float,
+                     node_id: NodeID | None = None, worker_id: WorkerID | None = None,
                      error: str | None = None, info: Any = None) -> None:
         self._events.append((task_id, attempt, state, t, info, node_id, worker_id, error))
 
@@ -333,7 +333,7 @@ class SubmissionMixin:
     def cancel(self, ref: ObjectRef, force: bool, recursive: bool) -> None:
         self._post(self._cancel, ref._id[:16], force, recursive)
 
-    def _cancel(self, task_id: bytes, force: bool, recursive: bool) -> None:
+    def _cancel(self, task_id: TaskID, force: bool, recursive: bool) -> None:
         task = self.tasks.get(task_id)
         if task is None or task.state == DONE:
             return
@@ -355,7 +355,7 @@ class SubmissionMixin:
         else:
             lease.conn.notify(m.CancelTask(task_id, False, recursive))
 
-    def cancel_children(self, parent_task_id: bytes, force: bool) -> None:
+    def cancel_children(self, parent_task_id: TaskID, force: bool) -> None:
         """Cancel every task this process submitted from ``parent_task_id`` (io thread)."""
         for task in list(self.tasks.values()):
             if task.spec.parent_task_id == parent_task_id:
