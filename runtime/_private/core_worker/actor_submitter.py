@@ -33,7 +33,7 @@ ALIVE, DEAD = "ALIVE", "DEAD"
 
 class _ActorQueue:
     __slots__ = ("actor_id", "info", "conn", "conn_worker", "connecting", "queue", "ready", "inflight",
-                 "lost", "subscribed", "last_call", "pinned", "check_timer", "released", "lost_since")
+                 "lost", "subscribed", "pinned", "check_timer", "released", "lost_since")
 
     def __init__(self, actor_id: ActorID) -> None:
         self.actor_id = actor_id
@@ -52,8 +52,6 @@ class _ActorQueue:
         self.lost: list[PendingTask] = []
         self.lost_since = 0.0
         self.subscribed = False
-        #: The last call this process submitted (for stateful edges in the task graph).
-        self.last_call: bytes | None = None
         #: Arguments of the creation task, held while the actor may restart (owner only).
         self.pinned: list[bytes] = []
         self.check_timer: Any = None
@@ -233,13 +231,6 @@ class ActorSubmitter:
             return
         task.state = QUEUED
         q.queue.append(task)
-
-    def event_info(self, task: PendingTask, info: dict[str, Any]) -> None:
-        q = self.actors.get(task.spec.actor_id or b"")
-        if q is not None:
-            if q.last_call:
-                info["prev_call"] = q.last_call
-            q.last_call = task.spec.task_id
 
     def enqueue(self, task: PendingTask) -> None:
         """The call's arguments are ready (or it is being retried)."""

@@ -163,7 +163,6 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self._blocked_depth = 0
         #: Hooks the executor (workers) installs.
         self.executor: Any = None
-        self.on_closed: Callable[[], None] | None = None
         #: Publish channel -> extra handler (front ends, actors).
         self.extra_publish_handlers: dict[str, Callable[[m.Publish], None]] = {}
         #: Actor id -> the last call this process submitted to it (stateful edges).

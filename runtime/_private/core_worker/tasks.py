@@ -61,7 +61,7 @@ class TaskTemplate:
 class PendingTask:
     __slots__ = ("spec", "template", "return_ids", "dep_ids", "nested_ids", "retries_left", "state",
                  "lease", "deps_waiting", "cancelled", "force_cancelled", "queue", "submit_time",
-                 "unowned_deps", "retry_why")
+                 "retry_why")
 
     def __init__(self, spec: m.TaskSpec, template: TaskTemplate, return_ids: list[bytes],
                  dep_ids: list[bytes], nested_ids: list[bytes], submit_time: float) -> None:
@@ -81,8 +81,6 @@ class PendingTask:
         self.force_cancelled = False
         self.queue: SchedulingQueue | None = None
         self.submit_time = submit_time
-        #: Dep ids that are borrowed (their owner is another process).
-        self.unowned_deps: list[bytes] | None = None
         #: An actor call put back to be sent again: why (its next attempt starts when it is
         #: sent, so a call that fails before that keeps its attempt number).
         self.retry_why: str | None = None
