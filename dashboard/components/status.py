@@ -218,7 +218,8 @@ class StatusPage(Page):
         done = 0
         for tid in ids:
             t = src.tasks.get(tid)
-            if t is not None and t.end_time and since < t.end_time <= now and t.state in (TaskState.FINISHED, TaskState.FAILED):
+            if t is not None and t.end_time and since < t.end_time <= now \
+                    and t.state in (TaskState.FINISHED, TaskState.FAILED):
                 done += 1
         loads = [u.cpu_percent for u in self._usage.values() if u is not None]
 

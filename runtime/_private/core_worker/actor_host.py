@@ -201,8 +201,8 @@ class ActorHost:
         except SystemExit as e:
             reply = self._exit_reply(spec, e, start)
         except Exception as e:
-            reply = (self.ex._system_reply(spec, "cancelled while running", m.ErrorKind.CANCELLED, start) if me.cancelling()
-                     else self.ex._failed_reply(spec, e, start))
+            reply = (self.ex._system_reply(spec, "cancelled while running", m.ErrorKind.CANCELLED, start)
+                     if me.cancelling() else self.ex._failed_reply(spec, e, start))
         finally:
             self._async_calls.pop(spec.task_id, None)
         self.cw.send_reply(conn, reply)
@@ -252,7 +252,8 @@ class ActorHost:
         me = threading.get_ident()
         self._thread_calls[me] = spec.task_id
         if spec.enable_task_events:
-            self.cw.record_event(spec.task_id, spec.attempt, m.TaskState.RUNNING, start, self.cw.node_id, self.cw.worker_id)
+            self.cw.record_event(spec.task_id, spec.attempt, m.TaskState.RUNNING, start, self.cw.node_id,
+                                 self.cw.worker_id)
         try:
             result = method(*args, **kwargs)
             if spec.num_returns == -1:

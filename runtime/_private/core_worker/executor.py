@@ -83,7 +83,8 @@ class Executor(ArgumentsMixin):
 
     def push(self, conn: Connection, msg: m.PushTask) -> None:
         if self._exiting:
-            conn.notify(self._system_reply(msg.spec, "requeued: the worker is exiting (max_calls)", m.ErrorKind.REQUEUE))
+            conn.notify(self._system_reply(msg.spec, "requeued: the worker is exiting (max_calls)",
+                                           m.ErrorKind.REQUEUE))
             return
         if self.cw._blocked_depth > 0 and self.actor is None and msg.spec.kind == m.TaskKind.NORMAL_TASK:
             # The running task waits in get(): this one would wait behind it, maybe for ever.

@@ -162,8 +162,8 @@ class SubmissionMixin:
             if task.nested_ids:
                 objects.add_submitted(task.nested_ids)
         if events_on:
-            self._events.append((task_id, 0, m.TaskState.SUBMITTED, task.submit_time, self._event_info(task), None, None,
-                                 None))
+            self._events.append((task_id, 0, m.TaskState.SUBMITTED, task.submit_time, self._event_info(task), None,
+                                 None, None))
         if n == -1:
             stream = self.streams[task_id] = GeneratorStream(task_id)
             self._post(self._on_submit, task)
@@ -218,7 +218,8 @@ class SubmissionMixin:
             self._events.append((task_id, 0, m.TaskState.SUBMITTED, time.time(), {
                 "name": template.name, "function_name": template.function_name,
                 "parent": self.current_task_id, "args": pinned, "returns": [],
-                "resources": template.resources, "type": m.TaskKind.ACTOR_CREATION_TASK.name, "actor_id": actor_id}, None, None, None))
+                "resources": template.resources, "type": m.TaskKind.ACTOR_CREATION_TASK.name,
+                "actor_id": actor_id}, None, None, None))
             if pinned:
                 self._post(self.actor_submitter.pin_creation_args, actor_id, pinned)
         self._post(self.actor_submitter.track, info.actor_id, info)

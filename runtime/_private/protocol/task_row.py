@@ -9,8 +9,9 @@ the dashboard keeps one ``Task`` per task with an attribute per ``ROW_FIELDS`` n
 (ids in hex). Adding a field here adds it to all three.
 
 ```
-gcs/task_log.py  TaskRecord.to_row() ──GetTaskUpdates──► dashboard/source.py Task (ROW_FIELDS)
-                 TaskRecord.to_dict() = to_public(to_row()) ──GetTasks──► lumos.state.list_tasks (PUBLIC_FIELDS)
+gcs/task_log.py TaskRecord.to_row() ──GetTaskUpdates──► dashboard/source.py Task (ROW_FIELDS)
+                TaskRecord.to_dict() = to_public(to_row())
+                    ──GetTasks──► lumos.state.list_tasks (PUBLIC_FIELDS)
 ```
 """
 
