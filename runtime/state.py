@@ -322,30 +322,34 @@ def spill_stats() -> list[dict[str, Any]]:
     Example:
         >>> sum(row["spilled_bytes"] for row in lumos.state.spill_stats())
     """
-    from lumos._private.transport.connection import connect
-
     cw = worker_context.require()
     nodes = [n for n in cw.call_gcs(m.GetAllNodes()) if n.state == "ALIVE"]
 
-    async def ask(n: m.NodeInfo) -> dict[str, Any] | None:
-        try:
-            if n.node_id == cw.node_id and cw.raylet is not None:
-                stats = await cw.raylet.call(m.GetNodeStats(), 10.0)
-            else:
-                conn = await connect(n.address, token=cw.token, config=cw.config, name="state->raylet",
-                                     use_unix=False, timeout_s=10.0)
-                try:
-                    stats = await conn.call(m.GetNodeStats(), 10.0)
-                finally:
-                    conn.close()
-        except (OSError, ConnectionLost, TimeoutError, RemoteError):
-            return None
-        return {"node_id": n.node_id.hex(), **stats.get("spill", {})}
-
     async def gather() -> list[dict[str, Any] | None]:
-        return await asyncio.gather(*(ask(n) for n in nodes))
+        return await asyncio.gather(*(_node_spill_stats(n, cw.token, cw.config,
+                                                        cw.raylet if n.node_id == cw.node_id else None)
+                                      for n in nodes))
 
     return [row for row in cw.run_sync(gather(), 30.0) if row is not None]
+
+
+async def _node_spill_stats(n: m.NodeInfo, token: bytes, config: Any, conn: Any = None) -> dict[str, Any] | None:
+    """``spill_stats``'s row for node ``n``, asked of its raylet (over ``conn`` when given);
+    None when the raylet does not answer."""
+    from lumos._private.transport.connection import connect
+    try:
+        if conn is not None:
+            stats = await conn.call(m.GetNodeStats(), 10.0)
+        else:
+            conn = await connect(n.address, token=token, config=config, name="state->raylet",
+                                 use_unix=False, timeout_s=10.0)
+            try:
+                stats = await conn.call(m.GetNodeStats(), 10.0)
+            finally:
+                conn.close()
+    except (OSError, ConnectionLost, TimeoutError, RemoteError):
+        return None
+    return {"node_id": n.node_id.hex(), **stats.get("spill", {})}
 
 
 # --------------------------------------------------------------------------- async client
@@ -524,6 +528,14 @@ class StateClient:
     async def placement_groups(self) -> list[m.PlacementGroupInfo]:
         """Placement groups, removed ones too (bounded by the GCS)."""
         return await self._client.call(m.ListPlacementGroups())  # type: ignore[no-any-return]
+
+    async def spill_stats(self) -> list[dict[str, Any]]:
+        """Object spilling per alive node, as ``lumos.state.spill_stats()`` gives it (each
+        node's raylet is asked directly; a node that does not answer is left out)."""
+        client = self._client
+        nodes = [n for n in await self.nodes() if n.state == "ALIVE"]
+        rows = await asyncio.gather(*(_node_spill_stats(n, client._token, client.config) for n in nodes))
+        return [row for row in rows if row is not None]
 
     async def task_updates(self, since: int, limit: int = 5000) -> TaskUpdates:
         """Task records that changed after sequence number ``since`` (0: from the
