@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import time
 import tracemalloc
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 import lumos
-from lumos._private.gcs.storage import unpack_value
+from lumos._private.gcs.storage import Op, StorageUnavailable, StorageWriter, unpack_value
+from lumos._private.gcs.storage.memory import InMemoryStorage
 from lumos._private.gcs.task_log import StreamTrim, TaskEventTable, record_bytes
 from lumos._private.protocol import messages as m
 from lumos.testing import Cluster
@@ -125,6 +127,52 @@ def test_the_redis_stream_holds_about_the_tasks_the_gcs_keeps(redis_server: Redi
         # (one batch of slack: the oldest batch kept also holds older tasks' events).
         assert len(in_stream) >= kept
         assert len(in_stream) <= 2 * 300, (len(in_stream), len(entries))
+        # A restarted GCS rebuilds about the same window from the stream, within the bound.
+        cluster.kill_gcs()
+        cluster.restart_gcs()
+        recovered = len(lumos.state.list_tasks(limit=10_000, timeout=30))
+        assert min(kept, 270) <= recovered <= 300, (kept, recovered)
     finally:
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)
+
+
+class _DownStorage(InMemoryStorage):
+    """Refuses every write while ``down``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = True
+
+    async def write_batch(self, ops: list[Op]) -> None:
+        if self.down:
+            raise StorageUnavailable("down")
+        await super().write_batch(ops)
+
+
+def test_stream_appends_waiting_through_an_outage_are_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    """A long storage outage keeps the newest task-event batches up to the bound, not all."""
+    async def body() -> None:
+        st = _DownStorage()
+        w = StorageWriter(st, retry_max_s=0.02, max_pending_append_bytes=10_000)
+        w.start()
+        try:
+            seq = w.put_nowait("kv", b"k", b"v")  # a table write is never dropped
+            for i in range(100):
+                w.append_nowait("task_events", b"%03d" % i + b"x" * 997, 1000)
+                await asyncio.sleep(0)  # the writer takes a batch and retries it meanwhile
+            assert w.dropped_appends >= 80
+            st.down = False
+            await w.wait_written(seq)
+            await w.flush()
+            for _ in range(50):  # the appends after the first batch follow in the next one
+                if (await st.read_stream("task_events"))[-1:] == [b"099" + b"x" * 997]:
+                    break
+                await asyncio.sleep(0.02)
+            kept = await st.read_stream("task_events")
+            assert kept[-1].startswith(b"099") and len(kept) <= 20
+            assert await st.get("kv", b"k") == b"v"
+        finally:
+            await w.aclose()
+    asyncio.run(body())
+    assert caplog.text.count("dropping the oldest waiting stream entries") == 1

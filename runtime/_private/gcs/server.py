@@ -57,7 +57,8 @@ class GcsServer:
         self.token = token
         self.storage = storage
         #: Writes every table change through to a durable storage (None: memory, nothing to keep).
-        self.writer: StorageWriter | None = StorageWriter(storage) if storage.durable else None
+        self.writer: StorageWriter | None = StorageWriter(
+            storage, max_pending_append_bytes=config.task_event_max_bytes) if storage.durable else None
         self.storage_health = StorageHealthState(config.gcs_storage_unavailable_exit_s)
         #: Exit status for the process once ``stopped`` is set (1: the storage was lost).
         self.exit_code = 0
