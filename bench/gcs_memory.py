@@ -80,14 +80,19 @@ def main() -> None:
         wall = time.monotonic() - start
         end_rss = samples[-1][1]
         per_task = (end_rss - warm_rss) / (args.tasks - args.warmup)
+        # The second half alone: past the task log's bound the line should be flat.
+        mid = min((smp for smp in samples if smp[0] >= args.tasks // 2), key=lambda smp: smp[0])
+        per_task_late = (end_rss - mid[1]) / (args.tasks - mid[0]) if mid[0] < args.tasks else 0.0
         result: dict[str, Any] = {
             "tasks": args.tasks, "warmup": args.warmup, "wall_s": wall, "tasks_per_s": args.tasks / wall,
             "gcs_rss_after_warmup_mib": warm_rss / 2**20, "gcs_rss_end_mib": end_rss / 2**20,
             "gcs_bytes_per_task_after_warmup": per_task,
+            "gcs_bytes_per_task_second_half": per_task_late,
             "redis_rss_end_mib": samples[-1][2] / 2**20,
         }
         print(f"GCS growth after warm-up: {per_task:.1f} bytes per task "
-              f"({warm_rss / 2**20:.1f} -> {end_rss / 2**20:.1f} MiB over {args.tasks - args.warmup} tasks); "
+              f"({warm_rss / 2**20:.1f} -> {end_rss / 2**20:.1f} MiB over {args.tasks - args.warmup} tasks), "
+              f"{per_task_late:.1f} bytes per task over the second half; "
               f"{args.tasks / wall:,.0f} tasks/s")
         print("RESULT", json.dumps(result))
     finally:
