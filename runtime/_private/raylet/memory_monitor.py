@@ -30,6 +30,8 @@ import dataclasses
 import logging
 import os
 
+from lumos._private.ids import WorkerID
+
 logger = logging.getLogger(__name__)
 
 #: How every kill reason of the memory monitor starts (owners match on it).
@@ -56,7 +58,7 @@ class MemoryUsage:
 class Candidate:
     """A worker the monitor may kill: leased to run tasks, or hosting an actor."""
 
-    worker_id: bytes
+    worker_id: WorkerID
     pid: int
     #: TASK or ACTOR.
     kind: str
@@ -88,7 +90,7 @@ class MemorySampled:
 
 @dataclasses.dataclass(slots=True)
 class KillForMemory:
-    worker_id: bytes
+    worker_id: WorkerID
     pid: int
     reason: str
 
