@@ -334,7 +334,8 @@ def _start_dashboard(args: argparse.Namespace, node: Any, gcs_address: str, toke
 def _start_client_server(args: argparse.Namespace, node: Any, gcs_address: str, overrides: dict[str, Any]) -> str:
     """Start the head's client server (outliving this command); returns ``lumos://HOST:PORT``, or ""."""
     proc, fd = node._spawn(["lumos._private.client.server", "--host", args.node_ip_address,
-                            "--port", str(args.client_server_port), "--gcs-address", gcs_address,
+                            "--port", str(args.client_server_port), "--gcs-address", f"unix:{node.gcs_unix}",
+                            "--gcs-public-address", gcs_address,
                             "--token-file", node.token_path, "--session-dir", node.session_dir,
                             "--config", json.dumps(overrides)], tie_to_parent=False)
     try:

@@ -53,9 +53,10 @@ class ClientServer:
     """Accepts client connections and routes them to per-client session processes."""
 
     def __init__(self, host: str, port: int, token: bytes, gcs_address: str, token_file: str, session_dir: str,
-                 config_json: str, handshake_timeout_s: float) -> None:
+                 config_json: str, handshake_timeout_s: float, gcs_public_address: str = "") -> None:
         self.token = token
         self.gcs_address = gcs_address
+        self.gcs_public_address = gcs_public_address or gcs_address
         self.token_file = token_file
         self.session_dir = session_dir
         self.config_json = config_json
@@ -133,7 +134,8 @@ class ClientServer:
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "lumos._private.client.session", "--ctrl-fd", str(theirs.fileno()),
-                 "--client-id", cid, "--gcs-address", self.gcs_address, "--token-file", self.token_file,
+                 "--client-id", cid, "--gcs-address", self.gcs_address,
+                 "--gcs-public-address", self.gcs_public_address, "--token-file", self.token_file,
                  "--session-dir", self.session_dir, "--config", self.config_json,
                  "--die-with-parent", str(os.getpid())],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),),
@@ -179,7 +181,8 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="lumos-client-server")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=10001)
-    p.add_argument("--gcs-address", required=True)
+    p.add_argument("--gcs-address", required=True, help="how sessions reach the GCS (its unix: socket)")
+    p.add_argument("--gcs-public-address", default="", help="the GCS's HOST:PORT, as clients are told")
     p.add_argument("--token-file", required=True)
     p.add_argument("--session-dir", required=True)
     p.add_argument("--config", default="{}")
@@ -191,7 +194,7 @@ def main() -> None:
     setup_logging(os.path.join(args.session_dir, "logs"), "client_server")
     config = Config.resolve(json.loads(args.config))
     server = ClientServer(args.host, args.port, read_token(args.token_file), args.gcs_address, args.token_file,
-                          args.session_dir, args.config, config.connect_timeout_s)
+                          args.session_dir, args.config, config.connect_timeout_s, args.gcs_public_address)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -49,13 +49,15 @@ _BLOCKING = frozenset(("get", "wait", "call_gcs", "call_raylet", "describe", "re
 class ClientSessionServer:
     """Serves one client's links and keeps its refs (threads; see the module docstring)."""
 
-    def __init__(self, client_id: str, config: Any, grace_s: float) -> None:
+    def __init__(self, client_id: str, config: Any, grace_s: float, gcs_address: str = "") -> None:
         import lumos
         from lumos._private import worker_context
         self.lumos = lumos
         self.client_id = client_id
         self.config = config
         self.grace_s = grace_s
+        #: The GCS's HOST:PORT as the client is told (the session itself uses its unix socket).
+        self.gcs_address = gcs_address
         self.cw: Any = worker_context.require()
         #: Object id -> one real ref per stand-in the client holds.
         self.held: dict[bytes, list[Any]] = {}
@@ -80,7 +82,7 @@ class ClientSessionServer:
         ctx = self.lumos.api.worker_context.context
         return {"op": "welcome", "job_id": cw.job_id, "worker_id": cw.worker_id, "node_id": cw.node_id,
                 "node_ip": cw.node_ip, "namespace": cw.namespace, "owner": pickle.dumps(cw.address),
-                "gcs_address": ctx.address_info.get("gcs_address", "") if ctx else "",
+                "gcs_address": self.gcs_address or (ctx.address_info.get("gcs_address", "") if ctx else ""),
                 "dashboard_url": ctx.dashboard_url if ctx else "", "session_dir": str(cw.session_dir),
                 "grace_s": self.grace_s, "resumed": resumed, "pid": os.getpid()}
 
@@ -369,6 +371,7 @@ def main() -> None:
     p.add_argument("--ctrl-fd", type=int, required=True)
     p.add_argument("--client-id", required=True)
     p.add_argument("--gcs-address", required=True)
+    p.add_argument("--gcs-public-address", default="")
     p.add_argument("--token-file", required=True)
     p.add_argument("--session-dir", required=True)
     p.add_argument("--config", default="{}")
@@ -407,7 +410,8 @@ def main() -> None:
             pass
         sock.close()
         sys.exit(1)
-    session = ClientSessionServer(args.client_id, config, config.client_reconnect_grace_s)
+    session = ClientSessionServer(args.client_id, config, config.client_reconnect_grace_s,
+                                  args.gcs_public_address)
     holder[0] = session
     session.attach(sock, resumed=False)
     threading.Thread(target=lambda: (stop.wait(), session.ending.set()), daemon=True,
