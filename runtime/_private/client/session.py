@@ -49,7 +49,8 @@ _BLOCKING = frozenset(("get", "wait", "call_gcs", "call_raylet", "describe", "re
 class ClientSessionServer:
     """Serves one client's links and keeps its refs (threads; see the module docstring)."""
 
-    def __init__(self, client_id: str, config: Any, grace_s: float, gcs_address: str = "") -> None:
+    def __init__(self, client_id: str, config: Any, grace_s: float, gcs_address: str = "",
+                 head_session_dir: str = "") -> None:
         import lumos
         from lumos._private import worker_context
         self.lumos = lumos
@@ -58,6 +59,8 @@ class ClientSessionServer:
         self.grace_s = grace_s
         #: The GCS's HOST:PORT as the client is told (the session itself uses its unix socket).
         self.gcs_address = gcs_address
+        #: The head's session directory (where the dashboard writes ``dashboard.json``).
+        self.head_session_dir = head_session_dir
         self.cw: Any = worker_context.require()
         #: Object id -> one real ref per stand-in the client holds.
         self.held: dict[bytes, list[Any]] = {}
@@ -83,7 +86,8 @@ class ClientSessionServer:
         return {"op": "welcome", "job_id": cw.job_id, "worker_id": cw.worker_id, "node_id": cw.node_id,
                 "node_ip": cw.node_ip, "namespace": cw.namespace, "owner": pickle.dumps(cw.address),
                 "gcs_address": self.gcs_address or (ctx.address_info.get("gcs_address", "") if ctx else ""),
-                "dashboard_url": ctx.dashboard_url if ctx else "", "session_dir": str(cw.session_dir),
+                "dashboard_url": _dashboard_url(self.head_session_dir) or (ctx.dashboard_url if ctx else ""),
+                "session_dir": str(cw.session_dir),
                 "grace_s": self.grace_s, "resumed": resumed, "pid": os.getpid()}
 
     def attach(self, sock: socket.socket, resumed: bool) -> None:
@@ -323,6 +327,17 @@ class ClientSessionServer:
             self.held.clear()
 
 
+def _dashboard_url(session_dir: str) -> str:
+    """The head's dashboard login link, from the ``dashboard.json`` its dashboard wrote ("" without one)."""
+    from lumos._private.process import read_private_file
+    if not session_dir:
+        return ""
+    try:
+        return str(json.loads(read_private_file(os.path.join(session_dir, "dashboard.json")))["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
 def _close(sock: socket.socket) -> None:
     try:
         sock.shutdown(socket.SHUT_RDWR)
@@ -411,7 +426,7 @@ def main() -> None:
         sock.close()
         sys.exit(1)
     session = ClientSessionServer(args.client_id, config, config.client_reconnect_grace_s,
-                                  args.gcs_public_address)
+                                  args.gcs_public_address, args.session_dir)
     holder[0] = session
     session.attach(sock, resumed=False)
     threading.Thread(target=lambda: (stop.wait(), session.ending.set()), daemon=True,
