@@ -136,6 +136,7 @@ class LumosMagics(Magics):
             except ValueError as e:
                 raise UsageError(f"--resources must be JSON like '{{\"TPU\": 2}}': {e}") from None
         if a.token_file is not None:
+            a.token_file = os.path.expanduser(a.token_file)
             if not os.path.isfile(a.token_file):
                 raise UsageError(f"--token-file {a.token_file}: no such file (copy the head's token file here)")
             kwargs["_token"] = a.token_file

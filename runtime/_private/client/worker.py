@@ -50,10 +50,10 @@ def client_token(token_arg: str | None) -> bytes:
     ``LUMOS_CLUSTER_TOKEN`` or ``LUMOS_CLUSTER_TOKEN_FILE``."""
     text = token_arg or os.environ.get("LUMOS_CLUSTER_TOKEN")
     path = None
-    if text and os.path.isfile(text):
-        path = text
+    if text and os.path.isfile(os.path.expanduser(text)):
+        path = os.path.expanduser(text)
     elif not text and os.environ.get("LUMOS_CLUSTER_TOKEN_FILE"):
-        path = os.environ["LUMOS_CLUSTER_TOKEN_FILE"]
+        path = os.path.expanduser(os.environ["LUMOS_CLUSTER_TOKEN_FILE"])
     if path is not None:
         try:
             with open(path, "rb") as f:
