@@ -42,7 +42,7 @@ from microbench import format_table  # noqa: E402  (the bench folder is not a pa
 MIB = 1 << 20
 
 
-def _start_head(cmd: list[str], env: dict[str, str], ready: str, timeout_s: float = 120.0
+def _start_head(cmd: list[str], env: dict[str, str], ready: str, timeout_s: float = 300.0
                 ) -> tuple[subprocess.Popen[str], list[str]]:
     """Start a foreground head; return it and its output lines up to the one containing ``ready``."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -149,7 +149,9 @@ def run_ray(num_cpus: int, quick: bool) -> dict[str, float]:
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
     temp = tempfile.mkdtemp(prefix="ray-bench-client-")
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
-    head, _ = _start_head([ray_bin, "start", "--head", "--port", str(ports[0]), "--ray-client-server-port",
+    env.setdefault("RAY_raylet_start_wait_time_s", "120")  # a loaded machine starts Ray's raylet slowly
+    env.setdefault("RAY_agent_register_timeout_ms", "120000")  # ... and its agents
+    head, _ = _start_head([ray_bin, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(ports[0]), "--ray-client-server-port",
                            str(ports[1]), "--num-cpus", str(num_cpus), "--include-dashboard=false",
                            "--object-store-memory", str(1024 * MIB), "--temp-dir", temp, "--block"],
                           env, "Ray runtime started")

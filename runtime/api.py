@@ -141,6 +141,8 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
                 raise ValueError("num_cpus, num_gpus, resources and object_store_memory describe a new "
                                  "cluster; they cannot be given when connecting to an existing one")
             try:
+                if isinstance(address, str) and address.startswith("ray://"):  # Ray Client's scheme
+                    address = "lumos://" + address[len("ray://"):]
                 if isinstance(address, str) and address.startswith("lumos://"):
                     ctx = _connect_client(config, address, namespace or "", _token, runtime_env)
                 else:
@@ -171,7 +173,8 @@ _REFUSED_INIT_ARGS = {
     "system_reserved_memory": f"{_NO_CGROUPS}; start the node with a smaller memory=",
     "labels": "lumos nodes have no labels; give the node a custom resource (resources={'name': 1}) "
               "and ask for it",
-    "proxy_server_url": "Ray Client proxies are not part of lumos; run the driver on a machine of the cluster",
+    "proxy_server_url": "Ray Client proxies are not part of lumos; connect to the head's client server with "
+                        "lumos.init('lumos://HEAD:10001') (client mode)",
 }
 
 

@@ -115,6 +115,13 @@ def test_named_actors_kill_cancel_timeouts_and_state_work_through_the_client(cli
     with pytest.raises(lumos.exceptions.ActorDiedError):
         lumos.get(box.get.remote(), timeout=30)
     assert any(t["name"] == "nap" for t in lumos.state.list_tasks())
+    from lumos.util.placement_group import placement_group, remove_placement_group
+    from lumos.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    pg = placement_group([{"CPU": 1}])
+    assert pg.wait(30)
+    assert lumos.get(nap.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg)).remote(0),
+                     timeout=30) == 0
+    remove_placement_group(pg)
     assert lumos.get(nap.options(num_cpus=0.5).remote(0), timeout=30) == 0
 
 
@@ -125,6 +132,14 @@ def test_streaming_generators_are_refused_with_what_to_do_instead(client: lumos.
 
     with pytest.raises(NotImplementedError, match="client mode"):
         gen.remote()
+
+
+def test_ray_client_addresses_connect_too(head: tuple[str, str]) -> None:
+    lumos.init("ray://" + head[0][len("lumos://"):], _token=head[1])
+    try:
+        assert lumos.get(lumos.put("via ray://"), timeout=30) == "via ray://"
+    finally:
+        lumos.shutdown()
 
 
 def test_wrong_token_and_bad_address_raise_at_init(head: tuple[str, str], tmp_path: Any) -> None:

@@ -147,6 +147,8 @@ class ClientWorker:
         #: Why the session is gone for good (set once reconnecting failed), else None.
         self.gone: str | None = None
         self._reconnect_until = 0.0
+        #: How long the session waits for a reconnect (the head's setting, from its welcome).
+        self.grace_s = config.client_reconnect_grace_s
         self._lost_why = ""
         #: id(template) -> (template, the id the session knows it by).
         self._templates: dict[int, tuple[Any, int]] = {}
