@@ -142,6 +142,20 @@ def test_ray_client_addresses_connect_too(head: tuple[str, str]) -> None:
         lumos.shutdown()
 
 
+def test_client_server_survives_garbage_and_half_handshakes(head: tuple[str, str]) -> None:
+    import socket
+    host, port = head[0][len("lumos://"):].rsplit(":", 1)
+    for blob in (os.urandom(4096), b"", os.urandom(16)):
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            if blob:
+                s.sendall(blob)
+    lumos.init(head[0], _token=head[1])
+    try:
+        assert lumos.get(lumos.put(7), timeout=30) == 7
+    finally:
+        lumos.shutdown()
+
+
 def test_wrong_token_and_bad_address_raise_at_init(head: tuple[str, str], tmp_path: Any) -> None:
     with pytest.raises(ConnectionError, match=head[0][len("lumos://"):]):
         lumos.init(head[0], _token="0" * 64)
