@@ -151,6 +151,9 @@ def run_ray(num_cpus: int, quick: bool) -> dict[str, float]:
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
     env.setdefault("RAY_raylet_start_wait_time_s", "120")  # a loaded machine starts Ray's raylet slowly
     env.setdefault("RAY_agent_register_timeout_ms", "120000")  # ... and its agents
+    # Both sides authenticate, as lumos's do: Ray's token mode (its token file, ~/.ray/auth_token).
+    env.setdefault("RAY_AUTH_MODE", "token")
+    os.environ.setdefault("RAY_AUTH_MODE", env["RAY_AUTH_MODE"])
     head, _ = _start_head([ray_bin, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(ports[0]), "--ray-client-server-port",
                            str(ports[1]), "--num-cpus", str(num_cpus), "--include-dashboard=false",
                            "--object-store-memory", str(1024 * MIB), "--temp-dir", temp, "--block"],
@@ -199,6 +202,7 @@ def main() -> int:
     p.add_argument("--json", action="store_true", help="print results as one JSON line")
     p.add_argument("--quick", action="store_true", help="shorter runs (noisier)")
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the head we started on the way out
     if args.compare:
         return compare(args)
     results = run_ray(args.num_cpus, args.quick) if args.impl == "ray" else run_lumos(args.num_cpus, args.quick)

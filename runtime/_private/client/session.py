@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import pickle
+import queue
 import signal
 import socket
 import sys
@@ -75,6 +76,9 @@ class ClientSessionServer:
         self.ending = threading.Event()
         self._serial = ThreadPoolExecutor(1, thread_name_prefix="lumos-client.serial")
         self._pool = ThreadPoolExecutor(32, thread_name_prefix="lumos-client.blocking")
+        #: Worker output and cluster errors on their way to the client (None ends the thread).
+        self._output: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._send_output, name="lumos-client.output", daemon=True).start()
         self.cw.log_handler = self._forward_logs
         self.cw.error_handler = self._forward_error
 
@@ -300,10 +304,19 @@ class ClientSessionServer:
             self._send(sock, control)
 
     def _forward_logs(self, records: list[Any]) -> None:
-        self._push({"op": "logs", "data": pickle.dumps(records)})
+        # Called on the driver's lumos-io thread: never wait there for a link busy with a
+        # large reply; the output thread sends.
+        self._output.put({"op": "logs", "data": pickle.dumps(records)})
 
     def _forward_error(self, kind: str, text: str) -> None:
-        self._push({"op": "error_event", "kind": kind, "text": text})
+        self._output.put({"op": "error_event", "kind": kind, "text": text})
+
+    def _send_output(self) -> None:
+        while True:
+            control = self._output.get()
+            if control is None:
+                return
+            self._push(control)
 
     # ------------------------------------------------------------------ lifetime
 
@@ -317,6 +330,7 @@ class ClientSessionServer:
 
     def close(self) -> None:
         self.ending.set()
+        self._output.put(None)
         with self._link_lock:
             sock, self._sock = self._sock, None
         if sock is not None:

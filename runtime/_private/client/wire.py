@@ -37,6 +37,8 @@ MAX_CONTROL_BYTES = 64 << 20
 MAX_PAYLOAD_BYTES = 1 << 40
 #: Payloads from this size land in an anonymous mapping (no up-front zeroing).
 _MAP_FROM_BYTES = 1 << 20
+#: Large segments are written in pieces of this size (see ``send``).
+_SEND_CHUNK_BYTES = 4 << 20
 
 
 def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
@@ -130,7 +132,11 @@ def send(sock: socket.socket, control: dict[str, Any], payload: Payload | None =
         return
     sock.sendall(HEADER.pack(len(body)) + body)
     for _, seg in payload.segments:
-        sock.sendall(seg)
+        view = memoryview(seg).cast("B")
+        # The socket's timeout bounds one sendall as a whole: in chunks, it bounds a
+        # stall rather than the time a large value takes on a slow link.
+        for off in range(0, view.nbytes, _SEND_CHUNK_BYTES):
+            sock.sendall(view[off:off + _SEND_CHUNK_BYTES])
 
 
 def recv(sock: socket.socket) -> tuple[dict[str, Any], memoryview | None]:
