@@ -160,9 +160,11 @@ def run_ray(num_cpus: int, quick: bool) -> dict[str, float]:
                           env, "Ray runtime started")
     try:
         import ray
+        # Ray binds its client server to the machine's address whatever --node-ip-address says.
+        hosts = ["127.0.0.1", socket.gethostbyname(socket.gethostname())]
         for attempt in range(30):  # the client server starts a moment after the head reports
             try:
-                ray.init(f"ray://127.0.0.1:{ports[1]}", log_to_driver=False)
+                ray.init(f"ray://{hosts[attempt % 2]}:{ports[1]}", log_to_driver=False)
                 break
             except ConnectionError:
                 if attempt == 29:
