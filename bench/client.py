@@ -142,7 +142,7 @@ def run_lumos(num_cpus: int, quick: bool) -> dict[str, float]:
 def run_ray(num_cpus: int, quick: bool) -> dict[str, float]:
     import socket
     ports = []
-    for _ in range(2):
+    for _ in range(6):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
@@ -155,7 +155,9 @@ def run_ray(num_cpus: int, quick: bool) -> dict[str, float]:
     env.setdefault("RAY_AUTH_MODE", "token")
     os.environ.setdefault("RAY_AUTH_MODE", env["RAY_AUTH_MODE"])
     head, _ = _start_head([ray_bin, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(ports[0]), "--ray-client-server-port",
-                           str(ports[1]), "--num-cpus", str(num_cpus), "--include-dashboard=false",
+                           str(ports[1]), "--metrics-export-port", str(ports[2]), "--dashboard-agent-grpc-port",
+                           str(ports[3]), "--dashboard-agent-listen-port", str(ports[4]), "--runtime-env-agent-port",
+                           str(ports[5]), "--num-cpus", str(num_cpus), "--include-dashboard=false",
                            "--object-store-memory", str(1024 * MIB), "--temp-dir", temp, "--block"],
                           env, "Ray runtime started")
     try:
