@@ -154,12 +154,19 @@ def run_ray(num_cpus: int, quick: bool) -> dict[str, float]:
     # Both sides authenticate, as lumos's do: Ray's token mode (its token file, ~/.ray/auth_token).
     env.setdefault("RAY_AUTH_MODE", "token")
     os.environ.setdefault("RAY_AUTH_MODE", env["RAY_AUTH_MODE"])
-    head, _ = _start_head([ray_bin, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(ports[0]), "--ray-client-server-port",
-                           str(ports[1]), "--metrics-export-port", str(ports[2]), "--dashboard-agent-grpc-port",
-                           str(ports[3]), "--dashboard-agent-listen-port", str(ports[4]), "--runtime-env-agent-port",
-                           str(ports[5]), "--num-cpus", str(num_cpus), "--include-dashboard=false",
-                           "--object-store-memory", str(1024 * MIB), "--temp-dir", temp, "--block"],
-                          env, "Ray runtime started")
+    cmd = [ray_bin, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(ports[0]),
+           "--ray-client-server-port", str(ports[1]), "--metrics-export-port", str(ports[2]),
+           "--dashboard-agent-grpc-port", str(ports[3]), "--dashboard-agent-listen-port", str(ports[4]),
+           "--runtime-env-agent-port", str(ports[5]), "--num-cpus", str(num_cpus), "--include-dashboard=false",
+           "--object-store-memory", str(1024 * MIB), "--temp-dir", temp, "--block"]
+    for attempt in range(3):  # Ray's head start times out now and then on a loaded machine
+        try:
+            head, _ = _start_head(cmd, env, "Ray runtime started")
+            break
+        except RuntimeError as e:
+            if attempt == 2:
+                raise
+            print(f"ray start failed; trying again: {str(e)[-300:]}", file=sys.stderr)
     try:
         import ray
         # Ray binds its client server to the machine's address whatever --node-ip-address says.

@@ -31,8 +31,8 @@ from tests.runtime.test_netns import HEAD_IP, _in_namespace, _lines, _ns_pids, v
 
 CLIENT_PORT = 10071
 GCS_PORT = 6391
-CONFIG = {**TEST_CONFIG, "client_heartbeat_interval_s": 0.5, "client_heartbeat_timeout_s": 3.0,
-          "client_reconnect_grace_s": 12.0}
+CONFIG = {**TEST_CONFIG, "client_heartbeat_interval_s": 0.5, "client_heartbeat_timeout_s": 6.0,
+          "client_reconnect_grace_s": 20.0}
 
 CLIENT = r'''
 import json, os, sys, time
