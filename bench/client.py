@@ -54,21 +54,33 @@ def _start_head(cmd: list[str], env: dict[str, str], ready: str, timeout_s: floa
     deadline = time.monotonic() + timeout_s
     while not any(ready in line for line in seen):
         try:
-            seen.append(lines.get(timeout=max(0.1, deadline - time.monotonic())))
+            seen.append(lines.get(timeout=1.0))
         except queue.Empty:
+            if proc.poll() is None and time.monotonic() < deadline:
+                continue
             _stop_head(proc)
             raise RuntimeError("the head did not start:\n" + "".join(seen)) from None
     return proc, seen
 
 
 def _stop_head(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
+    """SIGTERM the head's process group (its children too, even when it died first), then SIGKILL."""
+    for sig, wait_s in ((signal.SIGTERM, 60.0), (signal.SIGKILL, 10.0)):
         try:
-            proc.wait(60)
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(wait_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+            continue
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:  # the group's other members
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
 
 
 def _measure(rt: Any, quick: bool) -> dict[str, float]:
@@ -159,12 +171,12 @@ def run_ray(num_cpus: int, quick: bool) -> dict[str, float]:
            "--dashboard-agent-grpc-port", str(ports[3]), "--dashboard-agent-listen-port", str(ports[4]),
            "--runtime-env-agent-port", str(ports[5]), "--num-cpus", str(num_cpus), "--include-dashboard=false",
            "--object-store-memory", str(1024 * MIB), "--temp-dir", temp, "--block"]
-    for attempt in range(3):  # Ray's head start times out now and then on a loaded machine
+    for attempt in range(5):  # Ray's head start times out now and then on a loaded machine
         try:
             head, _ = _start_head(cmd, env, "Ray runtime started")
             break
         except RuntimeError as e:
-            if attempt == 2:
+            if attempt == 4:
                 raise
             print(f"ray start failed; trying again: {str(e)[-300:]}", file=sys.stderr)
     try:

@@ -125,6 +125,26 @@ def test_named_actors_kill_cancel_timeouts_and_state_work_through_the_client(cli
     assert lumos.get(nap.options(num_cpus=0.5).remote(0), timeout=30) == 0
 
 
+def test_a_blocking_call_from_a_done_callback_raises_instead_of_hanging(client: lumos.LumosContext) -> None:
+    import concurrent.futures
+    seen: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def callback(_: Any) -> None:
+        try:
+            lumos.get(lumos.put(1), timeout=5)
+            seen.set_result(None)
+        except RuntimeError as e:
+            seen.set_result(e)
+
+    @lumos.remote
+    def later() -> int:
+        time.sleep(0.5)  # the callback is added before the value arrives: the reader runs it
+        return 2
+
+    later.remote().future().add_done_callback(callback)
+    assert "another thread" in str(seen.result(30))
+
+
 def test_streaming_generators_are_refused_with_what_to_do_instead(client: lumos.LumosContext) -> None:
     @lumos.remote(num_returns="streaming")
     def gen() -> Iterator[int]:

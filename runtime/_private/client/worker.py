@@ -33,6 +33,8 @@ from lumos.object_ref import ObjectRef
 logger = logging.getLogger(__name__)
 
 SCHEME = "lumos://"
+#: The link's reader thread (replies, worker output, future callbacks run on it).
+_READER = "lumos-client.reader"
 
 
 def parse_client_address(address: str) -> tuple[str, int]:
@@ -204,7 +206,7 @@ class ClientWorker:
         with self._state_lock:
             self._sock = sock
             self._connected.set()
-        threading.Thread(target=self._read, args=(sock,), name="lumos-client.reader", daemon=True).start()
+        threading.Thread(target=self._read, args=(sock,), name=_READER, daemon=True).start()
         return welcome
 
     def _read(self, sock: socket.socket) -> None:
@@ -344,6 +346,9 @@ class ClientWorker:
         return fut
 
     def _call(self, control: dict[str, Any], payload: wire.Payload | None = None) -> tuple[dict[str, Any], Any]:
+        if threading.current_thread().name == _READER:
+            raise RuntimeError("a blocking lumos call from a done-callback or output handler would wait for "
+                               "the thread that delivers its own reply; hand the work to another thread")
         fut = self._call_async(control, payload)
         while True:
             try:
