@@ -22,11 +22,17 @@ them in at well-defined points.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from typing import Any, Iterable
 
+from lumos._private.ids import NodeID, ObjectID, WorkerID, short
 from lumos._private.protocol import messages as m
+from lumos._private.transport.connection import Connection, ConnectionLost
+from lumos.object_ref import ObjectRef
+
+logger = logging.getLogger(__name__)
 
 PENDING, READY, FAILED = 0, 1, 2
 
@@ -43,7 +49,7 @@ class Waiter:
         #: Object ids in the order they became ready.
         self.order: list[bytes] = []
 
-    def hit(self, object_id: bytes) -> None:
+    def hit(self, object_id: ObjectID) -> None:
         self.order.append(object_id)
         self.remaining -= 1
         if self.remaining == 0:
@@ -68,7 +74,7 @@ class ObjectEntry:
         #: The serialized value when it is small (inline), else None.
         self.data: bytes | None = None
         #: Node whose store holds the value when it is large.
-        self.node_id: bytes | None = None
+        self.node_id: NodeID | None = None
         self.size = 0
         self.waiters: list[Waiter] | None = None
         #: Refs nested in the value: ``[(object_id, owner Address)]``; held while this lives.
@@ -91,13 +97,13 @@ class Freed:
 
     __slots__ = ("object_id", "entry")
 
-    def __init__(self, object_id: bytes, entry: ObjectEntry) -> None:
+    def __init__(self, object_id: ObjectID, entry: ObjectEntry) -> None:
         self.object_id = object_id
         self.entry = entry
 
 
 class ObjectTable:
-    def __init__(self, worker_id: bytes) -> None:
+    def __init__(self, worker_id: WorkerID) -> None:
         self.worker_id = worker_id
         # Reentrant: a drain may run from a __del__ while the same thread holds it.
         self.lock = threading.RLock()
@@ -108,14 +114,14 @@ class ObjectTable:
 
     # ------------------------------------------------------------------ creation
 
-    def add_owned(self, object_id: bytes, local: int = 1) -> ObjectEntry:
+    def add_owned(self, object_id: ObjectID, local: int = 1) -> ObjectEntry:
         e = self.entries.get(object_id)
         if e is None:
             e = self.entries[object_id] = ObjectEntry(True, None)
         e.local += local
         return e
 
-    def ref_created(self, object_id: bytes, owner: m.Address | None, worker_id: bytes) -> ObjectEntry:
+    def ref_created(self, object_id: ObjectID, owner: m.Address | None, worker_id: WorkerID) -> ObjectEntry:
         """An ObjectRef instance appeared (deserialized or copied)."""
         with self.lock:
             e = self.entries.get(object_id)
@@ -177,7 +183,7 @@ class ObjectTable:
                 if registered and not e.owned:
                     e.registered = True
 
-    def add_borrower(self, oid: bytes, borrower: m.Address) -> bool:
+    def add_borrower(self, oid: ObjectID, borrower: m.Address) -> bool:
         with self.lock:
             e = self.entries.get(oid)
             if e is None or not e.owned:
@@ -188,7 +194,7 @@ class ObjectTable:
             e.shared = True
             return True
 
-    def remove_borrower(self, ids: Iterable[bytes], borrower_worker_id: bytes) -> list[Freed]:
+    def remove_borrower(self, ids: Iterable[bytes], borrower_worker_id: WorkerID) -> list[Freed]:
         freed: list[Freed] = []
         with self.lock:
             for oid in ids:
@@ -202,7 +208,7 @@ class ObjectTable:
                     self._remove(oid, e, freed)
         return freed
 
-    def remove_borrowers_on(self, worker_ids: set[bytes]) -> list[Freed]:
+    def remove_borrowers_on(self, worker_ids: set[WorkerID]) -> list[Freed]:
         """Processes died: drop them as borrowers everywhere."""
         freed: list[Freed] = []
         with self.lock:
@@ -228,7 +234,7 @@ class ObjectTable:
                     self._remove(oid, e, freed)
         return freed
 
-    def _remove(self, oid: bytes, e: ObjectEntry, freed: list[Freed]) -> None:
+    def _remove(self, oid: ObjectID, e: ObjectEntry, freed: list[Freed]) -> None:
         del self.entries[oid]
         freed.append(Freed(oid, e))
         if e.nested:
@@ -246,7 +252,7 @@ class ObjectTable:
 
     # ------------------------------------------------------------------ values
 
-    def complete(self, oid: bytes, state: int, data: bytes | None, node_id: bytes | None,
+    def complete(self, oid: ObjectID, state: int, data: bytes | None, node_id: NodeID | None,
                  size: int, nested: list[tuple[bytes, m.Address]] | None) -> ObjectEntry | None:
         """The value is known. Returns the entry (None if nobody holds it any more)."""
         with self.lock:
@@ -267,7 +273,7 @@ class ObjectTable:
                     w.hit(oid)
             return e
 
-    def reset_pending(self, oid: bytes) -> None:
+    def reset_pending(self, oid: ObjectID) -> None:
         """A retried or reconstructed task will produce this value again."""
         with self.lock:
             e = self.entries.get(oid)
@@ -280,3 +286,96 @@ class ObjectTable:
         with self.lock:
             owned = sum(1 for e in self.entries.values() if e.owned)
             return {"entries": len(self.entries), "owned": owned, "borrowed": len(self.entries) - owned}
+
+
+class ReferencesMixin:
+    """``CoreWorker``'s reference counting across processes: borrowers registered with
+    owners, entries released (store frees, ``RemoveBorrowers``), lineage dropped with
+    the last return of a task (any thread unless noted)."""
+
+    objects: ObjectTable
+    worker_id: WorkerID
+    address: m.Address
+    store: Any
+    raylet: Any
+    executor: Any
+
+    def on_ref_deserialized(self, object_id: ObjectID, owner: m.Address | None) -> ObjectRef:
+        e = self.objects.ref_created(object_id, owner, self.worker_id)
+        if not e.owned and not e.registered and owner is not None:
+            if self._in_arg_context():
+                # Passed in a task's arguments: the executor reports it with the reply if
+                # the task keeps it (the caller then registers this process as borrower).
+                self.executor.note_arg_borrow(object_id, owner)
+            else:
+                e.registered = True
+                self._post(self._send_add_borrower, object_id, owner)
+        return ObjectRef(object_id, owner, True)
+
+    def _in_arg_context(self) -> bool:
+        ex = self.executor
+        return ex is not None and ex.deserializing_args()
+
+    def _send_add_borrower(self, object_id: ObjectID, owner: m.Address) -> None:
+        self._spawn(self._notify_peer(owner, m.AddBorrowers([object_id], self.address)), "add-borrower")
+
+    async def _notify_peer(self, address: m.Address, msg: Any) -> None:
+        try:
+            conn = await self._peer(address)
+        except (OSError, ConnectionLost, TimeoutError) as e:
+            logger.debug("cannot reach %s for %s: %s", short(address.worker_id), type(msg).__name__, e)
+            return
+        conn.notify(msg)
+
+    def drain_refs(self) -> None:
+        """Apply dropped ObjectRefs (user threads call this at API entry)."""
+        if self.objects.decrements:
+            freed = self.objects.drain()
+            if freed:
+                self._release(freed)
+
+    def _release(self, freed: list[Freed]) -> None:
+        """Entries went away: free owned values, release borrowed ones (any thread)."""
+        store_frees: list[bytes] = []
+        recyclable: list[bool] = []
+        unborrow: dict[bytes, tuple[m.Address, list[bytes]]] = {}
+        dropped = self.owner.lineage_hit(freed)
+        for f in freed:
+            e = f.entry
+            if e.owned:
+                if e.node_id is not None and e.data is None:
+                    # Readers elsewhere may still view it: the raylet checks their pins.
+                    r = self.store.release(f.object_id, False)
+                    if r is None:
+                        continue  # viewed here: freed when the last view goes (_free_after_views)
+                    store_frees.append(f.object_id)
+                    recyclable.append(r)
+            else:
+                self.store.release(f.object_id, True)
+                if e.registered and e.owner is not None:
+                    unborrow.setdefault(e.owner.worker_id, (e.owner, []))[1].append(f.object_id)
+        if store_frees or unborrow:
+            self._post(self._send_releases, store_frees, recyclable, unborrow)
+        if dropped:
+            self._post(self._drop_lineage, dropped)
+
+    def _send_releases(self, store_frees: list[bytes], recyclable: list[bool],
+                       unborrow: dict[bytes, tuple[m.Address, list[bytes]]]) -> None:
+        if store_frees and self.raylet is not None:
+            self.raylet.notify(m.FreeObjects(store_frees, recyclable))
+        for owner, ids in unborrow.values():
+            self._spawn(self._notify_peer(owner, m.RemoveBorrowers(ids, self.worker_id)), "remove-borrower")
+
+    def _handle_add_borrowers(self, conn: Connection, msg: m.AddBorrowers) -> bool:
+        for oid in msg.object_ids:
+            self.objects.add_borrower(oid, msg.borrower)
+        return True
+
+    def _handle_remove_borrowers(self, conn: Connection, msg: m.RemoveBorrowers) -> None:
+        freed = self.objects.remove_borrower(msg.object_ids, msg.borrower_worker_id)
+        if freed:
+            self._release(freed)
+
+    def _handle_drop_slots(self, conn: Connection, msg: m.DropSlots) -> None:
+        for slot in msg.slots:
+            self.store.drop_slot(slot)
