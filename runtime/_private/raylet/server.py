@@ -130,6 +130,8 @@ class RayletServer:
         self._owner_of: dict[bytes, bytes] = {}
         self.gcs: Connection | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: Reservation answers, read back by the handler that asked (same call).
+        self._slot_grants: dict[int, list[Any]] = {}
         self._unlinker = ThreadPoolExecutor(1, thread_name_prefix="raylet.unlink")
         self.stopped = asyncio.Event()
         self.object_manager = ObjectManager(self)
@@ -152,7 +154,8 @@ class RayletServer:
             m.WorkerBlocked: lambda c, msg: self._sched(sc.WorkerBlocked(msg.worker_id)),
             m.WorkerUnblocked: lambda c, msg: self._sched(sc.WorkerUnblocked(msg.worker_id)),
             m.CreateObject: self._create_object,
-            m.SealObject: lambda c, msg: self._store(st.ObjectSealed(msg.object_id, msg.size_bytes)),
+            m.SealObject: self._seal_object,
+            m.ReserveSlots: self._reserve_slots,
             m.FreeObjects: self._free_objects,
             m.FreeObjectCopies: self._free_copies,
             m.PullObject: self._pull_object,
@@ -645,6 +648,26 @@ class RayletServer:
         self._note_owner(msg.object_id, msg.owner or msg.owner_worker_id)
         return grant
 
+    def _seal_object(self, conn: Connection, msg: m.SealObject) -> None:
+        if not msg.slot:
+            self._store(st.ObjectSealed(msg.object_id, msg.size_bytes))
+            return
+        client = conn.peer_info
+        if client is None:
+            return
+        self._store(st.ReservedSealed(client, msg.slot, msg.object_id, msg.size_bytes, msg.file_size))
+        if msg.object_id in self.store.objects:
+            self._note_owner(msg.object_id, msg.owner or client)
+
+    def _reserve_slots(self, conn: Connection, msg: m.ReserveSlots) -> list[Any]:
+        client = conn.peer_info
+        if client is None:
+            return []
+        rid = self._next_request
+        self._next_request += 1
+        self._store(st.SlotsReserveRequested(rid, client, msg.size_bytes, msg.count))
+        return self._slot_grants.pop(rid, [])
+
     # ------------------------------------------------------------------ ownership
 
     def _note_owner(self, object_id: bytes, owner: bytes) -> None:
@@ -739,6 +762,8 @@ class RayletServer:
                 if fut is not None and not fut.done():
                     fut.set_exception(_ObjectExists(action.reason) if action.exists else
                                       _OutOfDisk(action.reason) if action.out_of_disk else _StoreFull(action.reason))
+            elif isinstance(action, st.GrantSlots):
+                self._slot_grants[action.request] = [list(g) for g in action.slots]
             elif isinstance(action, st.RenameFile):
                 try:
                     os.rename(action.src, action.dst)
