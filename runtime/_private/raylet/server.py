@@ -32,7 +32,7 @@ from typing import Any
 from lumos._private.config import Config
 from lumos._private.transport import eventloop
 from lumos._private.core_worker.io_loop import spawn
-from lumos._private.ids import random_id, short
+from lumos._private.ids import JobID, NodeID, ObjectID, WorkerID, random_id, short
 from lumos._private.object_store import store_state as st
 from lumos._private.object_store import spill_io
 from lumos._private.object_store.client import unlink_quietly
@@ -55,7 +55,7 @@ class _WorkerProc:
     __slots__ = ("worker_id", "popen", "pidfd", "conn", "address", "exit_info", "kill_reason",
                  "started", "job_id", "is_driver", "pid")
 
-    def __init__(self, worker_id: bytes, popen: subprocess.Popen[bytes] | None) -> None:
+    def __init__(self, worker_id: WorkerID, popen: subprocess.Popen[bytes] | None) -> None:
         self.worker_id = worker_id
         self.popen = popen
         self.pidfd = -1
@@ -65,13 +65,13 @@ class _WorkerProc:
         self.exit_info: str | None = None
         self.kill_reason = ""
         self.started = time.monotonic()
-        self.job_id: bytes | None = None
+        self.job_id: JobID | None = None
         self.is_driver = False
         self.pid = popen.pid if popen is not None else 0
 
 
 class RayletServer:
-    def __init__(self, config: Config, token: bytes, *, node_id: bytes, session_dir: str,
+    def __init__(self, config: Config, token: bytes, *, node_id: NodeID, session_dir: str,
                  gcs_address: str, resources: dict[str, float], store_dir: str,
                  store_bytes: int, node_ip: str, is_head: bool, labels: dict[str, str]) -> None:
         self.config = config
@@ -449,7 +449,7 @@ class RayletServer:
         if not self._stopping:
             self._start_worker()
 
-    def _on_worker_exit(self, worker_id: bytes) -> None:
+    def _on_worker_exit(self, worker_id: WorkerID) -> None:
         proc = self.procs.get(worker_id)
         if proc is None or proc.popen is None:
             return
@@ -527,7 +527,7 @@ class RayletServer:
                 logger.warning("worker %s: %s", short(action.worker_id), action.reason)
                 self._kill_worker(action.worker_id, action.reason)
 
-    def _kill_worker(self, worker_id: bytes, reason: str, sig: int = signal.SIGKILL) -> None:
+    def _kill_worker(self, worker_id: WorkerID, reason: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.get(worker_id)
         if proc is None or proc.popen is None or proc.exit_info is not None or proc.popen.poll() is not None:
             return
@@ -670,7 +670,7 @@ class RayletServer:
 
     # ------------------------------------------------------------------ ownership
 
-    def _note_owner(self, object_id: bytes, owner: bytes) -> None:
+    def _note_owner(self, object_id: ObjectID, owner: bytes) -> None:
         """``owner`` owns ``object_id``, which this store holds (a primary or a copy)."""
         if not owner or self._owner_of.get(object_id) == owner:
             return
@@ -683,7 +683,7 @@ class RayletServer:
                 self._sched(sc.OwnershipChanged(owner, True))
         ids.add(object_id)
 
-    def _forget_owner(self, object_ids: list[bytes]) -> None:
+    def _forget_owner(self, object_ids: list[ObjectID]) -> None:
         for oid in object_ids:
             owner = self._owner_of.pop(oid, None)
             if owner is None:
@@ -710,7 +710,7 @@ class RayletServer:
         if len(self.alive_nodes) > 1:
             self.object_manager.free_copies(freed)
 
-    async def create_local(self, object_id: bytes, size_bytes: int, client: bytes) -> list[Any]:
+    async def create_local(self, object_id: ObjectID, size_bytes: int, client: bytes) -> list[Any]:
         """Space for a new object: ``[slot, write path, final path, file size, reused]``."""
         rid = self._next_request
         self._next_request += 1
@@ -722,11 +722,11 @@ class RayletServer:
         finally:
             self._create_waiters.pop(rid, None)
 
-    def seal_local(self, object_id: bytes, size_bytes: int) -> None:
+    def seal_local(self, object_id: ObjectID, size_bytes: int) -> None:
         self._store(st.ObjectSealed(object_id, size_bytes))
         self._store(st.MarkedShared([object_id]))
 
-    def abort_local(self, object_id: bytes) -> None:
+    def abort_local(self, object_id: ObjectID) -> None:
         obj = self.store.objects.get(object_id)
         if obj is not None and not obj.sealed:
             self._store(st.ObjectsFreed([object_id], [False]))
