@@ -8,6 +8,7 @@ import pytest
 
 import lumos
 from lumos._private.object_store import store_state as st
+from tests.conftest import wait_for
 
 MiB = 1024 * 1024
 D = "/dev/shm/lumos-test"
@@ -124,14 +125,43 @@ def test_puts_and_returns_through_reserved_slots_keep_their_values(
     def total(a: Any) -> int:
         return int(a.sum())
 
+    first = lumos.put(np.zeros(MiB // 8, dtype=np.int64))  # created, and asks for slots of its size
+    wait_for(lambda: cw.store.stats()["ready_reserved_slots"] > 0, 30)
     refs = [lumos.put(np.full(MiB // 8, i, dtype=np.int64)) for i in range(6)]
+    assert cw.store.stats()["reserved_writes"] > 0
     assert [int(v[0]) for v in lumos.get(refs, timeout=30)] == list(range(6))
     assert lumos.get([total.remote(np.full(MiB // 8, i, dtype=np.int64)) for i in range(6)],
                      timeout=60) == [i * (MiB // 8) for i in range(6)]
     assert [int(v[-1]) for v in lumos.get([make.remote(i) for i in range(6)], timeout=60)] == list(range(6))
-    assert cw.store.stats()["reserved_slots"] > 0  # puts here went through reservations
-    del refs
+    assert int(lumos.get(first, timeout=30).sum()) == 0
+    del refs, first
     # A store full of live objects: creates take reservations back, never fail for them.
     held = [lumos.put(np.full(MiB // 8, i, dtype=np.int64)) for i in range(31)]
     assert int(lumos.get(held[-1], timeout=30)[0]) == 30
     del held
+
+
+@pytest.mark.timeout(60)
+def test_a_large_argument_by_value_is_pickled_once(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+    from lumos._private import serialization as ser
+
+    @lumos.remote
+    def total(a: Any, scale: int = 1) -> int:
+        return int(a.sum()) * scale
+
+    assert lumos.get(total.remote(np.ones(8)), timeout=30) == 8  # exported, worker warm
+    calls: list[int] = []
+    serialize = ser.serialize
+
+    def counting(value: Any, *args: Any) -> Any:
+        sv = serialize(value, *args)
+        calls.append(sv.total_size)
+        return sv
+
+    monkeypatch.setattr(ser, "serialize", counting)
+    ref = total.remote(np.ones(MiB, dtype=np.uint8), scale=2)
+    # The array once (its bytes go into the store as they are), besides the small rest.
+    assert len([size for size in calls if size >= MiB]) == 1, calls
+    monkeypatch.undo()
+    assert lumos.get(ref, timeout=30) == 2 * MiB

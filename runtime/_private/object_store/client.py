@@ -83,6 +83,8 @@ class StoreClient:
         self._resv_sizes: dict[int, int] = {}
         #: Reserved slots mapped and ready for a put: slot -> mapping.
         self._reserved: dict[int, _Mapping] = {}
+        #: Puts written into reserved slots.
+        self.reserved_writes = 0
         #: Maps reserved slots (started with the first reservation).
         self._mapper: ThreadPoolExecutor | None = None
         #: weakref callbacks need the ctypes views alive only through user references.
@@ -212,6 +214,7 @@ class StoreClient:
         except FileNotFoundError:
             pass  # the raylet took the slot back after our link: the object's name holds it
         mapping.object_id = object_id
+        self.reserved_writes += 1
         self._keep(object_id, mapping, keep_mapping)
         return True
 
@@ -423,7 +426,8 @@ class StoreClient:
         with self._lock:
             return {"created": len(self._created), "read": len(self._read),
                     "pooled_slots": len(self._slots), "pooled_bytes": self._slot_bytes,
-                    "reserved_slots": len(self._resv_sizes)}
+                    "reserved_slots": len(self._resv_sizes), "ready_reserved_slots": len(self._reserved),
+                    "reserved_writes": self.reserved_writes}
 
 
 def _fits(size: int, file_size: int) -> bool:
