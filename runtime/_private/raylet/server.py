@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Awaitable
 
 from lumos._private.config import Config
 from lumos._private.transport import eventloop
@@ -643,8 +643,19 @@ class RayletServer:
         self._lease_owner.pop(msg.lease_id, None)
         self._sched(sc.LeaseReturned(msg.lease_id, msg.disconnect))
 
-    async def _create_object(self, conn: Connection, msg: m.CreateObject) -> list[Any]:
-        grant = await self.create_local(msg.object_id, msg.size_bytes, msg.owner_worker_id)
+    def _create_object(self, conn: Connection, msg: m.CreateObject) -> list[Any] | Awaitable[list[Any]]:
+        """The grant itself when the store has room now (the reply leaves in this loop
+        turn: no task, no wake-up); an awaitable only for a create that waits for space.
+        The connection takes either (a handler's result may be awaitable)."""
+        fut = self._request_create(msg.object_id, msg.size_bytes, msg.owner_worker_id)
+        if not fut.done():
+            return self._create_waited(fut, msg)
+        grant = fut.result()
+        self._note_owner(msg.object_id, msg.owner or msg.owner_worker_id)
+        return grant
+
+    async def _create_waited(self, fut: asyncio.Future[list[Any]], msg: m.CreateObject) -> list[Any]:
+        grant = await fut
         self._note_owner(msg.object_id, msg.owner or msg.owner_worker_id)
         return grant
 
@@ -712,15 +723,21 @@ class RayletServer:
 
     async def create_local(self, object_id: ObjectID, size_bytes: int, client: bytes) -> list[Any]:
         """Space for a new object: ``[slot, write path, final path, file size, reused]``."""
+        return await self._request_create(object_id, size_bytes, client)
+
+    def _request_create(self, object_id: ObjectID, size_bytes: int, client: bytes) -> asyncio.Future[list[Any]]:
+        """Ask the store for space; the future is done already when it had room at once.
+        A waiting create is answered (or dropped, when its creator went) by ``_store``."""
         rid = self._next_request
         self._next_request += 1
         fut: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self._create_waiters[rid] = fut
-        try:
-            self._store(st.CreateRequested(rid, object_id, size_bytes, client))
-            return await fut
-        finally:
+        self._store(st.CreateRequested(rid, object_id, size_bytes, client))
+        if fut.done():
             self._create_waiters.pop(rid, None)
+        else:
+            fut.add_done_callback(lambda _, rid=rid: self._create_waiters.pop(rid, None))
+        return fut
 
     def seal_local(self, object_id: ObjectID, size_bytes: int) -> None:
         self._store(st.ObjectSealed(object_id, size_bytes))
