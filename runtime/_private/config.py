@@ -104,8 +104,10 @@ class Config:
     node_death_timeout_ms: int = _positive(5000)
     #: How often core workers flush buffered task events to the GCS.
     task_event_flush_interval_ms: int = _positive(100)
-    #: Task events kept by the GCS before the oldest are trimmed.
+    #: Task records the GCS keeps in memory (and in its Redis stream) before the oldest finished go to its archive.
     task_event_max_records: int = 100_000
+    #: The same bound in estimated bytes of GCS memory (about 2 KB per no-op task): keeps the GCS flat.
+    task_event_max_bytes: int = _positive(32 * 1024 * 1024)
     #: How long an owner keeps an idle leased worker before returning it.
     lease_idle_timeout_ms: int = 200
     #: Tasks pushed to one leased worker before its earlier ones finish (short tasks only).

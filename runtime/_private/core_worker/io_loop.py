@@ -175,6 +175,8 @@ class IoLoop:
         try:
             return fut.result(timeout_s)
         except concurrent.futures.TimeoutError:
+            if fut.done() and not fut.cancelled():
+                raise  # the coroutine's own timeout (a GetTimeoutError, say), not this wait's
             fut.cancel()
             raise TimeoutError(f"lumos control call timed out after {timeout_s}s") from None
         finally:

@@ -217,10 +217,12 @@ class SubmissionMixin:
 
         async def register() -> m.ActorInfo:
             self.export_function(template)
-            return await self._gcs_call(m.RegisterActor(spec), self.config.rpc_timeout_s)  # type: ignore[no-any-return]
+            # Waits for a GCS being restarted (Redis storage), then rpc_timeout_s for the reply.
+            return await self._gcs_call(m.RegisterActor(spec), None)  # type: ignore[no-any-return]
 
         try:
-            info: m.ActorInfo = self.run_sync(register(), self.config.rpc_timeout_s + 1)
+            info: m.ActorInfo = self.run_sync(
+                register(), self.config.gcs_reconnect_timeout_s + self.config.rpc_timeout_s + 1)
         except BaseException as e:
             self._post(self._unpin, pinned)
             if isinstance(e, RemoteError) and e.type_name in ("ValueError", "TypeError"):

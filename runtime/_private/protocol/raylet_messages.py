@@ -45,6 +45,10 @@ class RequestWorkerLease:
     arg_bytes_by_node: dict[bytes, int] | None = None
     #: Bundle reference ``[pg_id, bundle_index]`` when scheduled in a placement group.
     bundle: Any = None
+    #: Retry budget of the work this lease runs, for the memory monitor: the tasks'
+    #: ``max_retries`` or the actor's ``max_restarts`` (-1: unlimited, 0: none); None from
+    #: older peers (tasks then count as retriable, actors not).
+    retry_budget: int | None = None
 
 
 @message(42)

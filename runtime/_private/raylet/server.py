@@ -521,8 +521,9 @@ class RayletServer:
                     rss = psutil.Process(proc.pid).memory_info().rss
                 except psutil.Error:
                     continue
-                candidates.append(mm.Candidate(w.worker_id, proc.pid, mm.ACTOR if w.actor_id else mm.TASK,
-                                               w.lease_id, rss))
+                kind = mm.ACTOR if w.actor_id else mm.TASK
+                candidates.append(mm.Candidate(w.worker_id, proc.pid, kind, w.lease_id, rss,
+                                               mm.is_retriable(kind, w.retry_budget)))
             for action in self.memory_monitor.handle(mm.MemorySampled(usage, candidates, time.monotonic())):
                 logger.warning("worker %s: %s", short(action.worker_id), action.reason)
                 self._kill_worker(action.worker_id, action.reason)
@@ -595,7 +596,7 @@ class RayletServer:
         fut: asyncio.Future[m.LeaseGrant] = asyncio.get_running_loop().create_future()
         self._lease_waiters[rid] = (conn, fut)
         self._sched(sc.LeaseRequested(rid, msg.job_id, msg.resources, msg.function_name, msg.actor_id,
-                                      _bundle_of(msg)))
+                                      _bundle_of(msg), msg.retry_budget))
         try:
             while True:
                 done, _ = await asyncio.wait({fut}, timeout=RESPILL_AFTER_S)
