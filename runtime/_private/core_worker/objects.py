@@ -8,7 +8,8 @@ to the io thread. The io-thread half answers other processes' ``GetObjectStatus`
 
 ```
  put(v):  serialize ─► small: entry READY, value inline
-                     └► large: CreateObject ─► StoreClient.write (this thread) ─► SealObject
+                     └► large: a reserved slot? write it, link it ─► SealObject(slot) (one way)
+                               else CreateObject ─► StoreClient.write (this thread) ─► SealObject
  get(refs): entries ready? ─► read inline / mmap the store file (pull from its node first)
             else Waiter on the entries ◄── io thread completes them (TaskReply, _fetch)
             lost with its node ─► owned: rerun its lineage;  borrowed: ask the owner to

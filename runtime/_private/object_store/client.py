@@ -11,6 +11,12 @@ and, when the raylet pools the slot, keeps it for the next create of that slot: 
 writes hit already-faulted pages. Views handed to user code are read-only and tracked (``_Mapping.live_views``)
 so a slot is never reused while any view of it is alive.
 
+Reserved slots: the raylet grants a process a few files ahead of its puts
+(``ReserveSlots``); they are mapped and pre-faulted in the ``lumos-store-map`` thread,
+and a put writes one, links it under the object's name (``os.link``: never over an
+existing object) and seals it one way. The raylet may take an unused one back
+(``DropSlots``); a write that loses that race finds its link refused and creates instead.
+
 Spilling: the raylet spills only objects no process views. Each process reports when
 its count of live views of an object leaves zero and when it returns to zero
 (``on_pin``), drops cached mappings of spilled objects when told (``drop_mappings``),
