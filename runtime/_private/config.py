@@ -167,6 +167,13 @@ class Config:
     gcs_storage_unavailable_exit_s: float = _positive(60.0)
     #: How often the GCS checks that its storage answers and still holds its tables.
     gcs_storage_check_interval_ms: int = 1000
+    #: Client mode (``lumos://``): how often the client and its session on the head ping each other.
+    client_heartbeat_interval_s: float = _positive(1.0)
+    #: Client mode: silence this long on the client link means it is lost (either end).
+    client_heartbeat_timeout_s: float = _positive(10.0)
+    #: Client mode: a session waits this long for its client to reconnect before it ends,
+    #: freeing the client's objects and killing its actors.
+    client_reconnect_grace_s: float = _positive(30.0)
     #: How often the raylet samples node memory (0: no memory monitor).
     memory_monitor_refresh_ms: int = 250
     #: Fraction of node memory (or of the cgroup limit) above which a worker is killed.

@@ -18,7 +18,7 @@ from typing import Any
 
 from lumos._private import worker_context
 from lumos.exceptions import GetTimeoutError
-from lumos._private.ids import random_id
+from lumos._private.ids import PlacementGroupID, random_id
 
 __all__ = ["PlacementGroup", "PlacementGroupID", "placement_group", "remove_placement_group",
            "get_placement_group", "placement_group_table", "get_current_placement_group"]
@@ -292,7 +292,7 @@ def _namespace(cw: Any) -> str:
     return _current_namespace(cw)
 
 
-def _info(pg_id: bytes) -> Any:
+def _info(pg_id: PlacementGroupID) -> Any:
     from lumos._private.protocol import messages as m
     return _call(worker_context.require(), m.GetPlacementGroup(pg_id))
 

@@ -37,7 +37,7 @@ from lumos.object_ref import ObjectRef
 logger = logging.getLogger(__name__)
 
 #: ``ObjectStatus.status`` values (the owner's answer to ``GetObjectStatus``).
-STATUS_PENDING, STATUS_READY, STATUS_FREED, STATUS_LOST = 0, 1, 2, 3
+STATUS_PENDING, STATUS_READY, STATUS_FREED, STATUS_LOST = m.ObjectState
 
 
 def error_blob(error: BaseException) -> bytes:
