@@ -739,6 +739,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                 or type(spec.deps) is not list or spec.kind not in _TASK_KINDS or type(spec.num_returns) is not int \
                 or type(spec.enable_task_events) is not bool:
             raise ValueError("malformed PushTask")
+        conn.allow_write_now()  # the reply may leave from the executor's thread (send_reply)
         self.executor.push(conn, msg)
 
     def _handle_cancel_task(self, conn: Connection, msg: m.CancelTask) -> None:
@@ -752,10 +753,15 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             self.loop.call_later(0.05, os._exit, 0)  # type: ignore[union-attr]
 
     def send_reply(self, conn: Connection, reply: m.TaskReply) -> None:
-        """Executor (main thread) hands a finished task's reply to the io thread."""
+        """Executor (main thread): send a finished task's reply. Straight to the socket
+        when the io thread has nothing in hand that must leave first (nothing posted, no
+        output to flush): that saves the io thread's wake-up on every call; else through
+        the io thread, after what was posted before it."""
         ex = self.executor
         if ex is not None and ex._output:  # the task's output leaves before its reply
             self._post(ex.flush_output)
+        elif self.io.idle() and conn.write_now(reply):
+            return
         self._post(conn.notify, reply)
 
     # ================================================================== pub/sub, events
