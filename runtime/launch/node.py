@@ -171,6 +171,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dashboard-port", type=int, default=8265)
     p.add_argument("--client-server-port", type=int, default=10001,
                    help="head: port of the client server that lumos:// drivers connect to (0: any free)")
+    p.add_argument("--client-server-host", default=None,
+                   help="head: client server address (default: the node's; 0.0.0.0 for `kubectl port-forward`)")
     p.add_argument("--no-client-server", action="store_true", help="head: start no client server")
     p.add_argument("--client-file", default=None,
                    help="head: write the client address (lumos://HOST:PORT) here once it serves")
@@ -288,7 +290,10 @@ def _start(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
             assert node.gcs_address is not None
             address = f"{node.gcs_address[0]}:{node.gcs_address[1]}"
             if not args.no_client_server:
-                client = _start_client_server(node, ip, args.client_server_port, address, overrides)
+                client = _start_client_server(node, args.client_server_host or ip, args.client_server_port,
+                                              address, overrides)
+                # Bound to every address: advertise the node's, as for the GCS.
+                client = client.replace("lumos://0.0.0.0:", f"lumos://{ip}:")
             if not args.no_dashboard:
                 dashboard = _start_dashboard(node, args.dashboard_host or ip, args.dashboard_port)
         else:
