@@ -119,6 +119,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self.current_resource_ids: dict[str, list[Any]] = {}
         self.current_actor_id: ActorID | None = None
         self._put_counter = 0
+        #: Sizes with a ``ReserveSlots`` request in flight (io thread).
+        self._reserving: set[int] = set()
         #: The lumos-io thread, its loop and the inbox from user threads (io_loop.py).
         self.io = IoLoop()
         #: Hot-path hand-overs, bound once (``_post(fn, *args)`` runs ``fn`` on the io thread).

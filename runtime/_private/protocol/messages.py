@@ -39,7 +39,7 @@ from lumos._private.protocol.gcs_messages import (  # noqa: F401
     ActorExiting, GetTaskUpdates)
 from lumos._private.protocol.raylet_messages import (  # noqa: F401
     RegisterClient, RequestWorkerLease, LeaseGrant, ReturnWorker, WorkerBlocked,
-    WorkerUnblocked, CreateObject, SealObject, FreeObjects, GetWorkerExit, KillWorker,
+    WorkerUnblocked, CreateObject, SealObject, ReserveSlots, FreeObjects, GetWorkerExit, KillWorker,
     GetNodeStats, MarkShared, ShutdownNode, DropSlots, PinObjects, RestoreSpilled,
     DropMappings)
 from lumos._private.protocol.cluster_messages import (  # noqa: F401
@@ -116,6 +116,7 @@ __all__ = [
     "WorkerUnblocked",
     "CreateObject",
     "SealObject",
+    "ReserveSlots",
     "FreeObjects",
     "GetWorkerExit",
     "KillWorker",

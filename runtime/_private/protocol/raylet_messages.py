@@ -95,6 +95,23 @@ class SealObject:
     size_bytes: int
     #: The creator is the only process that ever mapped it (safe to recycle later).
     private: bool = True
+    #: > 0: written into this reserved slot (``ReserveSlots``) and linked under its
+    #: final name; the raylet learns of the object from this message (no create).
+    slot: int = 0
+    #: The reserved file's size (the raylet counts it again if it took the slot back).
+    file_size: int = 0
+    #: The object's owner when it is not the creator (as in ``CreateObject``).
+    owner: WorkerID = WorkerID(b"")
+
+
+@message(59)
+class ReserveSlots:
+    """Worker -> its raylet: up to ``count`` store files of ``size_bytes`` ahead of its
+    puts. Answer: ``[[slot, path, file size, reused], ...]``, maybe fewer or none; the
+    raylet may take any back (``DropSlots``) while unused."""
+
+    size_bytes: int
+    count: int
 
 
 @message(49)
