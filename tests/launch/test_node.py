@@ -61,7 +61,6 @@ def test_node_stops_the_rest_and_exits_1_when_its_raylet_dies(short_root: str) -
     check_no_leaks(None)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_head_starts_a_client_server_that_a_lumos_client_runs_tasks_through(short_root: str) -> None:
     token = os.path.join(short_root, "token")
