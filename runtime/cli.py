@@ -333,17 +333,13 @@ def _start_dashboard(args: argparse.Namespace, node: Any, gcs_address: str, toke
 
 def _start_client_server(args: argparse.Namespace, node: Any, gcs_address: str, overrides: dict[str, Any]) -> str:
     """Start the head's client server (outliving this command); returns ``lumos://HOST:PORT``, or ""."""
-    proc, fd = node._spawn(["lumos._private.client.server", "--host", args.node_ip_address,
-                            "--port", str(args.client_server_port), "--gcs-address", f"unix:{node.gcs_unix}",
-                            "--gcs-public-address", gcs_address,
-                            "--token-file", node.token_path, "--session-dir", node.session_dir,
-                            "--config", json.dumps(overrides)], tie_to_parent=False)
+    from lumos._private.client.launch import start_client_server
     try:
-        info = node._await_ready(proc, fd, "client_server", 30)
+        return start_client_server(node, args.node_ip_address, args.client_server_port, gcs_address, overrides,
+                                   tie_to_parent=False)
     except (RuntimeError, TimeoutError) as e:
         print(f"lumos start: warning: no client server (lumos:// drivers cannot connect): {e}", file=sys.stderr)
         return ""
-    return f"lumos://{info['host']}:{info['port']}"
 
 
 def _print_started(args: argparse.Namespace, record: dict[str, Any], token: str) -> None:

@@ -3,7 +3,7 @@
 
 ```
 Secret <name>-token ──(file, 0440)──► every pod: /var/run/lumos/token
-Service <name>-head (gcs 6379, dashboard 8265) ──► Deployment <name>-head (1 pod)
+Service <name>-head (gcs 6379, dashboard 8265, client 10001) ──► Deployment <name>-head (1 pod)
 Deployment <name>-worker (replicas = workers) ── joins <name>-head:6379
 each pod: python -m lumos.launch.node ... --node-ip-address $(POD_IP)
           /dev/shm = memory-backed emptyDir sized to the object store
@@ -28,6 +28,8 @@ from lumos.exceptions import LumosError
 
 GCS_PORT = 6379
 DASHBOARD_PORT = 8265
+#: The head's client server, for ``lumos.init("lumos://<name>-head.<namespace>.svc:10001")``.
+CLIENT_PORT = 10001
 TOKEN_DIR = "/var/run/lumos"
 TOKEN_FILE = f"{TOKEN_DIR}/token"
 #: Room for the interpreter, workers and their heaps beyond the object store, per pod.
@@ -55,6 +57,8 @@ class KubeSpec:
     store_bytes: int = 2**30
     #: Memory limit per pod; None: the store plus 2 GiB.
     memory_bytes: int | None = None
+    #: Run the head's client server and map it in the head Service (``client``, 10001).
+    client_server: bool = True
 
     def check(self) -> None:
         import re
@@ -106,6 +110,12 @@ def _container(spec: KubeSpec, head: bool) -> dict[str, Any]:
                 "--dashboard-port", str(DASHBOARD_PORT)]
         ports = [{"name": "gcs", "containerPort": GCS_PORT, "protocol": "TCP"},
                  {"name": "dashboard", "containerPort": DASHBOARD_PORT, "protocol": "TCP"}]
+        if spec.client_server:
+            # Every address too, for the same reason as the dashboard.
+            role += ["--client-server-host", "0.0.0.0", "--client-server-port", str(CLIENT_PORT)]
+            ports.append({"name": "client", "containerPort": CLIENT_PORT, "protocol": "TCP"})
+        else:
+            role.append("--no-client-server")
     else:
         env.append({"name": "LUMOS_ADDRESS", "value": f"{spec.head_service}:{GCS_PORT}"})
         role = ["--address", "$(LUMOS_ADDRESS)"]
@@ -175,14 +185,15 @@ def render_manifests(spec: KubeSpec, token: str | None) -> list[dict[str, Any]]:
     if token is not None:
         objs.append({"apiVersion": "v1", "kind": "Secret", "metadata": _meta(spec, f"{spec.name}-token"),
                      "type": "Opaque", "stringData": {"token": token}})
+    ports = [{"name": "gcs", "port": GCS_PORT, "targetPort": "gcs", "protocol": "TCP"},
+             {"name": "dashboard", "port": DASHBOARD_PORT, "targetPort": "dashboard", "protocol": "TCP"}]
+    if spec.client_server:
+        ports.append({"name": "client", "port": CLIENT_PORT, "targetPort": "client", "protocol": "TCP"})
     objs.append({
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _meta(spec, spec.head_service, "head"),
-        "spec": {"type": "ClusterIP", "selector": _labels(spec, "head"),
-                 "ports": [{"name": "gcs", "port": GCS_PORT, "targetPort": "gcs", "protocol": "TCP"},
-                           {"name": "dashboard", "port": DASHBOARD_PORT, "targetPort": "dashboard",
-                            "protocol": "TCP"}]},
+        "spec": {"type": "ClusterIP", "selector": _labels(spec, "head"), "ports": ports},
     })
     objs.append(_deployment(spec, head=True))
     objs.append(_deployment(spec, head=False))
@@ -281,8 +292,8 @@ class KubeCluster:
 
     def __init__(self, workers: int = 1, cpus: int = 1, gpus: int = 0, store_bytes: int = 2**30,
                  memory_bytes: int | None = None, *, image: str = "lumos:0.1.0", name: str = "lumos",
-                 namespace: str | None = None, wait: bool = True, timeout_s: float = 300.0,
-                 api_client: Any = None) -> None:
+                 namespace: str | None = None, client_server: bool = True, wait: bool = True,
+                 timeout_s: float = 300.0, api_client: Any = None) -> None:
         k8s = _client()
         if api_client is None:
             try:
@@ -293,7 +304,7 @@ class KubeCluster:
         if namespace is None:
             namespace = _default_namespace(k8s)
         self.spec = KubeSpec(name=name, namespace=namespace, image=image, workers=workers, cpus=cpus, gpus=gpus,
-                             store_bytes=store_bytes, memory_bytes=memory_bytes)
+                             store_bytes=store_bytes, memory_bytes=memory_bytes, client_server=client_server)
         self.spec.check()
         import urllib3
         self._k8s = k8s
@@ -321,6 +332,15 @@ class KubeCluster:
     def address(self) -> str:
         """The GCS address inside the Kubernetes cluster (the head Service)."""
         return f"{self.spec.head_service}.{self.namespace}.svc:{GCS_PORT}"
+
+    @property
+    def client_address(self) -> str:
+        """``lumos://`` address of the head's client server inside the Kubernetes cluster (a
+        JupyterHub pod, say); from outside, ``kubectl port-forward svc/<name>-head 10001`` and
+        ``lumos://localhost:10001``. "" when the cluster runs none."""
+        if not self.spec.client_server:
+            return ""
+        return f"lumos://{self.spec.head_service}.{self.namespace}.svc:{CLIENT_PORT}"
 
     def __repr__(self) -> str:
         return f"KubeCluster(name={self.spec.name!r}, namespace={self.namespace!r}, workers={self.spec.workers})"
@@ -415,6 +435,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--gpus", type=int, default=0, help="GPUs per pod (nvidia.com/gpu; default 0)")
     m.add_argument("--store-bytes", type=int, default=2**30, help="object store bytes per pod (default 1 GiB)")
     m.add_argument("--memory-bytes", type=int, default=None, help="memory limit per pod (default: store + 2 GiB)")
+    m.add_argument("--no-client-server", action="store_true",
+                   help="run no client server on the head (lumos:// drivers outside the pods cannot connect)")
     m.add_argument("--no-secret", action="store_true",
                    help="leave the token Secret out (create <name>-token yourself, key `token`)")
     m.set_defaults(kubernetes_func=_cmd_manifest)
@@ -440,7 +462,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _cmd_manifest(args: argparse.Namespace) -> int:
     spec = KubeSpec(name=args.name, namespace=args.namespace, image=args.image, workers=args.workers,
-                    cpus=args.cpus, gpus=args.gpus, store_bytes=args.store_bytes, memory_bytes=args.memory_bytes)
+                    cpus=args.cpus, gpus=args.gpus, store_bytes=args.store_bytes, memory_bytes=args.memory_bytes,
+                    client_server=not args.no_client_server)
     try:
         objs = render_manifests(spec, None if args.no_secret else new_token())
     except ValueError as e:

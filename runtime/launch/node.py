@@ -11,14 +11,16 @@ share a machine), takes the token only from a file or ``LUMOS_CLUSTER_TOKEN`` (n
 its command line, which other users can read), and stays in the foreground:
 
 ```
-engine (srun / kubelet) ──► node runner ──► GCS (head only), raylet, dashboard (head only)
+engine (srun / kubelet) ──► node runner ──► GCS, client server, dashboard (head only), raylet
       SIGTERM ──────────────►  stops them, exits 0
                                a child died ──► stops the rest, exits 1 (the engine sees it)
 ```
 
 A joining node waits for the GCS (``--join-timeout-s``): Kubernetes starts worker pods
 without waiting for the head. A head can write its GCS address (``--address-file``) and
-its dashboard's login link (``--dashboard-file``, 0600) for the launcher, and
+its dashboard's login link (``--dashboard-file``, 0600) and its client server's
+``lumos://HOST:PORT`` (``--client-file``; ``--client-server-port``, default 10001) for
+the launcher, and
 ``--wait-for-nodes N`` starts nothing but waits for a cluster of N nodes.
 """
 
@@ -167,6 +169,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-dashboard", action="store_true", help="head: start no dashboard")
     p.add_argument("--dashboard-host", default=None, help="head: dashboard address (default: the node's)")
     p.add_argument("--dashboard-port", type=int, default=8265)
+    p.add_argument("--client-server-port", type=int, default=10001,
+                   help="head: port of the client server that lumos:// drivers connect to (0: any free)")
+    p.add_argument("--client-server-host", default=None,
+                   help="head: client server address (default: the node's; 0.0.0.0 for `kubectl port-forward`)")
+    p.add_argument("--no-client-server", action="store_true", help="head: start no client server")
+    p.add_argument("--client-file", default=None,
+                   help="head: write the client address (lumos://HOST:PORT) here once it serves")
     p.add_argument("--address-file", default=None, help="head: write HOST:PORT of the GCS here once it serves")
     p.add_argument("--dashboard-file", default=None,
                    help="head: write the dashboard's login link here (0600; the directory must be private)")
@@ -242,7 +251,8 @@ def _start(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     from lumos._private.transport.connection import parse_address
 
     try:
-        config = Config.resolve(json.loads(args.system_config) if args.system_config else None)
+        overrides = json.loads(args.system_config) if args.system_config else {}
+        config = Config.resolve(overrides)
         resources = json.loads(args.resources) if args.resources else {}
         res = node_resources(args.num_cpus, args.num_gpus, resources, args.memory)
     except (ValueError, TypeError) as e:
@@ -271,6 +281,7 @@ def _start(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     node = NodeProcesses(session_dir, config)
     node.write_token(token)
     dashboard = ""
+    client = ""
     try:
         if args.head:
             res["node:__internal_head__"] = 1.0
@@ -278,6 +289,11 @@ def _start(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
                                       private=False, tie_to_parent=True)
             assert node.gcs_address is not None
             address = f"{node.gcs_address[0]}:{node.gcs_address[1]}"
+            if not args.no_client_server:
+                client = _start_client_server(node, args.client_server_host or ip, args.client_server_port,
+                                              address, overrides)
+                # Bound to every address: advertise the node's, as for the GCS.
+                client = client.replace("lumos://0.0.0.0:", f"lumos://{ip}:")
             if not args.no_dashboard:
                 dashboard = _start_dashboard(node, args.dashboard_host or ip, args.dashboard_port)
         else:
@@ -289,11 +305,17 @@ def _start(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     except BaseException:
         node.stop()
         raise
+    if client and args.client_file:
+        _write_atomically(args.client_file, client + "\n")
     if args.head and args.address_file:
+        # Last: launchers take the address file as "the head is up", client address included.
         _write_atomically(args.address_file, address + "\n")
     kind = "head node" if args.head else "node"
     print(f"lumos {kind} {node.node_id.hex()[:8]} on {socket.gethostname()} ({ip}): GCS at {address}, "
           f"session directory {session_dir}", flush=True)
+    if client:
+        print(f"lumos client address: {client} (connect with lumos.init(\"{client}\", _token=TOKEN_FILE))",
+              flush=True)
     if dashboard:
         # The login link carries a key derived from the token; job output is often readable by others.
         base = dashboard.split("/login", 1)[0]
@@ -304,7 +326,19 @@ def _start(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         else:
             print(f"lumos dashboard: {base} (`lumos kubernetes login-url --token-file TOKEN_FILE --url {base}` "
                   "prints its login link)", flush=True)
-    return node, {"address": address, "session_dir": session_dir}
+    return node, {"address": address, "session_dir": session_dir, "client_address": client}
+
+
+def _start_client_server(node: Any, host: str, port: int, address: str, overrides: dict[str, Any]) -> str:
+    """Start the head's client server; returns ``lumos://HOST:PORT``, or "" on failure (the cluster
+    works without it, for drivers on its nodes)."""
+    from lumos._private.client.launch import start_client_server
+    try:
+        return start_client_server(node, host, port, address, overrides, tie_to_parent=True)
+    except (RuntimeError, TimeoutError) as e:
+        print(f"lumos node: warning: no client server (lumos:// drivers cannot connect): {e}", file=sys.stderr,
+              flush=True)
+        return ""
 
 
 def _start_dashboard(node: Any, host: str, port: int) -> str:

@@ -65,6 +65,8 @@ class SlurmJobSpec:
     sbatch_args: list[str] = field(default_factory=list)
     python: str = sys.executable
     dashboard: bool = True
+    #: Port of the head's client server (``lumos://``, for notebooks off the cluster); None: none.
+    client_server_port: int | None = 10001
     #: Join the cluster at this GCS address instead of starting a head.
     join_address: str | None = None
     #: A driver command run on the head's node once every node has joined; the job ends
@@ -75,7 +77,7 @@ class SlurmJobSpec:
     def check(self) -> None:
         if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 1:
             raise ValueError(f"nodes must be an int >= 1, got {self.nodes!r}")
-        for name in ("cpus_per_node", "gpus_per_node", "object_store_memory"):
+        for name in ("cpus_per_node", "gpus_per_node", "object_store_memory", "client_server_port"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"{name} must be an int >= 0 or None, got {value!r}")
@@ -126,6 +128,7 @@ def render_batch_script(spec: SlurmJobSpec, cluster_dir: str) -> str:
         f"TOKEN_FILE={q(token_file)}",
         f"ADDRESS_FILE={q(address_file)}",
         f"DASHBOARD_FILE={q(os.path.join(cluster_dir, 'dashboard'))}",
+        f"CLIENT_FILE={q(os.path.join(cluster_dir, 'client'))}",
         f"NODE_ARGS=({' '.join(q(a) for a in node_args)})",
         f"STEP_ARGS=({' '.join(q(a) for a in step)})",
         "steps=()",
@@ -144,11 +147,13 @@ def render_batch_script(spec: SlurmJobSpec, cluster_dir: str) -> str:
     if spec.join_address is None:
         lines += [
             'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-            'rm -f "$ADDRESS_FILE"',
+            'rm -f "$ADDRESS_FILE" "$CLIENT_FILE"',
             'srun --nodes=1 --ntasks=1 --nodelist="$head_node" "${STEP_ARGS[@]}" \\',
             '    "$PYTHON" -m lumos.launch.node --head --port 0 --token-file "$TOKEN_FILE" \\',
             '    --address-file "$ADDRESS_FILE" '
             + ('--dashboard-file "$DASHBOARD_FILE" ' if spec.dashboard else "--no-dashboard ")
+            + (f'--client-server-port {spec.client_server_port} --client-file "$CLIENT_FILE" '
+               if spec.client_server_port is not None else "--no-client-server ")
             + '"${NODE_ARGS[@]}" &',
             "head_pid=$!",
             "steps+=($head_pid)",
@@ -328,12 +333,14 @@ class SlurmCluster:
                  time: str | None = None, *, partition: str | None = None, account: str | None = None,
                  object_store_memory: int | None = None, sbatch_args: Sequence[str] = (),
                  job_dir: str | None = None, python: str | None = None, job_name: str = "lumos",
-                 dashboard: bool = True, wait: bool = True, timeout_s: float = 600.0,
+                 dashboard: bool = True, client_server_port: int | None = 10001, wait: bool = True,
+                 timeout_s: float = 600.0,
                  _driver: Sequence[str] = ()) -> None:
         self._spec = SlurmJobSpec(nodes=nodes, cpus_per_node=cpus_per_node, gpus_per_node=gpus_per_node,
                                   time=time, partition=partition, account=account, job_name=job_name,
                                   object_store_memory=object_store_memory, sbatch_args=list(sbatch_args),
-                                  python=python or sys.executable, dashboard=dashboard, driver=list(_driver))
+                                  python=python or sys.executable, dashboard=dashboard,
+                                  client_server_port=client_server_port, driver=list(_driver))
         self._spec.check()
         #: The cluster's directory (token, scripts, address, job output).
         self.cluster_dir, script = prepare(self._spec, job_dir)
@@ -371,6 +378,17 @@ class SlurmCluster:
         """The dashboard's login link, once the head has started it ("" before, or without one)."""
         try:
             with open(os.path.join(self.cluster_dir, "dashboard")) as f:
+                return f.read().strip()
+        except FileNotFoundError:
+            return ""
+
+    @property
+    def client_address(self) -> str:
+        """``lumos://HOST:PORT`` for ``lumos.init(..., _token=token_file)`` from a machine outside the
+        job (a login node, a laptop through a tunnel); "" before the head is up, or without a
+        client server."""
+        try:
+            with open(os.path.join(self.cluster_dir, "client")) as f:
                 return f.read().strip()
         except FileNotFoundError:
             return ""
@@ -517,6 +535,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "compute nodes share (default ~/.lumos/slurm)")
     p.add_argument("--python", default=None, help="interpreter on the compute nodes (default: this one)")
     p.add_argument("--no-dashboard", action="store_true")
+    p.add_argument("--client-server-port", type=int, default=10001,
+                   help="port of the head's client server, for lumos:// drivers off the cluster (default 10001)")
+    p.add_argument("--no-client-server", action="store_true", help="start no client server on the head")
     p.add_argument("--script-only", action="store_true", help="write the batch script, print its path, submit nothing")
     p.add_argument("--no-wait", action="store_true", help="return once submitted, without waiting for the nodes")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the nodes (default 600)")
@@ -531,7 +552,8 @@ def run(args: argparse.Namespace) -> int:
         nodes=args.nodes, cpus_per_node=args.cpus_per_node, gpus_per_node=args.gpus_per_node, time=args.time,
         partition=args.partition, account=args.account, job_name=args.job_name,
         object_store_memory=args.object_store_memory, sbatch_args=list(args.sbatch_arg),
-        python=args.python or sys.executable, dashboard=not args.no_dashboard)
+        python=args.python or sys.executable, dashboard=not args.no_dashboard,
+        client_server_port=None if args.no_client_server else args.client_server_port)
     driver = list(args.driver)
     if driver[:1] == ["--"]:
         driver = driver[1:]
@@ -573,7 +595,10 @@ def run(args: argparse.Namespace) -> int:
           f"    srun --jobid {job_id} --overlap --nodes 1 --ntasks 1 python your_script.py\n"
           "with, in the script:\n"
           f"    lumos.init(address=\"{address}\", _token=open(\"{cluster.token_file}\").read().strip())\n"
-          f"\nStop with `scancel {job_id}`.", flush=True)
+          + (f"\nFrom a machine outside the job (no lumos node there; it must reach the head's port), with a "
+             f"copy of the token file:\n    lumos.init(\"{cluster.client_address}\", _token=\"TOKEN_FILE\")\n"
+             f"client address: {cluster.client_address}\n" if cluster.client_address else "")
+          + f"\nStop with `scancel {job_id}`.", flush=True)
     return 0
 
 

@@ -67,12 +67,23 @@ def load_strict(data: Any, type_name: str, where: str) -> Any:
     return klass(**kwargs)
 
 
+#: A driver in client mode: the ``lumos://`` address and a copy of the token file are all it has.
+CLIENT_DRIVER = """
+import sys
+import lumos
+lumos.init(sys.argv[1], _token=sys.argv[2])
+f = lumos.remote(lambda x: x * 2)
+print("result", lumos.get(f.remote(21), timeout=60))
+lumos.shutdown()
+"""
+
+
 MODELS = {("v1", "Secret"): "V1Secret", ("v1", "Service"): "V1Service", ("apps/v1", "Deployment"): "V1Deployment"}
 
 
 @pytest.mark.parametrize("options", [
     dict(),
-    dict(workers=4, cpus=8, gpus=2, store_bytes=8 * 2**30, namespace="ml", name="big"),
+    dict(workers=4, cpus=8, gpus=2, store_bytes=8 * 2**30, namespace="ml", name="big", client_server=False),
 ])
 def test_rendered_objects_load_into_the_client_models(options: dict[str, Any]) -> None:
     spec = kube.KubeSpec(**options)
@@ -109,6 +120,14 @@ def test_rendered_objects_load_into_the_client_models(options: dict[str, Any]) -
         assert "lumos kubernetes probe" in " ".join(c["readinessProbe"]["exec"]["command"])
         if options.get("namespace"):
             assert dep["metadata"]["namespace"] == options["namespace"]
+    # The head's client server: a named container port, mapped by the head Service.
+    head_c = head["spec"]["template"]["spec"]["containers"][0]
+    client_port = kube.CLIENT_PORT if spec.client_server else None
+    assert ({"name": "client", "containerPort": kube.CLIENT_PORT, "protocol": "TCP"} in head_c["ports"]) \
+        == spec.client_server
+    assert ({"name": "client", "port": client_port, "targetPort": "client", "protocol": "TCP"}
+            in service["spec"]["ports"]) == spec.client_server
+    assert ("--no-client-server" in head_c["args"]) != spec.client_server
 
 
 def test_committed_manifests_are_the_default_rendering() -> None:
@@ -149,7 +168,8 @@ def expand(text: str, env: dict[str, str]) -> str:
 class Pod:
     """One container of a Deployment's pod template, run as a local process."""
 
-    def __init__(self, deployment: dict[str, Any], secret: dict[str, Any], root: str, gcs_port: int):
+    def __init__(self, deployment: dict[str, Any], secret: dict[str, Any], root: str, gcs_port: int,
+                 client_port: int = 0):
         pod = deployment["spec"]["template"]["spec"]
         (c,) = pod["containers"]
         self.root = tempfile.mkdtemp(prefix="pod", dir=root)
@@ -173,6 +193,8 @@ class Pod:
         def local(arg: str) -> str:
             if arg == str(kube.GCS_PORT):
                 return str(gcs_port)
+            if arg == str(kube.CLIENT_PORT):
+                return str(client_port)
             if arg == "0.0.0.0":
                 return "127.0.0.1"  # all of the pod's addresses; here, the pods share the machine's
             arg = arg.replace(service, f"127.0.0.1:{kube.GCS_PORT}").replace(f":{kube.GCS_PORT}", f":{gcs_port}")
@@ -222,12 +244,12 @@ def test_head_and_two_workers_run_from_their_manifests_and_run_a_task_on_every_p
     from tests.conftest import check_no_leaks
     spec = kube.KubeSpec(workers=2, cpus=1, store_bytes=128 * 2**20, memory_bytes=1024 * 2**20)
     secret, service, head, worker = kube.render_manifests(spec, kube.new_token())
-    (port,) = free_ports(1)
+    port, client_port = free_ports(2)
     pods: list[Pod] = []
     try:
         # Workers first: Kubernetes does not order the Deployments, so workers wait for the head.
         pods += [Pod(worker, secret, short_root, port) for _ in range(worker["spec"]["replicas"])]
-        pods.append(Pod(head, secret, short_root, port))
+        pods.append(Pod(head, secret, short_root, port, client_port))
         for pod in pods:
             assert secret["stringData"]["token"] not in " ".join(pod.argv)
         try:
@@ -249,6 +271,12 @@ def test_head_and_two_workers_run_from_their_manifests_and_run_a_task_on_every_p
         assert out.returncode == 0, out.stdout + out.stderr
         result = yaml.safe_load(out.stdout.strip().splitlines()[-1])
         assert len(result["nodes"]) == 3 and result["ran_on"] == result["nodes"]
+        # A notebook with no node of its own connects through the head's client server.
+        client = f"lumos://127.0.0.1:{client_port}"
+        assert f"lumos client address: {client}" in pods[-1].output()
+        driven = subprocess.run([sys.executable, "-c", CLIENT_DRIVER, client, token_file],
+                                capture_output=True, text=True, timeout=120)
+        assert driven.returncode == 0 and "result 42" in driven.stdout, driven.stdout + driven.stderr
         # The probe authenticates: a wrong token is not ready.
         bad = os.path.join(short_root, "bad-token")
         with open(bad, "w") as f:
@@ -369,6 +397,7 @@ def test_kube_cluster_creates_scales_and_deletes_the_rendered_objects() -> None:
                         and obj["kind"].lower() in k)
             assert sent == obj
         assert cluster.address == "lumos-head.ml.svc:6379"
+        assert cluster.client_address == "lumos://lumos-head.ml.svc:10001"
         cluster.scale(5)
         assert api.objects[f"{apps}/deployments/lumos-worker"]["spec"]["replicas"] == 5
         assert ("PATCH", f"{apps}/deployments/lumos-worker/scale") in api.requests

@@ -59,3 +59,44 @@ def test_node_stops_the_rest_and_exits_1_when_its_raylet_dies(short_root: str) -
     assert "exited; stopping the node" in out
     assert all(not c.is_running() or c.status() == psutil.STATUS_ZOMBIE for c in children)
     check_no_leaks(None)
+
+
+@pytest.mark.timeout(180)
+def test_head_starts_a_client_server_that_a_lumos_client_runs_tasks_through(short_root: str) -> None:
+    token = os.path.join(short_root, "token")
+    with open(token, "w") as f:
+        f.write(new_token())
+    os.chmod(token, 0o600)
+    address_file = os.path.join(short_root, "address")
+    client_file = os.path.join(short_root, "client")
+    env = {**os.environ, "LUMOS_TMPDIR": os.path.join(short_root, "root")}
+    proc = subprocess.Popen([sys.executable, "-m", "lumos.launch.node", "--head", "--port", "0",
+                             "--token-file", token, "--node-ip-address", "127.0.0.1", "--no-dashboard",
+                             "--num-cpus", "1", "--client-server-port", "0", "--client-file", client_file,
+                             "--address-file", address_file],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: os.path.exists(address_file) or proc.poll() is not None, 60, 0.1)
+        assert proc.poll() is None
+        with open(client_file) as f:
+            client = f.read().strip()
+        assert client.startswith("lumos://127.0.0.1:")
+        # A driver with no node of its own, in another process: it has the address and the token file only.
+        driver = ("import lumos, sys\n"
+                  "lumos.init(sys.argv[1], _token=sys.argv[2])\n"
+                  "f = lumos.remote(lambda x: x * 2)\n"
+                  "print('result', lumos.get(f.remote(21), timeout=60))\n"
+                  "lumos.shutdown()\n")
+        out = subprocess.run([sys.executable, "-c", driver, client, token], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0 and "result 42" in out.stdout, out.stdout + out.stderr
+    finally:
+        proc.terminate()
+        try:
+            printed, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            printed, _ = proc.communicate(timeout=10)
+    assert f"lumos client address: {client}" in printed, printed
+    assert proc.returncode == 0, printed
+    check_no_leaks(None)

@@ -61,12 +61,15 @@ def assert_nothing_left(slurm: LocalSlurm, procs: list[psutil.Process], files: l
 @pytest.mark.timeout(300)
 def test_lumos_slurm_runs_a_task_on_every_node_and_its_trap_stops_everything(slurm: LocalSlurm) -> None:
     out = subprocess.run([LUMOS, "slurm", "--nodes", "2", "--cpus-per-node", "1", "--no-dashboard",
+                          "--client-server-port", "0",
                           "--job-dir", os.path.join(slurm.root, "jobs"), "--timeout", "120"],
                          env=slurm.env, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, f"lumos slurm failed:\n{out.stdout}\n{out.stderr}\n{slurm.log_tail()}"
     job_id = re.search(r"submitted Slurm job (\d+)", out.stdout).group(1)  # type: ignore[union-attr]
     address = re.search(r"lumos cluster at (\S+): 2 node\(s\) alive", out.stdout).group(1)  # type: ignore[union-attr]
     token_file = re.search(r"token file: (\S+)", out.stdout).group(1)  # type: ignore[union-attr]
+    # The head's client server, for a notebook outside the job.
+    assert re.search(r"^client address: lumos://[\d.]+:\d+$", out.stdout, re.M), out.stdout
     assert os.stat(token_file).st_mode & 0o777 == 0o600
     with open(token_file) as f:
         token = f.read().strip()
@@ -99,11 +102,13 @@ def test_slurm_cluster_scales_up_and_down_and_close_cancels_its_jobs(slurm: Loca
     for k, v in slurm.env.items():
         if k in ("SLURM_CONF", "LUMOS_TMPDIR"):
             monkeypatch.setenv(k, v)
-    cluster = SlurmCluster(nodes=1, cpus_per_node=1, job_dir=os.path.join(slurm.root, "jobs"), timeout_s=120)
+    cluster = SlurmCluster(nodes=1, cpus_per_node=1, job_dir=os.path.join(slurm.root, "jobs"), timeout_s=120,
+                           client_server_port=0)
     procs: list[psutil.Process] = []
     files: list[str] = []
     try:
         assert len(cluster.alive_nodes()) == 1
+        assert cluster.client_address.startswith("lumos://"), cluster.client_address
         # The head's dashboard: its login link is in the cluster's private directory only.
         wait_for(lambda: cluster.dashboard_url, 30, 0.3)
         assert login_status(cluster.dashboard_url) == 302
@@ -162,6 +167,8 @@ def test_batch_script_passes_resources_and_never_the_token(tmp_path: Any) -> Non
                  "PYTHON='/opt/py env/bin/python'", "trap 'stop 0' TERM INT USR1 HUP"):
         assert line in script.splitlines(), line
     assert "--token-file" in script and "LUMOS_CLUSTER_TOKEN" not in script
+    assert '--client-server-port 10001 --client-file "$CLIENT_FILE"' in script
+    assert "--no-client-server" in render_batch_script(SlurmJobSpec(client_server_port=None), str(tmp_path))
     checked = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
     assert checked.returncode == 0, checked.stderr
     driven = render_batch_script(SlurmJobSpec(nodes=2, driver=["python", "train.py", "--lr", "0.1 x"]),
