@@ -2,7 +2,7 @@
 
 ```
           ┌────────────── RayletServer ──────────────┐
-owners ──►│ RequestWorkerLease ─► LocalSchedulerState │──► worker processes (spawn, reap)
+owners ──►│ RequestWorkerLease ─► LocalSchedulerState │──► WorkerPool: fork/spawn, reap
           │ CreateObject/Free  ─► ObjectStoreState    │──► files in /dev/shm/<store dir>
           │ PinObjects, RestoreSpilled ─┘   │ spill/  │    (spill, restore: raylet.spill
           │                                 └─────────│──► threads) <spill dir>/node-<id>
@@ -121,7 +121,7 @@ class RayletServer:
         self._store_dir_checked = False
         self.unix_path = os.path.join(session_dir, "sockets", f"raylet-{node_id.hex()[:12]}.sock")
         handlers = {
-            m.RegisterClient: self._register_client,
+            m.RegisterClient: self.pool.register_client,
             m.RequestWorkerLease: self._request_lease,
             m.RequestSpilledLease: lambda c, msg: self._request_lease(c, msg.request, msg.hops),
             m.ReturnWorker: self._return_worker,
@@ -137,8 +137,8 @@ class RayletServer:
             m.MarkShared: lambda c, msg: self._store(st.MarkedShared(msg.object_ids)),
             m.PinObjects: self._pin_objects,
             m.RestoreSpilled: self._restore_spilled,
-            m.GetWorkerExit: self._get_worker_exit,
-            m.KillWorker: self._kill_worker_request,
+            m.GetWorkerExit: self.pool.get_worker_exit,
+            m.KillWorker: self.pool.kill_worker_request,
             m.GetNodeStats: self._node_stats,
             m.LogBatch: self._forward_logs,
             m.ShutdownNode: self._shutdown_request,
@@ -166,7 +166,7 @@ class RayletServer:
         self._spawn(self._heartbeat_loop(), "raylet.heartbeat")
         self._spawn(self._tick_loop(), "raylet.tick")
         if self.config.memory_monitor_refresh_ms > 0:
-            self._spawn(self._memory_loop(), "raylet.memory_monitor")
+            self._spawn(self.pool.memory_loop(), "raylet.memory_monitor")
         logger.info("raylet %s up: %s, store %d MiB at %s", short(self.node_id), self.resources_total,
                     self.store.capacity_bytes >> 20, self.store_dir)
 
@@ -382,50 +382,7 @@ class RayletServer:
         self._free_owned_by(worker_id, desc)
         self._sched(sc.WorkerExited(worker_id))
 
-    async def _memory_loop(self) -> None:
-        """Sample memory; above the threshold kill one worker (see memory_monitor.py)."""
-        import psutil
-        interval = self.config.memory_monitor_refresh_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            usage = mm.read_memory()  # a few small file reads
-            if usage.fraction <= self.memory_monitor.threshold and self.memory_monitor.pending is None:
-                continue
-            candidates = []
-            for w in self.scheduler.workers.values():
-                proc = self.procs.get(w.worker_id)
-                if w.state != sc.LEASED or proc is None or proc.process is None or proc.exit_info is not None:
-                    continue
-                try:
-                    rss = psutil.Process(proc.pid).memory_info().rss
-                except psutil.Error:
-                    continue
-                candidates.append(mm.Candidate(w.worker_id, proc.pid, mm.ACTOR if w.actor_id else mm.TASK,
-                                               w.lease_id, rss))
-            for action in self.memory_monitor.handle(mm.MemorySampled(usage, candidates, time.monotonic())):
-                logger.warning("worker %s: %s", short(action.worker_id), action.reason)
-                self.pool.kill_worker(action.worker_id, action.reason)
-
     # ------------------------------------------------------------------ handlers
-
-    def _register_client(self, conn: Connection, msg: m.RegisterClient) -> m.NodeInfo:
-        proc = self.procs.get(msg.worker_id)
-        if msg.is_driver:
-            proc = WorkerProc(msg.worker_id, None)
-            proc.is_driver = True
-            proc.pid = msg.pid
-            self.procs[msg.worker_id] = proc
-        elif proc is None:
-            raise PermissionError(f"worker {short(msg.worker_id)} was not started by this raylet")
-        proc.conn = conn
-        proc.address = msg.address
-        proc.job_id = msg.job_id
-        conn.peer_info = msg.worker_id
-        if not msg.is_driver:
-            self._sched(sc.WorkerRegistered(msg.worker_id))
-            self.pool.worker_registered()
-        self.pool.report_worker(proc, "ALIVE")
-        return self.node_info()
 
     async def _request_lease(self, conn: Connection, msg: m.RequestWorkerLease,
                              hops: int = 0) -> m.LeaseGrant | m.SpillbackReply:
@@ -695,25 +652,6 @@ class RayletServer:
         slack_s = (obj.size_bytes / (20 * 1024 * 1024)) if obj is not None else 0.0
         async with asyncio.timeout(self.config.rpc_timeout_s + slack_s):
             return await fut
-
-    async def _get_worker_exit(self, conn: Connection, msg: m.GetWorkerExit) -> str | None:
-        if msg.worker_id in self.exits:
-            return self.exits[msg.worker_id]
-        if msg.wait_s <= 0 or msg.worker_id not in self.procs:
-            return None
-        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.pool.exit_waiters.setdefault(msg.worker_id, []).append(fut)
-        try:
-            async with asyncio.timeout(min(msg.wait_s, 30.0)):
-                return await fut
-        except TimeoutError:
-            return None
-
-    def _kill_worker_request(self, conn: Connection, msg: m.KillWorker) -> bool:
-        if msg.worker_id not in self.procs:
-            return False
-        self.pool.kill_worker(msg.worker_id, msg.reason)
-        return True
 
     def _node_stats(self, conn: Connection, msg: m.GetNodeStats) -> dict[str, Any]:
         workers = []

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 from lumos._private.ids import random_id, short
 from lumos._private.object_store.client import unlink_quietly
 from lumos._private.protocol import messages as m
+from lumos._private.raylet import memory_monitor as mm
+from lumos._private.raylet import scheduler as sc
 from lumos._private.transport.connection import Connection
 
 if TYPE_CHECKING:
@@ -600,9 +602,26 @@ class WorkerPool:
         logger.debug("started worker %s pid %d (%s)", short(proc.worker_id), process.pid,
                      "forked" if proc.forked else "spawned")
 
-    def worker_registered(self) -> None:
-        self._apply(self.state.handle(WorkerRegistered(), time.monotonic()))
-        self.refill()
+    def register_client(self, conn: Connection, msg: m.RegisterClient) -> m.NodeInfo:
+        """A worker this raylet started (or a driver) connected: ``RegisterClient``."""
+        proc = self.procs.get(msg.worker_id)
+        if msg.is_driver:
+            proc = WorkerProc(msg.worker_id, None)
+            proc.is_driver = True
+            proc.pid = msg.pid
+            self.procs[msg.worker_id] = proc
+        elif proc is None:
+            raise PermissionError(f"worker {short(msg.worker_id)} was not started by this raylet")
+        proc.conn = conn
+        proc.address = msg.address
+        proc.job_id = msg.job_id
+        conn.peer_info = msg.worker_id
+        if not msg.is_driver:
+            self.raylet._sched(sc.WorkerRegistered(msg.worker_id))
+            self._apply(self.state.handle(WorkerRegistered(), time.monotonic()))
+            self.refill()
+        self.report_worker(proc, "ALIVE")
+        return self.raylet.node_info()
 
     def refill(self) -> None:
         """Start workers until the pre-started pool is full again: after a worker exits,
@@ -670,6 +689,50 @@ class WorkerPool:
         # never refill what the idle reaper just trimmed.
         if proc.kill_reason != "idle":
             self.refill()
+
+    async def get_worker_exit(self, conn: Connection, msg: m.GetWorkerExit) -> str | None:
+        if msg.worker_id in self.exits:
+            return self.exits[msg.worker_id]
+        if msg.wait_s <= 0 or msg.worker_id not in self.procs:
+            return None
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.exit_waiters.setdefault(msg.worker_id, []).append(fut)
+        try:
+            async with asyncio.timeout(min(msg.wait_s, 30.0)):
+                return await fut
+        except TimeoutError:
+            return None
+
+    def kill_worker_request(self, conn: Connection, msg: m.KillWorker) -> bool:
+        if msg.worker_id not in self.procs:
+            return False
+        self.kill_worker(msg.worker_id, msg.reason)
+        return True
+
+    async def memory_loop(self) -> None:
+        """Sample memory; above the threshold kill one worker (see memory_monitor.py)."""
+        import psutil
+        r = self.raylet
+        interval = r.config.memory_monitor_refresh_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            usage = mm.read_memory()  # a few small file reads
+            if usage.fraction <= r.memory_monitor.threshold and r.memory_monitor.pending is None:
+                continue
+            candidates = []
+            for w in r.scheduler.workers.values():
+                proc = self.procs.get(w.worker_id)
+                if w.state != sc.LEASED or proc is None or proc.process is None or proc.exit_info is not None:
+                    continue
+                try:
+                    rss = psutil.Process(proc.pid).memory_info().rss
+                except psutil.Error:
+                    continue
+                candidates.append(mm.Candidate(w.worker_id, proc.pid, mm.ACTOR if w.actor_id else mm.TASK,
+                                               w.lease_id, rss))
+            for action in r.memory_monitor.handle(mm.MemorySampled(usage, candidates, time.monotonic())):
+                logger.warning("worker %s: %s", short(action.worker_id), action.reason)
+                self.kill_worker(action.worker_id, action.reason)
 
     def kill_worker(self, worker_id: bytes, reason: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.get(worker_id)
