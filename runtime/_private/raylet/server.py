@@ -188,7 +188,7 @@ class RayletServer:
                 self.pool.report_worker(proc, "ALIVE")
         gcs.notify(m.Subscribe("jobs", None))
         gcs.notify(m.Subscribe("nodes", None))
-        gcs.notify(m.Subscribe("workers", None))  # owners that die: their objects go
+        gcs.notify(m.Subscribe("worker_deaths", None))  # owners that die: their objects go
         for info in await gcs.call(m.GetAllNodes(), self.config.rpc_timeout_s):
             if info.state == "ALIVE":
                 self.alive_nodes[info.node_id] = info
@@ -290,7 +290,7 @@ class RayletServer:
             else:
                 self.alive_nodes.pop(msg.data.node_id, None)
                 self.object_manager.node_gone(msg.data.node_id)
-        elif msg.channel == "workers" and isinstance(msg.data, m.WorkerInfo) and msg.data.state == "DEAD":
+        elif msg.channel == "worker_deaths" and isinstance(msg.data, m.WorkerInfo) and msg.data.state == "DEAD":
             self._free_owned_by(msg.data.worker_id, msg.data.exit_detail or "it died")
 
     # ------------------------------------------------------------------ loops
