@@ -30,6 +30,7 @@ from typing import Any
 from lumos._private.config import Config
 from lumos._private.transport import eventloop
 from lumos._private.gcs.actor_manager import ActorManager
+from lumos._private.gcs.raylet_pool import RayletPool
 from lumos._private.gcs.storage import (GcsStorage, StorageHealthState, StorageUnavailable, StorageWriter,
                                         create_storage, pack_value, unpack_value)
 from lumos._private.gcs.task_log import TaskEventTable
@@ -109,6 +110,8 @@ class GcsServer:
             m.GetNodeLog: self._node_log,
             m.ShutdownNode: self._shutdown_request,
         }
+        #: The GCS's connections to raylets (actor leases, bundle reservations), one per node.
+        self.raylets = RayletPool(lambda node_id: self.nodes[node_id].address, token, config)
         self.actors = ActorManager(self)
         handlers.update(self.actors.handlers())
         # Multi-node: the global scheduler serves lease requests that raylets spill.
@@ -147,8 +150,7 @@ class GcsServer:
         await asyncio.sleep(0.05)
         for task in list(self._tasks):
             task.cancel()
-        self.actors.close()
-        self.placement_groups.close()
+        self.raylets.close()
         await self.server.stop()
         self.task_events.close()
         if self.writer is not None:
@@ -218,6 +220,8 @@ class GcsServer:
                       key=lambda j: j.start_time)
         for job in jobs:
             self.jobs[job.job_id] = job
+            if job.state != "RUNNING":  # its actors are not restarted
+                self.actors.on_job_finished(job.job_id, recovered=True)
         for value in (await st.get_all("nodes")).values():
             node: m.NodeInfo = unpack_value(value)
             self.nodes[node.node_id] = node
@@ -319,8 +323,7 @@ class GcsServer:
         for task in list(self._tasks):
             if task is not me:
                 task.cancel()
-        self.actors.close()
-        self.placement_groups.close()
+        self.raylets.close()
         await self.server.stop()
         self.task_events.close()
         if self.writer is not None:
@@ -437,8 +440,9 @@ class GcsServer:
         for w in gone:  # borrowers drop them, raylets free what they owned
             self.publish("workers", w.worker_id, w)
             self.publish("worker_deaths", w.worker_id, w)
+        self.raylets.discard(node_id)
         self.placement_groups.on_node_dead(node_id)
-        self.actors.on_node_dead(node_id, reason)
+        self.actors.on_node_dead(node_id, reason, [w.worker_id for w in gone])
 
     async def _health_loop(self) -> None:
         interval = self.config.heartbeat_interval_ms / 1000

@@ -16,6 +16,11 @@ BundlesRequested (GCS, placement group) ─► all fit now? take them from the n
 LeaseRequested in a bundle ─► granted from that bundle's own pool (its GPUs, its CPUs)
 BundlesRemoved ─► workers in them stopped, queued requests failed, resources back to the node
 ```
+
+Bottom-up scheduling starts here too: ``should_spill(SpillQuery)`` decides whether a lease
+request is served on this node or forwarded to the GCS's global scheduler (``ScheduleLease``).
+It is a pure query (no state changes); the server asks it when a request arrives and again
+while the request still waits here.
 """
 
 from __future__ import annotations
@@ -160,6 +165,35 @@ class AnswerBundles:
 
 
 Action = Union[GrantLease, StartWorker, StopWorker, ReportInfeasible, FailLease, AnswerBundles]
+
+# ----------------------------------------------------------------------------- spill-over decision
+
+#: Arguments elsewhere worth at least this many more bytes send a request to the GCS.
+LOCALITY_MIN_BYTES = 1024 * 1024
+
+
+@dataclasses.dataclass(slots=True)
+class SpillQuery:
+    """A lease request as the spill-over decision sees it, with what the server knows of the cluster."""
+
+    resources: dict[str, float]
+    #: Scheduling strategy (``["NODE", id, soft]``, ``["SPREAD"]``, ``["PG", ...]``) or None.
+    strategy: Any
+    #: ``(placement group id, bundle index)`` for a request in a placement group.
+    bundle: tuple[bytes, int] | None = None
+    #: Bytes of the request's arguments on each node.
+    arg_bytes_by_node: dict[bytes, int] | None = None
+    #: Times the request was already forwarded (a spilled request is served where it lands).
+    hops: int = 0
+    #: The GCS placed the request here itself (actor creation): never sent back.
+    from_gcs: bool = False
+    #: This node's id.
+    node_id: bytes = b""
+    #: The GCS connection is up (without it, everything is served here).
+    gcs_connected: bool = True
+    #: Alive nodes this raylet knows of, and whether it counts itself among them.
+    alive_nodes: int = 1
+    self_alive: bool = True
 
 IDLE, LEASED, STARTING, DEAD = "IDLE", "LEASED", "STARTING", "DEAD"
 
@@ -516,6 +550,35 @@ class LocalSchedulerState:
                 excess -= 1
 
     # ------------------------------------------------------------------ queries
+
+    def should_spill(self, q: SpillQuery) -> bool:
+        """Bottom-up: serve here while the request fits and nothing waits; else ask the GCS.
+
+        Never for requests the GCS itself placed here (actor creation), nor for ones already
+        spilled here (``hops``), nor when this is the only node. Node affinity to another
+        node, a bundle held elsewhere, SPREAD and arguments that mostly live elsewhere go to
+        the GCS, which sees every node.
+        """
+        if q.hops > 0 or q.from_gcs or not q.gcs_connected:
+            return False
+        strategy = q.strategy
+        if strategy and strategy[0] == "NODE":
+            return bytes(strategy[1]) != q.node_id
+        if q.bundle is not None:  # the GCS knows where the group's bundles are
+            return not self.has_bundle(q.bundle)
+        if q.alive_nodes <= 1 and q.self_alive:
+            return False
+        if strategy and strategy[0] == "SPREAD":
+            return True
+        args = q.arg_bytes_by_node
+        if args:
+            here = args.get(q.node_id, 0)
+            if max(args.values()) - here >= LOCALITY_MIN_BYTES:
+                return True  # most of the arguments live on another node: let the GCS weigh it
+        units = request_units(q.resources)
+        if not self.resources.feasible(units):
+            return True
+        return bool(self.queue) or not self.resources.fits(units)
 
     def lease_of_worker(self, worker_id: bytes) -> _Lease | None:
         w = self.workers.get(worker_id)

@@ -39,7 +39,6 @@ from lumos._private.raylet import memory_monitor as mm
 from lumos._private.raylet import node_report
 from lumos._private.raylet import scheduler as sc
 from lumos._private.raylet.object_manager import ObjectManager
-from lumos._private.raylet.resources import request_units
 from lumos._private.raylet.worker_pool import WorkerPool, WorkerProc
 from lumos._private.transport.connection import (Connection, ConnectionLost, RemoteError, RpcServer,
                                                  connect_with_retry,
@@ -427,33 +426,11 @@ class RayletServer:
                 self._sched(sc.LeaseCancelled(rid))
 
     def _should_spill(self, msg: m.RequestWorkerLease, hops: int) -> bool:
-        """Bottom-up: serve here while the request fits and nothing waits; else ask the GCS.
-
-        Never for requests the GCS itself placed here (actor creation), nor for ones already
-        spilled here (``hops``), nor when this is the only node.
-        """
-        if hops > 0 or msg.owner_worker_id == b"gcs" or self.gcs is None or self.gcs.is_closed:
-            return False
-        strategy = msg.strategy
-        if strategy and strategy[0] == "NODE":
-            return bytes(strategy[1]) != self.node_id
-        bundle = _bundle_of(msg)
-        if bundle is not None:  # the GCS knows where the group's bundles are
-            return not self.scheduler.has_bundle(bundle)
-        if len(self.alive_nodes) <= 1 and self.node_id in self.alive_nodes:
-            return False
-        if strategy and strategy[0] == "SPREAD":
-            return True
-        args = msg.arg_bytes_by_node
-        if args:
-            here = args.get(self.node_id, 0)
-            if max(args.values()) - here >= LOCALITY_MIN_BYTES:
-                return True  # most of the arguments live on another node: let the GCS weigh it
-        s = self.scheduler
-        units = request_units(msg.resources)
-        if not s.resources.feasible(units):
-            return True
-        return bool(s.queue) or not s.resources.fits(units)
+        """Ask the local scheduler whether the GCS should place ``msg`` (see ``should_spill``)."""
+        return self.scheduler.should_spill(sc.SpillQuery(
+            msg.resources, msg.strategy, _bundle_of(msg), msg.arg_bytes_by_node, hops,
+            msg.owner_worker_id == b"gcs", self.node_id, self.gcs is not None and not self.gcs.is_closed,
+            len(self.alive_nodes), self.node_id in self.alive_nodes))
 
     def _reserve_bundles(self, conn: Connection, msg: m.ReserveBundles) -> list[Any]:
         """Reserve all of ``msg.bundles`` here now, or none: ``[ok, reason, [[index, GPU ids], ...]]``."""
@@ -722,10 +699,6 @@ class RayletServer:
 
 #: A lease request still queued here after this long is offered to the GCS again.
 RESPILL_AFTER_S = 0.5
-
-#: Arguments elsewhere worth at least this many more bytes send a request to the GCS.
-LOCALITY_MIN_BYTES = 1024 * 1024
-
 
 def _bundle_of(msg: m.RequestWorkerLease) -> tuple[bytes, int] | None:
     """``(placement group id, bundle index)`` of a request in a placement group, else None."""
