@@ -24,10 +24,20 @@ class Probe:
         return {"pid": os.getpid(), "ppid": os.getppid(), "random": random.random(),
                 "numpy": float(np.random.rand()),
                 "start": getattr(getattr(main, "__spec__", None), "name", ""),
-                "pgid": os.getpgid(0), "sid": os.getsid(0)}
+                "pgid": os.getpgid(0), "sid": os.getsid(0), "fds": _fd_targets("self")}
 
     def exit(self, code: int) -> None:
         os._exit(code)
+
+
+def _fd_targets(pid: str) -> list[str]:
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:  # closed meanwhile (the listing's own fd)
+            continue
+    return out
 
 
 def _fork_servers() -> list[psutil.Process]:
@@ -50,6 +60,10 @@ def test_actors_are_forked_children_of_the_raylet_with_their_own_random_state(fr
     assert len({i["numpy"] for i in infos}) == 4
     # The same process group and session as the raylet, as a spawned worker has.
     assert {(i["pgid"], i["sid"]) for i in infos} == {(os.getpgid(raylet.pid), os.getsid(raylet.pid))}
+    # Nothing of the fork server's is inherited: not its control pipes, not its log.
+    (server,) = _fork_servers()
+    theirs = set(_fd_targets(str(server.pid))) - {"/dev/null"}
+    assert theirs and not any(theirs & set(i["fds"]) for i in infos)
     cmd = psutil.Process(infos[0]["pid"]).cmdline()
     assert "lumos._private.worker.main" in cmd and "--worker-id" in cmd
     for a in actors:
