@@ -51,7 +51,15 @@ def memory_of(pid: int) -> dict[str, int] | None:
 
 def run(impl: str, num_cpus: int, actors: int, timeout_s: float) -> dict[str, Any]:
     ray = importlib.import_module(impl)
-    ray.init(num_cpus=num_cpus, include_dashboard=False)
+    for attempt in range(3):
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            break
+        except Exception as e:  # Ray's raylet aborts when its agents start slowly (a loaded machine)
+            ray.shutdown()
+            if attempt == 2:
+                raise
+            print(f"{impl}.init() failed ({e}); trying again", file=sys.stderr)
     try:
         @ray.remote(num_cpus=0)
         class Box:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import psutil
@@ -101,6 +102,26 @@ def test_killed_fork_server_falls_back_to_spawn_and_is_restarted(fresh_cluster) 
             lumos.kill(a)
     wait_for(forked_again, 30, interval_s=0.2)
     for a in (before, during):
+        lumos.kill(a)
+
+
+@pytest.mark.slow
+def test_stuck_fork_server_is_replaced_and_its_workers_spawned(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
+    fresh_cluster(num_cpus=1, include_dashboard=False)
+    first = Probe.remote()
+    lumos.get(first.info.remote(), timeout=60)
+    (server,) = wait_for(_fork_servers, 30)
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        late = Probe.remote()  # asked of the stopped server; spawned once it is given up on
+        info = lumos.get(late.info.remote(), timeout=60)
+        assert info["start"] == "lumos._private.worker.main"
+    finally:
+        if not process_gone(server.pid):
+            os.kill(server.pid, signal.SIGCONT)
+    wait_for(lambda: process_gone(server.pid), 10)
+    wait_for(lambda: [p for p in _fork_servers() if p.pid != server.pid], 30)
+    for a in (first, late):
         lumos.kill(a)
 
 

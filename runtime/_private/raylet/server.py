@@ -320,8 +320,7 @@ class RayletServer:
             self._warn_infeasible(now)
             ticks += 1
             if ticks % 10 == 0:
-                self.pool.poll_exits()
-                self.pool.reap_orphans()
+                self.pool.tick()
 
     def _warn_infeasible(self, now: float) -> None:
         for rid, req in self.scheduler.queue.items():

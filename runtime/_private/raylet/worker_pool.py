@@ -124,6 +124,8 @@ Action = Union[StartWorker, DeferStart, ReportStartFailures, StartForkServer]
 OFF, STARTING, READY, DOWN = "off", "starting", "ready", "down"
 #: A fork server that stayed up this long is healthy again: its restart backoff resets.
 FORK_SERVER_HEALTHY_S = 10.0
+#: A fork request unanswered this long means the fork server is stuck: it is replaced.
+FORK_REPLY_TIMEOUT_S = 10.0
 #: Longest wait before restarting a fork server that keeps dying.
 FORK_SERVER_MAX_BACKOFF_S = 30.0
 
@@ -332,8 +334,8 @@ class ForkServerClient:
         self._on_forked = on_forked
         self._on_exit = on_exit
         self.popen: subprocess.Popen[bytes] | None = None
-        #: Worker ids asked for and not answered yet, in order.
-        self.pending: dict[bytes, None] = {}
+        #: Worker ids asked for and not answered yet -> when they were asked (monotonic).
+        self.pending: dict[bytes, float] = {}
         self._buf = b""
         self._rfd = -1
         self._wfd = -1
@@ -363,8 +365,18 @@ class ForkServerClient:
             os.write(self._wfd, data)  # one line < PIPE_BUF: written whole or not at all
         except (BlockingIOError, BrokenPipeError):
             return False
-        self.pending[worker_id] = None
+        self.pending[worker_id] = time.monotonic()
         return True
+
+    def hung(self, now: float) -> bool:
+        """A request has waited longer than ``FORK_REPLY_TIMEOUT_S`` (the server is
+        stopped or stuck): give up on it (see ``WorkerPool.tick``)."""
+        oldest = next(iter(self.pending.values()), None)
+        return oldest is not None and now - oldest > FORK_REPLY_TIMEOUT_S
+
+    def abandon(self) -> None:
+        """Kill the server and handle it as dead (its pending workers get spawned)."""
+        self._gone()
 
     def _readable(self) -> None:
         try:
@@ -612,6 +624,8 @@ class WorkerPool:
             self.procs[msg.worker_id] = proc
         elif proc is None:
             raise PermissionError(f"worker {short(msg.worker_id)} was not started by this raylet")
+        elif proc.address is not None:  # e.g. a late fork of a worker that was spawned instead
+            raise PermissionError(f"worker {short(msg.worker_id)} is already registered")
         proc.conn = conn
         proc.address = msg.address
         proc.job_id = msg.job_id
@@ -634,6 +648,16 @@ class WorkerPool:
             self.start_worker()
 
     # ------------------------------------------------------------------ exits
+
+    def tick(self) -> None:
+        """Once a second: a stuck fork server is replaced, exits without a pidfd are
+        noticed, orphans are reaped."""
+        if self.fork_server is not None and self.fork_server.hung(time.monotonic()):
+            logger.error("fork server pid %d has not answered for %.0fs; killing it", self.fork_server.pid,
+                         FORK_REPLY_TIMEOUT_S)
+            self.fork_server.abandon()
+        self.poll_exits()
+        self.reap_orphans()
 
     def poll_exits(self) -> None:
         """Workers without a pidfd: notice their exit (from the tick loop)."""
