@@ -600,8 +600,6 @@ class WorkerPool:
             forked.wait()
             return
         self._attach(proc, forked)
-        if proc.kill_reason:  # killed while its fork was pending
-            forked.send_signal(signal.SIGKILL)
 
     def _attach(self, proc: WorkerProc, process: Process) -> None:
         proc.process = process
@@ -613,6 +611,8 @@ class WorkerPool:
             proc.pidfd = -1
         logger.debug("started worker %s pid %d (%s)", short(proc.worker_id), process.pid,
                      "forked" if proc.forked else "spawned")
+        if proc.kill_reason:  # killed while it was being forked (or spawned instead)
+            process.send_signal(signal.SIGKILL)
 
     def register_client(self, conn: Connection, msg: m.RegisterClient) -> m.NodeInfo:
         """A worker this raylet started (or a driver) connected: ``RegisterClient``."""
