@@ -7,6 +7,12 @@
 Each implementation runs in its own subprocess on a fresh local cluster with the same
 number of CPUs, so the two columns come from one run on one machine. ``ray`` is an
 optional extra (``pip install -e ".[bench]"``).
+
+``--compare`` adds a third column, the no-distribution floor: Python's own
+``concurrent.futures.ProcessPoolExecutor`` with as many processes, on the rows it can
+run (a sync round trip, async calls, a 1 MiB argument by value). Latency rows print
+their p50 and p99; the machine's load average is printed under the table, since other
+work on the machine moves every figure.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable
 
 import numpy as np
@@ -59,7 +66,44 @@ def _latencies(call: Callable[[], Any], n: int, warm_s: float = 0.5) -> list[flo
     return lat
 
 
+def _percentiles(results: dict[str, float], name: str, lat: list[float]) -> None:
+    """``name p50 (us)`` and ``name p99 (us)`` from sorted seconds."""
+    results[f"{name} p50 (us)"] = lat[len(lat) // 2] * 1e6
+    results[f"{name} p99 (us)"] = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6
+
+
+def _ppe_noop(*args: Any) -> None:
+    return None
+
+
+def run_ppe(num_cpus: int, quick: bool) -> dict[str, float]:
+    """The rows a ``ProcessPoolExecutor`` can run: the floor without distribution."""
+    results: dict[str, float] = {}
+    scale = 0.3 if quick else 1.0
+    with ProcessPoolExecutor(num_cpus) as ex:
+        for f in [ex.submit(_ppe_noop) for _ in range(200)]:
+            f.result()
+        _percentiles(results, "sync task round trip",
+                     _latencies(lambda: ex.submit(_ppe_noop).result(), int(2000 * scale)))
+        n = int(10000 * scale)
+        t = time.perf_counter()
+        for f in [ex.submit(_ppe_noop) for _ in range(n)]:
+            f.result()
+        results["async tasks (/s)"] = n / (time.perf_counter() - t)
+        value = np.ones(MiB, dtype=np.uint8)
+        n = int(2000 * scale)
+        t = time.perf_counter()
+        for f in [ex.submit(_ppe_noop, value) for _ in range(n)]:
+            f.result()
+        results["1 MiB by-value arg tasks (/s)"] = n / (time.perf_counter() - t)
+        _percentiles(results, "1 MiB by-value arg round trip",
+                     _latencies(lambda: ex.submit(_ppe_noop, value).result(), int(1000 * scale)))
+    return results
+
+
 def run(impl: str, num_cpus: int, quick: bool) -> dict[str, float]:
+    if impl == "ppe":
+        return run_ppe(num_cpus, quick)
     ray = importlib.import_module(impl)
     results: dict[str, float] = {}
     scale = 0.3 if quick else 1.0
@@ -77,9 +121,7 @@ def run(impl: str, num_cpus: int, quick: bool) -> dict[str, float]:
     # Warm the worker pool: every CPU has a worker with the function loaded.
     ray.get([noop.remote() for _ in range(200)])
 
-    lat = _latencies(lambda: ray.get(noop.remote()), int(2000 * scale))
-    results["sync task round trip p50 (us)"] = lat[len(lat) // 2] * 1e6
-    results["sync task round trip p99 (us)"] = lat[int(len(lat) * 0.99)] * 1e6
+    _percentiles(results, "sync task round trip", _latencies(lambda: ray.get(noop.remote()), int(2000 * scale)))
 
     n = int(10000 * scale)
     t = time.perf_counter()
@@ -109,7 +151,7 @@ def run(impl: str, num_cpus: int, quick: bool) -> dict[str, float]:
 
     results["put 100 MiB (GB/s)"] = 100 * MiB / _timeit(put_big, 2.0 * scale, 200) / 1e9
     big = ray.put(arr)
-    results["zero-copy get 100 MiB (us)"] = _timeit(lambda: ray.get(big), 1.0 * scale) * 1e6
+    _percentiles(results, "zero-copy get 100 MiB", _latencies(lambda: ray.get(big), int(2000 * scale), 0.2))
     del big
 
     one = ray.put(np.zeros(MiB, dtype=np.uint8))
@@ -123,24 +165,45 @@ def run(impl: str, num_cpus: int, quick: bool) -> dict[str, float]:
     t = time.perf_counter()
     ray.get([noop.remote(value) for _ in range(n)])
     results["1 MiB by-value arg tasks (/s)"] = n / (time.perf_counter() - t)
-    lat = _latencies(lambda: ray.get(noop.remote(value)), int(1000 * scale))
-    results["1 MiB by-value arg round trip p50 (us)"] = lat[len(lat) // 2] * 1e6
+    _percentiles(results, "1 MiB by-value arg round trip",
+                 _latencies(lambda: ray.get(noop.remote(value)), int(1000 * scale)))
 
     @ray.remote
     def make_mib() -> np.ndarray:
         return np.ones(MiB, dtype=np.uint8)
 
-    lat = _latencies(lambda: ray.get(make_mib.remote()), int(1000 * scale))
-    results["1 MiB return round trip p50 (us)"] = lat[len(lat) // 2] * 1e6
-    results["1 MiB return round trip p99 (us)"] = lat[int(len(lat) * 0.99)] * 1e6
+    ray.get([make_mib.remote() for _ in range(20)])  # warm-up: store slots of this size
+    t = time.perf_counter()
+    ray.get([make_mib.remote() for _ in range(n)])
+    results["1 MiB return tasks (/s)"] = n / (time.perf_counter() - t)
+    _percentiles(results, "1 MiB return round trip",
+                 _latencies(lambda: ray.get(make_mib.remote()), int(1000 * scale)))
 
     refs = [ray.put(i) for i in range(1000)]
     results["wait on 1000 refs (/s)"] = 1 / _timeit(
         lambda: ray.wait(refs, num_returns=len(refs)), 1.0 * scale, 20000)
+    _percentiles(results, "wait on 1000 ready refs",
+                 _latencies(lambda: ray.wait(refs, num_returns=len(refs)), int(1000 * scale), 0.2))
 
     run_actors(ray, results, num_cpus, scale)
+    run_actor_footprint(ray, results, num_cpus, scale)
     ray.shutdown()
     return results
+
+
+def run_actor_footprint(ray: Any, results: dict[str, float], num_cpus: int, scale: float) -> None:
+    """Rows of ``bench/actors.py`` (actor creation at scale, memory per actor) when it
+    defines ``microbench_rows(ray, results, num_cpus, scale)``; nothing otherwise."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        actors = importlib.import_module("actors")
+    except ImportError:
+        return
+    finally:
+        sys.path.pop(0)
+    rows = getattr(actors, "microbench_rows", None)
+    if rows is not None:
+        rows(ray, results, num_cpus, scale)
 
 
 def run_actors(ray: Any, results: dict[str, float], num_cpus: int, scale: float) -> None:
@@ -177,8 +240,7 @@ def run_actors(ray: Any, results: dict[str, float], num_cpus: int, scale: float)
 
     a = Target.remote()
     ray.get(a.ping.remote())
-    lat = _latencies(lambda: ray.get(a.ping.remote()), int(2000 * scale))
-    results["1:1 sync actor call p50 (us)"] = lat[len(lat) // 2] * 1e6
+    _percentiles(results, "1:1 sync actor call", _latencies(lambda: ray.get(a.ping.remote()), int(2000 * scale)))
 
     n = int(10000 * scale)
     t = time.perf_counter()
@@ -211,10 +273,13 @@ def _better(key: str) -> bool:
     return True
 
 
-def compare(script: str, num_cpus: int, quick: bool, timeout_s: float, first_col: str) -> int:
-    """Run ``script --impl ray`` and ``--impl lumos`` one after the other; print the ratio table."""
+def compare(script: str, num_cpus: int, quick: bool, timeout_s: float, first_col: str,
+            floor: bool = False) -> int:
+    """Run ``script --impl ray`` and ``--impl lumos`` one after the other; print the ratio table.
+
+    ``floor``: also ``--impl ppe`` (a ``ProcessPoolExecutor`` column for the rows it has)."""
     cols: dict[str, dict[str, float]] = {}
-    for impl in ("ray", "lumos"):
+    for impl in ("ray", "lumos") + (("ppe",) if floor else ()):
         cmd = [sys.executable, script, "--impl", impl, "--json", "--num-cpus", str(num_cpus)]
         if quick:
             cmd.append("--quick")
@@ -223,18 +288,38 @@ def compare(script: str, num_cpus: int, quick: bool, timeout_s: float, first_col
             print(f"{impl} failed:\n{out.stderr[-3000:]}", file=sys.stderr)
             return 1
         cols[impl] = json.loads(out.stdout.strip().splitlines()[-1])
-    print(format_table(cols["ray"], cols["lumos"], first_col))
+    print(format_table(cols["ray"], cols["lumos"], first_col, cols.get("ppe")))
+    load = os.getloadavg()
+    print(f"\nload average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs after the run")
     return 0
 
 
-def format_table(ray: dict[str, float], lumos: dict[str, float], first_col: str = "benchmark") -> str:
-    lines = [f"| {first_col} | Ray | lumos | lumos vs Ray |", "|---|---:|---:|---:|"]
+def _ratio(key: str, other: float, lumos: float) -> float:
+    """How many times better lumos is than ``other`` on row ``key``."""
+    if _better(key):
+        return lumos / other if other else float("inf")
+    return other / lumos if lumos else float("inf")
+
+
+def format_table(ray: dict[str, float], lumos: dict[str, float], first_col: str = "benchmark",
+                 ppe: dict[str, float] | None = None) -> str:
+    """A Markdown table: Ray, lumos, the ratio; with ``ppe``, a ProcessPoolExecutor column
+    and lumos's ratio to it (rows it lacks are left blank)."""
+    head = f"| {first_col} | Ray | lumos | lumos vs Ray |"
+    rule = "|---|---:|---:|---:|"
+    if ppe is not None:
+        head += " ProcessPoolExecutor | lumos vs PPE |"
+        rule += "---:|---:|"
+    lines = [head, rule]
     for key in lumos:
         r, l = ray.get(key), lumos[key]
         if r is None:
             continue
-        ratio = (l / r) if _better(key) else (r / l if l else float("inf"))
-        lines.append(f"| {key} | {_fmt(r)} | {_fmt(l)} | {ratio:.2f}x |")
+        line = f"| {key} | {_fmt(r)} | {_fmt(l)} | {_ratio(key, r, l):.2f}x |"
+        if ppe is not None:
+            p = ppe.get(key)
+            line += f" {_fmt(p)} | {_ratio(key, p, l):.2f}x |" if p is not None else " | |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -247,17 +332,19 @@ def _fmt(v: float) -> str:
 
 
 def bench_main(run_fn: Callable[[str, int, bool], dict[str, float]], doc: str | None, script: str,
-               first_col: str, timeout_s: float) -> int:
-    """The command line shared by the benchmarks that run on Ray and lumos alike."""
+               first_col: str, timeout_s: float, floor: bool = False) -> int:
+    """The command line shared by the benchmarks that run on Ray and lumos alike.
+
+    ``floor``: ``run_fn`` also takes ``impl="ppe"``, and ``--compare`` shows that column."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--impl", choices=["ray", "lumos"], default="lumos")
+    p.add_argument("--impl", choices=["ray", "lumos"] + (["ppe"] if floor else []), default="lumos")
     p.add_argument("--compare", action="store_true", help="run both and print the ratio")
     p.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2)
     p.add_argument("--json", action="store_true", help="print results as one JSON line")
     p.add_argument("--quick", action="store_true", help="shorter runs (noisier)")
     args = p.parse_args()
     if args.compare:
-        return compare(script, args.num_cpus, args.quick, timeout_s, first_col)
+        return compare(script, args.num_cpus, args.quick, timeout_s, first_col, floor)
     results = run_fn(args.impl, args.num_cpus, args.quick)
     if args.json:
         print(json.dumps(results))
@@ -268,7 +355,7 @@ def bench_main(run_fn: Callable[[str, int, bool], dict[str, float]], doc: str | 
 
 
 def main() -> int:
-    return bench_main(run, __doc__, __file__, "benchmark", timeout_s=900)
+    return bench_main(run, __doc__, __file__, "benchmark", timeout_s=900, floor=True)
 
 
 if __name__ == "__main__":

@@ -106,9 +106,16 @@ class SerializedValue:
         """The blob as one bytes object (for inline values)."""
         if not self.buffers:
             return _HEAD.pack(VERSION, self.kind, 0, 0, len(self.pickled)) + self.pickled
-        out = bytearray(self.total_size)
-        self.write_into(memoryview(out))
-        return bytes(out)
+        # One join copies each buffer once (a bytearray filled and then turned into
+        # bytes would copy the whole blob twice).
+        parts: list[Any] = [self._header(), self.pickled]
+        pos = len(parts[0]) + len(self.pickled)
+        for off, buf in zip(self._offsets, self.buffers):
+            if off > pos:
+                parts.append(bytes(off - pos))
+            parts.append(buf)
+            pos = off + buf.nbytes
+        return b"".join(parts)
 
     def write_into(self, dest: memoryview, copy: Callable[[memoryview, memoryview], None] | None = None) -> None:
         """Lay the blob out in ``dest`` (at least ``total_size`` bytes).

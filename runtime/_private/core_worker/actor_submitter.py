@@ -24,7 +24,7 @@ from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
 
 if TYPE_CHECKING:
-    from lumos._private.core_worker.core_worker import CoreWorker
+    from lumos._private.core_worker.core_worker import CoreWorker  # its public methods only, see ActorSubmitter
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,10 @@ class _ActorQueue:
 
 
 class ActorSubmitter:
+    """Actor calls of one process. Uses only the core worker's public surface: ``spawn``,
+    ``peer``, ``fail_task``, ``unpin``, ``record_event``, and the attributes ``loop``,
+    ``gcs``, ``config``, ``dead_nodes``, ``extra_publish_handlers``."""
+
     def __init__(self, cw: "CoreWorker") -> None:
         self.cw = cw
         self.actors: dict[bytes, _ActorQueue] = {}
@@ -84,7 +88,7 @@ class ActorSubmitter:
             gcs = self.cw.gcs
             if gcs is not None and not gcs.is_closed:
                 gcs.notify(m.Subscribe("actors", actor_id))
-                self.cw._spawn(self._refresh(q), "actor.info")
+                self.cw.spawn(self._refresh(q), "actor.info")
         return q
 
     def pin_creation_args(self, actor_id: bytes, ids: list[bytes]) -> None:
@@ -120,9 +124,7 @@ class ActorSubmitter:
             self._fail_all(q, self._death_error(q))
             if q.pinned:
                 ids, q.pinned = q.pinned, []
-                freed = self.cw.objects.remove_submitted(ids)
-                if freed:
-                    self.cw._release(freed)
+                self.cw.unpin(ids)
             return
         if info.state != ALIVE:
             # Restarting or not created yet: calls that were lost without retries fail now.
@@ -131,21 +133,21 @@ class ActorSubmitter:
                 err = exc.ActorDiedError(q.actor_id.hex(), f"the actor failed while running this call "
                                          f"({info.death_cause or 'cause unknown'}); it is being restarted")
                 for task in lost:
-                    self.cw._fail_task(task, err)
+                    self.cw.fail_task(task, err)
             return
         if q.lost:  # the same actor is alive again without our connection: those calls are gone
             lost, q.lost = q.lost, []
             err = exc.ActorDiedError(q.actor_id.hex(), "the connection to the actor dropped while this "
                                      f"call ran ({info.death_cause or 'cause unknown'})")
             for task in lost:
-                self.cw._fail_task(task, err)
+                self.cw.fail_task(task, err)
         assert info.address is not None
         if info.address.node_id in self.cw.dead_nodes:
             return  # an address from before its node was declared dead: the restart comes next
         if q.conn_worker != info.address.worker_id or q.conn is None or q.conn.is_closed:
             if not q.connecting:
                 q.connecting = True
-                self.cw._spawn(self._connect(q, info), "actor.connect")
+                self.cw.spawn(self._connect(q, info), "actor.connect")
         else:
             self._send(q)
 
@@ -171,7 +173,7 @@ class ActorSubmitter:
     async def _connect(self, q: _ActorQueue, info: m.ActorInfo) -> None:
         try:
             assert info.address is not None
-            conn = await self.cw._peer(info.address)
+            conn = await self.cw.peer(info.address)
         except (OSError, ConnectionLost, TimeoutError) as e:
             q.connecting = False
             logger.info("cannot reach actor %s at %s: %s", short(q.actor_id), short(info.address.worker_id), e)
@@ -193,7 +195,7 @@ class ActorSubmitter:
         def fire() -> None:
             q.check_timer = None
             if q.lost or (q.queue and q.conn is None and not q.connecting):
-                self.cw._spawn(self._refresh_then_recheck(q), "actor.recheck")
+                self.cw.spawn(self._refresh_then_recheck(q), "actor.recheck")
 
         q.check_timer = loop.call_later(delay_s, fire)
 
@@ -207,7 +209,7 @@ class ActorSubmitter:
             err = exc.ActorDiedError(q.actor_id.hex(), "the connection to the actor dropped while this call "
                                      "ran, and the actor did not fail; the call may or may not have run")
             for task in lost:
-                self.cw._fail_task(task, err)
+                self.cw.fail_task(task, err)
         if q.lost or (q.queue and (q.conn is None or q.conn.is_closed) and not q.connecting):
             if q.info is not None and q.info.state == ALIVE and not q.lost:
                 self._apply_force(q)
@@ -217,7 +219,7 @@ class ActorSubmitter:
         info = q.info
         if info is not None and info.state == ALIVE and not q.connecting:
             q.connecting = True
-            self.cw._spawn(self._connect(q, info), "actor.connect")
+            self.cw.spawn(self._connect(q, info), "actor.connect")
 
     # ------------------------------------------------------------------ calls
 
@@ -227,7 +229,7 @@ class ActorSubmitter:
         if q is None:
             q = self.track(task.spec.actor_id or b"")
         if q.info is not None and q.info.state == DEAD:
-            self.cw._fail_task(task, self._death_error(q))
+            self.cw.fail_task(task, self._death_error(q))
             return
         task.state = QUEUED
         q.queue.append(task)
@@ -254,7 +256,7 @@ class ActorSubmitter:
         if conn is None or conn.is_closed or q.info is None or q.info.state != ALIVE:
             return
         queue = q.queue
-        events = self.cw._events
+        record = self.cw.record_event
         while queue and queue[0].spec.task_id in q.ready:
             task = queue.popleft()
             q.ready.discard(task.spec.task_id)
@@ -265,13 +267,11 @@ class ActorSubmitter:
             spec = task.spec
             if task.retry_why is not None:
                 if spec.enable_task_events:
-                    events.append((spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, None,
-                                   task.retry_why))
+                    record(spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, task.retry_why)
                 spec.attempt += 1
                 task.retry_why = None
             if spec.enable_task_events:
-                events.append((spec.task_id, spec.attempt, "SCHEDULED", time.time(), None,
-                               q.info.node_id, q.conn_worker, None))
+                record(spec.task_id, spec.attempt, "SCHEDULED", time.time(), q.info.node_id, q.conn_worker)
             conn.notify(m.PushTask(spec, {}))
 
     def on_reply(self, task: PendingTask, reply: m.TaskReply) -> None:
@@ -350,7 +350,7 @@ class ActorSubmitter:
         q.ready.clear()
         q.lost = []
         for task in tasks:
-            self.cw._fail_task(task, error)
+            self.cw.fail_task(task, error)
 
     def node_died(self, node_id: bytes) -> None:
         """The GCS declared ``node_id`` dead: calls to actors there fail over as if their

@@ -22,11 +22,17 @@ them in at well-defined points.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from typing import Any, Iterable
 
+from lumos._private.ids import short
 from lumos._private.protocol import messages as m
+from lumos._private.transport.connection import Connection, ConnectionLost
+from lumos.object_ref import ObjectRef
+
+logger = logging.getLogger(__name__)
 
 PENDING, READY, FAILED = 0, 1, 2
 
@@ -280,3 +286,96 @@ class ObjectTable:
         with self.lock:
             owned = sum(1 for e in self.entries.values() if e.owned)
             return {"entries": len(self.entries), "owned": owned, "borrowed": len(self.entries) - owned}
+
+
+class ReferencesMixin:
+    """``CoreWorker``'s reference counting across processes: borrowers registered with
+    owners, entries released (store frees, ``RemoveBorrowers``), lineage dropped with
+    the last return of a task (any thread unless noted)."""
+
+    objects: ObjectTable
+    worker_id: bytes
+    address: m.Address
+    store: Any
+    raylet: Any
+    executor: Any
+
+    def on_ref_deserialized(self, object_id: bytes, owner: m.Address | None) -> ObjectRef:
+        e = self.objects.ref_created(object_id, owner, self.worker_id)
+        if not e.owned and not e.registered and owner is not None:
+            if self._in_arg_context():
+                # Passed in a task's arguments: the executor reports it with the reply if
+                # the task keeps it (the caller then registers this process as borrower).
+                self.executor.note_arg_borrow(object_id, owner)
+            else:
+                e.registered = True
+                self._post(self._send_add_borrower, object_id, owner)
+        return ObjectRef(object_id, owner, True)
+
+    def _in_arg_context(self) -> bool:
+        ex = self.executor
+        return ex is not None and ex.deserializing_args()
+
+    def _send_add_borrower(self, object_id: bytes, owner: m.Address) -> None:
+        self._spawn(self._notify_peer(owner, m.AddBorrowers([object_id], self.address)), "add-borrower")
+
+    async def _notify_peer(self, address: m.Address, msg: Any) -> None:
+        try:
+            conn = await self._peer(address)
+        except (OSError, ConnectionLost, TimeoutError) as e:
+            logger.debug("cannot reach %s for %s: %s", short(address.worker_id), type(msg).__name__, e)
+            return
+        conn.notify(msg)
+
+    def drain_refs(self) -> None:
+        """Apply dropped ObjectRefs (user threads call this at API entry)."""
+        if self.objects.decrements:
+            freed = self.objects.drain()
+            if freed:
+                self._release(freed)
+
+    def _release(self, freed: list[Freed]) -> None:
+        """Entries went away: free owned values, release borrowed ones (any thread)."""
+        store_frees: list[bytes] = []
+        recyclable: list[bool] = []
+        unborrow: dict[bytes, tuple[m.Address, list[bytes]]] = {}
+        dropped = self.owner.lineage_hit(freed)
+        for f in freed:
+            e = f.entry
+            if e.owned:
+                if e.node_id is not None and e.data is None:
+                    # Readers elsewhere may still view it: the raylet checks their pins.
+                    r = self.store.release(f.object_id, False)
+                    if r is None:
+                        continue  # viewed here: freed when the last view goes (_free_after_views)
+                    store_frees.append(f.object_id)
+                    recyclable.append(r)
+            else:
+                self.store.release(f.object_id, True)
+                if e.registered and e.owner is not None:
+                    unborrow.setdefault(e.owner.worker_id, (e.owner, []))[1].append(f.object_id)
+        if store_frees or unborrow:
+            self._post(self._send_releases, store_frees, recyclable, unborrow)
+        if dropped:
+            self._post(self._drop_lineage, dropped)
+
+    def _send_releases(self, store_frees: list[bytes], recyclable: list[bool],
+                       unborrow: dict[bytes, tuple[m.Address, list[bytes]]]) -> None:
+        if store_frees and self.raylet is not None:
+            self.raylet.notify(m.FreeObjects(store_frees, recyclable))
+        for owner, ids in unborrow.values():
+            self._spawn(self._notify_peer(owner, m.RemoveBorrowers(ids, self.worker_id)), "remove-borrower")
+
+    def _handle_add_borrowers(self, conn: Connection, msg: m.AddBorrowers) -> bool:
+        for oid in msg.object_ids:
+            self.objects.add_borrower(oid, msg.borrower)
+        return True
+
+    def _handle_remove_borrowers(self, conn: Connection, msg: m.RemoveBorrowers) -> None:
+        freed = self.objects.remove_borrower(msg.object_ids, msg.borrower_worker_id)
+        if freed:
+            self._release(freed)
+
+    def _handle_drop_slots(self, conn: Connection, msg: m.DropSlots) -> None:
+        for slot in msg.slots:
+            self.store.drop_slot(slot)

@@ -15,6 +15,9 @@ from typing import Any
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection
 
+#: Process modes (``CoreWorker.mode``).
+DRIVER, WORKER = 0, 1
+
 # PendingTask.state
 WAITING_ARGS, QUEUED, PUSHED, DONE = 0, 1, 2, 3
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from lumos._private.config import Config
 from lumos._private.transport import eventloop
+from lumos._private.core_worker.io_loop import spawn
 from lumos._private.gcs.actor_manager import ActorManager
 from lumos._private.gcs.raylet_pool import RayletPool
 from lumos._private.gcs.storage import (GcsStorage, StorageHealthState, StorageUnavailable, StorageWriter,
@@ -166,15 +167,7 @@ class GcsServer:
         self._spawn_task(coro, name)
 
     def _spawn_task(self, coro: Any, name: str) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-
-        def done(t: asyncio.Task[Any]) -> None:
-            self._tasks.discard(t)
-            if not t.cancelled() and t.exception() is not None:
-                logger.error("%s failed", name, exc_info=t.exception())
-        task.add_done_callback(done)
-        return task
+        return spawn(self._tasks, coro, name)
 
     # ------------------------------------------------------------------ storage
 

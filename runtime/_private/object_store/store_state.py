@@ -44,7 +44,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import OrderedDict, deque
-from typing import Union
+
+from .slot_pool import SlotPool
+from .store_events import (  # noqa: F401  (re-exported: the raylet uses st.<name>)
+    CreateRequested, ObjectSealed, ObjectsFreed, ClientGone, Ticked, MarkedShared, ObjectsPinned,
+    ObjectsUnpinned, SpillFinished, RestoreRequested, RestoreFinished, DiskCreateFailed,
+    GrantCreate, RejectCreate, UnlinkFile, RenameFile, DropSlot, SpillObject, RestoreObject,
+    DropMappings, AnswerRestore, DiskFull, Event, Action)
 
 #: The creator of copies the raylet pulled from other nodes (secondary copies: the
 #: primary stays where the object was made, so these may be evicted under pressure).
@@ -52,180 +58,6 @@ PULLED = b"object-manager"
 
 #: After a spill failed for lack of disk, spills are tried again after this long.
 DISK_FULL_RETRY_S = 2.0
-
-
-# ----------------------------------------------------------------------------- events
-
-@dataclasses.dataclass(slots=True)
-class CreateRequested:
-    request: int          #: id the server uses to answer the client
-    object_id: bytes
-    size_bytes: int
-    client: bytes         #: worker id of the creating process
-
-
-@dataclasses.dataclass(slots=True)
-class ObjectSealed:
-    object_id: bytes
-    size_bytes: int
-
-
-@dataclasses.dataclass(slots=True)
-class ObjectsFreed:
-    object_ids: list[bytes]
-    recyclable: list[bool]
-
-
-@dataclasses.dataclass(slots=True)
-class ClientGone:
-    client: bytes
-
-
-@dataclasses.dataclass(slots=True)
-class Ticked:
-    pass
-
-
-@dataclasses.dataclass(slots=True)
-class MarkedShared:
-    object_ids: list[bytes]
-
-
-@dataclasses.dataclass(slots=True)
-class ObjectsPinned:
-    """``client`` now holds live views of these objects (they must stay in memory)."""
-    client: bytes
-    object_ids: list[bytes]
-
-
-@dataclasses.dataclass(slots=True)
-class ObjectsUnpinned:
-    client: bytes
-    object_ids: list[bytes]
-
-
-@dataclasses.dataclass(slots=True)
-class SpillFinished:
-    object_id: bytes
-    error: str = ""           #: empty: the spill file is complete
-    out_of_disk: bool = False
-    seconds: float = 0.0      #: how long the copy took
-    started: float = 0.0      #: when it started (monotonic), for throughput over busy time
-
-
-@dataclasses.dataclass(slots=True)
-class RestoreRequested:
-    object_id: bytes
-
-
-@dataclasses.dataclass(slots=True)
-class RestoreFinished:
-    object_id: bytes
-    error: str = ""
-    seconds: float = 0.0
-    started: float = 0.0
-
-
-@dataclasses.dataclass(slots=True)
-class DiskCreateFailed:
-    """Preallocating the spill file of an object created straight on disk failed."""
-    object_id: bytes
-    error: str
-    out_of_disk: bool
-
-
-Event = Union[CreateRequested, ObjectSealed, ObjectsFreed, ClientGone, Ticked, MarkedShared,
-              ObjectsPinned, ObjectsUnpinned, SpillFinished, RestoreRequested, RestoreFinished,
-              DiskCreateFailed]
-
-
-# ----------------------------------------------------------------------------- actions
-
-@dataclasses.dataclass(slots=True)
-class GrantCreate:
-    request: int
-    object_id: bytes
-    slot: int
-    path: str             #: where the client writes (renamed to the final name when done)
-    final_path: str
-    file_size: int        #: size of the file; >= the requested size for a reused slot
-    reused: bool
-    #: Larger than the store: the file is in the spill dir; the server preallocates it
-    #: (``posix_fallocate``, so a full disk is an error, not a SIGBUS) before answering.
-    on_disk: bool = False
-
-
-@dataclasses.dataclass(slots=True)
-class RejectCreate:
-    request: int
-    object_id: bytes
-    reason: str
-    #: The object is already here, sealed, with that size (a copy pulled earlier): a
-    #: task that made it again can use it as its result.
-    exists: bool = False
-    #: Room needs spilling and the spill directory is full.
-    out_of_disk: bool = False
-
-
-@dataclasses.dataclass(slots=True)
-class UnlinkFile:
-    path: str
-
-
-@dataclasses.dataclass(slots=True)
-class RenameFile:
-    src: str
-    dst: str
-
-
-@dataclasses.dataclass(slots=True)
-class DropSlot:
-    client: bytes
-    slot: int
-
-
-@dataclasses.dataclass(slots=True)
-class SpillObject:
-    """Copy ``src`` (in the store) to ``tmp`` in the spill dir, then rename it to ``dst``."""
-    object_id: bytes
-    src: str
-    tmp: str
-    dst: str
-    size_bytes: int
-
-
-@dataclasses.dataclass(slots=True)
-class RestoreObject:
-    """Copy ``src`` (spill file) to ``tmp`` in the store, then rename it to ``dst``."""
-    object_id: bytes
-    src: str
-    tmp: str
-    dst: str
-    size_bytes: int
-
-
-@dataclasses.dataclass(slots=True)
-class DropMappings:
-    """Tell every process on the node: unmap these objects (their store files are gone)."""
-    object_ids: list[bytes]
-
-
-@dataclasses.dataclass(slots=True)
-class AnswerRestore:
-    """Answer every reader waiting to restore ``object_id``: ``path`` None when the object
-    is gone, "" when it is in the store, else the spill file to map."""
-    object_id: bytes
-    path: str | None
-
-
-@dataclasses.dataclass(slots=True)
-class DiskFull:
-    """An out-of-disk episode began (log it once)."""
-    message: str
-
-
-Action = Union[GrantCreate, RejectCreate, UnlinkFile, RenameFile, DropSlot, SpillObject, RestoreObject,
-               DropMappings, AnswerRestore, DiskFull]
 
 
 @dataclasses.dataclass(slots=True)
@@ -280,8 +112,7 @@ class ObjectStoreState:
         #: (what spilling and eviction scan, so spilled objects cost them nothing).
         self.resident: OrderedDict[bytes, _Obj] = OrderedDict()
         #: Free slots: slot -> (file size, last mapper), oldest first.
-        self.pool: OrderedDict[int, tuple[int, bytes]] = OrderedDict()
-        self.pool_bytes = 0
+        self.pool = SlotPool()
         #: Bytes of all files (objects and pool).
         self.used_bytes = 0
         #: Creates waiting for space, first come first served.
@@ -315,6 +146,11 @@ class ObjectStoreState:
         self.out_of_disk_rejects = 0
         #: Restores waiting for spills in flight to make room: (object id, deadline).
         self.restores_waiting: deque[tuple[bytes, float]] = deque()
+
+    @property
+    def pool_bytes(self) -> int:
+        """Bytes of free slots kept for reuse."""
+        return self.pool.bytes
 
     # ------------------------------------------------------------------ paths
 
@@ -358,9 +194,7 @@ class ObjectStoreState:
             for oid, obj in list(self.objects.items()):
                 if obj.creator == event.client and not obj.sealed:
                     self._free(oid, False, actions, tmp=True)
-            for slot, (size, mapper) in list(self.pool.items()):
-                if mapper == event.client:
-                    self.pool[slot] = (size, b"")
+            self.pool.forget_mapper(event.client)
             self._unpin(event.client, list(self.pins.get(event.client, ())))
             self.pins.pop(event.client, None)
             self.pending = deque(p for p in self.pending if p.request.client != event.client)
@@ -432,8 +266,7 @@ class ObjectStoreState:
     def _try_grant(self, ev: CreateRequested, actions: list[Action]) -> bool:
         slot = self._pick_slot(ev.size_bytes, ev.client)
         if slot is not None:
-            file_size, mapper = self.pool.pop(slot)
-            self.pool_bytes -= file_size
+            file_size, mapper = self.pool.take(slot)
             if mapper and mapper != ev.client:
                 actions.append(DropSlot(mapper, slot))  # its old mapping would only pin pages
             tmp = self._tmp_path(ev.object_id)
@@ -455,15 +288,7 @@ class ObjectStoreState:
         return True
 
     def _pick_slot(self, size: int, client: bytes) -> int | None:
-        """A pooled slot that fits without wasting more than half; the client's own first."""
-        best = None
-        for slot, (file_size, mapper) in self.pool.items():
-            if size <= file_size <= 2 * size + 4096:
-                if mapper == client:
-                    return slot
-                if best is None:
-                    best = slot
-        return best
+        return self.pool.pick(size, client)
 
     def _make_room(self, size: int, actions: list[Action], spill: bool = True) -> bool:
         """Free store space for ``size`` bytes: synchronously where a copy is elsewhere
@@ -735,8 +560,7 @@ class ObjectStoreState:
             actions.append(UnlinkFile(self.final_path(oid)))
 
     def _evict_oldest_slot(self, actions: list[Action]) -> None:
-        slot, (file_size, mapper) = self.pool.popitem(last=False)
-        self.pool_bytes -= file_size
+        slot, file_size, mapper = self.pool.take_oldest()
         self.used_bytes -= file_size
         actions.append(UnlinkFile(self._pool_path(slot)))
         if mapper:
@@ -767,8 +591,7 @@ class ObjectStoreState:
         if recyclable and obj.sealed and not obj.shared and obj.pins == 0 and obj.file_size <= self.recycle_bytes:
             while self.pool_bytes + obj.file_size > self.recycle_bytes and self.pool:
                 self._evict_oldest_slot(actions)
-            self.pool[obj.slot] = (obj.file_size, obj.creator)
-            self.pool_bytes += obj.file_size
+            self.pool.add(obj.slot, obj.file_size, obj.creator)
             actions.append(RenameFile(path, self._pool_path(obj.slot)))
         else:
             self.used_bytes -= obj.file_size
@@ -821,11 +644,10 @@ class ObjectStoreState:
                 "spill_dir": self.spill_dir}  # type: ignore[dict-item]
 
     def check_invariants(self) -> None:
-        total = sum(o.file_size for o in self.objects.values() if o.in_shm) + sum(s for s, _ in self.pool.values())
+        total = sum(o.file_size for o in self.objects.values() if o.in_shm) + self.pool.bytes
         if total != self.used_bytes:
             raise AssertionError(f"store accounting drifted: files {total} != used {self.used_bytes}")
-        if sum(s for s, _ in self.pool.values()) != self.pool_bytes:
-            raise AssertionError("pool accounting drifted")
+        self.pool.check()
         if {k for k, o in self.objects.items() if o.in_shm} != set(self.resident):
             raise AssertionError("resident objects drifted")
         if sum(o.file_size for o in self.objects.values() if o.spilling) != self.spilling_bytes:

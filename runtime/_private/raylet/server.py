@@ -29,6 +29,7 @@ from typing import Any
 
 from lumos._private.config import Config
 from lumos._private.transport import eventloop
+from lumos._private.core_worker.io_loop import spawn
 from lumos._private.ids import short
 from lumos._private.object_store import store_state as st
 from lumos._private.object_store import spill_io
@@ -181,7 +182,7 @@ class RayletServer:
         durable = await gcs.call(m.KvGet("cluster", b"gcs_storage_durable", 0.0), self.config.rpc_timeout_s)
         self._gcs_durable = durable == b"1"
         # Pre-started workers that registered here before the GCS connection was up were
-        # not reported (``_report_worker`` needs it): report them now (a restarted GCS too).
+        # not reported (``WorkerPool.report_worker`` needs it): report them now (a restarted GCS too).
         for proc in list(self.procs.values()):
             if proc.address is not None and not proc.is_driver and proc.exit_info is None:
                 self.pool.report_worker(proc, "ALIVE")
@@ -250,14 +251,7 @@ class RayletServer:
         self.stopped.set()
 
     def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-
-        def done(t: asyncio.Task[Any]) -> None:
-            self._tasks.discard(t)
-            if not t.cancelled() and t.exception() is not None:
-                logger.error("%s failed", name, exc_info=t.exception())
-        task.add_done_callback(done)
+        spawn(self._tasks, coro, name)
 
     def _gcs_lost(self, conn: Connection) -> None:
         if self._stopping or conn is not self.gcs or self._gcs_reconnecting:

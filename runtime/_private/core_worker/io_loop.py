@@ -1,0 +1,184 @@
+"""The ``lumos-io`` thread: one asyncio loop per process, and the hand-over to it.
+
+Owns the I/O thread and its loop, the inbox user threads post work into, ``run_sync``
+(run a coroutine on the loop and wait for it from a user thread) and ``spawn``, the one
+helper that starts a tracked background task (the core worker, the GCS and the raylet
+all use it: every task has an owner, and a failure is logged, never lost).
+
+```
+ user threads                          lumos-io thread
+ post(fn, *args) ─► inbox ──(one call_soon_threadsafe per burst)──► drain_inbox: fn(*args)...
+ run_sync(coro) ─► run_coroutine_threadsafe ──────────────────────► coro ─► result
+```
+
+Created and started by ``CoreWorker``; ``post`` is the hot path of every submission, so
+it costs an append and, only when the loop is not already due to drain, one wake-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+import threading
+from typing import Any, Awaitable, Callable, Coroutine
+
+from lumos import exceptions as exc
+from lumos._private.transport import eventloop
+from lumos._private.transport.connection import batch
+
+logger = logging.getLogger(__name__)
+
+
+def spawn(tasks: set[asyncio.Task[Any]], coro: Coroutine[Any, Any, Any], name: str,
+          loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Task[Any]:
+    """Start ``coro`` as a background task named ``name``, tracked in ``tasks`` until it
+    ends (its owner cancels what is left there when it closes); a failure is logged.
+    ``loop``: the loop to run it on (default: the running one)."""
+    task = (loop or asyncio.get_running_loop()).create_task(coro, name=name)
+    tasks.add(task)
+
+    def done(t: asyncio.Task[Any]) -> None:
+        tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            logger.error("%s failed", name, exc_info=t.exception())
+    task.add_done_callback(done)
+    return task
+
+
+class IoLoop:
+    """The process's ``lumos-io`` thread and loop, with the inbox from user threads."""
+
+    def __init__(self) -> None:
+        #: The loop (set by the io thread once it runs; None before and after).
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread: threading.Thread | None = None
+        #: Jobs posted by user threads, run in order on the io thread.
+        self.inbox: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
+        #: A drain of the inbox is already scheduled: posting needs no wake-up.
+        self._wake_pending = False
+        #: Background tasks (``spawn``), cancelled at close.
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, boot: Callable[[], Awaitable[None]], clean_up: Callable[[asyncio.AbstractEventLoop], None],
+              timeout_s: float) -> None:
+        """Start the thread, run ``boot()`` on its loop and wait for it (raising its
+        error); the loop then runs until ``stop()``. ``clean_up(loop)`` runs on the io
+        thread after the loop stops, before it closes."""
+        ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.thread = threading.Thread(target=self._run, args=(ready, boot, clean_up), name="lumos-io",
+                                       daemon=True)
+        self.thread.start()
+        try:
+            ready.result(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _run(self, ready: concurrent.futures.Future[None], boot: Callable[[], Awaitable[None]],
+             clean_up: Callable[[asyncio.AbstractEventLoop], None]) -> None:
+        loop = eventloop.new_event_loop()
+        self.loop = loop
+        asyncio.set_event_loop(loop)
+
+        async def run_boot() -> None:
+            try:
+                await boot()
+            except BaseException as e:
+                ready.set_exception(e)
+                return
+            ready.set_result(None)
+
+        loop.run_until_complete(run_boot())
+        if ready.exception() is None:
+            loop.run_forever()
+        try:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
+            clean_up(loop)
+            loop.run_until_complete(asyncio.sleep(0.01))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        except Exception as e:
+            logger.debug("io loop clean-up: %s", e)
+        finally:
+            try:
+                loop.close()
+            except OSError as e:  # a handle libuv still counts as active
+                logger.debug("io loop close: %s", e)
+
+    def stop(self) -> None:
+        """Stop the loop and join the thread (from any thread but the io thread's own join)."""
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(loop.stop)
+            except RuntimeError:
+                pass
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(5.0)
+
+    def cancel_tasks(self) -> None:
+        for t in list(self.tasks):
+            t.cancel()
+
+    def in_io_thread(self) -> bool:
+        return threading.current_thread() is self.thread
+
+    def is_alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    # ------------------------------------------------------------------ hand-over
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """A tracked background task on the io loop (io thread)."""
+        assert self.loop is not None
+        return spawn(self.tasks, coro, name, self.loop)
+
+    def post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the io thread; batched: one wake-up per burst."""
+        self.inbox.append((fn, args))
+        if not self._wake_pending:
+            self._wake_pending = True
+            loop = self.loop
+            if loop is None or loop.is_closed():
+                raise exc.LumosSystemError("lumos is shut down")
+            loop.call_soon_threadsafe(self._drain_inbox)
+
+    def _drain_inbox(self) -> None:
+        self._wake_pending = False
+        inbox = self.inbox
+        with batch():  # what the jobs send leaves at the end, without another loop turn
+            while inbox:
+                fn, args = inbox.popleft()
+                try:
+                    fn(*args)
+                except Exception:
+                    logger.exception("io-thread job %s failed", getattr(fn, "__name__", fn))
+
+    def run_sync(self, coro: Coroutine[Any, Any, Any], timeout_s: float | None = None) -> Any:
+        """Run a coroutine on the io thread and wait for it (from a user thread)."""
+        if threading.current_thread() is self.thread:
+            coro.close()
+            raise RuntimeError("a blocking lumos call was made from the lumos-io thread; "
+                               "use 'await ref' in async code instead")
+        if self.loop is None or self.closed:
+            coro.close()
+            raise exc.LumosSystemError("lumos is shut down")
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise TimeoutError(f"lumos control call timed out after {timeout_s}s") from None
+        finally:
+            # A raised error's traceback holds this frame; the future holds the error. Left
+            # alone, that cycle keeps every caller's frame (and the ObjectRefs in them)
+            # alive until the garbage collector runs.
+            del fut

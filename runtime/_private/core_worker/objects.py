@@ -1,0 +1,597 @@
+"""The object API of one process: ``put``, ``get``, ``wait``, futures, and reading values.
+
+User threads call these; they read the object table (``references.ObjectTable``) under
+its lock without a hop to the io thread (a ready value is returned with no syscall) and
+wait on a per-call ``Waiter`` lock in short slices, so Ctrl-C works. What needs the
+network (asking a borrowed object's owner, pulls from other nodes, rebuilds) is handed
+to the io thread. The io-thread half answers other processes' ``GetObjectStatus``.
+
+```
+ put(v):  serialize ─► small: entry READY, value inline
+                     └► large: CreateObject ─► StoreClient.write (this thread) ─► SealObject
+ get(refs): entries ready? ─► read inline / mmap the store file (pull from its node first)
+            else Waiter on the entries ◄── io thread completes them (TaskReply, _fetch)
+            lost with its node ─► owned: rerun its lineage;  borrowed: ask the owner to
+```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from lumos import exceptions as exc
+from lumos._private import serialization as ser
+from lumos._private.core_worker.references import FAILED, PENDING, READY, Waiter
+from lumos._private.core_worker.tasks import DRIVER, WORKER
+from lumos._private.ids import put_object_id, short
+from lumos._private.protocol import messages as m
+from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
+from lumos.object_ref import ObjectRef
+
+logger = logging.getLogger(__name__)
+
+#: ``ObjectStatus.status`` values (the owner's answer to ``GetObjectStatus``).
+STATUS_PENDING, STATUS_READY, STATUS_FREED, STATUS_LOST = 0, 1, 2, 3
+
+
+def error_blob(error: BaseException) -> bytes:
+    """Serialize an error as a value whose ``get`` raises it."""
+    try:
+        return ser.serialize(error, ser.KIND_ERROR).to_bytes()
+    except ser.SerializationError:
+        fallback = exc.LumosSystemError(f"{type(error).__name__}: {error}")
+        return ser.serialize(fallback, ser.KIND_ERROR).to_bytes()
+
+
+class ObjectsMixin:
+    """``CoreWorker``'s put/get/wait/futures (user threads) and object-status handlers (io thread)."""
+
+    objects: Any
+    config: Any
+    io: Any
+    store: Any
+    raylet: Any
+    node_id: bytes
+    worker_id: bytes
+    address: m.Address
+
+    def _store_pin_changed(self, object_id: bytes, pinned: bool) -> None:
+        """Tell the raylet whether this process views ``object_id`` (viewed objects are
+        never spilled). Any thread, also garbage collection at exit."""
+        if self._closed or self.loop is None or self.loop.is_closed():
+            return
+        try:
+            self._post(self._notify_raylet, m.PinObjects([object_id], pinned))
+        except exc.LumosSystemError:
+            pass  # shutting down: the raylet forgets this process's pins when it goes
+
+    def _free_after_views(self, object_id: bytes) -> None:
+        """An object we freed while viewing it lost its last view here (any thread, GC
+        included): free it in the store now, its slot reusable if nobody else views it."""
+        if self._closed or self.loop is None or self.loop.is_closed():
+            return
+        try:
+            self._post(self._send_releases, [object_id], [True], {})
+        except exc.LumosSystemError:
+            pass  # shutting down: the raylet frees what this process owned when it goes
+
+    def _restore_spilled(self, object_id: bytes) -> str | None:
+        """The object's store file is missing: ask the raylet to restore it (user threads).
+        Returns None (not on this node), "" (back in the store) or a spill file to map."""
+        if self.raylet is None or self.io.in_io_thread():
+            return None
+        try:
+            answer = self.call_raylet(m.RestoreSpilled(object_id), 3600.0)  # the raylet bounds it by size
+        except (RemoteError, TimeoutError, exc.LumosSystemError) as e:
+            logger.warning("restoring spilled object %s failed: %s", short(object_id), e)
+            return None
+        return answer if isinstance(answer, str) else None
+
+    def put(self, value: Any, *, _owner: m.Address | None = None, _kind: int = ser.KIND_VALUE) -> ObjectRef:
+        """``_kind=KIND_ERROR``: ``get`` raises ``value`` (a dynamic generator's error)."""
+        if isinstance(value, ObjectRef):
+            raise TypeError("lumos.put() of an ObjectRef is not allowed; pass the ref itself instead")
+        self.drain_refs()
+        sv = ser.serialize(value, _kind)
+        self._put_counter += 1
+        oid = put_object_id(self.current_task_id, self._put_counter)
+        nested = [(r._id, r._owner or self.address) for r in sv.nested_refs]
+        if sv.total_size < self.config.max_inline_object_bytes:
+            data = sv.to_bytes()
+            with self.objects.lock:
+                e = self.objects.add_owned(oid)
+                e.state = READY
+                e.data = data
+                e.size = len(data)
+        else:
+            self._write_to_store(oid, sv, keep_mapping=True)
+            with self.objects.lock:
+                e = self.objects.add_owned(oid)
+                e.state = READY
+                e.node_id = self.node_id
+                e.size = sv.total_size
+        if nested:
+            self.objects.add_contained(nested, registered=True)
+            with self.objects.lock:
+                e.nested = nested
+                for noid, _ in nested:
+                    ne = self.objects.entries.get(noid)
+                    if ne is not None:
+                        ne.shared = True
+        return ObjectRef(oid, self.address, True)
+
+    def _write_to_store(self, oid: bytes, sv: ser.SerializedValue, keep_mapping: bool,
+                        owner: bytes = b"") -> None:
+        """Create the object in this node's store and copy the value in (user thread).
+        ``owner``: the owning process's worker id when it is not this one."""
+        try:
+            slot, path, final_path, file_size, reused = self.call_raylet(
+                m.CreateObject(oid, sv.total_size, self.worker_id, owner),
+                self.config.object_store_full_timeout_s + self.config.rpc_timeout_s)
+        except RemoteError as e:
+            if e.type_name == "_StoreFull":
+                raise exc.ObjectStoreFullError(e.text) from None
+            if e.type_name == "_OutOfDisk":
+                raise exc.OutOfDiskError(e.text) from None
+            if e.type_name == "_ObjectExists":
+                return  # a task run again where a copy of its result was pulled earlier
+            raise
+        try:
+            self.store.write(oid, path, final_path, slot, file_size, reused, sv.total_size,
+                             lambda dest, copy: sv.write_into(dest, copy), keep_mapping)
+        except BaseException:
+            self._post(self._send_releases, [oid], [False], {})
+            raise
+        self._post(self._notify_raylet, m.SealObject(oid, sv.total_size))
+
+    def _notify_raylet(self, msg: Any) -> None:
+        if self.raylet is not None:
+            self.raylet.notify(msg)
+
+    def get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.drain_refs()
+        entries = self.objects.entries
+        missing: list[ObjectRef] = []
+        for ref in refs:
+            e = entries.get(ref._id)
+            if e is None or e.state == PENDING:
+                missing.append(ref)
+        if missing:
+            self._wait_for(missing, len({r._id for r in missing}), timeout, fetch=True, for_get=True)
+        if len(refs) > 1:
+            self._pull_remote_together(refs)
+        return [self._value_of(ref, deadline) for ref in refs]
+
+    def _pull_remote_together(self, refs: list[ObjectRef]) -> None:
+        """Copy the objects of ``refs`` that live on other nodes here, all pulls at once
+        (then each read finds its copy local; a failed pull is reported by that read)."""
+        entries = self.objects.entries
+        remote: dict[bytes, bytes] = {}
+        for ref in refs:
+            e = entries.get(ref._id)
+            if e is not None and e.state == READY and e.data is None and e.node_id is not None \
+                    and e.node_id != self.node_id:
+                remote[ref._id] = e.node_id
+        if len(remote) < 2 or self.raylet is None:
+            return
+        raylet = self.raylet
+
+        async def pull_all() -> None:
+            await asyncio.gather(*(raylet.call(m.PullObject(oid, node, 0, self._owner_id_of(oid)))
+                                   for oid, node in remote.items()), return_exceptions=True)
+
+        try:
+            self.run_sync(pull_all(), 3600.0)
+        except (TimeoutError, exc.LumosSystemError):
+            pass
+
+    def _wait_for(self, refs: list[ObjectRef], num: int, timeout: float | None, fetch: bool,
+                  for_get: bool = False) -> list[bytes]:
+        """Block until ``num`` of ``refs`` are ready. Returns ids in completion order.
+
+        ``for_get``: raise ``GetTimeoutError`` at the deadline (``wait`` just returns).
+        """
+        waiter = Waiter(num)
+        to_fetch: list[tuple[bytes, m.Address]] = []
+        seen: set[bytes] = set()
+        with self.objects.lock:
+            for ref in refs:
+                oid = ref._id
+                if oid in seen:
+                    continue
+                seen.add(oid)
+                e = self.objects.entries.get(oid)
+                if e is None:
+                    waiter.hit(oid)  # unknown here: _value_of explains
+                elif e.state != PENDING:
+                    waiter.hit(oid)
+                else:
+                    if e.waiters is None:
+                        e.waiters = []
+                    e.waiters.append(waiter)
+                    if not e.owned and not e.fetching and e.owner is not None:
+                        e.fetching = True
+                        to_fetch.append((oid, e.owner))
+                if waiter.remaining <= 0:
+                    break
+        if waiter.remaining <= 0:
+            return waiter.order
+        for oid, owner in to_fetch:
+            self._post(self._start_fetch, oid, owner)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._set_blocked(True)
+        try:
+            while True:
+                slice_s = self.config.wait_slice_s
+                if deadline is not None:
+                    slice_s = min(slice_s, deadline - time.monotonic())
+                    if slice_s <= 0:
+                        break
+                if waiter.lock.acquire(timeout=slice_s):
+                    break
+        except KeyboardInterrupt:
+            self._cancel_refs_on_interrupt(refs)
+            raise
+        finally:
+            self._set_blocked(False)
+            if waiter.remaining > 0:
+                with self.objects.lock:
+                    for ref in refs:
+                        e = self.objects.entries.get(ref._id)
+                        if e is not None and e.waiters and waiter in e.waiters:
+                            e.waiters.remove(waiter)
+        if waiter.remaining > 0 and for_get:
+            raise exc.GetTimeoutError(
+                f"get timed out after {timeout}s: {waiter.remaining} of {num} objects not ready")
+        return waiter.order
+
+    def _set_blocked(self, blocked: bool) -> None:
+        if self.mode != WORKER or self.executor is None or not self.executor.running_task():
+            return
+        if blocked:
+            self._blocked_depth += 1
+            if self._blocked_depth == 1:
+                self._post(self._notify_raylet, m.WorkerBlocked(self.worker_id))
+                self.executor.requeue_waiting()
+        else:
+            self._blocked_depth -= 1
+            if self._blocked_depth == 0:
+                self._post(self._notify_raylet, m.WorkerUnblocked(self.worker_id))
+
+    def _cancel_refs_on_interrupt(self, refs: list[ObjectRef]) -> None:
+        for ref in refs:
+            e = self.objects.entries.get(ref._id)
+            if e is not None and e.owned and e.state == PENDING:
+                try:
+                    self.cancel(ref, force=False, recursive=True)
+                except Exception:
+                    logger.exception("cancel on Ctrl-C failed")
+
+    def wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None,
+             fetch_local: bool) -> tuple[list[ObjectRef], list[ObjectRef]]:
+        if self.objects.decrements:
+            self.drain_refs()
+        # Fast path: enough of them are done already (one pass, no waiter).
+        get = self.objects.entries.get
+        done: list[ObjectRef] = []
+        rest: list[ObjectRef] = []
+        with self.objects.lock:
+            if num_returns == len(refs):
+                for r in refs:
+                    e = get(r._id)
+                    if e is not None and e.state == PENDING:
+                        break
+                else:
+                    return list(refs), []
+            for r in refs:
+                e = get(r._id)
+                if (e is None or e.state != PENDING) and len(done) < num_returns:
+                    done.append(r)
+                else:
+                    rest.append(r)
+        if len(done) >= num_returns or timeout == 0:
+            return done, rest
+        by_id: dict[bytes, ObjectRef] = {}
+        for ref in refs:
+            by_id.setdefault(ref._id, ref)
+        order = self._wait_for(refs, num_returns, timeout, fetch=fetch_local)
+        ready_ids = order[:num_returns]
+        ready_set = set(ready_ids)
+        # Several objects may have become ready at once: add any others already done.
+        if len(ready_ids) < num_returns:
+            with self.objects.lock:
+                for oid in by_id:
+                    if oid not in ready_set:
+                        e = self.objects.entries.get(oid)
+                        if e is not None and e.state != PENDING and len(ready_ids) < num_returns:
+                            ready_ids.append(oid)
+                            ready_set.add(oid)
+        ready = [by_id[oid] for oid in ready_ids if oid in by_id]
+        not_ready = [r for r in refs if r._id not in ready_set]
+        return ready, not_ready
+
+    def _value_of(self, ref: ObjectRef, deadline: float | None = None) -> Any:
+        e = self.objects.entries.get(ref._id)
+        if e is None:
+            raise exc.ObjectFreedError(ref._id.hex(), "no reference to it is held in this process "
+                                       "(was the ObjectRef created by hand?)")
+        data = e.data
+        if data is not None:
+            kind, value = ser.deserialize(data)
+        elif e.node_id is not None:
+            lost_detail = None
+            try:
+                kind, value = self._read_from_store(ref._id, e.node_id)
+            except exc.ObjectLostError as lost:
+                if e.data is not None or (not e.owned and e.owner is None):
+                    raise
+                lost_detail = lost.detail
+            if lost_detail is not None:
+                # Outside the handler: the caught error's traceback would keep this frame,
+                # and ``ref`` with it, alive in a cycle.
+                if e.owned:
+                    kind, value = self._rebuild_and_read(ref, e.node_id, lost_detail, deadline)
+                else:
+                    kind, value = self._refetch_and_read(ref, e.owner, e.node_id, lost_detail, deadline)
+        else:
+            raise exc.ObjectLostError(ref._id.hex(), "its value was never recorded")
+        if kind == ser.KIND_ERROR:
+            if isinstance(value, exc.TaskError):
+                raise value.as_instanceof_cause()
+            raise value
+        return value
+
+    def _read_from_store(self, oid: bytes, node_id: bytes) -> tuple[int, Any]:
+        view = self.store.view(oid, restore=node_id == self.node_id)
+        if view is None and node_id != self.node_id:
+            self.pull_to_local(oid, node_id)
+            view = self.store.view(oid)
+        if view is None:
+            if node_id != self.node_id:
+                raise exc.ObjectLostError(oid.hex(), f"it lives on node {short(node_id)}, and this "
+                                          "process cannot read it")
+            raise exc.ObjectLostError(oid.hex(), "its file is gone from this node's object store")
+        return ser.deserialize(view)
+
+    def _rebuild_and_read(self, ref: ObjectRef, node_id: bytes, detail: str,
+                          deadline: float | None) -> tuple[int, Any]:
+        """An object this process owns was lost with its node: run the task that made it
+        again (lineage reconstruction), wait for the new value and read it (user thread)."""
+        oid = ref._id
+
+        def rebuild(node: bytes, detail: str) -> tuple[bytes | None, bytes | None] | None:
+            async def run() -> str | None:
+                return self._reconstruct(oid, node)
+
+            why = self.run_sync(run(), self.config.rpc_timeout_s)
+            if why is not None:
+                raise exc.ObjectLostError(oid.hex(), f"{detail}; it cannot be rebuilt: {why}")
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._wait_for([ref], 1, remaining, fetch=False, for_get=True)
+            e = self.objects.entries.get(oid)
+            if e is None or (e.data is None and e.node_id is None):
+                return None
+            return e.data, e.node_id
+
+        return self._read_rebuilt(oid, node_id, detail, rebuild)
+
+    def _refetch_and_read(self, ref: ObjectRef, owner: m.Address, node_id: bytes, detail: str,
+                          deadline: float | None) -> tuple[int, Any]:
+        """A borrowed object's value was lost with its node: its owner rebuilds it from the
+        lineage, then the new copy is read (user thread)."""
+        oid = ref._id
+
+        def rebuild(node: bytes, detail: str) -> tuple[bytes | None, bytes | None]:
+            st = self.ask_owner_to_rebuild(oid, owner, node, deadline)
+            self.objects.complete(oid, READY, st.data, st.node_id, st.size, None)
+            return st.data, st.node_id
+
+        return self._read_rebuilt(oid, node_id, detail, rebuild)
+
+    def _read_rebuilt(self, oid: bytes, node_id: bytes, detail: str,
+                      rebuild: Callable[[bytes, str], tuple[bytes | None, bytes | None] | None]) -> tuple[int, Any]:
+        """Read a value lost with node ``node_id`` once ``rebuild(node_id, detail)`` made it
+        again: it gives the new ``(data, node_id)``, or None when no value was recorded. A
+        copy lost again is rebuilt again, a few times at most (user thread)."""
+        for _ in range(4):
+            where = rebuild(node_id, detail)
+            if where is None:
+                break
+            data, new_node = where
+            if data is not None:
+                return ser.deserialize(data)
+            assert new_node is not None
+            again = None
+            try:
+                return self._read_from_store(oid, new_node)
+            except exc.ObjectLostError as lost:
+                again = lost.detail  # kept outside the handler: its traceback would hold this frame
+            detail, node_id = again, new_node
+        raise exc.ObjectLostError(oid.hex(), f"{detail}; rebuilding it did not succeed")
+
+    def ask_owner_to_rebuild(self, oid: bytes, owner: m.Address, lost_node: bytes,
+                             deadline: float | None) -> m.ObjectStatus:
+        """Tell ``oid``'s owner that its value cannot be read from ``lost_node``; the owner
+        runs the task that made it again when it can. Returns the new location, or raises
+        why there is none (user threads, blocking until the value is rebuilt)."""
+        if owner.worker_id == self.worker_id:
+            raise exc.ObjectLostError(oid.hex(), "its value is gone and this process owns it")
+
+        async def ask() -> m.ObjectStatus:
+            conn = await self._peer(owner)
+            return await conn.call(m.GetObjectStatus(oid, True, self.address, lost_node))  # type: ignore[no-any-return]
+
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        self._set_blocked(True)  # the rebuild may need this worker's CPU
+        try:
+            st: m.ObjectStatus = self.run_sync(ask(), remaining)
+        except TimeoutError:
+            raise exc.GetTimeoutError(f"get timed out while {short(oid)} was being rebuilt") from None
+        except (OSError, ConnectionLost) as e:
+            raise exc.OwnerDiedError(oid.hex(), f"its value was lost with node {short(lost_node)} and its "
+                                     f"owner {short(owner.worker_id)} is unreachable: {e}") from None
+        except RemoteError as e:
+            raise exc.ObjectLostError(oid.hex(), str(e)) from None
+        finally:
+            self._set_blocked(False)
+        if st.status == STATUS_READY and (st.data is not None or st.node_id is not None):
+            return st
+        if st.status == STATUS_FREED:
+            raise exc.ObjectFreedError(oid.hex(), st.error or "its owner freed it")
+        raise exc.ObjectLostError(oid.hex(), st.error or "its owner lost it")
+
+    def _owner_id_of(self, oid: bytes) -> bytes:
+        """The worker id of ``oid``'s owner (a pulled copy is freed when that process dies)."""
+        e = self.objects.entries.get(oid)
+        if e is not None and not e.owned and e.owner is not None:
+            return e.owner.worker_id
+        return self.worker_id
+
+    def pull_to_local(self, oid: bytes, node_id: bytes, owner_id: bytes | None = None) -> None:
+        """Have the local raylet copy ``oid`` from node ``node_id`` into this node's store (blocks).
+        ``owner_id``: the object's owner, when this process has no entry for it."""
+        try:
+            self.call_raylet(m.PullObject(oid, node_id, 0, owner_id or self._owner_id_of(oid)), 3600.0)
+        except (RemoteError, ConnectionLost, TimeoutError) as e:
+            raise exc.ObjectLostError(oid.hex(), f"it lives on node {short(node_id)} and could not be "
+                                      f"copied to this node: {e}") from None
+
+    def _start_fetch(self, oid: bytes, owner: m.Address) -> None:
+        self._spawn(self._fetch(oid, owner), "fetch")
+
+    async def _fetch(self, oid: bytes, owner: m.Address) -> None:
+        """Ask a borrowed object's owner for its value (long poll)."""
+        try:
+            conn = await self._peer(owner)
+            st: m.ObjectStatus = await conn.call(m.GetObjectStatus(oid, True, self.address))
+        except (OSError, ConnectionLost, TimeoutError) as e:
+            self._complete_error(oid, exc.OwnerDiedError(oid.hex(), f"owner {short(owner.worker_id)} "
+                                                         f"unreachable: {e}"))
+            return
+        except RemoteError as e:
+            self._complete_error(oid, exc.ObjectLostError(oid.hex(), str(e)))
+            return
+        if st.status == STATUS_READY:
+            freed = []
+            e = self.objects.complete(oid, READY, st.data, st.node_id, st.size, None)
+            if e is not None:
+                e.fetching = False
+            self._run_callbacks(oid, e)
+            if freed:
+                self._release(freed)
+        elif st.status == STATUS_FREED:
+            self._complete_error(oid, exc.ObjectFreedError(oid.hex(), st.error or "its owner freed it"))
+        else:
+            self._complete_error(oid, exc.ObjectLostError(oid.hex(), st.error or "its owner lost it"))
+
+    def _complete_error(self, oid: bytes, error: BaseException) -> None:
+        e = self.objects.complete(oid, FAILED, error_blob(error), None, 0, None)
+        if e is not None:
+            e.fetching = False
+        self._run_callbacks(oid, e)
+
+    def _handle_get_object_status(self, conn: Connection, msg: m.GetObjectStatus) -> Any:
+        e = self.objects.entries.get(msg.object_id)
+        if e is None or not e.owned:
+            return m.ObjectStatus(STATUS_FREED, None, None, 0, "its owner no longer holds it")
+        if msg.borrower is not None:
+            e.shared = True
+        lost = msg.lost_node
+        if lost is not None and e.state == READY and e.data is None and e.node_id == lost:
+            why = self._reconstruct(msg.object_id, lost)
+            if why is not None:
+                return m.ObjectStatus(STATUS_LOST, None, None, 0, f"its value was lost with node {short(lost)} "
+                                      f"and it cannot be rebuilt: {why}")
+        if e.state != PENDING or not msg.wait:
+            return self._status_of(e)
+        fut: asyncio.Future[m.ObjectStatus] = asyncio.get_running_loop().create_future()
+
+        def ready(entry: Any) -> None:
+            if not fut.done():
+                fut.set_result(self._status_of(entry) if entry is not None else
+                               m.ObjectStatus(STATUS_FREED, None, None, 0, "freed while pending"))
+        with self.objects.lock:
+            if e.state != PENDING:
+                return self._status_of(e)
+            if e.callbacks is None:
+                e.callbacks = []
+            e.callbacks.append(ready)
+        return fut
+
+    @staticmethod
+    def _status_of(e: Any) -> m.ObjectStatus:
+        if e.state == PENDING:
+            return m.ObjectStatus(STATUS_PENDING, None, None, 0)
+        return m.ObjectStatus(STATUS_READY, e.data, e.node_id, e.size)
+
+    def _run_callbacks(self, oid: bytes, e: Any) -> None:
+        if e is None:
+            return
+        with self.objects.lock:
+            cbs, e.callbacks = e.callbacks, None
+        if cbs:
+            for cb in cbs:
+                try:
+                    cb(e)
+                except Exception:
+                    logger.exception("object-ready callback failed")
+
+    def future_of(self, ref: ObjectRef) -> concurrent.futures.Future[Any]:
+        """A future resolved with the value when the object is ready (never blocks)."""
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.drain_refs()
+
+        def resolve(_: Any = None) -> None:
+            try:
+                fut.set_result(self._value_of(ref))
+            except BaseException as e:  # the future carries the error to the awaiting side
+                fut.set_exception(e)
+
+        def on_io() -> None:
+            e = self.objects.entries.get(ref._id)
+            if e is None or e.state != PENDING:
+                threading.Thread(target=resolve, name="lumos-future", daemon=True).start() \
+                    if (e is not None and e.node_id is not None and e.data is None) else resolve()
+                return
+            with self.objects.lock:
+                if e.callbacks is None:
+                    e.callbacks = []
+                e.callbacks.append(lambda entry: resolve())
+            if not e.owned and not e.fetching and e.owner is not None:
+                e.fetching = True
+                self._start_fetch(ref._id, e.owner)
+        self._post(on_io)
+        return fut
+
+    def describe_object(self, oid: bytes) -> dict[str, Any]:
+        e = self.objects.entries.get(oid)
+        if e is None:
+            return {"state": "unknown"}
+        state = {PENDING: "pending", READY: "ready", FAILED: "failed"}[e.state]
+        return {"state": state, "size": e.size, "owned": e.owned,
+                "owner": (e.owner.worker_id.hex() if e.owner else self.worker_id.hex()),
+                "node_id": (e.node_id or (self.node_id if e.data is not None else b"")).hex(),
+                "inline": e.data is not None}
+
+    def stats(self) -> dict[str, Any]:
+        objects = []
+        with self.objects.lock:
+            for oid, e in list(self.objects.entries.items())[:10_000]:
+                objects.append({
+                    "object_id": oid.hex(), "owned": e.owned,
+                    "state": {PENDING: "PENDING", READY: "READY", FAILED: "FAILED"}[e.state],
+                    "size_bytes": e.size, "local_refs": e.local, "submitted_refs": e.submitted,
+                    "contained_refs": e.contained, "borrowers": len(e.borrowers or ()),
+                    "in_store": e.data is None and e.node_id is not None,
+                    "node_id": (e.node_id or b"").hex() or None,
+                })
+        return {"worker_id": self.worker_id.hex(), "pid": os.getpid(), "job_id": self.job_id.hex(),
+                "node_id": self.node_id.hex(), "is_driver": self.mode == DRIVER,
+                "num_pending_tasks": len(self.tasks), "objects": objects, "store": self.store.stats()}

@@ -1,0 +1,224 @@
+"""Task replies and results on the owner's side (io thread).
+
+A ``TaskReply`` from the worker that ran a task (or from an actor) is checked against
+the task's current attempt, settles the lease's accounting (``TaskSubmitterState``),
+and then either records the values (owned entries become ready, waiters wake, nested
+refs are counted, lineage is kept when the task can run again), or retries the task, or
+fails it (an error value for every return). Arguments are released last, after the
+executor's borrowed refs are registered with their owners.
+
+```
+ worker ── TaskReply ─► _handle_task_reply ─► stale attempt? drop (free orphan store copies)
+                            │ requeue (worker blocked in get) ─► TaskSubmitterState.task_requeued
+                            ├─ system error ─► _fail_task ─► entries FAILED, waiters wake
+                            ├─ retryable app error, retries left ─► _retry ─► new attempt queued
+                            └─ else ─► _finish_task ─► entries READY, OwnerState.keep_lineage
+                                          └─► _task_done ─► FINISHED event, borrowers, _release_args
+```
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from lumos import exceptions as exc
+from lumos._private import serialization as ser
+from lumos._private.core_worker.objects import error_blob
+from lumos._private.core_worker.references import FAILED, READY
+from lumos._private.core_worker.tasks import DONE, PUSHED, PendingTask
+from lumos._private.ids import short
+from lumos._private.protocol import messages as m
+from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
+
+logger = logging.getLogger(__name__)
+
+
+class ResultsMixin:
+    """``CoreWorker``'s reply handling, result recording, retries and failures (io thread)."""
+
+    tasks: dict[bytes, PendingTask]
+    objects: Any
+    owner: Any
+    submitter: Any
+    actor_submitter: Any
+    raylet: Any
+    config: Any
+    worker_id: bytes
+    _events: list[tuple[Any, ...]]
+
+    def _handle_task_reply(self, conn: Connection, reply: m.TaskReply) -> None:
+        task = self.tasks.get(reply.task_id)
+        if task is None or task.state == DONE:
+            self._free_orphan_returns(reply)
+            return
+        if task.state != PUSHED or reply.worker_id != self._executor_of(task):
+            # From an attempt given up on (its worker's node was declared dead, or the task
+            # was put back): the current attempt's reply is the one that counts.
+            logger.info("refused a reply for %s from worker %s, which does not run its current attempt",
+                        short(reply.task_id), short(reply.worker_id or b""))
+            return
+        lease = task.lease
+        submitter = self.submitter
+        if lease is not None:
+            if reply.error_kind == "requeue" and task.spec.kind == 0:
+                self._run(submitter.task_requeued(task))
+                return
+            submitter.reply_arrived(lease, reply.task_id, reply.end_time - reply.start_time,
+                                    reply.error_kind == "exiting")
+        if task.spec.kind == 2:
+            self.actor_submitter.on_reply(task, reply)
+        if reply.system_error is not None:
+            if reply.error_kind == "cancelled" or task.cancelled:
+                self._fail_task(task, exc.TaskCancelledError(task.spec.task_id.hex(), reply.system_error))
+            elif reply.error_kind == "actor_died":
+                self._fail_task(task, exc.ActorDiedError((task.spec.actor_id or b"").hex(), reply.system_error))
+            else:
+                self._fail_task(task, exc.LumosSystemError(reply.system_error))
+        elif reply.app_error and reply.retryable and submitter.use_retry(task):
+            self._free_orphan_returns(reply)
+            self._retry(task, "the task raised a retryable exception")
+        else:
+            self._finish_task(task, reply)
+        if lease is not None:
+            self._run(submitter.after_reply(lease))
+
+    def _executor_of(self, task: PendingTask) -> bytes | None:
+        """The worker running ``task``'s current attempt (None: unknown)."""
+        if task.spec.kind == 2:
+            return self.actor_submitter.worker_of(task)
+        return task.lease.worker_id if task.lease is not None else None
+
+    def _retry(self, task: PendingTask, why: str) -> None:
+        self._next_attempt(task, why)
+        if task.spec.kind == 0:
+            self._enqueue(task, front=True)
+        else:
+            self._enqueue(task)
+
+    def _next_attempt(self, task: PendingTask, why: str) -> None:
+        """Record that ``task`` runs again (a retry or a rebuild) and start its next attempt."""
+        spec = task.spec
+        logger.info("running %s (%s) again: %s", spec.name, short(spec.task_id), why)
+        if spec.enable_task_events:
+            self._events.append((spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, None, why))
+        spec.attempt += 1
+        task.lease = None
+    def _finish_task(self, task: PendingTask, reply: m.TaskReply) -> None:
+        if task.spec.num_returns == -1:
+            self._finish_stream(task, reply)
+            return
+        task.state = DONE
+        self.tasks.pop(task.spec.task_id, None)
+        spec = task.spec
+        objects = self.objects
+        orphans: list[bytes] = []
+        for ret in reply.returns:
+            nested = [(r[0], r[1]) for r in ret.nested_refs] if ret.nested_refs else None
+            if nested:
+                objects.add_contained(nested, registered=True)
+            e = objects.complete(ret.object_id, READY, ret.data, ret.node_id, ret.size, nested)
+            if e is None:
+                if ret.data is None and ret.node_id is not None:
+                    orphans.append(ret.object_id)
+                if nested:
+                    freed = objects.release_nested(nested)
+                    if freed:
+                        self._release(freed)
+            else:
+                e.shared = True
+                self._run_callbacks(ret.object_id, e)
+        if orphans and self.raylet is not None:
+            self.raylet.notify(m.FreeObjects(orphans, [False] * len(orphans)))
+        if spec.kind == 0 and not reply.app_error and task.retries_left != 0:
+            self._keep_lineage(task)
+        self._task_done(task, reply)
+
+    def _task_done(self, task: PendingTask, reply: m.TaskReply, info: dict[str, Any] | None = None) -> None:
+        """A task finished (its values recorded): its event, then its arguments' release
+        (after the executor's borrowed refs are registered with their owners)."""
+        spec = task.spec
+        if spec.enable_task_events:
+            state = "FAILED" if reply.app_error else "FINISHED"
+            if reply.start_time:
+                # The executor sends its own RUNNING event in its next batch, which a reader may
+                # not see yet (or ever, if it exits first): the finished row has its start time.
+                self._events.append((spec.task_id, spec.attempt, "RUNNING", reply.start_time, None, None,
+                                     reply.worker_id, None))
+            self._events.append((spec.task_id, spec.attempt, state, reply.end_time or time.time(), info,
+                                 None, reply.worker_id, _error_text(reply) if reply.app_error else None))
+        if reply.borrowed:
+            executor = (task.lease.address if task.lease is not None
+                        else self.actor_submitter.address_of(spec.actor_id or b""))
+            self._spawn(self._register_borrowers(task, reply.borrowed, executor), "borrowers")
+        else:
+            self._release_args(task)
+
+    async def _register_borrowers(self, task: PendingTask, borrowed: list[Any],
+                                  executor: m.Address | None) -> None:
+        """The executor kept refs from the arguments: make their owners know, then let go."""
+        if executor is not None:
+            by_owner: dict[bytes, tuple[m.Address, list[bytes]]] = {}
+            for oid, owner in borrowed:
+                if owner.worker_id == self.worker_id:
+                    self.objects.add_borrower(oid, executor)
+                else:
+                    by_owner.setdefault(owner.worker_id, (owner, []))[1].append(oid)
+            for owner, ids in by_owner.values():
+                try:
+                    conn = await self._peer(owner)
+                    await conn.call(m.AddBorrowers(ids, executor), self.config.rpc_timeout_s)
+                except (OSError, ConnectionLost, TimeoutError, RemoteError) as e:
+                    logger.debug("could not register borrower at %s: %s", short(owner.worker_id), e)
+        self._release_args(task)
+
+    def _release_args(self, task: PendingTask) -> None:
+        if self.owner.pins_args(task):
+            return  # pinned while the task may run again; _drop_lineage lets them go
+        ids = task.dep_ids + task.nested_ids
+        if ids:
+            freed = self.objects.remove_submitted(ids)
+            if freed:
+                self._release(freed)
+
+    def _free_orphan_returns(self, reply: m.TaskReply) -> None:
+        ids = [r.object_id for r in reply.returns if r.data is None and r.node_id is not None]
+        if ids and self.raylet is not None:
+            self.raylet.notify(m.FreeObjects(ids, [False] * len(ids)))
+
+    def _fail_task(self, task: PendingTask, error: BaseException) -> None:
+        self._fail_task_with_blob(task, error_blob(error), str(error))
+
+    def _fail_task_with_blob(self, task: PendingTask, blob: bytes, text: str = "") -> None:
+        if task.state == DONE:
+            return
+        task.state = DONE
+        self.tasks.pop(task.spec.task_id, None)
+        self.submitter.task_gone(task)
+        for oid in task.return_ids:
+            e = self.objects.complete(oid, FAILED, blob, None, len(blob), None)
+            self._run_callbacks(oid, e)
+        if task.spec.num_returns == -1:
+            self._end_stream(task, blob)
+        spec = task.spec
+        if spec.enable_task_events:
+            state = "CANCELLED" if task.cancelled else "FAILED"
+            self._events.append((spec.task_id, spec.attempt, state, time.time(), None, None, None,
+                                 text or "failed"))
+        if spec.kind == 2:
+            self.actor_submitter.on_failed(task)
+        self._release_args(task)
+
+
+def _error_text(reply: m.TaskReply) -> str:
+    """The last line of a failed task's error (for the task-event log), at most 500 chars."""
+    blob = reply.returns[0].data if reply.returns else None
+    if not blob:
+        return "application error"
+    try:
+        _kind, err = ser.deserialize(blob)
+        lines = [ln for ln in str(err).splitlines() if ln.strip()]
+        return (lines[-1] if lines else type(err).__name__)[:500]
+    except Exception:
+        return "application error"

@@ -1,0 +1,383 @@
+"""Submitting tasks and creating actors: the user-thread half (and task events).
+
+A user thread calls ``submit_task`` / ``create_actor``: the arguments are serialized
+(top-level refs become ``_ArgRef`` placeholders listed as ``Dep``s, large values are
+``put`` first and passed by ref), the ``m.TaskSpec`` is built, the return ids are
+recorded as owned and the argument refs pinned, the ``SUBMITTED`` event is buffered,
+and the task is handed to the io thread in one ``_post`` (no syscall when the io
+thread is already due to drain its inbox); the refs return at once. Task events are
+buffered as tuples and turned into messages off the hot path (``_flush_loop``).
+
+```
+ user thread: submit_task ─► _pack_args ─► TaskSpec ─► owned returns ─► _post(_on_submit) ─► refs
+ io thread:   _on_submit ─► OwnerState.resolve_args ─► TaskSubmitterState.enqueue ─► PushTask
+              (actor calls ─► actor_submitter.py)
+ create_actor ─► RegisterActor at the GCS (run_sync) ─► actor_submitter.track
+```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import time
+from typing import Any
+
+from lumos import exceptions as exc
+from lumos._private import serialization as ser
+from lumos._private.core_worker.tasks import DONE, QUEUED, WAITING_ARGS, PendingTask, TaskTemplate
+from lumos._private.ids import new_task_id, return_object_id
+from lumos._private.protocol import messages as m
+from lumos._private.transport.connection import ConnectionLost, RemoteError
+from lumos.generator import GeneratorStream, ObjectRefGenerator
+from lumos.object_ref import ObjectRef
+
+
+class _ArgRef(int):
+    """Placeholder for the i-th top-level ref argument inside the pickled args."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> Any:
+        return (_ArgRef, (int(self),))
+
+
+ser._PLAIN_SCALARS = ser._PLAIN_SCALARS | {_ArgRef}  # pickles by reference: safe on the fast path
+
+
+def function_id_of(pickled: bytes) -> bytes:
+    return hashlib.sha256(pickled).digest()[:16]
+
+
+class SubmissionMixin:
+    """``CoreWorker``'s task and actor submission (user threads) and task-event buffer."""
+
+    objects: Any
+    config: Any
+    address: m.Address
+    job_id: bytes
+    gcs: Any
+
+    def export_function(self, template: TaskTemplate) -> None:
+        if template.function_id in self._exported or template.pickled_function is None:
+            return
+        self._exported.add(template.function_id)
+        assert self.gcs is not None
+        msg = m.KvPut("fn", self.job_id + template.function_id, template.pickled_function, True)
+        if self._gcs_reconnecting:
+            self._gcs_backlog.append(msg)
+        else:
+            self.gcs.notify(msg)
+
+    def _pack_args(self, args: tuple[Any, ...], kwargs: dict[str, Any], template: TaskTemplate
+                   ) -> tuple[ser.SerializedValue, list[ObjectRef]]:
+        """Serialize a call's arguments; top-level refs become placeholders listed in deps."""
+        deps: list[ObjectRef] = []
+        if any(type(a) is ObjectRef for a in args):
+            new_args: list[Any] = []
+            for a in args:
+                if type(a) is ObjectRef:
+                    new_args.append(_ArgRef(len(deps)))
+                    deps.append(a)
+                else:
+                    new_args.append(a)
+            args = tuple(new_args)
+        if kwargs and any(type(v) is ObjectRef for v in kwargs.values()):
+            kwargs = dict(kwargs)
+            for k, v in kwargs.items():
+                if type(v) is ObjectRef:
+                    kwargs[k] = _ArgRef(len(deps))
+                    deps.append(v)
+        payload: Any = (args, kwargs) if kwargs else args
+        try:
+            sv = ser.serialize(payload)
+        except ser.SerializationError as e:
+            raise self._argument_error(template, args, kwargs, e) from e.__cause__
+        if sv.total_size > self.config.max_inline_arg_bytes:
+            payload, sv, deps = self._promote_large_args(args, kwargs, deps)
+        return sv, deps
+
+    @staticmethod
+    def _argument_error(template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
+                        error: ser.SerializationError) -> ser.SerializationError:
+        """Which argument of a call could not be serialized, and why (the failure path only)."""
+        names = _parameter_names(template)
+        for i, value in enumerate(args):
+            cause = ser._pickles(value)
+            if cause is not None:
+                name = f" (`{names[i]}`)" if i < len(names) else ""
+                where = f"argument {i + 1}{name}"
+                break
+        else:
+            for key, value in kwargs.items():
+                cause = ser._pickles(value)
+                if cause is not None:
+                    where = f"keyword argument `{key}`"
+                    break
+            else:
+                return error
+        return ser.SerializationError(
+            f"could not serialize {where} of {template.name}(): {ser.describe_culprit(value, cause)}. "
+            "Arguments of tasks and actors must be picklable (cloudpickle); objects holding locks, "
+            "sockets or open files are not: pass what rebuilds them instead (a path, a config).")
+
+    def submit_task(self, template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    actor_fields: tuple[Any, ...] | None = None) -> list[ObjectRef]:
+        """Submit one call (user thread). Returns refs to its ``num_returns`` results."""
+        if self.objects.decrements:
+            self.drain_refs()
+        if self.capture_strategy is not None and template.strategy is None and template.kind != 2:
+            template = self._captured(template)
+        sv, deps = self._pack_args(args, kwargs, template)
+        task_id = new_task_id()
+        n = template.num_returns
+        return_ids = [return_object_id(task_id, i + 1) for i in range(n)] if n > 0 else []
+        nested = sv.nested_refs
+        spec = m.TaskSpec(
+            task_id, self.job_id, self.current_task_id, template.kind, template.name,
+            template.function_id, template.function_name, sv.to_bytes(), [], 
+            [[r._id, r._owner or self.address] for r in nested] if nested else [],
+            n, template.resources, template.max_retries, template.retry_exceptions,
+            template.retry_exception_types, self.address, 0, template.strategy)
+        if actor_fields is not None:
+            spec.actor_id, spec.sequence_no, spec.caller_id, spec.actor_options = actor_fields
+        else:
+            if template.runtime_env is not None or self.inherited_env is not None:
+                spec.runtime_env = self._env_for(template)
+            if template.max_calls:
+                spec.max_calls = template.max_calls
+        events_on = template.enable_task_events
+        if not events_on:
+            spec.enable_task_events = False
+        spec.root_task_id = self.root_task_id()
+        dep_ids = [d._id for d in deps]
+        task = PendingTask(spec, template, return_ids, dep_ids, [r._id for r in nested], time.time())
+        spec.deps = [m.Dep(d._id, d._owner or self.address, None, None) for d in deps]
+        objects = self.objects
+        with objects.lock:
+            for oid in return_ids:
+                objects.add_owned(oid)
+            if dep_ids:
+                objects.add_submitted(dep_ids)
+            if task.nested_ids:
+                objects.add_submitted(task.nested_ids)
+        if events_on:
+            self._events.append((task_id, 0, "SUBMITTED", task.submit_time, self._event_info(task), None, None,
+                                 None))
+        address = self.address
+        if n == -1:
+            stream = self.streams[task_id] = GeneratorStream(task_id)
+            self._post(self._on_submit, task)
+            return [ObjectRefGenerator(stream, address, self)]  # type: ignore[list-item]
+        self._post(self._on_submit, task)
+        return [ObjectRef(oid, address, True) for oid in return_ids]
+
+    def create_actor(self, template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     actor_id: bytes, actor_options: dict[str, Any]) -> m.ActorInfo:
+        """Register an actor with the GCS, which creates it (user thread).
+
+        Returns the GCS's row for the actor: a different actor's row when
+        ``get_if_exists`` found one with the same name.
+        """
+        if self.objects.decrements:
+            self.drain_refs()
+        if self.capture_strategy is not None and template.strategy is None:
+            template = self._captured(template)
+        sv, deps = self._pack_args(args, kwargs, template)
+        nested = sv.nested_refs
+        task_id = new_task_id()
+        spec = m.TaskSpec(
+            task_id, self.job_id, self.current_task_id, 1, template.name, template.function_id,
+            template.function_name, sv.to_bytes(), [m.Dep(d._id, d._owner or self.address, None, None) for d in deps],
+            [[r._id, r._owner or self.address] for r in nested] if nested else [], 1, template.resources, 0, 0,
+            None, self.address, 0, template.strategy, actor_id=actor_id, actor_options=actor_options,
+            enable_task_events=template.enable_task_events)
+        spec.root_task_id = self.root_task_id()
+        if template.runtime_env is not None or self.inherited_env is not None:
+            spec.runtime_env = self._env_for(template)
+        pinned = [d._id for d in deps] + [r._id for r in nested]
+        if pinned:
+            with self.objects.lock:
+                self.objects.add_submitted(pinned)
+
+        async def register() -> m.ActorInfo:
+            self.export_function(template)
+            return await self._gcs_call(m.RegisterActor(spec), self.config.rpc_timeout_s)  # type: ignore[no-any-return]
+
+        try:
+            info: m.ActorInfo = self.run_sync(register(), self.config.rpc_timeout_s + 1)
+        except BaseException as e:
+            self._post(self._unpin, pinned)
+            if isinstance(e, RemoteError) and e.type_name in ("ValueError", "TypeError"):
+                raise (ValueError if e.type_name == "ValueError" else TypeError)(e.text) from None
+            if isinstance(e, ConnectionLost):
+                raise self._unavailable("the GCS", m.RegisterActor(spec), e) from None
+            if isinstance(e, RemoteError):
+                raise exc.LumosSystemError(f"could not create actor {template.name}: {e}") from None
+            raise
+        if info.actor_id != actor_id:  # get_if_exists: an existing actor
+            self._post(self._unpin, pinned)
+        elif spec.enable_task_events:
+            self._events.append((task_id, 0, "SUBMITTED", time.time(), {
+                "name": template.name, "function_name": template.function_name,
+                "parent": self.current_task_id, "args": pinned, "returns": [],
+                "resources": template.resources, "type": "ACTOR_CREATION_TASK", "actor_id": actor_id}, None, None, None))
+            if pinned:
+                self._post(self.actor_submitter.pin_creation_args, actor_id, pinned)
+        self._post(self.actor_submitter.track, info.actor_id, info)
+        return info
+
+    def _env_for(self, template: TaskTemplate) -> dict[str, str] | None:
+        """A new task's or actor's environment variables: its own over its parent's."""
+        inherited, own = self.inherited_env, template.runtime_env
+        if inherited and own:
+            return {**inherited, **own}
+        return own or inherited
+
+    def _captured(self, template: TaskTemplate) -> TaskTemplate:
+        """``template`` scheduled into the placement group that captures this task's children."""
+        strategy = self.capture_strategy
+        key = (id(template), bytes(strategy[1]) if strategy else b"")
+        hit = self._captured_templates.get(key)
+        if hit is not None and hit[0] is template:
+            return hit[1]  # type: ignore[no-any-return]
+        t = copy.copy(template)
+        t.strategy = strategy
+        t.key = (template.function_id, tuple(sorted(template.resources.items())), repr(strategy))
+        if len(self._captured_templates) > 10_000:
+            self._captured_templates.clear()
+        self._captured_templates[key] = (template, t)
+        return t
+
+    def _unpin(self, ids: list[bytes]) -> None:
+        if ids:
+            freed = self.objects.remove_submitted(ids)
+            if freed:
+                self._release(freed)
+
+    def root_task_id(self) -> bytes:
+        ex = self.executor
+        if ex is not None:
+            root = ex.current_root_task_id()
+            if root:
+                return root  # type: ignore[no-any-return]
+        return self.current_task_id
+
+    def _promote_large_args(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                            deps: list[ObjectRef]) -> tuple[Any, ser.SerializedValue, list[ObjectRef]]:
+        """Put large by-value arguments into the object store and pass them by ref."""
+        limit = self.config.max_inline_arg_bytes // 4
+        deps = list(deps)
+        keep: list[ObjectRef] = []
+
+        def promote(v: Any) -> Any:
+            if type(v) is _ArgRef:
+                return v
+            try:
+                size = ser.serialize(v).total_size
+            except ser.SerializationError:
+                raise
+            if size <= limit:
+                return v
+            ref = self.put(v)
+            keep.append(ref)
+            deps.append(ref)
+            return _ArgRef(len(deps) - 1)
+
+        new_args = tuple(promote(a) for a in args)
+        new_kwargs = {k: promote(v) for k, v in kwargs.items()}
+        payload: Any = (new_args, new_kwargs) if new_kwargs else new_args
+        return payload, ser.serialize(payload), deps
+
+    def _event_info(self, task: PendingTask) -> dict[str, Any]:
+        spec = task.spec
+        info: dict[str, Any] = {"name": spec.name, "function_name": spec.function_name,
+                                "parent": spec.parent_task_id, "args": task.dep_ids + task.nested_ids,
+                                "returns": task.return_ids, "resources": spec.resources,
+                                "type": ("NORMAL_TASK", "ACTOR_CREATION_TASK", "ACTOR_TASK")[spec.kind]}
+        if spec.actor_id:
+            info["actor_id"] = spec.actor_id
+            info["caller_id"] = spec.caller_id
+            if spec.kind == 2:
+                prev = self._last_actor_call.get(spec.actor_id)
+                if prev is not None:
+                    info["prev_call"] = prev
+                self._last_actor_call[spec.actor_id] = spec.task_id
+        return info
+
+    def record_event(self, task_id: bytes, attempt: int, state: str, t: float,
+                     node_id: bytes | None = None, worker_id: bytes | None = None,
+                     error: str | None = None, info: Any = None) -> None:
+        self._events.append((task_id, attempt, state, t, info, node_id, worker_id, error))
+
+    async def _flush_loop(self) -> None:
+        interval = self.config.task_event_flush_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            self._flush_events()
+            if self.objects.decrements:
+                freed = self.objects.drain()
+                if freed:
+                    self._release(freed)
+            if self.executor is not None:
+                self.executor.flush_output()
+
+    def _flush_events(self) -> None:
+        if not self._events or self.gcs is None or self.gcs.is_closed:
+            return
+        raw, self._events = self._events, []
+        job = self.job_id
+        events = [m.TaskEvent(tid, attempt, state, t, job, info, node, worker, err)
+                  for (tid, attempt, state, t, info, node, worker, err) in raw]
+        self.gcs.notify(m.AddTaskEvents(events))
+
+    # ------------------------------------------------------------------ cancel
+
+    def cancel(self, ref: ObjectRef, force: bool, recursive: bool) -> None:
+        self._post(self._cancel, ref._id[:16], force, recursive)
+
+    def _cancel(self, task_id: bytes, force: bool, recursive: bool) -> None:
+        task = self.tasks.get(task_id)
+        if task is None or task.state == DONE:
+            return
+        task.cancelled = True
+        if task.state in (WAITING_ARGS, QUEUED):
+            self._fail_task(task, exc.TaskCancelledError(task_id.hex(), "cancelled before it started"))
+            return
+        if task.spec.kind == 2:
+            conn = self.actor_submitter.connection_of(task.spec.actor_id or b"")
+            if conn is not None and not force:
+                conn.notify(m.CancelTask(task_id, False, recursive))
+            return
+        lease = task.lease
+        if lease is None or lease.conn is None:
+            return
+        if force:
+            task.force_cancelled = True
+            lease.raylet.notify(m.KillWorker(lease.worker_id, f"force-cancelled task {task.spec.name}"))
+        else:
+            lease.conn.notify(m.CancelTask(task_id, False, recursive))
+
+    def cancel_children(self, parent_task_id: bytes, force: bool) -> None:
+        """Cancel every task this process submitted from ``parent_task_id`` (io thread)."""
+        for task in list(self.tasks.values()):
+            if task.spec.parent_task_id == parent_task_id:
+                self._cancel(task.spec.task_id, force, True)
+
+
+def _parameter_names(template: TaskTemplate) -> list[str]:
+    """Positional parameter names of a task's function or an actor's ``__init__`` (for
+    error messages; empty when they cannot be known here, as for actor methods)."""
+    import inspect
+    if template.pickled_function is None:
+        return []
+    try:
+        fn = ser.deserialize_code(template.pickled_function)
+        if template.kind == 1:
+            names = list(inspect.signature(fn.__init__).parameters)[1:]
+        else:
+            names = list(inspect.signature(fn).parameters)
+    except (ValueError, TypeError, ser.DeserializationError):
+        return []
+    return names

@@ -1,0 +1,388 @@
+"""Owner-side scheduling of normal tasks: queues, leases, pipelining, retries (pure).
+
+``TaskSubmitterState`` decides; ``CoreWorker`` (io thread) feeds it what happened and
+runs the actions it returns. It never touches a socket, a timer or the object table:
+a lease's connection and raylet are opaque handles it hands back in actions.
+
+```
+ CoreWorker (io thread)                          TaskSubmitterState
+ args ready ───────────── enqueue(task) ───────► queue of the task's key ─► pump
+ RequestLease ◄──────────────────────────────── more tasks than usable leases
+ raylet grant ─────────── lease_granted/connected ► LeasedWorker ─► pump
+ PushTask ◄───────────────────────────────────── least-loaded lease under the depth
+ TaskReply ────────────── reply_arrived, after_reply ► mean run time, idle, pump
+ connection closed ────── worker_failed ─────────► requeue (exiting) / AwaitWorkerExit
+ cause known ──────────── worker_died ───────────► RetryTask / FailTask per max_retries
+ ReturnLease, StartIdleTimer ◄────────────────── idle or surplus workers
+```
+
+Pipelining: tasks of one key go up to ``max_tasks_in_flight_per_worker`` deep per
+leased worker once their mean run time is below ``pipeline_below_ms``; long or unknown
+ones go one per worker, so a slow task never holds others back while a worker idles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any, Union
+
+from lumos import exceptions as exc
+from lumos._private.core_worker.tasks import DONE, PUSHED, QUEUED, LeasedWorker, PendingTask, SchedulingQueue
+from lumos._private.ids import short
+from lumos._private.raylet.memory_monitor import OOM_KILL_REASON
+
+
+# ---------------------------------------------------------------------------- actions
+
+@dataclass(slots=True)
+class PushTask:
+    """Send ``task`` to the worker of ``lease`` (its idle timer, if any, is cancelled)."""
+    task: PendingTask
+    lease: LeasedWorker
+
+
+@dataclass(slots=True)
+class RequestLease:
+    """Ask the local raylet for a worker for ``queue``'s shape (``queue.requesting`` counts it)."""
+    queue: SchedulingQueue
+
+
+@dataclass(slots=True)
+class PumpLater:
+    """Pump ``queue`` again after ``delay_s`` (a lease request at another node failed)."""
+    queue: SchedulingQueue
+    delay_s: float
+
+
+@dataclass(slots=True)
+class ReturnLease:
+    """Give the worker back to the raylet that granted it (cancel its idle timer)."""
+    lease: LeasedWorker
+    disconnect: bool
+
+
+@dataclass(slots=True)
+class StartIdleTimer:
+    """The lease has nothing to run: call ``idle_expired(lease)`` after the idle timeout."""
+    lease: LeasedWorker
+
+
+@dataclass(slots=True)
+class AwaitWorkerExit:
+    """A leased worker's connection dropped with ``tasks`` in flight: find out why (ask
+    its raylet), then call ``worker_died``."""
+    lease: LeasedWorker
+    tasks: list[PendingTask]
+
+
+@dataclass(slots=True)
+class RetryTask:
+    """Run ``task`` again (a new attempt) after ``delay_s``; 0: now."""
+    task: PendingTask
+    why: str
+    delay_s: float = 0.0
+
+
+@dataclass(slots=True)
+class FailTask:
+    task: PendingTask
+    error: BaseException
+
+
+Action = Union[PushTask, RequestLease, PumpLater, ReturnLease, StartIdleTimer, AwaitWorkerExit, RetryTask,
+               FailTask]
+
+
+class TaskSubmitterState:
+    """Scheduling queues per key (function, resource shape, strategy), the workers
+    leased for them, pipelining depth and retry decisions. io thread only; pure."""
+
+    def __init__(self, *, max_tasks_in_flight_per_worker: int, pipeline_below_ms: float,
+                 max_pending_lease_requests: int, max_leases_per_scheduling_key: int,
+                 task_oom_retry_delay_base_ms: float = 1000.0, validate: bool = False) -> None:
+        self.max_in_flight = max_tasks_in_flight_per_worker
+        self.pipeline_below_ms = pipeline_below_ms
+        self.max_pending_lease_requests = max_pending_lease_requests
+        self.max_leases_per_key = max_leases_per_scheduling_key
+        self.oom_retry_delay_base_s = task_oom_retry_delay_base_ms / 1000
+        #: Check the invariants of the queue an event touched (tests; ``validate()`` checks all).
+        self.check = validate
+        #: Scheduling key -> its queue (kept for the process's life: keys are few).
+        self.queues: dict[Any, SchedulingQueue] = {}
+        #: Leased workers with nothing to run, kept a moment for more of their key's tasks.
+        self.idle_leases: set[LeasedWorker] = set()
+
+    # ------------------------------------------------------------------ queueing
+
+    def enqueue(self, task: PendingTask, front: bool = False) -> list[Action]:
+        """``task``'s arguments are ready (or it runs again): queue it and pump."""
+        key = task.template.key
+        q = self.queues.get(key)
+        if q is None:
+            q = self.queues[key] = SchedulingQueue(key, task.template)
+        task.state = QUEUED
+        task.queue = q
+        if front:
+            q.tasks.appendleft(task)
+        else:
+            q.tasks.append(task)
+        return self.pump(q)
+
+    def pump(self, q: SchedulingQueue) -> list[Action]:
+        """Push what the leases of ``q`` can take; ask for more workers if tasks are left."""
+        out: list[Action] = []
+        mean = q.mean_exec_s
+        depth = self.max_in_flight if mean is not None and mean * 1000 < self.pipeline_below_ms else 1
+        tasks = q.tasks
+        while tasks:
+            best = None
+            for lease in q.leases:
+                if lease.conn is not None and not lease.dead and not lease.blocked and not lease.exiting \
+                        and len(lease.tasks) < depth and (
+                        best is None or len(lease.tasks) < len(best.tasks)):
+                    best = lease
+                    if not lease.tasks:
+                        break
+            if best is None:
+                break
+            task = tasks.popleft()
+            if task.cancelled:
+                continue
+            task.state = PUSHED
+            task.lease = best
+            best.tasks[task.spec.task_id] = task
+            self.idle_leases.discard(best)
+            out.append(PushTask(task, best))
+        if tasks:
+            usable = sum(1 for l in q.leases if not l.dead and not l.exiting)
+            want = min(len(tasks), self.max_pending_lease_requests, self.max_leases_per_key - usable)
+            if q.requesting < want and self.idle_leases:
+                # Workers this process holds idle for other functions would keep this one's
+                # request waiting until they time out (issue 14: after a burst of f, the
+                # first g waited ~1.2 s): give them back first.
+                for idle in [l for l in self.idle_leases if l.queue is not q]:
+                    out.extend(self.return_lease(idle, disconnect=False))
+            while q.requesting < want:
+                q.requesting += 1
+                out.append(RequestLease(q))
+        if self.check:  # per event: the queue it touched (its first queued tasks), cheaply
+            self._check_queue(q, set(), 64)
+        return out
+
+    def task_gone(self, task: PendingTask) -> None:
+        """``task`` ended (failed or cancelled) outside a reply: forget where it waited."""
+        if task.lease is not None:
+            task.lease.tasks.pop(task.spec.task_id, None)
+        q = task.queue
+        if q is not None and task in q.tasks:
+            q.tasks.remove(task)
+
+    # ------------------------------------------------------------------ leases
+
+    def lease_granted(self, q: SchedulingQueue, lease: LeasedWorker) -> None:
+        """A raylet granted ``lease`` for ``q``; its connection is being opened."""
+        q.requesting -= 1
+        q.leases.append(lease)
+
+    def lease_connected(self, lease: LeasedWorker, conn: Any) -> list[Action]:
+        lease.conn = conn
+        q = lease.queue
+        if not q.tasks:
+            # Granted after its tasks went to other workers: keeping it idle would hold a
+            # worker (and a later request queued behind it at the raylet) for nothing.
+            return self.return_lease(lease, disconnect=False)
+        return self.pump(q)
+
+    def lease_unreachable(self, lease: LeasedWorker) -> list[Action]:
+        """The granted worker could not be reached: give it back, try others."""
+        out = self.return_lease(lease, disconnect=True)
+        out.extend(self.pump(lease.queue))
+        return out
+
+    def lease_request_failed(self, q: SchedulingQueue, error: BaseException, elsewhere: bool) -> list[Action]:
+        """A lease request ended without a grant. ``elsewhere``: it failed at another
+        node's raylet (that node went away), so asking again from here may succeed; else
+        the queue's tasks fail."""
+        q.requesting -= 1
+        if elsewhere:
+            return [PumpLater(q, 0.1)]
+        out: list[Action] = []
+        for task in list(q.tasks):
+            q.tasks.remove(task)
+            out.append(FailTask(task, exc.LumosSystemError(f"could not lease a worker: {error}")))
+        return out
+
+    def return_lease(self, lease: LeasedWorker, disconnect: bool) -> list[Action]:
+        q = lease.queue
+        if lease in q.leases:
+            q.leases.remove(lease)
+        self.idle_leases.discard(lease)
+        if lease.dead:
+            return []  # returned already (a worker that said it exits, then closed)
+        lease.dead = True
+        return [ReturnLease(lease, disconnect)]
+
+    def idle_expired(self, lease: LeasedWorker) -> list[Action]:
+        lease.idle_timer = None
+        self.idle_leases.discard(lease)
+        if not lease.tasks and not lease.queue.tasks:
+            return self.return_lease(lease, disconnect=False)
+        return []
+
+    def return_all(self) -> list[Action]:
+        """The process closes: give every lease back."""
+        out: list[Action] = []
+        for q in self.queues.values():
+            for lease in list(q.leases):
+                out.extend(self.return_lease(lease, disconnect=False))
+        return out
+
+    def leases_where(self, conn: Any = None, node_id: bytes | None = None) -> list[LeasedWorker]:
+        """Leases on connection ``conn``, or on node ``node_id`` whose connection is not open."""
+        found = []
+        for q in self.queues.values():
+            for lease in q.leases:
+                if conn is not None and lease.conn is conn:
+                    found.append(lease)
+                elif node_id is not None and lease.node_id == node_id and (
+                        lease.conn is None or lease.conn.is_closed):
+                    found.append(lease)
+        return found
+
+    # ------------------------------------------------------------------ replies
+
+    def task_requeued(self, task: PendingTask) -> list[Action]:
+        """The worker blocked in get() with ``task`` queued behind: run it elsewhere."""
+        lease = task.lease
+        assert lease is not None
+        lease.tasks.pop(task.spec.task_id, None)
+        lease.blocked = True
+        task.lease = None
+        task.state = QUEUED
+        lease.queue.tasks.appendleft(task)
+        return self.pump(lease.queue)
+
+    def reply_arrived(self, lease: LeasedWorker, task_id: bytes, took_s: float, exiting: bool) -> None:
+        """The worker of ``lease`` answered ``task_id`` after running it ``took_s``.
+        ``exiting``: it reached max_calls and exits after this reply: push nothing more to
+        it (tasks already pushed come back requeued, or are requeued when it closes)."""
+        lease.tasks.pop(task_id, None)
+        lease.blocked = False
+        q = lease.queue
+        q.mean_exec_s = took_s if q.mean_exec_s is None else 0.8 * q.mean_exec_s + 0.2 * took_s
+        if exiting:
+            lease.exiting = True
+
+    def use_retry(self, task: PendingTask) -> bool:
+        """The task raised a retryable exception: True when it runs again (a retry used)."""
+        if task.retries_left != 0 and not task.cancelled:
+            if task.retries_left > 0:
+                task.retries_left -= 1
+            return True
+        return False
+
+    def after_reply(self, lease: LeasedWorker) -> list[Action]:
+        """The reply's task is settled: keep the worker busy, or let it idle."""
+        if lease.dead:
+            return []
+        out: list[Action] = []
+        if not lease.tasks and not lease.queue.tasks and not lease.exiting and lease.idle_timer is None \
+                and lease not in self.idle_leases:
+            self.idle_leases.add(lease)
+            out.append(StartIdleTimer(lease))
+        out.extend(self.pump(lease.queue))
+        return out
+
+    # ------------------------------------------------------------------ failures
+
+    def worker_failed(self, lease: LeasedWorker) -> list[Action]:
+        """The connection to a leased worker dropped: its in-flight tasks failed (or, from
+        a worker that said it exits, never ran: they are queued again, using no retry)."""
+        in_flight = list(lease.tasks.values())
+        lease.tasks.clear()
+        out = self.return_lease(lease, disconnect=True)
+        if in_flight and lease.exiting:
+            for task in reversed(in_flight):
+                if task.state != DONE:
+                    task.lease = None
+                    task.state = QUEUED
+                    lease.queue.tasks.appendleft(task)
+        elif in_flight:
+            out.append(AwaitWorkerExit(lease, in_flight))
+        out.extend(self.pump(lease.queue))
+        return out
+
+    def worker_died(self, lease: LeasedWorker, tasks: list[PendingTask], cause: str | None) -> list[Action]:
+        """Why the worker of ``lease`` died is known (``cause``, None: unknown): retry its
+        tasks per ``max_retries`` (after a delay when it was killed for memory), or fail them."""
+        out: list[Action] = []
+        oom = cause is not None and OOM_KILL_REASON in cause
+        for task in tasks:
+            if task.state == DONE:
+                continue
+            if task.force_cancelled or task.cancelled:
+                out.append(FailTask(task, exc.TaskCancelledError(task.spec.task_id.hex(), "force-cancelled")))
+                continue
+            text = (f"worker {short(lease.worker_id)} on node {short(lease.node_id)} died"
+                    f" ({cause or 'cause unknown'}) while running {task.spec.name}()")
+            if task.retries_left != 0:
+                if task.retries_left > 0:
+                    task.retries_left -= 1
+                # Memory is short now: give it time to recover before running again.
+                delay = self.oom_retry_delay_base_s * 2 ** min(task.spec.attempt, 5) if oom else 0.0
+                out.append(RetryTask(task, text, delay))
+            else:
+                tries = task.template.max_retries
+                out.append(FailTask(task, (exc.OutOfMemoryError if oom else exc.WorkerCrashedError)(
+                    f"{text}. " + (f"Retried {tries} times (max_retries={tries})." if tries > 0 else
+                                   "Not retried (max_retries=0)."))))
+        return out
+
+    @staticmethod
+    def retry_due(task: PendingTask, why: str) -> list[Action]:
+        """A delayed retry's time came: run it, unless it ended or was cancelled meanwhile."""
+        if task.state == DONE:
+            return []
+        if task.force_cancelled or task.cancelled:
+            return [FailTask(task, exc.TaskCancelledError(task.spec.task_id.hex(), "cancelled"))]
+        return [RetryTask(task, why)]
+
+    # ------------------------------------------------------------------ invariants
+
+    def validate(self) -> None:
+        """Check every invariant; raise ``AssertionError`` naming the first one broken."""
+        seen: set[int] = set()
+        for key, q in self.queues.items():
+            _check(q.key == key, f"queue {key!r} filed under another key")
+            self._check_queue(q, seen, len(q.tasks))
+        for lease in self.idle_leases:
+            _check(lease in lease.queue.leases, f"idle lease {lease.lease_id} not held")
+            _check(not lease.tasks, f"idle lease {lease.lease_id} runs tasks")
+
+    def _check_queue(self, q: SchedulingQueue, seen: set[int], max_queued: int) -> None:
+        """The invariants of one queue, its leases and (the first ``max_queued``) queued tasks."""
+        _check(q.requesting >= 0, f"queue {q.key!r}: {q.requesting} lease requests in flight")
+        for task in islice(q.tasks, max_queued):
+            tid = short(task.spec.task_id)
+            _check(task.state == QUEUED, f"task {tid} queued in state {task.state}")
+            _check(task.queue is q, f"task {tid} in a queue not its own")
+            _check(id(task) not in seen, f"task {tid} in two places")
+            seen.add(id(task))
+        for lease in q.leases:
+            _check(lease.queue is q, f"lease {lease.lease_id} in a queue not its own")
+            _check(not lease.dead, f"returned lease {lease.lease_id} still in its queue")
+            _check(len(lease.tasks) <= max(self.max_in_flight, 1),
+                   f"lease {lease.lease_id}: {len(lease.tasks)} tasks in flight")
+            for tid_b, task in lease.tasks.items():
+                tid = short(tid_b)
+                _check(task.spec.task_id == tid_b and task.state == PUSHED and task.lease is lease,
+                       f"task {tid} on lease {lease.lease_id} is not pushed there")
+                _check(id(task) not in seen, f"task {tid} in two places")
+                seen.add(id(task))
+            _check(lease not in self.idle_leases or not lease.tasks, f"idle lease {lease.lease_id} runs tasks")
+
+
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise AssertionError(f"TaskSubmitterState: {what}")

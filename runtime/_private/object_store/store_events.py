@@ -1,0 +1,184 @@
+"""Events into and actions out of ``ObjectStoreState`` (see ``store_state``).
+
+Events are what happened (a create was asked for, an object was sealed or freed, a
+spill finished); actions are what the raylet must do (grant, unlink, rename, spill).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Union
+
+
+# ----------------------------------------------------------------------------- events
+
+@dataclasses.dataclass(slots=True)
+class CreateRequested:
+    request: int          #: id the server uses to answer the client
+    object_id: bytes
+    size_bytes: int
+    client: bytes         #: worker id of the creating process
+
+
+@dataclasses.dataclass(slots=True)
+class ObjectSealed:
+    object_id: bytes
+    size_bytes: int
+
+
+@dataclasses.dataclass(slots=True)
+class ObjectsFreed:
+    object_ids: list[bytes]
+    recyclable: list[bool]
+
+
+@dataclasses.dataclass(slots=True)
+class ClientGone:
+    client: bytes
+
+
+@dataclasses.dataclass(slots=True)
+class Ticked:
+    pass
+
+
+@dataclasses.dataclass(slots=True)
+class MarkedShared:
+    object_ids: list[bytes]
+
+
+@dataclasses.dataclass(slots=True)
+class ObjectsPinned:
+    """``client`` now holds live views of these objects (they must stay in memory)."""
+    client: bytes
+    object_ids: list[bytes]
+
+
+@dataclasses.dataclass(slots=True)
+class ObjectsUnpinned:
+    client: bytes
+    object_ids: list[bytes]
+
+
+@dataclasses.dataclass(slots=True)
+class SpillFinished:
+    object_id: bytes
+    error: str = ""           #: empty: the spill file is complete
+    out_of_disk: bool = False
+    seconds: float = 0.0      #: how long the copy took
+    started: float = 0.0      #: when it started (monotonic), for throughput over busy time
+
+
+@dataclasses.dataclass(slots=True)
+class RestoreRequested:
+    object_id: bytes
+
+
+@dataclasses.dataclass(slots=True)
+class RestoreFinished:
+    object_id: bytes
+    error: str = ""
+    seconds: float = 0.0
+    started: float = 0.0
+
+
+@dataclasses.dataclass(slots=True)
+class DiskCreateFailed:
+    """Preallocating the spill file of an object created straight on disk failed."""
+    object_id: bytes
+    error: str
+    out_of_disk: bool
+
+
+Event = Union[CreateRequested, ObjectSealed, ObjectsFreed, ClientGone, Ticked, MarkedShared,
+              ObjectsPinned, ObjectsUnpinned, SpillFinished, RestoreRequested, RestoreFinished,
+              DiskCreateFailed]
+
+
+# ----------------------------------------------------------------------------- actions
+
+@dataclasses.dataclass(slots=True)
+class GrantCreate:
+    request: int
+    object_id: bytes
+    slot: int
+    path: str             #: where the client writes (renamed to the final name when done)
+    final_path: str
+    file_size: int        #: size of the file; >= the requested size for a reused slot
+    reused: bool
+    #: Larger than the store: the file is in the spill dir; the server preallocates it
+    #: (``posix_fallocate``, so a full disk is an error, not a SIGBUS) before answering.
+    on_disk: bool = False
+
+
+@dataclasses.dataclass(slots=True)
+class RejectCreate:
+    request: int
+    object_id: bytes
+    reason: str
+    #: The object is already here, sealed, with that size (a copy pulled earlier): a
+    #: task that made it again can use it as its result.
+    exists: bool = False
+    #: Room needs spilling and the spill directory is full.
+    out_of_disk: bool = False
+
+
+@dataclasses.dataclass(slots=True)
+class UnlinkFile:
+    path: str
+
+
+@dataclasses.dataclass(slots=True)
+class RenameFile:
+    src: str
+    dst: str
+
+
+@dataclasses.dataclass(slots=True)
+class DropSlot:
+    client: bytes
+    slot: int
+
+
+@dataclasses.dataclass(slots=True)
+class SpillObject:
+    """Copy ``src`` (in the store) to ``tmp`` in the spill dir, then rename it to ``dst``."""
+    object_id: bytes
+    src: str
+    tmp: str
+    dst: str
+    size_bytes: int
+
+
+@dataclasses.dataclass(slots=True)
+class RestoreObject:
+    """Copy ``src`` (spill file) to ``tmp`` in the store, then rename it to ``dst``."""
+    object_id: bytes
+    src: str
+    tmp: str
+    dst: str
+    size_bytes: int
+
+
+@dataclasses.dataclass(slots=True)
+class DropMappings:
+    """Tell every process on the node: unmap these objects (their store files are gone)."""
+    object_ids: list[bytes]
+
+
+@dataclasses.dataclass(slots=True)
+class AnswerRestore:
+    """Answer every reader waiting to restore ``object_id``: ``path`` None when the object
+    is gone, "" when it is in the store, else the spill file to map."""
+    object_id: bytes
+    path: str | None
+
+
+@dataclasses.dataclass(slots=True)
+class DiskFull:
+    """An out-of-disk episode began (log it once)."""
+    message: str
+
+
+Action = Union[GrantCreate, RejectCreate, UnlinkFile, RenameFile, DropSlot, SpillObject, RestoreObject,
+               DropMappings, AnswerRestore, DiskFull]

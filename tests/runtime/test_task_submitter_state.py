@@ -1,0 +1,321 @@
+"""TaskSubmitterState (queues, leases, pipelining, retries) fed events without sockets.
+
+Every step runs with ``validate=True``: the state checks its invariants after each pump.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lumos import exceptions as exc
+from lumos._private.core_worker import task_submitter as ts
+from lumos._private.core_worker.tasks import DONE, PUSHED, QUEUED, LeasedWorker, PendingTask, TaskTemplate
+from lumos._private.ids import new_task_id
+from lumos._private.protocol import messages as m
+from lumos._private.raylet.memory_monitor import OOM_KILL_REASON
+
+NODE = b"n" * 20
+OWNER = m.Address(NODE, b"o" * 20, "", "127.0.0.1", 1)
+
+
+class FakeConn:
+    """Stands for a connection: the state only compares it and reads ``is_closed``."""
+
+    def __init__(self) -> None:
+        self.is_closed = False
+
+
+def state(**kw: Any) -> ts.TaskSubmitterState:
+    args = dict(max_tasks_in_flight_per_worker=4, pipeline_below_ms=2.0, max_pending_lease_requests=10,
+                max_leases_per_scheduling_key=64, task_oom_retry_delay_base_ms=1000, validate=True)
+    args.update(kw)
+    s = ts.TaskSubmitterState(**args)  # type: ignore[arg-type]
+    return s
+
+
+def template(fn: bytes = b"f" * 16, max_retries: int = 3) -> TaskTemplate:
+    return TaskTemplate(fn, "f", "f", 1, {"CPU": 1.0}, max_retries, 0, None, None)
+
+
+def task(t: TaskTemplate) -> PendingTask:
+    tid = new_task_id()
+    spec = m.TaskSpec(tid, b"j" * 4, b"p" * 16, 0, t.name, t.function_id, t.function_name, b"", [], [], 1,
+                      t.resources, t.max_retries, 0, None, OWNER, 0, None)
+    return PendingTask(spec, t, [], [], [], 0.0)
+
+
+_lease_ids = iter(range(1, 1_000_000))
+
+
+def grant(s: ts.TaskSubmitterState, q: Any) -> tuple[LeasedWorker, list[ts.Action]]:
+    """A raylet grants a lease for ``q`` and its worker's connection opens."""
+    lid = next(_lease_ids)
+    wid = lid.to_bytes(20, "big")
+    g = m.LeaseGrant(lid, wid, m.Address(NODE, wid, "", "127.0.0.1", 2), {}, NODE)
+    lease = LeasedWorker(g, q, FakeConn())  # type: ignore[arg-type]
+    s.lease_granted(q, lease)
+    out = s.lease_connected(lease, FakeConn())
+    s.validate()
+    return lease, out
+
+
+def of(actions: list[ts.Action], kind: type) -> list[Any]:
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def reply(s: ts.TaskSubmitterState, t: PendingTask, took_s: float = 0.0001, exiting: bool = False) -> list[ts.Action]:
+    """The worker answers ``t`` and the owner settles it (records its values)."""
+    lease = t.lease
+    assert lease is not None
+    s.reply_arrived(lease, t.spec.task_id, took_s, exiting)
+    t.state = DONE
+    out = s.after_reply(lease)
+    s.validate()
+    return out
+
+
+def test_unknown_run_time_goes_one_per_worker_and_asks_a_lease_per_task() -> None:
+    s = state()
+    t = template()
+    tasks = [task(t) for _ in range(3)]
+    out: list[ts.Action] = []
+    for x in tasks:
+        out += s.enqueue(x)
+    assert len(of(out, ts.RequestLease)) == 3
+    q = tasks[0].queue
+    assert q is not None and q.requesting == 3
+    lease, out = grant(s, q)
+    assert [a.task for a in of(out, ts.PushTask)] == [tasks[0]]  # depth 1 until the run time is known
+    assert tasks[1].state == QUEUED
+
+
+def test_short_tasks_are_pipelined_up_to_the_depth() -> None:
+    s = state()
+    t = template()
+    first = task(t)
+    s.enqueue(first)
+    lease, _ = grant(s, first.queue)
+    reply(s, first)  # now the queue's mean run time is short
+    more = [task(t) for _ in range(6)]
+    out: list[ts.Action] = []
+    for x in more:
+        out += s.enqueue(x)
+    assert [a.task for a in of(out, ts.PushTask)] == more[:4]
+    assert len(lease.tasks) == 4 and all(x.state == PUSHED for x in more[:4])
+    assert lease not in s.idle_leases
+
+
+def test_lease_lost_mid_pipeline_retries_every_in_flight_task() -> None:
+    s = state()
+    t = template(max_retries=1)
+    first = task(t)
+    s.enqueue(first)
+    lease, _ = grant(s, first.queue)
+    reply(s, first)
+    batch = [task(t) for _ in range(3)]
+    for x in batch:
+        s.enqueue(x)
+    assert len(lease.tasks) == 3
+    out = s.worker_failed(lease)
+    s.validate()
+    assert of(out, ts.ReturnLease) == [ts.ReturnLease(lease, True)]
+    (death,) = of(out, ts.AwaitWorkerExit)
+    assert death.tasks == batch and not lease.tasks and lease.dead
+    out = s.worker_died(lease, death.tasks, "exit code 1")
+    assert [(a.task, a.delay_s) for a in of(out, ts.RetryTask)] == [(x, 0.0) for x in batch]
+    assert all(x.retries_left == 0 for x in batch)
+    # The retry runs and the new worker dies too: no retries left, the error says so.
+    for x in batch:
+        s.enqueue(x, front=True)
+    lease2, _ = grant(s, batch[0].queue)
+    pushed = list(lease2.tasks.values())
+    out = s.worker_died(lease2, pushed, None)
+    errors = [a.error for a in of(out, ts.FailTask)]
+    assert len(errors) == len(pushed) and all(isinstance(e, exc.WorkerCrashedError) for e in errors)
+    assert "max_retries=1" in str(errors[0]) and "cause unknown" in str(errors[0])
+
+
+def test_retry_after_oom_kill_waits_and_is_dropped_when_cancelled_meanwhile() -> None:
+    s = state()
+    x = task(template())
+    s.enqueue(x)
+    lease, _ = grant(s, x.queue)
+    (death,) = of(s.worker_failed(lease), ts.AwaitWorkerExit)
+    (retry,) = s.worker_died(lease, death.tasks, f"killed: {OOM_KILL_REASON}")
+    assert isinstance(retry, ts.RetryTask) and retry.delay_s == 1.0 and x.retries_left == 2
+    x.cancelled = True  # lumos.cancel() while it waits
+    (fail,) = s.retry_due(x, retry.why)
+    assert isinstance(fail, ts.FailTask) and isinstance(fail.error, exc.TaskCancelledError)
+    x.state = DONE
+    assert s.retry_due(x, retry.why) == []
+
+
+def test_worker_death_of_a_force_cancelled_task_fails_it_as_cancelled() -> None:
+    s = state()
+    x = task(template())
+    s.enqueue(x)
+    lease, _ = grant(s, x.queue)
+    x.cancelled = x.force_cancelled = True
+    (death,) = of(s.worker_failed(lease), ts.AwaitWorkerExit)
+    (fail,) = s.worker_died(lease, death.tasks, "SIGKILL")
+    assert isinstance(fail.error, exc.TaskCancelledError) and x.retries_left == 3
+
+
+def test_reply_after_owner_side_cancel_is_not_retried_and_the_worker_idles() -> None:
+    s = state()
+    x = task(template())
+    s.enqueue(x)
+    lease, _ = grant(s, x.queue)
+    x.cancelled = True  # cancel() of a pushed task only asks the worker
+    s.reply_arrived(lease, x.spec.task_id, 0.01, False)
+    assert not s.use_retry(x) and x.retries_left == 3
+    x.state = DONE
+    out = s.after_reply(lease)
+    assert of(out, ts.StartIdleTimer) == [ts.StartIdleTimer(lease)] and lease in s.idle_leases
+    s.validate()
+    # A second reply (late duplicate) for the same lease starts no second timer.
+    lease.idle_timer = object()
+    assert of(s.after_reply(lease), ts.StartIdleTimer) == []
+
+
+def test_retryable_error_uses_a_retry_until_none_is_left() -> None:
+    s = state()
+    x = task(template(max_retries=2))
+    assert s.use_retry(x) and s.use_retry(x) and not s.use_retry(x)
+    y = task(template(max_retries=-1))
+    assert all(s.use_retry(y) for _ in range(5)) and y.retries_left == -1
+
+
+def test_exiting_worker_gets_nothing_more_and_its_unrun_tasks_requeue_without_a_retry() -> None:
+    s = state()
+    t = template()
+    first = task(t)
+    s.enqueue(first)
+    lease, _ = grant(s, first.queue)
+    reply(s, first)
+    a, b, c = task(t), task(t), task(t)
+    for x in (a, b):
+        s.enqueue(x)
+    out = reply(s, a, exiting=True)  # max_calls reached: it exits after this reply
+    assert lease.exiting and of(out, ts.StartIdleTimer) == []
+    out = s.enqueue(c)
+    assert of(out, ts.PushTask) == [] and len(of(out, ts.RequestLease)) == 1
+    out = s.worker_failed(lease)  # it closes with b unanswered
+    s.validate()
+    assert of(out, ts.AwaitWorkerExit) == []
+    assert list(first.queue.tasks) == [b, c] and b.state == QUEUED and b.retries_left == 3
+
+
+def test_requeued_task_of_a_blocked_worker_runs_elsewhere() -> None:
+    s = state()
+    t = template()
+    first = task(t)
+    s.enqueue(first)
+    lease, _ = grant(s, first.queue)
+    reply(s, first)
+    a, b = task(t), task(t)
+    s.enqueue(a)
+    s.enqueue(b)
+    out = s.task_requeued(b)  # a blocks in get() with b behind it
+    assert lease.blocked and b.state == QUEUED and b.lease is None
+    assert len(of(out, ts.RequestLease)) == 1
+    other, out = grant(s, first.queue)
+    assert [p.task for p in of(out, ts.PushTask)] == [b] and b.lease is other
+
+
+def test_lease_granted_after_its_tasks_left_is_given_back() -> None:
+    s = state()
+    x = task(template())
+    s.enqueue(x)
+    s.enqueue(task(template()))
+    q = x.queue
+    lease, _ = grant(s, q)
+    reply(s, x)
+    y = q.leases[0].tasks
+    for t2 in list(y.values()):
+        reply(s, t2)
+    late, out = grant(s, q)
+    assert of(out, ts.ReturnLease) == [ts.ReturnLease(late, False)] and late not in q.leases
+
+
+def test_idle_lease_of_another_function_is_returned_when_a_new_key_needs_a_worker() -> None:
+    s = state()
+    f = task(template(b"f" * 16))
+    s.enqueue(f)
+    lease_f, _ = grant(s, f.queue)
+    reply(s, f)
+    assert lease_f in s.idle_leases
+    out = s.enqueue(task(template(b"g" * 16)))
+    assert of(out, ts.ReturnLease) == [ts.ReturnLease(lease_f, False)]
+    assert len(of(out, ts.RequestLease)) == 1 and lease_f not in s.idle_leases
+    assert s.return_lease(lease_f, disconnect=True) == []  # given back once only
+
+
+def test_idle_timer_expiry_returns_the_lease_unless_work_came() -> None:
+    s = state()
+    x = task(template())
+    s.enqueue(x)
+    lease, _ = grant(s, x.queue)
+    reply(s, x)
+    y = task(template())
+    y.cancelled = True  # cancelled in the queue: a pump drops it
+    x.queue.tasks.append(y)
+    y.state, y.queue = QUEUED, x.queue
+    assert s.idle_expired(lease) == []
+    x.queue.tasks.clear()
+    assert s.idle_expired(lease) == [ts.ReturnLease(lease, False)]
+    s.validate()
+
+
+def test_failed_lease_request_fails_the_queue_or_asks_again_from_here() -> None:
+    s = state()
+    tasks = [task(template()) for _ in range(2)]
+    for x in tasks:
+        s.enqueue(x)
+    q = tasks[0].queue
+    out = s.lease_request_failed(q, OSError("gone"), elsewhere=True)
+    assert out == [ts.PumpLater(q, 0.1)] and q.requesting == 1 and len(q.tasks) == 2
+    out = s.lease_request_failed(q, OSError("raylet gone"), elsewhere=False)
+    assert [a.task for a in of(out, ts.FailTask)] == tasks and not q.tasks and q.requesting == 0
+    assert "could not lease a worker" in str(out[0].error)
+    s.validate()
+
+
+def test_unreachable_worker_is_given_back_and_another_is_asked_for() -> None:
+    s = state()
+    x = task(template())
+    s.enqueue(x)
+    q = x.queue
+    g = m.LeaseGrant(99, b"w" * 20, m.Address(NODE, b"w" * 20, "", "127.0.0.1", 3), {}, NODE)
+    lease = LeasedWorker(g, q, FakeConn())  # type: ignore[arg-type]
+    s.lease_granted(q, lease)
+    out = s.lease_unreachable(lease)
+    assert of(out, ts.ReturnLease) == [ts.ReturnLease(lease, True)]
+    assert len(of(out, ts.RequestLease)) == 1 and x.state == QUEUED
+
+
+def test_task_gone_forgets_a_queued_or_pushed_task() -> None:
+    s = state()
+    a, b = task(template()), task(template())
+    s.enqueue(a)
+    s.enqueue(b)
+    lease, _ = grant(s, a.queue)
+    s.task_gone(a)
+    s.task_gone(b)
+    a.state = b.state = DONE
+    assert not lease.tasks and not a.queue.tasks
+    s.validate()
+
+
+def test_validate_names_a_task_in_two_places() -> None:
+    s = state()
+    x = task(template())
+    s.enqueue(x)
+    lease, _ = grant(s, x.queue)
+    x.queue.tasks.append(x)
+    try:
+        s.validate()
+    except AssertionError as e:
+        assert "queued in state" in str(e) or "two places" in str(e)
+    else:
+        raise AssertionError("validate() missed a task both queued and pushed")
