@@ -81,6 +81,12 @@ def preimport() -> list[str]:
 def serve(raylet_pid: int, worker_args: list[str], rfd: int = 0, wfd: int = 1) -> None:
     """Answer fork requests read from ``rfd`` until it closes (the raylet went away)."""
     present = preimport()
+    from lumos._private.config import Config
+    from lumos._private.worker import main as worker_main
+    # Parsed once here; each child fills in its worker id.
+    args = worker_main.parse_args([*worker_args, "--worker-id", ""])
+    config = Config.from_json(args.config) if args.config else Config.resolve()
+    template = (args, config)
     gc.collect()
     gc.freeze()
     gc.disable()
@@ -96,13 +102,13 @@ def serve(raylet_pid: int, worker_args: list[str], rfd: int = 0, wfd: int = 1) -
         buf += chunk
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
-            _write(wfd, _serve_one(line, raylet_pid, worker_args))
+            _write(wfd, _serve_one(line, raylet_pid, template))
         if len(buf) > _MAX_REQUEST_BYTES:
             logger.error("fork request longer than %d bytes; dropped", _MAX_REQUEST_BYTES)
             buf = b""
 
 
-def _serve_one(line: bytes, raylet_pid: int, worker_args: list[str]) -> dict[str, Any]:
+def _serve_one(line: bytes, raylet_pid: int, template: tuple[Any, Any]) -> dict[str, Any]:
     try:
         req = json.loads(line)
         worker_id, log_path = str(req["worker_id"]), str(req["log"])
@@ -114,14 +120,14 @@ def _serve_one(line: bytes, raylet_pid: int, worker_args: list[str]) -> dict[str
     if threading.active_count() != 1:
         return {"worker_id": worker_id, "error": f"{threading.active_count()} threads in the fork server"}
     try:
-        pid = _fork_worker(worker_id, log_path, raylet_pid, worker_args)
+        pid = _fork_worker(worker_id, log_path, raylet_pid, template)
     except OSError as e:
         logger.error("fork of worker %s failed: %s", worker_id[:12], e)
         return {"worker_id": worker_id, "error": f"fork failed: {e}"}
     return {"worker_id": worker_id, "pid": pid}
 
 
-def _fork_worker(worker_id: str, log_path: str, raylet_pid: int, worker_args: list[str]) -> int:
+def _fork_worker(worker_id: str, log_path: str, raylet_pid: int, template: tuple[Any, Any]) -> int:
     """Fork A, which forks the worker B and exits; B's pid once A has been reaped."""
     r, w = os.pipe()
     try:
@@ -132,7 +138,7 @@ def _fork_worker(worker_id: str, log_path: str, raylet_pid: int, worker_args: li
                 b = os.fork()
                 if b == 0:
                     os.close(w)
-                    _run_child(worker_id, log_path, raylet_pid, worker_args)  # never returns
+                    _run_child(worker_id, log_path, raylet_pid, template)  # never returns
                 os.write(w, str(b).encode())
             finally:
                 os._exit(0)
@@ -154,7 +160,7 @@ def _fork_worker(worker_id: str, log_path: str, raylet_pid: int, worker_args: li
     return int(data)
 
 
-def _run_child(worker_id: str, log_path: str, raylet_pid: int, worker_args: list[str]) -> None:
+def _run_child(worker_id: str, log_path: str, raylet_pid: int, template: tuple[Any, Any]) -> None:
     code = 1
     try:
         first_parent = os.getppid()
@@ -174,11 +180,12 @@ def _run_child(worker_id: str, log_path: str, raylet_pid: int, worker_args: list
         gc.enable()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        argv = [*worker_args, "--worker-id", worker_id]
-        sys.argv = [sys.executable, "-m", "lumos._private.worker.main", *argv]
-        set_cmdline(" ".join([sys.executable, "-m", "lumos._private.worker.main", "--worker-id", worker_id]))
+        args, config = template
+        args.worker_id = worker_id
+        sys.argv = [sys.executable, "-m", "lumos._private.worker.main", "--worker-id", worker_id]
+        set_cmdline(" ".join(sys.argv))
         from lumos._private.worker import main as worker_main
-        worker_main.main(argv)
+        worker_main.run(args, config)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
