@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Protocol
 
+from lumos.state import TaskState
+
 #: Fill colour per state class.
 STATE_COLORS = {
     "pending": "#bdbdbd",
@@ -58,16 +60,13 @@ class TaskLike(Protocol):
     worker_id: str | None
 
 
+#: CSS class of each task state that has its own colour; every other state is "pending".
+_STATE_CLASS = {TaskState.RUNNING: "running", TaskState.FINISHED: "finished", TaskState.FAILED: "failed",
+                TaskState.CANCELLED: "cancelled"}
+
+
 def state_class(state: str) -> str:
-    if state == "RUNNING":
-        return "running"
-    if state == "FINISHED":
-        return "finished"
-    if state == "FAILED":
-        return "failed"
-    if state == "CANCELLED":
-        return "cancelled"
-    return "pending"
+    return _STATE_CLASS.get(state, "pending")  # type: ignore[call-overload]
 
 
 def _reran(t: TaskLike) -> bool:
@@ -169,7 +168,7 @@ class GraphLayout:
             for i, oid in enumerate(t.returns):
                 opos = self._place("obj:" + oid, x + 1.0)
                 obj_pos[oid] = opos
-                ready = t.state == "FINISHED"
+                ready = t.state == TaskState.FINISHED
                 add_node(oid, "object", opos, OBJECT_READY if ready else OBJECT_PENDING, "#555555", 1.0, 10,
                          "square", "", f"return {i} of {t.name}", "ready" if ready else "pending", "object")
                 add_edge("data", pos, opos)

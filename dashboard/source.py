@@ -26,20 +26,21 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from lumos.state import (TASK_ROW_FIELDS, ActorInfo, JobInfo, NodeInfo, NodeResources, PlacementGroupInfo,
-                         RemoteError, StateClient, WorkerInfo)
+from lumos.state import (PENDING_TASK_STATES, TASK_ROW_FIELDS, TASK_ROW_ID_FIELDS, TASK_ROW_ID_LIST_FIELDS,
+                         TERMINAL_TASK_STATES, ActorInfo, JobInfo, NodeInfo, NodeResources, PlacementGroupInfo,
+                         RemoteError, StateClient, TaskKind, WorkerInfo)
 
 logger = logging.getLogger(__name__)
 
-PENDING_STATES = frozenset(("SUBMITTED", "PENDING_ARGS", "SCHEDULED", "RETRIED"))
-TERMINAL_STATES = frozenset(("FINISHED", "FAILED", "CANCELLED"))
-_HEX_FIELDS = ("task_id", "job_id", "parent", "actor_id", "prev_call", "node_id", "worker_id")
+PENDING_STATES = PENDING_TASK_STATES
+TERMINAL_STATES = TERMINAL_TASK_STATES
+#: The one task-row schema (``lumos.state.TASK_ROW_FIELDS``): a ``Task`` has an attribute per field.
 ROW_FIELDS = TASK_ROW_FIELDS
 _IDX = {name: i for i, name in enumerate(ROW_FIELDS)}
 
 
 class Task:
-    """One task as the dashboard knows it (ids in hex)."""
+    """One task as the dashboard knows it: the fields of a task row, ids in hex."""
 
     __slots__ = ROW_FIELDS + ("first_seen",)
 
@@ -53,6 +54,7 @@ class Task:
     retries: int
     parent: str | None
     actor_id: str | None
+    caller_id: str | None
     prev_call: str | None
     args: list[str]
     returns: list[str]
@@ -64,6 +66,7 @@ class Task:
     end_time: float | None
     resources: dict[str, float]
     resource_ids: dict[str, list[Any]] | None
+    events: list[list[Any]]
     first_seen: int
 
     def __init__(self, row: list[Any], tick: int) -> None:
@@ -72,9 +75,9 @@ class Task:
 
     def update(self, row: list[Any]) -> None:
         for name, value in zip(ROW_FIELDS, row):
-            if name in _HEX_FIELDS:
+            if name in TASK_ROW_ID_FIELDS:
                 value = value.hex() if isinstance(value, bytes) and value else None
-            elif name in ("args", "returns"):
+            elif name in TASK_ROW_ID_LIST_FIELDS:
                 value = [v.hex() for v in value if isinstance(v, bytes)]
             setattr(self, name, value)
 
@@ -360,4 +363,4 @@ class ClusterSource:
 
     def pending_calls(self, actor_id: str) -> int:
         return sum(1 for t in self.tasks.values()
-                   if t.actor_id == actor_id and t.type == "ACTOR_TASK" and t.state not in TERMINAL_STATES)
+                   if t.actor_id == actor_id and t.type == TaskKind.ACTOR_TASK.name and t.state not in TERMINAL_STATES)

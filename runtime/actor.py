@@ -30,7 +30,9 @@ from lumos._private import serialization as ser
 from lumos._private import worker_context
 from lumos._private.core_worker.core_worker import function_id_of
 from lumos._private.core_worker.tasks import TaskTemplate
-from lumos._private.ids import random_id
+from lumos._private.ids import ActorID, random_id
+from lumos._private.protocol.vocab import TaskKind
+from lumos._private.task_spec import task_template
 from lumos.object_ref import ObjectRef
 
 _METHOD_OPTIONS = {"num_returns", "max_task_retries", "retry_exceptions", "concurrency_group", "name",
@@ -163,11 +165,11 @@ class ActorClass:
         detached = o["lifetime"] == "detached"
         max_task_retries = o["max_task_retries"] or 0
         qualname = f"{cls.__module__}.{cls.__qualname__}"
-        template = TaskTemplate(
-            function_id_of(self._pickled), qualname, f"{cls.__name__}.__init__", 1,
-            opts_mod.resource_request(o, opts_mod.ACTOR), 0, 0, None, opts_mod.strategy_of(o), kind=1,
-            pickled_function=self._pickled, runtime_env=opts_mod.env_vars_of(o["runtime_env"]),
-            enable_task_events=o["enable_task_events"] is not False)
+        template = task_template(
+            kind=TaskKind.ACTOR_CREATION_TASK, function_id=function_id_of(self._pickled), function_name=qualname,
+            name=f"{cls.__name__}.__init__", resources=opts_mod.resource_request(o, opts_mod.ACTOR),
+            strategy=opts_mod.strategy_of(o), pickled_function=self._pickled,
+            runtime_env=opts_mod.env_vars_of(o["runtime_env"]), enable_task_events=o["enable_task_events"] is not False)
         methods = self._methods
         if o["enable_task_events"] is False:  # as in Ray: the actor's default for its methods' calls
             methods = {name: {"enable_task_events": False, **opts}
@@ -212,7 +214,7 @@ class ActorHandle:
     Handles pickle: pass them to tasks and other actors.
     """
 
-    def __init__(self, actor_id: bytes, class_name: str, methods: dict[str, dict[str, Any]],
+    def __init__(self, actor_id: ActorID, class_name: str, methods: dict[str, dict[str, Any]],
                  max_task_retries: int, owned: bool = False, max_pending_calls: int = -1) -> None:
         self._actor_id = actor_id
         self._class_name = class_name
@@ -288,13 +290,14 @@ class ActorHandle:
             n = options.get("num_returns", 1)
             n = -1 if n == "streaming" else n
             retries = options.get("max_task_retries", self._max_task_retries)
-            t = TaskTemplate(b"", name, options.get("name") or f"{self._class_name}.{name}", n, {}, retries,
-                             0, None, None, kind=2, enable_task_events=options.get("enable_task_events", True))
+            t = task_template(kind=TaskKind.ACTOR_TASK, function_id=b"", function_name=name,
+                              name=options.get("name") or f"{self._class_name}.{name}", num_returns=n,
+                              max_retries=retries, enable_task_events=options.get("enable_task_events", True))
             cache[key] = t
         return t
 
 
-def _rebuild_handle(actor_id: bytes, class_name: str, methods: dict[str, dict[str, Any]],
+def _rebuild_handle(actor_id: ActorID, class_name: str, methods: dict[str, dict[str, Any]],
                     max_task_retries: int, max_pending_calls: int = -1) -> ActorHandle:
     return ActorHandle(actor_id, class_name, methods, max_task_retries, False, max_pending_calls)
 

@@ -507,7 +507,7 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
     if e is not None and not e.owned:
         raise ValueError("cancel() works on refs this process created (it owns the task)")
     task = cw.tasks.get(object_ref.binary()[:16])
-    if force and task is not None and task.spec.kind == 2:
+    if force and task is not None and task.spec.kind == m.TaskKind.ACTOR_TASK:
         raise ValueError("force=True is not supported for actor calls (it would kill the actor); "
                          "use lumos.kill(actor) to end the actor")
     cw.cancel(object_ref, force, recursive)

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from lumos._private.ids import return_object_id
+from lumos._private.ids import TaskID, return_object_id
 from lumos.exceptions import GetTimeoutError, LumosSystemError
 from lumos.object_ref import ObjectRef
 
@@ -35,7 +35,7 @@ class GeneratorStream:
 
     __slots__ = ("task_id", "count", "finished", "cond", "taken", "dropped")
 
-    def __init__(self, task_id: bytes) -> None:
+    def __init__(self, task_id: TaskID) -> None:
         self.task_id = task_id
         #: Values that arrived (their entries hold one count each until taken).
         self.count = 0

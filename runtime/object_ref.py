@@ -14,6 +14,7 @@ from typing import Any, Generator
 
 from lumos._private import serialization
 from lumos._private.protocol import messages as m
+from lumos._private.ids import ObjectID, TaskID
 
 #: The core worker of this process, set by ``lumos.init`` / worker start-up.
 _core_worker: Any = None
@@ -24,7 +25,7 @@ class ObjectRef:
 
     __slots__ = ("_id", "_owner", "_counted", "__weakref__")
 
-    def __init__(self, object_id: bytes, owner: m.Address | None = None, _counted: bool = False) -> None:
+    def __init__(self, object_id: ObjectID, owner: m.Address | None = None, _counted: bool = False) -> None:
         self._id = object_id
         self._owner = owner
         #: This instance was added to its entry's ``local`` count.
@@ -138,7 +139,7 @@ class ObjectRef:
 class TaskIDView:
     __slots__ = ("_id",)
 
-    def __init__(self, task_id: bytes) -> None:
+    def __init__(self, task_id: TaskID) -> None:
         self._id = task_id
 
     def hex(self) -> str:
@@ -151,7 +152,7 @@ class TaskIDView:
         return f"TaskID({self._id.hex()})"
 
 
-def _new_counted(object_id: bytes, owner: m.Address | None) -> ObjectRef:
+def _new_counted(object_id: ObjectID, owner: m.Address | None) -> ObjectRef:
     cw = _core_worker
     if cw is None:
         return ObjectRef(object_id, owner)
@@ -159,7 +160,7 @@ def _new_counted(object_id: bytes, owner: m.Address | None) -> ObjectRef:
     return ObjectRef(object_id, owner, True)
 
 
-def _deserialize_ref(object_id: bytes, owner: m.Address | None) -> ObjectRef:
+def _deserialize_ref(object_id: ObjectID, owner: m.Address | None) -> ObjectRef:
     cw = _core_worker
     if cw is None:
         return ObjectRef(object_id, owner)

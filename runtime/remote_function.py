@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import pickle
 from typing import Any, Callable
 
 from lumos import options as opts_mod
@@ -11,6 +10,8 @@ from lumos._private import serialization as ser
 from lumos._private import worker_context
 from lumos._private.core_worker.core_worker import function_id_of
 from lumos._private.core_worker.tasks import TaskTemplate
+from lumos._private.protocol.vocab import TaskKind
+from lumos._private.task_spec import task_template
 from lumos.object_ref import ObjectRef
 
 
@@ -48,7 +49,7 @@ class RemoteFunction:
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Submit a call; returns an ``ObjectRef`` (a list of them when ``num_returns > 1``)."""
-        return self._remote(args, kwargs, self._options, None)
+        return self._remote(args, kwargs, self._options)
 
     def bind(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("Ray DAGs (ray.remote_function.RemoteFunction.bind) are not implemented in "
@@ -73,31 +74,24 @@ class RemoteFunction:
             if self._pickled is None:
                 self._pickled = ser.dumps_code(self._function)
             pickled = self._pickled
-        retry = o["retry_exceptions"]
-        if retry is True:
-            retry_kind, retry_types = 1, None
-        elif retry:
-            retry_kind, retry_types = 2, pickle.dumps(list(retry))
-        else:
-            retry_kind, retry_types = 0, None
         fn = self._function
         fname = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', getattr(fn, '__name__', '?'))}"
         max_calls = o["max_calls"]
         resources = opts_mod.resource_request(o, opts_mod.TASK)
         if max_calls is None:  # as in Ray: a GPU task's worker exits after it, freeing the GPU's memory
             max_calls = 1 if resources.get("GPU") else 0
-        template = TaskTemplate(
-            function_id_of(pickled), fname, o["name"] or getattr(fn, "__name__", "task"),
-            opts_mod.num_returns_of(o["num_returns"], fn, "num_returns" in options),
-            resources, o["max_retries"],
-            retry_kind, retry_types, opts_mod.strategy_of(o), pickled_function=pickled,
+        template = task_template(
+            kind=TaskKind.NORMAL_TASK, function_id=function_id_of(pickled), function_name=fname,
+            name=o["name"] or getattr(fn, "__name__", "task"),
+            num_returns=opts_mod.num_returns_of(o["num_returns"], fn, "num_returns" in options),
+            resources=resources, max_retries=o["max_retries"], retry_exceptions=o["retry_exceptions"],
+            strategy=opts_mod.strategy_of(o), pickled_function=pickled,
             runtime_env=opts_mod.env_vars_of(o["runtime_env"]), max_calls=max_calls,
             enable_task_events=o["enable_task_events"] is not False)
         self._templates[key] = template
         return template
 
-    def _remote(self, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any],
-                actor_fields: Any) -> Any:
+    def _remote(self, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any]) -> Any:
         cw = worker_context.require_or_init()
         template = self._template(options)
         refs = cw.submit_task(template, args, kwargs)
@@ -115,7 +109,7 @@ class _BoundOptions:
         self._options = options
 
     def remote(self, *args: Any, **kwargs: Any) -> ObjectRef | list[ObjectRef] | None:
-        return self._fn._remote(args, kwargs, self._options, None)  # type: ignore[no-any-return]
+        return self._fn._remote(args, kwargs, self._options)  # type: ignore[no-any-return]
 
     def options(self, **options: Any) -> "_BoundOptions":
         return _BoundOptions(self._fn, opts_mod.merged(self._options, options, opts_mod.TASK))

@@ -25,8 +25,9 @@ import os
 from typing import Any, Callable, Iterable, NamedTuple
 
 from lumos._private import worker_context
-from lumos._private.gcs.task_log import ROW_FIELDS
 from lumos._private.protocol import messages as m
+from lumos._private.protocol import task_row
+from lumos._private.protocol.vocab import PENDING_TASK_STATES, TERMINAL_TASK_STATES, TaskKind, TaskState
 from lumos._private.transport.connection import ConnectionLost
 #: A request failed in the GCS's handler (``type_name`` and message); the connection stays up.
 from lumos._private.transport.connection import RemoteError as RemoteError
@@ -35,7 +36,8 @@ Filter = tuple[str, str, Any]
 
 __all__ = ["list_tasks", "list_objects", "list_workers", "list_nodes", "list_jobs", "get_task", "get_log",
            "summarize_tasks", "list_actors", "spill_stats", "StateClient", "TaskUpdates", "CHANNELS",
-           "TASK_ROW_FIELDS", "NodeInfo", "NodeResources", "JobInfo", "WorkerInfo", "ActorInfo",
+           "TASK_ROW_FIELDS", "TASK_ROW_ID_FIELDS", "TASK_ROW_ID_LIST_FIELDS", "TASK_FIELDS", "TaskState", "TaskKind",
+           "PENDING_TASK_STATES", "TERMINAL_TASK_STATES", "NodeInfo", "NodeResources", "JobInfo", "WorkerInfo", "ActorInfo",
            "PlacementGroupInfo", "RemoteError"]
 
 
@@ -67,9 +69,11 @@ def list_tasks(filters: Iterable[Filter] | None = None, limit: int = 10_000,
     """The newest ``limit`` tasks of this job (or all jobs) that match ``filters``, oldest first,
     from the GCS task-event log.
 
-    Each row: task_id, name, func_or_class_name, type, state, attempt_number, retries,
-    parent_task_id, actor_id, arg_object_ids, return_object_ids, node_id, worker_id,
-    error_message, submitted_time, start_time, end_time, events.
+    Each row has exactly the keys of ``TASK_FIELDS`` (Ray's names, ids in hex):
+    task_id, job_id, name, func_or_class_name, type, state (a ``TaskState``),
+    attempt_number, retries, parent_task_id, actor_id, caller_id, prev_call_task_id,
+    arg_object_ids, return_object_ids, node_id, worker_id, error_message,
+    submitted_time, start_time, end_time, required_resources, resource_ids, events.
     """
     flt = _check_filters(filters)
     cw = worker_context.require()
@@ -327,9 +331,14 @@ WorkerInfo = m.WorkerInfo
 ActorInfo = m.ActorInfo
 PlacementGroupInfo = m.PlacementGroupInfo
 
-#: Field names of a task record as ``StateClient.task_updates`` sends it (one schema
-#: with the GCS task log).
-TASK_ROW_FIELDS = ROW_FIELDS
+#: Field names of a task record as ``StateClient.task_updates`` sends it (ids as bytes);
+#: the one task-row schema of the GCS task log, this module and the dashboard.
+TASK_ROW_FIELDS = task_row.ROW_FIELDS
+#: Names in ``TASK_ROW_FIELDS`` whose values are ids (bytes, or None), and lists of ids.
+TASK_ROW_ID_FIELDS = task_row.ID_FIELDS
+TASK_ROW_ID_LIST_FIELDS = task_row.ID_LIST_FIELDS
+#: Keys of a ``list_tasks`` row: ``TASK_ROW_FIELDS`` under Ray's names, in the same order.
+TASK_FIELDS = task_row.PUBLIC_FIELDS
 
 
 class TaskUpdates(NamedTuple):

@@ -6,6 +6,7 @@ from typing import Any
 
 from lumos.dashboard.components.common import Page, set_table_data, short
 from lumos.dashboard.source import TERMINAL_STATES
+from lumos.state import TaskKind, TaskState
 
 COLUMNS = [("actor_id", "Actor"), ("class_name", "Class"), ("name", "Name"), ("state", "State"),
            ("node", "Node"), ("pid", "PID"), ("restarts", "Restarts"), ("pending", "Pending calls"),
@@ -31,7 +32,7 @@ class ActorsPage(Page):
         for t in src.tasks.values():
             if not t.actor_id:
                 continue
-            if t.type == "ACTOR_CREATION_TASK":
+            if t.type == TaskKind.ACTOR_CREATION_TASK.name:
                 created[t.actor_id] = t
             elif t.state not in TERMINAL_STATES:
                 pending[t.actor_id] = pending.get(t.actor_id, 0) + 1
@@ -48,7 +49,7 @@ class ActorsPage(Page):
         for actor_id, t in created.items():
             if actor_id in seen:
                 continue
-            state = {"FINISHED": "ALIVE", "FAILED": "DEAD"}.get(t.state, "PENDING_CREATION")
+            state = {TaskState.FINISHED: "ALIVE", TaskState.FAILED: "DEAD"}.get(t.state, "PENDING_CREATION")
             w = src.workers.get(t.worker_id or "")
             values = (short(actor_id, 12), t.function_name or t.name, "", state, short(t.node_id),
                       w.pid if w else "", f"{t.retries}", pending.get(actor_id, 0), t.error or "")

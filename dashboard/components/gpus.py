@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from lumos.dashboard.components.common import Page, fmt_amount, set_table_data, short
+from lumos.state import TaskKind, TaskState
 
 COLUMNS = [("node", "Node"), ("gpu", "GPU"), ("holder_kind", "Held by"), ("holder", "Name"),
            ("holder_id", "Id"), ("amount", "Amount"), ("worker", "Worker")]
@@ -56,15 +57,15 @@ class GpusPage(Page):
             gpus = (t.resources or {}).get("GPU", 0)
             if not gpus or not t.node_id:
                 continue
-            if t.type == "ACTOR_CREATION_TASK":
+            if t.type == TaskKind.ACTOR_CREATION_TASK.name:
                 actor_tasks[t.actor_id] = t
                 continue
-            if t.state == "RUNNING":
+            if t.state == TaskState.RUNNING:
                 holders.setdefault(t.node_id, []).append(
                     ("task", t.name, t.task_id, gpus, t.resource_ids, src.worker_label(t.worker_id)))
         for actor_id, t in actor_tasks.items():
             a = src.actors.get(actor_id or "")
-            alive = (a.state == "ALIVE") if a is not None else t.state == "FINISHED"
+            alive = (a.state == "ALIVE") if a is not None else t.state == TaskState.FINISHED
             if alive:
                 holders.setdefault(t.node_id or "", []).append(
                     ("actor", (a.class_name if a is not None else t.function_name) or t.name, actor_id or "",

@@ -22,6 +22,7 @@ from typing import Any
 
 from lumos.dashboard import host
 from lumos.dashboard.components.common import Page, esc, fmt_amount, fmt_bytes, set_table_data, short
+from lumos.state import TaskState
 
 COLUMNS = [("node", "Node"), ("host", "Host"), ("state", "State"), ("cpu", "CPU reserved / total"),
            ("gpu", "GPU reserved / total"), ("memory", "Memory reserved / total"),
@@ -217,7 +218,8 @@ class StatusPage(Page):
         done = 0
         for tid in ids:
             t = src.tasks.get(tid)
-            if t is not None and t.end_time and since < t.end_time <= now and t.state in ("FINISHED", "FAILED"):
+            if t is not None and t.end_time and since < t.end_time <= now \
+                    and t.state in (TaskState.FINISHED, TaskState.FAILED):
                 done += 1
         loads = [u.cpu_percent for u in self._usage.values() if u is not None]
 
@@ -231,7 +233,7 @@ class StatusPage(Page):
         self._sample_tick = src.tick
 
     def _failures(self) -> None:
-        failed = sorted((t for t in self.source.tasks.values() if t.state == "FAILED"),
+        failed = sorted((t for t in self.source.tasks.values() if t.state == TaskState.FAILED),
                         key=lambda t: t.end_time or 0.0, reverse=True)
         data: dict[str, list[Any]] = {k: [] for k, _ in FAILED_COLUMNS}
         for t in failed[:MAX_FAILED]:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from lumos.state import TaskState
+
 from lumos.dashboard.components.common import Page, details_table, esc
 from lumos.dashboard.graph_layout import (EDGE_FIELDS, EDGE_STYLES, NODE_FIELDS, RERUN_COLOR, STATE_COLORS,
                                           GraphLayout)
@@ -164,7 +166,7 @@ def describe(source: Any, node_id: str, links: Any = None) -> str:
         states: dict[str, int] = {}
         for t in members:
             states[t.state] = states.get(t.state, 0) + 1
-        failed = next((t for t in members if t.state == "FAILED"), None)
+        failed = next((t for t in members if t.state == TaskState.FAILED), None)
         rows: list[tuple[str, Any]] = [("function", key), ("tasks", len(members)),
                                        ("states", ", ".join(f"{n} {s}" for s, n in sorted(states.items())))]
         if failed is not None:

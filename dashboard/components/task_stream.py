@@ -13,6 +13,10 @@ from typing import Any
 
 from lumos.dashboard.components.common import Page, esc
 from lumos.dashboard.graph_layout import RERUN_COLOR, STATE_COLORS, state_class
+from lumos.state import TaskState
+
+#: States that end a bar of the stream.
+_ENDED = (TaskState.FINISHED, TaskState.FAILED)
 
 ROLLOVER = 20_000
 FIELDS = ("worker", "start", "end", "color", "line_color", "name", "function", "task_id", "state", "duration",
@@ -65,7 +69,7 @@ class TaskStreamPage(Page):
         new: dict[str, list[Any]] = {f: [] for f in FIELDS}
         for tid in candidates:
             t = src.tasks[tid]
-            if tid in self.plotted or not t.start_time or not t.end_time or t.state not in ("FINISHED", "FAILED"):
+            if tid in self.plotted or not t.start_time or not t.end_time or t.state not in _ENDED:
                 continue
             self.plotted.add(tid)
             for f, v in zip(FIELDS, self._row(t, t.end_time)):
@@ -73,7 +77,7 @@ class TaskStreamPage(Page):
         now = time.time()
         running: dict[str, list[Any]] = {f: [] for f in FIELDS}
         for t in src.tasks.values() if len(src.tasks) < 50_000 else ():
-            if t.state == "RUNNING" and t.start_time:
+            if t.state == TaskState.RUNNING and t.start_time:
                 for f, v in zip(FIELDS, self._row(t, now)):
                     running[f].append(v)
         workers = set(self.y_range.factors)

@@ -27,7 +27,6 @@ ObjectID = NewType("ObjectID", bytes)
 PlacementGroupID = NewType("PlacementGroupID", bytes)
 
 TASK_ID_SIZE = 16
-OBJECT_ID_SIZE = 20
 _PUT_BIT = 0x8000_0000
 
 _suffix = os.urandom(8)
@@ -68,10 +67,6 @@ def task_id_of(object_id: ObjectID) -> TaskID:
 
 def is_put_object(object_id: ObjectID) -> bool:
     return bool(_unpack_i(object_id[TASK_ID_SIZE:])[0] & _PUT_BIT)
-
-
-def return_index(object_id: ObjectID) -> int:
-    return int(_unpack_i(object_id[TASK_ID_SIZE:])[0] & ~_PUT_BIT)
 
 
 def new_job_id() -> JobID:

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from lumos._private.gcs.task_log import ROW_FIELDS
 from lumos.dashboard.components.task_graph import GraphView
 from lumos.dashboard.source import Task
+from lumos.state import TASK_ROW_FIELDS as ROW_FIELDS
 
 pytestmark = pytest.mark.timeout(30)
 

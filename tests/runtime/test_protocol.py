@@ -33,6 +33,7 @@ from lumos._private.config import Config
 from lumos._private.protocol import auth
 from lumos._private.protocol import messages as m
 from lumos._private.protocol.framing import HEADER, FrameDecoder, ProtocolError, frame
+from lumos._private.protocol.vocab import WIRE_ENUMS
 
 from ..conftest import check_no_leaks, lumos_children, process_gone, start, wait_for
 
@@ -99,9 +100,19 @@ def test_decoder_limit_can_be_raised_after_auth():
 # --------------------------------------------------------------------------- pure: messages
 
 
+_ID_TYPES = {"JobID", "NodeID", "WorkerID", "ActorID", "TaskID", "ObjectID", "PlacementGroupID"}
+
+
 def _sample(tp: Any, name: str) -> Any:
     """A non-default value of a message field's annotated type."""
     t = str(tp)
+    for enum_name, enum_cls in WIRE_ENUMS.items():
+        if t.startswith(enum_name):
+            return list(enum_cls)[-1]
+    if t.split(" ")[0] in _ID_TYPES:
+        return name.encode() + b"\x00\xff"
+    if t.startswith("list[ObjectID]"):
+        return [b"a", b"b"]
     if t.startswith("Address"):
         return m.Address(b"n" * 16, b"w" * 16, "/tmp/x.sock", "127.0.0.1", 4242)
     if t.startswith("bytes"):
@@ -170,6 +181,16 @@ def test_every_message_class_round_trips(code, cls):
     assert m.decode(m.encode(m.REPLY, 1, [minimal, {"k": minimal}]))[2] == [minimal, {"k": minimal}]
 
 
+def test_messages_module_names_every_message_and_the_codec():
+    # ``m.X`` works for every message class, wherever its area module defines it.
+    for cls in m._REGISTRY.values():
+        assert getattr(m, cls.__name__) is cls and cls.__name__ in m.__all__
+    for name in ("REQUEST", "REPLY", "ERROR", "NOTIFY", "MAX_MESSAGE_NESTING", "encode", "decode", "message",
+                 "TaskKind", "RetryPolicy", "ErrorKind", "TaskState"):
+        assert hasattr(m, name) and name in m.__all__, name
+    assert all(hasattr(m, name) for name in m.__all__)
+
+
 def test_message_codes_are_unique_and_in_range():
     assert all(0 <= code <= 127 for code in m._REGISTRY)
     assert len({c.__name__ for c in m._REGISTRY.values()}) == len(m._REGISTRY)
@@ -186,6 +207,61 @@ def test_encode_rejects_values_that_are_not_messages():
 
 def test_sets_travel_as_lists():
     assert m.decode(m.encode(m.REPLY, 1, {1, 2}))[2] in ([1, 2], [2, 1])
+
+
+# --------------------------------------------------------------------------- pure: enum fields
+
+#: Every message field annotated with a wire enum: (class, field, enum, None allowed).
+ENUM_FIELDS = [(cls, f.name, WIRE_ENUMS[str(f.type).split(" ")[0]], optional)
+               for _, cls in ALL_MESSAGES for i, _t, _members, optional in cls._enum_fields
+               for f in [dataclasses.fields(cls)[i]]]
+_ENUM_IDS = [f"{cls.__name__}.{name}" for cls, name, _e, _o in ENUM_FIELDS]
+
+
+def test_the_four_wire_enums_are_declared_on_their_fields():
+    assert {(cls.__name__, name, e.__name__) for cls, name, e, _o in ENUM_FIELDS} == {
+        ("TaskSpec", "kind", "TaskKind"), ("TaskSpec", "retry_exceptions", "RetryPolicy"),
+        ("TaskReply", "error_kind", "ErrorKind"), ("TaskEvent", "state", "TaskState")}
+
+
+def test_enum_members_are_their_wire_values():
+    # Values of today's wire format: an older peer and a not-yet-converted comparison agree.
+    assert [int(k) for k in m.TaskKind] == [0, 1, 2]
+    assert [int(p) for p in m.RetryPolicy] == [0, 1, 2]
+    assert m.ErrorKind.ACTOR_DIED == "actor_died" and m.TaskState.RUNNING == "RUNNING"
+    assert msgpack.packb(m.TaskKind.ACTOR_TASK) == msgpack.packb(2)
+    assert msgpack.packb(m.TaskState.FAILED) == msgpack.packb("FAILED")
+
+
+def _with(cls: type, name: str, value: Any) -> Any:
+    msg = _instance(cls)
+    setattr(msg, name, value)
+    return msg
+
+
+@pytest.mark.parametrize("cls,name,enum_cls,optional", ENUM_FIELDS, ids=_ENUM_IDS)
+def test_enum_field_round_trips_every_member_as_the_enum(cls, name, enum_cls, optional):
+    for member in enum_cls:
+        for sent in (member, member.value):  # a plain wire value decodes to the member too
+            body = m.decode(m.encode(m.REQUEST, 1, _with(cls, name, sent)))[2]
+            got = getattr(body, name)
+            assert type(got) is enum_cls and got is member
+    if optional:
+        assert getattr(m.decode(m.encode(m.REQUEST, 1, _with(cls, name, None)))[2], name) is None
+
+
+@pytest.mark.parametrize("cls,name,enum_cls,optional", ENUM_FIELDS, ids=_ENUM_IDS)
+def test_enum_field_rejects_unknown_and_ill_typed_values(cls, name, enum_cls, optional):
+    wrong = [99, -1, "bogus", True, 1.0, b"RUNNING", [0], {"k": 1}] + ([] if optional else [None])
+    # The other wire type's spelling of a member is ill-typed too ("0" for 0, 1 for "x").
+    wrong.append(str(next(iter(enum_cls)).value) if issubclass(enum_cls, int) else 1)
+    for value in wrong:
+        with pytest.raises(ProtocolError, match=f"{cls.__name__}: {name}="):
+            m.decode(m.encode(m.REQUEST, 1, _with(cls, name, value)))
+    # Also nested inside another message (a TaskSpec inside a PushTask).
+    if cls is m.TaskSpec:
+        with pytest.raises(ProtocolError):
+            m.decode(m.encode(m.REQUEST, 1, m.PushTask(_with(cls, name, 99), {})))
 
 
 def _nested_ext(levels: int) -> bytes:
@@ -226,6 +302,9 @@ MALFORMED_PAYLOADS = {
     "ext_in_deep_arrays": _ext_in_deep_arrays(2000),
     "deep_array_in_ext": msgpack.packb([0, 1, msgpack.ExtType(m.KvGet._code, b"\x91" * 200_000 + b"\xc0")]),
     "random": random.Random(7).randbytes(512),
+    # A TaskReply whose error_kind is no ErrorKind (the enum fields are checked on decode).
+    "unknown_enum_value": msgpack.packb([0, 1, msgpack.ExtType(m.TaskReply._code, msgpack.packb(
+        [b"t", [], False, False, [], b"w", 0.0, 0.0, "x", "no-such-kind"]))]),
 }
 
 

@@ -30,6 +30,7 @@ from lumos._private import serialization as ser
 from lumos._private.gcs.actor_manager import CHECKPOINT_NS
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
+from lumos._private.ids import ActorID, TaskID
 
 if TYPE_CHECKING:
     from lumos._private.core_worker.executor import Executor
@@ -47,7 +48,7 @@ class ActorHost:
                  resource_ids: dict[str, list[Any]]) -> None:
         self.ex = executor
         self.cw = executor.cw
-        self.actor_id: bytes = spec.actor_id or b""
+        self.actor_id: ActorID = spec.actor_id or b""
         self.instance = instance
         self.resource_ids = resource_ids
         opts: dict[str, Any] = spec.actor_options or {}
@@ -182,7 +183,7 @@ class ActorHost:
             async with sem:
                 start = time.time()
                 if spec.enable_task_events:
-                    self.cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, self.cw.node_id,
+                    self.cw.record_event(spec.task_id, spec.attempt, m.TaskState.RUNNING, start, self.cw.node_id,
                                          self.cw.worker_id)
                 result = method(*args, **kwargs)
                 if spec.num_returns == -1:
@@ -196,12 +197,12 @@ class ActorHost:
                         raise asyncio.CancelledError
                     reply = self.ex._success_reply(spec, result, start)
         except asyncio.CancelledError:
-            reply = self.ex._system_reply(spec, "cancelled while running", "cancelled", start)
+            reply = self.ex._system_reply(spec, "cancelled while running", m.ErrorKind.CANCELLED, start)
         except SystemExit as e:
             reply = self._exit_reply(spec, e, start)
         except Exception as e:
-            reply = (self.ex._system_reply(spec, "cancelled while running", "cancelled", start) if me.cancelling()
-                     else self.ex._failed_reply(spec, e, start))
+            reply = (self.ex._system_reply(spec, "cancelled while running", m.ErrorKind.CANCELLED, start)
+                     if me.cancelling() else self.ex._failed_reply(spec, e, start))
         finally:
             self._async_calls.pop(spec.task_id, None)
         self.cw.send_reply(conn, reply)
@@ -233,7 +234,7 @@ class ActorHost:
         return m.TaskReply(spec.task_id, [], False, False, self.ex._still_borrowed(), self.cw.worker_id,
                            start, time.time())
 
-    def cancel_call(self, task_id: bytes) -> bool:
+    def cancel_call(self, task_id: TaskID) -> bool:
         """Cancel a call running, or waiting its turn, on the event loop (any thread).
         False when this actor runs no such call."""
         task = self._async_calls.get(task_id)
@@ -251,7 +252,8 @@ class ActorHost:
         me = threading.get_ident()
         self._thread_calls[me] = spec.task_id
         if spec.enable_task_events:
-            self.cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, self.cw.node_id, self.cw.worker_id)
+            self.cw.record_event(spec.task_id, spec.attempt, m.TaskState.RUNNING, start, self.cw.node_id,
+                                 self.cw.worker_id)
         try:
             result = method(*args, **kwargs)
             if spec.num_returns == -1:
@@ -267,7 +269,7 @@ class ActorHost:
             self._cancelled_running.discard(spec.task_id)
         self.cw.send_reply(conn, reply)
 
-    def cancel_threaded(self, task_id: bytes) -> bool:
+    def cancel_threaded(self, task_id: TaskID) -> bool:
         """A threaded actor's running call: flag it, as Ray does (not interrupted). False
         when no pool thread runs it."""
         if task_id not in self._thread_calls.values():
@@ -284,7 +286,7 @@ class ActorHost:
         from lumos import exceptions as exc
         why = str(e) if isinstance(e, exc.ActorExitRequest) else "the actor called sys.exit()"
         self.exiting(why)
-        return self.ex._system_reply(spec, why, "actor_died", start)
+        return self.ex._system_reply(spec, why, m.ErrorKind.ACTOR_DIED, start)
 
     def exiting(self, reason: str) -> None:
         """Tell the GCS the actor ends on purpose (no restart), then let the process go."""

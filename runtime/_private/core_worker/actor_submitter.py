@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from lumos import exceptions as exc
 from lumos._private.core_worker.tasks import DONE, PUSHED, QUEUED, PendingTask
-from lumos._private.ids import short
+from lumos._private.ids import ActorID, NodeID, short
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
 
@@ -33,9 +33,9 @@ ALIVE, DEAD = "ALIVE", "DEAD"
 
 class _ActorQueue:
     __slots__ = ("actor_id", "info", "conn", "conn_worker", "connecting", "queue", "ready", "inflight",
-                 "lost", "subscribed", "last_call", "pinned", "check_timer", "released", "lost_since")
+                 "lost", "subscribed", "pinned", "check_timer", "released", "lost_since")
 
-    def __init__(self, actor_id: bytes) -> None:
+    def __init__(self, actor_id: ActorID) -> None:
         self.actor_id = actor_id
         self.info: m.ActorInfo | None = None
         self.conn: Connection | None = None
@@ -52,8 +52,6 @@ class _ActorQueue:
         self.lost: list[PendingTask] = []
         self.lost_since = 0.0
         self.subscribed = False
-        #: The last call this process submitted (for stateful edges in the task graph).
-        self.last_call: bytes | None = None
         #: Arguments of the creation task, held while the actor may restart (owner only).
         self.pinned: list[bytes] = []
         self.check_timer: Any = None
@@ -76,7 +74,7 @@ class ActorSubmitter:
 
     # ------------------------------------------------------------------ tracking
 
-    def track(self, actor_id: bytes, info: m.ActorInfo | None = None) -> _ActorQueue:
+    def track(self, actor_id: ActorID, info: m.ActorInfo | None = None) -> _ActorQueue:
         """Start following an actor (io thread)."""
         q = self.actors.get(actor_id)
         if q is None:
@@ -91,7 +89,7 @@ class ActorSubmitter:
                 self.cw.spawn(self._refresh(q), "actor.info")
         return q
 
-    def pin_creation_args(self, actor_id: bytes, ids: list[bytes]) -> None:
+    def pin_creation_args(self, actor_id: ActorID, ids: list[bytes]) -> None:
         self.track(actor_id).pinned.extend(ids)
 
     async def _refresh(self, q: _ActorQueue) -> None:
@@ -234,13 +232,6 @@ class ActorSubmitter:
         task.state = QUEUED
         q.queue.append(task)
 
-    def event_info(self, task: PendingTask, info: dict[str, Any]) -> None:
-        q = self.actors.get(task.spec.actor_id or b"")
-        if q is not None:
-            if q.last_call:
-                info["prev_call"] = q.last_call
-            q.last_call = task.spec.task_id
-
     def enqueue(self, task: PendingTask) -> None:
         """The call's arguments are ready (or it is being retried)."""
         q = self.actors.get(task.spec.actor_id or b"")
@@ -283,7 +274,7 @@ class ActorSubmitter:
             if q.released:
                 self._maybe_release(q)
 
-    def release_handle(self, actor_id: bytes) -> None:
+    def release_handle(self, actor_id: ActorID) -> None:
         q = self.actors.get(actor_id)
         if q is not None:
             q.released = True
@@ -352,7 +343,7 @@ class ActorSubmitter:
         for task in tasks:
             self.cw.fail_task(task, error)
 
-    def node_died(self, node_id: bytes) -> None:
+    def node_died(self, node_id: NodeID) -> None:
         """The GCS declared ``node_id`` dead: calls to actors there fail over as if their
         connection had closed (the core worker severs it; its close then finds nothing)."""
         for q in self.actors.values():
@@ -368,15 +359,15 @@ class ActorSubmitter:
             return None
         return q.conn_worker
 
-    def address_of(self, actor_id: bytes) -> m.Address | None:
+    def address_of(self, actor_id: ActorID) -> m.Address | None:
         q = self.actors.get(actor_id)
         return q.info.address if q is not None and q.info is not None else None
 
-    def connection_of(self, actor_id: bytes) -> Connection | None:
+    def connection_of(self, actor_id: ActorID) -> Connection | None:
         q = self.actors.get(actor_id)
         return q.conn if q is not None else None
 
-    def reserve_call(self, actor_id: bytes, limit: int) -> bool:
+    def reserve_call(self, actor_id: ActorID, limit: int) -> bool:
         """User thread: count one more call, unless ``limit`` calls are pending already."""
         with self._count_lock:
             n = self._counted.get(actor_id, 0)
@@ -385,14 +376,14 @@ class ActorSubmitter:
             self._counted[actor_id] = n + 1
             return True
 
-    def _uncount(self, actor_id: bytes) -> None:
+    def _uncount(self, actor_id: ActorID) -> None:
         if actor_id in self._counted:
             with self._count_lock:
                 n = self._counted.get(actor_id, 0)
                 if n > 0:
                     self._counted[actor_id] = n - 1
 
-    def pending_calls(self, actor_id: bytes) -> int:
+    def pending_calls(self, actor_id: ActorID) -> int:
         q = self.actors.get(actor_id)
         return 0 if q is None else len(q.queue) + len(q.inflight)
 

@@ -23,7 +23,7 @@ from typing import Any
 from lumos import exceptions as exc
 from lumos._private import serialization as ser
 from lumos._private.core_worker.submission import _ArgRef
-from lumos._private.ids import return_object_id, short
+from lumos._private.ids import NodeID, ObjectID, return_object_id, short
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
 
@@ -94,7 +94,7 @@ class ArgumentsMixin:
             raise _TaskFailed(data if data is not None else _error(value), value)
         return value
 
-    def _stored_arg(self, spec: m.TaskSpec, dep: m.Dep, node_id: bytes | None) -> tuple[int, Any]:
+    def _stored_arg(self, spec: m.TaskSpec, dep: m.Dep, node_id: NodeID | None) -> tuple[int, Any]:
         """Read an argument kept in an object store: this node's, a copy pulled from the
         node holding it, or, when that node died, a copy its owner rebuilt from lineage."""
         cw = self.cw
@@ -141,7 +141,7 @@ class ArgumentsMixin:
             raise _TaskFailed(_error(exc.ObjectLostError(dep.object_id.hex(), st.error or "")), None)
         return st
 
-    def note_arg_borrow(self, object_id: bytes, owner: m.Address) -> None:
+    def note_arg_borrow(self, object_id: ObjectID, owner: m.Address) -> None:
         self._arg_borrowed.append((object_id, owner))
 
     def _still_borrowed(self) -> list[Any]:
@@ -244,7 +244,7 @@ class ArgumentsMixin:
             raise _TaskFailed(self._task_error_blob(spec, e), e, stored) from None
         return values
 
-    def _return_object(self, spec: m.TaskSpec, oid: bytes, value: Any,
+    def _return_object(self, spec: m.TaskSpec, oid: ObjectID, value: Any,
                        third_party: dict[bytes, tuple[m.Address, list[bytes]]]) -> m.ReturnObject:
         """One return value, inline or written to this node's store. Refs inside it owned by
         a third process are added to ``third_party`` (their owner must learn the borrower)."""

@@ -56,7 +56,7 @@ from lumos._private.core_worker.streams import StreamsMixin
 from lumos._private.core_worker.submission import SubmissionMixin, function_id_of  # noqa: F401 (re-exported)
 from lumos._private.core_worker.tasks import (DONE, DRIVER, WORKER, LeasedWorker, PendingTask, SchedulingQueue,
                                               TaskTemplate)
-from lumos._private.ids import new_task_id, short
+from lumos._private.ids import ActorID, JobID, NodeID, ObjectID, TaskID, WorkerID, new_task_id, short
 from lumos._private.object_store.client import StoreClient
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import (Connection, ConnectionCache, ConnectionLost, RemoteError,
@@ -65,11 +65,14 @@ from lumos.generator import GeneratorStream
 
 logger = logging.getLogger(__name__)
 
+#: Every ``TaskKind`` (a spec built in this process may hold the plain int).
+_TASK_KINDS = frozenset(m.TaskKind)
+
 
 class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, ReferencesMixin):
     def __init__(self, *, mode: int, config: Config, token: bytes, gcs_address: tuple[str, int],
-                 raylet_socket: str, session_dir: str, node_id: bytes, store_dir: str,
-                 worker_id: bytes, node_ip: str = "127.0.0.1", namespace: str = "",
+                 raylet_socket: str, session_dir: str, node_id: NodeID, store_dir: str,
+                 worker_id: WorkerID, node_ip: str = "127.0.0.1", namespace: str = "",
                  entrypoint: str = "", job_env_vars: dict[str, str] | None = None,
                  job_package: tuple[str, bytes] | None = None) -> None:
         self.mode = mode
@@ -90,7 +93,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         #: The running task's or actor's own environment variables, inherited by what it
         #: submits (Ray's runtime_env inheritance); None in drivers and plain tasks.
         self.inherited_env: dict[str, str] | None = None
-        self.job_id: bytes = b""
+        self.job_id: JobID = b""
         #: Objects, references, lineage and reconstruction decisions (owner.py).
         self.owner = ow.OwnerState(worker_id, validate=config.validate)
         self.owner.on_arg_ready = self._dep_ready
@@ -107,14 +110,14 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self.store.on_free_later = self._free_after_views
         self.address: m.Address = m.Address(node_id, worker_id, "", "", 0)
         #: The driver's own task id (parent of what it submits); in workers the running task's.
-        self.current_task_id: bytes = new_task_id()
+        self.current_task_id: TaskID = new_task_id()
         self.current_task_name = ""
         #: Strategy that child tasks without one of their own inherit (a placement group
         #: that captures child tasks), set by the executor for the running task.
         self.capture_strategy: list[Any] | None = None
         self._captured_templates: dict[Any, tuple[TaskTemplate, TaskTemplate]] = {}
         self.current_resource_ids: dict[str, list[Any]] = {}
-        self.current_actor_id: bytes | None = None
+        self.current_actor_id: ActorID | None = None
         self._put_counter = 0
         #: The lumos-io thread, its loop and the inbox from user threads (io_loop.py).
         self.io = IoLoop()
@@ -160,7 +163,6 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self._blocked_depth = 0
         #: Hooks the executor (workers) installs.
         self.executor: Any = None
-        self.on_closed: Callable[[], None] | None = None
         #: Publish channel -> extra handler (front ends, actors).
         self.extra_publish_handlers: dict[str, Callable[[m.Publish], None]] = {}
         #: Actor id -> the last call this process submitted to it (stateful edges).
@@ -440,7 +442,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             self._fail_task(task, self._gone_error(task))
             return
         self.export_function(task.template)
-        if task.spec.kind == 2:
+        if task.spec.kind == m.TaskKind.ACTOR_TASK:
             self.actor_submitter.add(task)
             if task.state == DONE:
                 return
@@ -481,7 +483,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
     # -------------------------------------------------------------- io thread: scheduling
 
     def _enqueue(self, task: PendingTask, front: bool = False) -> None:
-        if task.spec.kind == 2:
+        if task.spec.kind == m.TaskKind.ACTOR_TASK:
             self.actor_submitter.enqueue(task)
             return
         self._run(self.submitter.enqueue(task, front))
@@ -589,7 +591,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             lease.idle_timer = None
         spec = task.spec
         if spec.enable_task_events:
-            self._events.append((spec.task_id, spec.attempt, "SCHEDULED", time.time(),
+            self._events.append((spec.task_id, spec.attempt, m.TaskState.SCHEDULED, time.time(),
                                  {"resource_ids": lease.resource_ids} if lease.resource_ids else None,
                                  lease.node_id, lease.worker_id, None))
         assert lease.conn is not None
@@ -645,7 +647,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self.actor_submitter.connection_lost(
             conn, f"its node {short(node)} was declared dead" if node else "the actor's connection dropped")
 
-    def _node_died(self, node_id: bytes) -> None:
+    def _node_died(self, node_id: NodeID) -> None:
         """The GCS declared ``node_id`` dead (io thread). It may only be frozen or cut off,
         not crashed: act exactly as if every connection to it had closed (tasks and actor
         calls in flight there are retried per their policy, its leases are given up), and
@@ -694,13 +696,13 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
     def _keep_lineage(self, task: PendingTask) -> None:
         self.owner.keep_lineage(task)
 
-    def _drop_lineage(self, task_ids: list[bytes]) -> None:
+    def _drop_lineage(self, task_ids: list[TaskID]) -> None:
         """Returns of these tasks were freed: forget the tasks none of whose returns is
         left, and let their arguments go."""
         for task in self.owner.drop_lineage(task_ids):
             self._release_args(task)
 
-    def _reconstruct(self, oid: bytes, lost_node: bytes | None) -> str | None:
+    def _reconstruct(self, oid: ObjectID, lost_node: bytes | None) -> str | None:
         """Run again the task that made ``oid`` (owned here), lost with node ``lost_node``.
         Returns None once the new run is under way (or already was), else why it cannot."""
         why, actions = self.owner.reconstruct(oid, lost_node)
@@ -716,7 +718,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             raise ValueError("this process does not execute tasks")
         spec = msg.spec
         if type(spec) is not m.TaskSpec or type(spec.task_id) is not bytes or type(spec.args) is not bytes \
-                or type(spec.deps) is not list or spec.kind not in (0, 1, 2) or type(spec.num_returns) is not int \
+                or type(spec.deps) is not list or spec.kind not in _TASK_KINDS or type(spec.num_returns) is not int \
                 or type(spec.enable_task_events) is not bool:
             raise ValueError("malformed PushTask")
         self.executor.push(conn, msg)

@@ -36,6 +36,7 @@ from lumos._private.core_worker.core_worker import CoreWorker
 from lumos._private.core_worker.arguments import ArgumentsMixin, _TaskFailed
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
+from lumos._private.ids import JobID, TaskID
 
 logger = logging.getLogger(__name__)
 
@@ -82,21 +83,22 @@ class Executor(ArgumentsMixin):
 
     def push(self, conn: Connection, msg: m.PushTask) -> None:
         if self._exiting:
-            conn.notify(self._system_reply(msg.spec, "requeued: the worker is exiting (max_calls)", "requeue"))
+            conn.notify(self._system_reply(msg.spec, "requeued: the worker is exiting (max_calls)",
+                                           m.ErrorKind.REQUEUE))
             return
-        if self.cw._blocked_depth > 0 and self.actor is None and msg.spec.kind == 0:
+        if self.cw._blocked_depth > 0 and self.actor is None and msg.spec.kind == m.TaskKind.NORMAL_TASK:
             # The running task waits in get(): this one would wait behind it, maybe for ever.
-            conn.notify(self._system_reply(msg.spec, "requeued: the worker blocked", "requeue"))
+            conn.notify(self._system_reply(msg.spec, "requeued: the worker blocked", m.ErrorKind.REQUEUE))
             return
         self.queue.put((conn, msg))
 
-    def cancel(self, task_id: bytes, force: bool, recursive: bool) -> None:
+    def cancel(self, task_id: TaskID, force: bool, recursive: bool) -> None:
         running = self._running
         if running is not None and running.task_id == task_id:
             self._cancel_requested = task_id
             if recursive:
                 self.cw.cancel_children(task_id, force)
-            if running.kind == 0:
+            if running.kind == m.TaskKind.NORMAL_TASK:
                 signal.pthread_kill(self._main_ident, signal.SIGINT)
             # An actor's running method is not interrupted (as in Ray: it would leave the
             # actor's state half-changed); it can poll get_runtime_context().is_canceled().
@@ -118,11 +120,11 @@ class Executor(ArgumentsMixin):
                 item = self.queue.get_nowait()
             except queue.Empty:
                 break
-            if item is None or item[1].spec.kind != 0:
+            if item is None or item[1].spec.kind != m.TaskKind.NORMAL_TASK:
                 keep.append(item)
                 continue
             conn, msg = item
-            self.cw.send_reply(conn, self._system_reply(msg.spec, "requeued: the worker blocked", "requeue"))
+            self.cw.send_reply(conn, self._system_reply(msg.spec, "requeued: the worker blocked", m.ErrorKind.REQUEUE))
         for item in keep:
             self.queue.put(item)
 
@@ -132,7 +134,7 @@ class Executor(ArgumentsMixin):
         if spec.task_id not in self._cancelled:
             return None
         self._cancelled.discard(spec.task_id)
-        return self._system_reply(spec, "cancelled before it started", "cancelled")
+        return self._system_reply(spec, "cancelled before it started", m.ErrorKind.CANCELLED)
 
     def running_task(self) -> bool:
         return self._running is not None
@@ -161,7 +163,7 @@ class Executor(ArgumentsMixin):
                     return
                 conn, msg = item
                 actor = self.actor
-                if actor is not None and msg.spec.kind == 2:
+                if actor is not None and msg.spec.kind == m.TaskKind.ACTOR_TASK:
                     if actor.concurrent:
                         actor.dispatch(conn, msg)
                         continue
@@ -175,7 +177,7 @@ class Executor(ArgumentsMixin):
                     self._conn = conn
                     reply = self.execute(msg)
                     if msg.spec.max_calls > 0 and self.actor is None and self._count_call(msg.spec):
-                        reply.error_kind = "exiting"
+                        reply.error_kind = m.ErrorKind.EXITING
                         self.cw.send_reply(conn, reply)
                         self._exit_after_max_calls()
                         return
@@ -218,7 +220,7 @@ class Executor(ArgumentsMixin):
             if item is not None:
                 conn, msg = item
                 conn.notify(self._system_reply(msg.spec, "requeued: the worker is exiting (max_calls)",
-                                               "requeue"))
+                                               m.ErrorKind.REQUEUE))
 
     def flush_output_soon(self) -> None:
         if self._output:
@@ -245,7 +247,7 @@ class Executor(ArgumentsMixin):
         cw.current_resource_ids = msg.resource_ids if self.actor is None else self.actor.resource_ids
         cw._put_counter = 0
         if spec.enable_task_events:
-            cw.record_event(spec.task_id, spec.attempt, "RUNNING", start, cw.node_id, cw.worker_id)
+            cw.record_event(spec.task_id, spec.attempt, m.TaskState.RUNNING, start, cw.node_id, cw.worker_id)
         self._set_gpus(msg.resource_ids)
         self._arg_borrowed = []
         app_error = False
@@ -253,33 +255,33 @@ class Executor(ArgumentsMixin):
         saved_env = None
         try:
             try:
-                if spec.kind != 2 and (spec.runtime_env or spec.job_id in self._job_env):
+                if spec.kind != m.TaskKind.ACTOR_TASK and (spec.runtime_env or spec.job_id in self._job_env):
                     saved_env = self._apply_env(spec)
                 fn = self._function(spec)
                 args, kwargs = self._resolve_args(spec)
                 self._streamed = 0
-                if spec.kind == 1:
+                if spec.kind == m.TaskKind.ACTOR_CREATION_TASK:
                     result = self._create_actor(spec, fn, args, kwargs, msg.resource_ids)
                 else:
                     result = fn(*args, **kwargs)
                 if spec.num_returns == -1:
                     returns = self._stream_returns(spec, result)
-                if self._cancel_requested == spec.task_id and spec.kind == 0:
+                if self._cancel_requested == spec.task_id and spec.kind == m.TaskKind.NORMAL_TASK:
                     raise KeyboardInterrupt  # (an actor's call that finished despite a cancel counts)
             except KeyboardInterrupt:
                 if self._cancel_requested == spec.task_id:
-                    return self._system_reply(spec, "cancelled while running", "cancelled", start)
+                    return self._system_reply(spec, "cancelled while running", m.ErrorKind.CANCELLED, start)
                 raise
             if spec.num_returns != -1:
                 returns = self._store_returns(spec, result)
         except _NotHere as e:
-            return self._system_reply(spec, str(e), "actor_died", start)
+            return self._system_reply(spec, str(e), m.ErrorKind.ACTOR_DIED, start)
         except SystemExit as e:
-            if spec.kind != 2 or self.actor is None:
+            if spec.kind != m.TaskKind.ACTOR_TASK or self.actor is None:
                 raise
             why = str(e) if isinstance(e, exc.ActorExitRequest) else "the actor called sys.exit()"
             self.actor.exiting(why)
-            return self._system_reply(spec, why, "actor_died", start)
+            return self._system_reply(spec, why, m.ErrorKind.ACTOR_DIED, start)
         except _TaskFailed as failed:
             app_error = True
             retryable = self._is_retryable(spec, failed.cause)
@@ -314,7 +316,7 @@ class Executor(ArgumentsMixin):
         """A concurrent actor call's error reply (any thread); ``streamed``: values a
         streaming call sent before it failed."""
         if isinstance(e, _NotHere):
-            return self._system_reply(spec, str(e), "actor_died", start)
+            return self._system_reply(spec, str(e), m.ErrorKind.ACTOR_DIED, start)
         blob = e.blob if isinstance(e, _TaskFailed) else self._task_error_blob(spec, e)
         first = e.stored if isinstance(e, _TaskFailed) else []
         return m.TaskReply(spec.task_id, self._error_returns(spec, blob, streamed, first), True, False,
@@ -335,13 +337,13 @@ class Executor(ArgumentsMixin):
             self._original_cuda = os.environ.get("CUDA_VISIBLE_DEVICES")  # the actor keeps its GPUs
         return None
 
-    def _system_reply(self, spec: m.TaskSpec, text: str, kind: str, start: float = 0.0) -> m.TaskReply:
+    def _system_reply(self, spec: m.TaskSpec, text: str, kind: m.ErrorKind, start: float = 0.0) -> m.TaskReply:
         return m.TaskReply(spec.task_id, [], False, False, self._still_borrowed(), self.cw.worker_id,
                            start, time.time(), text, kind)
 
     # ------------------------------------------------------------------ functions, jobs
 
-    def _bind_job(self, job_id: bytes) -> None:
+    def _bind_job(self, job_id: JobID) -> None:
         cw = self.cw
         if cw.job_id != job_id:
             cw.job_id = job_id
@@ -402,7 +404,7 @@ class Executor(ArgumentsMixin):
             raise exc.LumosSystemError(f"could not unpack the job's working_dir: {e}") from None
 
     def _function(self, spec: m.TaskSpec) -> Any:
-        if spec.kind == 2:
+        if spec.kind == m.TaskKind.ACTOR_TASK:
             return self._method(spec)
         fn = self.functions.get(spec.function_id)
         if fn is not None:
@@ -459,9 +461,9 @@ class Executor(ArgumentsMixin):
             return ser.serialize(err, ser.KIND_ERROR).to_bytes()
 
     def _is_retryable(self, spec: m.TaskSpec, e: BaseException | None) -> bool:
-        if spec.retry_exceptions == 0 or e is None:
+        if spec.retry_exceptions == m.RetryPolicy.NEVER or e is None:
             return False
-        if spec.retry_exceptions == 1:
+        if spec.retry_exceptions == m.RetryPolicy.ANY_EXCEPTION:
             return isinstance(e, Exception)
         try:
             classes = tuple(pickle.loads(spec.retry_exception_types or b""))

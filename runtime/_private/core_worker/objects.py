@@ -29,7 +29,7 @@ from lumos import exceptions as exc
 from lumos._private import serialization as ser
 from lumos._private.core_worker.references import FAILED, PENDING, READY, Waiter
 from lumos._private.core_worker.tasks import DRIVER, WORKER
-from lumos._private.ids import put_object_id, short
+from lumos._private.ids import NodeID, ObjectID, WorkerID, put_object_id, short
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
 from lumos.object_ref import ObjectRef
@@ -57,11 +57,11 @@ class ObjectsMixin:
     io: Any
     store: Any
     raylet: Any
-    node_id: bytes
-    worker_id: bytes
+    node_id: NodeID
+    worker_id: WorkerID
     address: m.Address
 
-    def _store_pin_changed(self, object_id: bytes, pinned: bool) -> None:
+    def _store_pin_changed(self, object_id: ObjectID, pinned: bool) -> None:
         """Tell the raylet whether this process views ``object_id`` (viewed objects are
         never spilled). Any thread, also garbage collection at exit."""
         if self._closed or self.loop is None or self.loop.is_closed():
@@ -71,7 +71,7 @@ class ObjectsMixin:
         except exc.LumosSystemError:
             pass  # shutting down: the raylet forgets this process's pins when it goes
 
-    def _free_after_views(self, object_id: bytes) -> None:
+    def _free_after_views(self, object_id: ObjectID) -> None:
         """An object we freed while viewing it lost its last view here (any thread, GC
         included): free it in the store now, its slot reusable if nobody else views it."""
         if self._closed or self.loop is None or self.loop.is_closed():
@@ -81,7 +81,7 @@ class ObjectsMixin:
         except exc.LumosSystemError:
             pass  # shutting down: the raylet frees what this process owned when it goes
 
-    def _restore_spilled(self, object_id: bytes) -> str | None:
+    def _restore_spilled(self, object_id: ObjectID) -> str | None:
         """The object's store file is missing: ask the raylet to restore it (user threads).
         Returns None (not on this node), "" (back in the store) or a spill file to map."""
         if self.raylet is None or self.io.in_io_thread():
@@ -126,7 +126,7 @@ class ObjectsMixin:
                         ne.shared = True
         return ObjectRef(oid, self.address, True)
 
-    def _write_to_store(self, oid: bytes, sv: ser.SerializedValue, keep_mapping: bool,
+    def _write_to_store(self, oid: ObjectID, sv: ser.SerializedValue, keep_mapping: bool,
                         owner: bytes = b"") -> None:
         """Create the object in this node's store and copy the value in (user thread).
         ``owner``: the owning process's worker id when it is not this one."""
@@ -348,7 +348,7 @@ class ObjectsMixin:
             raise value
         return value
 
-    def _read_from_store(self, oid: bytes, node_id: bytes) -> tuple[int, Any]:
+    def _read_from_store(self, oid: ObjectID, node_id: NodeID) -> tuple[int, Any]:
         view = self.store.view(oid, restore=node_id == self.node_id)
         if view is None and node_id != self.node_id:
             self.pull_to_local(oid, node_id)
@@ -360,7 +360,7 @@ class ObjectsMixin:
             raise exc.ObjectLostError(oid.hex(), "its file is gone from this node's object store")
         return ser.deserialize(view)
 
-    def _rebuild_and_read(self, ref: ObjectRef, node_id: bytes, detail: str,
+    def _rebuild_and_read(self, ref: ObjectRef, node_id: NodeID, detail: str,
                           deadline: float | None) -> tuple[int, Any]:
         """An object this process owns was lost with its node: run the task that made it
         again (lineage reconstruction), wait for the new value and read it (user thread)."""
@@ -382,7 +382,7 @@ class ObjectsMixin:
 
         return self._read_rebuilt(oid, node_id, detail, rebuild)
 
-    def _refetch_and_read(self, ref: ObjectRef, owner: m.Address, node_id: bytes, detail: str,
+    def _refetch_and_read(self, ref: ObjectRef, owner: m.Address, node_id: NodeID, detail: str,
                           deadline: float | None) -> tuple[int, Any]:
         """A borrowed object's value was lost with its node: its owner rebuilds it from the
         lineage, then the new copy is read (user thread)."""
@@ -395,7 +395,7 @@ class ObjectsMixin:
 
         return self._read_rebuilt(oid, node_id, detail, rebuild)
 
-    def _read_rebuilt(self, oid: bytes, node_id: bytes, detail: str,
+    def _read_rebuilt(self, oid: ObjectID, node_id: NodeID, detail: str,
                       rebuild: Callable[[bytes, str], tuple[bytes | None, bytes | None] | None]) -> tuple[int, Any]:
         """Read a value lost with node ``node_id`` once ``rebuild(node_id, detail)`` made it
         again: it gives the new ``(data, node_id)``, or None when no value was recorded. A
@@ -416,7 +416,7 @@ class ObjectsMixin:
             detail, node_id = again, new_node
         raise exc.ObjectLostError(oid.hex(), f"{detail}; rebuilding it did not succeed")
 
-    def ask_owner_to_rebuild(self, oid: bytes, owner: m.Address, lost_node: bytes,
+    def ask_owner_to_rebuild(self, oid: ObjectID, owner: m.Address, lost_node: bytes,
                              deadline: float | None) -> m.ObjectStatus:
         """Tell ``oid``'s owner that its value cannot be read from ``lost_node``; the owner
         runs the task that made it again when it can. Returns the new location, or raises
@@ -447,14 +447,14 @@ class ObjectsMixin:
             raise exc.ObjectFreedError(oid.hex(), st.error or "its owner freed it")
         raise exc.ObjectLostError(oid.hex(), st.error or "its owner lost it")
 
-    def _owner_id_of(self, oid: bytes) -> bytes:
+    def _owner_id_of(self, oid: ObjectID) -> bytes:
         """The worker id of ``oid``'s owner (a pulled copy is freed when that process dies)."""
         e = self.objects.entries.get(oid)
         if e is not None and not e.owned and e.owner is not None:
             return e.owner.worker_id
         return self.worker_id
 
-    def pull_to_local(self, oid: bytes, node_id: bytes, owner_id: bytes | None = None) -> None:
+    def pull_to_local(self, oid: ObjectID, node_id: NodeID, owner_id: bytes | None = None) -> None:
         """Have the local raylet copy ``oid`` from node ``node_id`` into this node's store (blocks).
         ``owner_id``: the object's owner, when this process has no entry for it."""
         try:
@@ -463,10 +463,10 @@ class ObjectsMixin:
             raise exc.ObjectLostError(oid.hex(), f"it lives on node {short(node_id)} and could not be "
                                       f"copied to this node: {e}") from None
 
-    def _start_fetch(self, oid: bytes, owner: m.Address) -> None:
+    def _start_fetch(self, oid: ObjectID, owner: m.Address) -> None:
         self._spawn(self._fetch(oid, owner), "fetch")
 
-    async def _fetch(self, oid: bytes, owner: m.Address) -> None:
+    async def _fetch(self, oid: ObjectID, owner: m.Address) -> None:
         """Ask a borrowed object's owner for its value (long poll)."""
         try:
             conn = await self._peer(owner)
@@ -491,7 +491,7 @@ class ObjectsMixin:
         else:
             self._complete_error(oid, exc.ObjectLostError(oid.hex(), st.error or "its owner lost it"))
 
-    def _complete_error(self, oid: bytes, error: BaseException) -> None:
+    def _complete_error(self, oid: ObjectID, error: BaseException) -> None:
         e = self.objects.complete(oid, FAILED, error_blob(error), None, 0, None)
         if e is not None:
             e.fetching = False
@@ -531,7 +531,7 @@ class ObjectsMixin:
             return m.ObjectStatus(STATUS_PENDING, None, None, 0)
         return m.ObjectStatus(STATUS_READY, e.data, e.node_id, e.size)
 
-    def _run_callbacks(self, oid: bytes, e: Any) -> None:
+    def _run_callbacks(self, oid: ObjectID, e: Any) -> None:
         if e is None:
             return
         with self.objects.lock:
@@ -570,7 +570,7 @@ class ObjectsMixin:
         self._post(on_io)
         return fut
 
-    def describe_object(self, oid: bytes) -> dict[str, Any]:
+    def describe_object(self, oid: ObjectID) -> dict[str, Any]:
         e = self.objects.entries.get(oid)
         if e is None:
             return {"state": "unknown"}

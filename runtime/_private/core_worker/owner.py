@@ -38,7 +38,7 @@ from lumos._private import serialization as ser
 from lumos._private.core_worker.objects import error_blob
 from lumos._private.core_worker.references import FAILED, PENDING, READY, Freed, ObjectEntry, ObjectTable
 from lumos._private.core_worker.tasks import DONE, WAITING_ARGS, PendingTask
-from lumos._private.ids import TASK_ID_SIZE, is_put_object, short, task_id_of
+from lumos._private.ids import NodeID, ObjectID, TASK_ID_SIZE, WorkerID, is_put_object, short, task_id_of
 from lumos._private.protocol import messages as m
 
 #: Argument bytes of the lineage one process keeps; tasks beyond it cannot be rebuilt.
@@ -67,7 +67,7 @@ class EnqueueTask:
 @dataclass(slots=True)
 class FetchObject:
     """Ask the owner of borrowed ``object_id`` for its value (a long poll)."""
-    object_id: bytes
+    object_id: ObjectID
     owner: m.Address
 
 
@@ -98,7 +98,7 @@ Action = Union[EnqueueTask, FetchObject, FailTask, FailTaskWithValue, RunAgain]
 class OwnerState:
     """Objects, references, lineage and the reconstruction decisions of one process."""
 
-    def __init__(self, worker_id: bytes, *, lineage_max_bytes: int = LINEAGE_MAX_BYTES,
+    def __init__(self, worker_id: WorkerID, *, lineage_max_bytes: int = LINEAGE_MAX_BYTES,
                  validate: bool = False) -> None:
         #: Values, counts and borrowers (shared with user threads under its lock, see above).
         self.objects = ObjectTable(worker_id)
@@ -239,14 +239,14 @@ class OwnerState:
         """``task``'s arguments stay pinned: it is kept to run again."""
         return task.spec.task_id in self.lineage
 
-    def node_died(self, node_id: bytes) -> bool:
+    def node_died(self, node_id: NodeID) -> bool:
         """The GCS declared ``node_id`` dead. False when it was known already."""
         if node_id in self.dead_nodes:
             return False
         self.dead_nodes.add(node_id)
         return True
 
-    def reconstruct(self, oid: bytes, lost_node: bytes | None) -> tuple[str | None, list[Action]]:
+    def reconstruct(self, oid: ObjectID, lost_node: bytes | None) -> tuple[str | None, list[Action]]:
         """Run again the task that made ``oid`` (owned here), lost with node ``lost_node``.
 
         Returns ``(None, actions)`` once the new run is decided (or already under way),
@@ -260,7 +260,7 @@ class OwnerState:
             self._check_lineage()
         return why, out
 
-    def _reconstruct(self, oid: bytes, lost_node: bytes | None, out: list[Action]) -> str | None:
+    def _reconstruct(self, oid: ObjectID, lost_node: bytes | None, out: list[Action]) -> str | None:
         entries = self.objects.entries
         e = entries.get(oid)
         if e is None:

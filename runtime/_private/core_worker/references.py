@@ -27,7 +27,7 @@ import threading
 from collections import deque
 from typing import Any, Iterable
 
-from lumos._private.ids import short
+from lumos._private.ids import NodeID, ObjectID, WorkerID, short
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost
 from lumos.object_ref import ObjectRef
@@ -49,7 +49,7 @@ class Waiter:
         #: Object ids in the order they became ready.
         self.order: list[bytes] = []
 
-    def hit(self, object_id: bytes) -> None:
+    def hit(self, object_id: ObjectID) -> None:
         self.order.append(object_id)
         self.remaining -= 1
         if self.remaining == 0:
@@ -74,7 +74,7 @@ class ObjectEntry:
         #: The serialized value when it is small (inline), else None.
         self.data: bytes | None = None
         #: Node whose store holds the value when it is large.
-        self.node_id: bytes | None = None
+        self.node_id: NodeID | None = None
         self.size = 0
         self.waiters: list[Waiter] | None = None
         #: Refs nested in the value: ``[(object_id, owner Address)]``; held while this lives.
@@ -97,13 +97,13 @@ class Freed:
 
     __slots__ = ("object_id", "entry")
 
-    def __init__(self, object_id: bytes, entry: ObjectEntry) -> None:
+    def __init__(self, object_id: ObjectID, entry: ObjectEntry) -> None:
         self.object_id = object_id
         self.entry = entry
 
 
 class ObjectTable:
-    def __init__(self, worker_id: bytes) -> None:
+    def __init__(self, worker_id: WorkerID) -> None:
         self.worker_id = worker_id
         # Reentrant: a drain may run from a __del__ while the same thread holds it.
         self.lock = threading.RLock()
@@ -114,14 +114,14 @@ class ObjectTable:
 
     # ------------------------------------------------------------------ creation
 
-    def add_owned(self, object_id: bytes, local: int = 1) -> ObjectEntry:
+    def add_owned(self, object_id: ObjectID, local: int = 1) -> ObjectEntry:
         e = self.entries.get(object_id)
         if e is None:
             e = self.entries[object_id] = ObjectEntry(True, None)
         e.local += local
         return e
 
-    def ref_created(self, object_id: bytes, owner: m.Address | None, worker_id: bytes) -> ObjectEntry:
+    def ref_created(self, object_id: ObjectID, owner: m.Address | None, worker_id: WorkerID) -> ObjectEntry:
         """An ObjectRef instance appeared (deserialized or copied)."""
         with self.lock:
             e = self.entries.get(object_id)
@@ -183,7 +183,7 @@ class ObjectTable:
                 if registered and not e.owned:
                     e.registered = True
 
-    def add_borrower(self, oid: bytes, borrower: m.Address) -> bool:
+    def add_borrower(self, oid: ObjectID, borrower: m.Address) -> bool:
         with self.lock:
             e = self.entries.get(oid)
             if e is None or not e.owned:
@@ -194,7 +194,7 @@ class ObjectTable:
             e.shared = True
             return True
 
-    def remove_borrower(self, ids: Iterable[bytes], borrower_worker_id: bytes) -> list[Freed]:
+    def remove_borrower(self, ids: Iterable[bytes], borrower_worker_id: WorkerID) -> list[Freed]:
         freed: list[Freed] = []
         with self.lock:
             for oid in ids:
@@ -208,7 +208,7 @@ class ObjectTable:
                     self._remove(oid, e, freed)
         return freed
 
-    def remove_borrowers_on(self, worker_ids: set[bytes]) -> list[Freed]:
+    def remove_borrowers_on(self, worker_ids: set[WorkerID]) -> list[Freed]:
         """Processes died: drop them as borrowers everywhere."""
         freed: list[Freed] = []
         with self.lock:
@@ -234,7 +234,7 @@ class ObjectTable:
                     self._remove(oid, e, freed)
         return freed
 
-    def _remove(self, oid: bytes, e: ObjectEntry, freed: list[Freed]) -> None:
+    def _remove(self, oid: ObjectID, e: ObjectEntry, freed: list[Freed]) -> None:
         del self.entries[oid]
         freed.append(Freed(oid, e))
         if e.nested:
@@ -252,7 +252,7 @@ class ObjectTable:
 
     # ------------------------------------------------------------------ values
 
-    def complete(self, oid: bytes, state: int, data: bytes | None, node_id: bytes | None,
+    def complete(self, oid: ObjectID, state: int, data: bytes | None, node_id: NodeID | None,
                  size: int, nested: list[tuple[bytes, m.Address]] | None) -> ObjectEntry | None:
         """The value is known. Returns the entry (None if nobody holds it any more)."""
         with self.lock:
@@ -273,7 +273,7 @@ class ObjectTable:
                     w.hit(oid)
             return e
 
-    def reset_pending(self, oid: bytes) -> None:
+    def reset_pending(self, oid: ObjectID) -> None:
         """A retried or reconstructed task will produce this value again."""
         with self.lock:
             e = self.entries.get(oid)
@@ -294,13 +294,13 @@ class ReferencesMixin:
     the last return of a task (any thread unless noted)."""
 
     objects: ObjectTable
-    worker_id: bytes
+    worker_id: WorkerID
     address: m.Address
     store: Any
     raylet: Any
     executor: Any
 
-    def on_ref_deserialized(self, object_id: bytes, owner: m.Address | None) -> ObjectRef:
+    def on_ref_deserialized(self, object_id: ObjectID, owner: m.Address | None) -> ObjectRef:
         e = self.objects.ref_created(object_id, owner, self.worker_id)
         if not e.owned and not e.registered and owner is not None:
             if self._in_arg_context():
@@ -316,7 +316,7 @@ class ReferencesMixin:
         ex = self.executor
         return ex is not None and ex.deserializing_args()
 
-    def _send_add_borrower(self, object_id: bytes, owner: m.Address) -> None:
+    def _send_add_borrower(self, object_id: ObjectID, owner: m.Address) -> None:
         self._spawn(self._notify_peer(owner, m.AddBorrowers([object_id], self.address)), "add-borrower")
 
     async def _notify_peer(self, address: m.Address, msg: Any) -> None:

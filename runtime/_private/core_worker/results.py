@@ -28,7 +28,7 @@ from lumos._private import serialization as ser
 from lumos._private.core_worker.objects import error_blob
 from lumos._private.core_worker.references import FAILED, READY
 from lumos._private.core_worker.tasks import DONE, PUSHED, PendingTask
-from lumos._private.ids import short
+from lumos._private.ids import WorkerID, short
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
 
@@ -45,7 +45,7 @@ class ResultsMixin:
     actor_submitter: Any
     raylet: Any
     config: Any
-    worker_id: bytes
+    worker_id: WorkerID
     _events: list[tuple[Any, ...]]
 
     def _handle_task_reply(self, conn: Connection, reply: m.TaskReply) -> None:
@@ -62,17 +62,17 @@ class ResultsMixin:
         lease = task.lease
         submitter = self.submitter
         if lease is not None:
-            if reply.error_kind == "requeue" and task.spec.kind == 0:
+            if reply.error_kind == m.ErrorKind.REQUEUE and task.spec.kind == m.TaskKind.NORMAL_TASK:
                 self._run(submitter.task_requeued(task))
                 return
             submitter.reply_arrived(lease, reply.task_id, reply.end_time - reply.start_time,
-                                    reply.error_kind == "exiting")
-        if task.spec.kind == 2:
+                                    reply.error_kind == m.ErrorKind.EXITING)
+        if task.spec.kind == m.TaskKind.ACTOR_TASK:
             self.actor_submitter.on_reply(task, reply)
         if reply.system_error is not None:
-            if reply.error_kind == "cancelled" or task.cancelled:
+            if reply.error_kind == m.ErrorKind.CANCELLED or task.cancelled:
                 self._fail_task(task, exc.TaskCancelledError(task.spec.task_id.hex(), reply.system_error))
-            elif reply.error_kind == "actor_died":
+            elif reply.error_kind == m.ErrorKind.ACTOR_DIED:
                 self._fail_task(task, exc.ActorDiedError((task.spec.actor_id or b"").hex(), reply.system_error))
             else:
                 self._fail_task(task, exc.LumosSystemError(reply.system_error))
@@ -86,13 +86,13 @@ class ResultsMixin:
 
     def _executor_of(self, task: PendingTask) -> bytes | None:
         """The worker running ``task``'s current attempt (None: unknown)."""
-        if task.spec.kind == 2:
+        if task.spec.kind == m.TaskKind.ACTOR_TASK:
             return self.actor_submitter.worker_of(task)
         return task.lease.worker_id if task.lease is not None else None
 
     def _retry(self, task: PendingTask, why: str) -> None:
         self._next_attempt(task, why)
-        if task.spec.kind == 0:
+        if task.spec.kind == m.TaskKind.NORMAL_TASK:
             self._enqueue(task, front=True)
         else:
             self._enqueue(task)
@@ -102,7 +102,7 @@ class ResultsMixin:
         spec = task.spec
         logger.info("running %s (%s) again: %s", spec.name, short(spec.task_id), why)
         if spec.enable_task_events:
-            self._events.append((spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, None, why))
+            self._events.append((spec.task_id, spec.attempt, m.TaskState.RETRIED, time.time(), None, None, None, why))
         spec.attempt += 1
         task.lease = None
     def _finish_task(self, task: PendingTask, reply: m.TaskReply) -> None:
@@ -131,7 +131,7 @@ class ResultsMixin:
                 self._run_callbacks(ret.object_id, e)
         if orphans and self.raylet is not None:
             self.raylet.notify(m.FreeObjects(orphans, [False] * len(orphans)))
-        if spec.kind == 0 and not reply.app_error and task.retries_left != 0:
+        if spec.kind == m.TaskKind.NORMAL_TASK and not reply.app_error and task.retries_left != 0:
             self._keep_lineage(task)
         self._task_done(task, reply)
 
@@ -140,11 +140,11 @@ class ResultsMixin:
         (after the executor's borrowed refs are registered with their owners)."""
         spec = task.spec
         if spec.enable_task_events:
-            state = "FAILED" if reply.app_error else "FINISHED"
+            state = m.TaskState.FAILED if reply.app_error else m.TaskState.FINISHED
             if reply.start_time:
                 # The executor sends its own RUNNING event in its next batch, which a reader may
                 # not see yet (or ever, if it exits first): the finished row has its start time.
-                self._events.append((spec.task_id, spec.attempt, "RUNNING", reply.start_time, None, None,
+                self._events.append((spec.task_id, spec.attempt, m.TaskState.RUNNING, reply.start_time, None, None,
                                      reply.worker_id, None))
             self._events.append((spec.task_id, spec.attempt, state, reply.end_time or time.time(), info,
                                  None, reply.worker_id, _error_text(reply) if reply.app_error else None))
@@ -203,10 +203,10 @@ class ResultsMixin:
             self._end_stream(task, blob)
         spec = task.spec
         if spec.enable_task_events:
-            state = "CANCELLED" if task.cancelled else "FAILED"
+            state = m.TaskState.CANCELLED if task.cancelled else m.TaskState.FAILED
             self._events.append((spec.task_id, spec.attempt, state, time.time(), None, None, None,
                                  text or "failed"))
-        if spec.kind == 2:
+        if spec.kind == m.TaskKind.ACTOR_TASK:
             self.actor_submitter.on_failed(task)
         self._release_args(task)
 

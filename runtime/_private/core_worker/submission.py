@@ -27,8 +27,9 @@ from typing import Any
 from lumos import exceptions as exc
 from lumos._private import serialization as ser
 from lumos._private.core_worker.tasks import DONE, QUEUED, WAITING_ARGS, PendingTask, TaskTemplate
-from lumos._private.ids import new_task_id, return_object_id
+from lumos._private.ids import ActorID, JobID, NodeID, TaskID, WorkerID, new_task_id, return_object_id
 from lumos._private.protocol import messages as m
+from lumos._private.task_spec import new_task_spec
 from lumos._private.transport.connection import ConnectionLost, RemoteError
 from lumos.generator import GeneratorStream, ObjectRefGenerator
 from lumos.object_ref import ObjectRef
@@ -56,7 +57,7 @@ class SubmissionMixin:
     objects: Any
     config: Any
     address: m.Address
-    job_id: bytes
+    job_id: JobID
     gcs: Any
 
     def export_function(self, template: TaskTemplate) -> None:
@@ -127,33 +128,31 @@ class SubmissionMixin:
         """Submit one call (user thread). Returns refs to its ``num_returns`` results."""
         if self.objects.decrements:
             self.drain_refs()
-        if self.capture_strategy is not None and template.strategy is None and template.kind != 2:
+        if self.capture_strategy is not None and template.strategy is None and template.kind != m.TaskKind.ACTOR_TASK:
             template = self._captured(template)
         sv, deps = self._pack_args(args, kwargs, template)
         task_id = new_task_id()
         n = template.num_returns
         return_ids = [return_object_id(task_id, i + 1) for i in range(n)] if n > 0 else []
         nested = sv.nested_refs
-        spec = m.TaskSpec(
-            task_id, self.job_id, self.current_task_id, template.kind, template.name,
-            template.function_id, template.function_name, sv.to_bytes(), [], 
-            [[r._id, r._owner or self.address] for r in nested] if nested else [],
-            n, template.resources, template.max_retries, template.retry_exceptions,
-            template.retry_exception_types, self.address, 0, template.strategy)
+        address = self.address
+        spec_deps = [m.Dep(d._id, d._owner or address, None, None) for d in deps]
+        nested_refs = [[r._id, r._owner or address] for r in nested] if nested else []
         if actor_fields is not None:
-            spec.actor_id, spec.sequence_no, spec.caller_id, spec.actor_options = actor_fields
+            actor_id, sequence_no, caller_id, group = actor_fields
+            spec = new_task_spec(template, task_id=task_id, job_id=self.job_id, parent_task_id=self.current_task_id,
+                                 owner=address, args=sv.to_bytes(), deps=spec_deps, nested_refs=nested_refs,
+                                 root_task_id=self.root_task_id(), actor_id=actor_id, sequence_no=sequence_no,
+                                 caller_id=caller_id, actor_options=group)
         else:
-            if template.runtime_env is not None or self.inherited_env is not None:
-                spec.runtime_env = self._env_for(template)
-            if template.max_calls:
-                spec.max_calls = template.max_calls
+            env = self._env_for(template) if template.runtime_env is not None or self.inherited_env is not None \
+                else None
+            spec = new_task_spec(template, task_id=task_id, job_id=self.job_id, parent_task_id=self.current_task_id,
+                                 owner=address, args=sv.to_bytes(), deps=spec_deps, nested_refs=nested_refs,
+                                 root_task_id=self.root_task_id(), runtime_env=env)
         events_on = template.enable_task_events
-        if not events_on:
-            spec.enable_task_events = False
-        spec.root_task_id = self.root_task_id()
         dep_ids = [d._id for d in deps]
         task = PendingTask(spec, template, return_ids, dep_ids, [r._id for r in nested], time.time())
-        spec.deps = [m.Dep(d._id, d._owner or self.address, None, None) for d in deps]
         objects = self.objects
         with objects.lock:
             for oid in return_ids:
@@ -163,9 +162,8 @@ class SubmissionMixin:
             if task.nested_ids:
                 objects.add_submitted(task.nested_ids)
         if events_on:
-            self._events.append((task_id, 0, "SUBMITTED", task.submit_time, self._event_info(task), None, None,
-                                 None))
-        address = self.address
+            self._events.append((task_id, 0, m.TaskState.SUBMITTED, task.submit_time, self._event_info(task), None,
+                                 None, None))
         if n == -1:
             stream = self.streams[task_id] = GeneratorStream(task_id)
             self._post(self._on_submit, task)
@@ -174,7 +172,7 @@ class SubmissionMixin:
         return [ObjectRef(oid, address, True) for oid in return_ids]
 
     def create_actor(self, template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
-                     actor_id: bytes, actor_options: dict[str, Any]) -> m.ActorInfo:
+                     actor_id: ActorID, actor_options: dict[str, Any]) -> m.ActorInfo:
         """Register an actor with the GCS, which creates it (user thread).
 
         Returns the GCS's row for the actor: a different actor's row when
@@ -187,15 +185,13 @@ class SubmissionMixin:
         sv, deps = self._pack_args(args, kwargs, template)
         nested = sv.nested_refs
         task_id = new_task_id()
-        spec = m.TaskSpec(
-            task_id, self.job_id, self.current_task_id, 1, template.name, template.function_id,
-            template.function_name, sv.to_bytes(), [m.Dep(d._id, d._owner or self.address, None, None) for d in deps],
-            [[r._id, r._owner or self.address] for r in nested] if nested else [], 1, template.resources, 0, 0,
-            None, self.address, 0, template.strategy, actor_id=actor_id, actor_options=actor_options,
-            enable_task_events=template.enable_task_events)
-        spec.root_task_id = self.root_task_id()
-        if template.runtime_env is not None or self.inherited_env is not None:
-            spec.runtime_env = self._env_for(template)
+        spec = new_task_spec(
+            template, task_id=task_id, job_id=self.job_id, parent_task_id=self.current_task_id, owner=self.address,
+            args=sv.to_bytes(), deps=[m.Dep(d._id, d._owner or self.address, None, None) for d in deps],
+            nested_refs=[[r._id, r._owner or self.address] for r in nested] if nested else [],
+            root_task_id=self.root_task_id(), actor_id=actor_id, actor_options=actor_options,
+            runtime_env=self._env_for(template) if template.runtime_env is not None or self.inherited_env is not None
+            else None)
         pinned = [d._id for d in deps] + [r._id for r in nested]
         if pinned:
             with self.objects.lock:
@@ -219,10 +215,11 @@ class SubmissionMixin:
         if info.actor_id != actor_id:  # get_if_exists: an existing actor
             self._post(self._unpin, pinned)
         elif spec.enable_task_events:
-            self._events.append((task_id, 0, "SUBMITTED", time.time(), {
+            self._events.append((task_id, 0, m.TaskState.SUBMITTED, time.time(), {
                 "name": template.name, "function_name": template.function_name,
                 "parent": self.current_task_id, "args": pinned, "returns": [],
-                "resources": template.resources, "type": "ACTOR_CREATION_TASK", "actor_id": actor_id}, None, None, None))
+                "resources": template.resources, "type": m.TaskKind.ACTOR_CREATION_TASK.name,
+                "actor_id": actor_id}, None, None, None))
             if pinned:
                 self._post(self.actor_submitter.pin_creation_args, actor_id, pinned)
         self._post(self.actor_submitter.track, info.actor_id, info)
@@ -295,19 +292,19 @@ class SubmissionMixin:
         info: dict[str, Any] = {"name": spec.name, "function_name": spec.function_name,
                                 "parent": spec.parent_task_id, "args": task.dep_ids + task.nested_ids,
                                 "returns": task.return_ids, "resources": spec.resources,
-                                "type": ("NORMAL_TASK", "ACTOR_CREATION_TASK", "ACTOR_TASK")[spec.kind]}
+                                "type": m.TaskKind(spec.kind).name}
         if spec.actor_id:
             info["actor_id"] = spec.actor_id
             info["caller_id"] = spec.caller_id
-            if spec.kind == 2:
+            if spec.kind == m.TaskKind.ACTOR_TASK:
                 prev = self._last_actor_call.get(spec.actor_id)
                 if prev is not None:
                     info["prev_call"] = prev
                 self._last_actor_call[spec.actor_id] = spec.task_id
         return info
 
-    def record_event(self, task_id: bytes, attempt: int, state: str, t: float,
-                     node_id: bytes | None = None, worker_id: bytes | None = None,
+    def record_event(self, task_id: TaskID, attempt: int, state: m.TaskState, t: float,
+                     node_id: NodeID | None = None, worker_id: WorkerID | None = None,
                      error: str | None = None, info: Any = None) -> None:
         self._events.append((task_id, attempt, state, t, info, node_id, worker_id, error))
 
@@ -337,7 +334,7 @@ class SubmissionMixin:
     def cancel(self, ref: ObjectRef, force: bool, recursive: bool) -> None:
         self._post(self._cancel, ref._id[:16], force, recursive)
 
-    def _cancel(self, task_id: bytes, force: bool, recursive: bool) -> None:
+    def _cancel(self, task_id: TaskID, force: bool, recursive: bool) -> None:
         task = self.tasks.get(task_id)
         if task is None or task.state == DONE:
             return
@@ -345,7 +342,7 @@ class SubmissionMixin:
         if task.state in (WAITING_ARGS, QUEUED):
             self._fail_task(task, exc.TaskCancelledError(task_id.hex(), "cancelled before it started"))
             return
-        if task.spec.kind == 2:
+        if task.spec.kind == m.TaskKind.ACTOR_TASK:
             conn = self.actor_submitter.connection_of(task.spec.actor_id or b"")
             if conn is not None and not force:
                 conn.notify(m.CancelTask(task_id, False, recursive))
@@ -359,7 +356,7 @@ class SubmissionMixin:
         else:
             lease.conn.notify(m.CancelTask(task_id, False, recursive))
 
-    def cancel_children(self, parent_task_id: bytes, force: bool) -> None:
+    def cancel_children(self, parent_task_id: TaskID, force: bool) -> None:
         """Cancel every task this process submitted from ``parent_task_id`` (io thread)."""
         for task in list(self.tasks.values()):
             if task.spec.parent_task_id == parent_task_id:
@@ -374,7 +371,7 @@ def _parameter_names(template: TaskTemplate) -> list[str]:
         return []
     try:
         fn = ser.deserialize_code(template.pickled_function)
-        if template.kind == 1:
+        if template.kind == m.TaskKind.ACTOR_CREATION_TASK:
             names = list(inspect.signature(fn.__init__).parameters)[1:]
         else:
             names = list(inspect.signature(fn).parameters)

@@ -29,7 +29,7 @@ from typing import Any, Union
 
 from lumos import exceptions as exc
 from lumos._private.core_worker.tasks import DONE, PUSHED, QUEUED, LeasedWorker, PendingTask, SchedulingQueue
-from lumos._private.ids import short
+from lumos._private.ids import NodeID, TaskID, short
 from lumos._private.raylet.memory_monitor import OOM_KILL_REASON
 
 
@@ -238,7 +238,7 @@ class TaskSubmitterState:
                 out.extend(self.return_lease(lease, disconnect=False))
         return out
 
-    def leases_where(self, conn: Any = None, node_id: bytes | None = None) -> list[LeasedWorker]:
+    def leases_where(self, conn: Any = None, node_id: NodeID | None = None) -> list[LeasedWorker]:
         """Leases on connection ``conn``, or on node ``node_id`` whose connection is not open."""
         found = []
         for q in self.queues.values():
@@ -263,7 +263,7 @@ class TaskSubmitterState:
         lease.queue.tasks.appendleft(task)
         return self.pump(lease.queue)
 
-    def reply_arrived(self, lease: LeasedWorker, task_id: bytes, took_s: float, exiting: bool) -> None:
+    def reply_arrived(self, lease: LeasedWorker, task_id: TaskID, took_s: float, exiting: bool) -> None:
         """The worker of ``lease`` answered ``task_id`` after running it ``took_s``.
         ``exiting``: it reached max_calls and exits after this reply: push nothing more to
         it (tasks already pushed come back requeued, or are requeued when it closes)."""

@@ -27,12 +27,12 @@ class TaskTemplate:
 
     __slots__ = ("function_id", "function_name", "name", "num_returns", "resources", "max_retries",
                  "retry_exceptions", "retry_exception_types", "strategy", "key", "kind",
-                 "actor_options", "pickled_function", "runtime_env", "max_calls", "enable_task_events")
+                 "pickled_function", "runtime_env", "max_calls", "enable_task_events")
 
     def __init__(self, function_id: bytes, function_name: str, name: str, num_returns: int,
-                 resources: dict[str, float], max_retries: int, retry_exceptions: int,
-                 retry_exception_types: bytes | None, strategy: Any, kind: int = 0,
-                 actor_options: Any = None, pickled_function: bytes | None = None,
+                 resources: dict[str, float], max_retries: int, retry_exceptions: m.RetryPolicy,
+                 retry_exception_types: bytes | None, strategy: Any, kind: m.TaskKind = m.TaskKind.NORMAL_TASK,
+                 pickled_function: bytes | None = None,
                  runtime_env: dict[str, str] | None = None, max_calls: int = 0,
                  enable_task_events: bool = True) -> None:
         self.function_id = function_id
@@ -45,7 +45,6 @@ class TaskTemplate:
         self.retry_exception_types = retry_exception_types
         self.strategy = strategy
         self.kind = kind
-        self.actor_options = actor_options
         #: The function, pickled; exported to the GCS on first use in a job.
         self.pickled_function = pickled_function
         #: Environment variables set while the task (or the actor) runs; None: none.
@@ -62,7 +61,7 @@ class TaskTemplate:
 class PendingTask:
     __slots__ = ("spec", "template", "return_ids", "dep_ids", "nested_ids", "retries_left", "state",
                  "lease", "deps_waiting", "cancelled", "force_cancelled", "queue", "submit_time",
-                 "unowned_deps", "retry_why")
+                 "retry_why")
 
     def __init__(self, spec: m.TaskSpec, template: TaskTemplate, return_ids: list[bytes],
                  dep_ids: list[bytes], nested_ids: list[bytes], submit_time: float) -> None:
@@ -82,8 +81,6 @@ class PendingTask:
         self.force_cancelled = False
         self.queue: SchedulingQueue | None = None
         self.submit_time = submit_time
-        #: Dep ids that are borrowed (their owner is another process).
-        self.unowned_deps: list[bytes] | None = None
         #: An actor call put back to be sent again: why (its next attempt starts when it is
         #: sent, so a call that fails before that keeps its attempt number).
         self.retry_why: str | None = None

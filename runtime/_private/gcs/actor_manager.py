@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from lumos._private.gcs import actor_state as ast
 from lumos._private.gcs.actor_state import ALIVE, DEAD, PENDING, RESTARTING  # noqa: F401  (re-exported)
 from lumos._private.gcs.global_scheduler import Unschedulable
-from lumos._private.ids import short
+from lumos._private.ids import ActorID, JobID, NodeID, WorkerID, short
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError, connect
 
@@ -93,7 +93,7 @@ class ActorManager:
                 self.gcs.unpersist("kv", CHECKPOINT_NS.encode() + b"\0" + action.actor_id)
         # PushCreationTask: run by the placement loop that asked for the lease.
 
-    def _persist(self, actor_id: bytes) -> None:
+    def _persist(self, actor_id: ActorID) -> None:
         self.gcs.persist("actors", actor_id, self.state.row(actor_id))
 
     def persist_all(self) -> None:
@@ -101,7 +101,7 @@ class ActorManager:
         for actor_id in self.state.actors:
             self._persist(actor_id)
 
-    def restore(self, info: m.ActorInfo, spec: m.TaskSpec, worker_id: bytes | None, lease_id: int,
+    def restore(self, info: m.ActorInfo, spec: m.TaskSpec, worker_id: WorkerID | None, lease_id: int,
                 lease_node: bytes | None) -> None:
         """Take back an actor row from storage (a restarted GCS); unfinished creations resume."""
         self._dispatch(ast.ActorRestored(info, spec, worker_id, lease_id, lease_node))
@@ -126,13 +126,13 @@ class ActorManager:
     def nodes_changed(self) -> None:
         self._nodes_changed.set()
 
-    def on_worker_dead(self, worker_id: bytes, detail: str) -> None:
+    def on_worker_dead(self, worker_id: WorkerID, detail: str) -> None:
         self._dispatch(ast.WorkerDied(worker_id, detail))
 
-    def on_node_dead(self, node_id: bytes, reason: str, workers: list[bytes] | None = None) -> None:
+    def on_node_dead(self, node_id: NodeID, reason: str, workers: list[bytes] | None = None) -> None:
         self._dispatch(ast.NodeDied(node_id, reason, list(workers or [])))
 
-    def on_job_finished(self, job_id: bytes, recovered: bool = False) -> None:
+    def on_job_finished(self, job_id: JobID, recovered: bool = False) -> None:
         self._dispatch(ast.JobFinished(job_id, recovered))
 
     # ------------------------------------------------------------------ placement and creation
@@ -152,10 +152,10 @@ class ActorManager:
             return self.gcs.placement_groups.node_for_bundle(bytes(strategy[1]), int(strategy[2]), spec.resources)
         gs = self.gcs.global_scheduler
         req = m.ScheduleLease(spec.job_id, spec.resources, strategy, class_name, b"")
-        node_id: bytes | None = gs.state.pick(gs.node_views(), req, time.monotonic())
+        node_id: NodeID | None = gs.state.pick(gs.node_views(), req, time.monotonic())
         return node_id
 
-    async def _place(self, actor_id: bytes) -> None:
+    async def _place(self, actor_id: ActorID) -> None:
         """Place the actor and run its creation task; retried until it lives or dies."""
         state = self.state
         while state.wants_placement(actor_id):
@@ -195,7 +195,7 @@ class ActorManager:
                                                     grant.worker_address, winfo.pid if winfo is not None else 0))
             return
 
-    async def _push_creation(self, actor_id: bytes, attempt: int,
+    async def _push_creation(self, actor_id: ActorID, attempt: int,
                              grant: m.LeaseGrant) -> tuple[bool, bytes | None] | None:
         """Run the creation task on the leased worker: (ok, __init__'s error), or None if it went away."""
         loop = asyncio.get_running_loop()
@@ -227,12 +227,12 @@ class ActorManager:
         now = time.time()
         if reply.system_error is not None:
             if spec.enable_task_events:
-                self.gcs.task_events.add([m.TaskEvent(spec.task_id, spec.attempt, "FAILED", now, spec.job_id,
+                self.gcs.task_events.add([m.TaskEvent(spec.task_id, spec.attempt, m.TaskState.FAILED, now, spec.job_id,
                                                       None, grant.node_id, grant.worker_id, reply.system_error)])
             return False, None
         blob = reply.returns[0].data if reply.returns else None
         if spec.enable_task_events:
-            state = "FAILED" if reply.app_error else "FINISHED"
+            state = m.TaskState.FAILED if reply.app_error else m.TaskState.FINISHED
             self.gcs.task_events.add([m.TaskEvent(spec.task_id, spec.attempt, state, reply.end_time or now,
                                                   spec.job_id, None, grant.node_id, grant.worker_id,
                                                   "__init__ raised" if reply.app_error else None)])

@@ -33,7 +33,7 @@ import dataclasses
 import logging
 from typing import Any, Union
 
-from lumos._private.ids import short
+from lumos._private.ids import ActorID, JobID, NodeID, WorkerID, short
 from lumos._private.protocol import messages as m
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class ActorRestored:
 
     info: m.ActorInfo
     spec: m.TaskSpec
-    worker_id: bytes | None
+    worker_id: WorkerID | None
     lease_id: int
     lease_node: bytes | None
 
@@ -65,7 +65,7 @@ class ActorRestored:
 class ActorUnschedulable:
     """No node can ever host the actor (hard affinity to a dead node, a removed group...)."""
 
-    actor_id: bytes
+    actor_id: ActorID
     reason: str
 
 
@@ -73,18 +73,18 @@ class ActorUnschedulable:
 class WorkerLeased:
     """A raylet granted a dedicated worker for the actor's creation."""
 
-    actor_id: bytes
-    node_id: bytes
+    actor_id: ActorID
+    node_id: NodeID
     lease_id: int
-    worker_id: bytes
+    worker_id: WorkerID
 
 
 @dataclasses.dataclass(slots=True)
 class CreationFinished:
     """The creation task on ``worker_id`` answered: ``__init__`` returned (ok) or raised."""
 
-    actor_id: bytes
-    worker_id: bytes
+    actor_id: ActorID
+    worker_id: WorkerID
     ok: bool
     #: The serialized exception ``__init__`` raised (None: a system error, or ok).
     error_blob: bytes | None
@@ -96,7 +96,7 @@ class CreationFinished:
 class WorkerDied:
     """A worker process ended (its raylet reported it dead)."""
 
-    worker_id: bytes
+    worker_id: WorkerID
     detail: str
 
 
@@ -104,7 +104,7 @@ class WorkerDied:
 class NodeDied:
     """A node was declared dead; ``workers`` were alive on it."""
 
-    node_id: bytes
+    node_id: NodeID
     reason: str
     workers: list[bytes] = dataclasses.field(default_factory=list)
 
@@ -113,7 +113,7 @@ class NodeDied:
 class JobFinished:
     """A job ended. ``recovered``: read back as finished by a restarted GCS (recorded only)."""
 
-    job_id: bytes
+    job_id: JobID
     recovered: bool = False
 
 
@@ -121,7 +121,7 @@ class JobFinished:
 class KillRequested:
     """``lumos.kill(actor, no_restart=...)``."""
 
-    actor_id: bytes
+    actor_id: ActorID
     reason: str
     no_restart: bool
 
@@ -130,7 +130,7 @@ class KillRequested:
 class ActorExited:
     """The actor ended itself (``exit_actor()``): dead on purpose, never restarted."""
 
-    actor_id: bytes
+    actor_id: ActorID
     reason: str
 
 
@@ -144,22 +144,22 @@ Event = Union[ActorRegistered, ActorRestored, ActorUnschedulable, WorkerLeased, 
 class PublishActor:
     """Persist the actor's row and publish it on the "actors" channel."""
 
-    actor_id: bytes
+    actor_id: ActorID
 
 
 @dataclasses.dataclass(slots=True)
 class PlaceActor:
     """Start placing the actor: pick a node, lease a worker there (then ``WorkerLeased``)."""
 
-    actor_id: bytes
+    actor_id: ActorID
 
 
 @dataclasses.dataclass(slots=True)
 class PushCreationTask:
     """Run the creation task on the leased worker (then ``CreationFinished``)."""
 
-    actor_id: bytes
-    worker_id: bytes
+    actor_id: ActorID
+    worker_id: WorkerID
     #: The spec's ``attempt``: the actor's restarts so far.
     attempt: int
 
@@ -168,14 +168,14 @@ class PushCreationTask:
 class ReturnWorker:
     """Give an actor's lease back to its raylet (which stops the worker: actors never pool)."""
 
-    node_id: bytes | None
+    node_id: NodeID | None
     lease_id: int
 
 
 @dataclasses.dataclass(slots=True)
 class KillWorker:
-    node_id: bytes | None
-    worker_id: bytes
+    node_id: NodeID | None
+    worker_id: WorkerID
     reason: str
 
 
@@ -183,7 +183,7 @@ class KillWorker:
 class DeleteCheckpoint:
     """Drop the dead actor's ``__lumos_checkpoint__`` state from the KV table."""
 
-    actor_id: bytes
+    actor_id: ActorID
 
 
 Action = Union[PublishActor, PlaceActor, PushCreationTask, ReturnWorker, KillWorker, DeleteCheckpoint]
@@ -198,7 +198,7 @@ class _Actor:
         self.info = info
         self.spec = spec
         #: The worker hosting (or being made to host) the actor.
-        self.worker_id: bytes | None = None
+        self.worker_id: WorkerID | None = None
         #: Its lease, and the node that granted it.
         self.lease_id = 0
         self.lease_node: bytes | None = None
@@ -224,7 +224,7 @@ class ActorManagerState:
 
     # ------------------------------------------------------------------ queries
 
-    def info_of(self, actor_id: bytes) -> m.ActorInfo | None:
+    def info_of(self, actor_id: ActorID) -> m.ActorInfo | None:
         a = self.actors.get(actor_id)
         return a.info if a is not None else None
 
@@ -243,12 +243,12 @@ class ActorManagerState:
             raise LookupError(f"actor {short(spec.actor_id or b'')} is not registered")
         return info
 
-    def wants_placement(self, actor_id: bytes) -> bool:
+    def wants_placement(self, actor_id: ActorID) -> bool:
         """The actor waits for a node and worker (its placement loop keeps going)."""
         a = self.actors.get(actor_id)
         return a is not None and a.info.state in (PENDING, RESTARTING) and a.worker_id is None
 
-    def row(self, actor_id: bytes) -> list[Any]:
+    def row(self, actor_id: ActorID) -> list[Any]:
         """The actor's persisted row: ``[info, spec, worker_id, lease_id, lease_node]``."""
         a = self.actors[actor_id]
         return [a.info, a.spec, a.worker_id, a.lease_id, a.lease_node]
@@ -301,7 +301,7 @@ class ActorManagerState:
     # ------------------------------------------------------------------ registration and recovery
 
     def _register(self, spec: m.TaskSpec, now: float, actions: list[Action]) -> None:
-        if spec.kind != 1 or not spec.actor_id:
+        if spec.kind != m.TaskKind.ACTOR_CREATION_TASK or not spec.actor_id:
             raise ValueError("RegisterActor needs an actor creation task")
         if type(spec.enable_task_events) is not bool:
             raise ValueError("RegisterActor's enable_task_events must be a bool")
@@ -429,7 +429,7 @@ class ActorManagerState:
             return False
         return a.info.job_id in self.finished_jobs or a.info.owner_worker_id in self.dead_owners
 
-    def _worker_died(self, worker_id: bytes, detail: str, now: float, actions: list[Action]) -> None:
+    def _worker_died(self, worker_id: WorkerID, detail: str, now: float, actions: list[Action]) -> None:
         actor_id = self.by_worker.get(worker_id)
         if actor_id is not None:
             a = self.actors[actor_id]
@@ -463,7 +463,7 @@ class ActorManagerState:
             # Its worker dies; WorkerDied then restarts the actor as its max_restarts allows.
             actions.append(KillWorker(a.lease_node, a.worker_id, e.reason))
 
-    def _publish(self, actor_id: bytes, actions: list[Action]) -> None:
+    def _publish(self, actor_id: ActorID, actions: list[Action]) -> None:
         self.actors[actor_id].info.version += 1
         actions.append(PublishActor(actor_id))
 

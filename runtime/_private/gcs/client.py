@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from typing import Any, Callable
 
 from lumos._private.config import Config
-from lumos._private.process import read_token
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, connect_with_retry, parse_address
 
@@ -39,7 +37,7 @@ class GcsClient:
         token: the cluster token.
 
     Example:
-        >>> client = GcsClient.from_session_dir(session_dir)
+        >>> client = GcsClient(os.path.join(session_dir, "sockets", "gcs.sock"), token)
         >>> await client.connect()
         >>> nodes = await client.call(m.GetAllNodes())
     """
@@ -57,13 +55,6 @@ class GcsClient:
         self._callbacks: dict[str, list[PublishCallback]] = {}
         #: Called once when the connection drops (after ``connect`` succeeded).
         self.on_close: Callable[[], None] | None = None
-
-    @classmethod
-    def from_session_dir(cls, session_dir: str, config: Config | None = None,
-                         name: str = "client->gcs") -> "GcsClient":
-        """The GCS of the cluster whose head node uses ``session_dir`` (its Unix socket and token)."""
-        token = read_token(os.path.join(session_dir, "token"))
-        return cls(os.path.join(session_dir, "sockets", "gcs.sock"), token, config, name)
 
     @property
     def connected(self) -> bool:

@@ -31,7 +31,7 @@ import logging
 import time
 from typing import Any
 
-from lumos._private.ids import short
+from lumos._private.ids import NodeID, short
 from lumos._private.protocol import messages as m
 from lumos._private.raylet.resources import to_units
 
@@ -53,7 +53,7 @@ class Unschedulable(Exception):
 class NodeView:
     """What the global scheduler knows of one alive node."""
 
-    node_id: bytes
+    node_id: NodeID
     address: m.Address
     total: dict[str, int]
     available: dict[str, int]
@@ -139,7 +139,7 @@ class GlobalSchedulerState:
         """Placements on ``n`` its latest heartbeat cannot show yet (they would queue if it is full)."""
         return sum(1 for t, _ in self.recent.get(n.node_id, ()) if t > n.heartbeat_at - _HEARTBEAT_LAG_S)
 
-    def _placed(self, node_id: bytes, units: dict[str, int], now: float) -> bytes:
+    def _placed(self, node_id: NodeID, units: dict[str, int], now: float) -> NodeID:
         self.recent.setdefault(node_id, []).append((now, units))
         return node_id
 
@@ -151,7 +151,7 @@ class GlobalSchedulerState:
             else:
                 del self.recent[node_id]
 
-    def node_removed(self, node_id: bytes) -> None:
+    def node_removed(self, node_id: NodeID) -> None:
         self.recent.pop(node_id, None)
         self.spread_count.pop(node_id, None)
 

@@ -33,7 +33,7 @@ from collections import OrderedDict
 from typing import Any, Union
 
 from lumos._private.gcs.global_scheduler import Unschedulable
-from lumos._private.ids import short
+from lumos._private.ids import JobID, NodeID, PlacementGroupID, short
 from lumos._private.protocol import messages as m
 from lumos._private.raylet.resources import request_units
 
@@ -144,7 +144,7 @@ class GroupCreated:
 
 @dataclasses.dataclass(slots=True)
 class GroupRemoved:
-    pg_id: bytes
+    pg_id: PlacementGroupID
     why: str
 
 
@@ -159,7 +159,7 @@ class GroupRestored:
 class PlacementTried:
     """The group's placement loop looks at the nodes: free units now, and totals."""
 
-    pg_id: bytes
+    pg_id: PlacementGroupID
     available: NodeUnits
     totals: NodeUnits
 
@@ -168,18 +168,18 @@ class PlacementTried:
 class BundlesReserved:
     """The raylets answered the reservation: node -> bundle index -> its GPUs (None: refused)."""
 
-    pg_id: bytes
+    pg_id: PlacementGroupID
     answers: dict[bytes, dict[int, list[int]] | None]
 
 
 @dataclasses.dataclass(slots=True)
 class NodeDied:
-    node_id: bytes
+    node_id: NodeID
 
 
 @dataclasses.dataclass(slots=True)
 class JobFinished:
-    job_id: bytes
+    job_id: JobID
 
 
 Event = Union[GroupCreated, GroupRemoved, GroupRestored, PlacementTried, BundlesReserved, NodeDied, JobFinished]
@@ -191,29 +191,29 @@ Event = Union[GroupCreated, GroupRemoved, GroupRestored, PlacementTried, Bundles
 class PublishGroup:
     """Persist the group's row and publish it on the "placement_groups" channel."""
 
-    pg_id: bytes
+    pg_id: PlacementGroupID
 
 
 @dataclasses.dataclass(slots=True)
 class DeleteGroupRow:
     """A removed group dropped from the table (beyond ``KEEP_REMOVED``): delete its row."""
 
-    pg_id: bytes
+    pg_id: PlacementGroupID
 
 
 @dataclasses.dataclass(slots=True)
 class PlaceGroup:
     """Run the group's placement loop (one per group) until it is placed or removed."""
 
-    pg_id: bytes
+    pg_id: PlacementGroupID
 
 
 @dataclasses.dataclass(slots=True)
 class ReserveBundles:
     """Prepare: ask the node's raylet to take these bundles, all or none."""
 
-    pg_id: bytes
-    node_id: bytes
+    pg_id: PlacementGroupID
+    node_id: NodeID
     #: ``[[bundle index, resources], ...]``.
     bundles: list[list[Any]]
 
@@ -222,8 +222,8 @@ class ReserveBundles:
 class ReleaseBundles:
     """Give bundles back on a node (rollback, removal); ``indices`` None: all of the group's there."""
 
-    pg_id: bytes
-    node_id: bytes
+    pg_id: PlacementGroupID
+    node_id: NodeID
     indices: list[int] | None
 
 
@@ -231,7 +231,7 @@ class ReleaseBundles:
 class RetryPlacement:
     """Try again after ``after_s``; with ``on_change``, as soon as nodes change."""
 
-    pg_id: bytes
+    pg_id: PlacementGroupID
     after_s: float
     on_change: bool
 
@@ -240,7 +240,7 @@ class RetryPlacement:
 class ReportInfeasible:
     """Warn the group's job: no alive nodes can hold it."""
 
-    job_id: bytes
+    job_id: JobID
     text: str
 
 
@@ -283,7 +283,7 @@ class PlacementGroupState:
 
     # ------------------------------------------------------------------ queries
 
-    def info_of(self, pg_id: bytes) -> m.PlacementGroupInfo | None:
+    def info_of(self, pg_id: PlacementGroupID) -> m.PlacementGroupInfo | None:
         g = self.groups.get(pg_id)
         return g.info if g is not None else None
 
@@ -291,11 +291,11 @@ class PlacementGroupState:
         pg_id = self.named.get((namespace, name))
         return self.info_of(pg_id) if pg_id is not None else None
 
-    def wants_placement(self, pg_id: bytes) -> bool:
+    def wants_placement(self, pg_id: PlacementGroupID) -> bool:
         g = self.groups.get(pg_id)
         return g is not None and g.info.state in (PENDING, RESCHEDULING)
 
-    def node_for_bundle(self, pg_id: bytes, index: int, resources: dict[str, float]) -> bytes | None:
+    def node_for_bundle(self, pg_id: PlacementGroupID, index: int, resources: dict[str, float]) -> bytes | None:
         """The node holding bundle ``index`` (-1: any bundle, round robin) of a group; None while unplaced.
 
         Raises:
@@ -489,7 +489,7 @@ class PlacementGroupState:
         self._publish(info.pg_id, actions)
         logger.info("placement group %s removed: %s", short(info.pg_id), why)
 
-    def _node_died(self, node_id: bytes, actions: list[Action]) -> None:
+    def _node_died(self, node_id: NodeID, actions: list[Action]) -> None:
         self.dead_nodes.add(node_id)
         for g in self.groups.values():
             info = g.info
@@ -513,7 +513,7 @@ class PlacementGroupState:
             del self.groups[k]
             actions.append(DeleteGroupRow(k))
 
-    def _publish(self, pg_id: bytes, actions: list[Action]) -> None:
+    def _publish(self, pg_id: PlacementGroupID, actions: list[Action]) -> None:
         self.groups[pg_id].info.version += 1
         actions.append(PublishGroup(pg_id))
 

@@ -35,7 +35,7 @@ from lumos._private.gcs import placement_group_state as pgs
 from lumos._private.gcs.global_scheduler import Unschedulable
 from lumos._private.gcs.placement_group_state import (CREATED, PENDING, REMOVED, RESCHEDULING,  # noqa: F401
                                                       STRATEGIES, plan_bundles)
-from lumos._private.ids import short
+from lumos._private.ids import JobID, NodeID, PlacementGroupID, short
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
 
@@ -141,13 +141,13 @@ class PlacementGroupTable:
             return False
         return True
 
-    def _require(self, pg_id: bytes) -> m.PlacementGroupInfo:
+    def _require(self, pg_id: PlacementGroupID) -> m.PlacementGroupInfo:
         info = self.state.info_of(pg_id)
         if info is None:
             raise ValueError(f"no placement group {pg_id.hex()}")
         return info
 
-    async def _wait_group_changed(self, pg_id: bytes, timeout_s: float | None) -> None:
+    async def _wait_group_changed(self, pg_id: PlacementGroupID, timeout_s: float | None) -> None:
         changed = self._changed_of.get(pg_id)
         if changed is None:
             changed = self._changed_of[pg_id] = asyncio.Event()
@@ -177,7 +177,7 @@ class PlacementGroupTable:
                 return m.SpillbackReply(self.gcs.nodes[node_id].address, node_id)
             await self._wait_group_changed(pg_id, 1.0)
 
-    def node_for_bundle(self, pg_id: bytes, index: int, resources: dict[str, float]) -> bytes | None:
+    def node_for_bundle(self, pg_id: PlacementGroupID, index: int, resources: dict[str, float]) -> bytes | None:
         """The node holding bundle ``index`` (-1: any bundle) of a group; None while it is not placed.
 
         Raises:
@@ -188,7 +188,7 @@ class PlacementGroupTable:
 
     # ------------------------------------------------------------------ placement
 
-    async def _place(self, pg_id: bytes) -> None:
+    async def _place(self, pg_id: PlacementGroupID) -> None:
         """Reserve the group's unplaced bundles; retried until all are held or it is removed."""
         while self.state.wants_placement(pg_id):
             views = self.gcs.global_scheduler.node_views()
@@ -250,8 +250,8 @@ class PlacementGroupTable:
     def nodes_changed(self) -> None:
         self._changed.set()
 
-    def on_node_dead(self, node_id: bytes) -> None:
+    def on_node_dead(self, node_id: NodeID) -> None:
         self._dispatch(pgs.NodeDied(node_id))
 
-    def on_job_finished(self, job_id: bytes) -> None:
+    def on_job_finished(self, job_id: JobID) -> None:
         self._dispatch(pgs.JobFinished(job_id))

@@ -21,7 +21,7 @@ import os
 from typing import Any, Callable
 
 from lumos._private.config import Config
-from lumos._private.ids import short
+from lumos._private.ids import NodeID, short
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionCache, connect
 
@@ -38,7 +38,7 @@ class RayletPool:
         self._config = config
         self._conns = ConnectionCache()
 
-    async def get(self, node_id: bytes) -> Connection:
+    async def get(self, node_id: NodeID) -> Connection:
         """The node's raylet connection, dialled if none is open.
 
         Raises:
@@ -53,14 +53,14 @@ class RayletPool:
 
         return await self._conns.get(node_id, open_conn)
 
-    def get_nowait(self, node_id: bytes | None) -> Connection | None:
+    def get_nowait(self, node_id: NodeID | None) -> Connection | None:
         """The node's open connection, or None (never dials)."""
         if node_id is None:
             return None
         conn = self._conns.conns.get(node_id)
         return conn if conn is not None and not conn.is_closed else None
 
-    def notify_nowait(self, node_id: bytes | None, msg: Any) -> bool:
+    def notify_nowait(self, node_id: NodeID | None, msg: Any) -> bool:
         """Send ``msg`` to the node's raylet if a connection is open; False when there is none.
 
         What the GCS tells a raylet this way releases something it was granted over an
@@ -73,7 +73,7 @@ class RayletPool:
         conn.notify(msg)
         return True
 
-    def discard(self, node_id: bytes) -> None:
+    def discard(self, node_id: NodeID) -> None:
         """Forget and close the node's connection (its node died)."""
         conn = self._conns.conns.pop(node_id, None)
         if conn is not None:

@@ -35,7 +35,7 @@ from lumos._private.gcs.raylet_pool import RayletPool
 from lumos._private.gcs.storage import (GcsStorage, StorageHealthState, StorageUnavailable, StorageWriter,
                                         create_storage, pack_value, unpack_value)
 from lumos._private.gcs.task_log import TaskEventTable
-from lumos._private.ids import new_job_id, short
+from lumos._private.ids import JobID, NodeID, new_job_id, short
 from lumos._private.process import (die_with_parent, read_private_file, read_token, report_ready,
                                     setup_logging)
 from lumos._private.protocol import messages as m
@@ -400,7 +400,7 @@ class GcsServer:
         self.node_load[msg.node_id] = msg
         self._last_heartbeat[msg.node_id] = time.monotonic()
 
-    def _fence(self, conn: Connection, node_id: bytes) -> None:
+    def _fence(self, conn: Connection, node_id: NodeID) -> None:
         """Tell a node declared dead to exit: its raylet stops and kills its workers."""
         info = self.nodes.get(node_id)
         why = info.death_reason if info is not None else "unknown"
@@ -408,7 +408,7 @@ class GcsServer:
         conn.notify(m.ShutdownNode(f"this node was declared dead by the GCS ({why}); it must exit and "
                                    "may rejoin only as a new node"))
 
-    def mark_node_dead(self, node_id: bytes, reason: str) -> None:
+    def mark_node_dead(self, node_id: NodeID, reason: str) -> None:
         info = self.nodes.get(node_id)
         if info is None or info.state == "DEAD":
             return
@@ -506,7 +506,7 @@ class GcsServer:
     def _mark_job_finished(self, conn: Connection, msg: m.MarkJobFinished) -> None:
         self._finish_job(msg.job_id)
 
-    def _finish_job(self, job_id: bytes) -> None:
+    def _finish_job(self, job_id: JobID) -> None:
         info = self.jobs.get(job_id)
         if info is None or info.state != "RUNNING":
             return

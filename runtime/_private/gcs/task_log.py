@@ -19,13 +19,19 @@ from collections import OrderedDict
 from typing import Any, TextIO
 
 from lumos._private.protocol import messages as m
+from lumos._private.protocol.task_row import ROW_FIELDS, to_public
+from lumos._private.protocol.vocab import TASK_STATE_RANK, TERMINAL_TASK_STATES, TaskKind, TaskState
 
 logger = logging.getLogger(__name__)
 
-TERMINAL = frozenset(("FINISHED", "FAILED", "CANCELLED"))
-# States in the order a task passes through them; a late event never moves it back.
-_ORDER = {s: i for i, s in enumerate(
-    ("SUBMITTED", "PENDING_ARGS", "SCHEDULED", "RUNNING", "RETRIED", "FINISHED", "FAILED", "CANCELLED"))}
+TERMINAL = TERMINAL_TASK_STATES
+# A late event never moves a task back (states rank in the order a task passes them).
+_ORDER = TASK_STATE_RANK
+__all__ = ["ROW_FIELDS", "TERMINAL", "TaskEventTable", "TaskRecord"]
+
+
+#: States whose latest time counts (a retried attempt runs and ends again).
+_LAST_TIME_STATES = frozenset((TaskState.RUNNING, TaskState.FINISHED, TaskState.FAILED))
 
 
 class TaskRecord:
@@ -37,7 +43,7 @@ class TaskRecord:
         self.job_id = job_id
         #: Static facts from SUBMITTED (name, parent, args, returns, ...).
         self.info: dict[str, Any] = {}
-        self.state = "SUBMITTED"
+        self.state: str = TaskState.SUBMITTED
         self.attempt = 0
         #: [state, time, attempt] in arrival order.
         self.events: list[list[Any]] = []
@@ -57,7 +63,7 @@ class TaskRecord:
         if event in self.events:
             return  # sent by both the owner and the executor (RUNNING)
         self.events.append(event)
-        if ev.state == "RETRIED":
+        if ev.state == TaskState.RETRIED:
             self.retries += 1
         newer = ev.attempt > self.attempt or (
             ev.attempt == self.attempt and _ORDER.get(ev.state, 0) >= _ORDER.get(self.state, 0))
@@ -75,7 +81,7 @@ class TaskRecord:
         times: dict[str, float] = {}
         for state, t, _attempt in self.events:
             times.setdefault(state, t)
-            if state in ("RUNNING", "FINISHED", "FAILED"):
+            if state in _LAST_TIME_STATES:
                 times[state] = t
         return times
 
@@ -83,48 +89,20 @@ class TaskRecord:
         """The compact form sent to pollers: values in ``ROW_FIELDS`` order, ids as bytes."""
         info = self.info
         times = self._times()
+        end = times.get(TaskState.FINISHED) or times.get(TaskState.FAILED) or times.get(TaskState.CANCELLED)
+        # Events arrive from the owner and the executor in separate batches: by time.
+        events = sorted(([s, t, a] for s, t, a in self.events), key=lambda e: (e[2], e[1]))
         return [self.task_id, self.job_id, info.get("name", ""), info.get("function_name", ""),
-                info.get("type", "NORMAL_TASK"), self.state, self.attempt, self.retries,
-                info.get("parent") or None, info.get("actor_id") or None, info.get("prev_call") or None,
-                list(info.get("args", ())), list(info.get("returns", ())), self.node_id, self.worker_id,
-                self.error, times.get("SUBMITTED"), times.get("RUNNING"),
-                times.get("FINISHED") or times.get("FAILED") or times.get("CANCELLED"),
-                info.get("resources") or {}, info.get("resource_ids") or None]
+                info.get("type", TaskKind.NORMAL_TASK.name), self.state, self.attempt, self.retries,
+                info.get("parent") or None, info.get("actor_id") or None, info.get("caller_id") or None,
+                info.get("prev_call") or None, list(info.get("args", ())), list(info.get("returns", ())),
+                self.node_id, self.worker_id, self.error, times.get(TaskState.SUBMITTED),
+                times.get(TaskState.RUNNING), end, info.get("resources") or {}, info.get("resource_ids") or None,
+                events]
 
     def to_dict(self) -> dict[str, Any]:
-        info = self.info
-        times = self._times()
-        return {
-            "task_id": self.task_id.hex(),
-            "job_id": self.job_id.hex(),
-            "name": info.get("name", ""),
-            "func_or_class_name": info.get("function_name", ""),
-            "type": info.get("type", "NORMAL_TASK"),
-            "state": self.state,
-            "attempt_number": self.attempt,
-            "retries": self.retries,
-            "parent_task_id": (info.get("parent") or b"").hex(),
-            "actor_id": (info.get("actor_id") or b"").hex() or None,
-            "caller_id": (info.get("caller_id") or b"").hex() or None,
-            "prev_call_task_id": (info.get("prev_call") or b"").hex() or None,
-            "arg_object_ids": [a.hex() for a in info.get("args", [])],
-            "return_object_ids": [r.hex() for r in info.get("returns", [])],
-            "required_resources": info.get("resources", {}),
-            "node_id": self.node_id.hex() if self.node_id else None,
-            "worker_id": self.worker_id.hex() if self.worker_id else None,
-            "error_message": self.error,
-            "submitted_time": times.get("SUBMITTED"),
-            "start_time": times.get("RUNNING"),
-            "end_time": times.get("FINISHED") or times.get("FAILED") or times.get("CANCELLED"),
-            # Events arrive from the owner and the executor in separate batches: by time.
-            "events": sorted(([s, t, a] for s, t, a in self.events), key=lambda e: (e[2], e[1])),
-        }
-
-
-#: Field names of ``TaskRecord.to_row`` (the reply rows of ``GetTaskUpdates``).
-ROW_FIELDS = ("task_id", "job_id", "name", "function_name", "type", "state", "attempt", "retries",
-              "parent", "actor_id", "prev_call", "args", "returns", "node_id", "worker_id", "error",
-              "submitted_time", "start_time", "end_time", "resources", "resource_ids")
+        """The row as ``lumos.state.list_tasks`` returns it (``PUBLIC_FIELDS``, ids in hex)."""
+        return to_public(self.to_row())
 
 
 class TaskEventTable:

@@ -15,6 +15,8 @@ import errno
 import os
 import time
 
+from lumos._private.ids import NodeID
+
 #: errnos that mean "no room on the spill disk" (OutOfDiskError for the user).
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
@@ -93,7 +95,7 @@ def _unlink(path: str) -> None:
         pass
 
 
-def node_spill_dir(spilling_directory: str, session_dir: str, node_id: bytes) -> str:
+def node_spill_dir(spilling_directory: str, session_dir: str, node_id: NodeID) -> str:
     """A node's private spill directory: under ``object_spilling_directory`` when set,
     else under the session directory. The raylet creates it (0700) and removes it at
     stop; the process that started the raylet removes it too, should the raylet die."""

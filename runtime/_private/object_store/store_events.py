@@ -9,26 +9,28 @@ from __future__ import annotations
 import dataclasses
 from typing import Union
 
+from lumos._private.ids import ObjectID
+
 
 # ----------------------------------------------------------------------------- events
 
 @dataclasses.dataclass(slots=True)
 class CreateRequested:
     request: int          #: id the server uses to answer the client
-    object_id: bytes
+    object_id: ObjectID
     size_bytes: int
     client: bytes         #: worker id of the creating process
 
 
 @dataclasses.dataclass(slots=True)
 class ObjectSealed:
-    object_id: bytes
+    object_id: ObjectID
     size_bytes: int
 
 
 @dataclasses.dataclass(slots=True)
 class ObjectsFreed:
-    object_ids: list[bytes]
+    object_ids: list[ObjectID]
     recyclable: list[bool]
 
 
@@ -44,25 +46,25 @@ class Ticked:
 
 @dataclasses.dataclass(slots=True)
 class MarkedShared:
-    object_ids: list[bytes]
+    object_ids: list[ObjectID]
 
 
 @dataclasses.dataclass(slots=True)
 class ObjectsPinned:
     """``client`` now holds live views of these objects (they must stay in memory)."""
     client: bytes
-    object_ids: list[bytes]
+    object_ids: list[ObjectID]
 
 
 @dataclasses.dataclass(slots=True)
 class ObjectsUnpinned:
     client: bytes
-    object_ids: list[bytes]
+    object_ids: list[ObjectID]
 
 
 @dataclasses.dataclass(slots=True)
 class SpillFinished:
-    object_id: bytes
+    object_id: ObjectID
     error: str = ""           #: empty: the spill file is complete
     out_of_disk: bool = False
     seconds: float = 0.0      #: how long the copy took
@@ -71,12 +73,12 @@ class SpillFinished:
 
 @dataclasses.dataclass(slots=True)
 class RestoreRequested:
-    object_id: bytes
+    object_id: ObjectID
 
 
 @dataclasses.dataclass(slots=True)
 class RestoreFinished:
-    object_id: bytes
+    object_id: ObjectID
     error: str = ""
     seconds: float = 0.0
     started: float = 0.0
@@ -85,7 +87,7 @@ class RestoreFinished:
 @dataclasses.dataclass(slots=True)
 class DiskCreateFailed:
     """Preallocating the spill file of an object created straight on disk failed."""
-    object_id: bytes
+    object_id: ObjectID
     error: str
     out_of_disk: bool
 
@@ -100,7 +102,7 @@ Event = Union[CreateRequested, ObjectSealed, ObjectsFreed, ClientGone, Ticked, M
 @dataclasses.dataclass(slots=True)
 class GrantCreate:
     request: int
-    object_id: bytes
+    object_id: ObjectID
     slot: int
     path: str             #: where the client writes (renamed to the final name when done)
     final_path: str
@@ -114,7 +116,7 @@ class GrantCreate:
 @dataclasses.dataclass(slots=True)
 class RejectCreate:
     request: int
-    object_id: bytes
+    object_id: ObjectID
     reason: str
     #: The object is already here, sealed, with that size (a copy pulled earlier): a
     #: task that made it again can use it as its result.
@@ -143,7 +145,7 @@ class DropSlot:
 @dataclasses.dataclass(slots=True)
 class SpillObject:
     """Copy ``src`` (in the store) to ``tmp`` in the spill dir, then rename it to ``dst``."""
-    object_id: bytes
+    object_id: ObjectID
     src: str
     tmp: str
     dst: str
@@ -153,7 +155,7 @@ class SpillObject:
 @dataclasses.dataclass(slots=True)
 class RestoreObject:
     """Copy ``src`` (spill file) to ``tmp`` in the store, then rename it to ``dst``."""
-    object_id: bytes
+    object_id: ObjectID
     src: str
     tmp: str
     dst: str
@@ -163,14 +165,14 @@ class RestoreObject:
 @dataclasses.dataclass(slots=True)
 class DropMappings:
     """Tell every process on the node: unmap these objects (their store files are gone)."""
-    object_ids: list[bytes]
+    object_ids: list[ObjectID]
 
 
 @dataclasses.dataclass(slots=True)
 class AnswerRestore:
     """Answer every reader waiting to restore ``object_id``: ``path`` None when the object
     is gone, "" when it is in the store, else the spill file to map."""
-    object_id: bytes
+    object_id: ObjectID
     path: str | None
 
 

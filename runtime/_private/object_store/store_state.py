@@ -52,6 +52,8 @@ from .store_events import (  # noqa: F401  (re-exported: the raylet uses st.<nam
     GrantCreate, RejectCreate, UnlinkFile, RenameFile, DropSlot, SpillObject, RestoreObject,
     DropMappings, AnswerRestore, DiskFull, Event, Action)
 
+from lumos._private.ids import ObjectID
+
 #: The creator of copies the raylet pulled from other nodes (secondary copies: the
 #: primary stays where the object was made, so these may be evicted under pressure).
 PULLED = b"object-manager"
@@ -154,19 +156,19 @@ class ObjectStoreState:
 
     # ------------------------------------------------------------------ paths
 
-    def final_path(self, object_id: bytes) -> str:
+    def final_path(self, object_id: ObjectID) -> str:
         return os.path.join(self.directory, object_id.hex())
 
-    def _tmp_path(self, object_id: bytes) -> str:
+    def _tmp_path(self, object_id: ObjectID) -> str:
         return os.path.join(self.directory, object_id.hex() + ".w")
 
     def _pool_path(self, slot: int) -> str:
         return os.path.join(self.directory, f"pool-{slot}")
 
-    def spill_path(self, object_id: bytes) -> str:
+    def spill_path(self, object_id: ObjectID) -> str:
         return os.path.join(self.spill_dir, object_id.hex())
 
-    def _spill_tmp_path(self, object_id: bytes) -> str:
+    def _spill_tmp_path(self, object_id: ObjectID) -> str:
         return os.path.join(self.spill_dir, object_id.hex() + ".w")
 
     # ------------------------------------------------------------------ events
@@ -364,7 +366,7 @@ class ObjectStoreState:
             actions.append(DropMappings(drops))
         self._start_spills(spills, actions)
 
-    def _drop_from_store(self, oid: bytes, actions: list[Action]) -> None:
+    def _drop_from_store(self, oid: ObjectID, actions: list[Action]) -> None:
         obj = self.resident.pop(oid)
         obj.in_shm = False
         obj.moved = True
@@ -428,7 +430,7 @@ class ObjectStoreState:
                     (o.in_shm and o.sealed and o.creator == PULLED))
         return size <= free
 
-    def _restore(self, oid: bytes, now: float, actions: list[Action]) -> None:
+    def _restore(self, oid: ObjectID, now: float, actions: list[Action]) -> None:
         obj = self.objects.get(oid)
         if obj is None or not obj.sealed:
             actions.append(AnswerRestore(oid, None))
@@ -450,7 +452,7 @@ class ObjectStoreState:
                 return
         self._restore_from_disk(oid, actions)
 
-    def _try_restore(self, oid: bytes, actions: list[Action]) -> bool:
+    def _try_restore(self, oid: ObjectID, actions: list[Action]) -> bool:
         obj = self.objects[oid]
         if not self._make_room(obj.file_size, actions):
             return False
@@ -478,7 +480,7 @@ class ObjectStoreState:
             self.restores_waiting.popleft()
             self._restore_from_disk(oid, actions)
 
-    def _restore_answer_now(self, oid: bytes, actions: list[Action]) -> None:
+    def _restore_answer_now(self, oid: ObjectID, actions: list[Action]) -> None:
         obj = self.objects.get(oid)
         if obj is None or not obj.sealed:
             actions.append(AnswerRestore(oid, None))
@@ -487,7 +489,7 @@ class ObjectStoreState:
         elif not obj.restoring:
             self._restore_from_disk(oid, actions)
 
-    def _restore_from_disk(self, oid: bytes, actions: list[Action]) -> None:
+    def _restore_from_disk(self, oid: ObjectID, actions: list[Action]) -> None:
         """No room in the store soon: the reader maps the spill file (page cache)."""
         obj = self.objects.get(oid)
         if obj is not None and obj.in_shm:
@@ -525,7 +527,7 @@ class ObjectStoreState:
         self.restore_seconds += self._count_busy("restore", ev.started, ev.seconds)
         actions.append(AnswerRestore(oid, ""))
 
-    def _unpin(self, client: bytes, object_ids: list[bytes]) -> None:
+    def _unpin(self, client: bytes, object_ids: list[ObjectID]) -> None:
         held = self.pins.get(client)
         if held is None:
             return
@@ -566,7 +568,7 @@ class ObjectStoreState:
         if mapper:
             actions.append(DropSlot(mapper, slot))
 
-    def _free(self, oid: bytes, recyclable: bool, actions: list[Action], tmp: bool = False) -> None:
+    def _free(self, oid: ObjectID, recyclable: bool, actions: list[Action], tmp: bool = False) -> None:
         obj = self.objects.pop(oid, None)
         if obj is None:
             return

@@ -27,6 +27,8 @@ import dataclasses
 import logging
 import os
 
+from lumos._private.ids import WorkerID
+
 logger = logging.getLogger(__name__)
 
 #: How every kill reason of the memory monitor starts (owners match on it).
@@ -53,7 +55,7 @@ class MemoryUsage:
 class Candidate:
     """A worker the monitor may kill: leased to run tasks, or hosting an actor."""
 
-    worker_id: bytes
+    worker_id: WorkerID
     pid: int
     #: TASK or ACTOR.
     kind: str
@@ -71,7 +73,7 @@ class MemorySampled:
 
 @dataclasses.dataclass(slots=True)
 class KillForMemory:
-    worker_id: bytes
+    worker_id: WorkerID
     pid: int
     reason: str
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from lumos._private.ids import NodeID, WorkerID
+
 #: Most lines and bytes one ``GetNodeLog`` returns.
 MAX_TAIL_LINES = 200
 MAX_TAIL_BYTES = 64 * 1024
@@ -51,7 +53,7 @@ def sample_memory(pids: list[int]) -> MemorySample:
     return MemorySample(int(vm.total), int(vm.available), rss, float(psutil.cpu_percent(interval=None)))
 
 
-def log_name(node_id: bytes, worker_id: bytes | None, suffix: str) -> str:
+def log_name(node_id: NodeID, worker_id: WorkerID | None, suffix: str) -> str:
     """The file name of a node's raylet log or one of its workers' (ids checked here)."""
     if suffix not in SUFFIXES:
         raise ValueError(f"suffix must be one of {', '.join(SUFFIXES)}, got {suffix!r}")

@@ -45,7 +45,7 @@ from typing import Any
 
 from lumos._private.protocol import auth
 
-from lumos._private.ids import short
+from lumos._private.ids import NodeID, ObjectID, short
 from lumos._private.object_store.client import open_object_file
 from lumos._private.object_store.store_state import PULLED
 from lumos._private.protocol import messages as m
@@ -245,7 +245,7 @@ class ObjectManager:
         except (OSError, ConnectionError) as e:
             logger.debug("data channel connection ended: %s", e)
 
-    def _open_object(self, object_id: bytes) -> int:
+    def _open_object(self, object_id: ObjectID) -> int:
         """A read-only fd of a local object: its store file, else its spill file (a spilled
         object is served from disk, without a restore). Any thread."""
         store = self.raylet.store
@@ -256,7 +256,7 @@ class ObjectManager:
                 raise
             return os.open(store.spill_path(object_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
-    def _send_range(self, sock: socket.socket, object_id: bytes, offset: int, length: int) -> None:
+    def _send_range(self, sock: socket.socket, object_id: ObjectID, offset: int, length: int) -> None:
         try:
             f = os.fdopen(self._open_object(object_id), "rb")
         except OSError:
@@ -272,7 +272,7 @@ class ObjectManager:
                 raise ConnectionError("peer stopped reading")
             self.bytes_served += length
 
-    def _fetch_range(self, host: str, port: int, object_id: bytes, mm: mmap.mmap, offset: int,
+    def _fetch_range(self, host: str, port: int, object_id: ObjectID, mm: mmap.mmap, offset: int,
                      length: int) -> None:
         """Thread: one stream of a pull, received straight into the destination mapping."""
         config = self.raylet.config
@@ -295,7 +295,7 @@ class ObjectManager:
 
     # ------------------------------------------------------------------ pulling
 
-    async def pull(self, object_id: bytes, from_node: bytes) -> None:
+    async def pull(self, object_id: ObjectID, from_node: NodeID) -> None:
         """Return once ``object_id`` is sealed in this node's store (pulling it if needed)."""
         if self._have(object_id):
             return
@@ -306,11 +306,11 @@ class ObjectManager:
             self.raylet._spawn(self._run_pull(object_id, from_node, fut), f"raylet.pull.{short(object_id)}")
         await asyncio.shield(fut)
 
-    def _have(self, object_id: bytes) -> bool:
+    def _have(self, object_id: ObjectID) -> bool:
         obj = self.raylet.store.objects.get(object_id)
         return obj is not None and obj.sealed
 
-    async def _run_pull(self, object_id: bytes, from_node: bytes, fut: asyncio.Future[None]) -> None:
+    async def _run_pull(self, object_id: ObjectID, from_node: NodeID, fut: asyncio.Future[None]) -> None:
         try:
             await self._pull_once(object_id, from_node)
         except BaseException as e:
@@ -325,7 +325,7 @@ class ObjectManager:
         finally:
             self._pulls.pop(object_id, None)
 
-    async def _pull_once(self, object_id: bytes, from_node: bytes) -> None:
+    async def _pull_once(self, object_id: ObjectID, from_node: NodeID) -> None:
         if from_node == self.raylet.node_id:
             raise ObjectUnavailable(f"object {object_id.hex()} should be on this node, but its file is gone")
         try:
@@ -391,7 +391,7 @@ class ObjectManager:
         logger.info("pulled %s (%d bytes) from %s in %.3fs", short(object_id), size, short(from_node),
                     loop.time() - t0)
 
-    async def _peer(self, node_id: bytes) -> Connection:
+    async def _peer(self, node_id: NodeID) -> Connection:
         conn = self._peers.get(node_id)
         if conn is not None and not conn.is_closed:
             return conn
@@ -416,7 +416,7 @@ class ObjectManager:
         finally:
             self._connecting.pop(node_id, None)
 
-    def _pread(self, object_id: bytes, offset: int, length: int) -> bytes:
+    def _pread(self, object_id: ObjectID, offset: int, length: int) -> bytes:
         fd = self._open_object(object_id)
         try:
             return os.pread(fd, length, offset)
@@ -427,19 +427,19 @@ class ObjectManager:
         return {"bytes_pulled": self.bytes_pulled, "bytes_served": self.bytes_served, "pulls": self.pulls_done,
                 "pulls_in_progress": len(self._pulls)}
 
-    def node_gone(self, node_id: bytes) -> None:
+    def node_gone(self, node_id: NodeID) -> None:
         conn = self._peers.pop(node_id, None)
         if conn is not None:
             conn.close()
 
-    def free_copies(self, object_ids: list[bytes]) -> None:
+    def free_copies(self, object_ids: list[ObjectID]) -> None:
         """Tell every other alive raylet to drop its copies of these objects."""
         for node_id in list(self.raylet.alive_nodes):
             if node_id == self.raylet.node_id:
                 continue
             self.raylet._spawn(self._send_free(node_id, object_ids), "raylet.free_copies")
 
-    async def _send_free(self, node_id: bytes, object_ids: list[bytes]) -> None:
+    async def _send_free(self, node_id: NodeID, object_ids: list[ObjectID]) -> None:
         try:
             conn = await self._peer(node_id)
         except (OSError, ConnectionLost, TimeoutError, ObjectUnavailable) as e:
@@ -449,14 +449,14 @@ class ObjectManager:
 
     # ------------------------------------------------------------------ serving
 
-    def object_size(self, object_id: bytes) -> list[int]:
+    def object_size(self, object_id: ObjectID) -> list[int]:
         """``[size, data channel port]``; size -1 when the object is not sealed here."""
         obj = self.raylet.store.objects.get(object_id)
         if obj is None or not obj.sealed:
             return [-1, self.data_port]
         return [int(obj.size_bytes), self.data_port]
 
-    async def read_chunk(self, object_id: bytes, offset: int, length: int) -> bytes | None:
+    async def read_chunk(self, object_id: ObjectID, offset: int, length: int) -> bytes | None:
         obj = self.raylet.store.objects.get(object_id)
         if obj is None or not obj.sealed or offset < 0 or length < 0 or offset + length > obj.size_bytes \
                 or length > CHUNK_BYTES * 4:

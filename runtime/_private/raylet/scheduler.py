@@ -29,6 +29,7 @@ import dataclasses
 from collections import OrderedDict
 from typing import Any, Union
 
+from lumos._private.ids import ActorID, JobID, NodeID, PlacementGroupID, WorkerID
 from lumos._private.raylet.resources import NodeResources, from_units, request_units, to_units
 
 # ----------------------------------------------------------------------------- events
@@ -37,11 +38,11 @@ from lumos._private.raylet.resources import NodeResources, from_units, request_u
 @dataclasses.dataclass(slots=True)
 class LeaseRequested:
     request_id: int
-    job_id: bytes
+    job_id: JobID
     resources: dict[str, float]
     function_name: str = ""
     #: Actor creation: the worker becomes this actor's and is never pooled again.
-    actor_id: bytes | None = None
+    actor_id: ActorID | None = None
     #: ``(placement group id, bundle index)`` to run in (index -1: any of its bundles here).
     bundle: tuple[bytes, int] | None = None
 
@@ -60,27 +61,27 @@ class LeaseReturned:
 
 @dataclasses.dataclass(slots=True)
 class WorkerRegistered:
-    worker_id: bytes
+    worker_id: WorkerID
 
 
 @dataclasses.dataclass(slots=True)
 class WorkerExited:
-    worker_id: bytes
+    worker_id: WorkerID
 
 
 @dataclasses.dataclass(slots=True)
 class WorkerBlocked:
-    worker_id: bytes
+    worker_id: WorkerID
 
 
 @dataclasses.dataclass(slots=True)
 class WorkerUnblocked:
-    worker_id: bytes
+    worker_id: WorkerID
 
 
 @dataclasses.dataclass(slots=True)
 class JobFinished:
-    job_id: bytes
+    job_id: JobID
 
 
 @dataclasses.dataclass(slots=True)
@@ -93,14 +94,14 @@ class BundlesRequested:
     """The GCS asks to reserve a placement group's bundles here: all or none."""
 
     request_id: int
-    pg_id: bytes
+    pg_id: PlacementGroupID
     #: ``[(bundle index, resources)]``.
     bundles: list[tuple[int, dict[str, float]]]
 
 
 @dataclasses.dataclass(slots=True)
 class BundlesRemoved:
-    pg_id: bytes
+    pg_id: PlacementGroupID
     #: Bundle indices to free; None frees every bundle of the group here.
     indices: list[int] | None = None
 
@@ -110,7 +111,7 @@ class OwnershipChanged:
     """A worker started or stopped owning objects in this node's store: an idle worker
     that owns some is kept (ending it would free them: their owner is gone)."""
 
-    worker_id: bytes
+    worker_id: WorkerID
     owns: bool
 
 
@@ -125,7 +126,7 @@ Event = Union[LeaseRequested, LeaseCancelled, LeaseReturned, WorkerRegistered, W
 class GrantLease:
     request_id: int
     lease_id: int
-    worker_id: bytes
+    worker_id: WorkerID
     resource_ids: dict[str, list[Any]]
 
 
@@ -136,7 +137,7 @@ class StartWorker:
 
 @dataclasses.dataclass(slots=True)
 class StopWorker:
-    worker_id: bytes
+    worker_id: WorkerID
     reason: str
     #: The process may already be exiting on its own; do not blame the kill for it.
     quiet: bool = False
@@ -188,7 +189,7 @@ class SpillQuery:
     #: The GCS placed the request here itself (actor creation): never sent back.
     from_gcs: bool = False
     #: This node's id.
-    node_id: bytes = b""
+    node_id: NodeID = NodeID(b"")
     #: The GCS connection is up (without it, everything is served here).
     gcs_connected: bool = True
     #: Alive nodes this raylet knows of, and whether it counts itself among them.
@@ -200,11 +201,11 @@ IDLE, LEASED, STARTING, DEAD = "IDLE", "LEASED", "STARTING", "DEAD"
 
 @dataclasses.dataclass(slots=True)
 class _Worker:
-    worker_id: bytes
+    worker_id: WorkerID
     state: str
-    job_id: bytes | None = None
+    job_id: JobID | None = None
     lease_id: int = 0
-    actor_id: bytes | None = None
+    actor_id: ActorID | None = None
     idle_since: float = 0.0
     blocked: bool = False
     #: Owns objects in this node's store (not reaped when idle).
@@ -215,10 +216,10 @@ class _Worker:
 class _Lease:
     lease_id: int
     request_id: int
-    worker_id: bytes
+    worker_id: WorkerID
     units: dict[str, int]
     resource_ids: dict[str, list[Any]]
-    job_id: bytes
+    job_id: JobID
     #: The bundle whose pool the units came from (None: the node's own pool).
     bundle: tuple[bytes, int] | None = None
 
@@ -287,7 +288,7 @@ class LocalSchedulerState:
 
     # ------------------------------------------------------------------ API
 
-    def add_starting_worker(self, worker_id: bytes) -> None:
+    def add_starting_worker(self, worker_id: WorkerID) -> None:
         """The server spawned a process for a StartWorker (or at boot)."""
         self.workers[worker_id] = _Worker(worker_id, STARTING)
 
@@ -504,7 +505,7 @@ class LocalSchedulerState:
         gpus = {i: list(self.bundles[(event.pg_id, i)].index_map.get("GPU", [])) for i, _ in event.bundles}
         actions.append(AnswerBundles(event.request_id, True, gpu_ids=gpus))
 
-    def _remove_bundles(self, pg_id: bytes, indices: list[int] | None, actions: list[Action]) -> None:
+    def _remove_bundles(self, pg_id: PlacementGroupID, indices: list[int] | None, actions: list[Action]) -> None:
         keys = [k for k in self.bundles if k[0] == pg_id and (indices is None or k[1] in indices)]
         if not keys:
             return
@@ -526,7 +527,7 @@ class LocalSchedulerState:
             b = self.bundles.pop(key)
             self.resources.release(b.units, b.node_ids)
 
-    def _worker_exited(self, worker_id: bytes) -> None:
+    def _worker_exited(self, worker_id: WorkerID) -> None:
         w = self.workers.get(worker_id)
         if w is None:
             return
@@ -580,7 +581,7 @@ class LocalSchedulerState:
             return True
         return bool(self.queue) or not self.resources.fits(units)
 
-    def lease_of_worker(self, worker_id: bytes) -> _Lease | None:
+    def lease_of_worker(self, worker_id: WorkerID) -> _Lease | None:
         w = self.workers.get(worker_id)
         if w is None or w.state != LEASED:
             return None
@@ -627,7 +628,7 @@ def _plus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     return out
 
 
-def _idle_worker_for(job_id: bytes, idle: list[_Worker]) -> _Worker | None:
+def _idle_worker_for(job_id: JobID, idle: list[_Worker]) -> _Worker | None:
     """An idle worker that last ran this job's tasks, else one that never ran any."""
     fallback = None
     for w in idle:

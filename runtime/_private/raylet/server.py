@@ -30,7 +30,7 @@ from typing import Any
 from lumos._private.config import Config
 from lumos._private.transport import eventloop
 from lumos._private.core_worker.io_loop import spawn
-from lumos._private.ids import short
+from lumos._private.ids import NodeID, ObjectID, short
 from lumos._private.object_store import store_state as st
 from lumos._private.object_store import spill_io
 from lumos._private.object_store.client import unlink_quietly
@@ -51,7 +51,7 @@ _TICK_S = 0.1
 
 
 class RayletServer:
-    def __init__(self, config: Config, token: bytes, *, node_id: bytes, session_dir: str,
+    def __init__(self, config: Config, token: bytes, *, node_id: NodeID, session_dir: str,
                  gcs_address: str, resources: dict[str, float], store_dir: str,
                  store_bytes: int, node_ip: str, is_head: bool, labels: dict[str, str]) -> None:
         self.config = config
@@ -447,7 +447,7 @@ class RayletServer:
 
     # ------------------------------------------------------------------ ownership
 
-    def _note_owner(self, object_id: bytes, owner: bytes) -> None:
+    def _note_owner(self, object_id: ObjectID, owner: bytes) -> None:
         """``owner`` owns ``object_id``, which this store holds (a primary or a copy)."""
         if not owner or self._owner_of.get(object_id) == owner:
             return
@@ -460,7 +460,7 @@ class RayletServer:
                 self._sched(sc.OwnershipChanged(owner, True))
         ids.add(object_id)
 
-    def _forget_owner(self, object_ids: list[bytes]) -> None:
+    def _forget_owner(self, object_ids: list[ObjectID]) -> None:
         for oid in object_ids:
             owner = self._owner_of.pop(oid, None)
             if owner is None:
@@ -487,7 +487,7 @@ class RayletServer:
         if len(self.alive_nodes) > 1:
             self.object_manager.free_copies(freed)
 
-    async def create_local(self, object_id: bytes, size_bytes: int, client: bytes) -> list[Any]:
+    async def create_local(self, object_id: ObjectID, size_bytes: int, client: bytes) -> list[Any]:
         """Space for a new object: ``[slot, write path, final path, file size, reused]``."""
         rid = self._next_request
         self._next_request += 1
@@ -499,11 +499,11 @@ class RayletServer:
         finally:
             self._create_waiters.pop(rid, None)
 
-    def seal_local(self, object_id: bytes, size_bytes: int) -> None:
+    def seal_local(self, object_id: ObjectID, size_bytes: int) -> None:
         self._store(st.ObjectSealed(object_id, size_bytes))
         self._store(st.MarkedShared([object_id]))
 
-    def abort_local(self, object_id: bytes) -> None:
+    def abort_local(self, object_id: ObjectID) -> None:
         obj = self.store.objects.get(object_id)
         if obj is not None and not obj.sealed:
             self._store(st.ObjectsFreed([object_id], [False]))

@@ -31,7 +31,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Union
 
-from lumos._private.ids import random_id, short
+from lumos._private.ids import JobID, WorkerID, random_id, short
 from lumos._private.object_store.client import unlink_quietly
 from lumos._private.protocol import messages as m
 from lumos._private.raylet import memory_monitor as mm
@@ -264,7 +264,7 @@ class WorkerProc:
     __slots__ = ("worker_id", "process", "pidfd", "conn", "address", "exit_info", "kill_reason",
                  "started", "job_id", "is_driver", "pid", "forked")
 
-    def __init__(self, worker_id: bytes, process: Process | None) -> None:
+    def __init__(self, worker_id: WorkerID, process: Process | None) -> None:
         self.worker_id = worker_id
         #: None for a driver, and for a worker whose fork request is not answered yet.
         self.process = process
@@ -275,7 +275,7 @@ class WorkerProc:
         self.exit_info: str | None = None
         self.kill_reason = ""
         self.started = time.monotonic()
-        self.job_id: bytes | None = None
+        self.job_id: JobID | None = None
         self.is_driver = False
         self.pid = process.pid if process is not None else 0
         #: It came from the fork server.
@@ -326,8 +326,8 @@ class ForkServerClient:
     """The raylet's end of the fork server's control pipes (a child process)."""
 
     def __init__(self, cmd: list[str], log_path: str, on_ready: Callable[[], None],
-                 on_forked: Callable[[bytes, int | None, str], None],
-                 on_exit: Callable[[list[bytes]], None]) -> None:
+                 on_forked: Callable[[WorkerID, int | None, str], None],
+                 on_exit: Callable[[list[WorkerID]], None]) -> None:
         self.cmd = cmd
         self.log_path = log_path
         self._on_ready = on_ready
@@ -335,7 +335,7 @@ class ForkServerClient:
         self._on_exit = on_exit
         self.popen: subprocess.Popen[bytes] | None = None
         #: Worker ids asked for and not answered yet -> when they were asked (monotonic).
-        self.pending: dict[bytes, float] = {}
+        self.pending: dict[WorkerID, float] = {}
         self._buf = b""
         self._rfd = -1
         self._wfd = -1
@@ -356,7 +356,7 @@ class ForkServerClient:
     def pid(self) -> int:
         return self.popen.pid if self.popen is not None else 0
 
-    def request(self, worker_id: bytes, log_path: str) -> bool:
+    def request(self, worker_id: WorkerID, log_path: str) -> bool:
         """Ask for a worker; False if the server cannot take it (gone, or its pipe full)."""
         if self.popen is None or self._wfd < 0:
             return False
@@ -398,7 +398,7 @@ class ForkServerClient:
                     logger.info("fork server ready (pre-imported: %s)", ", ".join(msg.get("modules", [])) or "-")
                     self._on_ready()
                     continue
-                worker_id = bytes.fromhex(msg["worker_id"])
+                worker_id = WorkerID(bytes.fromhex(msg["worker_id"]))
             except (ValueError, KeyError, TypeError) as e:
                 logger.error("bad line from the fork server %r: %s", line[:200], e)
                 continue
@@ -450,10 +450,10 @@ class WorkerPool:
         self.num_prestart = num_prestart
         self.state = WorkerPoolState(method, validate=raylet.config.validate)
         #: Worker id -> process (workers) or registration (drivers).
-        self.procs: dict[bytes, WorkerProc] = {}
+        self.procs: dict[WorkerID, WorkerProc] = {}
         #: Worker id -> exit description, kept after the process is gone.
-        self.exits: dict[bytes, str] = {}
-        self.exit_waiters: dict[bytes, list[asyncio.Future[str]]] = {}
+        self.exits: dict[WorkerID, str] = {}
+        self.exit_waiters: dict[WorkerID, list[asyncio.Future[str]]] = {}
         self.fork_server: ForkServerClient | None = None
         self._stopping = False
         self._restart_handle: asyncio.TimerHandle | None = None
@@ -521,7 +521,7 @@ class WorkerPool:
     def _fork_server_ready(self) -> None:
         self.state.handle(ForkServerReady(), time.monotonic())
 
-    def _fork_server_died(self, pending: list[bytes]) -> None:
+    def _fork_server_died(self, pending: list[WorkerID]) -> None:
         self.fork_server = None
         if self._stopping:
             return
@@ -560,7 +560,7 @@ class WorkerPool:
             self._apply(self.state.handle(DeferredStartDue(), time.monotonic()))
 
     def _start_new(self, method: str) -> None:
-        worker_id = random_id(16)
+        worker_id = WorkerID(random_id(16))
         proc = WorkerProc(worker_id, None)
         self.procs[worker_id] = proc
         self.raylet.scheduler.add_starting_worker(worker_id)
@@ -570,7 +570,7 @@ class WorkerPool:
             return
         self._spawn(proc)
 
-    def _log_path(self, worker_id: bytes) -> str:
+    def _log_path(self, worker_id: WorkerID) -> str:
         return os.path.join(self.raylet.session_dir, "logs", f"worker-{worker_id.hex()[:12]}.out")
 
     def _spawn(self, proc: WorkerProc) -> None:
@@ -587,7 +587,7 @@ class WorkerPool:
             return
         self._attach(proc, popen)
 
-    def _forked(self, worker_id: bytes, pid: int | None, error: str) -> None:
+    def _forked(self, worker_id: WorkerID, pid: int | None, error: str) -> None:
         proc = self.procs.get(worker_id)
         if pid is None:
             logger.warning("fork server could not fork worker %s (%s); spawning it", short(worker_id), error)
@@ -675,7 +675,7 @@ class WorkerPool:
             os.close(proc.pidfd)
             proc.pidfd = -1
 
-    def _on_exit(self, worker_id: bytes) -> None:
+    def _on_exit(self, worker_id: WorkerID) -> None:
         proc = self.procs.get(worker_id)
         if proc is None or proc.process is None:
             return
@@ -758,7 +758,7 @@ class WorkerPool:
                 logger.warning("worker %s: %s", short(action.worker_id), action.reason)
                 self.kill_worker(action.worker_id, action.reason)
 
-    def kill_worker(self, worker_id: bytes, reason: str, sig: int = signal.SIGKILL) -> None:
+    def kill_worker(self, worker_id: WorkerID, reason: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.get(worker_id)
         if proc is None or proc.is_driver or proc.exit_info is not None:
             return

@@ -1,0 +1,325 @@
+"""Messages to and from the GCS: nodes, jobs, workers, KV, the task-event log, pub/sub,
+actors and the state API's task pages (codes 10-39, 70-99).
+
+```
+core worker --RegisterJob/Kv*/AddTaskEvents/Subscribe/RegisterActor--> GCS
+raylet      --RegisterNode/NodeHeartbeat/LogBatch--> GCS
+state API, dashboard --GetAll*/ListActors/GetTaskUpdates--> GCS
+```
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lumos._private.ids import ActorID, JobID, NodeID, TaskID, WorkerID
+from lumos._private.protocol.codec import message
+from lumos._private.protocol.task_messages import Address, TaskSpec
+from lumos._private.protocol.vocab import TaskState
+
+
+# --------------------------------------------------------------------------- GCS
+
+
+@message(10)
+class NodeInfo:
+    node_id: NodeID
+    address: Address
+    hostname: str
+    pid: int
+    resources_total: dict[str, float]
+    state: str
+    start_time: float
+    object_store_dir: str
+    object_store_bytes: int
+    session_dir: str
+    is_head: bool
+    labels: dict[str, str]
+    #: Process ids of the node's services (for ``lumos stop``).
+    pids: list[int]
+    end_time: float = 0.0
+    death_reason: str = ""
+    dashboard_url: str = ""
+
+
+@message(11)
+class RegisterNode:
+    info: NodeInfo
+
+
+@message(12)
+class NodeHeartbeat:
+    node_id: NodeID
+    resources_available: dict[str, float]
+    #: Lease requests queued at the node's local scheduler.
+    queue_length: int
+    store_used_bytes: int
+    num_workers: int
+    #: Resource shapes that nothing on the node can run (infeasible).
+    infeasible: list[dict[str, float]]
+    #: The node's machine memory (psutil), bytes; 0 when not measured.
+    memory_total_bytes: int = 0
+    memory_available_bytes: int = 0
+    #: Resident memory of the node's raylet and workers, bytes.
+    lumos_rss_bytes: int = 0
+    #: The machine's CPU load, percent of all cores, over the last second or so.
+    cpu_percent: float = 0.0
+
+
+@message(13)
+class GetAllNodes:
+    pass
+
+
+@message(14)
+class RegisterJob:
+    driver: Address
+    pid: int
+    namespace: str
+    entrypoint: str
+    #: A driver reconnecting to a restarted GCS: the job it already has.
+    job_id: JobID = JobID(b"")
+
+
+@message(15)
+class JobInfo:
+    job_id: JobID
+    driver: Address
+    pid: int
+    namespace: str
+    entrypoint: str
+    state: str
+    start_time: float
+    end_time: float
+
+
+@message(16)
+class MarkJobFinished:
+    job_id: JobID
+
+
+@message(17)
+class GetAllJobs:
+    pass
+
+
+@message(18)
+class KvPut:
+    namespace: str
+    key: bytes
+    value: bytes
+    overwrite: bool
+
+
+@message(19)
+class KvGet:
+    namespace: str
+    key: bytes
+    #: Wait up to this long for the key to appear (0: answer at once).
+    wait_s: float = 0.0
+
+
+@message(20)
+class KvDel:
+    namespace: str
+    key: bytes
+
+
+@message(21)
+class KvKeys:
+    namespace: str
+    prefix: bytes
+
+
+@message(22)
+class TaskEvent:
+    task_id: TaskID
+    attempt: int
+    state: TaskState
+    time: float
+    job_id: JobID
+    #: Static facts, sent with SUBMITTED only (None otherwise).
+    info: Any = None
+    node_id: NodeID | None = None
+    worker_id: WorkerID | None = None
+    error: str | None = None
+
+
+@message(23)
+class AddTaskEvents:
+    events: list[TaskEvent]
+
+
+@message(24)
+class GetTasks:
+    job_id: JobID | None
+    limit: int
+
+
+@message(25)
+class Subscribe:
+    #: "nodes", "workers", "worker_deaths" (DEAD workers only), "jobs", "logs", "actors", "errors"
+    channel: str
+    #: Only messages with this key (a job id for logs), or None for all.
+    key: bytes | None
+
+
+@message(26)
+class Publish:
+    channel: str
+    key: bytes | None
+    data: Any
+
+
+@message(27)
+class WorkerInfo:
+    worker_id: WorkerID
+    node_id: NodeID
+    pid: int
+    address: Address
+    job_id: JobID | None
+    is_driver: bool
+    state: str
+    start_time: float
+    end_time: float = 0.0
+    exit_detail: str = ""
+
+
+@message(28)
+class ReportWorker:
+    info: WorkerInfo
+
+
+@message(29)
+class GetAllWorkers:
+    pass
+
+
+@message(30)
+class LogBatch:
+    """Worker output: lines ``[job_id, task_id, task_name, pid, is_stderr, text]``."""
+
+    lines: list[Any]
+
+
+@message(31)
+class PublishError:
+    job_id: JobID | None
+    kind: str
+    text: str
+
+
+@message(32)
+class GetClusterStatus:
+    pass
+
+
+@message(33)
+class NodeResources:
+    node_id: NodeID
+    total: dict[str, float]
+    available: dict[str, float]
+    queue_length: int
+    store_used_bytes: int
+    store_capacity_bytes: int
+    num_workers: int
+    infeasible: list[dict[str, float]]
+    #: As of the node's last heartbeat (see ``NodeHeartbeat``); 0 when not reported yet.
+    memory_total_bytes: int = 0
+    memory_available_bytes: int = 0
+    lumos_rss_bytes: int = 0
+    cpu_percent: float = 0.0
+
+# --------------------------------------------------------------------------- actors (70-89)
+
+
+@message(70)
+class ActorInfo:
+    """One row of the GCS actor table, as published on the "actors" channel."""
+
+    actor_id: ActorID
+    job_id: JobID
+    #: PENDING_CREATION, ALIVE, RESTARTING, DEAD
+    state: str
+    class_name: str
+    name: str
+    namespace: str
+    detached: bool
+    #: The worker hosting the actor while ALIVE.
+    address: Address | None
+    node_id: NodeID | None
+    pid: int
+    num_restarts: int
+    max_restarts: int
+    #: Why it died or restarted (empty while healthy).
+    death_cause: str
+    #: Serialized error that calls raise once the actor is dead (e.g. its ``__init__``'s).
+    death_error: bytes | None
+    #: Increases with every change; subscribers ignore older rows.
+    version: int
+    start_time: float
+    end_time: float
+    resources: dict[str, float]
+    #: Pickled method table of the class (for handles made by ``get_actor``).
+    handle_meta: bytes
+    owner_worker_id: WorkerID
+    #: Calls not yet answered, as last reported (dashboard only).
+    pending_calls: int = 0
+
+
+@message(71)
+class RegisterActor:
+    """Create an actor from its creation task (an ``ACTOR_CREATION_TASK``); returns ``ActorInfo``.
+
+    ``spec.actor_options`` holds name, namespace, detached, max_restarts, get_if_exists,
+    max_concurrency, concurrency_groups, checkpoint_interval, class_name and handle_meta.
+    """
+
+    spec: TaskSpec
+
+
+@message(72)
+class GetActorInfo:
+    actor_id: ActorID
+
+
+@message(73)
+class GetNamedActor:
+    name: str
+    namespace: str
+
+
+@message(74)
+class KillActor:
+    actor_id: ActorID
+    no_restart: bool
+    reason: str
+
+
+@message(75)
+class ListActors:
+    #: Only this job's actors, or all when None.
+    job_id: JobID | None
+
+
+@message(76)
+class ActorExiting:
+    """The actor's worker is ending the actor on purpose (``exit_actor()``); no restart."""
+
+    actor_id: ActorID
+    reason: str
+
+# --------------------------------------------------------------------------- dashboard / state (90-99)
+
+
+@message(90)
+class GetTaskUpdates:
+    """Task records changed after ``since`` (a GCS task-log sequence number), oldest change first.
+
+    Replies ``[last_seq, rows, more]``: ``rows`` are compact lists (see
+    ``task_row.ROW_FIELDS``), ``last_seq`` is what to pass as ``since`` next time, and
+    ``more`` is true when ``limit`` cut the answer short.
+    """
+
+    since: int
+    limit: int

@@ -1,0 +1,161 @@
+"""Messages to a node's raylet from its workers and drivers: registration, worker leases
+and the object store (codes 40-59).
+
+```
+core worker --RegisterClient/RequestWorkerLease/ReturnWorker/CreateObject/FreeObjects--> raylet
+raylet --DropSlots/DropMappings--> processes on its node
+```
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lumos._private.ids import ActorID, JobID, NodeID, ObjectID, WorkerID
+from lumos._private.protocol.codec import message
+from lumos._private.protocol.task_messages import Address
+
+
+# --------------------------------------------------------------------------- raylet
+
+
+@message(40)
+class RegisterClient:
+    """A worker or driver introduces itself to its node's raylet."""
+
+    worker_id: WorkerID
+    pid: int
+    address: Address
+    is_driver: bool
+    job_id: JobID | None
+
+
+@message(41)
+class RequestWorkerLease:
+    job_id: JobID
+    resources: dict[str, float]
+    owner_worker_id: WorkerID
+    #: Scheduling strategy (see options.py) or None.
+    strategy: Any
+    #: Used in log lines and infeasibility warnings.
+    function_name: str
+    #: For an actor creation, the actor id (the worker is dedicated to it).
+    actor_id: ActorID | None = None
+    #: Bytes of arguments on each node: ``{node_id: bytes}``, for locality.
+    arg_bytes_by_node: dict[bytes, int] | None = None
+    #: Bundle reference ``[pg_id, bundle_index]`` when scheduled in a placement group.
+    bundle: Any = None
+
+
+@message(42)
+class LeaseGrant:
+    lease_id: int
+    worker_id: WorkerID
+    worker_address: Address
+    #: ``{"GPU": [[index, fraction], ...], ...}`` for resources with instances.
+    resource_ids: dict[str, list[Any]]
+    node_id: NodeID
+
+
+@message(43)
+class ReturnWorker:
+    lease_id: int
+    #: The owner saw the worker fail; do not reuse it.
+    disconnect: bool
+
+
+@message(45)
+class WorkerBlocked:
+    worker_id: WorkerID
+
+
+@message(46)
+class WorkerUnblocked:
+    worker_id: WorkerID
+
+
+@message(47)
+class CreateObject:
+    object_id: ObjectID
+    size_bytes: int
+    #: The creating process (it writes the file).
+    owner_worker_id: WorkerID
+    #: The object's owner when it is not the creator (a task's return): the raylet frees
+    #: the object when that process dies.
+    owner: WorkerID = WorkerID(b"")
+
+
+@message(48)
+class SealObject:
+    object_id: ObjectID
+    size_bytes: int
+    #: The creator is the only process that ever mapped it (safe to recycle later).
+    private: bool = True
+
+
+@message(49)
+class FreeObjects:
+    object_ids: list[ObjectID]
+    #: Per id: no process but the creator mapped it, and the creator's views are gone.
+    recyclable: list[bool]
+
+
+@message(50)
+class GetWorkerExit:
+    worker_id: WorkerID
+    wait_s: float
+
+
+@message(51)
+class KillWorker:
+    worker_id: WorkerID
+    reason: str
+
+
+@message(52)
+class GetNodeStats:
+    pass
+
+
+@message(53)
+class MarkShared:
+    """A process other than the creator is about to map these objects."""
+
+    object_ids: list[ObjectID]
+
+
+@message(54)
+class ShutdownNode:
+    reason: str
+
+
+@message(55)
+class DropSlots:
+    """Raylet to creator: these pooled files are gone; unmap them."""
+
+    slots: list[int]
+
+
+@message(56)
+class PinObjects:
+    """Worker -> its raylet: this process now holds live views of these objects
+    (``pinned``), or no longer does; pinned objects are never spilled."""
+
+    object_ids: list[ObjectID]
+    pinned: bool
+
+
+@message(57)
+class RestoreSpilled:
+    """Worker -> its raylet: the object's store file is missing; bring it back. Answer:
+    None (not here), "" (in the store again), or the spill file to map read-only."""
+
+    object_id: ObjectID
+
+
+@message(58)
+class DropMappings:
+    """Raylet -> every process on its node: these objects left the store (spilled);
+    unmap them unless views are alive."""
+
+    object_ids: list[ObjectID]

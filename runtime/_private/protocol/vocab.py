@@ -1,0 +1,71 @@
+"""The closed sets of values that travel in messages: task kinds, retry policies, error
+kinds and task states.
+
+Each is an ``IntEnum`` or ``StrEnum`` whose values are the wire values, so a member is
+encoded as the plain int or string it stands for and compares equal to it. The codec
+(``codec.py``) decodes a field annotated with one of these types into the member and
+refuses any other value with a ``ProtocolError``, like any other ill-typed field.
+
+Used by the core worker (specs, replies, events), the GCS task log, the state API and,
+through ``lumos.state``, the dashboard.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum, StrEnum
+
+
+class TaskKind(IntEnum):
+    """What a ``TaskSpec`` runs. Names are Ray's task types (the task log's ``type``)."""
+
+    NORMAL_TASK = 0
+    ACTOR_CREATION_TASK = 1
+    ACTOR_TASK = 2
+
+
+class RetryPolicy(IntEnum):
+    """Which exceptions of the user's code retry a task (``retry_exceptions``)."""
+
+    NEVER = 0
+    ANY_EXCEPTION = 1
+    #: Only the classes pickled in ``TaskSpec.retry_exception_types``.
+    LISTED_EXCEPTIONS = 2
+
+
+class ErrorKind(StrEnum):
+    """Why a ``TaskReply`` carries a system error instead of the task's returns."""
+
+    #: Cancelled before it started or while it ran.
+    CANCELLED = "cancelled"
+    #: The actor is gone (or never came up); the call cannot run on it.
+    ACTOR_DIED = "actor_died"
+    #: The worker cannot take it now (blocked, or exiting after ``max_calls``): queue it again.
+    REQUEUE = "requeue"
+    #: The actor's worker is exiting on purpose (``exit_actor()``).
+    EXITING = "exiting"
+
+
+class TaskState(StrEnum):
+    """A task attempt's state in the task-event log, in the order a task passes them."""
+
+    SUBMITTED = "SUBMITTED"
+    PENDING_ARGS = "PENDING_ARGS"
+    SCHEDULED = "SCHEDULED"
+    RUNNING = "RUNNING"
+    RETRIED = "RETRIED"
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+#: States after which an attempt changes no more.
+TERMINAL_TASK_STATES = frozenset((TaskState.FINISHED, TaskState.FAILED, TaskState.CANCELLED))
+#: States of a task that waits to run (a retried one waits for its next attempt).
+PENDING_TASK_STATES = frozenset((TaskState.SUBMITTED, TaskState.PENDING_ARGS, TaskState.SCHEDULED,
+                                 TaskState.RETRIED))
+#: Position of each state in a task's life; a late event never moves a task back.
+TASK_STATE_RANK: dict[str, int] = {s: i for i, s in enumerate(TaskState)}
+
+#: Enum types the codec checks and decodes, by the name used in field annotations.
+WIRE_ENUMS: dict[str, type[IntEnum] | type[StrEnum]] = {
+    cls.__name__: cls for cls in (TaskKind, RetryPolicy, ErrorKind, TaskState)}
