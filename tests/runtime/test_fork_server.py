@@ -63,6 +63,7 @@ def test_actors_are_forked_children_of_the_raylet_with_their_own_random_state(fr
     assert {(i["pgid"], i["sid"]) for i in infos} == {(os.getpgid(raylet.pid), os.getsid(raylet.pid))}
     # Nothing of the fork server's is inherited: not its control pipes, not its log.
     (server,) = _fork_servers()
+    assert len(os.listdir(f"/proc/{server.pid}/task")) == 1  # forks from one thread only
     theirs = set(_fd_targets(str(server.pid))) - {"/dev/null"}
     assert theirs and not any(theirs & set(i["fds"]) for i in infos)
     cmd = psutil.Process(infos[0]["pid"]).cmdline()

@@ -87,6 +87,7 @@ def serve(raylet_pid: int, worker_args: list[str], rfd: int = 0, wfd: int = 1) -
     args = worker_main.parse_args([*worker_args, "--worker-id", ""])
     config = Config.from_json(args.config) if args.config else Config.resolve()
     template = (args, config)
+    _stop_native_threads()
     gc.collect()
     gc.freeze()
     gc.disable()
@@ -106,6 +107,22 @@ def serve(raylet_pid: int, worker_args: list[str], rfd: int = 0, wfd: int = 1) -
         if len(buf) > _MAX_REQUEST_BYTES:
             logger.error("fork request longer than %d bytes; dropped", _MAX_REQUEST_BYTES)
             buf = b""
+
+
+def _stop_native_threads() -> None:
+    """numpy's OpenBLAS starts a thread pool at import and stops it in its pre-fork
+    handler (children start their own on first use): one throw-away fork stops it here,
+    so the template is single-threaded from its first real fork on."""
+    if len(os.listdir("/proc/self/task")) == 1:
+        return
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:
+        logger.warning("the fork server still runs %d threads after its imports; forking anyway "
+                       "(native pools with pre-fork handlers, as OpenBLAS's, are safe)", threads)
 
 
 def _serve_one(line: bytes, raylet_pid: int, template: tuple[Any, Any]) -> dict[str, Any]:
