@@ -12,6 +12,7 @@ from lumos._private.core_worker.references import FAILED, PENDING, READY
 from lumos._private.core_worker.tasks import DONE, WAITING_ARGS, PendingTask, TaskTemplate
 from lumos._private.ids import new_task_id, put_object_id, return_object_id
 from lumos._private.protocol import messages as m
+from lumos._private.protocol.vocab import RetryPolicy, TaskKind
 
 ME = b"m" * 20
 OTHER = b"x" * 20
@@ -30,10 +31,10 @@ def state(**kw: Any) -> tuple[ow.OwnerState, list[PendingTask]]:
 
 def make_task(deps: list[bytes] = (), owners: dict[bytes, m.Address] | None = None,
               max_retries: int = 3) -> PendingTask:
-    t = TaskTemplate(b"f" * 16, "f", "f", 1, {"CPU": 1.0}, max_retries, 0, None, None)
+    t = TaskTemplate(b"f" * 16, "f", "f", 1, {"CPU": 1.0}, max_retries, RetryPolicy.NEVER, None, None)
     tid = new_task_id()
-    spec = m.TaskSpec(tid, b"j" * 4, b"p" * 16, 0, "f", t.function_id, "f", b"args", [], [], 1, t.resources,
-                      max_retries, 0, None, MY_ADDRESS, 0, None)
+    spec = m.TaskSpec(tid, b"j" * 4, b"p" * 16, TaskKind.NORMAL_TASK, "f", t.function_id, "f", b"args", [], [], 1,
+                      t.resources, max_retries, RetryPolicy.NEVER, None, MY_ADDRESS, 0, None)
     spec.deps = [m.Dep(d, (owners or {}).get(d, MY_ADDRESS), None, None) for d in deps]
     return PendingTask(spec, t, [return_object_id(tid, 1)], list(deps), [], 0.0)
 

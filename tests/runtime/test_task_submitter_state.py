@@ -12,6 +12,7 @@ from lumos._private.core_worker import task_submitter as ts
 from lumos._private.core_worker.tasks import DONE, PUSHED, QUEUED, LeasedWorker, PendingTask, TaskTemplate
 from lumos._private.ids import new_task_id
 from lumos._private.protocol import messages as m
+from lumos._private.protocol.vocab import RetryPolicy, TaskKind
 from lumos._private.raylet.memory_monitor import OOM_KILL_REASON
 
 NODE = b"n" * 20
@@ -34,13 +35,13 @@ def state(**kw: Any) -> ts.TaskSubmitterState:
 
 
 def template(fn: bytes = b"f" * 16, max_retries: int = 3) -> TaskTemplate:
-    return TaskTemplate(fn, "f", "f", 1, {"CPU": 1.0}, max_retries, 0, None, None)
+    return TaskTemplate(fn, "f", "f", 1, {"CPU": 1.0}, max_retries, RetryPolicy.NEVER, None, None)
 
 
 def task(t: TaskTemplate) -> PendingTask:
     tid = new_task_id()
-    spec = m.TaskSpec(tid, b"j" * 4, b"p" * 16, 0, t.name, t.function_id, t.function_name, b"", [], [], 1,
-                      t.resources, t.max_retries, 0, None, OWNER, 0, None)
+    spec = m.TaskSpec(tid, b"j" * 4, b"p" * 16, TaskKind.NORMAL_TASK, t.name, t.function_id, t.function_name, b"",
+                      [], [], 1, t.resources, t.max_retries, RetryPolicy.NEVER, None, OWNER, 0, None)
     return PendingTask(spec, t, [], [], [], 0.0)
 
 

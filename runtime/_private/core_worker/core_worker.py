@@ -430,11 +430,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             f"{type(msg).__name__} failed: {why}. The cluster is unreachable; check it with "
             "'lumos status', then call lumos.shutdown() and lumos.init() again.")
 
-    # ================================================================== references
-
-    # ================================================================== submission
-
-    # -------------------------------------------------------------- io thread: args
+    # ================================================================== io thread: owner (owner.py)
 
     def _on_submit(self, task: PendingTask) -> None:
         self.tasks[task.spec.task_id] = task
@@ -480,7 +476,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             else:
                 raise AssertionError(f"unknown owner action {a!r}")
 
-    # -------------------------------------------------------------- io thread: scheduling
+    # ================================================================== io thread: submitter (task_submitter.py)
 
     def _enqueue(self, task: PendingTask, front: bool = False) -> None:
         if task.spec.kind == m.TaskKind.ACTOR_TASK:
@@ -687,11 +683,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         await asyncio.sleep(delay_s)
         self._run(self.submitter.retry_due(task, why))
 
-    # -------------------------------------------------------------- io thread: replies
-
-    # -------------------------------------------------------------- io thread: results
-
-    # -------------------------------------------------------------- io thread: lineage
+    # -------------------------------------------------------------- io thread: lineage (owner.py)
 
     def _keep_lineage(self, task: PendingTask) -> None:
         self.owner.keep_lineage(task)
@@ -708,8 +700,6 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         why, actions = self.owner.reconstruct(oid, lost_node)
         self._run_owner(actions)
         return why
-
-    # -------------------------------------------------------------- cancel
 
     # ================================================================== executor side
 
@@ -761,8 +751,6 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         handler = self.extra_publish_handlers.get(msg.channel)
         if handler is not None:
             handler(msg)
-
-    # ================================================================== introspection
 
 
 def _sever(conn: Connection) -> None:
