@@ -397,6 +397,9 @@ class WorkerPool:
         self._attach(proc, forked)
 
     def _attach(self, proc: WorkerProc, process: Process) -> None:
+        if proc.pid and proc.pid != process.pid:
+            logger.error("worker %s registered as pid %d but was started as pid %d", short(proc.worker_id),
+                         proc.pid, process.pid)
         proc.process = process
         proc.pid = process.pid
         try:
@@ -421,6 +424,9 @@ class WorkerPool:
             raise PermissionError(f"worker {short(msg.worker_id)} was not started by this raylet")
         elif proc.address is not None:  # e.g. a late fork of a worker that was spawned instead
             raise PermissionError(f"worker {short(msg.worker_id)} is already registered")
+        if proc.process is None and not msg.is_driver:
+            # Forked, and registering before the fork server's answer (with its pid) was read.
+            proc.pid = msg.pid
         proc.conn = conn
         proc.address = msg.address
         proc.job_id = msg.job_id
