@@ -14,6 +14,7 @@ dashboard therefore costs the GCS nothing (the "never slows tasks" requirement).
 GCS ──task_updates / node_resources / placement_groups (poll)──► ClusterSource ──tasks, nodes, tick──► pages
     ──subscribe(nodes | jobs | workers | actors)──►
     ──node_log (only the tails pages asked for, ``request_log``)──► logs
+raylets ──spill_stats (while a page asks, ``request_spill``)──► spill
 ```
 """
 
@@ -92,6 +93,8 @@ class Task:
 
 #: Most log tails kept (one per node/worker/kind a page asked for).
 MAX_LOGS = 64
+#: Seconds between two reads of the nodes' spill stats (each asks every raylet).
+SPILL_POLL_S = 2.0
 
 
 @dataclass(slots=True)
@@ -137,6 +140,12 @@ class ClusterSource:
         #: (node id, worker id or "", suffix, lines) -> the latest tail fetched for ``request_log``.
         self.logs: dict[tuple[str, str, str, int], LogTail] = {}
         self._wanted_logs: set[tuple[str, str, str, int]] = set()
+        #: Node id (hex) -> its row of ``lumos.state.spill_stats()`` (asked of the raylets
+        #: every ``SPILL_POLL_S`` while a page calls ``request_spill``).
+        self.spill: dict[str, dict[str, Any]] = {}
+        #: ``time.time()`` of the last spill fetch (0: none yet).
+        self.spill_fetched_at = 0.0
+        self._want_spill = False
         #: Increases whenever anything changed; pages compare it with theirs.
         self.tick = 0
         self._changes: collections.deque[tuple[int, list[str]]] = collections.deque(maxlen=200)
@@ -175,6 +184,16 @@ class ClusterSource:
         the result lands in ``logs``."""
         self._wanted_logs.add((node_id, worker_id or "", suffix, lines))
         self.touch()
+
+    def request_spill(self) -> None:
+        """Refresh ``spill`` at the next poll (at most every ``SPILL_POLL_S``)."""
+        self._want_spill = True
+        self.touch()
+
+    async def _fetch_spill(self) -> None:
+        self._want_spill = False
+        self.spill = {row["node_id"]: row for row in await self.client.spill_stats()}
+        self.spill_fetched_at = time.time()
 
     async def _fetch_logs(self) -> None:
         wanted, self._wanted_logs = self._wanted_logs, set()
@@ -252,6 +271,8 @@ class ClusterSource:
         self.status = {s.node_id.hex(): s for s in await self.client.node_resources()}
         if self._wanted_logs:
             await self._fetch_logs()
+        if self._want_spill and time.time() - self.spill_fetched_at >= SPILL_POLL_S:
+            await self._fetch_spill()
         self.placement_groups = {g.pg_id.hex(): g for g in await self.client.placement_groups()
                                  if g.state != "REMOVED"}
         self.last_poll = time.time()

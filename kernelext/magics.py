@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shlex
 from typing import Any, Iterator
 
@@ -24,6 +25,8 @@ _LUMOS_HELP = """%lumos COMMAND
 
   init [--address A] [--num-cpus N] [--num-gpus N] [--resources JSON]
                       start a local cluster, or join one at A
+  init --address lumos://HOST:PORT [--token-file PATH]
+                      client mode: drive a remote cluster from a machine with no lumos node
   status              nodes, resources in use / total, object store, dashboard link
   shutdown            close the sessions and disconnect (stops a local cluster)
   gpus                the GPU placement panel (defaults for the next %%remote cells)
@@ -117,6 +120,7 @@ class LumosMagics(Magics):
     def _cmd_init(self, rest: list[str]) -> Any:
         p = _Parser(prog="%lumos init")
         p.add_argument("--address")
+        p.add_argument("--token-file", help="the cluster token's file (client mode, lumos://HOST:PORT)")
         p.add_argument("--num-cpus", type=_float)
         p.add_argument("--num-gpus", type=_float)
         p.add_argument("--resources")
@@ -131,6 +135,11 @@ class LumosMagics(Magics):
                 kwargs["resources"] = json.loads(a.resources)
             except ValueError as e:
                 raise UsageError(f"--resources must be JSON like '{{\"TPU\": 2}}': {e}") from None
+        if a.token_file is not None:
+            a.token_file = os.path.expanduser(a.token_file)
+            if not os.path.isfile(a.token_file):
+                raise UsageError(f"--token-file {a.token_file}: no such file (copy the head's token file here)")
+            kwargs["_token"] = a.token_file
         if lumos.is_initialized():
             raise UsageError("lumos is already initialized in this kernel; %lumos shutdown first")
         return lumos.init(a.address, **kwargs)

@@ -81,6 +81,8 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
             with ``shutdown()`` or at exit). "auto" joins the cluster started on this
             machine with ``lumos start --head``; "HOST:PORT" joins that GCS (the
             cluster token comes from ``_token`` or ``LUMOS_CLUSTER_TOKEN``).
+            "lumos://HOST:PORT" connects in client mode from a machine with no lumos
+            node (``_token``: the token or its file; or ``LUMOS_CLUSTER_TOKEN[_FILE]``).
         num_cpus, num_gpus, resources, memory, object_store_memory: the private
             cluster's node (GPUs are detected when ``num_gpus`` is None).
         namespace: namespace for named actors.
@@ -139,7 +141,12 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
                 raise ValueError("num_cpus, num_gpus, resources and object_store_memory describe a new "
                                  "cluster; they cannot be given when connecting to an existing one")
             try:
-                ctx = _connect(config, address, namespace or "", _token, job_env, job_package)
+                if isinstance(address, str) and address.startswith("ray://"):  # Ray Client's scheme
+                    address = "lumos://" + address[len("ray://"):]
+                if isinstance(address, str) and address.startswith("lumos://"):
+                    ctx = _connect_client(config, address, namespace or "", _token, runtime_env)
+                else:
+                    ctx = _connect(config, address, namespace or "", _token, job_env, job_package)
             except BaseException as e:
                 failed_connect = f"lumos.init(address={address!r}) failed: {type(e).__name__}: {e}"
                 raise
@@ -166,7 +173,8 @@ _REFUSED_INIT_ARGS = {
     "system_reserved_memory": f"{_NO_CGROUPS}; start the node with a smaller memory=",
     "labels": "lumos nodes have no labels; give the node a custom resource (resources={'name': 1}) "
               "and ask for it",
-    "proxy_server_url": "Ray Client proxies are not part of lumos; run the driver on a machine of the cluster",
+    "proxy_server_url": "Ray Client proxies are not part of lumos; connect to the head's client server with "
+                        "lumos.init('lumos://HEAD:10001') (client mode)",
 }
 
 
@@ -306,6 +314,19 @@ def _connect(config: Config, address: str, namespace: str, token_arg: str | None
     return LumosContext({"gcs_address": address, "address": address, "node_id": node.node_id.hex(),
                          "session_dir": node.session_dir, "node_ip_address": node.address.host,
                          "job_id": cw.job_id.hex()}, node.dashboard_url)
+
+
+def _connect_client(config: Config, address: str, namespace: str, token_arg: str | None,
+                    runtime_env: dict[str, Any] | None) -> LumosContext:
+    """Client mode: this process runs no node; its session on the head does the work."""
+    from lumos._private.client import worker as client
+    cw = client.connect(config, address, namespace, token_arg, runtime_env)
+    worker_context.core_worker = cw  # type: ignore[assignment]
+    _register_exit_handler()
+    w = cw.welcome
+    return LumosContext({"gcs_address": w["gcs_address"], "address": address, "client_address": address,
+                         "node_id": cw.node_id.hex(), "node_ip_address": cw.node_ip,
+                         "session_dir": cw.session_dir, "job_id": cw.job_id.hex()}, w["dashboard_url"])
 
 
 def _fetch_nodes(config: Config, token: bytes, gcs_address: Any) -> list[m.NodeInfo]:

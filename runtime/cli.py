@@ -79,6 +79,10 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--no-dashboard", dest="no_dashboard", action="store_true")
     start.add_argument("--dashboard-host", default="127.0.0.1")
     start.add_argument("--dashboard-port", type=int, default=8265)
+    start.add_argument("--client-server-port", type=int, default=10001,
+                       help="head: port of the client server for lumos://HOST:PORT drivers (0: any free)")
+    start.add_argument("--no-client-server", action="store_true",
+                       help="head: start no client server (no lumos:// drivers)")
     start.add_argument("--gcs-storage", default=None, metavar="URL",
                        help="where the GCS keeps its tables: memory (default), or "
                             "redis://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...] (sharded over the servers "
@@ -270,6 +274,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     node = NodeProcesses(session_dir, config)
     node.write_token(token)
     dashboard_url = ""
+    client_address = ""
     try:
         if args.head:
             res["node:__internal_head__"] = 1.0
@@ -282,6 +287,8 @@ def cmd_start(args: argparse.Namespace) -> int:
                     dashboard_url = _start_dashboard(args, node, gcs_address, token)
                 except Exception as e:  # the cluster is useful without its dashboard
                     print(f"lumos: the dashboard did not start ({e}); continuing without it", file=sys.stderr)
+            if not args.no_client_server:
+                client_address = _start_client_server(args, node, gcs_address, overrides)
         else:
             gcs_address = args.address
             node.start_raylet(gcs_address, resources=res, store_bytes=store, host=ip, tie_to_parent=False,
@@ -299,6 +306,7 @@ def cmd_start(args: argparse.Namespace) -> int:
               "session_dir": session_dir, "token_path": node.token_path, "store_dir": node.store_dir,
               "raylet_socket": node.raylet_socket, "processes": processes,
               "pids": [p["pid"] for p in processes], "dashboard_url": dashboard_url,
+              "client_address": client_address,
               "started": time.time()}
     record_started_node(record)
     if args.head or _live_head() is None:
@@ -323,6 +331,21 @@ def _start_dashboard(args: argparse.Namespace, node: Any, gcs_address: str, toke
     return url
 
 
+def _start_client_server(args: argparse.Namespace, node: Any, gcs_address: str, overrides: dict[str, Any]) -> str:
+    """Start the head's client server (outliving this command); returns ``lumos://HOST:PORT``, or ""."""
+    proc, fd = node._spawn(["lumos._private.client.server", "--host", args.node_ip_address,
+                            "--port", str(args.client_server_port), "--gcs-address", f"unix:{node.gcs_unix}",
+                            "--gcs-public-address", gcs_address,
+                            "--token-file", node.token_path, "--session-dir", node.session_dir,
+                            "--config", json.dumps(overrides)], tie_to_parent=False)
+    try:
+        info = node._await_ready(proc, fd, "client_server", 30)
+    except (RuntimeError, TimeoutError) as e:
+        print(f"lumos start: warning: no client server (lumos:// drivers cannot connect): {e}", file=sys.stderr)
+        return ""
+    return f"lumos://{info['host']}:{info['port']}"
+
+
 def _print_started(args: argparse.Namespace, record: dict[str, Any], token: str) -> None:
     addr = record["gcs_address"]
     if args.head:
@@ -332,6 +355,8 @@ def _print_started(args: argparse.Namespace, record: dict[str, Any], token: str)
     print(f"  session directory: {record['session_dir']}")
     if record.get("dashboard_url"):
         print(f"  dashboard: {record['dashboard_url']}")
+    if record.get("client_address"):
+        print(f"  client address: {record['client_address']}")
     if args.head:
         print("\nTo connect from Python on this machine:\n"
               "    import lumos\n"
@@ -343,7 +368,10 @@ def _print_started(args: argparse.Namespace, record: dict[str, Any], token: str)
               f"    lumos start --address {addr}\n"
               "\nFrom a driver elsewhere (that machine must run a node), with LUMOS_CLUSTER_TOKEN set:\n"
               f"    lumos.init(address=\"{addr}\")\n"
-              f"\nThe token is in {record['token_path']}.")
+              + (f"\nFrom a machine with no lumos node (client mode), with a copy of the token file:\n"
+                 f"    lumos.init(\"{record['client_address']}\", _token=\"PATH\")\n"
+                 if record.get("client_address") else "")
+              + f"\nThe token is in {record['token_path']}.")
     print("Stop with `lumos stop`; inspect with `lumos status`.")
 
 

@@ -14,6 +14,11 @@ the task-event log paged by sequence number, and a subscription to node, job,
 worker, actor and placement-group changes; it needs only the GCS address and token.
 The notebook extension and the dashboard read the cluster through this module only.
 
+The GCS-backed queries take ``timeout`` (seconds, like Ray's state API): without it
+they wait for a GCS being restarted (Redis storage) and then the cluster's RPC timeout;
+with it they raise ``GetTimeoutError`` (a ``TimeoutError``) once it is up, also while
+the GCS is stopped or down.
+
 Example:
     >>> lumos.state.list_tasks(filters=[("state", "=", "FAILED")])
 """
@@ -33,6 +38,29 @@ from lumos._private.transport.connection import ConnectionLost
 from lumos._private.transport.connection import RemoteError as RemoteError
 
 Filter = tuple[str, str, Any]
+
+
+def _check_timeout(timeout: float | None) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+    return float(timeout)
+
+
+class _Deadline:
+    """GCS calls of one query, within one caller ``timeout`` in all (None: each waits as it does)."""
+
+    def __init__(self, cw: Any, timeout: float | None) -> None:
+        import time
+        self.cw = cw
+        self._clock = time.monotonic
+        self._end = None if timeout is None else self._clock() + _check_timeout(timeout)  # type: ignore[operator]
+
+    def call(self, msg: Any) -> Any:
+        if self._end is None:
+            return self.cw.call_gcs(msg)
+        return self.cw.call_gcs(msg, max(0.0, self._end - self._clock()))
 
 __all__ = ["list_tasks", "list_objects", "list_workers", "list_nodes", "list_jobs", "get_task", "get_log",
            "summarize_tasks", "list_actors", "spill_stats", "StateClient", "TaskUpdates", "CHANNELS",
@@ -65,7 +93,7 @@ def _check_filters(filters: Iterable[Filter] | None) -> list[Filter]:
 
 
 def list_tasks(filters: Iterable[Filter] | None = None, limit: int = 10_000,
-               all_jobs: bool = False) -> list[dict[str, Any]]:
+               all_jobs: bool = False, timeout: float | None = None) -> list[dict[str, Any]]:
     """The newest ``limit`` tasks of this job (or all jobs) that match ``filters``, oldest first,
     from the GCS task-event log.
 
@@ -76,11 +104,12 @@ def list_tasks(filters: Iterable[Filter] | None = None, limit: int = 10_000,
     submitted_time, start_time, end_time, required_resources, resource_ids, events.
     """
     flt = _check_filters(filters)
+    _check_timeout(timeout)
     cw = worker_context.require()
     cw._post(cw._flush_events)  # include what this process has not sent yet
     # With filters, matches may be older than the newest ``limit`` records: scan the whole log.
     fetch = max(limit, cw.config.task_event_max_records) if flt else max(limit, 1)
-    rows = cw.call_gcs(m.GetTasks(None if all_jobs else cw.job_id or None, fetch))
+    rows = _Deadline(cw, timeout).call(m.GetTasks(None if all_jobs else cw.job_id or None, fetch))
     matches = [r for r in rows if _match(r, flt)]
     return matches[-limit:] if limit > 0 else []
 
@@ -101,16 +130,17 @@ def summarize_tasks() -> dict[str, dict[str, int]]:
     return out
 
 
-def list_nodes(filters: Iterable[Filter] | None = None) -> list[dict[str, Any]]:
+def list_nodes(filters: Iterable[Filter] | None = None, timeout: float | None = None) -> list[dict[str, Any]]:
     """Nodes with their resources (total and available), object-store use, and real use as
     their raylets last reported it: ``memory_total_bytes``, ``memory_available_bytes``,
     ``memory_used_bytes``, ``lumos_rss_bytes`` (raylet and workers) and ``cpu_percent``
     (None until a node's first report)."""
     flt = _check_filters(filters)
     cw = worker_context.require()
-    status = {n.node_id: n for n in cw.call_gcs(m.GetClusterStatus())}
+    gcs = _Deadline(cw, timeout)
+    status = {n.node_id: n for n in gcs.call(m.GetClusterStatus())}
     rows = []
-    for n in cw.call_gcs(m.GetAllNodes()):
+    for n in gcs.call(m.GetAllNodes()):
         st = status.get(n.node_id)
         rows.append({
             "node_id": n.node_id.hex(), "state": n.state, "node_ip": n.address.host,
@@ -202,12 +232,12 @@ def get_log(node_id: str, worker_id: str | None = None, tail: int = 100, suffix:
     return reply.text  # type: ignore[no-any-return]
 
 
-def list_workers(filters: Iterable[Filter] | None = None) -> list[dict[str, Any]]:
+def list_workers(filters: Iterable[Filter] | None = None, timeout: float | None = None) -> list[dict[str, Any]]:
     """Worker and driver processes the GCS knows, alive and dead."""
     flt = _check_filters(filters)
     cw = worker_context.require()
     rows = []
-    for w in cw.call_gcs(m.GetAllWorkers()):
+    for w in _Deadline(cw, timeout).call(m.GetAllWorkers()):
         rows.append({
             "worker_id": w.worker_id.hex(), "node_id": w.node_id.hex(), "pid": w.pid,
             "job_id": w.job_id.hex() if w.job_id else None, "is_driver": w.is_driver,
@@ -217,11 +247,11 @@ def list_workers(filters: Iterable[Filter] | None = None) -> list[dict[str, Any]
     return [r for r in rows if _match(r, flt)]
 
 
-def list_jobs() -> list[dict[str, Any]]:
+def list_jobs(timeout: float | None = None) -> list[dict[str, Any]]:
     cw = worker_context.require()
     return [{"job_id": j.job_id.hex(), "driver_pid": j.pid, "namespace": j.namespace,
              "entrypoint": j.entrypoint, "state": j.state, "start_time": j.start_time,
-             "end_time": j.end_time or None} for j in cw.call_gcs(m.GetAllJobs())]
+             "end_time": j.end_time or None} for j in _Deadline(cw, timeout).call(m.GetAllJobs())]
 
 
 def list_objects(filters: Iterable[Filter] | None = None, limit: int = 10_000) -> list[dict[str, Any]]:
@@ -263,11 +293,12 @@ def list_objects(filters: Iterable[Filter] | None = None, limit: int = 10_000) -
     return rows
 
 
-def list_actors(filters: Iterable[Filter] | None = None, all_jobs: bool = True) -> list[dict[str, Any]]:
+def list_actors(filters: Iterable[Filter] | None = None, all_jobs: bool = True,
+                timeout: float | None = None) -> list[dict[str, Any]]:
     """Actors the GCS knows: state, class, name, node, pid, restarts, death cause."""
     flt = _check_filters(filters)
     cw = worker_context.require()
-    infos = cw.call_gcs(m.ListActors(None if all_jobs else cw.job_id))
+    infos = _Deadline(cw, timeout).call(m.ListActors(None if all_jobs else cw.job_id))
     rows = []
     for a in infos:
         rows.append({
@@ -295,30 +326,34 @@ def spill_stats() -> list[dict[str, Any]]:
     Example:
         >>> sum(row["spilled_bytes"] for row in lumos.state.spill_stats())
     """
-    from lumos._private.transport.connection import connect
-
     cw = worker_context.require()
     nodes = [n for n in cw.call_gcs(m.GetAllNodes()) if n.state == "ALIVE"]
 
-    async def ask(n: m.NodeInfo) -> dict[str, Any] | None:
-        try:
-            if n.node_id == cw.node_id and cw.raylet is not None:
-                stats = await cw.raylet.call(m.GetNodeStats(), 10.0)
-            else:
-                conn = await connect(n.address, token=cw.token, config=cw.config, name="state->raylet",
-                                     use_unix=False, timeout_s=10.0)
-                try:
-                    stats = await conn.call(m.GetNodeStats(), 10.0)
-                finally:
-                    conn.close()
-        except (OSError, ConnectionLost, TimeoutError, RemoteError):
-            return None
-        return {"node_id": n.node_id.hex(), **stats.get("spill", {})}
-
     async def gather() -> list[dict[str, Any] | None]:
-        return await asyncio.gather(*(ask(n) for n in nodes))
+        return await asyncio.gather(*(_node_spill_stats(n, cw.token, cw.config,
+                                                        cw.raylet if n.node_id == cw.node_id else None)
+                                      for n in nodes))
 
     return [row for row in cw.run_sync(gather(), 30.0) if row is not None]
+
+
+async def _node_spill_stats(n: m.NodeInfo, token: bytes, config: Any, conn: Any = None) -> dict[str, Any] | None:
+    """``spill_stats``'s row for node ``n``, asked of its raylet (over ``conn`` when given);
+    None when the raylet does not answer."""
+    from lumos._private.transport.connection import connect
+    try:
+        if conn is not None:
+            stats = await conn.call(m.GetNodeStats(), 10.0)
+        else:
+            conn = await connect(n.address, token=token, config=config, name="state->raylet",
+                                 use_unix=False, timeout_s=10.0)
+            try:
+                stats = await conn.call(m.GetNodeStats(), 10.0)
+            finally:
+                conn.close()
+    except (OSError, ConnectionLost, TimeoutError, RemoteError):
+        return None
+    return {"node_id": n.node_id.hex(), **stats.get("spill", {})}
 
 
 # --------------------------------------------------------------------------- async client
@@ -502,6 +537,14 @@ class StateClient:
     async def placement_groups(self) -> list[m.PlacementGroupInfo]:
         """Placement groups, removed ones too (bounded by the GCS)."""
         return await self._client.call(m.ListPlacementGroups())  # type: ignore[no-any-return]
+
+    async def spill_stats(self) -> list[dict[str, Any]]:
+        """Object spilling per alive node, as ``lumos.state.spill_stats()`` gives it (each
+        node's raylet is asked directly; a node that does not answer is left out)."""
+        client = self._client
+        nodes = [n for n in await self.nodes() if n.state == "ALIVE"]
+        rows = await asyncio.gather(*(_node_spill_stats(n, client._token, client.config) for n in nodes))
+        return [row for row in rows if row is not None]
 
     async def task_updates(self, since: int, limit: int = 5000) -> TaskUpdates:
         """Task records that changed after sequence number ``since`` (0: from the

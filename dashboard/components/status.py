@@ -11,6 +11,9 @@ of the last minutes, recent failures and log tails.
   reserved, host CPU load, memory in use, object store (percent), and tasks finished
   per second.
 - Recent failed tasks with the last line of their error (``MAX_FAILED``, newest first).
+- Object spilling per node (``lumos.state`` spill stats, read every couple of seconds
+  while the page is open): objects and bytes spilled and restored, copy throughput, what
+  is on disk now, and an out-of-disk episode.
 - The log tail of a node's raylet or one of its workers, chosen in a drop-down (escaped),
   for any node: the GCS asks that node's raylet (``ClusterSource.request_log``).
 """
@@ -28,6 +31,8 @@ COLUMNS = [("node", "Node"), ("host", "Host"), ("state", "State"), ("cpu", "CPU 
            ("gpu", "GPU reserved / total"), ("memory", "Memory reserved / total"),
            ("memory_real", "Memory in use (host)"), ("store", "Object store used / total"), ("workers", "Workers"),
            ("queue", "Queued leases")]
+SPILL_COLUMNS = [("node", "Node"), ("spilled", "Spilled"), ("restored", "Restored"), ("spill_rate", "Spill MiB/s"),
+                 ("restore_rate", "Restore MiB/s"), ("on_disk", "On disk now"), ("disk", "Spill disk")]
 FAILED_COLUMNS = [("time", "Ended"), ("name", "Task"), ("task", "Task id"), ("node", "Node"), ("error", "Error")]
 BAR_KINDS = (("cpu", "CPU reserved (%)"), ("memory", "Memory in use (%)"), ("store", "Object store (%)"))
 HISTORY_FIELDS = ("t", "cpu", "load", "memory", "store", "rate")
@@ -89,6 +94,11 @@ class StatusPage(Page):
                                          zip(FAILED_COLUMNS, (70, 140, 110, 80, 600))],
                                 sizing_mode="stretch_width")
         self.failed_title = Div(text="", name="failed_title")
+        self.spill_title = Div(text="", name="spill_title")
+        self.spill_source = ColumnDataSource({k: [] for k, _ in SPILL_COLUMNS})
+        self.spill_table = DataTable(source=self.spill_source, name="spill_table", index_position=None, height=56,
+                                     columns=[TableColumn(field=k, title=t) for k, t in SPILL_COLUMNS],
+                                     sizing_mode="stretch_width")
         self.log_select = Select(title="Log", options=[], value="", name="log_select", width=360)
         self.log_select.on_change("value", lambda attr, old, new: self._show_log())
         self.log_tail = Div(text="", name="log_tail", sizing_mode="stretch_width")
@@ -101,7 +111,7 @@ class StatusPage(Page):
         self._usage: dict[str, host.NodeUsage | None] = {}
         return column(self.summary, self.table, row(*self.bars, sizing_mode="stretch_width"),
                       row(self.use_plot, self.rate_plot, sizing_mode="stretch_width"),
-                      self.failed_title, self.failed, self.log_select, self.log_tail, sizing_mode="stretch_width")
+                      self.spill_title, self.spill_table, self.failed_title, self.failed, self.log_select, self.log_tail, sizing_mode="stretch_width")
 
     # ------------------------------------------------------------------ one refresh
 
@@ -114,6 +124,8 @@ class StatusPage(Page):
         if sample:
             self._sample(now, totals)
         self._failures()
+        self.source.request_spill()
+        self._spill()
         if now - self._last_log >= SAMPLE_S:
             self._log_options()
             self._show_log()
@@ -247,6 +259,30 @@ class StatusPage(Page):
             self.failed.height = 30 + 26 * max(1, len(data["task"]))
         self.failed_title.text = (f"<div style='font-family:sans-serif;font-weight:bold'>Recent failed tasks "
                                   f"({len(failed)})</div>")
+
+    def _spill(self) -> None:
+        src = self.source
+        data: dict[str, list[Any]] = {k: [] for k, _ in SPILL_COLUMNS}
+        for node_id, info in src.nodes.items():
+            row = src.spill.get(node_id)
+            if info.state != "ALIVE" or row is None:
+                continue
+            data["node"].append(short(node_id) + (" (head)" if info.is_head else ""))
+            data["spilled"].append(f"{row.get('spilled_objects', 0)} objects, {fmt_bytes(row.get('spilled_bytes', 0))}")
+            data["restored"].append(f"{row.get('restored_objects', 0)} objects, "
+                                    f"{fmt_bytes(row.get('restored_bytes', 0))}")
+            data["spill_rate"].append(f"{row.get('spill_mib_s', 0.0):.0f}")
+            data["restore_rate"].append(f"{row.get('restore_mib_s', 0.0):.0f}")
+            data["on_disk"].append(fmt_bytes(row.get("disk_bytes", 0)))
+            data["disk"].append(f"FULL ({row.get('out_of_disk_rejects', 0)} refused)" if row.get("out_of_disk")
+                                else "ok")
+        if data != {k: list(v) for k, v in self.spill_source.data.items()}:
+            set_table_data(self.spill_table, data)
+            self.spill_table.height = 30 + 26 * max(1, len(data["node"]))
+        total = sum(r.get("spilled_bytes", 0) for r in src.spill.values())
+        self.spill_title.text = (f"<div style='font-family:sans-serif;font-weight:bold'>Object spilling "
+                                 f"<span class='lumos-spilled' style='font-weight:normal;color:#555'>"
+                                 f"{fmt_bytes(total)} spilled in all</span></div>")
 
     # ------------------------------------------------------------------ logs
 

@@ -104,8 +104,10 @@ class Config:
     node_death_timeout_ms: int = _positive(5000)
     #: How often core workers flush buffered task events to the GCS.
     task_event_flush_interval_ms: int = _positive(100)
-    #: Task events kept by the GCS before the oldest are trimmed.
+    #: Task records the GCS keeps in memory (and in its Redis stream) before the oldest finished go to its archive.
     task_event_max_records: int = 100_000
+    #: The same bound in estimated bytes of GCS memory (about 2 KB per no-op task): keeps the GCS flat.
+    task_event_max_bytes: int = _positive(32 * 1024 * 1024)
     #: How long an owner keeps an idle leased worker before returning it.
     lease_idle_timeout_ms: int = 200
     #: Tasks pushed to one leased worker before its earlier ones finish (short tasks only).
@@ -168,6 +170,13 @@ class Config:
     gcs_storage_unavailable_exit_s: float = _positive(60.0)
     #: How often the GCS checks that its storage answers and still holds its tables.
     gcs_storage_check_interval_ms: int = 1000
+    #: Client mode (``lumos://``): how often the client and its session on the head ping each other.
+    client_heartbeat_interval_s: float = _positive(1.0)
+    #: Client mode: silence this long on the client link means it is lost (either end).
+    client_heartbeat_timeout_s: float = _positive(10.0)
+    #: Client mode: a session waits this long for its client to reconnect before it ends,
+    #: freeing the client's objects and killing its actors.
+    client_reconnect_grace_s: float = _positive(30.0)
     #: How often the raylet samples node memory (0: no memory monitor).
     memory_monitor_refresh_ms: int = 250
     #: Fraction of node memory (or of the cgroup limit) above which a worker is killed.

@@ -17,7 +17,8 @@ import time
 from typing import Any
 
 from lumos._private import worker_context
-from lumos._private.ids import random_id
+from lumos.exceptions import GetTimeoutError
+from lumos._private.ids import PlacementGroupID, random_id
 
 __all__ = ["PlacementGroup", "PlacementGroupID", "placement_group", "remove_placement_group",
            "get_placement_group", "placement_group_table", "get_current_placement_group"]
@@ -96,7 +97,8 @@ class PlacementGroup:
         return check.options(scheduling_strategy=PlacementGroupSchedulingStrategy(self, -1)).remote(self)
 
     def wait(self, timeout_seconds: float = 30) -> bool:
-        """Block until every bundle is reserved: True, or False after ``timeout_seconds``.
+        """Block until every bundle is reserved: True, or False after ``timeout_seconds``
+        (also when the GCS is down or restarting meanwhile).
 
         Raises:
             ValueError: the group was removed.
@@ -110,8 +112,12 @@ class PlacementGroup:
         while True:
             left = deadline - time.monotonic()
             chunk = max(0.0, min(left, 60.0))
-            if _call(cw, m.WaitPlacementGroupReady(self.id.binary(), chunk), timeout_s=chunk + 10):
-                return True
+            try:
+                # The GCS answers after ``chunk``; a second more for the reply to arrive.
+                if _call(cw, m.WaitPlacementGroupReady(self.id.binary(), chunk), timeout_s=chunk + 1):
+                    return True
+            except GetTimeoutError:
+                pass  # the GCS did not answer in time (down or restarting): asked again until the deadline
             if time.monotonic() >= deadline:
                 return False
 
@@ -286,7 +292,7 @@ def _namespace(cw: Any) -> str:
     return _current_namespace(cw)
 
 
-def _info(pg_id: bytes) -> Any:
+def _info(pg_id: PlacementGroupID) -> Any:
     from lumos._private.protocol import messages as m
     return _call(worker_context.require(), m.GetPlacementGroup(pg_id))
 

@@ -11,7 +11,7 @@ import pytest
 import lumos
 from lumos._private.raylet.memory_monitor import (ACTOR, OOM_KILL_REASON, TASK, Candidate, KillForMemory,
                                                   MemoryMonitorState, MemorySampled, MemoryUsage,
-                                                  cgroup_memory, read_memory)
+                                                  cgroup_memory, is_retriable, read_memory)
 
 GIB = 1024 ** 3
 
@@ -20,12 +20,12 @@ def sample(used_gib: float, candidates: list[Candidate], now: float = 0.0, total
     return MemorySampled(MemoryUsage(int(used_gib * GIB), int(total_gib * GIB)), candidates, now)
 
 
-def task(n: int, order: int) -> Candidate:
-    return Candidate(b"t%d" % n, 1000 + n, TASK, order, 100 * 1024 * 1024)
+def task(n: int, order: int, retriable: bool | None = None) -> Candidate:
+    return Candidate(b"t%d" % n, 1000 + n, TASK, order, 100 * 1024 * 1024, retriable)
 
 
-def actor(n: int, order: int) -> Candidate:
-    return Candidate(b"a%d" % n, 2000 + n, ACTOR, order, 100 * 1024 * 1024)
+def actor(n: int, order: int, retriable: bool | None = None) -> Candidate:
+    return Candidate(b"a%d" % n, 2000 + n, ACTOR, order, 100 * 1024 * 1024, retriable)
 
 
 def victims(actions: list[KillForMemory]) -> list[bytes]:
@@ -48,6 +48,28 @@ def test_newest_task_worker_goes_before_any_actor() -> None:
 def test_an_actor_is_killed_only_when_no_task_worker_is_left() -> None:
     s = MemoryMonitorState(0.9, "3fa2", validate=True)
     assert victims(s.handle(sample(7.9, [actor(1, 1), actor(2, 4)]))) == [b"a2"]
+
+
+def test_retriable_work_goes_first_whatever_its_kind() -> None:
+    s = MemoryMonitorState(0.9, "3fa2", validate=True)
+    # A task with max_retries=0 (newest) and an actor that can restart: the actor.
+    (kill,) = s.handle(sample(7.9, [actor(1, 1, retriable=True), task(1, 5, retriable=False)]))
+    assert kill.worker_id == b"a1" and "an actor's worker that can restart" in kill.reason
+    # Among retriable work, tasks still go before actors.
+    s = MemoryMonitorState(0.9, "3fa2", validate=True)
+    assert victims(s.handle(sample(7.9, [actor(1, 9, retriable=True), task(1, 1, retriable=True)]))) == [b"t1"]
+    # Nothing retriable left: tasks before actors, and the reason says so.
+    s = MemoryMonitorState(0.9, "3fa2", validate=True)
+    (kill,) = s.handle(sample(7.9, [actor(1, 9, retriable=False), task(1, 1, retriable=False)]))
+    assert kill.worker_id == b"t1" and "max_retries=0" in kill.reason
+
+
+def test_what_counts_as_retriable() -> None:
+    assert is_retriable(TASK, 3) and is_retriable(TASK, -1) and not is_retriable(TASK, 0)
+    assert is_retriable(ACTOR, 1) and is_retriable(ACTOR, -1) and not is_retriable(ACTOR, 0)
+    # An owner that does not say (an older peer): tasks are, actors are not.
+    assert is_retriable(TASK, None) and not is_retriable(ACTOR, None)
+    assert task(1, 1).retriable and not actor(1, 1).retriable
 
 
 def test_one_kill_at_a_time_until_the_victim_is_gone() -> None:
@@ -171,3 +193,52 @@ def test_memory_monitor_is_off_with_refresh_zero(fresh_cluster: Callable[..., An
         return os.getpid()
 
     assert lumos.get(quick.remote(), timeout=30) > 0
+
+
+@lumos.remote(max_restarts=1)
+class Holder:
+    def __init__(self) -> None:
+        self.block = bytearray(32 * 1024 * 1024)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+@lumos.remote
+def hold_and_mark(path: str) -> int:
+    block = bytearray(32 * 1024 * 1024)
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(60)
+    return len(block)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_an_actor_that_can_restart_is_killed_before_a_task_with_no_retries(
+        fresh_cluster: Callable[..., Any], tmp_path: Any) -> None:
+    """The lease tells the raylet the retry budget: the newest worker runs a task with
+    max_retries=0, yet the actor (max_restarts=1) is the first victim."""
+    import glob
+    # The first sample comes one refresh after the raylet starts: time to lease both.
+    refresh_s = 8.0
+    t0 = time.monotonic()
+    ctx = fresh_cluster(num_cpus=2, _system_config={**LOW_THRESHOLD, "memory_monitor_refresh_ms": int(refresh_s * 1000)})
+    holder = Holder.remote()
+    actor_pid = lumos.get(holder.pid.remote(), timeout=30)
+    marker = tmp_path / "task.pid"
+    ref = hold_and_mark.options(max_retries=0).remote(str(marker))
+    from tests.conftest import wait_for
+    wait_for(marker.exists, 30, 0.05)
+    if time.monotonic() - t0 > refresh_s - 1:
+        pytest.skip("the machine is too slow to lease both workers before the monitor's first sample")
+    log = glob.glob(f"{ctx.address_info['session_dir']}/logs/raylet-*.log")[0]
+
+    def kills() -> list[str]:
+        with open(log) as f:
+            return [line for line in f if OOM_KILL_REASON in line]
+    wait_for(kills, 30, 0.1)
+    first = kills()[0]
+    assert f"pid {actor_pid} " in first and "an actor's worker that can restart" in first, first
+    assert f"pid {marker.read_text()} " not in first  # the task with no retries was spared
+    del ref

@@ -218,16 +218,18 @@ ENUM_FIELDS = [(cls, f.name, WIRE_ENUMS[str(f.type).split(" ")[0]], optional)
 _ENUM_IDS = [f"{cls.__name__}.{name}" for cls, name, _e, _o in ENUM_FIELDS]
 
 
-def test_the_four_wire_enums_are_declared_on_their_fields():
+def test_the_wire_enums_are_declared_on_their_fields():
     assert {(cls.__name__, name, e.__name__) for cls, name, e, _o in ENUM_FIELDS} == {
         ("TaskSpec", "kind", "TaskKind"), ("TaskSpec", "retry_exceptions", "RetryPolicy"),
-        ("TaskReply", "error_kind", "ErrorKind"), ("TaskEvent", "state", "TaskState")}
+        ("TaskReply", "error_kind", "ErrorKind"), ("TaskEvent", "state", "TaskState"),
+        ("ObjectStatus", "status", "ObjectState")}
 
 
 def test_enum_members_are_their_wire_values():
     # Values of today's wire format: an older peer and a not-yet-converted comparison agree.
     assert [int(k) for k in m.TaskKind] == [0, 1, 2]
     assert [int(p) for p in m.RetryPolicy] == [0, 1, 2]
+    assert [int(s) for s in m.ObjectState] == [0, 1, 2, 3]
     assert m.ErrorKind.ACTOR_DIED == "actor_died" and m.TaskState.RUNNING == "RUNNING"
     assert msgpack.packb(m.TaskKind.ACTOR_TASK) == msgpack.packb(2)
     assert msgpack.packb(m.TaskState.FAILED) == msgpack.packb("FAILED")

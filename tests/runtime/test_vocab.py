@@ -1,6 +1,7 @@
-"""Task kinds, retry policies, error kinds and task states are compared through the enums
-of ``protocol/vocab.py`` (``m.TaskKind.ACTOR_TASK``, ``m.TaskState.RUNNING``), never as
-the bare ints and strings they travel as: a walk over the sources finds none."""
+"""Task kinds, retry policies, error kinds, task states and object states are compared
+through the enums of ``protocol/vocab.py`` (``m.TaskKind.ACTOR_TASK``,
+``m.TaskState.RUNNING``), never as the bare ints and strings they travel as: a walk over
+the sources finds none."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ MAGIC = {
     "task kind as a number or name": re.compile(r"\b(spec|template|running|task\.spec)\.kind\s*(==|!=)\s*[0-2]\b"
                                         r"|kind not in \(0, 1, 2\)|\"ACTOR_TASK\"\)\[\w+\.kind\]"
                                         r"|\"type\": \"(NORMAL_TASK|ACTOR_TASK|ACTOR_CREATION_TASK)\""),
+    "object state as a number": re.compile(r"\bst(atus)?\.status\s*(==|!=)\s*[0-3]\b|ObjectStatus\([0-3],"),
     "retry policy as a number": re.compile(r"\.retry_exceptions\s*(==|!=)\s*[0-2]\b|retry_kind, retry_types = [0-2]"),
     "error kind as a string": re.compile(rf'error_kind\s*(==|!=|=)\s*"|_system_reply\([^()]*?,\s*"({_ERRORS})"'),
     "task state as a string": re.compile(
@@ -49,6 +51,7 @@ def test_the_walk_finds_each_kind_of_magic_value(tmp_path):
     samples = {
         "task kind as a number or name": "if task.spec.kind == 2:",
         "retry policy as a number": "if spec.retry_exceptions == 1:",
+        "object state as a number": "if st.status != 1:",
         "error kind as a string": 'return self._system_reply(spec,\n    "why", "actor_died", start)',
         "task state as a string": 'self._events.append((tid, 0, "SUBMITTED", now))',
     }

@@ -137,7 +137,7 @@ class ArgumentsMixin:
             st: m.ObjectStatus = cw.run_sync(ask())
         except (OSError, ConnectionLost, TimeoutError) as e:
             raise _TaskFailed(_error(exc.OwnerDiedError(dep.object_id.hex(), str(e))), None) from None
-        if st.status != 1:
+        if st.status != m.ObjectState.READY:
             raise _TaskFailed(_error(exc.ObjectLostError(dep.object_id.hex(), st.error or "")), None)
         return st
 

@@ -119,6 +119,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self.current_resource_ids: dict[str, list[Any]] = {}
         self.current_actor_id: ActorID | None = None
         self._put_counter = 0
+        #: Sizes with a ``ReserveSlots`` request in flight (io thread).
+        self._reserving: set[int] = set()
         #: The lumos-io thread, its loop and the inbox from user threads (io_loop.py).
         self.io = IoLoop()
         #: Hot-path hand-overs, bound once (``_post(fn, *args)`` runs ``fn`` on the io thread).
@@ -343,24 +345,43 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         finally:
             self._gcs_reconnecting = False
 
-    async def _gcs_call(self, msg: Any, timeout_s: float) -> Any:
-        """One GCS request; while a restarted GCS is being reached, it waits (within ``timeout_s``)."""
+    async def _gcs_call(self, msg: Any, timeout_s: float | None) -> Any:
+        """One GCS request. While a restarted GCS is being reached it waits: without a
+        ``timeout_s``, as long as reconnecting lasts (``gcs_reconnect_timeout_s``), then
+        ``rpc_timeout_s`` for the reply; with one, within ``timeout_s`` in all. Raises
+        ``GetTimeoutError`` when the time is up (a GCS stopped, or not back yet)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        deadline = None if timeout_s is None else loop.time() + timeout_s
         while True:
-            while self._gcs_reconnecting and loop.time() < deadline:
+            while self._gcs_reconnecting:
+                if deadline is not None and loop.time() >= deadline:
+                    raise self._gcs_timeout(msg, timeout_s, "the GCS went away and is not back yet")
                 await asyncio.sleep(0.05)
+            if self.gone is not None:
+                raise ConnectionLost(self.gone)
             gcs = self.gcs
             if gcs is None:
                 raise exc.LumosSystemError("not connected to the GCS")
+            wait = self.config.rpc_timeout_s if deadline is None else max(0.01, deadline - loop.time())
             try:
-                return await gcs.call(msg, max(0.1, deadline - loop.time()))
+                return await gcs.call(msg, wait)
+            except TimeoutError:
+                raise self._gcs_timeout(msg, wait if timeout_s is None else timeout_s,
+                                        "the GCS did not answer (stopped, overloaded or cut off)") from None
             except ConnectionLost:
                 # Lost under this call: with durable storage, a restarted GCS answers it (GCS
                 # requests are idempotent: a retried RegisterActor returns the same actor).
-                if not self._gcs_durable or self._closed or loop.time() >= deadline:
+                if not self._gcs_durable or self._closed:
                     raise
+                if deadline is not None and loop.time() >= deadline:
+                    raise self._gcs_timeout(msg, timeout_s, "the GCS went away and is not back yet") from None
                 await asyncio.sleep(0.05)
+
+    @staticmethod
+    def _gcs_timeout(msg: Any, timeout_s: float | None, why: str) -> exc.GetTimeoutError:
+        return exc.GetTimeoutError(
+            f"{type(msg).__name__} timed out after {timeout_s:.3g}s: {why}. With GCS storage on Redis a "
+            "restarted GCS answers later calls; check the head node with 'lumos status'.")
 
     def _raylet_lost(self, conn: Connection) -> None:
         if not self._closed:
@@ -402,13 +423,20 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         return len(self.tasks)
 
     def call_gcs(self, msg: Any, timeout_s: float | None = None) -> Any:
-        """One GCS request from a user thread. Raises ``ClusterUnavailableError`` when the
-        GCS cannot be reached."""
+        """One GCS request from a user thread. Without ``timeout_s`` it waits for a GCS
+        being restarted (see ``_gcs_call``); ``GetTimeoutError`` once ``timeout_s`` (or,
+        without one, ``rpc_timeout_s`` for the reply) is up; ``ClusterUnavailableError``
+        when the GCS is gone for good."""
         if self.gcs is None:
             raise exc.LumosSystemError("not connected to the GCS")
+        cfg = self.config
+        outer = (cfg.gcs_reconnect_timeout_s + cfg.rpc_timeout_s if timeout_s is None else timeout_s) + 1
         try:
-            return self.run_sync(self._gcs_call(msg, timeout_s or self.config.rpc_timeout_s),
-                                 (timeout_s or self.config.rpc_timeout_s) + 1)
+            return self.run_sync(self._gcs_call(msg, timeout_s), outer)
+        except exc.GetTimeoutError:
+            raise
+        except TimeoutError:  # run_sync's own bound: the io thread did not answer either
+            raise self._gcs_timeout(msg, outer, "the lumos-io thread did not answer") from None
         except (ConnectionLost, OSError) as e:
             raise self._unavailable("the GCS", msg, e) from None
 
@@ -540,7 +568,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         try:
             assert raylet is not None
             request = m.RequestWorkerLease(self.job_id, t.resources, self.worker_id, t.strategy, t.function_name,
-                                           arg_bytes_by_node=self._arg_bytes_by_node(q))
+                                           arg_bytes_by_node=self._arg_bytes_by_node(q), retry_budget=t.max_retries)
             reply = await raylet.call(request)
             hops = 0
             # Bottom-up scheduling: a raylet that does not serve the request names another node.
@@ -711,6 +739,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                 or type(spec.deps) is not list or spec.kind not in _TASK_KINDS or type(spec.num_returns) is not int \
                 or type(spec.enable_task_events) is not bool:
             raise ValueError("malformed PushTask")
+        conn.allow_write_now()  # the reply may leave from the executor's thread (send_reply)
         self.executor.push(conn, msg)
 
     def _handle_cancel_task(self, conn: Connection, msg: m.CancelTask) -> None:
@@ -724,10 +753,15 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             self.loop.call_later(0.05, os._exit, 0)  # type: ignore[union-attr]
 
     def send_reply(self, conn: Connection, reply: m.TaskReply) -> None:
-        """Executor (main thread) hands a finished task's reply to the io thread."""
+        """Executor (main thread): send a finished task's reply. Straight to the socket
+        when the io thread has nothing in hand that must leave first (nothing posted, no
+        output to flush): that saves the io thread's wake-up on every call; else through
+        the io thread, after what was posted before it."""
         ex = self.executor
         if ex is not None and ex._output:  # the task's output leaves before its reply
             self._post(ex.flush_output)
+        elif self.io.idle() and conn.write_now(reply):
+            return
         self._post(conn.notify, reply)
 
     # ================================================================== pub/sub, events

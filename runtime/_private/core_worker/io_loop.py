@@ -58,6 +58,8 @@ class IoLoop:
         self.inbox: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
         #: A drain of the inbox is already scheduled: posting needs no wake-up.
         self._wake_pending = False
+        #: The io thread is running posted jobs (the inbox may be empty meanwhile).
+        self._draining = False
         #: Background tasks (``spawn``), cancelled at close.
         self.tasks: set[asyncio.Task[Any]] = set()
         self.closed = False
@@ -151,16 +153,24 @@ class IoLoop:
                 raise exc.LumosSystemError("lumos is shut down")
             loop.call_soon_threadsafe(self._drain_inbox)
 
+    def idle(self) -> bool:
+        """Every job posted so far has run, and what it sent is handed to its connection."""
+        return not self.inbox and not self._wake_pending and not self._draining
+
     def _drain_inbox(self) -> None:
+        self._draining = True
         self._wake_pending = False
         inbox = self.inbox
-        with batch():  # what the jobs send leaves at the end, without another loop turn
-            while inbox:
-                fn, args = inbox.popleft()
-                try:
-                    fn(*args)
-                except Exception:
-                    logger.exception("io-thread job %s failed", getattr(fn, "__name__", fn))
+        try:
+            with batch():  # what the jobs send leaves at the end, without another loop turn
+                while inbox:
+                    fn, args = inbox.popleft()
+                    try:
+                        fn(*args)
+                    except Exception:
+                        logger.exception("io-thread job %s failed", getattr(fn, "__name__", fn))
+        finally:
+            self._draining = False
 
     def run_sync(self, coro: Coroutine[Any, Any, Any], timeout_s: float | None = None) -> Any:
         """Run a coroutine on the io thread and wait for it (from a user thread)."""
@@ -175,6 +185,8 @@ class IoLoop:
         try:
             return fut.result(timeout_s)
         except concurrent.futures.TimeoutError:
+            if fut.done() and not fut.cancelled():
+                raise  # the coroutine's own timeout (a GetTimeoutError, say), not this wait's
             fut.cancel()
             raise TimeoutError(f"lumos control call timed out after {timeout_s}s") from None
         finally:

@@ -35,6 +35,20 @@ from lumos.generator import GeneratorStream, ObjectRefGenerator
 from lumos.object_ref import ObjectRef
 
 
+def _has_large_buffer(args: tuple[Any, ...], kwargs: dict[str, Any], limit: int) -> bool:
+    """An argument is a buffer (numpy array, bytes) over ``limit`` bytes: the payload will
+    not be inline, so it need not be serialized whole first (a hint: sizes are checked)."""
+    return any(_is_large_buffer(v, limit) for v in args) or \
+        any(_is_large_buffer(v, limit) for v in kwargs.values())
+
+
+def _is_large_buffer(v: Any, limit: int) -> bool:
+    t = type(v)
+    if t is bytes or t is bytearray:
+        return len(v) > limit
+    return t.__name__ == "ndarray" and v.nbytes > limit
+
+
 class _ArgRef(int):
     """Placeholder for the i-th top-level ref argument inside the pickled args."""
 
@@ -92,6 +106,10 @@ class SubmissionMixin:
                     deps.append(v)
         payload: Any = (args, kwargs) if kwargs else args
         try:
+            if _has_large_buffer(args, kwargs, self.config.max_inline_arg_bytes // 4):
+                # Known large (an array, bytes): serialize each argument once, here.
+                payload, sv, deps = self._promote_large_args(args, kwargs, deps)
+                return sv, deps
             sv = ser.serialize(payload)
         except ser.SerializationError as e:
             raise self._argument_error(template, args, kwargs, e) from e.__cause__
@@ -199,10 +217,12 @@ class SubmissionMixin:
 
         async def register() -> m.ActorInfo:
             self.export_function(template)
-            return await self._gcs_call(m.RegisterActor(spec), self.config.rpc_timeout_s)  # type: ignore[no-any-return]
+            # Waits for a GCS being restarted (Redis storage), then rpc_timeout_s for the reply.
+            return await self._gcs_call(m.RegisterActor(spec), None)  # type: ignore[no-any-return]
 
         try:
-            info: m.ActorInfo = self.run_sync(register(), self.config.rpc_timeout_s + 1)
+            info: m.ActorInfo = self.run_sync(
+                register(), self.config.gcs_reconnect_timeout_s + self.config.rpc_timeout_s + 1)
         except BaseException as e:
             self._post(self._unpin, pinned)
             if isinstance(e, RemoteError) and e.type_name in ("ValueError", "TypeError"):
@@ -271,13 +291,11 @@ class SubmissionMixin:
         def promote(v: Any) -> Any:
             if type(v) is _ArgRef:
                 return v
-            try:
-                size = ser.serialize(v).total_size
-            except ser.SerializationError:
-                raise
-            if size <= limit:
+            sv = ser.serialize(v)
+            if sv.total_size <= limit:
                 return v
-            ref = self.put(v)
+            # The serialized form goes to the store as is: each argument pickled once.
+            ref = self._put_serialized(sv)
             keep.append(ref)
             deps.append(ref)
             return _ArgRef(len(deps) - 1)

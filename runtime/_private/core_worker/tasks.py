@@ -54,8 +54,9 @@ class TaskTemplate:
         #: False: its calls record no task events (``enable_task_events=False``).
         self.enable_task_events = enable_task_events
         #: Tasks of the same key share leased workers (and a mean run time, which sets
-        #: how deep they are pipelined): one function, one resource shape, one strategy.
-        self.key = (function_id, tuple(sorted(resources.items())), repr(strategy))
+        #: how deep they are pipelined): one function, one resource shape, one strategy,
+        #: retriable or not (the lease tells the raylet's memory monitor which it is).
+        self.key = (function_id, tuple(sorted(resources.items())), repr(strategy), max_retries != 0)
 
 
 class PendingTask:

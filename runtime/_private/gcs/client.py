@@ -78,12 +78,19 @@ class GcsClient:
                 logger.exception("on_close callback of %s failed", self.name)
 
     async def call(self, msg: Any, timeout_s: float | None = None) -> Any:
-        """One request; raises ``ConnectionLost`` when not connected, ``TimeoutError`` after the deadline."""
+        """One request; raises ``ConnectionLost`` when not connected, ``GetTimeoutError`` (a
+        ``TimeoutError``) after the deadline: a GCS stopped, overloaded or cut off."""
         from lumos._private.transport.connection import ConnectionLost
+        from lumos.exceptions import GetTimeoutError
         conn = self._conn
         if conn is None or conn.is_closed:
             raise ConnectionLost(f"{self.name} is not connected")
-        return await conn.call(msg, self.config.rpc_timeout_s if timeout_s is None else timeout_s)
+        timeout_s = self.config.rpc_timeout_s if timeout_s is None else timeout_s
+        try:
+            return await conn.call(msg, timeout_s)
+        except TimeoutError:
+            raise GetTimeoutError(f"{type(msg).__name__} to the GCS at {self.address} timed out after "
+                                  f"{timeout_s:g}s: the GCS did not answer (stopped, overloaded or cut off)") from None
 
     def subscribe(self, channel: str, callback: PublishCallback) -> None:
         """Call ``callback(Publish)`` for every message on ``channel`` (kept across reconnects)."""

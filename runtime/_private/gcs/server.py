@@ -34,7 +34,7 @@ from lumos._private.gcs.actor_manager import ActorManager
 from lumos._private.gcs.raylet_pool import RayletPool
 from lumos._private.gcs.storage import (GcsStorage, StorageHealthState, StorageUnavailable, StorageWriter,
                                         create_storage, pack_value, unpack_value)
-from lumos._private.gcs.task_log import TaskEventTable
+from lumos._private.gcs.task_log import StreamTrim, TaskEventTable
 from lumos._private.ids import JobID, NodeID, new_job_id, short
 from lumos._private.process import (die_with_parent, read_private_file, read_token, report_ready,
                                     setup_logging)
@@ -58,7 +58,8 @@ class GcsServer:
         self.token = token
         self.storage = storage
         #: Writes every table change through to a durable storage (None: memory, nothing to keep).
-        self.writer: StorageWriter | None = StorageWriter(storage) if storage.durable else None
+        self.writer: StorageWriter | None = StorageWriter(
+            storage, max_pending_append_bytes=config.task_event_max_bytes) if storage.durable else None
         self.storage_health = StorageHealthState(config.gcs_storage_unavailable_exit_s)
         #: Exit status for the process once ``stopped`` is set (1: the storage was lost).
         self.exit_code = 0
@@ -83,7 +84,10 @@ class GcsServer:
         self.kv: dict[tuple[str, bytes], bytes] = {}
         self._kv_waiters: dict[tuple[str, bytes], list[asyncio.Future[bytes]]] = {}
         self.task_events = TaskEventTable(config.task_event_max_records,
-                                          os.path.join(session_dir, "logs", "task_events.jsonl"))
+                                          os.path.join(session_dir, "logs", "task_events.jsonl"),
+                                          config.task_event_max_bytes)
+        #: How much of the task-event stream to keep (with durable storage).
+        self._stream_trim = StreamTrim()
         #: channel -> {connection: the keys it follows, or None for every key}
         self._subscribers: dict[str, dict[Connection, set[bytes] | None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -230,7 +234,7 @@ class GcsServer:
             self.placement_groups.restore(unpack_value(value))
         batches = await st.read_stream("task_events")
         for blob in batches:
-            self.task_events.add(unpack_value(blob))
+            self._stream_trim.appended(self.task_events.add(unpack_value(blob)), len(self.task_events.records))
         # Actors and bundles on nodes that were dead already (a cluster stopped before) move on now.
         for node_id, node in self.nodes.items():
             if node.state == "DEAD":
@@ -580,10 +584,10 @@ class GcsServer:
     # ------------------------------------------------------------------ events and logs
 
     def _add_task_events(self, conn: Connection, msg: m.AddTaskEvents) -> None:
-        self.task_events.add(msg.events)
-        if self.writer is not None:  # a bounded stream: XADD ... MAXLEN ~ on Redis
+        created = self.task_events.add(msg.events)
+        if self.writer is not None:  # a stream of the batches the table's records came from: XADD ... MAXLEN ~
             self.writer.append_nowait("task_events", pack_value(msg.events),
-                                      max(1, self.config.task_event_max_records))
+                                      self._stream_trim.appended(created, len(self.task_events.records)))
         self.publish("task_events", None, len(msg.events))
 
     def _log_batch(self, conn: Connection, msg: m.LogBatch) -> None:

@@ -9,13 +9,20 @@ flushing), so the GCS stays bounded under millions of tasks.
 Every applied event gives its record a new sequence number, so a reader that polls
 (the dashboard) asks only for what changed since its last look (``updates``) instead
 of the whole table: with 100,000 records a full ``list`` costs the GCS about a second.
+
+Two bounds keep the GCS's memory flat however many tasks run: ``max_records`` and
+``max_bytes`` (an estimate of the records' Python memory, ``record_bytes``: about 2 KB
+for a no-op task). Past either, the oldest finished records go to the archive until the
+table is back under 90% of both. With Redis the table is also written to a stream, one
+entry per event batch; ``StreamTrim`` says how many entries to keep so the stream holds
+the batches of the records the table holds, not a count of batches.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any, TextIO
 
 from lumos._private.protocol import messages as m
@@ -105,11 +112,35 @@ class TaskRecord:
         return to_public(self.to_row())
 
 
-class TaskEventTable:
-    """Task records by id, bounded, with overflow flushed to a JSONL archive."""
+#: Estimated Python memory of one record without its events, ids and strings (the record,
+#: its info dict and resources, two table entries), of one event, and of one object id:
+#: calibrated with tracemalloc against decoded ``AddTaskEvents`` (tests/runtime/test_gcs_memory.py).
+_RECORD_BYTES = 1400
+_EVENT_BYTES = 165
+_ID_BYTES = 70
 
-    def __init__(self, max_records: int, archive_path: str) -> None:
+
+def record_bytes(rec: TaskRecord) -> int:
+    """About how much memory ``rec`` holds in the GCS (what ``max_bytes`` counts)."""
+    size = _RECORD_BYTES + _EVENT_BYTES * len(rec.events)
+    info = rec.info
+    if info:
+        size += (_ID_BYTES * (len(info.get("args") or ()) + len(info.get("returns") or ()))
+                 + len(info.get("name") or "") + len(info.get("function_name") or ""))
+    if rec.error:
+        size += len(rec.error)
+    return size
+
+
+class TaskEventTable:
+    """Task records by id, bounded in count and bytes, with overflow flushed to a JSONL archive."""
+
+    def __init__(self, max_records: int, archive_path: str, max_bytes: int = 0) -> None:
         self.max_records = max_records
+        #: Bound on the sum of ``record_bytes`` (0: none).
+        self.max_bytes = max_bytes
+        #: The sum of ``record_bytes`` over the records held.
+        self.bytes = 0
         self.archive_path = archive_path
         #: Task id -> record, oldest first.
         self.records: OrderedDict[bytes, TaskRecord] = OrderedDict()
@@ -120,43 +151,57 @@ class TaskEventTable:
         #: Task ids in the order of their last change (the oldest change first).
         self._changed: OrderedDict[bytes, None] = OrderedDict()
 
-    def add(self, events: list[m.TaskEvent]) -> None:
+    def add(self, events: list[m.TaskEvent]) -> int:
+        """Apply ``events``; returns how many records they created."""
         records = self.records
         changed = self._changed
         seq = self.seq
+        size = self.bytes
+        created = 0
         for ev in events:
             rec = records.get(ev.task_id)
             if rec is None:
                 rec = records[ev.task_id] = TaskRecord(ev.task_id, ev.job_id)
+                created += 1
+                before = 0
+            else:
+                before = record_bytes(rec)
             rec.apply(ev)
+            size += record_bytes(rec) - before
             seq += 1
             rec.seq = seq
             changed[ev.task_id] = None
             changed.move_to_end(ev.task_id)
         self.seq = seq
-        if len(records) > self.max_records:
-            # Down to 90% of the bound at once: the archive is written in chunks, not one
+        self.bytes = size
+        if len(records) > self.max_records or (self.max_bytes and size > self.max_bytes):
+            # Down to 90% of the bounds at once: the archive is written in chunks, not one
             # record per event batch.
-            self._flush_oldest(len(records) - self.max_records + self.max_records // 10)
+            self._flush_oldest(len(records) - self.max_records + self.max_records // 10,
+                               size - self.max_bytes + self.max_bytes // 10 if self.max_bytes else 0)
+        return created
 
-    def _flush_oldest(self, n: int) -> None:
+    def _flush_oldest(self, n: int, nbytes: int = 0) -> None:
+        """Archive and drop the oldest finished records: at least ``n`` of them, and at least ``nbytes``."""
         if self._archive is None:
             try:
                 self._archive = open(self.archive_path, "a", encoding="utf-8")
             except OSError as e:
                 logger.error("cannot open task archive %s: %s; dropping old task records", self.archive_path, e)
         records = self.records
-        far_over = len(records) > 2 * self.max_records
+        far_over = len(records) > 2 * self.max_records or (self.max_bytes and self.bytes > 2 * self.max_bytes)
         victims: list[TaskRecord] = []
         live: list[bytes] = []
-        # Oldest first, stopping once n are found (no copy of the whole table per call).
+        freed = 0
+        # Oldest first, stopping once enough are found (no copy of the whole table per call).
         for task_id, rec in records.items():
-            if len(victims) >= n:
+            if len(victims) >= n and freed >= nbytes:
                 break
             if rec.state not in TERMINAL and not far_over:
                 live.append(task_id)  # kept, and moved behind so it is not scanned again
                 continue
             victims.append(rec)
+            freed += record_bytes(rec)
         for task_id in live:
             records.move_to_end(task_id)
         lines = []
@@ -166,6 +211,7 @@ class TaskEventTable:
             del records[rec.task_id]
             self._changed.pop(rec.task_id, None)
         self.num_archived += len(victims)
+        self.bytes -= freed
         if self._archive is not None and lines:
             self._archive.write("\n".join(lines) + "\n")
             self._archive.flush()
@@ -212,3 +258,29 @@ class TaskEventTable:
         if self._archive is not None:
             self._archive.close()
             self._archive = None
+
+
+class StreamTrim:
+    """Pure: how many entries of the task-event stream to keep so it covers the table's records.
+
+    Each stream entry is one batch of events. The GCS tells this, per batch appended, how
+    many records the batch created (``appended``), and gets back the ``MAXLEN`` for that
+    ``XADD``: the fewest newest batches that together created at least ``keep_records``
+    records (the records the table holds now). A restarted GCS replays the stream into
+    its table, so the stream needs what the table has, and no more.
+    """
+
+    def __init__(self) -> None:
+        #: Records created by each batch still in the stream, oldest first.
+        self._created: deque[int] = deque()
+        #: Their sum.
+        self._total = 0
+
+    def appended(self, created: int, keep_records: int) -> int:
+        """A batch that created ``created`` records was appended: the stream's length to keep."""
+        self._created.append(created)
+        self._total += created
+        window = self._created
+        while len(window) > 1 and self._total - window[0] >= keep_records:
+            self._total -= window.popleft()
+        return len(window)

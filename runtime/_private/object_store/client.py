@@ -11,6 +11,12 @@ and, when the raylet pools the slot, keeps it for the next create of that slot: 
 writes hit already-faulted pages. Views handed to user code are read-only and tracked (``_Mapping.live_views``)
 so a slot is never reused while any view of it is alive.
 
+Reserved slots: the raylet grants a process a few files ahead of its puts
+(``ReserveSlots``); they are mapped and pre-faulted in the ``lumos-store-map`` thread,
+and a put writes one, links it under the object's name (``os.link``: never over an
+existing object) and seals it one way. The raylet may take an unused one back
+(``DropSlots``); a write that loses that race finds its link refused and creates instead.
+
 Spilling: the raylet spills only objects no process views. Each process reports when
 its count of live views of an object leaves zero and when it returns to zero
 (``on_pin``), drops cached mappings of spilled objects when told (``drop_mappings``),
@@ -26,6 +32,7 @@ import mmap
 import os
 import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from .memcpy import ParallelCopier
@@ -34,15 +41,17 @@ logger = logging.getLogger(__name__)
 
 
 class _Mapping:
-    __slots__ = ("mm", "size", "live_views", "slot", "object_id", "__weakref__")
+    __slots__ = ("mm", "size", "live_views", "slot", "object_id", "path", "__weakref__")
 
-    def __init__(self, mm: mmap.mmap, size: int, slot: int, object_id: bytes = b"") -> None:
+    def __init__(self, mm: mmap.mmap, size: int, slot: int, object_id: bytes = b"", path: str = "") -> None:
         self.mm = mm
         self.size = size
         #: Read-only views of this mapping still referenced by user code.
         self.live_views = 0
         self.slot = slot
         self.object_id = object_id
+        #: A reserved slot's file (``resv-<slot>``), linked to the object's name when written.
+        self.path = path
 
 
 class StoreClient:
@@ -76,6 +85,14 @@ class StoreClient:
         #: Slot -> mapping kept after free, for the next create of that slot.
         self._slots: dict[int, _Mapping] = {}
         self._slot_bytes = 0
+        #: Reserved slots granted by the raylet -> file size (mapped or being mapped).
+        self._resv_sizes: dict[int, int] = {}
+        #: Reserved slots mapped and ready for a put: slot -> mapping.
+        self._reserved: dict[int, _Mapping] = {}
+        #: Puts written into reserved slots.
+        self.reserved_writes = 0
+        #: Maps reserved slots (started with the first reservation).
+        self._mapper: ThreadPoolExecutor | None = None
         #: weakref callbacks need the ctypes views alive only through user references.
         self._weak: dict[int, weakref.ref[Any]] = {}
 
@@ -113,16 +130,111 @@ class StoreClient:
         with memoryview(mapping.mm) as dest:
             fill(dest[:size], self._copy)
         os.rename(grant_path, final_path)
+        self._keep(object_id, mapping, keep_mapping)
+
+    # ------------------------------------------------------------------ reserved slots
+
+    def reservations(self, size: int) -> int:
+        """Reserved slots (ready or being mapped) that fit ``size`` bytes."""
+        with self._lock:
+            return sum(1 for fs in self._resv_sizes.values() if _fits(size, fs))
+
+    def reserved_granted(self, grants: list[Any]) -> None:
+        """The raylet granted these slots (io thread, in message order, so a later
+        ``DropSlots`` of one finds it here)."""
+        with self._lock:
+            for slot, _, file_size, _ in grants:
+                self._resv_sizes[slot] = file_size
+
+    def map_reserved_soon(self, grants: list[Any]) -> None:
+        """``reserved_granted``, then ``map_reserved`` in the store's mapping thread."""
+        self.reserved_granted(grants)
+        with self._lock:
+            if self._mapper is None:
+                self._mapper = ThreadPoolExecutor(1, thread_name_prefix="lumos-store-map")
+            mapper = self._mapper
+        mapper.submit(self.map_reserved, grants)
+
+    def map_reserved(self, grants: list[Any]) -> None:
+        """Map and pre-fault granted slots (a background thread: off the put path)."""
+        for slot, path, file_size, reused in grants:
+            with self._lock:
+                if slot not in self._resv_sizes:
+                    continue  # taken back already
+                mapping = self._slots.pop(slot, None) if reused else None
+                if mapping is not None:
+                    self._slot_bytes -= mapping.size
+            try:
+                if mapping is None or mapping.size != file_size:
+                    if mapping is not None:
+                        self._close(mapping)
+                    mapping = _Mapping(_map_new(path, file_size, create=not reused), file_size, slot)
+            except OSError as e:
+                # Taken back before we opened it, or /dev/shm is full: the raylet takes
+                # the slot back under pressure or when we go.
+                logger.debug("could not map reserved slot %d: %s", slot, e)
+                with self._lock:
+                    self._resv_sizes.pop(slot, None)
+                if not reused and e.errno != errno.ENOENT:
+                    unlink_quietly(path)
+                continue
+            mapping.path = path
+            with self._lock:
+                if slot in self._resv_sizes:
+                    self._reserved[slot] = mapping
+                    continue
+            # Taken back while we mapped it: a file we made after its unlink is ours to remove.
+            if not reused:
+                unlink_quietly(path)
+            self._close(mapping)
+
+    def take_reserved(self, size: int) -> _Mapping | None:
+        """A mapped reserved slot that fits ``size`` bytes, now this caller's, or None."""
+        if not self._reserved:
+            return None
+        with self._lock:
+            for slot, mapping in self._reserved.items():
+                if _fits(size, mapping.size):
+                    del self._reserved[slot]
+                    del self._resv_sizes[slot]
+                    return mapping
+        return None
+
+    def write_reserved(self, object_id: bytes, mapping: _Mapping, size: int,
+                       fill: Callable[[memoryview, Callable[[memoryview, memoryview], None]], None],
+                       keep_mapping: bool) -> bool:
+        """Write into a reserved slot and link it under the object's final name. False
+        when that failed (the slot was taken back, or the object exists): create instead."""
+        with memoryview(mapping.mm) as dest:
+            fill(dest[:size], self._copy)
+        try:
+            # A link, not a rename: it never replaces a file already under that name.
+            os.link(mapping.path, os.path.join(self.directory, object_id.hex()))
+        except OSError as e:
+            if e.errno not in (errno.EEXIST, errno.ENOENT):
+                raise
+            self._close(mapping)
+            return False
+        try:
+            os.unlink(mapping.path)
+        except FileNotFoundError:
+            pass  # the raylet took the slot back after our link: the object's name holds it
+        mapping.object_id = object_id
+        self.reserved_writes += 1
+        self._keep(object_id, mapping, keep_mapping)
+        return True
+
+    def _keep(self, object_id: bytes, mapping: _Mapping, keep_mapping: bool) -> None:
         if keep_mapping:
             with self._lock:
                 self._created[object_id] = mapping
             return
-        if slot >= 0:
+        if mapping.slot >= 0:
             # Another process owns it (a task's return): keep the faulted pages for the
             # slot's next create here. The raylet says DropSlot when the file goes.
             with self._lock:
-                if self._slot_bytes + mapping.size <= self._recycle_bytes and slot not in self._slots:
-                    self._slots[slot] = mapping
+                if self._slot_bytes + mapping.size <= self._recycle_bytes and mapping.slot not in self._slots:
+                    self._slots[mapping.slot] = mapping
                     self._slot_bytes += mapping.size
                     return
         self._close(mapping)
@@ -273,11 +385,16 @@ class StoreClient:
         return recyclable
 
     def drop_slot(self, slot: int) -> None:
-        """The raylet unlinked a pooled slot: unmap it so its pages are released."""
+        """The raylet unlinked a pooled or reserved slot: unmap it so its pages are released."""
         with self._lock:
             mapping = self._slots.pop(slot, None)
             if mapping is not None:
                 self._slot_bytes -= mapping.size
+            elif self._resv_sizes.pop(slot, None) is not None:
+                mapping = self._reserved.pop(slot, None)
+                if mapping is not None:
+                    # Ours if we created it after the raylet's unlink ran (names are never reused).
+                    unlink_quietly(mapping.path)
         if mapping is not None:
             self._close(mapping)
 
@@ -294,7 +411,9 @@ class StoreClient:
     def close(self) -> None:
         with self._lock:
             maps = [m.mm for m in self._created.values()] + [m.mm for m in self._slots.values()]
-            maps += [m.mm for m in self._read.values()]
+            maps += [m.mm for m in self._read.values()] + [m.mm for m in self._reserved.values()]
+            self._reserved.clear()
+            self._resv_sizes.clear()
             self.on_pin = None
             self.restore = None
             self._created.clear()
@@ -302,6 +421,9 @@ class StoreClient:
             self._slots.clear()
             self._read.clear()
             self._slot_bytes = 0
+            mapper, self._mapper = self._mapper, None
+        if mapper is not None:
+            mapper.shutdown(wait=True, cancel_futures=True)
         for mm in maps:
             self._close_mm(mm)
         self.copier.close()
@@ -309,7 +431,26 @@ class StoreClient:
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {"created": len(self._created), "read": len(self._read),
-                    "pooled_slots": len(self._slots), "pooled_bytes": self._slot_bytes}
+                    "pooled_slots": len(self._slots), "pooled_bytes": self._slot_bytes,
+                    "reserved_slots": len(self._resv_sizes), "ready_reserved_slots": len(self._reserved),
+                    "reserved_writes": self.reserved_writes}
+
+
+def _fits(size: int, file_size: int) -> bool:
+    """The raylet's rule for reusing a file (``slot_pool``): no more than half wasted."""
+    return size <= file_size <= 2 * size + 4096
+
+
+def _map_new(path: str, file_size: int, create: bool) -> mmap.mmap:
+    """Map a store file writable, its pages allocated and faulted in now."""
+    fd = open_object_file(path, create=create)
+    try:
+        if create:
+            os.ftruncate(fd, file_size)
+            os.posix_fallocate(fd, 0, file_size)
+        return mmap.mmap(fd, file_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+    finally:
+        os.close(fd)
 
 
 def open_object_file(path: str, create: bool) -> int:

@@ -39,6 +39,10 @@ class SlotPool:
         self._by_mapper.setdefault(mapper, OrderedDict())[slot] = file_size
         self.bytes += file_size
 
+    def peek(self, slot: int) -> tuple[int, bytes]:
+        """``slot``'s ``(file size, mapper)``, left in the pool."""
+        return self._slots[slot]
+
     def take(self, slot: int) -> tuple[int, bytes]:
         """Remove ``slot``; returns its ``(file size, mapper)``."""
         file_size, mapper = self._slots.pop(slot)

@@ -85,6 +85,26 @@ class RestoreFinished:
 
 
 @dataclasses.dataclass(slots=True)
+class SlotsReserveRequested:
+    """``client`` asks for up to ``count`` files of ``size_bytes`` ahead of its creates."""
+    request: int
+    client: bytes
+    size_bytes: int
+    count: int
+
+
+@dataclasses.dataclass(slots=True)
+class ReservedSealed:
+    """``client`` wrote ``object_id`` into its reserved ``slot`` and linked it under its
+    final name (one-way: no round trip on the put path)."""
+    client: bytes
+    slot: int
+    object_id: ObjectID
+    size_bytes: int
+    file_size: int
+
+
+@dataclasses.dataclass(slots=True)
 class DiskCreateFailed:
     """Preallocating the spill file of an object created straight on disk failed."""
     object_id: ObjectID
@@ -94,7 +114,7 @@ class DiskCreateFailed:
 
 Event = Union[CreateRequested, ObjectSealed, ObjectsFreed, ClientGone, Ticked, MarkedShared,
               ObjectsPinned, ObjectsUnpinned, SpillFinished, RestoreRequested, RestoreFinished,
-              DiskCreateFailed]
+              DiskCreateFailed, SlotsReserveRequested, ReservedSealed]
 
 
 # ----------------------------------------------------------------------------- actions
@@ -123,6 +143,13 @@ class RejectCreate:
     exists: bool = False
     #: Room needs spilling and the spill directory is full.
     out_of_disk: bool = False
+
+
+@dataclasses.dataclass(slots=True)
+class GrantSlots:
+    """Answer a reservation: ``slots`` of ``(slot, path, file size, reused)``, maybe none."""
+    request: int
+    slots: list[tuple[int, str, int, bool]]
 
 
 @dataclasses.dataclass(slots=True)
@@ -182,5 +209,5 @@ class DiskFull:
     message: str
 
 
-Action = Union[GrantCreate, RejectCreate, UnlinkFile, RenameFile, DropSlot, SpillObject, RestoreObject,
+Action = Union[GrantCreate, RejectCreate, GrantSlots, UnlinkFile, RenameFile, DropSlot, SpillObject, RestoreObject,
                DropMappings, AnswerRestore, DiskFull]

@@ -22,7 +22,19 @@ mappings keep their pages alive), and its creator is told to drop its mapping.
                    primaries no process views (oldest first); the create waits for the
                    spills (or frees) until its deadline, then RejectCreate
  n > capacity  ──► GrantCreate(on_disk): the creator writes straight into the spill dir
+ reserve(n, k) ──► GrantSlots(files resv-<slot>, counted as used; only from free room)
+ reserved seal ──► the file (linked to its final name by the client) becomes the object
 ```
+
+Reservations take the create round trip off the put path: a process asks ahead for a
+few files of the size it writes (``SlotsReserveRequested``), maps them off its hot
+path, and for a put writes one, links it to the object's final name and says so one
+way (``ReservedSealed``). Reserved files count as used; they are granted only from the
+pool or free room (never by evicting or spilling), and are the first thing taken back
+when a create needs room (``UnlinkFile`` + ``DropSlot``). A taken-back file that its
+client linked first lives on as the object, counted again when its seal arrives. A free
+that arrives before the seal of a reserved object (the owner's free travels on another
+connection) leaves a tombstone so the late seal frees it at once.
 
 Spilling (``spill_dir`` set). A primary is spillable when sealed and no process holds
 a live view of it (``ObjectsPinned``/``ObjectsUnpinned``, sent by each reader's
@@ -50,13 +62,18 @@ from .store_events import (  # noqa: F401  (re-exported: the raylet uses st.<nam
     CreateRequested, ObjectSealed, ObjectsFreed, ClientGone, Ticked, MarkedShared, ObjectsPinned,
     ObjectsUnpinned, SpillFinished, RestoreRequested, RestoreFinished, DiskCreateFailed,
     GrantCreate, RejectCreate, UnlinkFile, RenameFile, DropSlot, SpillObject, RestoreObject,
-    DropMappings, AnswerRestore, DiskFull, Event, Action)
+    DropMappings, AnswerRestore, DiskFull, Event, Action, SlotsReserveRequested, ReservedSealed, GrantSlots)
 
 from lumos._private.ids import ObjectID
 
 #: The creator of copies the raylet pulled from other nodes (secondary copies: the
 #: primary stays where the object was made, so these may be evicted under pressure).
 PULLED = b"object-manager"
+
+#: A tombstone of an id freed before its reserved seal arrived is kept this long, and at
+#: most this many.
+FREED_UNKNOWN_S = 60.0
+FREED_UNKNOWN_MAX = 65536
 
 #: After a spill failed for lack of disk, spills are tried again after this long.
 DISK_FULL_RETRY_S = 2.0
@@ -148,6 +165,12 @@ class ObjectStoreState:
         self.out_of_disk_rejects = 0
         #: Restores waiting for spills in flight to make room: (object id, deadline).
         self.restores_waiting: deque[tuple[bytes, float]] = deque()
+        #: Reserved files: slot -> (file size, client), oldest first (counted in used_bytes).
+        self.reserved: dict[int, tuple[int, bytes]] = {}
+        self.reserved_bytes = 0
+        #: Ids freed while unknown here and reservations were out: id -> when (a reserved
+        #: seal may still be on its way; it frees the object at once).
+        self._freed_unknown: OrderedDict[ObjectID, float] = OrderedDict()
 
     @property
     def pool_bytes(self) -> int:
@@ -164,6 +187,9 @@ class ObjectStoreState:
 
     def _pool_path(self, slot: int) -> str:
         return os.path.join(self.directory, f"pool-{slot}")
+
+    def _resv_path(self, slot: int) -> str:
+        return os.path.join(self.directory, f"resv-{slot}")
 
     def spill_path(self, object_id: ObjectID) -> str:
         return os.path.join(self.spill_dir, object_id.hex())
@@ -183,9 +209,17 @@ class ObjectStoreState:
             if obj is not None:
                 obj.sealed = True
                 self._spill_ahead(actions)
+        elif isinstance(event, ReservedSealed):
+            self._reserved_sealed(event, now, actions)
+        elif isinstance(event, SlotsReserveRequested):
+            self._reserve(event, actions)
         elif isinstance(event, ObjectsFreed):
             for oid, recyclable in zip(event.object_ids, event.recyclable):
+                if self.reserved and oid not in self.objects:
+                    self._freed_unknown[oid] = now
                 self._free(oid, recyclable, actions)
+            while len(self._freed_unknown) > FREED_UNKNOWN_MAX:
+                self._freed_unknown.popitem(last=False)
             self._retry_pending(now, actions)
         elif isinstance(event, MarkedShared):
             for oid in event.object_ids:
@@ -197,11 +231,15 @@ class ObjectStoreState:
                 if obj.creator == event.client and not obj.sealed:
                     self._free(oid, False, actions, tmp=True)
             self.pool.forget_mapper(event.client)
+            for slot in [s for s, (_, c) in self.reserved.items() if c == event.client]:
+                self._drop_reservation(slot, actions, tell=False)
             self._unpin(event.client, list(self.pins.get(event.client, ())))
             self.pins.pop(event.client, None)
             self.pending = deque(p for p in self.pending if p.request.client != event.client)
             self._retry_pending(now, actions)
         elif isinstance(event, Ticked):
+            while self._freed_unknown and next(iter(self._freed_unknown.values())) < now - FREED_UNKNOWN_S:
+                self._freed_unknown.popitem(last=False)
             if self.disk_full and now >= self.disk_retry_at and self.pending:
                 self._retry_pending(now, actions)
             while self.restores_waiting and self.restores_waiting[0][1] <= now:
@@ -289,6 +327,67 @@ class ObjectStoreState:
                                    self.final_path(ev.object_id), ev.size_bytes, False))
         return True
 
+    def _reserve(self, ev: SlotsReserveRequested, actions: list[Action]) -> None:
+        granted: list[tuple[int, str, int, bool]] = []
+        if not self.pending and 0 < ev.size_bytes <= self.capacity_bytes // 16:
+            held = sum(size for size, client in self.reserved.values() if client == ev.client)
+            for _ in range(min(ev.count, 8)):
+                slot = self.pool.pick(ev.size_bytes, ev.client)
+                if slot is not None:
+                    file_size, mapper = self.pool.peek(slot)
+                    if held + file_size > self.capacity_bytes // 8:
+                        break
+                    self.pool.take(slot)
+                    if mapper and mapper != ev.client:
+                        actions.append(DropSlot(mapper, slot))
+                    actions.append(RenameFile(self._pool_path(slot), self._resv_path(slot)))
+                    reused = True
+                else:
+                    file_size = ev.size_bytes
+                    # Only free room: speculation never evicts, spills or delays a create.
+                    if held + file_size > self.capacity_bytes // 8 or \
+                            self.used_bytes + file_size > self.capacity_bytes:
+                        break
+                    slot = self._next_slot
+                    self._next_slot += 1
+                    self.used_bytes += file_size
+                    reused = False
+                held += file_size
+                self.reserved[slot] = (file_size, ev.client)
+                self.reserved_bytes += file_size
+                granted.append((slot, self._resv_path(slot), file_size, reused))
+        actions.append(GrantSlots(ev.request, granted))
+
+    def _reserved_sealed(self, ev: ReservedSealed, now: float, actions: list[Action]) -> None:
+        held = self.reserved.get(ev.slot)
+        if held is not None and held[1] == ev.client:
+            del self.reserved[ev.slot]
+            self.reserved_bytes -= held[0]
+            file_size, moved = held[0], False
+        else:  # taken back after the client linked it: the file lives on, count it again
+            file_size, moved = ev.file_size, True
+            self.used_bytes += file_size
+        if ev.object_id in self.objects:  # cannot be under that name (the link refused)
+            self.used_bytes -= file_size
+            return
+        if self._freed_unknown.pop(ev.object_id, None) is not None:  # its owner freed it already
+            self.used_bytes -= file_size
+            actions.append(UnlinkFile(self.final_path(ev.object_id)))
+            actions.append(DropSlot(ev.client, ev.slot))
+            self._retry_pending(now, actions)
+            return
+        self.objects[ev.object_id] = self.resident[ev.object_id] = _Obj(
+            ev.slot, file_size, ev.size_bytes, ev.client, True, False, moved=moved)
+        self._spill_ahead(actions)
+
+    def _drop_reservation(self, slot: int, actions: list[Action], tell: bool = True) -> None:
+        file_size, client = self.reserved.pop(slot)
+        self.reserved_bytes -= file_size
+        self.used_bytes -= file_size
+        actions.append(UnlinkFile(self._resv_path(slot)))
+        if tell:
+            actions.append(DropSlot(client, slot))
+
     def _pick_slot(self, size: int, client: bytes) -> int | None:
         return self.pool.pick(size, client)
 
@@ -298,6 +397,8 @@ class ObjectStoreState:
         (``spill``) that free it when done. True if ``size`` fits now."""
         while self.used_bytes + size > self.capacity_bytes and self.pool:
             self._evict_oldest_slot(actions)
+        while self.used_bytes + size > self.capacity_bytes and self.reserved:
+            self._drop_reservation(next(iter(self.reserved)), actions)
         if self.used_bytes + size > self.capacity_bytes:
             self._evict_pulled_copies(size, actions)
         if self.used_bytes + size > self.capacity_bytes and self.spill_dir:
@@ -312,7 +413,7 @@ class ObjectStoreState:
         if not self.spill_dir or self.pending or self._disk_blocked():
             return
         target = int(self.capacity_bytes * self.spill_threshold)
-        over = self.used_bytes - self.pool_bytes - self.spilling_bytes - target
+        over = self.used_bytes - self.pool_bytes - self.reserved_bytes - self.spilling_bytes - target
         if over <= 0:
             return
         spills = []
@@ -425,7 +526,7 @@ class ObjectStoreState:
                 return
 
     def _would_fit_with_spilling(self, size: int) -> bool:
-        free = self.capacity_bytes - self.used_bytes + self.pool_bytes
+        free = self.capacity_bytes - self.used_bytes + self.pool_bytes + self.reserved_bytes
         free += sum(o.file_size for o in self.resident.values() if self._spillable(o) or
                     (o.in_shm and o.sealed and o.creator == PULLED))
         return size <= free
@@ -631,7 +732,7 @@ class ObjectStoreState:
 
     def stats(self) -> dict[str, int]:
         return {"used_bytes": self.used_bytes, "capacity_bytes": self.capacity_bytes,
-                "pool_bytes": self.pool_bytes, "num_objects": len(self.objects),
+                "pool_bytes": self.pool_bytes, "reserved_bytes": self.reserved_bytes, "num_objects": len(self.objects),
                 "pending_creates": len(self.pending), "evicted_copies": self.evicted}
 
     def spill_stats(self) -> dict[str, float]:
@@ -646,7 +747,10 @@ class ObjectStoreState:
                 "spill_dir": self.spill_dir}  # type: ignore[dict-item]
 
     def check_invariants(self) -> None:
-        total = sum(o.file_size for o in self.objects.values() if o.in_shm) + self.pool.bytes
+        total = sum(o.file_size for o in self.objects.values() if o.in_shm) + self.pool.bytes \
+            + self.reserved_bytes
+        if sum(size for size, _ in self.reserved.values()) != self.reserved_bytes:
+            raise AssertionError("reservation accounting drifted")
         if total != self.used_bytes:
             raise AssertionError(f"store accounting drifted: files {total} != used {self.used_bytes}")
         self.pool.check()

@@ -2,7 +2,7 @@
 
 ``framing.py`` (length-prefixed frames, ``ProtocolError``), ``auth.py`` (the two-way
 HMAC handshake, tokens), ``codec.py`` (the message registry and the msgpack codec),
-``vocab.py`` (the wire enums: ``TaskKind``, ``RetryPolicy``, ``ErrorKind``,
+``vocab.py`` (the wire enums: ``TaskKind``, ``RetryPolicy``, ``ErrorKind``, ``ObjectState``,
 ``TaskState``), the message classes by area (``task_messages.py``, ``gcs_messages.py``,
 ``raylet_messages.py``, ``cluster_messages.py``), ``messages.py`` (all of them under
 one name: ``from lumos._private.protocol import messages as m``) and ``task_row.py``

@@ -4,7 +4,7 @@
 ``m.encode(...)``, ``m.TaskKind.ACTOR_TASK``. The classes live by area:
 
 - ``codec.py``: ``@message(code)``, ``encode``/``decode``, frame kinds, nesting bound;
-- ``vocab.py``: ``TaskKind``, ``RetryPolicy``, ``ErrorKind``, ``TaskState``;
+- ``vocab.py``: ``TaskKind``, ``RetryPolicy``, ``ErrorKind``, ``TaskState``, ``ObjectState``;
 - ``task_messages.py``: ``TaskSpec``, ``PushTask``, ``TaskReply``, object status (1-9, 60-69);
 - ``gcs_messages.py``: nodes, jobs, KV, task events, pub/sub, actors (10-39, 70-99);
 - ``raylet_messages.py``: leases and the object store (40-59);
@@ -39,7 +39,7 @@ from lumos._private.protocol.gcs_messages import (  # noqa: F401
     ActorExiting, GetTaskUpdates)
 from lumos._private.protocol.raylet_messages import (  # noqa: F401
     RegisterClient, RequestWorkerLease, LeaseGrant, ReturnWorker, WorkerBlocked,
-    WorkerUnblocked, CreateObject, SealObject, FreeObjects, GetWorkerExit, KillWorker,
+    WorkerUnblocked, CreateObject, SealObject, ReserveSlots, FreeObjects, GetWorkerExit, KillWorker,
     GetNodeStats, MarkShared, ShutdownNode, DropSlots, PinObjects, RestoreSpilled,
     DropMappings)
 from lumos._private.protocol.cluster_messages import (  # noqa: F401
@@ -47,7 +47,8 @@ from lumos._private.protocol.cluster_messages import (  # noqa: F401
     FreeObjectCopies, ReserveBundles, ReleaseBundles, PlacementGroupInfo, CreatePlacementGroup, RemovePlacementGroup,
     GetPlacementGroup, ListPlacementGroups, WaitPlacementGroupReady, GetNodeLog, NodeLog)
 from lumos._private.protocol.vocab import (  # noqa: F401
-    PENDING_TASK_STATES, TASK_STATE_RANK, TERMINAL_TASK_STATES, ErrorKind, RetryPolicy, TaskKind, TaskState)
+    PENDING_TASK_STATES, TASK_STATE_RANK, TERMINAL_TASK_STATES, ErrorKind, ObjectState, RetryPolicy, TaskKind,
+    TaskState)
 
 __all__ = [
     "_REGISTRY",
@@ -115,6 +116,7 @@ __all__ = [
     "WorkerUnblocked",
     "CreateObject",
     "SealObject",
+    "ReserveSlots",
     "FreeObjects",
     "GetWorkerExit",
     "KillWorker",
@@ -149,4 +151,5 @@ __all__ = [
     "RetryPolicy",
     "TaskKind",
     "TaskState",
+    "ObjectState",
 ]

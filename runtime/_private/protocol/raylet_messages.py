@@ -45,6 +45,10 @@ class RequestWorkerLease:
     arg_bytes_by_node: dict[bytes, int] | None = None
     #: Bundle reference ``[pg_id, bundle_index]`` when scheduled in a placement group.
     bundle: Any = None
+    #: Retry budget of the work this lease runs, for the memory monitor: the tasks'
+    #: ``max_retries`` or the actor's ``max_restarts`` (-1: unlimited, 0: none); None from
+    #: older peers (tasks then count as retriable, actors not).
+    retry_budget: int | None = None
 
 
 @message(42)
@@ -91,6 +95,23 @@ class SealObject:
     size_bytes: int
     #: The creator is the only process that ever mapped it (safe to recycle later).
     private: bool = True
+    #: > 0: written into this reserved slot (``ReserveSlots``) and linked under its
+    #: final name; the raylet learns of the object from this message (no create).
+    slot: int = 0
+    #: The reserved file's size (the raylet counts it again if it took the slot back).
+    file_size: int = 0
+    #: The object's owner when it is not the creator (as in ``CreateObject``).
+    owner: WorkerID = WorkerID(b"")
+
+
+@message(59)
+class ReserveSlots:
+    """Worker -> its raylet: up to ``count`` store files of ``size_bytes`` ahead of its
+    puts. Answer: ``[[slot, path, file size, reused], ...]``, maybe fewer or none; the
+    raylet may take any back (``DropSlots``) while unused."""
+
+    size_bytes: int
+    count: int
 
 
 @message(49)

@@ -14,7 +14,7 @@ from typing import Any
 
 from lumos._private.ids import ActorID, JobID, NodeID, ObjectID, TaskID, WorkerID
 from lumos._private.protocol.codec import message
-from lumos._private.protocol.vocab import ErrorKind, RetryPolicy, TaskKind
+from lumos._private.protocol.vocab import ErrorKind, ObjectState, RetryPolicy, TaskKind
 
 
 # --------------------------------------------------------------------------- common
@@ -161,8 +161,7 @@ class GetObjectStatus:
 
 @message(63)
 class ObjectStatus:
-    #: 0 pending, 1 ready, 2 freed or never known, 3 lost
-    status: int
+    status: ObjectState
     data: bytes | None
     node_id: NodeID | None
     size: int

@@ -1,5 +1,5 @@
 """The closed sets of values that travel in messages: task kinds, retry policies, error
-kinds and task states.
+kinds, task states and object states.
 
 Each is an ``IntEnum`` or ``StrEnum`` whose values are the wire values, so a member is
 encoded as the plain int or string it stands for and compares equal to it. The codec
@@ -58,6 +58,17 @@ class TaskState(StrEnum):
     CANCELLED = "CANCELLED"
 
 
+class ObjectState(IntEnum):
+    """An owner's answer about one of its objects (``ObjectStatus.status``)."""
+
+    PENDING = 0
+    READY = 1
+    #: Freed, or never known to the owner.
+    FREED = 2
+    #: Its value was lost with a node and cannot be rebuilt.
+    LOST = 3
+
+
 #: States after which an attempt changes no more.
 TERMINAL_TASK_STATES = frozenset((TaskState.FINISHED, TaskState.FAILED, TaskState.CANCELLED))
 #: States of a task that waits to run (a retried one waits for its next attempt).
@@ -68,4 +79,4 @@ TASK_STATE_RANK: dict[str, int] = {s: i for i, s in enumerate(TaskState)}
 
 #: Enum types the codec checks and decodes, by the name used in field annotations.
 WIRE_ENUMS: dict[str, type[IntEnum] | type[StrEnum]] = {
-    cls.__name__: cls for cls in (TaskKind, RetryPolicy, ErrorKind, TaskState)}
+    cls.__name__: cls for cls in (TaskKind, RetryPolicy, ErrorKind, TaskState, ObjectState)}

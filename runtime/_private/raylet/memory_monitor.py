@@ -5,9 +5,12 @@ limit and usage when the raylet runs in a memory-limited cgroup, v2 or v1; else 
 machine's, from psutil) and hands it, with the workers it could kill, to
 ``MemoryMonitorState``. Above ``memory_usage_threshold`` the state picks one victim:
 
-1. a worker running normal tasks (the owner retries them, with backoff) before a worker
-   hosting an actor;
-2. within a kind, the newest lease first (the work that has run least is lost).
+1. retriable work before work that would be lost: tasks with ``max_retries`` other than
+   0 (the owner retries them, with backoff) and actors with ``max_restarts`` other than
+   0, before tasks with ``max_retries=0`` and actors that cannot restart (the lease
+   request carries the budget, ``RequestWorkerLease.retry_budget``);
+2. then a worker running tasks before a worker hosting an actor;
+3. then the newest lease first (the work that has run least is lost).
 
 It kills one worker at a time: the next victim is chosen only once the last one is gone
 (or did not die within ``kill_timeout_s``), so memory freed by one kill is seen before
@@ -62,6 +65,20 @@ class Candidate:
     #: Larger is newer (the raylet's lease id).
     lease_order: int
     rss_bytes: int = 0
+    #: Killing it loses nothing for good: the task is retried or the actor restarted.
+    retriable: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.retriable is None:
+            self.retriable = is_retriable(self.kind, None)
+
+
+def is_retriable(kind: str, retry_budget: int | None) -> bool:
+    """Whether work of ``kind`` with that ``max_retries``/``max_restarts`` survives a kill
+    (None: not told by an older owner: tasks count as retriable, actors not)."""
+    if retry_budget is None:
+        return kind == TASK
+    return retry_budget != 0
 
 
 @dataclasses.dataclass(slots=True)
@@ -112,10 +129,15 @@ class MemoryMonitorState:
         usage = event.usage
         if usage.fraction <= self.threshold or not event.candidates:
             return []
-        victim = max(event.candidates, key=lambda c: (c.kind == TASK, c.lease_order))
+        victim = max(event.candidates, key=lambda c: (bool(c.retriable), c.kind == TASK, c.lease_order))
         self.pending = (victim.worker_id, event.now)
         self.kills += 1
-        what = "a worker running tasks" if victim.kind == TASK else "an actor's worker (no task worker to kill)"
+        if victim.kind == TASK:
+            what = ("a worker running retriable tasks" if victim.retriable else
+                    "a worker running tasks with max_retries=0 (no retriable work to kill)")
+        else:
+            what = ("an actor's worker that can restart (no retriable task to kill)" if victim.retriable else
+                    "an actor's worker that cannot restart (no retriable work to kill)")
         reason = (f"{OOM_KILL_REASON}: node {self.node_label} used {usage.used_bytes / _GIB:.2f} GiB of "
                   f"{usage.total_bytes / _GIB:.2f} GiB ({usage.source}), {usage.fraction:.0%}, above "
                   f"memory_usage_threshold={self.threshold:g}; killed {what}, the newest, pid {victim.pid} "

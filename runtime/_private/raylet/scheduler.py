@@ -45,6 +45,8 @@ class LeaseRequested:
     actor_id: ActorID | None = None
     #: ``(placement group id, bundle index)`` to run in (index -1: any of its bundles here).
     bundle: tuple[bytes, int] | None = None
+    #: The work's ``max_retries`` / ``max_restarts`` (None: not told), for the memory monitor.
+    retry_budget: int | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -210,6 +212,8 @@ class _Worker:
     blocked: bool = False
     #: Owns objects in this node's store (not reaped when idle).
     owns_objects: bool = False
+    #: The current lease's ``LeaseRequested.retry_budget``.
+    retry_budget: int | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -399,6 +403,7 @@ class LocalSchedulerState:
             worker.state = LEASED
             worker.lease_id = lease_id
             worker.job_id = req.event.job_id
+            worker.retry_budget = req.event.retry_budget
             if req.event.actor_id is not None:
                 worker.actor_id = req.event.actor_id
             self.leases[lease_id] = _Lease(lease_id, rid, worker.worker_id, req.units, ids, req.event.job_id,

@@ -25,7 +25,7 @@ import signal
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Awaitable
 
 from lumos._private.config import Config
 from lumos._private.transport import eventloop
@@ -106,6 +106,8 @@ class RayletServer:
         self._owner_of: dict[bytes, bytes] = {}
         self.gcs: Connection | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: Reservation answers, read back by the handler that asked (same call).
+        self._slot_grants: dict[int, list[Any]] = {}
         self._unlinker = ThreadPoolExecutor(1, thread_name_prefix="raylet.unlink")
         self.stopped = asyncio.Event()
         self.object_manager = ObjectManager(self)
@@ -128,7 +130,8 @@ class RayletServer:
             m.WorkerBlocked: lambda c, msg: self._sched(sc.WorkerBlocked(msg.worker_id)),
             m.WorkerUnblocked: lambda c, msg: self._sched(sc.WorkerUnblocked(msg.worker_id)),
             m.CreateObject: self._create_object,
-            m.SealObject: lambda c, msg: self._store(st.ObjectSealed(msg.object_id, msg.size_bytes)),
+            m.SealObject: self._seal_object,
+            m.ReserveSlots: self._reserve_slots,
             m.FreeObjects: self._free_objects,
             m.FreeObjectCopies: self._free_copies,
             m.PullObject: self._pull_object,
@@ -392,7 +395,7 @@ class RayletServer:
         fut: asyncio.Future[m.LeaseGrant] = asyncio.get_running_loop().create_future()
         self._lease_waiters[rid] = (conn, fut)
         self._sched(sc.LeaseRequested(rid, msg.job_id, msg.resources, msg.function_name, msg.actor_id,
-                                      _bundle_of(msg)))
+                                      _bundle_of(msg), msg.retry_budget))
         try:
             while True:
                 done, _ = await asyncio.wait({fut}, timeout=RESPILL_AFTER_S)
@@ -440,10 +443,41 @@ class RayletServer:
         self._lease_owner.pop(msg.lease_id, None)
         self._sched(sc.LeaseReturned(msg.lease_id, msg.disconnect))
 
-    async def _create_object(self, conn: Connection, msg: m.CreateObject) -> list[Any]:
-        grant = await self.create_local(msg.object_id, msg.size_bytes, msg.owner_worker_id)
+    def _create_object(self, conn: Connection, msg: m.CreateObject) -> list[Any] | Awaitable[list[Any]]:
+        """The grant itself when the store has room now (the reply leaves in this loop
+        turn: no task, no wake-up); an awaitable only for a create that waits for space.
+        The connection takes either (a handler's result may be awaitable)."""
+        fut = self._request_create(msg.object_id, msg.size_bytes, msg.owner_worker_id)
+        if not fut.done():
+            return self._create_waited(fut, msg)
+        grant = fut.result()
         self._note_owner(msg.object_id, msg.owner or msg.owner_worker_id)
         return grant
+
+    async def _create_waited(self, fut: asyncio.Future[list[Any]], msg: m.CreateObject) -> list[Any]:
+        grant = await fut
+        self._note_owner(msg.object_id, msg.owner or msg.owner_worker_id)
+        return grant
+
+    def _seal_object(self, conn: Connection, msg: m.SealObject) -> None:
+        if not msg.slot:
+            self._store(st.ObjectSealed(msg.object_id, msg.size_bytes))
+            return
+        client = conn.peer_info
+        if client is None:
+            return
+        self._store(st.ReservedSealed(client, msg.slot, msg.object_id, msg.size_bytes, msg.file_size))
+        if msg.object_id in self.store.objects:
+            self._note_owner(msg.object_id, msg.owner or client)
+
+    def _reserve_slots(self, conn: Connection, msg: m.ReserveSlots) -> list[Any]:
+        client = conn.peer_info
+        if client is None:
+            return []
+        rid = self._next_request
+        self._next_request += 1
+        self._store(st.SlotsReserveRequested(rid, client, msg.size_bytes, msg.count))
+        return self._slot_grants.pop(rid, [])
 
     # ------------------------------------------------------------------ ownership
 
@@ -489,15 +523,21 @@ class RayletServer:
 
     async def create_local(self, object_id: ObjectID, size_bytes: int, client: bytes) -> list[Any]:
         """Space for a new object: ``[slot, write path, final path, file size, reused]``."""
+        return await self._request_create(object_id, size_bytes, client)
+
+    def _request_create(self, object_id: ObjectID, size_bytes: int, client: bytes) -> asyncio.Future[list[Any]]:
+        """Ask the store for space; the future is done already when it had room at once.
+        A waiting create is answered (or dropped, when its creator went) by ``_store``."""
         rid = self._next_request
         self._next_request += 1
         fut: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self._create_waiters[rid] = fut
-        try:
-            self._store(st.CreateRequested(rid, object_id, size_bytes, client))
-            return await fut
-        finally:
+        self._store(st.CreateRequested(rid, object_id, size_bytes, client))
+        if fut.done():
             self._create_waiters.pop(rid, None)
+        else:
+            fut.add_done_callback(lambda _, rid=rid: self._create_waiters.pop(rid, None))
+        return fut
 
     def seal_local(self, object_id: ObjectID, size_bytes: int) -> None:
         self._store(st.ObjectSealed(object_id, size_bytes))
@@ -539,6 +579,8 @@ class RayletServer:
                 if fut is not None and not fut.done():
                     fut.set_exception(_ObjectExists(action.reason) if action.exists else
                                       _OutOfDisk(action.reason) if action.out_of_disk else _StoreFull(action.reason))
+            elif isinstance(action, st.GrantSlots):
+                self._slot_grants[action.request] = [list(g) for g in action.slots]
             elif isinstance(action, st.RenameFile):
                 try:
                     os.rename(action.src, action.dst)

@@ -553,8 +553,9 @@ class WorkerPool:
                     rss = psutil.Process(proc.pid).memory_info().rss
                 except psutil.Error:
                     continue
-                candidates.append(mm.Candidate(w.worker_id, proc.pid, mm.ACTOR if w.actor_id else mm.TASK,
-                                               w.lease_id, rss))
+                kind = mm.ACTOR if w.actor_id else mm.TASK
+                candidates.append(mm.Candidate(w.worker_id, proc.pid, kind, w.lease_id, rss,
+                                               mm.is_retriable(kind, w.retry_budget)))
             for action in r.memory_monitor.handle(mm.MemorySampled(usage, candidates, time.monotonic())):
                 logger.warning("worker %s: %s", short(action.worker_id), action.reason)
                 self.kill_worker(action.worker_id, action.reason)

@@ -149,6 +149,14 @@ class Connection(asyncio.Protocol):
         self._server_nonce = b""
         self._out: list[bytes] = []
         self._flush_scheduled = False
+        #: Writes from other threads (``write_now``): a duplicate of the socket's fd, made
+        #: on the loop by ``allow_write_now``; -1 until then and after the close.
+        self._wfd = -1
+        #: Held around every write to the socket once ``_wfd`` exists, so a write from
+        #: another thread never interleaves with the loop's.
+        self._wlock = threading.Lock()
+        #: What a ``write_now`` could not write at once; the loop's next flush sends it first.
+        self._direct_rest: bytes | None = None
         self._next_rid = 1
         #: Request id -> future of its reply.
         self._pending: dict[int, asyncio.Future[Any]] = {}
@@ -204,6 +212,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._state = _CLOSED
+        self._close_wfd()
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
         err = ConnectionLost(f"connection {self.peer} closed" + (f": {exc}" if exc else ""))
@@ -345,11 +354,63 @@ class Connection(asyncio.Protocol):
                 self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
+        if self._wfd >= 0:
+            with self._wlock:
+                self._flush_locked()
+        else:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
         self._flush_scheduled = False
+        rest = self._direct_rest
+        if rest is not None:
+            self._direct_rest = None
+            if self._transport is not None and self._state != _CLOSED:
+                self._transport.write(rest)
         if self._out and self._transport is not None and self._state != _CLOSED:
             data = b"".join(self._out)
             self._out.clear()
             self._transport.write(data)
+
+    def allow_write_now(self) -> None:
+        """Loop thread: let ``write_now`` write to this connection from other threads."""
+        if self._wfd >= 0 or self._state != _READY or self._transport is None:
+            return
+        sock = self._transport.get_extra_info("socket")
+        if sock is not None:
+            with self._wlock:
+                self._wfd = os.dup(sock.fileno())
+
+    def write_now(self, body: Any) -> bool:
+        """Any thread: send a one-way message straight to the socket, saving the loop a
+        wake-up, when nothing of this connection waits to be written before it (nothing
+        queued, the transport's buffer empty). False: nothing was sent; use ``notify``
+        on the loop. A frame the socket takes only part of is finished by the loop."""
+        if self._wfd < 0 or self._state != _READY or not self._can_write.is_set():
+            return False
+        data = m.encode(m.NOTIFY, 0, body)
+        frame = _pack_len(len(data)) + data
+        with self._wlock:
+            t = self._transport
+            if self._wfd < 0 or self._state != _READY or self._out or self._flush_scheduled \
+                    or self._direct_rest is not None or t is None or t.get_write_buffer_size():
+                return False
+            try:
+                n = os.write(self._wfd, frame)
+            except OSError:  # full (BlockingIOError) or closing: the loop's path handles it
+                return False
+            if n < len(frame):
+                self._direct_rest = frame[n:]
+                self._flush_scheduled = True
+                self._loop.call_soon_threadsafe(self._flush)
+        return True
+
+    def _close_wfd(self) -> None:
+        if self._wfd >= 0:
+            with self._wlock:
+                fd, self._wfd = self._wfd, -1
+                self._direct_rest = None
+            os.close(fd)
 
     def notify(self, body: Any) -> None:
         """Send a one-way message."""
@@ -402,6 +463,7 @@ class Connection(asyncio.Protocol):
             return
         self._flush()
         self._state = _CLOSED
+        self._close_wfd()
         if self._transport is not None:
             self._transport.close()
         for task in list(self._tasks):

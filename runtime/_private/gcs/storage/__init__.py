@@ -155,11 +155,21 @@ class StorageWriter:
     and, before acknowledging anything that depends on it, ``await wait_written(seq)``.
     One batch is in flight at a time; writes to the same key within a batch collapse to
     the last. A batch the storage refuses is retried, with backoff, until it is taken.
+    Stream appends waiting meanwhile are bounded by ``max_pending_append_bytes``: past
+    it the oldest are dropped (they are telemetry; a warning says so once per outage),
+    so a long storage outage does not grow the GCS by every task's events.
     """
 
-    def __init__(self, storage: GcsStorage, retry_max_s: float = 2.0) -> None:
+    def __init__(self, storage: GcsStorage, retry_max_s: float = 2.0,
+                 max_pending_append_bytes: int = 64 * 1024 * 1024) -> None:
         self.storage = storage
         self._retry_max_s = retry_max_s
+        self.max_pending_append_bytes = max_pending_append_bytes
+        #: Bytes of the appends waiting in ``_appends``.
+        self._append_bytes = 0
+        #: Appends dropped because too many waited (in all, and whether this outage was logged).
+        self.dropped_appends = 0
+        self._dropping = False
         #: Table ops waiting for the next batch, by (table, key): the last one wins.
         self._ops: dict[tuple[str, bytes], Put | Delete] = {}
         #: Stream appends waiting for the next batch, in order.
@@ -194,7 +204,23 @@ class StorageWriter:
 
     def append_nowait(self, stream: str, value: bytes, max_len: int) -> None:
         """Stream appends are telemetry: nothing waits for them."""
-        self._appends.append(Append(stream, value, max_len))
+        appends = self._appends
+        appends.append(Append(stream, value, max_len))
+        self._append_bytes += len(value)
+        if self._append_bytes > self.max_pending_append_bytes and len(appends) > 1:
+            drop = 0
+            size = self._append_bytes
+            while size > self.max_pending_append_bytes and drop < len(appends) - 1:
+                size -= len(appends[drop].value)
+                drop += 1
+            del appends[:drop]
+            self._append_bytes = size
+            self.dropped_appends += drop
+            if not self._dropping:
+                self._dropping = True
+                logger.warning("GCS storage %s is not taking writes fast enough: dropping the oldest waiting "
+                               "stream entries (task events) beyond max_pending_append_bytes=%d; the tables "
+                               "are kept", self.storage.description, self.max_pending_append_bytes)
         self._wake.set()
 
     def _bump(self) -> int:
@@ -222,6 +248,7 @@ class StorageWriter:
             upto = self.enqueued
             self._ops = {}
             self._appends = []
+            self._append_bytes = 0
             failed: Exception | None = None
             try:
                 await self._write(batch)
@@ -260,6 +287,7 @@ class StorageWriter:
             if self.failing:
                 logger.warning("GCS storage %s takes writes again", self.storage.description)
                 self.failing = False
+            self._dropping = False
             return
 
     async def aclose(self, timeout_s: float = 5.0) -> None:

@@ -24,10 +24,10 @@ class InMemoryStorage(GcsStorage):
             elif isinstance(op, Delete):
                 self._tables.get(op.table, {}).pop(op.key, None)
             elif isinstance(op, Append):
-                stream = self._streams.get(op.stream)
-                if stream is None or stream.maxlen != op.max_len:
-                    stream = self._streams[op.stream] = deque(stream or (), maxlen=op.max_len)
+                stream = self._streams.setdefault(op.stream, deque())
                 stream.append(op.value)
+                while len(stream) > max(1, op.max_len):
+                    stream.popleft()
             else:
                 raise TypeError(f"not a storage op: {op!r}")
 

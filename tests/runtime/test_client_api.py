@@ -1,0 +1,191 @@
+"""Client mode (``lumos://``) on loopback: the breadth of the API and reference counting.
+
+A head started with ``lumos start --head`` in a session root of the test's own; the
+driver (this test process) connects through the client address only. The network
+namespace story (cuts, reconnects, cleanup) is ``test_client_mode.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+import lumos
+from tests.conftest import TEST_CONFIG, wait_for
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+
+def _cli(root: str, *args: str) -> str:
+    env = dict(os.environ, LUMOS_TMPDIR=root)
+    env.pop("LUMOS_ADDRESS", None)
+    env.pop("LUMOS_CLUSTER_TOKEN", None)
+    done = subprocess.run([sys.executable, "-m", "lumos.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=90)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def head() -> Iterator[tuple[str, str]]:
+    """(client address, token file) of a head with a client server."""
+    root = tempfile.mkdtemp(prefix="lumos-capi-")
+    try:
+        out = _cli(root, "start", "--head", "--port", "0", "--client-server-port", "0", "--num-cpus", "2",
+                   "--no-dashboard", "--object-store-memory", str(256 << 20), "--system-config", json.dumps(TEST_CONFIG))
+        address = next(line.split("client address:", 1)[1].strip() for line in out.splitlines()
+                       if "client address:" in line)
+        with open(os.path.join(root, "current_cluster.json")) as f:
+            token_file = os.path.join(json.load(f)["session_dir"], "token")
+        yield address, token_file
+    finally:
+        try:
+            _cli(root, "stop")
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def client(head: tuple[str, str]) -> Iterator[lumos.LumosContext]:
+    ctx = lumos.init(head[0], _token=head[1])
+    try:
+        yield ctx
+    finally:
+        lumos.shutdown()
+
+
+def _store_used() -> float:
+    return lumos.cluster_resources()["object_store_memory"] - lumos.available_resources()["object_store_memory"]
+
+
+def test_refs_the_client_drops_free_their_objects_on_the_cluster(client: lumos.LumosContext) -> None:
+    base = _store_used()
+    ref = lumos.put(np.zeros(16 << 20, dtype=np.uint8))
+    twin = copy.copy(ref)
+    wait_for(lambda: _store_used() >= base + (16 << 20), 30)
+    del ref
+    time.sleep(1.0)  # the release of one copy went out; the other keeps the value
+    assert _store_used() >= base + (16 << 20)
+    assert lumos.get(twin, timeout=30).nbytes == 16 << 20
+    del twin
+    wait_for(lambda: _store_used() < base + (1 << 20), 30)
+
+
+def test_named_actors_kill_cancel_timeouts_and_state_work_through_the_client(client: lumos.LumosContext) -> None:
+    @lumos.remote
+    class Box:
+        def __init__(self, v: int) -> None:
+            self.v = v
+
+        def get(self) -> int:
+            return self.v
+
+    box = Box.options(name="box", lifetime="detached").remote(5)
+    assert lumos.get(lumos.get_actor("box").get.remote(), timeout=30) == 5
+
+    @lumos.remote
+    def nap(s: float) -> float:
+        time.sleep(s)
+        return s
+
+    @lumos.remote
+    def take(refs: list[Any]) -> int:
+        return sum(lumos.get(refs))
+
+    slow = nap.remote(30)
+    with pytest.raises(lumos.exceptions.GetTimeoutError):
+        lumos.get(slow, timeout=0.2)
+    ready, not_ready = lumos.wait([slow, nap.remote(0)], num_returns=1, timeout=30)
+    assert len(ready) == 1 and not_ready == [slow]
+    lumos.cancel(slow)
+    with pytest.raises(lumos.exceptions.TaskCancelledError):
+        lumos.get(slow, timeout=30)
+    assert lumos.get(take.remote([lumos.put(1), lumos.put(2)]), timeout=30) == 3  # refs nested in args
+    lumos.kill(box)
+    with pytest.raises(lumos.exceptions.ActorDiedError):
+        lumos.get(box.get.remote(), timeout=30)
+    assert any(t["name"] == "nap" for t in lumos.state.list_tasks())
+    from lumos.util.placement_group import placement_group, remove_placement_group
+    from lumos.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    pg = placement_group([{"CPU": 1}])
+    assert pg.wait(30)
+    assert lumos.get(nap.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg)).remote(0),
+                     timeout=30) == 0
+    remove_placement_group(pg)
+    assert lumos.get(nap.options(num_cpus=0.5).remote(0), timeout=30) == 0
+
+
+def test_a_blocking_call_from_a_done_callback_raises_instead_of_hanging(client: lumos.LumosContext) -> None:
+    import concurrent.futures
+    seen: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def callback(_: Any) -> None:
+        try:
+            lumos.get(lumos.put(1), timeout=5)
+            seen.set_result(None)
+        except RuntimeError as e:
+            seen.set_result(e)
+
+    @lumos.remote
+    def later() -> int:
+        time.sleep(0.5)  # the callback is added before the value arrives: the reader runs it
+        return 2
+
+    later.remote().future().add_done_callback(callback)
+    assert "another thread" in str(seen.result(30))
+
+
+def test_streaming_generators_are_refused_with_what_to_do_instead(client: lumos.LumosContext) -> None:
+    @lumos.remote(num_returns="streaming")
+    def gen() -> Iterator[int]:
+        yield 1
+
+    with pytest.raises(NotImplementedError, match="client mode"):
+        gen.remote()
+
+
+def test_ray_client_addresses_connect_too(head: tuple[str, str]) -> None:
+    lumos.init("ray://" + head[0][len("lumos://"):], _token=head[1])
+    try:
+        assert lumos.get(lumos.put("via ray://"), timeout=30) == "via ray://"
+    finally:
+        lumos.shutdown()
+
+
+def test_client_server_survives_garbage_and_half_handshakes(head: tuple[str, str]) -> None:
+    import socket
+    host, port = head[0][len("lumos://"):].rsplit(":", 1)
+    for blob in (os.urandom(4096), b"", os.urandom(16)):
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            if blob:
+                s.sendall(blob)
+    lumos.init(head[0], _token=head[1])
+    try:
+        assert lumos.get(lumos.put(7), timeout=30) == 7
+    finally:
+        lumos.shutdown()
+
+
+def test_wrong_token_and_bad_address_raise_at_init(head: tuple[str, str], tmp_path: Any) -> None:
+    with pytest.raises(ConnectionError, match=head[0][len("lumos://"):]):
+        lumos.init(head[0], _token="0" * 64)
+    assert not lumos.is_initialized()
+    with pytest.raises(ValueError, match="lumos://HOST:PORT"):
+        lumos.init("lumos://nohost")
+    with pytest.raises(ConnectionError, match="token"):
+        env = os.environ.pop("LUMOS_CLUSTER_TOKEN", None)
+        try:
+            lumos.init(head[0])
+        finally:
+            if env is not None:
+                os.environ["LUMOS_CLUSTER_TOKEN"] = env

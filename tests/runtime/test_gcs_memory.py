@@ -1,0 +1,181 @@
+"""The GCS's task-event log stays bounded in records and bytes, and so does its Redis stream."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import time
+import tracemalloc
+from typing import Any
+
+import pytest
+
+import lumos
+from lumos._private.gcs.storage import Op, StorageUnavailable, StorageWriter, unpack_value
+from lumos._private.gcs.storage.memory import InMemoryStorage
+from lumos._private.gcs.task_log import StreamTrim, TaskEventTable, record_bytes
+from lumos._private.protocol import messages as m
+from lumos.testing import Cluster
+
+from tests.conftest import TEST_CONFIG, RedisServer, check_no_leaks
+
+JOB = b"\x01\x00\x00\x00"
+
+
+def _decoded(ev: m.TaskEvent) -> m.TaskEvent:
+    """``ev`` as the GCS holds it: decoded from a frame, every field a fresh object."""
+    return m.decode(m.encode(m.NOTIFY, 0, ev))[2]  # type: ignore[no-any-return]
+
+
+def _task_events(n: int, args: int = 0, error: int = 0) -> list[m.TaskEvent]:
+    node, worker = os.urandom(28), os.urandom(28)
+    out = []
+    for _ in range(n):
+        tid = os.urandom(24)
+        info = {"name": "f", "function_name": "__main__.f", "parent": os.urandom(24),
+                "args": [os.urandom(28) for _ in range(args)], "returns": [tid + b"\0\0\0\1"],
+                "resources": {"CPU": 1.0}, "type": "NORMAL_TASK"}
+        out.append(_decoded(m.TaskEvent(tid, 0, "SUBMITTED", time.time(), JOB, info)))
+        out.append(_decoded(m.TaskEvent(tid, 0, "RUNNING", time.time(), JOB, None, node, worker)))
+        out.append(_decoded(m.TaskEvent(tid, 0, "FAILED" if error else "FINISHED", time.time(), JOB, None,
+                                        node, worker, "x" * error if error else None)))
+    return out
+
+
+@pytest.mark.parametrize("args,error", [(0, 0), (10, 0), (0, 4000)])
+def test_record_bytes_tracks_the_memory_records_really_take(tmp_path: Any, args: int, error: int) -> None:
+    table = TaskEventTable(10**9, str(tmp_path / "archive.jsonl"), 0)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        batches = [_task_events(500, args, error) for _ in range(4)]
+        for batch in batches:
+            table.add(batch)
+        del batches, batch
+        gc.collect()
+        # The events themselves are gone; what is left is the table.
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    estimate = sum(record_bytes(r) for r in table.records.values())
+    assert estimate == table.bytes
+    assert 0.75 * held < estimate < 1.33 * held, (estimate, held)
+
+
+def test_the_table_is_bounded_by_bytes_and_archives_the_rest(tmp_path: Any) -> None:
+    archive = tmp_path / "archive.jsonl"
+    table = TaskEventTable(100_000, str(archive), 1_000_000)
+    created = 0
+    for _ in range(20):
+        created += table.add(_task_events(100, error=2000))
+    assert created == 2000
+    # ~4 KB a record: about 250 fit; down to 90% of the bound at each flush.
+    assert table.bytes <= 1_000_000 and len(table.records) < 260
+    assert table.bytes == sum(record_bytes(r) for r in table.records.values())
+    assert table.num_archived == 2000 - len(table.records)
+    with open(archive) as f:
+        assert sum(1 for _ in f) == table.num_archived
+    # Newest kept.
+    assert list(table.records)[-1] == next(reversed(table.records))
+    table.close()
+
+
+def test_the_table_is_bounded_by_records_too(tmp_path: Any) -> None:
+    table = TaskEventTable(300, str(tmp_path / "a.jsonl"), 10**9)
+    for _ in range(10):
+        table.add(_task_events(100))
+    assert len(table.records) <= 300
+    table.close()
+
+
+def test_stream_trim_keeps_the_batches_of_the_records_held() -> None:
+    trim = StreamTrim()
+    # 10 batches of 100 new records, the table holding 300: the last 3 batches.
+    lens = [trim.appended(100, min(300, 100 * (i + 1))) for i in range(10)]
+    assert lens[:3] == [1, 2, 3] and lens[-1] == 3
+    # Batches that only update records (FINISHED of earlier tasks) are kept with them.
+    assert trim.appended(0, 300) == 4
+    assert trim.appended(50, 300) == 5  # 50 + 0 + 100 + 100 < 300: the oldest batch stays
+    assert trim.appended(300, 300) == 1
+
+
+@lumos.remote
+def noop() -> None:
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_redis_stream_holds_about_the_tasks_the_gcs_keeps(redis_server: RedisServer) -> None:
+    """MAXLEN counts the batches of the records kept, not batches: 2,000 tasks in a few
+    dozen batches are trimmed to about the 300 records the GCS holds."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": {
+        **TEST_CONFIG, "gcs_storage": redis_server.url, "task_event_max_records": 300}})
+    try:
+        cluster.connect()
+        for _ in range(40):
+            lumos.get([noop.remote() for _ in range(50)], timeout=60)
+        time.sleep(0.5)  # the last flush of task events reaches the GCS and Redis
+        kept = len(lumos.state.list_tasks(limit=10_000))
+        assert kept <= 300
+        with redis_server.client() as c:
+            entries = c.xrange("lumos:stream:task_events")
+        batches = [{ev.task_id for ev in unpack_value(fields[b"v"])} for _, fields in entries]
+        in_stream = set().union(*batches)
+        # Every record the GCS holds can be rebuilt from the stream, and not many more are kept:
+        # one batch of slack (the oldest batch kept also holds older tasks' events; under load
+        # one flush can carry hundreds of tasks), never the whole run.
+        assert len(in_stream) >= kept
+        assert len(in_stream) <= 300 + max(map(len, batches)), (len(in_stream), [len(b) for b in batches])
+        assert len(in_stream) < 2000
+        # A restarted GCS rebuilds about the same window from the stream, within the bound.
+        cluster.kill_gcs()
+        cluster.restart_gcs()
+        recovered = len(lumos.state.list_tasks(limit=10_000, timeout=30))
+        assert min(kept, 270) <= recovered <= 300, (kept, recovered)
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)
+
+
+class _DownStorage(InMemoryStorage):
+    """Refuses every write while ``down``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = True
+
+    async def write_batch(self, ops: list[Op]) -> None:
+        if self.down:
+            raise StorageUnavailable("down")
+        await super().write_batch(ops)
+
+
+def test_stream_appends_waiting_through_an_outage_are_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    """A long storage outage keeps the newest task-event batches up to the bound, not all."""
+    async def body() -> None:
+        st = _DownStorage()
+        w = StorageWriter(st, retry_max_s=0.02, max_pending_append_bytes=10_000)
+        w.start()
+        try:
+            seq = w.put_nowait("kv", b"k", b"v")  # a table write is never dropped
+            for i in range(100):
+                w.append_nowait("task_events", b"%03d" % i + b"x" * 997, 1000)
+                await asyncio.sleep(0)  # the writer takes a batch and retries it meanwhile
+            assert w.dropped_appends >= 80
+            st.down = False
+            await w.wait_written(seq)
+            await w.flush()
+            for _ in range(50):  # the appends after the first batch follow in the next one
+                if (await st.read_stream("task_events"))[-1:] == [b"099" + b"x" * 997]:
+                    break
+                await asyncio.sleep(0.02)
+            kept = await st.read_stream("task_events")
+            assert kept[-1].startswith(b"099") and len(kept) <= 20
+            assert await st.get("kv", b"k") == b"v"
+        finally:
+            await w.aclose()
+    asyncio.run(body())
+    assert caplog.text.count("dropping the oldest waiting stream entries") == 1

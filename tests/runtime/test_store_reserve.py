@@ -1,0 +1,167 @@
+"""Store slots reserved ahead of puts: the state's accounting, and puts through real processes."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+
+import lumos
+from lumos._private.object_store import store_state as st
+from tests.conftest import wait_for
+
+MiB = 1024 * 1024
+D = "/dev/shm/lumos-test"
+
+
+def state(capacity: int = 64 * MiB, spill_dir: str = "") -> st.ObjectStoreState:
+    return st.ObjectStoreState(D, capacity, 32 * MiB, 2.0, validate=True, spill_dir=spill_dir)
+
+
+def reserve(s: st.ObjectStoreState, client: bytes, size: int, count: int, now: float = 0) -> list[Any]:
+    (grant,) = [a for a in s.handle(st.SlotsReserveRequested(1, client, size, count), now)
+                if isinstance(a, st.GrantSlots)]
+    return grant.slots
+
+
+def test_reserved_slots_count_as_used_until_sealed_as_objects() -> None:
+    s = state()
+    slots = reserve(s, b"w1", MiB, 2)
+    assert [(slot, path, size, reused) for slot, path, size, reused in slots] == [
+        (1, f"{D}/resv-1", MiB, False), (2, f"{D}/resv-2", MiB, False)]
+    assert s.used_bytes == 2 * MiB and s.reserved_bytes == 2 * MiB
+    assert s.handle(st.ReservedSealed(b"w1", 1, b"o1", MiB - 10, MiB), 0) == []
+    assert s.objects[b"o1"].sealed and s.objects[b"o1"].creator == b"w1"
+    assert s.used_bytes == 2 * MiB and s.reserved_bytes == MiB
+    # Freed like any object: its file goes to the pool, and the next reservation reuses it.
+    assert s.handle(st.ObjectsFreed([b"o1"], [True]), 0) == [st.RenameFile(f"{D}/{b'o1'.hex()}", f"{D}/pool-1")]
+    assert reserve(s, b"w1", MiB, 1) == [(1, f"{D}/resv-1", MiB, True)]
+    assert s.used_bytes == 2 * MiB and s.pool_bytes == 0
+
+
+def test_reservations_only_take_free_room_never_evict_or_delay_creates() -> None:
+    s = state(capacity=16 * MiB, spill_dir="/spill")
+    s.handle(st.CreateRequested(1, b"big", 15 * MiB, b"w1"), 0)
+    s.handle(st.ObjectSealed(b"big", 15 * MiB), 0)
+    assert reserve(s, b"w1", MiB, 2) == [(2, f"{D}/resv-2", MiB, False)]  # one fits, no spill
+    assert not any(isinstance(a, st.SpillObject) for a in s.handle(st.Ticked(), 0))
+    assert reserve(s, b"w1", 2 * MiB, 2) == []  # larger than capacity / 16
+    assert reserve(s, b"w2", MiB, 2) == []  # the store is full
+
+
+def test_a_create_takes_back_unused_reservations_before_anything_else() -> None:
+    s = state(capacity=16 * MiB)
+    assert len(reserve(s, b"w1", MiB, 2)) == 2
+    assert len(reserve(s, b"w2", MiB, 2)) == 2
+    actions = s.handle(st.CreateRequested(7, b"o", 13 * MiB, b"w3"), 0)
+    # Without the reservations it fits: no ObjectStoreFullError and no wait.
+    assert [a for a in actions if isinstance(a, st.DropSlot)] == [st.DropSlot(b"w1", 1)]
+    assert st.UnlinkFile(f"{D}/resv-1") in actions
+    assert isinstance(actions[-1], st.GrantCreate) and actions[-1].object_id == b"o"
+    assert s.used_bytes == 16 * MiB and s.reserved_bytes == 3 * MiB
+
+
+def test_the_seal_of_a_slot_taken_back_after_its_link_counts_the_file_again() -> None:
+    s = state(capacity=16 * MiB)
+    reserve(s, b"w1", MiB, 2)
+    s.handle(st.CreateRequested(7, b"o", 15 * MiB, b"w2"), 0)  # takes back slot 1
+    assert s.reserved == {2: (MiB, b"w1")}
+    s.handle(st.ReservedSealed(b"w1", 1, b"late", MiB, MiB), 0)  # linked before the unlink ran
+    assert s.objects[b"late"].file_size == MiB and s.used_bytes == 17 * MiB
+    # Over capacity for a moment; a free brings it back, and the file is never pooled.
+    assert s.handle(st.ObjectsFreed([b"late"], [True]), 0)[0] == st.UnlinkFile(f"{D}/{b'late'.hex()}")
+    assert s.used_bytes == 16 * MiB
+
+
+def test_a_free_that_overtakes_a_reserved_seal_frees_the_object_at_its_seal() -> None:
+    s = state()
+    reserve(s, b"w1", MiB, 1)
+    # The owner's free travels on its own connection and may arrive first.
+    assert s.handle(st.ObjectsFreed([b"ret"], [False]), 0) == []
+    actions = s.handle(st.ReservedSealed(b"w1", 1, b"ret", MiB, MiB), 1)
+    assert actions[:2] == [st.UnlinkFile(f"{D}/{b'ret'.hex()}"), st.DropSlot(b"w1", 1)]
+    assert b"ret" not in s.objects and s.used_bytes == 0
+    # Tombstones expire.
+    reserve(s, b"w1", MiB, 1)
+    s.handle(st.ObjectsFreed([b"other"], [False]), 2)
+    s.handle(st.Ticked(), 2 + st.FREED_UNKNOWN_S + 1)
+    s.handle(st.ReservedSealed(b"w1", 1, b"other", MiB, MiB), 100)
+    assert b"other" in s.objects
+
+
+def test_a_client_going_away_frees_its_reservations() -> None:
+    s = state()
+    reserve(s, b"w1", MiB, 2)
+    reserve(s, b"w2", MiB, 1)
+    actions = s.handle(st.ClientGone(b"w1"), 0)
+    assert actions == [st.UnlinkFile(f"{D}/resv-1"), st.UnlinkFile(f"{D}/resv-2")]
+    assert s.reserved == {3: (MiB, b"w2")} and s.used_bytes == MiB
+
+
+def test_spilling_counts_reservations_as_room() -> None:
+    s = state(capacity=8 * MiB, spill_dir="/spill")
+    reserve(s, b"w1", MiB, 1)
+    s.handle(st.CreateRequested(1, b"a", 6 * MiB, b"w2"), 0)
+    s.handle(st.ObjectSealed(b"a", 6 * MiB), 0)
+    # 2 MiB needed, 1 free and 1 reserved: the reservation goes, nothing is spilled.
+    actions = s.handle(st.CreateRequested(2, b"b", 2 * MiB, b"w2"), 0)
+    assert not any(isinstance(a, st.SpillObject) for a in actions)
+    assert isinstance(actions[-1], st.GrantCreate) and s.reserved == {}
+
+
+@pytest.mark.timeout(120)
+def test_puts_and_returns_through_reserved_slots_keep_their_values(
+        fresh_cluster: Callable[..., Any]) -> None:
+    import numpy as np
+    from lumos.api import worker_context
+    fresh_cluster(num_cpus=1, object_store_memory=32 * MiB, include_dashboard=False)
+    cw = worker_context.core_worker
+
+    @lumos.remote
+    def make(i: int) -> Any:
+        return np.full(MiB // 8, i, dtype=np.int64)
+
+    @lumos.remote
+    def total(a: Any) -> int:
+        return int(a.sum())
+
+    first = lumos.put(np.zeros(MiB // 8, dtype=np.int64))  # created, and asks for slots of its size
+    wait_for(lambda: cw.store.stats()["ready_reserved_slots"] > 0, 30)
+    refs = [lumos.put(np.full(MiB // 8, i, dtype=np.int64)) for i in range(6)]
+    assert cw.store.stats()["reserved_writes"] > 0
+    assert [int(v[0]) for v in lumos.get(refs, timeout=30)] == list(range(6))
+    assert lumos.get([total.remote(np.full(MiB // 8, i, dtype=np.int64)) for i in range(6)],
+                     timeout=60) == [i * (MiB // 8) for i in range(6)]
+    assert [int(v[-1]) for v in lumos.get([make.remote(i) for i in range(6)], timeout=60)] == list(range(6))
+    assert int(lumos.get(first, timeout=30).sum()) == 0
+    del refs, first
+    # A store full of live objects: creates take reservations back, never fail for them.
+    held = [lumos.put(np.full(MiB // 8, i, dtype=np.int64)) for i in range(31)]
+    assert int(lumos.get(held[-1], timeout=30)[0]) == 30
+    del held
+
+
+@pytest.mark.timeout(60)
+def test_a_large_argument_by_value_is_pickled_once(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+    from lumos._private import serialization as ser
+
+    @lumos.remote
+    def total(a: Any, scale: int = 1) -> int:
+        return int(a.sum()) * scale
+
+    assert lumos.get(total.remote(np.ones(8)), timeout=30) == 8  # exported, worker warm
+    calls: list[int] = []
+    serialize = ser.serialize
+
+    def counting(value: Any, *args: Any) -> Any:
+        sv = serialize(value, *args)
+        calls.append(sv.total_size)
+        return sv
+
+    monkeypatch.setattr(ser, "serialize", counting)
+    ref = total.remote(np.ones(MiB, dtype=np.uint8), scale=2)
+    # The array once (its bytes go into the store as they are), besides the small rest.
+    assert len([size for size in calls if size >= MiB]) == 1, calls
+    monkeypatch.undo()
+    assert lumos.get(ref, timeout=30) == 2 * MiB

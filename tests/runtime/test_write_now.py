@@ -1,0 +1,82 @@
+"""``Connection.write_now``: a message written to the socket from another thread (a
+worker's reply leaving from its executor thread) never interleaves with the loop's own
+writes, keeps its order, and a frame the socket takes only in part is finished by the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from lumos._private.config import Config
+from lumos._private.protocol import messages as m
+from lumos._private.transport import eventloop
+from lumos._private.transport.connection import RpcServer, connect
+
+TOKEN = b"write-now-test-token-0123456789ab"
+
+
+@pytest.mark.timeout(60)
+def test_write_now_from_another_thread_keeps_frames_whole_and_in_order(tmp_path):
+    received: list[tuple[str, int, int]] = []
+    total = 2 * 300 + 3
+
+    async def go() -> None:
+        config = Config()
+        server = RpcServer(token=TOKEN, config=config, handlers={}, name="test-server")
+        await server.start(unix_path=str(tmp_path / "s.sock"))
+        done = asyncio.get_running_loop().create_future()
+
+        def on_publish(conn, msg) -> None:
+            received.append((msg.channel, msg.key[0] if msg.key else 0, len(msg.data)))
+            if len(received) == total and not done.done():
+                done.set_result(None)
+
+        client = await connect(str(tmp_path / "s.sock"), token=TOKEN, config=config,
+                               handlers={m.Publish: on_publish}, name="test-client", timeout_s=10)
+        try:
+            for _ in range(100):
+                if server.connections:
+                    break
+                await asyncio.sleep(0.01)
+            (conn,) = server.connections
+            assert not conn.write_now(m.Publish("thread", b"\0", b"")), "written before allow_write_now"
+            conn.allow_write_now()
+            big = b"x" * (16 * 1024 * 1024)  # more than the socket takes at once: the loop finishes it
+            written: list[bool] = []
+
+            def writer() -> None:
+                for i in range(300):
+                    body = m.Publish("thread", bytes([i % 256]), b"y" * (i * 37 % 5000))
+                    if not conn.write_now(body):  # busy: the loop sends it, after what it holds
+                        asyncio.run_coroutine_threadsafe(_notify(conn, body), loop).result(10)
+                written.append(conn.write_now(m.Publish("big", b"\1", big)))
+
+            loop = asyncio.get_running_loop()
+            t = threading.Thread(target=writer)
+            t.start()
+            for i in range(300):  # the loop's own sends, at the same time
+                conn.notify(m.Publish("loop", bytes([i % 256]), b"z" * (i * 53 % 7000)))
+                await asyncio.sleep(0)
+            await asyncio.to_thread(t.join, 30)
+            conn.notify(m.Publish("after", b"\2", b""))
+            conn.notify(m.Publish("after", b"\3", b""))
+            await asyncio.wait_for(done, 30)
+            assert written == [True]
+        finally:
+            client.close()
+            await server.stop()
+
+    eventloop.run(go())
+    by_channel: dict[str, list[tuple[int, int]]] = {}
+    for channel, key, size in received:
+        by_channel.setdefault(channel, []).append((key, size))
+    assert by_channel["thread"] == [(i % 256, i * 37 % 5000) for i in range(300)]
+    assert by_channel["loop"] == [(i % 256, i * 53 % 7000) for i in range(300)]
+    assert by_channel["big"] == [(1, 16 * 1024 * 1024)]
+    assert received[-2:] == [("after", 2, 0), ("after", 3, 0)]  # sent after the big frame, arrive after it
+
+
+async def _notify(conn, body) -> None:
+    conn.notify(body)
