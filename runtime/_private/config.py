@@ -124,6 +124,9 @@ class Config:
     worker_idle_timeout_s: float = 10.0
     #: Hard cap on worker processes per node (-1: 4 x CPUs + 8).
     max_workers_per_node: int = _positive_or_auto(-1)
+    #: How raylets start workers: "fork" (from a pre-imported template process, copy-on-write;
+    #: falls back to "spawn" where it cannot) or "spawn" (a new interpreter each).
+    worker_start: str = "fork"
     #: Deadline for a new worker process to register with its raylet.
     worker_register_timeout_s: float = _positive(30.0)
     #: Object store capacity per node in bytes (0: 30% of RAM, capped by /dev/shm).
@@ -205,6 +208,8 @@ class Config:
                 raise ValueError(
                     f"unknown _system_config key {name!r}; valid keys: {', '.join(sorted(fields))}")
             values[name] = _check(fields[name], value, f"_system_config[{name!r}]")
+        if values.get("worker_start", "fork") not in ("fork", "spawn"):
+            raise ValueError(f"worker_start must be 'fork' or 'spawn', got {values['worker_start']!r}")
         if "gcs_storage" in values:
             from lumos._private.gcs.storage import check_storage_url
             check_storage_url(values["gcs_storage"])

@@ -6,12 +6,21 @@ import os
 import signal
 import time
 
+import psutil
+
 import lumos
 from tests.conftest import lumos_children, wait_for
 
 
 def _workers() -> list:
-    return [p for p in lumos_children() if "lumos._private.worker.main" in " ".join(p.cmdline())]
+    out = []
+    for p in lumos_children():
+        try:
+            if "lumos._private.worker.main" in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.NoSuchProcess:  # exited since it was listed
+            continue
+    return out
 
 
 def test_workers_failing_at_start_do_not_respawn_in_a_loop(fresh_cluster) -> None:  # type: ignore[no-untyped-def]

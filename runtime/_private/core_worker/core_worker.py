@@ -248,7 +248,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                                   cfg.rpc_timeout_s)
         durable = await self.gcs.call(m.KvGet("cluster", b"gcs_storage_durable", 0.0), cfg.rpc_timeout_s)
         self._gcs_durable = durable == b"1"
-        self.gcs.notify(m.Subscribe("workers", None))
+        self.gcs.notify(m.Subscribe("worker_deaths", None))
         self.gcs.notify(m.Subscribe("nodes", None))
         self.node_info = await self.raylet.call(
             m.RegisterClient(self.worker_id, os.getpid(), self.address, self.mode == DRIVER,
@@ -320,7 +320,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                                                      self.job_id), cfg.rpc_timeout_s)
                         gcs.notify(m.Subscribe("logs", self.job_id))
                         gcs.notify(m.Subscribe("errors", self.job_id))
-                    gcs.notify(m.Subscribe("workers", None))
+                    gcs.notify(m.Subscribe("worker_deaths", None))
                     gcs.notify(m.Subscribe("nodes", None))
                     self.gcs = gcs
                     for msg in self._gcs_backlog:
@@ -778,7 +778,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             self.error_handler(kind, text)
         elif msg.channel == "nodes" and isinstance(msg.data, m.NodeInfo) and msg.data.state == "DEAD":
             self._node_died(msg.data.node_id)
-        elif msg.channel == "workers" and isinstance(msg.data, m.WorkerInfo) and msg.data.state == "DEAD":
+        elif msg.channel == "worker_deaths" and isinstance(msg.data, m.WorkerInfo) and msg.data.state == "DEAD":
             freed = self.objects.remove_borrowers_on({msg.data.worker_id})
             if freed:
                 self._release(freed)

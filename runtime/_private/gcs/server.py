@@ -436,6 +436,7 @@ class GcsServer:
         self.publish("nodes", node_id, info)
         for w in gone:  # borrowers drop them, raylets free what they owned
             self.publish("workers", w.worker_id, w)
+            self.publish("worker_deaths", w.worker_id, w)
         self.raylets.discard(node_id)
         self.placement_groups.on_node_dead(node_id)
         self.actors.on_node_dead(node_id, reason, [w.worker_id for w in gone])
@@ -534,6 +535,9 @@ class GcsServer:
                 del self.workers[wid]
         self.publish("workers", info.worker_id, info)
         if info.state == "DEAD":
+            # Core workers and raylets only need deaths: every worker hearing of every
+            # other's start would cost n^2 messages for n actors (issue 19).
+            self.publish("worker_deaths", info.worker_id, info)
             self.actors.on_worker_dead(info.worker_id, info.exit_detail)
 
     # ------------------------------------------------------------------ KV

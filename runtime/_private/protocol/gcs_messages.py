@@ -158,7 +158,7 @@ class GetTasks:
 
 @message(25)
 class Subscribe:
-    #: "nodes", "workers", "jobs", "logs", "actors", "errors"
+    #: "nodes", "workers", "worker_deaths" (DEAD workers only), "jobs", "logs", "actors", "errors"
     channel: str
     #: Only messages with this key (a job id for logs), or None for all.
     key: bytes | None

@@ -361,6 +361,9 @@ class LocalSchedulerState:
 
     def _schedule(self, now: float, actions: list[Action]) -> None:
         starting = sum(1 for w in self.workers.values() if w.state == STARTING)
+        # Listed once per event: with hundreds of actors starting, scanning every worker
+        # for each queued request made this quadratic (issue 19).
+        idle = [w for w in self.workers.values() if w.state == IDLE]
         waiting_for_worker = 0
         #: Resources of requests that fit but wait for a worker process: counted as taken,
         #: so one free CPU starts one worker, not one per queued request.
@@ -383,13 +386,14 @@ class LocalSchedulerState:
                 if not self.resources.fits(_plus(req.units, reserved)):
                     continue
                 held = reserved
-            worker = self._idle_worker_for(req.event.job_id)
+            worker = _idle_worker_for(req.event.job_id, idle)
             if worker is None:
                 waiting_for_worker += 1
                 for k, v in req.units.items():
                     held[k] = held.get(k, 0) + v
                 continue
             del self.queue[rid]
+            idle.remove(worker)
             if bundle is None:
                 ids = self.resources.allocate(req.units)
             else:
@@ -411,17 +415,6 @@ class LocalSchedulerState:
         to_start = min(waiting_for_worker - starting, self.max_workers - alive)
         for _ in range(max(0, to_start)):
             actions.append(StartWorker())
-
-    def _idle_worker_for(self, job_id: JobID) -> _Worker | None:
-        fallback = None
-        for w in self.workers.values():
-            if w.state != IDLE:
-                continue
-            if w.job_id == job_id:
-                return w
-            if w.job_id is None and fallback is None:
-                fallback = w
-        return fallback
 
     def _return(self, lease_id: int, disconnect: bool, now: float, actions: list[Action]) -> None:
         lease = self.leases.pop(lease_id, None)
@@ -638,3 +631,14 @@ def _plus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
         if k in out:
             out[k] += v
     return out
+
+
+def _idle_worker_for(job_id: JobID, idle: list[_Worker]) -> _Worker | None:
+    """An idle worker that last ran this job's tasks, else one that never ran any."""
+    fallback = None
+    for w in idle:
+        if w.job_id == job_id:
+            return w
+        if w.job_id is None and fallback is None:
+            fallback = w
+    return fallback

@@ -2,7 +2,7 @@
 
 ```
           ┌────────────── RayletServer ──────────────┐
-owners ──►│ RequestWorkerLease ─► LocalSchedulerState │──► worker processes (spawn, reap)
+owners ──►│ RequestWorkerLease ─► LocalSchedulerState │──► WorkerPool: fork/spawn, reap
           │ CreateObject/Free  ─► ObjectStoreState    │──► files in /dev/shm/<store dir>
           │ PinObjects, RestoreSpilled ─┘   │ spill/  │    (spill, restore: raylet.spill
           │                                 └─────────│──► threads) <spill dir>/node-<id>
@@ -23,8 +23,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable
@@ -32,7 +30,7 @@ from typing import Any, Awaitable
 from lumos._private.config import Config
 from lumos._private.transport import eventloop
 from lumos._private.core_worker.io_loop import spawn
-from lumos._private.ids import JobID, NodeID, ObjectID, WorkerID, random_id, short
+from lumos._private.ids import NodeID, ObjectID, short
 from lumos._private.object_store import store_state as st
 from lumos._private.object_store import spill_io
 from lumos._private.object_store.client import unlink_quietly
@@ -42,6 +40,7 @@ from lumos._private.raylet import memory_monitor as mm
 from lumos._private.raylet import node_report
 from lumos._private.raylet import scheduler as sc
 from lumos._private.raylet.object_manager import ObjectManager
+from lumos._private.raylet.worker_pool import WorkerPool, WorkerProc
 from lumos._private.transport.connection import (Connection, ConnectionLost, RemoteError, RpcServer,
                                                  connect_with_retry,
                                                  parse_address)
@@ -49,25 +48,6 @@ from lumos._private.transport.connection import (Connection, ConnectionLost, Rem
 logger = logging.getLogger(__name__)
 
 _TICK_S = 0.1
-
-
-class _WorkerProc:
-    __slots__ = ("worker_id", "popen", "pidfd", "conn", "address", "exit_info", "kill_reason",
-                 "started", "job_id", "is_driver", "pid")
-
-    def __init__(self, worker_id: WorkerID, popen: subprocess.Popen[bytes] | None) -> None:
-        self.worker_id = worker_id
-        self.popen = popen
-        self.pidfd = -1
-        self.conn: Connection | None = None
-        self.address: m.Address | None = None
-        #: "exit code N" / "signal SIGKILL" once the process is gone.
-        self.exit_info: str | None = None
-        self.kill_reason = ""
-        self.started = time.monotonic()
-        self.job_id: JobID | None = None
-        self.is_driver = False
-        self.pid = popen.pid if popen is not None else 0
 
 
 class RayletServer:
@@ -101,16 +81,12 @@ class RayletServer:
         #: Object id -> readers waiting for its restore.
         self._restore_waiters: dict[bytes, list[asyncio.Future[str | None]]] = {}
         self._spill_dir_made = False
-        self.num_prestart = prestart
-        #: Workers that died before registering, in a row; starts back off while it grows.
-        self._failed_starts = 0
-        self._start_backoff_until = 0.0
-        self._start_deferred = False
-        #: Worker id -> process (workers) or registration (drivers).
-        self.procs: dict[bytes, _WorkerProc] = {}
-        #: Worker id -> exit description, kept after the process is gone.
-        self.exits: dict[bytes, str] = {}
-        self._exit_waiters: dict[bytes, list[asyncio.Future[str]]] = {}
+        #: Worker processes: started (forked or spawned), watched, killed and refilled there.
+        self.pool = WorkerPool(self, config.worker_start, prestart)
+        #: Worker id -> process (workers) or registration (drivers); the pool's.
+        self.procs = self.pool.procs
+        #: Worker id -> exit description, kept after the process is gone; the pool's.
+        self.exits = self.pool.exits
         #: Lease request id -> (owner connection, future of the reply).
         self._lease_waiters: dict[int, tuple[Connection, asyncio.Future[Any]]] = {}
         #: Lease id -> owner connection.
@@ -147,7 +123,7 @@ class RayletServer:
         self._store_dir_checked = False
         self.unix_path = os.path.join(session_dir, "sockets", f"raylet-{node_id.hex()[:12]}.sock")
         handlers = {
-            m.RegisterClient: self._register_client,
+            m.RegisterClient: self.pool.register_client,
             m.RequestWorkerLease: self._request_lease,
             m.RequestSpilledLease: lambda c, msg: self._request_lease(c, msg.request, msg.hops),
             m.ReturnWorker: self._return_worker,
@@ -164,8 +140,8 @@ class RayletServer:
             m.MarkShared: lambda c, msg: self._store(st.MarkedShared(msg.object_ids)),
             m.PinObjects: self._pin_objects,
             m.RestoreSpilled: self._restore_spilled,
-            m.GetWorkerExit: self._get_worker_exit,
-            m.KillWorker: self._kill_worker_request,
+            m.GetWorkerExit: self.pool.get_worker_exit,
+            m.KillWorker: self.pool.kill_worker_request,
             m.GetNodeStats: self._node_stats,
             m.LogBatch: self._forward_logs,
             m.ShutdownNode: self._shutdown_request,
@@ -188,13 +164,12 @@ class RayletServer:
         os.makedirs(os.path.dirname(self.unix_path), exist_ok=True)
         await self.server.start(unix_path=self.unix_path, host=self.node_ip, port=0)
         self.object_manager.start(self.node_ip)
-        for _ in range(self.num_prestart):
-            self._start_worker()
+        self.pool.start()
         await self._connect_gcs(self.config.connect_timeout_s)
         self._spawn(self._heartbeat_loop(), "raylet.heartbeat")
         self._spawn(self._tick_loop(), "raylet.tick")
         if self.config.memory_monitor_refresh_ms > 0:
-            self._spawn(self._memory_loop(), "raylet.memory_monitor")
+            self._spawn(self.pool.memory_loop(), "raylet.memory_monitor")
         logger.info("raylet %s up: %s, store %d MiB at %s", short(self.node_id), self.resources_total,
                     self.store.capacity_bytes >> 20, self.store_dir)
 
@@ -210,13 +185,13 @@ class RayletServer:
         durable = await gcs.call(m.KvGet("cluster", b"gcs_storage_durable", 0.0), self.config.rpc_timeout_s)
         self._gcs_durable = durable == b"1"
         # Pre-started workers that registered here before the GCS connection was up were
-        # not reported (``_report_worker`` needs it): report them now (a restarted GCS too).
+        # not reported (``WorkerPool.report_worker`` needs it): report them now (a restarted GCS too).
         for proc in list(self.procs.values()):
             if proc.address is not None and not proc.is_driver and proc.exit_info is None:
-                self._report_worker(proc, "ALIVE")
+                self.pool.report_worker(proc, "ALIVE")
         gcs.notify(m.Subscribe("jobs", None))
         gcs.notify(m.Subscribe("nodes", None))
-        gcs.notify(m.Subscribe("workers", None))  # owners that die: their objects go
+        gcs.notify(m.Subscribe("worker_deaths", None))  # owners that die: their objects go
         for info in await gcs.call(m.GetAllNodes(), self.config.rpc_timeout_s):
             if info.state == "ALIVE":
                 self.alive_nodes[info.node_id] = info
@@ -263,26 +238,7 @@ class RayletServer:
             return
         self._stopping = True
         logger.info("raylet stopping")
-        for proc in list(self.procs.values()):
-            if proc.popen is not None and proc.exit_info is None:
-                try:
-                    proc.popen.send_signal(signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 2.0
-        for proc in list(self.procs.values()):
-            if proc.popen is not None:
-                try:
-                    proc.popen.wait(max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    logger.error("worker pid %d did not exit", proc.popen.pid)
-            if proc.pidfd >= 0:
-                try:
-                    asyncio.get_running_loop().remove_reader(proc.pidfd)
-                except (ValueError, RuntimeError):
-                    pass
-                os.close(proc.pidfd)
-                proc.pidfd = -1
+        self.pool.stop()
         for task in list(self._tasks):
             task.cancel()
         if self.gcs is not None:
@@ -330,7 +286,7 @@ class RayletServer:
             else:
                 self.alive_nodes.pop(msg.data.node_id, None)
                 self.object_manager.node_gone(msg.data.node_id)
-        elif msg.channel == "workers" and isinstance(msg.data, m.WorkerInfo) and msg.data.state == "DEAD":
+        elif msg.channel == "worker_deaths" and isinstance(msg.data, m.WorkerInfo) and msg.data.state == "DEAD":
             self._free_owned_by(msg.data.worker_id, msg.data.exit_detail or "it died")
 
     # ------------------------------------------------------------------ loops
@@ -352,12 +308,16 @@ class RayletServer:
             await asyncio.sleep(interval)
 
     async def _tick_loop(self) -> None:
+        ticks = 0
         while True:
             await asyncio.sleep(_TICK_S)
             now = time.monotonic()
             self._sched(sc.Ticked())
             self._store(st.Ticked())
             self._warn_infeasible(now)
+            ticks += 1
+            if ticks % 10 == 0:
+                self.pool.tick()
 
     def _warn_infeasible(self, now: float) -> None:
         for rid, req in self.scheduler.queue.items():
@@ -391,9 +351,9 @@ class RayletServer:
                 fut.set_result(m.LeaseGrant(action.lease_id, action.worker_id, proc.address,
                                             action.resource_ids, self.node_id))
         elif isinstance(action, sc.StartWorker):
-            self._start_worker()
+            self.pool.start_worker()
         elif isinstance(action, sc.StopWorker):
-            self._kill_worker(action.worker_id, "" if action.quiet else action.reason)
+            self.pool.kill_worker(action.worker_id, "" if action.quiet else action.reason)
         elif isinstance(action, sc.ReportInfeasible):
             logger.info("lease request %d for %s is infeasible here", action.request_id, action.resources)
         elif isinstance(action, sc.FailLease):
@@ -406,179 +366,18 @@ class RayletServer:
 
     # ------------------------------------------------------------------ workers
 
-    def _start_worker(self) -> None:
-        now = time.monotonic()
-        if now < self._start_backoff_until:
-            # Workers have been dying before they registered: start the next one later,
-            # not in a loop that burns the machine.
-            if not self._start_deferred:
-                self._start_deferred = True
-                asyncio.get_running_loop().call_later(self._start_backoff_until - now, self._deferred_start)
-            return
-        worker_id = random_id(16)
-        cmd = [sys.executable, "-m", "lumos._private.worker.main",
-               "--raylet-socket", self.unix_path,
-               "--gcs-address", self.gcs_address,
-               "--token-file", os.path.join(self.session_dir, "token"),
-               "--session-dir", self.session_dir,
-               "--node-id", self.node_id.hex(),
-               "--worker-id", worker_id.hex(),
-               "--store-dir", self.store_dir,
-               "--node-ip", self.node_ip,
-               "--config", self.config.to_json(),
-               "--parent-pid", str(os.getpid())]
-        log_dir = os.path.join(self.session_dir, "logs")
-        out = open(os.path.join(log_dir, f"worker-{worker_id.hex()[:12]}.out"), "ab")
-        try:
-            popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                     close_fds=True, start_new_session=False)
-        finally:
-            out.close()
-        proc = _WorkerProc(worker_id, popen)
-        self.procs[worker_id] = proc
-        self.scheduler.add_starting_worker(worker_id)
-        try:
-            proc.pidfd = os.pidfd_open(popen.pid)
-            asyncio.get_running_loop().add_reader(proc.pidfd, self._on_worker_exit, worker_id)
-        except (AttributeError, OSError):  # no pidfd: poll from the tick loop instead
-            proc.pidfd = -1
-        logger.debug("started worker %s pid %d", short(worker_id), popen.pid)
-
-    def _deferred_start(self) -> None:
-        self._start_deferred = False
-        if not self._stopping:
-            self._start_worker()
-
-    def _on_worker_exit(self, worker_id: WorkerID) -> None:
-        proc = self.procs.get(worker_id)
-        if proc is None or proc.popen is None:
-            return
-        if proc.pidfd >= 0:
-            asyncio.get_running_loop().remove_reader(proc.pidfd)
-            os.close(proc.pidfd)
-            proc.pidfd = -1
-        code = proc.popen.wait()
-        if code < 0:
-            try:
-                desc = f"signal {signal.Signals(-code).name}"
-            except ValueError:
-                desc = f"signal {-code}"
-        else:
-            desc = f"exit code {code}"
-        if proc.kill_reason:
-            desc += f" ({proc.kill_reason})"
-        proc.exit_info = desc
-        self.exits[worker_id] = desc
-        if len(self.exits) > 10_000:
-            for wid in list(self.exits)[:1000]:
-                del self.exits[wid]
-        for fut in self._exit_waiters.pop(worker_id, []):
-            if not fut.done():
-                fut.set_result(desc)
-        del self.procs[worker_id]
-        if proc.address is not None and proc.address.unix_path:
-            unlink_quietly(proc.address.unix_path)  # a killed worker cannot remove its own socket
-        level = logging.INFO if proc.kill_reason else logging.WARNING
-        logger.log(level, "worker %s pid %d exited: %s", short(worker_id), proc.popen.pid, desc)
-        self._report_worker(proc, "DEAD", desc)
+    def worker_exited(self, proc: WorkerProc, desc: str) -> None:
+        """The pool reaped a worker: its leases, objects and scheduler slot go."""
+        worker_id = proc.worker_id
         for lease_id, conn in list(self._lease_owner.items()):
             lease = self.scheduler.leases.get(lease_id)
             if lease is not None and lease.worker_id == worker_id:
                 del self._lease_owner[lease_id]
-        if proc.address is None and not proc.kill_reason and not self._stopping and code > 0:
-            self._failed_starts += 1
-            delay = min(0.1 * 2 ** self._failed_starts, 2.0)
-            self._start_backoff_until = time.monotonic() + delay
-            if self._failed_starts in (1, 5) or self._failed_starts % 20 == 0:
-                logger.error("worker %s exited before registering (%s); %d in a row, next start in %.1fs "
-                             "(see logs/worker-%s.out)", short(worker_id), desc, self._failed_starts, delay,
-                             worker_id.hex()[:12])
-        elif proc.address is not None:
-            self._failed_starts = 0
         self._store(st.ClientGone(worker_id))
         self._free_owned_by(worker_id, desc)
         self._sched(sc.WorkerExited(worker_id))
-        # Keep the pre-started pool full (also after a job's workers were stopped), but
-        # never refill what the idle reaper just trimmed.
-        if proc.kill_reason != "idle":
-            self._refill_pool()
-
-    async def _memory_loop(self) -> None:
-        """Sample memory; above the threshold kill one worker (see memory_monitor.py)."""
-        import psutil
-        interval = self.config.memory_monitor_refresh_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            usage = mm.read_memory()  # a few small file reads
-            if usage.fraction <= self.memory_monitor.threshold and self.memory_monitor.pending is None:
-                continue
-            candidates = []
-            for w in self.scheduler.workers.values():
-                proc = self.procs.get(w.worker_id)
-                if w.state != sc.LEASED or proc is None or proc.popen is None or proc.exit_info is not None:
-                    continue
-                try:
-                    rss = psutil.Process(proc.pid).memory_info().rss
-                except psutil.Error:
-                    continue
-                kind = mm.ACTOR if w.actor_id else mm.TASK
-                candidates.append(mm.Candidate(w.worker_id, proc.pid, kind, w.lease_id, rss,
-                                               mm.is_retriable(kind, w.retry_budget)))
-            for action in self.memory_monitor.handle(mm.MemorySampled(usage, candidates, time.monotonic())):
-                logger.warning("worker %s: %s", short(action.worker_id), action.reason)
-                self._kill_worker(action.worker_id, action.reason)
-
-    def _kill_worker(self, worker_id: WorkerID, reason: str, sig: int = signal.SIGKILL) -> None:
-        proc = self.procs.get(worker_id)
-        if proc is None or proc.popen is None or proc.exit_info is not None or proc.popen.poll() is not None:
-            return
-        if reason:
-            proc.kill_reason = reason
-        try:
-            proc.popen.send_signal(sig)
-        except ProcessLookupError:
-            pass
-
-    def _report_worker(self, proc: _WorkerProc, state: str, detail: str = "") -> None:
-        if self.gcs is None or proc.address is None:
-            return
-        pid = proc.pid
-        self.gcs.notify(m.ReportWorker(m.WorkerInfo(
-            proc.worker_id, self.node_id, pid, proc.address, proc.job_id, proc.is_driver, state,
-            time.time(), time.time() if state == "DEAD" else 0.0, detail)))
 
     # ------------------------------------------------------------------ handlers
-
-    def _register_client(self, conn: Connection, msg: m.RegisterClient) -> m.NodeInfo:
-        proc = self.procs.get(msg.worker_id)
-        if msg.is_driver:
-            proc = _WorkerProc(msg.worker_id, None)
-            proc.is_driver = True
-            proc.pid = msg.pid
-            self.procs[msg.worker_id] = proc
-        elif proc is None:
-            raise PermissionError(f"worker {short(msg.worker_id)} was not started by this raylet")
-        proc.conn = conn
-        proc.address = msg.address
-        proc.job_id = msg.job_id
-        conn.peer_info = msg.worker_id
-        if not msg.is_driver:
-            self._failed_starts = 0
-            self._start_backoff_until = 0.0
-            self._sched(sc.WorkerRegistered(msg.worker_id))
-            self._refill_pool()
-        self._report_worker(proc, "ALIVE")
-        return self.node_info()
-
-    def _refill_pool(self) -> None:
-        """Start workers until the pre-started pool is full again: after a worker exits,
-        and when one registers (after a streak of workers that died at start, the backoff
-        starts one at a time, and the pool is refilled once one of them comes up)."""
-        if self._stopping or self._start_deferred:
-            return
-        alive = sum(1 for p in self.procs.values() if not p.is_driver)
-        for _ in range(self.num_prestart - alive):
-            self._start_worker()
 
     async def _request_lease(self, conn: Connection, msg: m.RequestWorkerLease,
                              hops: int = 0) -> m.LeaseGrant | m.SpillbackReply:
@@ -866,31 +665,12 @@ class RayletServer:
         async with asyncio.timeout(self.config.rpc_timeout_s + slack_s):
             return await fut
 
-    async def _get_worker_exit(self, conn: Connection, msg: m.GetWorkerExit) -> str | None:
-        if msg.worker_id in self.exits:
-            return self.exits[msg.worker_id]
-        if msg.wait_s <= 0 or msg.worker_id not in self.procs:
-            return None
-        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._exit_waiters.setdefault(msg.worker_id, []).append(fut)
-        try:
-            async with asyncio.timeout(min(msg.wait_s, 30.0)):
-                return await fut
-        except TimeoutError:
-            return None
-
-    def _kill_worker_request(self, conn: Connection, msg: m.KillWorker) -> bool:
-        if msg.worker_id not in self.procs:
-            return False
-        self._kill_worker(msg.worker_id, msg.reason)
-        return True
-
     def _node_stats(self, conn: Connection, msg: m.GetNodeStats) -> dict[str, Any]:
         workers = []
         for p in self.procs.values():
             lease = self.scheduler.lease_of_worker(p.worker_id)
             workers.append({
-                "worker_id": p.worker_id.hex(), "pid": p.popen.pid if p.popen else None,
+                "worker_id": p.worker_id.hex(), "pid": p.pid if p.process else None,
                 "is_driver": p.is_driver, "job_id": p.job_id.hex() if p.job_id else None,
                 "state": "LEASED" if lease else ("IDLE" if p.address else "STARTING"),
                 "resources": self.scheduler.resources.as_floats(lease.units) if lease else {},
@@ -947,7 +727,7 @@ class RayletServer:
         if proc is not None and proc.is_driver:
             del self.procs[worker_id]
             proc.exit_info = "the driver disconnected (it exited or was killed)"
-            self._report_worker(proc, "DEAD", proc.exit_info)
+            self.pool.report_worker(proc, "DEAD", proc.exit_info)
             self._store(st.ClientGone(worker_id))
             self._free_owned_by(worker_id, proc.exit_info)
 

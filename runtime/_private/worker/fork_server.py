@@ -1,0 +1,268 @@
+"""The fork server: a pre-imported template worker that forks new workers (issue 19).
+
+One per raylet, started by its worker pool (``raylet/worker_pool.py``) when
+``worker_start="fork"``. It imports once what every worker needs (lumos's core worker
+and executor, cloudpickle, numpy when installed), freezes those objects out of the
+garbage collector's sight (so children do not copy their pages by touching them), and
+waits on its control pipe. Each request forks a worker, copy-on-write: about a
+millisecond instead of an interpreter start and its imports (~300 ms of CPU), and the
+child's private memory is only what it writes.
+
+```
+raylet ─ stdin:  {"worker_id": hex, "log": path}\\n ──► fork server (one thread, no sockets)
+       ◄ stdout: {"worker_id": hex, "pid": N}\\n ─────   │ fork
+                                                        ▼
+                                                        A ── fork ──► B: the worker
+                                                        │ writes B's pid, exits
+                                                        ▼
+       B is reparented to the raylet (a child subreaper), which waits for it, reads its
+       exit code and kills it exactly as it does a worker it spawned.
+```
+Why the double fork: the raylet must learn each worker's exit status, and only a
+parent can wait for a process. With ``PR_SET_CHILD_SUBREAPER`` on the raylet, the
+orphaned B becomes the raylet's child; the server waits for A before it answers, so B
+is the raylet's by the time the raylet hears of it. B then sets its parent-death
+signal against the raylet, as a spawned worker does, so the fork server can die (and be
+restarted) without taking its workers along.
+
+In the child: fds 0/1/2 become /dev/null and the worker's log file, every other
+inherited fd is closed, numpy's global random state is re-seeded (``random`` re-seeds
+itself at fork), the collector is enabled again, and ``/proc/<pid>/cmdline`` is
+rewritten to the worker's (``ps`` and tools that look for ``--worker-id`` see a worker).
+The server forks only while it is single-threaded; a request it cannot serve is
+answered with an error and the raylet spawns that worker instead.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Longest a forked worker waits to be reparented to the raylet before it gives up.
+_REPARENT_TIMEOUT_S = 10.0
+#: Largest request line the server accepts (a worker id and a log path).
+_MAX_REQUEST_BYTES = 64 * 1024
+
+
+def preimport() -> list[str]:
+    """Import what a worker imports, so children share those pages. Returns the optional
+    modules that were present."""
+    import asyncio  # noqa: F401
+    import concurrent.futures  # noqa: F401
+    import cloudpickle  # noqa: F401
+    import lumos  # noqa: F401
+    import lumos._private.worker.main  # noqa: F401
+    import lumos._private.worker_context  # noqa: F401
+    import lumos._private.core_worker.actor_host  # noqa: F401
+    import lumos._private.core_worker.actor_submitter  # noqa: F401
+    import encodings.idna  # noqa: F401  (socket addresses given as str)
+    import lumos.actor  # noqa: F401
+    import lumos.remote_function  # noqa: F401
+    present = []
+    for name in ("numpy", "numpy.random", "psutil"):
+        try:
+            __import__(name)
+        except ImportError:
+            continue
+        present.append(name)
+    return present
+
+
+def serve(raylet_pid: int, worker_args: list[str], rfd: int = 0, wfd: int = 1) -> None:
+    """Answer fork requests read from ``rfd`` until it closes (the raylet went away)."""
+    present = preimport()
+    from lumos._private.config import Config
+    from lumos._private.worker import main as worker_main
+    # Parsed once here; each child fills in its worker id.
+    args = worker_main.parse_args([*worker_args, "--worker-id", ""])
+    config = Config.from_json(args.config) if args.config else Config.resolve()
+    template = (args, config)
+    _stop_native_threads()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    _write(wfd, {"ready": os.getpid(), "modules": present})
+    buf = b""
+    while True:
+        try:
+            chunk = os.read(rfd, 65536)
+        except InterruptedError:
+            continue
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            _write(wfd, _serve_one(line, raylet_pid, template))
+        if len(buf) > _MAX_REQUEST_BYTES:
+            logger.error("fork request longer than %d bytes; dropped", _MAX_REQUEST_BYTES)
+            buf = b""
+
+
+def _stop_native_threads() -> None:
+    """numpy's OpenBLAS starts a thread pool at import and stops it in its pre-fork
+    handler (children start their own on first use): one throw-away fork stops it here,
+    so the template is single-threaded from its first real fork on."""
+    if len(os.listdir("/proc/self/task")) == 1:
+        return
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:
+        logger.warning("the fork server still runs %d threads after its imports; forking anyway "
+                       "(native pools with pre-fork handlers, as OpenBLAS's, are safe)", threads)
+
+
+def _serve_one(line: bytes, raylet_pid: int, template: tuple[Any, Any]) -> dict[str, Any]:
+    try:
+        req = json.loads(line)
+        worker_id, log_path = str(req["worker_id"]), str(req["log"])
+        bytes.fromhex(worker_id)
+    except (ValueError, KeyError, TypeError) as e:
+        logger.error("malformed fork request %r: %s", line[:200], e)
+        return {"worker_id": "", "error": f"malformed request: {e}"}
+    # A thread holding a lock at fork leaves that lock held for ever in the child.
+    if threading.active_count() != 1:
+        return {"worker_id": worker_id, "error": f"{threading.active_count()} threads in the fork server"}
+    try:
+        pid = _fork_worker(worker_id, log_path, raylet_pid, template)
+    except OSError as e:
+        logger.error("fork of worker %s failed: %s", worker_id[:12], e)
+        return {"worker_id": worker_id, "error": f"fork failed: {e}"}
+    return {"worker_id": worker_id, "pid": pid}
+
+
+def _fork_worker(worker_id: str, log_path: str, raylet_pid: int, template: tuple[Any, Any]) -> int:
+    """Fork A, which forks the worker B and exits; B's pid once A has been reaped."""
+    r, w = os.pipe()
+    try:
+        a = os.fork()
+        if a == 0:  # A
+            try:
+                os.close(r)
+                b = os.fork()
+                if b == 0:
+                    os.close(w)
+                    _run_child(worker_id, log_path, raylet_pid, template)  # never returns
+                os.write(w, str(b).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        w = -1
+        data = b""
+        while True:
+            chunk = os.read(r, 64)
+            if not chunk:
+                break
+            data += chunk
+        os.waitpid(a, 0)  # B is the raylet's child from here on
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+    if not data:
+        raise OSError(f"the intermediate process {a} exited without forking the worker")
+    return int(data)
+
+
+def _run_child(worker_id: str, log_path: str, raylet_pid: int, template: tuple[Any, Any]) -> None:
+    code = 1
+    try:
+        first_parent = os.getppid()
+        deadline = time.monotonic() + _REPARENT_TIMEOUT_S
+        while os.getppid() != raylet_pid:
+            if os.getppid() != first_parent or time.monotonic() > deadline:
+                os._exit(1)  # the raylet is gone (we went to init or another reaper)
+            time.sleep(0.0005)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.closerange(3, _max_fd())
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed()  # the global RandomState; ``random`` re-seeds at fork
+        gc.enable()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        args, config = template
+        args.worker_id = worker_id
+        sys.argv = [sys.executable, "-m", "lumos._private.worker.main", "--worker-id", worker_id]
+        set_cmdline(" ".join(sys.argv))
+        from lumos._private.worker import main as worker_main
+        worker_main.run(args, config)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        try:
+            os.write(2, traceback.format_exc().encode())
+        finally:
+            os._exit(1)
+    os._exit(code)
+
+
+def _max_fd() -> int:
+    try:
+        return int(os.sysconf("SC_OPEN_MAX"))
+    except (ValueError, OSError):
+        return 65536
+
+
+def set_cmdline(text: str) -> bool:
+    """Show ``text`` as this process's command line in ``/proc/<pid>/cmdline`` (Linux):
+    written over the original argument strings, as ``setproctitle`` does. Fields are
+    separated by spaces; the text is cut to the original arguments' length."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(b")") + 2:].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
+    except (OSError, ValueError, IndexError):
+        return False
+    size = end - start
+    if size < 8:
+        return False
+    import ctypes
+    data = text.encode()[:size - 2]
+    # A non-NUL last byte tells the kernel the area was rewritten: it reads up to the first NUL.
+    area = data + b"\0" * (size - len(data) - 1) + b" "
+    ctypes.memmove(start, area, size)
+    return True
+
+
+def _write(fd: int, msg: dict[str, Any]) -> None:
+    data = (json.dumps(msg) + "\n").encode()
+    while data:
+        n = os.write(fd, data)
+        data = data[n:]
+
+
+def main() -> None:
+    """``python -m lumos._private.worker.fork_server RAYLET_PID -- WORKER ARGS...``"""
+    from lumos._private.process import die_with_parent
+    if len(sys.argv) < 3 or sys.argv[2] != "--":
+        raise SystemExit("usage: python -m lumos._private.worker.fork_server RAYLET_PID -- WORKER_ARGS...")
+    raylet_pid = int(sys.argv[1])
+    die_with_parent(raylet_pid, signal.SIGKILL)
+    # Ctrl-C in a terminal reaches the raylet's whole group; the raylet stops us itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s")
+    serve(raylet_pid, sys.argv[3:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Workers forked from the raylet's fork server (``worker_start="fork"``, the default)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import psutil
+import pytest
+
+import lumos
+from lumos._private.config import Config
+from lumos.exceptions import ActorDiedError
+from tests.conftest import lumos_children, process_gone, wait_for
+
+
+@lumos.remote(num_cpus=0)
+class Probe:
+    def info(self) -> dict:
+        import random
+
+        import numpy as np
+        main = sys.modules["__main__"]
+        return {"pid": os.getpid(), "ppid": os.getppid(), "random": random.random(),
+                "numpy": float(np.random.rand()),
+                "start": getattr(getattr(main, "__spec__", None), "name", ""),
+                "pgid": os.getpgid(0), "sid": os.getsid(0), "fds": _fd_targets("self")}
+
+    def exit(self, code: int) -> None:
+        os._exit(code)
+
+
+def _fd_targets(pid: str) -> list[str]:
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:  # closed meanwhile (the listing's own fd)
+            continue
+    return out
+
+
+def _fork_servers() -> list[psutil.Process]:
+    return [p for p in lumos_children() if "lumos._private.worker.fork_server" in " ".join(p.cmdline())]
+
+
+def _raylet() -> psutil.Process:
+    (raylet,) = [p for p in lumos_children() if "lumos._private.raylet.server" in " ".join(p.cmdline())]
+    return raylet
+
+
+def test_actors_are_forked_children_of_the_raylet_with_their_own_random_state(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
+    fresh_cluster(num_cpus=1, include_dashboard=False)
+    actors = [Probe.remote() for _ in range(4)]
+    infos = lumos.get([a.info.remote() for a in actors], timeout=60)
+    raylet = _raylet()
+    assert {i["start"] for i in infos} == {"lumos._private.worker.fork_server"}
+    assert {i["ppid"] for i in infos} == {raylet.pid}  # reparented: the raylet waits for them
+    assert len({i["random"] for i in infos}) == 4
+    assert len({i["numpy"] for i in infos}) == 4
+    # The same process group and session as the raylet, as a spawned worker has.
+    assert {(i["pgid"], i["sid"]) for i in infos} == {(os.getpgid(raylet.pid), os.getsid(raylet.pid))}
+    # Nothing of the fork server's is inherited: not its control pipes, not its log.
+    (server,) = _fork_servers()
+    assert len(os.listdir(f"/proc/{server.pid}/task")) == 1  # forks from one thread only
+    theirs = set(_fd_targets(str(server.pid))) - {"/dev/null"}
+    assert theirs and not any(theirs & set(i["fds"]) for i in infos)
+    cmd = psutil.Process(infos[0]["pid"]).cmdline()
+    assert "lumos._private.worker.main" in cmd and "--worker-id" in cmd
+    for a in actors:
+        lumos.kill(a)
+
+
+def test_forked_worker_exit_code_is_reported(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
+    fresh_cluster(num_cpus=1, include_dashboard=False)
+    a = Probe.remote()
+    assert lumos.get(a.info.remote(), timeout=60)["start"] == "lumos._private.worker.fork_server"
+    with pytest.raises(ActorDiedError, match="exit code 7"):
+        lumos.get(a.exit.remote(7), timeout=60)
+
+
+def test_killed_fork_server_falls_back_to_spawn_and_is_restarted(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
+    fresh_cluster(num_cpus=1, include_dashboard=False)
+    before = Probe.remote()
+    first = lumos.get(before.info.remote(), timeout=60)
+    (server,) = wait_for(_fork_servers, 30)
+    server.kill()
+    wait_for(lambda: process_gone(server.pid), 10)
+    # Workers it forked belong to the raylet: they live on.
+    assert lumos.get(before.info.remote(), timeout=30)["pid"] == first["pid"]
+    during = Probe.remote()
+    assert lumos.get(during.info.remote(), timeout=60)["pid"] != first["pid"]
+    # A new server comes up, and workers are forked from it again.
+    (new,) = wait_for(lambda: [p for p in _fork_servers() if p.pid != server.pid], 30)
+    assert new.pid != server.pid
+
+    def forked_again() -> bool:
+        a = Probe.remote()
+        try:
+            return lumos.get(a.info.remote(), timeout=60)["start"] == "lumos._private.worker.fork_server"
+        finally:
+            lumos.kill(a)
+    wait_for(forked_again, 30, interval_s=0.2)
+    for a in (before, during):
+        lumos.kill(a)
+
+
+@pytest.mark.slow
+def test_stuck_fork_server_is_replaced_and_its_workers_spawned(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
+    fresh_cluster(num_cpus=1, include_dashboard=False)
+    first = Probe.remote()
+    lumos.get(first.info.remote(), timeout=60)
+    (server,) = wait_for(_fork_servers, 30)
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        late = Probe.remote()  # asked of the stopped server; spawned once it is given up on
+        info = lumos.get(late.info.remote(), timeout=60)
+        assert info["start"] == "lumos._private.worker.main"
+    finally:
+        if not process_gone(server.pid):
+            os.kill(server.pid, signal.SIGCONT)
+    wait_for(lambda: process_gone(server.pid), 10)
+    wait_for(lambda: [p for p in _fork_servers() if p.pid != server.pid], 30)
+    for a in (first, late):
+        lumos.kill(a)
+
+
+def test_spawn_start_method_still_works(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
+    fresh_cluster(num_cpus=1, include_dashboard=False, _system_config={"worker_start": "spawn"})
+    a = Probe.remote()
+    assert lumos.get(a.info.remote(), timeout=60)["start"] == "lumos._private.worker.main"
+    assert not _fork_servers()
+
+    @lumos.remote
+    def ok() -> int:
+        return 1
+
+    assert lumos.get(ok.remote(), timeout=60) == 1
+    lumos.kill(a)
+
+
+def test_worker_start_rejects_unknown_methods() -> None:
+    with pytest.raises(ValueError, match="'fork' or 'spawn'"):
+        Config.resolve({"worker_start": "vfork"})
+    assert Config.resolve({"worker_start": "spawn"}).worker_start == "spawn"
+
+
+@pytest.mark.slow
+def test_two_hundred_cpu_free_actors_each_answer(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
+    fresh_cluster(num_cpus=2, include_dashboard=False)
+    actors = [Probe.remote() for _ in range(200)]
+    infos = lumos.get([a.info.remote() for a in actors], timeout=300)
+    assert len({i["pid"] for i in infos}) == 200
+    assert len({i["random"] for i in infos}) == 200
+    for a in actors:
+        lumos.kill(a)
+    wait_for(lambda: all(process_gone(i["pid"]) for i in infos), 60)
+
+
+def test_orphans_of_workers_are_reaped(fresh_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The raylet is a child subreaper (forked workers become its children), so it also
+    # inherits what a dead worker left running; those must not stay zombies.
+    fresh_cluster(num_cpus=1, include_dashboard=False)
+
+    @lumos.remote(num_cpus=0)
+    class Parent:
+        def start_child(self) -> int:
+            import subprocess
+            return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"]).pid
+
+    a = Parent.remote()
+    child = lumos.get(a.start_child.remote(), timeout=60)
+    lumos.kill(a)
+    raylet = _raylet()
+
+    def orphaned() -> bool:
+        try:
+            return psutil.Process(child).ppid() == raylet.pid
+        except psutil.NoSuchProcess:
+            return True
+    wait_for(orphaned, 30)
+    wait_for(lambda: not psutil.pid_exists(child), 30)  # reaped, not left a zombie
