@@ -135,9 +135,9 @@ class ClientWorker:
         self.inherited_env: dict[str, str] | None = None
         self.job_env_vars = dict((runtime_env or {}).get("env_vars") or {})
         self.raylet: Any = None
-        from lumos._private.core_worker.core_worker import _print_cluster_error, _print_worker_lines
-        self.log_handler: Callable[[list[Any]], None] = _print_worker_lines
-        self.error_handler: Callable[[str, str], None] = _print_cluster_error
+        from lumos._private.core_worker.driver import print_cluster_error, print_worker_lines
+        self.log_handler: Callable[[list[Any]], None] = print_worker_lines
+        self.error_handler: Callable[[str, str], None] = print_cluster_error
         self.last_log_at = 0.0
         self._closed = False
         self._ids = itertools.count(1)

@@ -29,8 +29,8 @@ pipelining depth, retries); ``results.py`` replies and results; ``objects.py``
 put/get/wait/futures and object status; ``streams.py`` streaming generators;
 ``references.py`` the object table and reference counting across processes;
 ``actor_submitter.py`` actor calls; ``executor.py`` (+ ``arguments.py``) running pushed
-tasks in a worker; ``actor_host.py`` the actor inside its worker; ``tasks.py`` the
-records they share. This file wires it together: it opens the connections (GCS, local
+tasks in a worker; ``actor_host.py`` the actor inside its worker; ``driver.py`` the driver's job config and
+output printers; ``gcs_link.py`` reaching a restarted GCS again; ``tasks.py`` the records they share. This file wires it together: it opens the connections (GCS, local
 raylet, peers), registers the RPC handlers, and carries out the states' actions.
 """
 
@@ -39,15 +39,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 import time
 from typing import Any, Callable
 
 from lumos import exceptions as exc
 from lumos import object_ref as object_ref_mod
 from lumos._private.config import Config
+from lumos._private.core_worker import gcs_link
 from lumos._private.core_worker import owner as ow
 from lumos._private.core_worker import task_submitter as ts
+from lumos._private.core_worker.driver import job_config, print_cluster_error, print_worker_lines
 from lumos._private.core_worker.io_loop import IoLoop
 from lumos._private.core_worker.objects import ObjectsMixin, error_blob
 from lumos._private.core_worker.references import ReferencesMixin
@@ -157,10 +158,10 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         #: Task events not yet sent: tuples, turned into messages off the hot path.
         self._events: list[tuple[Any, ...]] = []
         #: Called with batches of worker output lines (driver); replaceable by front ends.
-        self.log_handler: Callable[[list[Any]], None] = _print_worker_lines
+        self.log_handler: Callable[[list[Any]], None] = print_worker_lines
         #: When worker output last arrived (monotonic; the exit drain waits for it to settle).
         self.last_log_at = 0.0
-        self.error_handler: Callable[[str, str], None] = _print_cluster_error
+        self.error_handler: Callable[[str, str], None] = print_cluster_error
         self._closed = False
         self._blocked_depth = 0
         #: Hooks the executor (workers) installs.
@@ -243,7 +244,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                 package_hash, data = self.job_package
                 await self.gcs.call(m.KvPut("pkg", package_hash.encode(), data, False), cfg.rpc_timeout_s)
                 self.job_package = None  # the GCS has it; do not keep the bytes
-            await self.gcs.call(m.KvPut("job", self.job_id, _job_config(self.namespace, self.job_env_vars,
+            await self.gcs.call(m.KvPut("job", self.job_id, job_config(self.namespace, self.job_env_vars,
                                                                          package_hash), True),
                                   cfg.rpc_timeout_s)
         durable = await self.gcs.call(m.KvGet("cluster", b"gcs_storage_durable", 0.0), cfg.rpc_timeout_s)
@@ -298,52 +299,10 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             logger.warning("lost the connection to the GCS; reconnecting for up to %.0fs (gcs_reconnect_timeout_s)",
                            self.config.gcs_reconnect_timeout_s)
             self._gcs_reconnecting = True
-            self._spawn(self._reconnect_gcs(), "core-worker.gcs_reconnect")
+            self._spawn(gcs_link.reconnect(self), "core-worker.gcs_reconnect")
             return
         logger.error("lost the connection to the GCS")
         self._cluster_gone("the GCS went away")
-
-    async def _reconnect_gcs(self) -> None:
-        """Reach the restarted GCS (durable storage) with backoff, within gcs_reconnect_timeout_s."""
-        cfg = self.config
-        deadline = time.monotonic() + cfg.gcs_reconnect_timeout_s
-        delay = 0.1
-        try:
-            while not self._closed:
-                try:
-                    gcs = await connect_with_retry(self.gcs_address, token=self.token, config=cfg,
-                                                   handlers={m.Publish: self._handle_publish},
-                                                   name="core-worker->gcs", on_close=self._gcs_lost,
-                                                   timeout_s=max(0.1, deadline - time.monotonic()))
-                    if self.mode == DRIVER:
-                        await gcs.call(m.RegisterJob(self.address, os.getpid(), self.namespace, self.entrypoint,
-                                                     self.job_id), cfg.rpc_timeout_s)
-                        gcs.notify(m.Subscribe("logs", self.job_id))
-                        gcs.notify(m.Subscribe("errors", self.job_id))
-                    gcs.notify(m.Subscribe("worker_deaths", None))
-                    gcs.notify(m.Subscribe("nodes", None))
-                    self.gcs = gcs
-                    for msg in self._gcs_backlog:
-                        gcs.notify(msg)
-                    self._gcs_backlog = []
-                    for q in list(self.actor_submitter.actors.values()):
-                        if q.subscribed:
-                            q.subscribed = False
-                            self.actor_submitter.track(q.actor_id)
-                    logger.info("reconnected to the GCS")
-                    return
-                except (ConnectionLost, OSError, TimeoutError, RemoteError) as e:
-                    why = f"{type(e).__name__}: {e}"
-                if time.monotonic() + delay > deadline:
-                    logger.error("could not reach the GCS again within gcs_reconnect_timeout_s=%.0fs (%s)",
-                                 cfg.gcs_reconnect_timeout_s, why)
-                    self._cluster_gone(f"the GCS went away and was not back within gcs_reconnect_timeout_s="
-                                       f"{cfg.gcs_reconnect_timeout_s:.0f}s")
-                    return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-        finally:
-            self._gcs_reconnecting = False
 
     async def _gcs_call(self, msg: Any, timeout_s: float | None) -> Any:
         """One GCS request. While a restarted GCS is being reached it waits: without a
@@ -794,37 +753,6 @@ def _sever(conn: Connection) -> None:
     transport = getattr(conn, "_transport", None)
     if transport is not None:
         transport.abort()
-
-
-def _job_config(namespace: str, env_vars: dict[str, str] | None = None, working_dir: str | None = None) -> bytes:
-    import json
-    paths = [p for p in sys.path if p and os.path.isdir(p)]
-    main = sys.modules.get("__main__")
-    main_file = getattr(main, "__file__", None)
-    if main_file:
-        paths.insert(0, os.path.dirname(os.path.abspath(main_file)))
-    return json.dumps({"cwd": os.getcwd(), "sys_path": [os.getcwd()] + paths, "namespace": namespace,
-                       "env_vars": env_vars or {}, "working_dir": working_dir}).encode()
-
-
-def _print_worker_lines(lines: list[Any]) -> None:
-    for rec in lines:
-        _job, _task_id, task_name, pid, is_stderr, text = rec[:6]
-        stream = sys.stderr if is_stderr else sys.stdout
-        prefix = f"({task_name} pid={pid}) " if task_name else f"(pid={pid}) "
-        try:
-            stream.write("".join(prefix + line + "\n" for line in text.split("\n")))
-            stream.flush()
-        except (ValueError, OSError):
-            pass
-
-
-def _print_cluster_error(kind: str, text: str) -> None:
-    try:
-        sys.stderr.write(f"lumos warning ({kind}): {text}\n")
-        sys.stderr.flush()
-    except (ValueError, OSError):
-        pass
 
 
 __all__ = ["CoreWorker", "DRIVER", "WORKER", "TaskTemplate", "error_blob", "function_id_of"]

@@ -1,6 +1,7 @@
-"""What a raylet tells about its own machine: real memory use (for its heartbeat) and the
-ends of its log files (``GetNodeLog``, forwarded by the GCS). The dashboard and
-``lumos.state`` read both through the GCS, so they work for nodes on any machine.
+"""What a raylet tells about its own machine: real memory use (for its heartbeat), its
+workers, store and resources (``GetNodeStats``) and the ends of its log files (``GetNodeLog``,
+forwarded by the GCS). The dashboard and
+``lumos.state`` read them through the GCS, so they work for nodes on any machine.
 
 ```
 raylet ──NodeHeartbeat(memory_*, lumos_rss_bytes)──► GCS ──GetClusterStatus──► state API, dashboard
@@ -18,10 +19,15 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from lumos._private.ids import NodeID, WorkerID
+from lumos._private.ids import NodeID, WorkerID, short
+from lumos._private.protocol import messages as m
+
+if TYPE_CHECKING:
+    from lumos._private.raylet.server import RayletServer
 
 #: Most lines and bytes one ``GetNodeLog`` returns.
 MAX_TAIL_LINES = 200
@@ -88,3 +94,43 @@ def tail(path: str, lines: int) -> tuple[str, bool]:
         text = text.split("\n", 1)[-1]  # drop the partial first line
     all_lines = text.rstrip("\n").split("\n") if text else []
     return "\n".join(all_lines[-lines:]), bool(start) or len(all_lines) > lines
+
+
+def node_stats(raylet: RayletServer) -> dict[str, Any]:
+    """``GetNodeStats``: this raylet's workers, store, spilling, resources, queue and bundles."""
+    sched = raylet.scheduler
+    workers = []
+    for p in raylet.procs.values():
+        lease = sched.lease_of_worker(p.worker_id)
+        workers.append({
+            "worker_id": p.worker_id.hex(), "pid": p.pid if p.process else None,
+            "is_driver": p.is_driver, "job_id": p.job_id.hex() if p.job_id else None,
+            "state": "LEASED" if lease else ("IDLE" if p.address else "STARTING"),
+            "resources": sched.resources.as_floats(lease.units) if lease else {},
+            "resource_ids": lease.resource_ids if lease else {},
+        })
+    return {"node_id": raylet.node_id.hex(), "store": raylet.store.stats(), "workers": workers,
+            "spill": raylet.store.spill_stats(),
+            "available": sched.available_floats(), "total": dict(raylet.resources_total),
+            "queue_length": len(sched.queue), "infeasible": sched.infeasible_shapes(),
+            "transfer": raylet.object_manager.stats(),
+            "bundles": [{"placement_group_id": pg.hex(), "index": i,
+                         "total": b.pool.as_floats(b.pool.total), "node_ids": b.node_ids,
+                         "available": {k: v for k, v in b.pool.as_floats(b.pool.available).items()}}
+                        for (pg, i), b in sched.bundles.items()]}
+
+
+def node_log(node_id: NodeID, session_dir: str, msg: m.GetNodeLog) -> m.NodeLog:
+    """``GetNodeLog``: the end of this node's raylet log or one of its workers'."""
+    if msg.node_id != node_id:
+        raise LookupError(f"this is node {short(node_id)}, not {msg.node_id!r:.40}; ask the GCS")
+    name = log_name(node_id, msg.worker_id, msg.suffix)
+    lines = check_tail_lines(msg.tail_lines)
+    try:
+        text, truncated = tail(os.path.join(session_dir, "logs", name), lines)
+    except FileNotFoundError:
+        raise LookupError(f"node {short(node_id)} has no log file {name} (no such worker "
+                          "on this node, or it has not logged yet)") from None
+    except OSError as e:  # a symlink (O_NOFOLLOW) or unreadable: refuse, typed
+        raise PermissionError(f"node {short(node_id)} cannot read {name}: {e.strerror}") from None
+    return m.NodeLog(name, text, truncated)
