@@ -20,7 +20,7 @@ from lumos import exceptions as exc
 from lumos._private import worker_context, working_dir
 from lumos._private.config import Config
 from lumos._private.core_worker.core_worker import DRIVER, CoreWorker
-from lumos._private.ids import random_id, return_object_id
+from lumos._private.ids import NodeID, random_id, return_object_id
 from lumos._private.node import (NodeProcesses, default_store_bytes, find_local_token, new_session_dir,
                                  node_resources, read_current_cluster)
 from lumos._private.process import read_private_file
@@ -249,7 +249,7 @@ def _start_private(config: Config, num_cpus: float | None, num_gpus: float | Non
 
 
 def _start_core_worker(config: Config, token: bytes, gcs_address: Any, raylet_socket: str, session_dir: str,
-                       node_id: bytes, store_dir: str, node_ip: str, namespace: str,
+                       node_id: NodeID, store_dir: str, node_ip: str, namespace: str,
                        job_env: dict[str, str] | None = None,
                        job_package: tuple[str, bytes] | None = None) -> CoreWorker:
     main = sys.modules.get("__main__")

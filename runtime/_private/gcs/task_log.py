@@ -25,6 +25,7 @@ import logging
 from collections import OrderedDict, deque
 from typing import Any, TextIO
 
+from lumos._private.ids import JobID, NodeID, TaskID, WorkerID
 from lumos._private.protocol import messages as m
 from lumos._private.protocol.task_row import ROW_FIELDS, to_public
 from lumos._private.protocol.vocab import TASK_STATE_RANK, TERMINAL_TASK_STATES, TaskKind, TaskState
@@ -45,7 +46,7 @@ class TaskRecord:
     __slots__ = ("task_id", "job_id", "info", "state", "attempt", "events", "node_id",
                  "worker_id", "error", "retries", "seq")
 
-    def __init__(self, task_id: bytes, job_id: bytes) -> None:
+    def __init__(self, task_id: TaskID, job_id: JobID) -> None:
         self.task_id = task_id
         self.job_id = job_id
         #: Static facts from SUBMITTED (name, parent, args, returns, ...).
@@ -54,8 +55,8 @@ class TaskRecord:
         self.attempt = 0
         #: [state, time, attempt] in arrival order.
         self.events: list[list[Any]] = []
-        self.node_id: bytes | None = None
-        self.worker_id: bytes | None = None
+        self.node_id: NodeID | None = None
+        self.worker_id: WorkerID | None = None
         self.error: str | None = None
         self.retries = 0
         #: Sequence number of the last event applied (see ``TaskEventTable.updates``).
@@ -143,13 +144,13 @@ class TaskEventTable:
         self.bytes = 0
         self.archive_path = archive_path
         #: Task id -> record, oldest first.
-        self.records: OrderedDict[bytes, TaskRecord] = OrderedDict()
+        self.records: OrderedDict[TaskID, TaskRecord] = OrderedDict()
         self.num_archived = 0
         self._archive: TextIO | None = None
         #: Sequence number of the last applied event.
         self.seq = 0
         #: Task ids in the order of their last change (the oldest change first).
-        self._changed: OrderedDict[bytes, None] = OrderedDict()
+        self._changed: OrderedDict[TaskID, None] = OrderedDict()
 
     def add(self, events: list[m.TaskEvent]) -> int:
         """Apply ``events``; returns how many records they created."""
@@ -191,7 +192,7 @@ class TaskEventTable:
         records = self.records
         far_over = len(records) > 2 * self.max_records or (self.max_bytes and self.bytes > 2 * self.max_bytes)
         victims: list[TaskRecord] = []
-        live: list[bytes] = []
+        live: list[TaskID] = []
         freed = 0
         # Oldest first, stopping once enough are found (no copy of the whole table per call).
         for task_id, rec in records.items():
@@ -216,7 +217,7 @@ class TaskEventTable:
             self._archive.write("\n".join(lines) + "\n")
             self._archive.flush()
 
-    def list(self, job_id: bytes | None, limit: int) -> list[dict[str, Any]]:
+    def list(self, job_id: JobID | None, limit: int) -> list[dict[str, Any]]:
         out = []
         for rec in reversed(self.records.values()):
             if job_id is None or rec.job_id == job_id:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Union
 
-from lumos._private.ids import ObjectID
+from lumos._private.ids import ObjectID, WorkerID
 
 
 # ----------------------------------------------------------------------------- events
@@ -19,7 +19,7 @@ class CreateRequested:
     request: int          #: id the server uses to answer the client
     object_id: ObjectID
     size_bytes: int
-    client: bytes         #: worker id of the creating process
+    client: WorkerID      #: worker id of the creating process
 
 
 @dataclasses.dataclass(slots=True)
@@ -36,7 +36,7 @@ class ObjectsFreed:
 
 @dataclasses.dataclass(slots=True)
 class ClientGone:
-    client: bytes
+    client: WorkerID
 
 
 @dataclasses.dataclass(slots=True)
@@ -52,13 +52,13 @@ class MarkedShared:
 @dataclasses.dataclass(slots=True)
 class ObjectsPinned:
     """``client`` now holds live views of these objects (they must stay in memory)."""
-    client: bytes
+    client: WorkerID
     object_ids: list[ObjectID]
 
 
 @dataclasses.dataclass(slots=True)
 class ObjectsUnpinned:
-    client: bytes
+    client: WorkerID
     object_ids: list[ObjectID]
 
 
@@ -88,7 +88,7 @@ class RestoreFinished:
 class SlotsReserveRequested:
     """``client`` asks for up to ``count`` files of ``size_bytes`` ahead of its creates."""
     request: int
-    client: bytes
+    client: WorkerID
     size_bytes: int
     count: int
 
@@ -97,7 +97,7 @@ class SlotsReserveRequested:
 class ReservedSealed:
     """``client`` wrote ``object_id`` into its reserved ``slot`` and linked it under its
     final name (one-way: no round trip on the put path)."""
-    client: bytes
+    client: WorkerID
     slot: int
     object_id: ObjectID
     size_bytes: int
@@ -165,7 +165,7 @@ class RenameFile:
 
 @dataclasses.dataclass(slots=True)
 class DropSlot:
-    client: bytes
+    client: WorkerID
     slot: int
 
 

@@ -64,7 +64,7 @@ from .store_events import (  # noqa: F401  (re-exported: the raylet uses st.<nam
     GrantCreate, RejectCreate, UnlinkFile, RenameFile, DropSlot, SpillObject, RestoreObject,
     DropMappings, AnswerRestore, DiskFull, Event, Action, SlotsReserveRequested, ReservedSealed, GrantSlots)
 
-from lumos._private.ids import ObjectID
+from lumos._private.ids import ObjectID, WorkerID
 
 #: The creator of copies the raylet pulled from other nodes (secondary copies: the
 #: primary stays where the object was made, so these may be evicted under pressure).
@@ -84,7 +84,7 @@ class _Obj:
     slot: int
     file_size: int
     size_bytes: int
-    creator: bytes
+    creator: WorkerID
     sealed: bool
     shared: bool
     #: The file is in the store (counted in ``used_bytes``), or being restored into it.
@@ -140,7 +140,7 @@ class ObjectStoreState:
         #: Pulled copies evicted to make room.
         self.evicted = 0
         #: Client -> objects it holds live views of.
-        self.pins: dict[bytes, set[bytes]] = {}
+        self.pins: dict[WorkerID, set[ObjectID]] = {}
         #: Bytes of spills in flight (freed from the store when they finish).
         self.spilling_bytes = 0
         #: Spills / restores in flight of objects freed meanwhile: their files go when done.
@@ -388,7 +388,7 @@ class ObjectStoreState:
         if tell:
             actions.append(DropSlot(client, slot))
 
-    def _pick_slot(self, size: int, client: bytes) -> int | None:
+    def _pick_slot(self, size: int, client: WorkerID) -> int | None:
         return self.pool.pick(size, client)
 
     def _make_room(self, size: int, actions: list[Action], spill: bool = True) -> bool:
@@ -628,7 +628,7 @@ class ObjectStoreState:
         self.restore_seconds += self._count_busy("restore", ev.started, ev.seconds)
         actions.append(AnswerRestore(oid, ""))
 
-    def _unpin(self, client: bytes, object_ids: list[ObjectID]) -> None:
+    def _unpin(self, client: WorkerID, object_ids: list[ObjectID]) -> None:
         held = self.pins.get(client)
         if held is None:
             return

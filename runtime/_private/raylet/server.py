@@ -30,7 +30,7 @@ from typing import Any, Awaitable
 from lumos._private.config import Config
 from lumos._private.transport import eventloop
 from lumos._private.core_worker.io_loop import spawn
-from lumos._private.ids import NodeID, ObjectID, short
+from lumos._private.ids import NodeID, ObjectID, WorkerID, short
 from lumos._private.object_store import store_state as st
 from lumos._private.object_store import spill_io
 from lumos._private.object_store.client import unlink_quietly
@@ -101,9 +101,9 @@ class RayletServer:
         self.alive_nodes: dict[bytes, m.NodeInfo] = {}
         #: Owner worker id -> ids of the objects in this store it owns (made here for it,
         #: or copies pulled for its borrowers): freed when the owner dies (issue 12).
-        self._owned: dict[bytes, set[bytes]] = {}
+        self._owned: dict[WorkerID, set[ObjectID]] = {}
         #: Object id -> its owner's worker id (the inverse of ``_owned``).
-        self._owner_of: dict[bytes, bytes] = {}
+        self._owner_of: dict[ObjectID, WorkerID] = {}
         self.gcs: Connection | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         #: Reservation answers, read back by the handler that asked (same call).
@@ -481,7 +481,7 @@ class RayletServer:
 
     # ------------------------------------------------------------------ ownership
 
-    def _note_owner(self, object_id: ObjectID, owner: bytes) -> None:
+    def _note_owner(self, object_id: ObjectID, owner: WorkerID) -> None:
         """``owner`` owns ``object_id``, which this store holds (a primary or a copy)."""
         if not owner or self._owner_of.get(object_id) == owner:
             return
@@ -507,7 +507,7 @@ class RayletServer:
                     if owner in self.procs:
                         self._sched(sc.OwnershipChanged(owner, False))
 
-    def _free_owned_by(self, owner: bytes, why: str) -> None:
+    def _free_owned_by(self, owner: WorkerID, why: str) -> None:
         """The process ``owner`` is gone: nobody can read or free its objects any more, so
         free those this store holds (and ask the other nodes to drop their copies)."""
         ids = self._owned.pop(owner, None)
@@ -521,11 +521,11 @@ class RayletServer:
         if len(self.alive_nodes) > 1:
             self.object_manager.free_copies(freed)
 
-    async def create_local(self, object_id: ObjectID, size_bytes: int, client: bytes) -> list[Any]:
+    async def create_local(self, object_id: ObjectID, size_bytes: int, client: WorkerID) -> list[Any]:
         """Space for a new object: ``[slot, write path, final path, file size, reused]``."""
         return await self._request_create(object_id, size_bytes, client)
 
-    def _request_create(self, object_id: ObjectID, size_bytes: int, client: bytes) -> asyncio.Future[list[Any]]:
+    def _request_create(self, object_id: ObjectID, size_bytes: int, client: WorkerID) -> asyncio.Future[list[Any]]:
         """Ask the store for space; the future is done already when it had room at once.
         A waiting create is answered (or dropped, when its creator went) by ``_store``."""
         rid = self._next_request
@@ -666,40 +666,11 @@ class RayletServer:
             return await fut
 
     def _node_stats(self, conn: Connection, msg: m.GetNodeStats) -> dict[str, Any]:
-        workers = []
-        for p in self.procs.values():
-            lease = self.scheduler.lease_of_worker(p.worker_id)
-            workers.append({
-                "worker_id": p.worker_id.hex(), "pid": p.pid if p.process else None,
-                "is_driver": p.is_driver, "job_id": p.job_id.hex() if p.job_id else None,
-                "state": "LEASED" if lease else ("IDLE" if p.address else "STARTING"),
-                "resources": self.scheduler.resources.as_floats(lease.units) if lease else {},
-                "resource_ids": lease.resource_ids if lease else {},
-            })
-        return {"node_id": self.node_id.hex(), "store": self.store.stats(), "workers": workers,
-                "spill": self.store.spill_stats(),
-                "available": self.scheduler.available_floats(), "total": dict(self.resources_total),
-                "queue_length": len(self.scheduler.queue), "infeasible": self.scheduler.infeasible_shapes(),
-                "transfer": self.object_manager.stats(),
-                "bundles": [{"placement_group_id": pg.hex(), "index": i,
-                             "total": b.pool.as_floats(b.pool.total), "node_ids": b.node_ids,
-                             "available": {k: v for k, v in b.pool.as_floats(b.pool.available).items()}}
-                            for (pg, i), b in self.scheduler.bundles.items()]}
+        return node_report.node_stats(self)
 
     def _node_log(self, conn: Connection, msg: m.GetNodeLog) -> m.NodeLog:
         """The end of this raylet's log or one of its workers' (asked through the GCS)."""
-        if msg.node_id != self.node_id:
-            raise LookupError(f"this is node {short(self.node_id)}, not {msg.node_id!r:.40}; ask the GCS")
-        name = node_report.log_name(self.node_id, msg.worker_id, msg.suffix)
-        lines = node_report.check_tail_lines(msg.tail_lines)
-        try:
-            text, truncated = node_report.tail(os.path.join(self.session_dir, "logs", name), lines)
-        except FileNotFoundError:
-            raise LookupError(f"node {short(self.node_id)} has no log file {name} (no such worker "
-                              "on this node, or it has not logged yet)") from None
-        except OSError as e:  # a symlink (O_NOFOLLOW) or unreadable: refuse, typed
-            raise PermissionError(f"node {short(self.node_id)} cannot read {name}: {e.strerror}") from None
-        return m.NodeLog(name, text, truncated)
+        return node_report.node_log(self.node_id, self.session_dir, msg)
 
     def _forward_logs(self, conn: Connection, msg: m.LogBatch) -> None:
         if self.gcs is not None:
