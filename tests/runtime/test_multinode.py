@@ -7,6 +7,7 @@ picks a node and the owner follows the spillback. Plus the pure
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Iterator
 
@@ -14,6 +15,7 @@ import pytest
 
 import lumos
 from lumos._private.gcs.global_scheduler import GlobalSchedulerState, NodeView, Unschedulable
+from lumos._private.ids import NodeID, WorkerID
 from lumos._private.protocol import messages as m
 from lumos._private.raylet.resources import to_units
 from lumos.testing import Cluster
@@ -145,6 +147,27 @@ def test_global_scheduler_infeasible_spread_and_affinity() -> None:
     with pytest.raises(Unschedulable, match="less than"):
         s.pick(nodes, req({"GPU": 1}, ["NODE", b"a", False]), now=2.0)
     assert s.pick(nodes, req({"CPU": 1}, ["NODE", b"zz", True]), now=2.0) in (b"a", b"b")
+
+
+def test_a_dead_node_leaves_the_global_schedulers_tables(tmp_path: Any) -> None:
+    """The GCS marking a node dead drops its recent placements and spread count."""
+    from lumos._private.config import Config
+    from lumos._private.gcs.server import GcsServer
+    from lumos._private.gcs.storage.memory import InMemoryStorage
+    from lumos._private.protocol.gcs_messages import NodeInfo
+
+    async def scenario() -> None:
+        gcs = GcsServer(Config(), b"token", InMemoryStorage(), str(tmp_path))
+        node_id = NodeID(b"n" * 28)
+        gcs.nodes[node_id] = NodeInfo(node_id, m.Address(node_id, WorkerID(b""), "", "127.0.0.1", 1), "host", 1, {"CPU": 1.0}, "ALIVE",
+                                      0.0, "", 0, str(tmp_path), False, {}, [])
+        state = gcs.global_scheduler.state
+        assert state.pick(gcs.global_scheduler.node_views(), req({"CPU": 1}, ["SPREAD"]), now=0.0) == node_id
+        assert node_id in state.recent and node_id in state.spread_count
+        gcs.mark_node_dead(node_id, "test")
+        assert node_id not in state.recent and node_id not in state.spread_count
+
+    asyncio.run(scenario())
 
 
 # ----------------------------------------------------------------------------- object transfer

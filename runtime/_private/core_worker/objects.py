@@ -236,7 +236,7 @@ class ObjectsMixin:
             if e is None or e.state == PENDING:
                 missing.append(ref)
         if missing:
-            self._wait_for(missing, len({r._id for r in missing}), timeout, fetch=True, for_get=True)
+            self._wait_for(missing, len({r._id for r in missing}), timeout, for_get=True)
         if len(refs) > 1:
             self._pull_remote_together(refs)
         return [self._value_of(ref, deadline) for ref in refs]
@@ -264,7 +264,7 @@ class ObjectsMixin:
         except (TimeoutError, exc.LumosSystemError):
             pass
 
-    def _wait_for(self, refs: list[ObjectRef], num: int, timeout: float | None, fetch: bool,
+    def _wait_for(self, refs: list[ObjectRef], num: int, timeout: float | None,
                   for_get: bool = False) -> list[bytes]:
         """Block until ``num`` of ``refs`` are ready. Returns ids in completion order.
 
@@ -348,6 +348,8 @@ class ObjectsMixin:
 
     def wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None,
              fetch_local: bool) -> tuple[list[ObjectRef], list[ObjectRef]]:
+        """``ray.wait``. ``fetch_local`` is accepted for Ray's signature: waiting on a borrowed
+        object always asks its owner for it, as ``fetch_local=True`` does."""
         if self.objects.decrements:
             self.drain_refs()
         # Fast path: enough of them are done already (one pass, no waiter).
@@ -373,7 +375,7 @@ class ObjectsMixin:
         by_id: dict[bytes, ObjectRef] = {}
         for ref in refs:
             by_id.setdefault(ref._id, ref)
-        order = self._wait_for(refs, num_returns, timeout, fetch=fetch_local)
+        order = self._wait_for(refs, num_returns, timeout)
         ready_ids = order[:num_returns]
         ready_set = set(ready_ids)
         # Several objects may have become ready at once: add any others already done.
@@ -446,7 +448,7 @@ class ObjectsMixin:
             if why is not None:
                 raise exc.ObjectLostError(oid.hex(), f"{detail}; it cannot be rebuilt: {why}")
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            self._wait_for([ref], 1, remaining, fetch=False, for_get=True)
+            self._wait_for([ref], 1, remaining, for_get=True)
             e = self.objects.entries.get(oid)
             if e is None or (e.data is None and e.node_id is None):
                 return None

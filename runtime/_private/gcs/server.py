@@ -438,6 +438,7 @@ class GcsServer:
             self.publish("workers", w.worker_id, w)
             self.publish("worker_deaths", w.worker_id, w)
         self.raylets.discard(node_id)
+        self.global_scheduler.state.node_removed(node_id)  # its recent placements and spread count
         self.placement_groups.on_node_dead(node_id)
         self.actors.on_node_dead(node_id, reason, [w.worker_id for w in gone])
 
