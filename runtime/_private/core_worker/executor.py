@@ -31,6 +31,7 @@ from typing import Any
 
 from lumos import exceptions as exc
 from lumos._private import serialization as ser
+from lumos._private import thread_limits
 from lumos._private.core_worker.actor_host import ActorHost
 from lumos._private.core_worker.core_worker import CoreWorker
 from lumos._private.core_worker.arguments import ArgumentsMixin, _TaskFailed
@@ -54,6 +55,8 @@ class Executor(ArgumentsMixin):
         self._jobs_bound: set[bytes] = set()
         #: Job id -> the job's environment variables (``init(runtime_env=...)``).
         self._job_env: dict[bytes, dict[str, str]] = {}
+        #: The running task's native thread-pool sizes to restore (when its env sets them).
+        self._thread_limits: thread_limits.Limits | None = None
         #: Task ids cancelled before they started.
         self._cancelled: set[bytes] = set()
         self._running: m.TaskSpec | None = None
@@ -298,7 +301,7 @@ class Executor(ArgumentsMixin):
                 cw.capture_strategy = None
                 if saved_env is not None:  # an actor keeps its environment for its lifetime
                     cw.inherited_env = None
-                    _restore_env(saved_env)
+                    self._restore_task_env(saved_env)
         borrowed = self._still_borrowed()
         end = time.time()
         return m.TaskReply(spec.task_id, returns, app_error, retryable, borrowed, cw.worker_id, start, end)
@@ -486,7 +489,17 @@ class Executor(ArgumentsMixin):
         saved = {k: environ.get(k) for k in env}
         environ.update(env)
         self.cw.inherited_env = own or None
+        if not thread_limits.NAMES.isdisjoint(env):
+            # Native pools (numpy's BLAS, loaded before the task in a forked worker) read
+            # these variables only at load: size them now; an actor keeps them.
+            self._thread_limits = thread_limits.apply()
         return saved
+
+    def _restore_task_env(self, saved: dict[str, str | None]) -> None:
+        _restore_env(saved)
+        limits, self._thread_limits = self._thread_limits, None
+        if limits is not None:
+            limits.restore()
 
     # ------------------------------------------------------------------ GPUs
 
