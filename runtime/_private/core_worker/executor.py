@@ -532,6 +532,8 @@ class Executor(ArgumentsMixin):
                spec.root_task_id if spec else None]
         with self._output_lock:
             self._output.append(rec)
+        if self.cw._flush_idle:
+            self.cw.wake_flush()
 
     def flush_output(self) -> None:
         if not self._output:
