@@ -164,28 +164,8 @@ class Executor(ArgumentsMixin):
                 item = self.queue.get()
                 if item is None:
                     return
-                conn, msg = item
-                actor = self.actor
-                if actor is not None and msg.spec.kind == m.TaskKind.ACTOR_TASK:
-                    if actor.concurrent:
-                        actor.dispatch(conn, msg)
-                        continue
-                    self._conn = conn
-                    reply = self.execute(msg)
-                    if self.actor is actor:
-                        actor.after_call(conn, reply, not self.queue.empty())
-                    else:
-                        self.cw.send_reply(conn, reply)
-                else:
-                    self._conn = conn
-                    reply = self.execute(msg)
-                    if msg.spec.max_calls > 0 and self.actor is None and self._count_call(msg.spec):
-                        reply.error_kind = m.ErrorKind.EXITING
-                        self.cw.send_reply(conn, reply)
-                        self._exit_after_max_calls()
-                        return
-                    self.cw.send_reply(conn, reply)
-                self.flush_output_soon()
+                if not self._run_one(*item):
+                    return
             except KeyboardInterrupt:
                 continue  # a cancel that arrived after its task finished
             except Exception:
@@ -198,6 +178,37 @@ class Executor(ArgumentsMixin):
                                                                        "(malformed request)", "malformed"))
                     except Exception:
                         logger.exception("could not answer a malformed task")
+            finally:
+                self.cw.store.unmap_deferred()  # after the reply: what the task's views left
+
+    def _run_one(self, conn: Connection, msg: m.PushTask) -> bool:
+        """Run one pushed task and send its reply; False once this worker must exit. Store
+        mappings whose last view goes meanwhile (the arguments', as ``execute`` returns) are
+        unmapped by the caller after the reply went out: unmapping 16 MiB takes 2.5 ms."""
+        actor = self.actor
+        if actor is not None and msg.spec.kind == m.TaskKind.ACTOR_TASK:
+            if actor.concurrent:
+                actor.dispatch(conn, msg)
+                return True
+            self._conn = conn
+            self.cw.store.defer_unmaps()
+            reply = self.execute(msg)
+            if self.actor is actor:
+                actor.after_call(conn, reply, not self.queue.empty())
+            else:
+                self.cw.send_reply(conn, reply)
+        else:
+            self._conn = conn
+            self.cw.store.defer_unmaps()
+            reply = self.execute(msg)
+            if msg.spec.max_calls > 0 and self.actor is None and self._count_call(msg.spec):
+                reply.error_kind = m.ErrorKind.EXITING
+                self.cw.send_reply(conn, reply)
+                self._exit_after_max_calls()
+                return False
+            self.cw.send_reply(conn, reply)
+        self.flush_output_soon()
+        return True
 
     def _count_call(self, spec: m.TaskSpec) -> bool:
         """Count a run of a ``max_calls`` function; True once this worker must exit."""
@@ -534,6 +545,8 @@ class Executor(ArgumentsMixin):
                spec.root_task_id if spec else None]
         with self._output_lock:
             self._output.append(rec)
+        if self.cw._flush_idle:
+            self.cw.wake_flush()
 
     def flush_output(self) -> None:
         if not self._output:
