@@ -107,9 +107,20 @@ def apply() -> Limits:
     return Limits(before, numexpr is not None, numexpr_before)
 
 
+_scanned: tuple[int, list[Any]] | None = None
+
+
 def _controllers() -> list[Any]:
+    """The loaded pools' controllers. Scanning the process's libraries costs ~0.5 ms, so
+    the scan is kept until ``sys.modules`` grows (native pools arrive with an import)."""
+    global _scanned
+    loaded = len(sys.modules)
+    if _scanned is not None and _scanned[0] == loaded:
+        return _scanned[1]
     from threadpoolctl import ThreadpoolController  # only tasks that size pools pay for the import
-    return list(ThreadpoolController().lib_controllers)
+    libs = list(ThreadpoolController().lib_controllers)
+    _scanned = (len(sys.modules), libs)
+    return libs
 
 
 def _set(lib: Any, n: int) -> None:
