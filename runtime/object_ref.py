@@ -36,6 +36,8 @@ class ObjectRef:
             cw = _core_worker
             if cw is not None:
                 cw.objects.decrements.append(self._id)
+                if cw._flush_idle:
+                    cw.wake_flush()
 
     # ------------------------------------------------------------------ identity
 

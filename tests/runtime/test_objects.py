@@ -235,3 +235,44 @@ def test_ref_round_trip_through_task_keeps_driver_object_alive(fresh_cluster):
     gc.collect()
     (inner,) = lumos.get(back, timeout=30)
     assert lumos.get(inner, timeout=30)[0] == 5.0
+
+
+def test_an_argument_a_task_keeps_survives_its_ref_and_the_slots_reuse(fresh_cluster):
+    fresh_cluster(num_cpus=1)
+
+    @lumos.remote
+    class Keeper:
+        def keep(self, arr):
+            self.kept = arr  # outlives the call: its store view must stay mapped and pinned
+            return float(arr.sum())
+
+        def total(self):
+            return float(self.kept.sum())
+
+    k = Keeper.remote()
+    ref = lumos.put(np.full(2 * 2**20, 3.0, dtype=np.float32))
+    assert lumos.get(k.keep.remote(ref), timeout=30) == 3.0 * 2 * 2**20
+    del ref
+    gc.collect()
+    for i in range(4):  # same-sized objects: the freed slot would be reused were it not pinned
+        lumos.get(lumos.put(np.full(2 * 2**20, float(i), dtype=np.float32)), timeout=30)
+    assert lumos.get(k.total.remote(), timeout=30) == 3.0 * 2 * 2**20
+
+
+def test_a_worker_unmaps_an_argument_it_did_not_keep_after_the_task(fresh_cluster):
+    fresh_cluster(num_cpus=1)
+
+    @lumos.remote
+    def touch(arr):
+        return os.getpid(), float(arr.sum())
+
+    ref = lumos.put(np.ones(4 * 2**20, dtype=np.float32))
+    pid, total = lumos.get(touch.remote(ref), timeout=30)
+    assert total == 4 * 2**20
+    name = ref.hex()  # still referenced here: the file keeps its name
+
+    def unmapped() -> bool:
+        with open(f"/proc/{pid}/maps") as f:
+            return name not in f.read()
+
+    wait_for(unmapped, 10)

@@ -190,3 +190,28 @@ def test_slot_pool_check_finds_a_drifted_index():
     pool._by_mapper[b"W2"][2] = 8192
     with pytest.raises(AssertionError, match="index"):
         pool.check()
+
+
+def test_a_deferred_unmap_releases_the_pin_at_once_and_the_mapping_after(store_client):
+    import weakref
+
+    pins: list[tuple[bytes, bool]] = []
+    store_client.on_pin = lambda oid, pinned: pins.append((oid, pinned))
+    oid = b"d" * 20
+    with open(os.path.join(store_client.directory, oid.hex()), "wb") as f:  # another process's object
+        f.write(ser.serialize(np.ones(100_000)).to_bytes())
+    store_client.defer_unmaps()
+    view = store_client.view(oid)
+    mm = weakref.ref(store_client._read[oid].mm)
+    store_client.release(oid, shared=True)  # a task's argument: views keep the mapping
+    del view
+    # The executor sends the task's reply here: the pin is released before it, as always...
+    assert pins == [(oid, True), (oid, False)]
+    assert mm() is not None  # ...the munmap waits until after it
+    store_client.unmap_deferred()
+    assert mm() is None
+    view = store_client.view(oid)  # not deferring: the last view unmaps at once
+    mm = weakref.ref(store_client._read[oid].mm)
+    store_client.release(oid, shared=True)
+    del view
+    assert mm() is None

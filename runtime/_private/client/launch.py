@@ -20,10 +20,14 @@ def start_client_server(node: Any, host: str, port: int, gcs_public_address: str
         RuntimeError: it exited during start-up (the port is taken, say); its log says why.
         TimeoutError: it did not report ready within ``timeout_s``.
     """
+    from lumos._private.gcs.storage import redact_url
+    config = dict(overrides or {})
+    if config.get("gcs_storage"):  # every local user can read a command line: no Redis password on it
+        config["gcs_storage"] = redact_url(str(config["gcs_storage"]))
     proc, fd = node._spawn(["lumos._private.client.server", "--host", host, "--port", str(port),
                             "--gcs-address", f"unix:{node.gcs_unix}", "--gcs-public-address", gcs_public_address,
                             "--token-file", node.token_path, "--session-dir", node.session_dir,
-                            "--config", json.dumps(overrides or {})], tie_to_parent=tie_to_parent)
+                            "--config", json.dumps(config)], tie_to_parent=tie_to_parent)
     try:
         info = node._await_ready(proc, fd, "client_server", timeout_s)
     except BaseException:

@@ -113,6 +113,9 @@ def _take(lst: list[Any]) -> list[Any]:
 class ClientWorker:
     """A driver's core worker whose work runs in its session on the head."""
 
+    #: ``ObjectRef.__del__`` wakes an idle flush loop; the client sends its counts in batches.
+    _flush_idle = False
+
     def __init__(self, config: Config, address: str, token: bytes, namespace: str,
                  runtime_env: dict[str, Any] | None) -> None:
         self.config = config

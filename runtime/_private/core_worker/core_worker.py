@@ -157,6 +157,13 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         # cross-thread ---------------------------------------------------------------
         #: Task events not yet sent: tuples, turned into messages off the hot path.
         self._events: list[tuple[Any, ...]] = []
+        #: The flush loop waits with nothing buffered: the next buffering wakes it
+        #: (``wake_flush``).
+        self._flush_idle = False
+        #: Set (on the io loop) to wake the idle flush loop.
+        self._flush_armed = asyncio.Event()
+        #: Flushes the flush loop has run (idle workers must not run any).
+        self.flush_wakeups = 0
         #: Called with batches of worker output lines (driver); replaceable by front ends.
         self.log_handler: Callable[[list[Any]], None] = print_worker_lines
         #: When worker output last arrived (monotonic; the exit drain waits for it to settle).
@@ -574,7 +581,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             lease.idle_timer = None
         spec = task.spec
         if spec.enable_task_events:
-            self._events.append((spec.task_id, spec.attempt, m.TaskState.SCHEDULED, time.time(),
+            self._buffer_event((spec.task_id, spec.attempt, m.TaskState.SCHEDULED, time.time(),
                                  {"resource_ids": lease.resource_ids} if lease.resource_ids else None,
                                  lease.node_id, lease.worker_id, None))
         assert lease.conn is not None

@@ -102,7 +102,7 @@ class ResultsMixin:
         spec = task.spec
         logger.info("running %s (%s) again: %s", spec.name, short(spec.task_id), why)
         if spec.enable_task_events:
-            self._events.append((spec.task_id, spec.attempt, m.TaskState.RETRIED, time.time(), None, None, None, why))
+            self._buffer_event((spec.task_id, spec.attempt, m.TaskState.RETRIED, time.time(), None, None, None, why))
         spec.attempt += 1
         task.lease = None
     def _finish_task(self, task: PendingTask, reply: m.TaskReply) -> None:
@@ -144,9 +144,9 @@ class ResultsMixin:
             if reply.start_time:
                 # The executor sends its own RUNNING event in its next batch, which a reader may
                 # not see yet (or ever, if it exits first): the finished row has its start time.
-                self._events.append((spec.task_id, spec.attempt, m.TaskState.RUNNING, reply.start_time, None, None,
+                self._buffer_event((spec.task_id, spec.attempt, m.TaskState.RUNNING, reply.start_time, None, None,
                                      reply.worker_id, None))
-            self._events.append((spec.task_id, spec.attempt, state, reply.end_time or time.time(), info,
+            self._buffer_event((spec.task_id, spec.attempt, state, reply.end_time or time.time(), info,
                                  None, reply.worker_id, _error_text(reply) if reply.app_error else None))
         if reply.borrowed:
             executor = (task.lease.address if task.lease is not None
@@ -204,7 +204,7 @@ class ResultsMixin:
         spec = task.spec
         if spec.enable_task_events:
             state = m.TaskState.CANCELLED if task.cancelled else m.TaskState.FAILED
-            self._events.append((spec.task_id, spec.attempt, state, time.time(), None, None, None,
+            self._buffer_event((spec.task_id, spec.attempt, state, time.time(), None, None, None,
                                  text or "failed"))
         if spec.kind == m.TaskKind.ACTOR_TASK:
             self.actor_submitter.on_failed(task)

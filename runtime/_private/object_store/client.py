@@ -95,6 +95,9 @@ class StoreClient:
         self._mapper: ThreadPoolExecutor | None = None
         #: weakref callbacks need the ctypes views alive only through user references.
         self._weak: dict[int, weakref.ref[Any]] = {}
+        #: Mappings whose last view went while unmapping is deferred (``defer_unmaps``):
+        #: kept until ``unmap_deferred``. None: unmap at once.
+        self._unmap_later: list[mmap.mmap] | None = None
 
     # ------------------------------------------------------------------ writing
 
@@ -301,10 +304,13 @@ class StoreClient:
         lock = self._lock
         ref = weakref.ref(mapping)
 
-        def gone(w: Any, ref: Any = ref, oid: bytes = oid) -> None:
+        def gone(w: Any, ref: Any = ref, oid: bytes = oid, mm: mmap.mmap = mapping.mm) -> None:
             self._weak.pop(id(w), None)
             m = ref()
             with lock:
+                later = self._unmap_later
+                if later is not None:
+                    later.append(mm)  # the munmap, if this was the last reference, waits
                 if m is not None:
                     m.live_views -= 1
                 left = self._pins.get(oid, 1) - 1
@@ -329,6 +335,20 @@ class StoreClient:
         w = weakref.ref(arr, gone)
         self._weak[id(w)] = w
         return memoryview(arr).cast("B").toreadonly()
+
+    def defer_unmaps(self) -> None:
+        """Until ``unmap_deferred``, a mapping whose last view goes is kept mapped (its pins
+        are released at once, as always): the executor sends a task's reply first."""
+        with self._lock:
+            if self._unmap_later is None:
+                self._unmap_later = []
+
+    def unmap_deferred(self) -> None:
+        """Drop the mappings kept since ``defer_unmaps`` (the munmaps happen here) and unmap
+        at once again."""
+        with self._lock:
+            later, self._unmap_later = self._unmap_later, None
+        del later
 
     def drop_mappings(self, object_ids: list[bytes]) -> None:
         """These objects left the store (spilled): unmap them. A mapping with live views
@@ -421,6 +441,7 @@ class StoreClient:
             self._slots.clear()
             self._read.clear()
             self._slot_bytes = 0
+            self._unmap_later = None
             mapper, self._mapper = self._mapper, None
         if mapper is not None:
             mapper.shutdown(wait=True, cancel_futures=True)
