@@ -445,12 +445,28 @@ class GcsServer:
     async def _health_loop(self) -> None:
         interval = self.config.heartbeat_interval_ms / 1000
         timeout = self.config.node_death_timeout_ms / 1000
+        last = time.monotonic()
         while True:
             await asyncio.sleep(interval)
+            await asyncio.sleep(0)  # heartbeats already waiting in the sockets are read first
             now = time.monotonic()
+            stall = now - last - interval
+            last = now
+            if stall > interval:
+                # This process was held up (stopped, swapped, starved of CPU): the silence
+                # is ours, not the raylets'. Their deadlines move on by as long as we stood still.
+                self._excuse_stall(stall, now)
             for node_id, info in list(self.nodes.items()):
                 if info.state == "ALIVE" and now - self._last_heartbeat.get(node_id, now) > timeout:
                     self.mark_node_dead(node_id, f"no heartbeat for {timeout:.1f}s")
+
+    def _excuse_stall(self, stall: float, now: float) -> None:
+        """Move every node's last heartbeat on by the time the GCS itself stood still, so a
+        stopped or starved GCS does not declare healthy nodes dead when it resumes."""
+        beats = self._last_heartbeat
+        for node_id, at in beats.items():
+            beats[node_id] = min(at + stall, now)
+        logger.info("the GCS stood still for %.1fs; node heartbeat deadlines moved on by as much", stall)
 
     def _cluster_status(self, conn: Connection, msg: m.GetClusterStatus) -> list[m.NodeResources]:
         out = []
