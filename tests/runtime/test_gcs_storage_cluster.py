@@ -330,8 +330,8 @@ def test_a_redis_that_comes_back_empty_gets_the_live_tables_written_back(redis_s
 
         kill_redis(redis_server)
         wipe_redis_data(redis_server)
-        redis_server.start()  # same port, empty
-        assert not rows([redis_server], "kv")
+        redis_server.start()  # same port, empty (the GCS may write back before we could look:
+        # its log line below is what shows it found Redis empty)
 
         def back() -> bool:
             return all(before[t] <= set(rows([redis_server], t)) for t in tables)
