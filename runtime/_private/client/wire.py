@@ -79,17 +79,11 @@ def server_handshake(sock: socket.socket, token: bytes, timeout_s: float) -> Non
 
 def client_handshake(sock: socket.socket, token: bytes, timeout_s: float) -> None:
     """The client's side: check the head's proof first, then prove the token."""
-    deadline = time.monotonic() + timeout_s
-    client_nonce = auth.new_nonce()
-    sock.settimeout(timeout_s)
-    sock.sendall(client_nonce)
-    server_nonce = auth.check_server_hello(token, client_nonce, recv_exact(sock, auth.SERVER_HELLO_BYTES, deadline))
-    if server_nonce is None:
-        raise ConnectionError("the server did not prove it holds the cluster token (wrong token, or not the "
-                              "lumos client server of this cluster)")
-    sock.sendall(auth.client_proof(token, client_nonce, server_nonce))
-    if recv_exact(sock, len(auth.OK), deadline) != auth.OK:
-        raise ConnectionError("the lumos head refused the cluster token")
+    auth.client_handshake_blocking(
+        sock, token, timeout_s, recv_exact,
+        unproven="the server did not prove it holds the cluster token (wrong token, or not the "
+                 "lumos client server of this cluster)",
+        refused="the lumos head refused the cluster token")
 
 
 class Payload:

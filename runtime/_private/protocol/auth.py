@@ -26,6 +26,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import time
+from typing import Any, Callable
 
 NONCE_BYTES = 32
 DIGEST_BYTES = 32
@@ -67,6 +69,29 @@ def client_proof(token: bytes, client_nonce: bytes, server_nonce: bytes) -> byte
 def check_client_proof(token: bytes, client_nonce: bytes, server_nonce: bytes, digest: bytes) -> bool:
     return len(digest) == DIGEST_BYTES and hmac.compare_digest(
         _proof(token, _CLIENT, client_nonce, server_nonce), digest)
+
+
+def client_handshake_blocking(sock: Any, token: bytes, timeout_s: float,
+                              recv_exact: Callable[[Any, int, float], bytes], *, unproven: str, refused: str) -> None:
+    """The client's side of the handshake on a blocking socket (the transfer port's data
+    channel, the client link): check the server's proof before sending ours. ``recv_exact(sock,
+    n, deadline)`` reads exactly ``n`` bytes by the monotonic ``deadline``.
+
+    Raises:
+        ConnectionError: ``unproven`` when the server did not prove the token, ``refused``
+            when it refused ours.
+        TimeoutError: the handshake took longer than ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    client_nonce = new_nonce()
+    sock.settimeout(timeout_s)
+    sock.sendall(client_nonce)
+    server_nonce = check_server_hello(token, client_nonce, recv_exact(sock, SERVER_HELLO_BYTES, deadline))
+    if server_nonce is None:
+        raise ConnectionError(unproven)
+    sock.sendall(client_proof(token, client_nonce, server_nonce))
+    if recv_exact(sock, len(OK), deadline) != OK:
+        raise ConnectionError(refused)
 
 
 def new_token() -> bytes:

@@ -491,17 +491,11 @@ def client_handshake(sock: socket.socket, token: bytes, timeout_s: float) -> Non
         ConnectionError: the holder did not prove the token, refused ours, or went away.
         TimeoutError: the handshake took longer than ``timeout_s``.
     """
-    deadline = time.monotonic() + timeout_s
-    client_nonce = auth.new_nonce()
-    sock.settimeout(timeout_s)
-    sock.sendall(client_nonce)
-    server_nonce = auth.check_server_hello(token, client_nonce, _recv_exact(sock, auth.SERVER_HELLO_BYTES, deadline))
-    if server_nonce is None:
-        raise ConnectionError("the data channel did not prove it holds the cluster token "
-                              "(wrong token, or not a lumos raylet of this cluster)")
-    sock.sendall(auth.client_proof(token, client_nonce, server_nonce))
-    if _recv_exact(sock, len(auth.OK), deadline) != auth.OK:
-        raise ConnectionError("the data channel refused the handshake")
+    auth.client_handshake_blocking(
+        sock, token, timeout_s, _recv_exact,
+        unproven="the data channel did not prove it holds the cluster token "
+                 "(wrong token, or not a lumos raylet of this cluster)",
+        refused="the data channel refused the handshake")
 
 
 def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
