@@ -9,11 +9,25 @@ from __future__ import annotations
 
 import os
 import queue
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_client.manager import KernelManager
+
+
+def lumos_cli(root: str, *args: str) -> str:
+    """Run ``lumos ARGS`` with its session root at ``root`` and no cluster inherited from the
+    environment; returns its output, failing the test if it fails."""
+    env = dict(os.environ, LUMOS_TMPDIR=root)
+    env.pop("LUMOS_ADDRESS", None)
+    env.pop("LUMOS_CLUSTER_TOKEN", None)
+    done = subprocess.run([sys.executable, "-m", "lumos.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=90)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
 
 
 @dataclass

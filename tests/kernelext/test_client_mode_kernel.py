@@ -10,27 +10,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from typing import Any
 
 import pytest
 
 from tests.conftest import TEST_CONFIG
-from tests.kernelext.kernel_client import DirectKernel
+from tests.kernelext.kernel_client import DirectKernel, lumos_cli
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
-
-
-def _lumos_cli(root: str, *args: str) -> str:
-    env = dict(os.environ, LUMOS_TMPDIR=root)
-    env.pop("LUMOS_ADDRESS", None)
-    env.pop("LUMOS_CLUSTER_TOKEN", None)
-    done = subprocess.run([sys.executable, "-m", "lumos.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=90)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
 
 
 def test_kernel_in_client_mode_runs_remote_cells_of_every_kind(tmp_path: Any) -> None:
@@ -38,7 +26,7 @@ def test_kernel_in_client_mode_runs_remote_cells_of_every_kind(tmp_path: Any) ->
     elsewhere = tempfile.mkdtemp(prefix="lumos-kcm-client-")
     k: DirectKernel | None = None
     try:
-        out = _lumos_cli(root, "start", "--head", "--port", "0", "--client-server-port", "0", "--num-cpus", "3",
+        out = lumos_cli(root, "start", "--head", "--port", "0", "--client-server-port", "0", "--num-cpus", "3",
                          "--dashboard-port", "0", "--object-store-memory", str(200 << 20),
                          "--system-config", json.dumps(TEST_CONFIG))
         address = next(line.split("client address:", 1)[1].strip() for line in out.splitlines()
@@ -90,6 +78,6 @@ def test_kernel_in_client_mode_runs_remote_cells_of_every_kind(tmp_path: Any) ->
                 finally:
                     k.close()
         finally:
-            _lumos_cli(root, "stop")
+            lumos_cli(root, "stop")
             shutil.rmtree(root, ignore_errors=True)
             shutil.rmtree(elsewhere, ignore_errors=True)

@@ -5,26 +5,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from typing import Any
 
 import pytest
 
 from tests.conftest import TEST_CONFIG, check_no_leaks, process_gone, wait_for
-from tests.kernelext.kernel_client import DirectKernel
+from tests.kernelext.kernel_client import DirectKernel, lumos_cli
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
-
-
-def _lumos_cli(root: str, *args: str) -> str:
-    env = dict(os.environ, LUMOS_TMPDIR=root)
-    env.pop("LUMOS_ADDRESS", None)
-    done = subprocess.run([sys.executable, "-m", "lumos.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=90)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
 
 
 def test_kernel_joins_a_running_cluster_and_never_falls_back_to_a_private_one(tmp_path: Any) -> None:
@@ -38,7 +27,7 @@ def test_kernel_joins_a_running_cluster_and_never_falls_back_to_a_private_one(tm
 
 
 def _run_against_cli_cluster(root: str, tmp_path: Any) -> None:
-    _lumos_cli(root, "start", "--head", "--port", "0", "--num-cpus", "3", "--no-dashboard",
+    lumos_cli(root, "start", "--head", "--port", "0", "--num-cpus", "3", "--no-dashboard",
                "--object-store-memory", str(200 * 1024 * 1024), "--system-config", json.dumps(TEST_CONFIG))
     record: dict[str, Any] = {}
     k: DirectKernel | None = None
@@ -77,6 +66,6 @@ def _run_against_cli_cluster(root: str, tmp_path: Any) -> None:
                 finally:
                     k.close()
         finally:
-            _lumos_cli(root, "stop")
+            lumos_cli(root, "stop")
     wait_for(lambda: all(process_gone(pid) for pid in record.get("pids", [])), timeout_s=20)
     check_no_leaks(record.get("session_dir"))
