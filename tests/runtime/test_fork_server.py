@@ -181,3 +181,39 @@ def test_orphans_of_workers_are_reaped(fresh_cluster, tmp_path) -> None:  # type
             return True
     wait_for(orphaned, 30)
     wait_for(lambda: not psutil.pid_exists(child), 30)  # reaped, not left a zombie
+
+
+_CLONE_SCRIPT = r"""
+import os, signal, sys
+from lumos._private.worker.fork_server import CloneParent
+clone = CloneParent.probe()
+if clone is None:
+    print("unsupported", flush=True)
+    sys.exit(0)
+pid = clone.fork()
+if pid == 0:
+    # The C library's idea of our thread id must be ours: raise() signals through it.
+    got = []
+    signal.signal(signal.SIGUSR1, lambda *a: got.append(1))
+    signal.raise_signal(signal.SIGUSR1)
+    os._exit(5 if got else 1)
+print(pid, flush=True)
+"""
+
+
+def test_clone_parent_makes_the_worker_a_child_of_the_fork_servers_parent() -> None:
+    # One fork per worker: the clone is this process's child at once (this test process
+    # is not a subreaper: a double-forked child would have gone to init), so it can wait
+    # for it and read its exit code.
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", _CLONE_SCRIPT], capture_output=True, text=True, timeout=60,
+                         check=True).stdout.strip()
+    if out == "unsupported":
+        pytest.skip("clone(CLONE_PARENT) is not used on this platform")
+    pid = int(out)
+    try:
+        _, status = os.waitpid(pid, 0)
+    finally:
+        if not process_gone(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert os.waitstatus_to_exitcode(status) == 5

@@ -192,7 +192,9 @@ class ForkServerClient:
             try:
                 msg = json.loads(line)
                 if "ready" in msg:
-                    logger.info("fork server ready (pre-imported: %s)", ", ".join(msg.get("modules", [])) or "-")
+                    logger.info("fork server ready (pre-imported: %s; workers %s)",
+                                ", ".join(msg.get("modules", [])) or "-",
+                                "cloned as this raylet's children" if msg.get("clone") else "double-forked")
                     self._on_ready()
                     continue
                 worker_id = WorkerID(bytes.fromhex(msg["worker_id"]))

@@ -10,20 +10,19 @@ child's private memory is only what it writes.
 
 ```
 raylet ─ stdin:  {"worker_id": hex, "log": path}\\n ──► fork server (one thread, no sockets)
-       ◄ stdout: {"worker_id": hex, "pid": N}\\n ─────   │ fork
+       ◄ stdout: {"worker_id": hex, "pid": N}\\n ─────   │ clone(CLONE_PARENT)
                                                         ▼
-                                                        A ── fork ──► B: the worker
-                                                        │ writes B's pid, exits
-                                                        ▼
-       B is reparented to the raylet (a child subreaper), which waits for it, reads its
-       exit code and kills it exactly as it does a worker it spawned.
+                              B: the worker, a child of the raylet from its first instruction
 ```
-Why the double fork: the raylet must learn each worker's exit status, and only a
-parent can wait for a process. With ``PR_SET_CHILD_SUBREAPER`` on the raylet, the
-orphaned B becomes the raylet's child; the server waits for A before it answers, so B
-is the raylet's by the time the raylet hears of it. B then sets its parent-death
-signal against the raylet, as a spawned worker does, so the fork server can die (and be
-restarted) without taking its workers along.
+The raylet must learn each worker's exit status, and only a parent can wait for a
+process. ``clone(CLONE_PARENT)`` (``CloneParent``) makes B the raylet's child directly:
+one copy of the template's page tables per worker. Where that is not available (another
+architecture or C library), the server double-forks: A forks B and exits, and with
+``PR_SET_CHILD_SUBREAPER`` on the raylet the orphaned B becomes the raylet's child (the
+server waits for A before it answers, so B is the raylet's by the time the raylet hears
+of it); that costs a second fork and A's exit, ~2.5 ms of CPU per worker. B then sets
+its parent-death signal against the raylet, as a spawned worker does, so the fork
+server can die (and be restarted) without taking its workers along.
 
 In the child: fds 0/1/2 become /dev/null and the worker's log file, every other
 inherited fd is closed, numpy's global random state is re-seeded (``random`` re-seeds
@@ -87,11 +86,13 @@ def serve(raylet_pid: int, worker_args: list[str], rfd: int = 0, wfd: int = 1) -
     args = worker_main.parse_args([*worker_args, "--worker-id", ""])
     config = Config.from_json(args.config) if args.config else Config.resolve()
     template = (args, config)
+    global _CLONE
+    _CLONE = CloneParent.probe() if os.getppid() == raylet_pid else None
     _stop_native_threads()
     gc.collect()
     gc.freeze()
     gc.disable()
-    _write(wfd, {"ready": os.getpid(), "modules": present})
+    _write(wfd, {"ready": os.getpid(), "modules": present, "clone": _CLONE is not None})
     buf = b""
     while True:
         try:
@@ -125,6 +126,10 @@ def _stop_native_threads() -> None:
                        "(native pools with pre-fork handlers, as OpenBLAS's, are safe)", threads)
 
 
+#: How this server forks workers (None: the double fork); set by ``serve``.
+_CLONE: "CloneParent | None" = None
+
+
 def _serve_one(line: bytes, raylet_pid: int, template: tuple[Any, Any]) -> dict[str, Any]:
     try:
         req = json.loads(line)
@@ -137,15 +142,98 @@ def _serve_one(line: bytes, raylet_pid: int, template: tuple[Any, Any]) -> dict[
     if threading.active_count() != 1:
         return {"worker_id": worker_id, "error": f"{threading.active_count()} threads in the fork server"}
     try:
-        pid = _fork_worker(worker_id, log_path, raylet_pid, template)
+        pid = _fork_worker(worker_id, log_path, raylet_pid, template, _CLONE)
     except OSError as e:
         logger.error("fork of worker %s failed: %s", worker_id[:12], e)
         return {"worker_id": worker_id, "error": f"fork failed: {e}"}
     return {"worker_id": worker_id, "pid": pid}
 
 
-def _fork_worker(worker_id: str, log_path: str, raylet_pid: int, template: tuple[Any, Any]) -> int:
-    """Fork A, which forks the worker B and exits; B's pid once A has been reaped."""
+class CloneParent:
+    """``os.fork()`` whose child is this process's parent's child: ``clone(CLONE_PARENT)``
+    through ``syscall(2)``, wrapped in the interpreter's fork hooks as ``os.fork`` wraps
+    ``fork(3)``. The C library's own fork bookkeeping that matters to a single-threaded
+    caller is the thread id cached in its thread descriptor, which the kernel writes
+    (``CLONE_CHILD_SETTID``) at the offset found by ``probe``; the rest (lock resets, the
+    stacks of other threads) has nothing to do in a process with one thread that holds
+    no lock. Linux on x86-64 and arm64 with glibc only: ``probe`` returns None elsewhere."""
+
+    _CLONE_PARENT = 0x00008000
+    _CLONE_CHILD_CLEARTID = 0x00200000
+    _CLONE_CHILD_SETTID = 0x01000000
+    #: (syscall number, whether the child-tid pointer comes before tls) per machine.
+    _SYSCALLS = {"x86_64": (56, True), "aarch64": (220, False)}
+
+    def __init__(self, nr: int, ctid_first: bool, tid_addr: int) -> None:
+        import ctypes
+        self._nr = nr
+        self._ctid_first = ctid_first
+        self._tid_addr = tid_addr
+        # PyDLL: the GIL stays held across the call (as os.fork holds it across fork()).
+        self._syscall = ctypes.PyDLL(None, use_errno=True).syscall
+        self._syscall.restype = ctypes.c_long
+        self._syscall.argtypes = [ctypes.c_long, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.c_void_p, ctypes.c_void_p]
+        api = ctypes.pythonapi
+        self._before, self._after_parent, self._after_child = (
+            api.PyOS_BeforeFork, api.PyOS_AfterFork_Parent, api.PyOS_AfterFork_Child)
+        for f in (self._before, self._after_parent, self._after_child):
+            f.argtypes, f.restype = [], None
+        self._get_errno = ctypes.get_errno
+
+    @classmethod
+    def probe(cls) -> "CloneParent | None":
+        """A ``CloneParent`` for this process, or None where it cannot be used safely."""
+        machine = os.uname().machine
+        if not sys.platform.startswith("linux") or machine not in cls._SYSCALLS or \
+                os.confstr("CS_GNU_LIBC_VERSION") is None:
+            return None
+        import ctypes
+        try:
+            libc = ctypes.CDLL(None)
+            libc.pthread_self.restype = ctypes.c_void_p
+            self_addr = libc.pthread_self()
+        except (OSError, AttributeError):
+            return None
+        if not self_addr or threading.get_native_id() != os.getpid():
+            return None
+        # glibc keeps the thread's kernel id in its descriptor (``struct pthread``): the
+        # one int there equal to our tid (the pid, in the main thread) is it.
+        words = (ctypes.c_int32 * 1024).from_address(self_addr)
+        hits = [i for i in range(1024) if words[i] == os.getpid()]
+        if len(hits) != 1:
+            return None
+        nr, ctid_first = cls._SYSCALLS[machine]
+        return cls(nr, ctid_first, self_addr + 4 * hits[0])
+
+    def fork(self) -> int:
+        """Like ``os.fork()``; the child's parent is this process's parent."""
+        flags = self._CLONE_PARENT | self._CLONE_CHILD_SETTID | self._CLONE_CHILD_CLEARTID | signal.SIGCHLD
+        ctid, tls = self._tid_addr, None
+        self._before()
+        if self._ctid_first:  # x86-64: clone(flags, stack, ptid, ctid, tls)
+            pid = self._syscall(self._nr, flags, None, None, ctid, tls)
+        else:  # arm64: clone(flags, stack, ptid, tls, ctid)
+            pid = self._syscall(self._nr, flags, None, None, tls, ctid)
+        if pid == 0:
+            self._after_child()
+            return 0
+        err = self._get_errno()
+        self._after_parent()
+        if pid < 0:
+            raise OSError(err, f"clone(CLONE_PARENT) failed: {os.strerror(err)}")
+        return int(pid)
+
+
+def _fork_worker(worker_id: str, log_path: str, raylet_pid: int, template: tuple[Any, Any],
+                 clone: CloneParent | None = None) -> int:
+    """The worker B's pid: cloned as the raylet's child, or (no ``clone``) forked by A,
+    which exits, once A has been reaped."""
+    if clone is not None:
+        pid = clone.fork()
+        if pid == 0:
+            _run_child(worker_id, log_path, raylet_pid, template)  # never returns
+        return pid
     r, w = os.pipe()
     try:
         a = os.fork()
