@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from typing import Any
 
 import psutil
 import pytest
@@ -217,3 +218,42 @@ def test_clone_parent_makes_the_worker_a_child_of_the_fork_servers_parent() -> N
         if not process_gone(pid):
             os.kill(pid, signal.SIGKILL)
     assert os.waitstatus_to_exitcode(status) == 5
+
+
+_SERVE_SCRIPT = r"""
+import os, sys
+from lumos._private.worker import fork_server
+fork_server.serve(os.getppid(), sys.argv[1:])
+"""
+
+
+def test_fork_server_is_ready_before_its_optional_imports(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The first workers of a new cluster must not wait for numpy: the server says ready
+    # with only what a worker needs, and imports the optional modules once idle.
+    import subprocess
+    args = ["--raylet-socket", str(tmp_path / "r.sock"), "--gcs-address", "127.0.0.1:1",
+            "--token-file", str(tmp_path / "token"), "--session-dir", str(tmp_path), "--node-id", "00",
+            "--store-dir", str(tmp_path)]
+    with subprocess.Popen([sys.executable, "-c", _SERVE_SCRIPT, *args], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as proc:
+        _check_ready_then_warmed(proc)
+
+
+def _check_ready_then_warmed(proc: Any) -> None:
+    import json
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        ready = json.loads(proc.stdout.readline())
+        assert "ready" in ready
+        # What was imported when it said ready, from the process itself.
+        with open(f"/proc/{proc.pid}/maps") as f:
+            maps = f.read()
+        assert "numpy" not in maps and "_psutil" not in maps
+        warmed = json.loads(proc.stdout.readline())
+        assert warmed == {"warmed": ["numpy", "numpy.random", "psutil"]}
+        with open(f"/proc/{proc.pid}/maps") as f:
+            assert "numpy" in f.read()
+        assert len(os.listdir(f"/proc/{proc.pid}/task")) == 1  # numpy's BLAS threads stopped again
+    finally:
+        proc.kill()
+        proc.wait(10)

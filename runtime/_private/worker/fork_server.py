@@ -2,7 +2,7 @@
 
 One per raylet, started by its worker pool (``raylet/worker_pool.py``) when
 ``worker_start="fork"``. It imports once what every worker needs (lumos's core worker
-and executor, cloudpickle, numpy when installed), freezes those objects out of the
+and executor, cloudpickle; numpy and psutil when installed, once it is idle), freezes those objects out of the
 garbage collector's sight (so children do not copy their pages by touching them), and
 waits on its control pipe. Each request forks a worker, copy-on-write: about a
 millisecond instead of an interpreter start and its imports (~300 ms of CPU), and the
@@ -38,6 +38,7 @@ import gc
 import json
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -53,9 +54,16 @@ _REPARENT_TIMEOUT_S = 10.0
 _MAX_REQUEST_BYTES = 64 * 1024
 
 
-def preimport() -> list[str]:
-    """Import what a worker imports, so children share those pages. Returns the optional
-    modules that were present."""
+#: Modules a worker may well use, imported once the server has been idle a moment (see
+#: ``serve``): workers forked later share them, and the first workers of a new cluster
+#: are not held up by them.
+OPTIONAL_MODULES = ("numpy", "numpy.random", "psutil")
+#: Quiet time on the control pipe after which the server imports the next optional module.
+WARM_AFTER_IDLE_S = 0.2
+
+
+def preimport() -> None:
+    """Import what every worker imports, so children share those pages."""
     import asyncio  # noqa: F401
     import concurrent.futures  # noqa: F401
     import cloudpickle  # noqa: F401
@@ -67,19 +75,18 @@ def preimport() -> list[str]:
     import encodings.idna  # noqa: F401  (socket addresses given as str)
     import lumos.actor  # noqa: F401
     import lumos.remote_function  # noqa: F401
-    present = []
-    for name in ("numpy", "numpy.random", "psutil"):
-        try:
-            __import__(name)
-        except ImportError:
-            continue
-        present.append(name)
-    return present
 
 
 def serve(raylet_pid: int, worker_args: list[str], rfd: int = 0, wfd: int = 1) -> None:
-    """Answer fork requests read from ``rfd`` until it closes (the raylet went away)."""
-    present = preimport()
+    """Answer fork requests read from ``rfd`` until it closes (the raylet went away).
+
+    Ready (``{"ready": pid}``) as soon as what every worker needs is imported: a new
+    cluster's first workers are forked while the GCS and raylet still start on the same
+    cores (importing numpy first added ~0.1 s to ``init`` + the first task). The
+    optional modules follow one at a time whenever the pipe has been quiet for
+    ``WARM_AFTER_IDLE_S`` (``{"warmed": [modules]}`` once done); a worker forked before
+    imports them itself if it needs them."""
+    preimport()
     from lumos._private.config import Config
     from lumos._private.worker import main as worker_main
     # Parsed once here; each child fills in its worker id.
@@ -88,13 +95,26 @@ def serve(raylet_pid: int, worker_args: list[str], rfd: int = 0, wfd: int = 1) -
     template = (args, config)
     global _CLONE
     _CLONE = CloneParent.probe() if os.getppid() == raylet_pid else None
-    _stop_native_threads()
     gc.collect()
     gc.freeze()
     gc.disable()
-    _write(wfd, {"ready": os.getpid(), "modules": present, "clone": _CLONE is not None})
+    _write(wfd, {"ready": os.getpid(), "clone": _CLONE is not None})
+    optional = list(OPTIONAL_MODULES)
+    present: list[str] = []
     buf = b""
     while True:
+        if optional and not select.select([rfd], [], [], WARM_AFTER_IDLE_S)[0]:
+            name = optional.pop(0)
+            try:
+                __import__(name)
+                present.append(name)
+            except ImportError:
+                pass
+            _stop_native_threads()  # numpy's BLAS pool: before the next fork
+            if not optional:
+                _write(wfd, {"warmed": present})
+            gc.freeze()  # the new modules' objects, out of the children's collections
+            continue
         try:
             chunk = os.read(rfd, 65536)
         except InterruptedError:
@@ -229,7 +249,9 @@ def _fork_worker(worker_id: str, log_path: str, raylet_pid: int, template: tuple
                  clone: CloneParent | None = None) -> int:
     """The worker B's pid: cloned as the raylet's child, or (no ``clone``) forked by A,
     which exits, once A has been reaped."""
-    if clone is not None:
+    # A raw clone runs no pthread_atfork handlers: only a process with one native thread
+    # is cloned (see _stop_native_threads).
+    if clone is not None and len(os.listdir("/proc/self/task")) == 1:
         pid = clone.fork()
         if pid == 0:
             _run_child(worker_id, log_path, raylet_pid, template)  # never returns
