@@ -26,10 +26,22 @@ class Probe:
         return {"pid": os.getpid(), "ppid": os.getppid(), "random": random.random(),
                 "numpy": float(np.random.rand()),
                 "start": getattr(getattr(main, "__spec__", None), "name", ""),
-                "pgid": os.getpgid(0), "sid": os.getsid(0), "fds": _fd_targets("self")}
+                "pgid": os.getpgid(0), "sid": os.getsid(0), "fds": _fd_targets("self"),
+                "threads": sorted(_thread_names())}
 
     def exit(self, code: int) -> None:
         os._exit(code)
+
+
+def _thread_names() -> list[str]:
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                out.append(f.read().strip())
+        except OSError:  # ended meanwhile
+            continue
+    return out
 
 
 def _fd_targets(pid: str) -> list[str]:
@@ -67,6 +79,8 @@ def test_actors_are_forked_children_of_the_raylet_with_their_own_random_state(fr
     assert len(os.listdir(f"/proc/{server.pid}/task")) == 1  # forks from one thread only
     theirs = set(_fd_targets(str(server.pid))) - {"/dev/null"}
     assert theirs and not any(theirs & set(i["fds"]) for i in infos)
+    # No resolver thread pool: the worker's TCP listener is bound without getaddrinfo.
+    assert not any("libuv" in t for i in infos for t in i["threads"]), infos[0]["threads"]
     cmd = psutil.Process(infos[0]["pid"]).cmdline()
     assert "lumos._private.worker.main" in cmd and "--worker-id" in cmd
     for a in actors:
