@@ -118,6 +118,19 @@ def test_a_task_is_not_archived_before_its_owner_s_submitted_arrives(tmp_path: A
     assert all(r["name"] in ("f", "late", "") for r in read_archive(path))
 
 
+def test_later_states_riding_in_more_apply_in_order_and_bad_ones_are_skipped(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    table = TaskEventTable(100, str(tmp_path / "a.msgpack"), 0)
+    tid = b"\x05" * 24
+    table.add([_decoded(m.TaskEvent(tid, 0, "SUBMITTED", 1.0, JOB, {"name": "f"}, None, b"w" * 16, None,
+                                    [["SCHEDULED", 1.5], ["BOGUS", 1.6], [["x"], 1.7], ["RUNNING", "soon"],
+                                     "junk", ["RUNNING", 2.0], ["FINISHED", 3.0]]))])
+    rec = table.records[tid]
+    assert [e[0] for e in rec.events] == ["SUBMITTED", "SCHEDULED", "RUNNING", "FINISHED"]
+    assert rec.state == "FINISHED" and rec.size == record_bytes(rec)
+    assert sum("malformed TaskEvent.more" in r.message for r in caplog.records) == 4
+
+
 def test_the_table_is_bounded_by_records_too(tmp_path: Any) -> None:
     table = TaskEventTable(300, str(tmp_path / "a.jsonl"), 10**9)
     for _ in range(10):

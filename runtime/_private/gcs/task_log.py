@@ -43,6 +43,9 @@ _ORDER = TASK_STATE_RANK
 __all__ = ["ROW_FIELDS", "TERMINAL", "TaskEventTable", "TaskRecord"]
 
 
+#: Wire value -> state (the states in ``TaskEvent.more`` are checked here, not by the codec).
+_STATE_OF: dict[Any, TaskState] = {s.value: s for s in TaskState}
+
 #: States whose latest time counts (a retried attempt runs and ends again).
 _LAST_TIME_STATES = frozenset((TaskState.RUNNING, TaskState.FINISHED, TaskState.FAILED))
 
@@ -80,18 +83,16 @@ class TaskRecord:
             else:
                 self.info = ev.info
                 self.size += _info_bytes(ev.info)
-        event = [ev.state, ev.time, ev.attempt]
-        if event in self.events:
-            return  # sent by both the owner and the executor (RUNNING)
-        self.events.append(event)
-        self.size += _EVENT_BYTES
-        if ev.state == TaskState.RETRIED:
-            self.retries += 1
-        newer = ev.attempt > self.attempt or (
-            ev.attempt == self.attempt and _ORDER.get(ev.state, 0) >= _ORDER.get(self.state, 0))
-        if newer:
-            self.attempt = ev.attempt
-            self.state = ev.state
+        self._add(ev.state, ev.time, ev.attempt)
+        if ev.more:
+            for pair in ev.more:
+                state = _STATE_OF.get(pair[0]) if type(pair) is list and len(pair) == 2 and isinstance(pair[0], str) \
+                    else None
+                if state is None or type(pair[1]) not in (float, int):
+                    logger.error("task %s: ignored a malformed TaskEvent.more entry %.60r (want [state, time])",
+                                 self.task_id.hex() if isinstance(self.task_id, bytes) else self.task_id, pair)
+                    continue
+                self._add(state, pair[1], ev.attempt)
         if ev.node_id:
             self.node_id = ev.node_id
         if ev.worker_id:
@@ -99,6 +100,18 @@ class TaskRecord:
         if ev.error:
             self.size += len(ev.error) - len(self.error or "")
             self.error = ev.error
+
+    def _add(self, state: TaskState, t: float, attempt: int) -> None:
+        event = [state, t, attempt]
+        if event in self.events:
+            return  # sent by both the owner and the executor (RUNNING)
+        self.events.append(event)
+        self.size += _EVENT_BYTES
+        if state == TaskState.RETRIED:
+            self.retries += 1
+        if attempt > self.attempt or (attempt == self.attempt and _ORDER.get(state, 0) >= _ORDER.get(self.state, 0)):
+            self.attempt = attempt
+            self.state = state
 
     def _times(self) -> dict[str, float]:
         times: dict[str, float] = {}
