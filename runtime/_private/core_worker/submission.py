@@ -399,30 +399,30 @@ class SubmissionMixin:
         running = self._running_events
         while running:  # (popitem: a task starting meanwhile is kept for the next flush)
             raw.append(running.popitem()[1])
-        job = self.job_id
         # One event per task attempt: its later states ride along in ``more`` (a no-op
         # call's SUBMITTED, SCHEDULED, RUNNING and FINISHED are one event, not four).
-        events: list[m.TaskEvent] = []
-        by_task: dict[tuple[TaskID, int], m.TaskEvent] = {}
+        # Row: [task_id, attempt, state, time, info, node_id, worker_id, error, more].
+        rows: list[list[Any]] = []
+        by_task: dict[tuple[TaskID, int], list[Any]] = {}
         for tid, attempt, state, t, info, node, worker, err in raw:
-            ev = by_task.get((tid, attempt))
-            if ev is None:
-                ev = by_task[(tid, attempt)] = m.TaskEvent(tid, attempt, state, t, job, info, node, worker, err)
-                events.append(ev)
+            row = by_task.get((tid, attempt))
+            if row is None:
+                row = by_task[(tid, attempt)] = [tid, attempt, state, t, info, node, worker, err, None]
+                rows.append(row)
                 continue
-            if ev.more is None:
-                ev.more = [[state, t]]
+            if row[8] is None:
+                row[8] = [[state, t]]
             else:
-                ev.more.append([state, t])
+                row[8].append([state, t])
             if info:
-                ev.info = {**ev.info, **info} if ev.info else info
+                row[4] = {**row[4], **info} if row[4] else info
             if node:
-                ev.node_id = node
+                row[5] = node
             if worker:
-                ev.worker_id = worker
+                row[6] = worker
             if err:
-                ev.error = err
-        self.gcs.notify(m.AddTaskEvents(events))
+                row[7] = err
+        self.gcs.notify(m.AddTaskEvents(self.job_id, rows))
 
     # ------------------------------------------------------------------ cancel
 
