@@ -50,6 +50,9 @@ def _is_large_buffer(v: Any, limit: int) -> bool:
 
 
 _KIND_NAME = {k: k.name for k in m.TaskKind}
+#: The arguments of a call without any (``a.step.remote()``), serialized once.
+_NO_ARGS = ser.serialize(())
+_NO_ARGS_BYTES = _NO_ARGS.to_bytes()
 
 
 class _ArgRef(int):
@@ -91,6 +94,8 @@ class SubmissionMixin:
     def _pack_args(self, args: tuple[Any, ...], kwargs: dict[str, Any], template: TaskTemplate
                    ) -> tuple[ser.SerializedValue, list[ObjectRef]]:
         """Serialize a call's arguments; top-level refs become placeholders listed in deps."""
+        if not args and not kwargs:
+            return _NO_ARGS, []
         deps: list[ObjectRef] = []
         if any(type(a) is ObjectRef for a in args):
             new_args: list[Any] = []
@@ -159,17 +164,18 @@ class SubmissionMixin:
         address = self.address
         spec_deps = [m.Dep(d._id, d._owner or address, None, None) for d in deps]
         nested_refs = [[r._id, r._owner or address] for r in nested] if nested else []
+        blob = _NO_ARGS_BYTES if sv is _NO_ARGS else sv.to_bytes()
         if actor_fields is not None:
             actor_id, sequence_no, caller_id, group = actor_fields
             spec = new_task_spec(template, task_id=task_id, job_id=self.job_id, parent_task_id=self.current_task_id,
-                                 owner=address, args=sv.to_bytes(), deps=spec_deps, nested_refs=nested_refs,
+                                 owner=address, args=blob, deps=spec_deps, nested_refs=nested_refs,
                                  root_task_id=self.root_task_id(), actor_id=actor_id, sequence_no=sequence_no,
                                  caller_id=caller_id, actor_options=group)
         else:
             env = self._env_for(template) if template.runtime_env is not None or self.inherited_env is not None \
                 else None
             spec = new_task_spec(template, task_id=task_id, job_id=self.job_id, parent_task_id=self.current_task_id,
-                                 owner=address, args=sv.to_bytes(), deps=spec_deps, nested_refs=nested_refs,
+                                 owner=address, args=blob, deps=spec_deps, nested_refs=nested_refs,
                                  root_task_id=self.root_task_id(), runtime_env=env)
         events_on = template.enable_task_events
         dep_ids = [d._id for d in deps]
