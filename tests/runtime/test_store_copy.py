@@ -215,3 +215,60 @@ def test_a_deferred_unmap_releases_the_pin_at_once_and_the_mapping_after(store_c
     store_client.release(oid, shared=True)
     del view
     assert mm() is None
+
+
+def _foreign_object(client: StoreClient, oid: bytes) -> None:
+    with open(os.path.join(client.directory, oid.hex()), "wb") as f:  # another process's object
+        f.write(ser.serialize(np.ones(100_000)).to_bytes())
+
+
+def test_an_argument_viewed_and_dropped_within_its_task_sends_no_pin(store_client):
+    pins: list[tuple[bytes, bool]] = []
+    store_client.on_pin = lambda oid, pinned: pins.append((oid, pinned))
+    oid = b"h" * 20
+    _foreign_object(store_client, oid)
+    store_client.hold_pins()
+    value = ser.deserialize(store_client.view(oid, hold_pin=True))[1]
+    store_client.release(oid, shared=True)
+    assert value.sum() == 100_000
+    del value
+    escaped: list[list[bytes]] = []
+    store_client.escaped_pins(escaped.append)
+    assert pins == [] and escaped == []
+    view = store_client.view(oid)  # not holding (or not an argument): pinned at once
+    assert pins == [(oid, True)]
+    del view
+    assert pins == [(oid, True), (oid, False)]
+
+
+def test_an_argument_kept_past_its_task_is_pinned_before_the_reply(store_client):
+    pins: list[tuple[bytes, bool]] = []
+    store_client.on_pin = lambda oid, pinned: pins.append((oid, pinned))
+    oid = b"k" * 20
+    _foreign_object(store_client, oid)
+    store_client.hold_pins()
+    kept = ser.deserialize(store_client.view(oid, hold_pin=True))[1]
+    store_client.release(oid, shared=True)
+    escaped: list[list[bytes]] = []
+    store_client.escaped_pins(escaped.append)
+    assert escaped == [[oid]] and pins == []  # pinned by the caller (a round trip)
+    del kept
+    assert pins == [(oid, False)]  # the unpin follows as usual
+
+
+def test_an_argument_dropped_while_its_pin_is_sent_is_unpinned_after_it(store_client):
+    pins: list[tuple[bytes, bool]] = []
+    store_client.on_pin = lambda oid, pinned: pins.append((oid, pinned))
+    oid = b"g" * 20
+    _foreign_object(store_client, oid)
+    store_client.hold_pins()
+    kept = [ser.deserialize(store_client.view(oid, hold_pin=True))[1]]
+    store_client.release(oid, shared=True)
+
+    def pin(ids: list[bytes]) -> None:
+        pins.append((ids[0], True))
+        kept.clear()  # its last view goes (another thread, GC) while the pin is on its way
+        assert pins == [(oid, True)]
+
+    store_client.escaped_pins(pin)
+    assert pins == [(oid, True), (oid, False)]

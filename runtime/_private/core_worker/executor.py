@@ -191,16 +191,18 @@ class Executor(ArgumentsMixin):
                 actor.dispatch(conn, msg)
                 return True
             self._conn = conn
-            self.cw.store.defer_unmaps()
+            self._hold_arg_pins()
             reply = self.execute(msg)
+            self._pin_escaped_args()
             if self.actor is actor:
                 actor.after_call(conn, reply, not self.queue.empty())
             else:
                 self.cw.send_reply(conn, reply)
         else:
             self._conn = conn
-            self.cw.store.defer_unmaps()
+            self._hold_arg_pins()
             reply = self.execute(msg)
+            self._pin_escaped_args()
             if msg.spec.max_calls > 0 and self.actor is None and self._count_call(msg.spec):
                 reply.error_kind = m.ErrorKind.EXITING
                 self.cw.send_reply(conn, reply)

@@ -21,6 +21,14 @@ Spilling: the raylet spills only objects no process views. Each process reports 
 its count of live views of an object leaves zero and when it returns to zero
 (``on_pin``), drops cached mappings of spilled objects when told (``drop_mappings``),
 and asks for a restore when an object's store file is missing (``restore``).
+
+Held pins: a task's arguments stay alive while it runs (their owner releases them only
+after its reply), so the executor holds back the pins of argument views (``hold_pins``)
+and, once the task returned, pins only those whose views outlive it
+(``escaped_pins``), with a round trip before the reply. The usual argument, viewed and
+dropped within its task, costs no message to the raylet. While held, the raylet may
+spill such an object; the process's mapping stays valid (the file's pages live until
+it is unmapped), only the raylet's count of them is short for the task's duration.
 """
 
 from __future__ import annotations
@@ -98,6 +106,11 @@ class StoreClient:
         #: Mappings whose last view went while unmapping is deferred (``defer_unmaps``):
         #: kept until ``unmap_deferred``. None: unmap at once.
         self._unmap_later: list[mmap.mmap] | None = None
+        #: Objects whose first view's pin is held back (``hold_pins``); None: not holding.
+        self._held: set[bytes] | None = None
+        #: Held objects whose pin is on its way (``escaped_pins``) -> their views all went
+        #: meanwhile (the unpin follows the pin).
+        self._pinning: dict[bytes, bool] = {}
 
     # ------------------------------------------------------------------ writing
 
@@ -247,15 +260,17 @@ class StoreClient:
 
     # ------------------------------------------------------------------ reading
 
-    def view(self, object_id: bytes, restore: bool = True) -> memoryview | None:
+    def view(self, object_id: bytes, restore: bool = True, hold_pin: bool = False) -> memoryview | None:
         """A read-only view of a sealed object in this node's store, or None if absent.
 
         A spilled object is restored first (blocks on the raylet; user threads only).
-        ``restore=False``: the caller knows the object lives on another node; do not ask."""
+        ``restore=False``: the caller knows the object lives on another node; do not ask.
+        ``hold_pin``: a task's argument; while pins are held (``hold_pins``) its pin
+        waits for ``escaped_pins``."""
         with self._lock:
             mapping = self._created.get(object_id) or self._read.get(object_id)
             if mapping is not None:
-                return self._tracked_view(mapping)
+                return self._tracked_view(mapping, hold_pin)
         path: str | None = os.path.join(self.directory, object_id.hex())
         for _ in range(8):  # a restored copy may be spilled again before we map it
             assert path is not None
@@ -273,7 +288,7 @@ class StoreClient:
             return None
         with self._lock:
             mapping = self._read.setdefault(object_id, mapping)
-            return self._tracked_view(mapping)
+            return self._tracked_view(mapping, hold_pin)
 
     @staticmethod
     def _map_readonly(object_id: bytes, path: str) -> _Mapping | None:
@@ -291,7 +306,7 @@ class StoreClient:
         finally:
             os.close(fd)
 
-    def _tracked_view(self, mapping: _Mapping) -> memoryview:
+    def _tracked_view(self, mapping: _Mapping, hold_pin: bool = False) -> memoryview:
         # A ctypes array over the mapping is the exporter every derived view keeps
         # alive; its death (all user views gone) decrements live_views. Lock held.
         arr = (ctypes.c_char * mapping.size).from_buffer(mapping.mm)
@@ -299,8 +314,11 @@ class StoreClient:
         oid = mapping.object_id
         n = self._pins.get(oid, 0)
         self._pins[oid] = n + 1
-        if n == 0 and self.on_pin is not None:
-            self.on_pin(oid, True)
+        if n == 0:
+            if hold_pin and self._held is not None:
+                self._held.add(oid)
+            elif self.on_pin is not None:
+                self.on_pin(oid, True)
         lock = self._lock
         ref = weakref.ref(mapping)
 
@@ -318,7 +336,11 @@ class StoreClient:
                     self._pins[oid] = left
                     return
                 self._pins.pop(oid, None)
-                if self.on_pin is not None:
+                if self._held is not None and oid in self._held:
+                    self._held.discard(oid)  # never pinned: nothing to undo
+                elif oid in self._pinning:
+                    self._pinning[oid] = True  # unpinned once its pin went
+                elif self.on_pin is not None:
                     self.on_pin(oid, False)
                 deferred = self._deferred.pop(oid, None)
                 if deferred is None:
@@ -335,6 +357,33 @@ class StoreClient:
         w = weakref.ref(arr, gone)
         self._weak[id(w)] = w
         return memoryview(arr).cast("B").toreadonly()
+
+    def hold_pins(self) -> None:
+        """Until ``escaped_pins``, views made with ``hold_pin`` send no pin (a task's
+        arguments, alive until its reply)."""
+        with self._lock:
+            if self._held is None:
+                self._held = set()
+
+    def escaped_pins(self, pin: Callable[[list[bytes]], None]) -> None:
+        """Stop holding pins; ``pin(ids)`` (which must reach the raylet before it
+        returns) the held objects still viewed: views that outlive the task."""
+        with self._lock:
+            held, self._held = self._held, None
+            escaped = [oid for oid in held if self._pins.get(oid, 0) > 0] if held else []
+            for oid in escaped:
+                self._pinning[oid] = False
+        if not escaped:
+            return
+        try:
+            pin(escaped)
+        finally:
+            with self._lock:
+                gone = [oid for oid in escaped if self._pinning.pop(oid, False)]
+                on_pin = self.on_pin
+            if on_pin is not None:
+                for oid in gone:
+                    on_pin(oid, False)
 
     def defer_unmaps(self) -> None:
         """Until ``unmap_deferred``, a mapping whose last view goes is kept mapped (its pins
