@@ -13,7 +13,7 @@ so a slot is never reused while any view of it is alive.
 
 Reserved slots: the raylet grants a process a few files ahead of its puts
 (``ReserveSlots``); they are mapped and pre-faulted in the ``lumos-store-map`` thread,
-and a put writes one, links it under the object's name (``os.link``: never over an
+and a put writes one, moves it to the object's name (``move_noreplace``: never over an
 existing object) and seals it one way. The raylet may take an unused one back
 (``DropSlots``); a write that loses that race finds its link refused and creates instead.
 
@@ -224,17 +224,12 @@ class StoreClient:
         with memoryview(mapping.mm) as dest:
             fill(dest[:size], self._copy)
         try:
-            # A link, not a rename: it never replaces a file already under that name.
-            os.link(mapping.path, os.path.join(self.directory, object_id.hex()))
+            move_noreplace(mapping.path, os.path.join(self.directory, object_id.hex()))
         except OSError as e:
             if e.errno not in (errno.EEXIST, errno.ENOENT):
                 raise
             self._close(mapping)
             return False
-        try:
-            os.unlink(mapping.path)
-        except FileNotFoundError:
-            pass  # the raylet took the slot back after our link: the object's name holds it
         mapping.object_id = object_id
         self.reserved_writes += 1
         self._keep(object_id, mapping, keep_mapping)
@@ -521,6 +516,37 @@ def _map_new(path: str, file_size: int, create: bool) -> mmap.mmap:
         return mmap.mmap(fd, file_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
     finally:
         os.close(fd)
+
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+#: ``renameat2`` from the C library, or None where it is missing or the file system
+#: refused the flag once (then a link and an unlink do the same in two steps).
+_renameat2: Any = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+if _renameat2 is not None:
+    _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    _renameat2.restype = ctypes.c_int
+
+
+def move_noreplace(src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst``, never over an existing ``dst`` (``FileExistsError``).
+
+    One ``renameat2(RENAME_NOREPLACE)``: a file under its final name is always complete,
+    and no other process's object is ever replaced. Where the kernel or file system
+    lacks it: ``link`` (which never replaces either), then ``unlink`` of ``src``."""
+    global _renameat2
+    if _renameat2 is not None:
+        if _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EINVAL, errno.EPERM):
+            raise OSError(err, os.strerror(err), src, None, dst)
+        _renameat2 = None
+    os.link(src, dst)
+    try:
+        os.unlink(src)
+    except FileNotFoundError:
+        pass  # the raylet took a reserved slot back after our link: the object's name holds it
 
 
 def open_object_file(path: str, create: bool) -> int:

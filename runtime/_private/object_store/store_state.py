@@ -78,6 +78,10 @@ FREED_UNKNOWN_MAX = 65536
 #: After a spill failed for lack of disk, spills are tried again after this long.
 DISK_FULL_RETRY_S = 2.0
 
+#: Slots one ``SlotsReserveRequested`` grants at most (a process keeps up to 16 slots of
+#: small values reserved, asked for at its first put, then topped up by half).
+MAX_GRANT = 16
+
 
 @dataclasses.dataclass(slots=True)
 class _Obj:
@@ -331,7 +335,7 @@ class ObjectStoreState:
         granted: list[tuple[int, str, int, bool]] = []
         if not self.pending and 0 < ev.size_bytes <= self.capacity_bytes // 16:
             held = sum(size for size, client in self.reserved.values() if client == ev.client)
-            for _ in range(min(ev.count, 8)):
+            for _ in range(min(ev.count, MAX_GRANT)):
                 slot = self.pool.pick(ev.size_bytes, ev.client)
                 if slot is not None:
                     file_size, mapper = self.pool.peek(slot)
