@@ -143,7 +143,7 @@ class ArgumentsMixin:
             raise _TaskFailed(_error(exc.ObjectLostError(
                 oid.hex(), f"argument of {spec.name} is gone from the object store")), None)
         value = ser.deserialize(view)
-        cw.store.release(oid, True)  # the views keep the mapping alive
+        cw.store.keep_spare(oid)  # the views keep the mapping alive; a spare after the task
         return value
 
     def _fetch_status(self, dep: m.Dep) -> m.ObjectStatus:

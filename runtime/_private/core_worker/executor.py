@@ -46,6 +46,10 @@ class _Cancelled(Exception):
     pass
 
 
+#: An idle worker keeps spare argument mappings this long (``_next_task``).
+SPARE_IDLE_S = 1.0
+
+
 class Executor(ArgumentsMixin):
     def __init__(self, cw: CoreWorker) -> None:
         self.cw = cw
@@ -161,7 +165,7 @@ class Executor(ArgumentsMixin):
     def run(self) -> None:
         while True:
             try:
-                item = self.queue.get()
+                item = self._next_task()
                 if item is None:
                     return
                 if not self._run_one(*item):
@@ -180,6 +184,18 @@ class Executor(ArgumentsMixin):
                         logger.exception("could not answer a malformed task")
             finally:
                 self.cw.store.unmap_deferred()  # after the reply: what the task's views left
+
+    def _next_task(self) -> tuple[Connection, m.PushTask] | None:
+        """The next pushed task; spare argument mappings (``StoreClient.keep_spare``) are
+        dropped once this worker has waited ``SPARE_IDLE_S`` for one, so an idle worker
+        holds no store pages and takes no further wake-ups."""
+        store = self.cw.store
+        if store.has_spares():
+            try:
+                return self.queue.get(timeout=SPARE_IDLE_S)
+            except queue.Empty:
+                store.drop_spares()
+        return self.queue.get()
 
     def _run_one(self, conn: Connection, msg: m.PushTask) -> bool:
         """Run one pushed task and send its reply; False once this worker must exit. Store
