@@ -35,8 +35,12 @@ def test_reserved_slots_count_as_used_until_sealed_as_objects() -> None:
     assert s.used_bytes == 2 * MiB and s.reserved_bytes == MiB
     # Freed like any object: its file goes to the pool, and the next reservation reuses it.
     assert s.handle(st.ObjectsFreed([b"o1"], [True]), 0) == [st.RenameFile(f"{D}/{b'o1'.hex()}", f"{D}/pool-1")]
-    assert reserve(s, b"w1", MiB, 1) == [(1, f"{D}/resv-1", MiB, True)]
+    # Under its pool name: the raylet renames nothing; the client moves it to its object's.
+    acts = s.handle(st.SlotsReserveRequested(2, b"w1", MiB, 1), 0)
+    assert acts == [st.GrantSlots(2, [(1, f"{D}/pool-1", MiB, True)])]
     assert s.used_bytes == 2 * MiB and s.pool_bytes == 0
+    # Taken back under pressure, the file under that name goes.
+    assert st.UnlinkFile(f"{D}/pool-1") in s.handle(st.CreateRequested(9, b"x", 64 * MiB, b"w2"), 0)
 
 
 def test_reservations_only_take_free_room_never_evict_or_delay_creates() -> None:

@@ -22,7 +22,7 @@ mappings keep their pages alive), and its creator is told to drop its mapping.
                    primaries no process views (oldest first); the create waits for the
                    spills (or frees) until its deadline, then RejectCreate
  n > capacity  ──► GrantCreate(on_disk): the creator writes straight into the spill dir
- reserve(n, k) ──► GrantSlots(files resv-<slot>, counted as used; only from free room)
+ reserve(n, k) ──► GrantSlots(files resv-<slot>, or pool-<slot> from the pool; counted as used)
  reserved seal ──► the file (linked to its final name by the client) becomes the object
 ```
 
@@ -171,6 +171,9 @@ class ObjectStoreState:
         self.restores_waiting: deque[tuple[bytes, float]] = deque()
         #: Reserved files: slot -> (file size, client), oldest first (counted in used_bytes).
         self.reserved: dict[int, tuple[int, bytes]] = {}
+        #: Reserved slots granted from the pool, under their pool names (``pool-<slot>``;
+        #: new ones are ``resv-<slot>``): the client renames that file to its object's.
+        self._reserved_from_pool: set[int] = set()
         self.reserved_bytes = 0
         #: Ids freed while unknown here and reservations were out: id -> when (a reserved
         #: seal may still be on its way; it frees the object at once).
@@ -344,7 +347,9 @@ class ObjectStoreState:
                     self.pool.take(slot)
                     if mapper and mapper != ev.client:
                         actions.append(DropSlot(mapper, slot))
-                    actions.append(RenameFile(self._pool_path(slot), self._resv_path(slot)))
+                    # Granted under its pool name: no rename here (a slot out of the pool
+                    # is under that name for nobody else; taken back, it is unlinked).
+                    self._reserved_from_pool.add(slot)
                     reused = True
                 else:
                     file_size = ev.size_bytes
@@ -359,13 +364,15 @@ class ObjectStoreState:
                 held += file_size
                 self.reserved[slot] = (file_size, ev.client)
                 self.reserved_bytes += file_size
-                granted.append((slot, self._resv_path(slot), file_size, reused))
+                path = self._pool_path(slot) if reused else self._resv_path(slot)
+                granted.append((slot, path, file_size, reused))
         actions.append(GrantSlots(ev.request, granted))
 
     def _reserved_sealed(self, ev: ReservedSealed, now: float, actions: list[Action]) -> None:
         held = self.reserved.get(ev.slot)
         if held is not None and held[1] == ev.client:
             del self.reserved[ev.slot]
+            self._reserved_from_pool.discard(ev.slot)
             self.reserved_bytes -= held[0]
             file_size, moved = held[0], False
         else:  # taken back after the client linked it: the file lives on, count it again
@@ -388,7 +395,11 @@ class ObjectStoreState:
         file_size, client = self.reserved.pop(slot)
         self.reserved_bytes -= file_size
         self.used_bytes -= file_size
-        actions.append(UnlinkFile(self._resv_path(slot)))
+        if slot in self._reserved_from_pool:
+            self._reserved_from_pool.discard(slot)
+            actions.append(UnlinkFile(self._pool_path(slot)))
+        else:
+            actions.append(UnlinkFile(self._resv_path(slot)))
         if tell:
             actions.append(DropSlot(client, slot))
 
