@@ -49,6 +49,12 @@ def _is_large_buffer(v: Any, limit: int) -> bool:
     return t.__name__ == "ndarray" and v.nbytes > limit
 
 
+_KIND_NAME = {k: k.name for k in m.TaskKind}
+#: The arguments of a call without any (``a.step.remote()``), serialized once.
+_NO_ARGS = ser.serialize(())
+_NO_ARGS_BYTES = _NO_ARGS.to_bytes()
+
+
 class _ArgRef(int):
     """Placeholder for the i-th top-level ref argument inside the pickled args."""
 
@@ -88,6 +94,8 @@ class SubmissionMixin:
     def _pack_args(self, args: tuple[Any, ...], kwargs: dict[str, Any], template: TaskTemplate
                    ) -> tuple[ser.SerializedValue, list[ObjectRef]]:
         """Serialize a call's arguments; top-level refs become placeholders listed in deps."""
+        if not args and not kwargs:
+            return _NO_ARGS, []
         deps: list[ObjectRef] = []
         if any(type(a) is ObjectRef for a in args):
             new_args: list[Any] = []
@@ -156,17 +164,18 @@ class SubmissionMixin:
         address = self.address
         spec_deps = [m.Dep(d._id, d._owner or address, None, None) for d in deps]
         nested_refs = [[r._id, r._owner or address] for r in nested] if nested else []
+        blob = _NO_ARGS_BYTES if sv is _NO_ARGS else sv.to_bytes()
         if actor_fields is not None:
             actor_id, sequence_no, caller_id, group = actor_fields
             spec = new_task_spec(template, task_id=task_id, job_id=self.job_id, parent_task_id=self.current_task_id,
-                                 owner=address, args=sv.to_bytes(), deps=spec_deps, nested_refs=nested_refs,
+                                 owner=address, args=blob, deps=spec_deps, nested_refs=nested_refs,
                                  root_task_id=self.root_task_id(), actor_id=actor_id, sequence_no=sequence_no,
                                  caller_id=caller_id, actor_options=group)
         else:
             env = self._env_for(template) if template.runtime_env is not None or self.inherited_env is not None \
                 else None
             spec = new_task_spec(template, task_id=task_id, job_id=self.job_id, parent_task_id=self.current_task_id,
-                                 owner=address, args=sv.to_bytes(), deps=spec_deps, nested_refs=nested_refs,
+                                 owner=address, args=blob, deps=spec_deps, nested_refs=nested_refs,
                                  root_task_id=self.root_task_id(), runtime_env=env)
         events_on = template.enable_task_events
         dep_ids = [d._id for d in deps]
@@ -186,7 +195,8 @@ class SubmissionMixin:
             stream = self.streams[task_id] = GeneratorStream(task_id)
             self._post(self._on_submit, task)
             return [ObjectRefGenerator(stream, address, self)]  # type: ignore[list-item]
-        self._post(self._on_submit, task)
+        if actor_fields is None or dep_ids or not self.actor_submitter.send_direct(task):
+            self._post(self._on_submit, task)
         return [ObjectRef(oid, address, True) for oid in return_ids]
 
     def create_actor(self, template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -310,7 +320,7 @@ class SubmissionMixin:
         info: dict[str, Any] = {"name": spec.name, "function_name": spec.function_name,
                                 "parent": spec.parent_task_id, "args": task.dep_ids + task.nested_ids,
                                 "returns": task.return_ids, "resources": spec.resources,
-                                "type": m.TaskKind(spec.kind).name}
+                                "type": _KIND_NAME[spec.kind]}
         if spec.actor_id:
             info["actor_id"] = spec.actor_id
             info["caller_id"] = spec.caller_id
@@ -325,6 +335,20 @@ class SubmissionMixin:
                      node_id: NodeID | None = None, worker_id: WorkerID | None = None,
                      error: str | None = None, info: Any = None) -> None:
         self._buffer_event((task_id, attempt, state, t, info, node_id, worker_id, error))
+
+    def record_running(self, task_id: TaskID, attempt: int, start: float) -> None:
+        """Executor (any thread): a task started here. Held until the next flush and
+        dropped if the task's reply leaves first (``reply_sent``): the owner's events
+        carry the start time then, so a short task costs the GCS no event from here."""
+        self._running_events[task_id] = (task_id, attempt, m.TaskState.RUNNING, start, None, self.node_id,
+                                          self.worker_id, None)
+        if self._flush_idle:
+            self.wake_flush()
+
+    def reply_sent(self, reply: Any) -> None:
+        """Executor: ``reply`` left; its task's RUNNING need not (the owner reports it)."""
+        if type(reply) is m.TaskReply and reply.start_time:  # (not a generator's item)
+            self._running_events.pop(reply.task_id, None)
 
     def _buffer_event(self, row: tuple[Any, ...]) -> None:
         """Any thread: buffer a task event for the next flush."""
@@ -348,7 +372,8 @@ class SubmissionMixin:
 
     def _flush_pending(self) -> bool:
         ex = self.executor
-        return bool(self._events or self.objects.decrements or (ex is not None and ex._output))
+        return bool(self._events or self._running_events or self.objects.decrements
+                    or (ex is not None and ex._output))
 
     async def _flush_loop(self) -> None:
         """Flush buffered task events, dead refs and worker output every interval while
@@ -375,13 +400,36 @@ class SubmissionMixin:
                 self.executor.flush_output()
 
     def _flush_events(self) -> None:
-        if not self._events or self.gcs is None or self.gcs.is_closed:
+        if (not self._events and not self._running_events) or self.gcs is None or self.gcs.is_closed:
             return
         raw, self._events = self._events, []
-        job = self.job_id
-        events = [m.TaskEvent(tid, attempt, state, t, job, info, node, worker, err)
-                  for (tid, attempt, state, t, info, node, worker, err) in raw]
-        self.gcs.notify(m.AddTaskEvents(events))
+        running = self._running_events
+        while running:  # (popitem: a task starting meanwhile is kept for the next flush)
+            raw.append(running.popitem()[1])
+        # One event per task attempt: its later states ride along in ``more`` (a no-op
+        # call's SUBMITTED, SCHEDULED, RUNNING and FINISHED are one event, not four).
+        # Row: [task_id, attempt, state, time, info, node_id, worker_id, error, more].
+        rows: list[list[Any]] = []
+        by_task: dict[tuple[TaskID, int], list[Any]] = {}
+        for tid, attempt, state, t, info, node, worker, err in raw:
+            row = by_task.get((tid, attempt))
+            if row is None:
+                row = by_task[(tid, attempt)] = [tid, attempt, state, t, info, node, worker, err, None]
+                rows.append(row)
+                continue
+            if row[8] is None:
+                row[8] = [[state, t]]
+            else:
+                row[8].append([state, t])
+            if info:
+                row[4] = {**row[4], **info} if row[4] else info
+            if node:
+                row[5] = node
+            if worker:
+                row[6] = worker
+            if err:
+                row[7] = err
+        self.gcs.notify(m.AddTaskEvents(self.job_id, rows))
 
     # ------------------------------------------------------------------ cancel
 
