@@ -28,17 +28,19 @@ mappings keep their pages alive), and its creator is told to drop its mapping.
 
 Reservations take the create round trip off the put path: a process asks ahead for a
 few files of the size it writes (``SlotsReserveRequested``), maps them off its hot
-path, and for a put writes one, links it to the object's final name and says so one
-way (``ReservedSealed``). Reserved files count as used; they are granted only from the
+path, and for a put writes one, moves it to the object's final name (never over an
+existing file) and says so one way (``ReservedSealed``). Reserved files count as used; they are granted only from the
 pool or free room (never by evicting or spilling), and are the first thing taken back
 when a create needs room (``UnlinkFile`` + ``DropSlot``). A taken-back file that its
-client linked first lives on as the object, counted again when its seal arrives. A free
+client moved first lives on as the object, counted again when its seal arrives. A free
 that arrives before the seal of a reserved object (the owner's free travels on another
 connection) leaves a tombstone so the late seal frees it at once.
 
 Spilling (``spill_dir`` set). A primary is spillable when sealed and no process holds
 a live view of it (``ObjectsPinned``/``ObjectsUnpinned``, sent by each reader's
-``StoreClient`` when its view count of an object leaves or reaches zero). A spill is a
+``StoreClient`` when its view count of an object leaves or reaches zero; a task's
+arguments only when their views outlive the task, their owner holding them meanwhile).
+A spill is a
 plain file copy in a raylet thread; when it is done the ``/dev/shm`` file is unlinked
 and every process on the node is told to drop its cached mapping (``DropMappings``),
 so the pages really go. A reader that then misses the file asks for a restore
