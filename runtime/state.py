@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from lumos._private import worker_context
 from lumos._private.protocol import messages as m
@@ -128,6 +128,19 @@ def summarize_tasks() -> dict[str, dict[str, int]]:
         by_state = out.setdefault(row["name"], {})
         by_state[row["state"]] = by_state.get(row["state"], 0) + 1
     return out
+
+
+def read_task_archive(path: str) -> Iterator[dict[str, Any]]:
+    """Rows of a task archive, oldest first, as ``list_tasks`` returns them.
+
+    Past its bounds (``task_event_max_records``, ``task_event_max_bytes``) the GCS moves
+    the oldest finished tasks from memory to ``logs/task_events.msgpack`` in the session
+    directory; this reads that file (no cluster needed), e.g.
+    ``read_task_archive(os.path.join(session_dir, "logs", "task_events.msgpack"))``.
+    """
+    from lumos._private.gcs.task_log import read_archive
+
+    return read_archive(path)
 
 
 def list_nodes(filters: Iterable[Filter] | None = None, timeout: float | None = None) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ import pytest
 import lumos
 from lumos._private.gcs.storage import Op, StorageUnavailable, StorageWriter, unpack_value
 from lumos._private.gcs.storage.memory import InMemoryStorage
-from lumos._private.gcs.task_log import StreamTrim, TaskEventTable, record_bytes
+from lumos._private.gcs.task_log import StreamTrim, TaskEventTable, read_archive, record_bytes
 from lumos._private.protocol import messages as m
 from lumos.testing import Cluster
 
@@ -75,11 +75,60 @@ def test_the_table_is_bounded_by_bytes_and_archives_the_rest(tmp_path: Any) -> N
     assert table.bytes <= 1_000_000 and len(table.records) < 260
     assert table.bytes == sum(record_bytes(r) for r in table.records.values())
     assert table.num_archived == 2000 - len(table.records)
-    with open(archive) as f:
-        assert sum(1 for _ in f) == table.num_archived
+    archived = list(read_archive(str(archive)))
+    assert len(archived) == table.num_archived
+    assert all(r["state"] == "FAILED" and len(r["error_message"]) == 2000 for r in archived)
     # Newest kept.
     assert list(table.records)[-1] == next(reversed(table.records))
     table.close()
+
+
+def test_each_record_keeps_its_size_up_to_date_through_merges_duplicates_and_errors(tmp_path: Any) -> None:
+    table = TaskEventTable(10**9, str(tmp_path / "a.msgpack"), 0)
+    tid = b"\x07" * 24
+    table.add([m.TaskEvent(tid, 0, "RUNNING", 1.0, JOB, None, b"n" * 16, b"w" * 16)])  # before SUBMITTED
+    table.add([m.TaskEvent(tid, 0, "SUBMITTED", 0.5, JOB, {"name": "f", "args": [b"a" * 28] * 3}),
+               m.TaskEvent(tid, 0, "RUNNING", 1.0, JOB, None, b"n" * 16, b"w" * 16)])  # a duplicate
+    table.add([m.TaskEvent(tid, 0, "RUNNING", 1.0, JOB, {"resource_ids": {"GPU": [0]}, "name": "longer"})])
+    table.add([m.TaskEvent(tid, 0, "FAILED", 2.0, JOB, None, None, None, "e" * 300),
+               m.TaskEvent(tid, 1, "FAILED", 3.0, JOB, None, None, None, "short")])
+    rec = table.records[tid]
+    assert rec.size == record_bytes(rec) == table.bytes
+    assert len(rec.events) == 4 and rec.error == "short"
+
+
+def test_a_task_is_not_archived_before_its_owner_s_submitted_arrives(tmp_path: Any) -> None:
+    path = str(tmp_path / "a.msgpack")
+    table = TaskEventTable(10, path, 0)
+    early = b"\x09" * 24
+    table.add([m.TaskEvent(early, 0, "FINISHED", 2.0, JOB, None, b"n" * 16, b"w" * 16)])  # executor first
+    for i in range(15):
+        tid = i.to_bytes(24, "big")
+        table.add([m.TaskEvent(tid, 0, "SUBMITTED", 1.0, JOB, {"name": "f"}),
+                   m.TaskEvent(tid, 0, "FINISHED", 2.0, JOB)])
+    assert early in table.records and table.num_archived > 0
+    table.add([m.TaskEvent(early, 0, "SUBMITTED", 1.0, JOB, {"name": "late"})])
+    rec = table.records[early]
+    assert (rec.info["name"], rec.state, len(rec.events)) == ("late", "FINISHED", 2)
+    # Far over the bound (twice it), unfinished records go too, oldest first.
+    for i in range(100, 125):
+        table.add([m.TaskEvent(i.to_bytes(24, "big"), 0, "RUNNING", 1.0, JOB)])
+    assert len(table.records) <= 20
+    table.close()
+    assert all(r["name"] in ("f", "late", "") for r in read_archive(path))
+
+
+def test_later_states_riding_in_more_apply_in_order_and_bad_ones_are_skipped(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    table = TaskEventTable(100, str(tmp_path / "a.msgpack"), 0)
+    tid = b"\x05" * 24
+    table.add([_decoded(m.TaskEvent(tid, 0, "SUBMITTED", 1.0, JOB, {"name": "f"}, None, b"w" * 16, None,
+                                    [["SCHEDULED", 1.5], ["BOGUS", 1.6], [["x"], 1.7], ["RUNNING", "soon"],
+                                     "junk", ["RUNNING", 2.0], ["FINISHED", 3.0]]))])
+    rec = table.records[tid]
+    assert [e[0] for e in rec.events] == ["SUBMITTED", "SCHEDULED", "RUNNING", "FINISHED"]
+    assert rec.state == "FINISHED" and rec.size == record_bytes(rec)
+    assert sum("malformed TaskEvent.more" in r.message for r in caplog.records) == 4
 
 
 def test_the_table_is_bounded_by_records_too(tmp_path: Any) -> None:
@@ -130,6 +179,15 @@ def test_the_redis_stream_holds_about_the_tasks_the_gcs_keeps(redis_server: Redi
         assert len(in_stream) >= kept
         assert len(in_stream) <= 300 + max(map(len, batches)), (len(in_stream), [len(b) for b in batches])
         assert len(in_stream) < 2000
+        # What left the GCS's memory is in the session's archive, in list_tasks's shape.
+        archived = list(lumos.state.read_task_archive(
+            os.path.join(cluster.session_dir, "logs", "task_events.msgpack")))
+        assert len(archived) + kept >= 2000
+        assert all(tuple(r) == lumos.state.TASK_FIELDS for r in archived)
+        # (Far over the bound, which 300 records are under this burst, the oldest unfinished
+        # records go too: an executor's RUNNING can arrive before its owner's SUBMITTED.)
+        assert {r["name"] for r in archived} <= {"noop", ""}
+        assert sum(r["state"] == "FINISHED" for r in archived if r["name"]) > 500
         # A restarted GCS rebuilds about the same window from the stream, within the bound.
         cluster.kill_gcs()
         cluster.restart_gcs()

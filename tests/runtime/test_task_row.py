@@ -4,6 +4,7 @@ the dashboard: each shows exactly the schema's fields."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -105,3 +106,54 @@ def test_state_api_and_dashboard_rows_from_a_cluster_share_the_schema(cluster):
     assert tuple(task.as_dict()) == lumos.state.TASK_ROW_FIELDS
     assert (task.name, task.state, task.function_name) == (row["name"], row["state"], row["func_or_class_name"])
     assert task.returns == row["return_object_ids"] and task.events == row["events"]
+
+
+@lumos.remote
+def _noop() -> None:
+    return None
+
+
+@lumos.remote
+class _Echo:
+    def echo(self, x: int) -> int:
+        return x
+
+
+def _log_seq() -> int:
+    """The GCS task log's sequence number: it counts the task events it applied."""
+    async def seq() -> int:
+        client = lumos.state.StateClient.for_current_cluster(name="test->gcs")
+        await client.connect(timeout_s=30)
+        try:
+            return (await client.task_updates(0, 1_000_000)).last_seq
+        finally:
+            client.close()
+    return asyncio.run(seq())
+
+
+def test_a_short_task_costs_the_gcs_about_one_event(cluster):
+    """The owner sends a task's SUBMITTED ... FINISHED as one event when they fall in one
+    flush, and the executor's RUNNING is dropped once the reply carries the start time (it
+    was five events a task: four from the owner, one from the executor)."""
+    echo = _Echo.remote()
+    lumos.get(echo.echo.remote(0), timeout=60)
+    lumos.get([_noop.remote() for _ in range(20)], timeout=60)
+
+    def settled(n: int):
+        def check() -> bool:
+            rows = lumos.state.list_tasks(limit=100_000)
+            return sum(r["state"] == "FINISHED" for r in rows) >= n
+        return check
+
+    wait_for(settled(22), 30)
+    time.sleep(0.5)  # the executors' last flushes
+    before = _log_seq()
+    lumos.get([_noop.remote() for _ in range(200)], timeout=60)
+    lumos.get([echo.echo.remote(i) for i in range(200)], timeout=60)
+    wait_for(settled(422), 30)
+    time.sleep(0.5)
+    applied = _log_seq() - before
+    assert applied < 2.5 * 400, applied  # (a flush boundary splits a task's events in two)
+    rows = [r for r in lumos.state.list_tasks(limit=100_000) if r["name"] in ("_noop", "_Echo.echo")]
+    assert all(r["start_time"] and r["end_time"] and r["state"] == "FINISHED" for r in rows)
+    assert all([e[0] for e in r["events"]][-2:] == ["RUNNING", "FINISHED"] for r in rows)

@@ -753,11 +753,9 @@ def test_builtin_bases_and_ray_names():
 
 
 def test_task_log_stays_bounded_archives_the_oldest_and_keeps_live_tasks(tmp_path):
-    import json as _json
-
-    from lumos._private.gcs.task_log import TaskEventTable
+    from lumos._private.gcs.task_log import TaskEventTable, read_archive
     from lumos._private.protocol import messages as msgs
-    archive = tmp_path / "tasks.jsonl"
+    archive = tmp_path / "task_events.msgpack"
     table = TaskEventTable(100, str(archive))
     job = b"\x01" * 4
 
@@ -773,8 +771,9 @@ def test_task_log_stays_bounded_archives_the_oldest_and_keeps_live_tasks(tmp_pat
     assert len(table.records) <= 100
     assert tid(0) in table.records  # live: kept
     assert tid(250) in table.records and tid(1) not in table.records  # newest kept, oldest archived
-    lines = [_json.loads(x) for x in archive.read_text().splitlines()]
+    lines = list(read_archive(str(archive)))
     assert len(lines) == table.num_archived == 251 - len(table.records)
+    assert lines[0]["task_id"] == tid(1).hex() and lines[0]["job_id"] == job.hex()
     assert {r["name"] for r in lines} == {f"t{i}" for i in range(1, 252 - len(table.records))}
     assert all(r["state"] == "FINISHED" for r in lines)
     # Changes the dashboard polls for do not mention archived tasks.

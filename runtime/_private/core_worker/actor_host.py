@@ -183,8 +183,7 @@ class ActorHost:
             async with sem:
                 start = time.time()
                 if spec.enable_task_events:
-                    self.cw.record_event(spec.task_id, spec.attempt, m.TaskState.RUNNING, start, self.cw.node_id,
-                                         self.cw.worker_id)
+                    self.cw.record_running(spec.task_id, spec.attempt, start)
                 result = method(*args, **kwargs)
                 if spec.num_returns == -1:
                     reply = await self._stream_async(conn, spec, result, start)
@@ -252,8 +251,7 @@ class ActorHost:
         me = threading.get_ident()
         self._thread_calls[me] = spec.task_id
         if spec.enable_task_events:
-            self.cw.record_event(spec.task_id, spec.attempt, m.TaskState.RUNNING, start, self.cw.node_id,
-                                 self.cw.worker_id)
+            self.cw.record_running(spec.task_id, spec.attempt, start)
         try:
             result = method(*args, **kwargs)
             if spec.num_returns == -1:

@@ -157,6 +157,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         # cross-thread ---------------------------------------------------------------
         #: Task events not yet sent: tuples, turned into messages off the hot path.
         self._events: list[tuple[Any, ...]] = []
+        #: Task id -> RUNNING event of a task executing here, until its reply or a flush.
+        self._running_events: dict[bytes, tuple[Any, ...]] = {}
         #: The flush loop waits with nothing buffered: the next buffering wakes it
         #: (``wake_flush``).
         self._flush_idle = False
@@ -724,6 +726,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         output to flush): that saves the io thread's wake-up on every call; else through
         the io thread, after what was posted before it."""
         ex = self.executor
+        if self._running_events:
+            self.reply_sent(reply)
         if ex is not None and ex._output:  # the task's output leaves before its reply
             self._post(ex.flush_output)
         elif self.io.idle() and conn.write_now(reply):

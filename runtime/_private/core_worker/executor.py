@@ -261,7 +261,7 @@ class Executor(ArgumentsMixin):
         cw.current_resource_ids = msg.resource_ids if self.actor is None else self.actor.resource_ids
         cw._put_counter = 0
         if spec.enable_task_events:
-            cw.record_event(spec.task_id, spec.attempt, m.TaskState.RUNNING, start, cw.node_id, cw.worker_id)
+            cw.record_running(spec.task_id, spec.attempt, start)
         self._set_gpus(msg.resource_ids)
         self._arg_borrowed = []
         app_error = False

@@ -49,6 +49,9 @@ def _is_large_buffer(v: Any, limit: int) -> bool:
     return t.__name__ == "ndarray" and v.nbytes > limit
 
 
+_KIND_NAME = {k: k.name for k in m.TaskKind}
+
+
 class _ArgRef(int):
     """Placeholder for the i-th top-level ref argument inside the pickled args."""
 
@@ -310,7 +313,7 @@ class SubmissionMixin:
         info: dict[str, Any] = {"name": spec.name, "function_name": spec.function_name,
                                 "parent": spec.parent_task_id, "args": task.dep_ids + task.nested_ids,
                                 "returns": task.return_ids, "resources": spec.resources,
-                                "type": m.TaskKind(spec.kind).name}
+                                "type": _KIND_NAME[spec.kind]}
         if spec.actor_id:
             info["actor_id"] = spec.actor_id
             info["caller_id"] = spec.caller_id
@@ -325,6 +328,20 @@ class SubmissionMixin:
                      node_id: NodeID | None = None, worker_id: WorkerID | None = None,
                      error: str | None = None, info: Any = None) -> None:
         self._buffer_event((task_id, attempt, state, t, info, node_id, worker_id, error))
+
+    def record_running(self, task_id: TaskID, attempt: int, start: float) -> None:
+        """Executor (any thread): a task started here. Held until the next flush and
+        dropped if the task's reply leaves first (``reply_sent``): the owner's events
+        carry the start time then, so a short task costs the GCS no event from here."""
+        self._running_events[task_id] = (task_id, attempt, m.TaskState.RUNNING, start, None, self.node_id,
+                                          self.worker_id, None)
+        if self._flush_idle:
+            self.wake_flush()
+
+    def reply_sent(self, reply: Any) -> None:
+        """Executor: ``reply`` left; its task's RUNNING need not (the owner reports it)."""
+        if type(reply) is m.TaskReply and reply.start_time:  # (not a generator's item)
+            self._running_events.pop(reply.task_id, None)
 
     def _buffer_event(self, row: tuple[Any, ...]) -> None:
         """Any thread: buffer a task event for the next flush."""
@@ -348,7 +365,8 @@ class SubmissionMixin:
 
     def _flush_pending(self) -> bool:
         ex = self.executor
-        return bool(self._events or self.objects.decrements or (ex is not None and ex._output))
+        return bool(self._events or self._running_events or self.objects.decrements
+                    or (ex is not None and ex._output))
 
     async def _flush_loop(self) -> None:
         """Flush buffered task events, dead refs and worker output every interval while
@@ -375,12 +393,35 @@ class SubmissionMixin:
                 self.executor.flush_output()
 
     def _flush_events(self) -> None:
-        if not self._events or self.gcs is None or self.gcs.is_closed:
+        if (not self._events and not self._running_events) or self.gcs is None or self.gcs.is_closed:
             return
         raw, self._events = self._events, []
+        running = self._running_events
+        while running:  # (popitem: a task starting meanwhile is kept for the next flush)
+            raw.append(running.popitem()[1])
         job = self.job_id
-        events = [m.TaskEvent(tid, attempt, state, t, job, info, node, worker, err)
-                  for (tid, attempt, state, t, info, node, worker, err) in raw]
+        # One event per task attempt: its later states ride along in ``more`` (a no-op
+        # call's SUBMITTED, SCHEDULED, RUNNING and FINISHED are one event, not four).
+        events: list[m.TaskEvent] = []
+        by_task: dict[tuple[TaskID, int], m.TaskEvent] = {}
+        for tid, attempt, state, t, info, node, worker, err in raw:
+            ev = by_task.get((tid, attempt))
+            if ev is None:
+                ev = by_task[(tid, attempt)] = m.TaskEvent(tid, attempt, state, t, job, info, node, worker, err)
+                events.append(ev)
+                continue
+            if ev.more is None:
+                ev.more = [[state, t]]
+            else:
+                ev.more.append([state, t])
+            if info:
+                ev.info = {**ev.info, **info} if ev.info else info
+            if node:
+                ev.node_id = node
+            if worker:
+                ev.worker_id = worker
+            if err:
+                ev.error = err
         self.gcs.notify(m.AddTaskEvents(events))
 
     # ------------------------------------------------------------------ cancel

@@ -234,7 +234,10 @@ class ActorManager:
         blob = reply.returns[0].data if reply.returns else None
         if spec.enable_task_events:
             state = m.TaskState.FAILED if reply.app_error else m.TaskState.FINISHED
-            self.gcs.task_events.add([m.TaskEvent(spec.task_id, spec.attempt, state, reply.end_time or now,
-                                                  spec.job_id, None, grant.node_id, grant.worker_id,
-                                                  "__init__ raised" if reply.app_error else None)])
+            # The executor leaves RUNNING to whoever gets the reply (here): its start time.
+            self.gcs.task_events.add([m.TaskEvent(
+                spec.task_id, spec.attempt, m.TaskState.RUNNING if reply.start_time else state,
+                reply.start_time or reply.end_time or now, spec.job_id, None, grant.node_id, grant.worker_id,
+                "__init__ raised" if reply.app_error else None,
+                [[state, reply.end_time or now]] if reply.start_time else None)])
         return (not reply.app_error), (blob if reply.app_error else None)

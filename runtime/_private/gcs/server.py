@@ -84,7 +84,7 @@ class GcsServer:
         self.kv: dict[tuple[str, bytes], bytes] = {}
         self._kv_waiters: dict[tuple[str, bytes], list[asyncio.Future[bytes]]] = {}
         self.task_events = TaskEventTable(config.task_event_max_records,
-                                          os.path.join(session_dir, "logs", "task_events.jsonl"),
+                                          os.path.join(session_dir, "logs", "task_events.msgpack"),
                                           config.task_event_max_bytes)
         #: How much of the task-event stream to keep (with durable storage).
         self._stream_trim = StreamTrim()

@@ -143,6 +143,9 @@ class TaskEvent:
     node_id: NodeID | None = None
     worker_id: WorkerID | None = None
     error: str | None = None
+    #: Later states of the same attempt, ``[[state, time], ...]`` in order: an owner sends a
+    #: task's SUBMITTED ... FINISHED as one event when they fall in one flush.
+    more: list[list[Any]] | None = None
 
 
 @message(23)
