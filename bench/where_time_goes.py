@@ -39,6 +39,7 @@ the load average is printed with them.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -75,10 +76,21 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # ---------------------------------------------------------------------- /proc readers
 
-def thread_counters(pid: int) -> dict[int, tuple[int, int, int]]:
-    """tid -> (ns on CPU, voluntary, involuntary context switches) of every thread of
-    ``pid``; {} when the process is gone, and a thread that ends while we read is skipped."""
-    out: dict[int, tuple[int, int, int]] = {}
+@dataclass(slots=True)
+class Counters:
+    """One thread's counters (cumulative since it started)."""
+    cpu_ns: int = 0  #: on a CPU (schedstat field 1)
+    wait_ns: int = 0  #: runnable, waiting for a CPU (schedstat field 2: run delay)
+    voluntary: int = 0  #: blocked, then woken: one wake-up
+    involuntary: int = 0  #: preempted
+    kernel_ticks: int = 0  #: stime, in clock ticks
+    user_ticks: int = 0  #: utime, in clock ticks
+
+
+def thread_counters(pid: int) -> dict[int, Counters]:
+    """tid -> counters of every thread of ``pid``; {} when the process is gone, and a
+    thread that ends while we read is skipped."""
+    out: dict[int, Counters] = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -86,18 +98,22 @@ def thread_counters(pid: int) -> dict[int, tuple[int, int, int]]:
     for t in tids:
         base = f"/proc/{pid}/task/{t}"
         try:
+            c = Counters()
             with open(f"{base}/schedstat") as f:
-                ns = int(f.read().split()[0])
-            vol = invol = 0
+                fields = f.read().split()
+            c.cpu_ns, c.wait_ns = int(fields[0]), int(fields[1])
+            with open(f"{base}/stat") as f:
+                stat = f.read().rsplit(")", 1)[1].split()
+            c.user_ticks, c.kernel_ticks = int(stat[11]), int(stat[12])
             with open(f"{base}/status") as f:
                 for line in f:
                     if line.startswith("voluntary_ctxt_switches"):
-                        vol = int(line.split()[1])
+                        c.voluntary = int(line.split()[1])
                     elif line.startswith("nonvoluntary_ctxt_switches"):
-                        invol = int(line.split()[1])
+                        c.involuntary = int(line.split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        out[int(t)] = (ns, vol, invol)
+        out[int(t)] = c
     return out
 
 
@@ -213,40 +229,52 @@ def measure_counters(procs: list[Proc], run: Callable[[], int]) -> dict[str, Any
     """Per-row CPU microseconds and wake-ups per call over ``run()`` (which returns the
     number of calls it made), with the machine's busy time and the wall time."""
     before = {p.pid: thread_counters(p.pid) for p in procs}
+    gc0 = [g["collections"] for g in gc.get_stats()]
     m0 = machine_busy_s()
     t0 = time.perf_counter()
     n = run()
     wall = time.perf_counter() - t0
     m1 = machine_busy_s()
+    gc1 = [g["collections"] for g in gc.get_stats()]
     after = {p.pid: thread_counters(p.pid) for p in procs}
     for p in procs:
         if p.label == "unmeasured":
             # A worker ran the workload when its main thread (the executor) spent at least
             # 1 us a call; an idle one sleeps in its queue.
-            ns0 = before[p.pid].get(p.pid, (0, 0, 0))[0]
-            ns1 = after[p.pid].get(p.pid, (ns0, 0, 0))[0]
-            p.role, p.label = ("worker", "") if ns1 - ns0 >= 1000 * n else ("rest", "idle workers, fork server")
+            c0 = before[p.pid].get(p.pid, Counters()).cpu_ns
+            c1 = after[p.pid].get(p.pid, Counters(cpu_ns=c0)).cpu_ns
+            p.role, p.label = ("worker", "") if c1 - c0 >= 1000 * n else ("rest", "idle workers, fork server")
     cpu: dict[tuple[str, str], float] = defaultdict(float)
+    wait: dict[tuple[str, str], float] = defaultdict(float)
     vol: dict[tuple[str, str], float] = defaultdict(float)
+    ticks: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
     invol = 0.0
     for p in procs:
         b = before[p.pid]
-        for tid, (ns, v, iv) in after[p.pid].items():
-            ns0, v0, iv0 = b.get(tid, (0, 0, 0))  # a thread started meanwhile counts from 0
+        for tid, c in after[p.pid].items():
+            c0 = b.get(tid, Counters())  # a thread started meanwhile counts from 0
             row = row_of(p, tid)
-            cpu[row] += (ns - ns0) / 1e3 / n
-            vol[row] += (v - v0) / n
-            invol += (iv - iv0) / n
+            cpu[row] += (c.cpu_ns - c0.cpu_ns) / 1e3 / n
+            wait[row] += (c.wait_ns - c0.wait_ns) / 1e3 / n
+            vol[row] += (c.voluntary - c0.voluntary) / n
+            invol += (c.involuntary - c0.involuntary) / n
+            ticks[row][0] += c.kernel_ticks - c0.kernel_ticks
+            ticks[row][1] += c.user_ticks - c0.user_ticks
     lumos_us = sum(cpu.values())
     machine_us = (m1 - m0) * 1e6 / n
     return {
         "calls": n,
         "cpu_us": {f"{r[0]} / {r[1]}": v for r, v in cpu.items()},
         "wakeups": {f"{r[0]} / {r[1]}": v for r, v in vol.items()},
+        "cpu_wait_us": {f"{r[0]} / {r[1]}": v for r, v in wait.items()},
+        # stime / (utime + stime): clock ticks, so only a long run gives a figure
+        "kernel_share": {f"{r[0]} / {r[1]}": k / (k + u) for r, (k, u) in ticks.items() if k + u >= 10},
         "involuntary": invol,
         "lumos_cpu_us": lumos_us,
         "machine_cpu_us": machine_us,
         "wall_us": wall * 1e6 / n,
+        # the driver's garbage collections per 1,000 calls, by generation
+        "driver_gc_per_1000": [(b - a) * 1000 / n for a, b in zip(gc0, gc1)],
     }
 
 
@@ -259,7 +287,12 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for k, v in runs[0].items():
         if isinstance(v, dict):
             keys = {key for r in runs for key in r[k]}
-            out[k] = {key: med([r[k].get(key, 0.0) for r in runs]) for key in keys}
+            if k == "kernel_share":  # a share, where a run had enough ticks for one
+                out[k] = {key: med([r[k][key] for r in runs if key in r[k]]) for key in keys}
+            else:
+                out[k] = {key: med([r[k].get(key, 0.0) for r in runs]) for key in keys}
+        elif isinstance(v, list):
+            out[k] = [med([r[k][i] for r in runs]) for i in range(len(v))]
         else:
             out[k] = med([r[k] for r in runs])
     return out
@@ -323,14 +356,16 @@ def on_cpu(keys: list[str]) -> bool:
 
 
 def top_functions(samples: list[tuple[list[str], int]], top: int,
-                  native: bool) -> tuple[int, list[dict[str, Any]]]:
-    """(on-CPU samples, the ``top`` Python functions by own samples with own and inclusive
-    shares). Native frames (``--native``) are charged to the innermost Python function
-    above them, and name where most of its own samples were (``native``)."""
+                  native: bool) -> tuple[int, list[dict[str, Any]], list[tuple[str, float]]]:
+    """(samples not parked, the ``top`` Python functions by own samples with own and
+    inclusive shares, the three native functions most samples were in with their shares).
+    Native frames (``--native``) are charged to the innermost Python function above them,
+    and name where most of its own samples were (``native``)."""
     total = 0
     own: dict[str, int] = defaultdict(int)
     incl: dict[str, int] = defaultdict(int)
     leaf: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    natives: dict[str, int] = defaultdict(int)
     for frames, c in samples:
         keys = [_frame_key(f) for f in frames]
         if native and not on_cpu(keys):
@@ -341,10 +376,11 @@ def top_functions(samples: list[tuple[list[str], int]], top: int,
         own[fn] += c
         if keys and keys[-1] != fn:
             leaf[fn][keys[-1]] += c
+            natives[keys[-1]] += c
         for k in set(py):
             incl[k] += c
     if total == 0:
-        return 0, []
+        return 0, [], []
     rows = sorted(own, key=lambda k: (-own[k], k))[:top]
     out = []
     for k in rows:
@@ -354,7 +390,8 @@ def top_functions(samples: list[tuple[list[str], int]], top: int,
             entry["native"] = name
             entry["native_share"] = n / own[k]
         out.append(entry)
-    return total, out
+    hot = sorted(natives.items(), key=lambda kv: -kv[1])[:3]
+    return total, out, [(k, v / total) for k, v in hot]
 
 
 def profile(procs: list[Proc], run: Callable[[], int], py_spy: str, native: bool, rate: int, out_dir: str,
@@ -503,18 +540,19 @@ def run_all(quick: bool, native: bool, top: int, use_py_spy: bool, profile_keys:
                     if row not in samples:
                         continue
                     label = f"{row[0]} / {row[1]}"
-                    total, funcs = top_functions(samples[row], top, native)
+                    total, funcs, hot = top_functions(samples[row], top, native)
                     if total == 0:
                         continue  # never on a CPU while sampled
                     for fn in funcs:
                         fn["own_us"] = fn["own"] * cpu.get(label, 0.0)
-                    prof[label] = {"samples": total, "cpu_us": cpu.get(label, 0.0), "top": funcs}
+                    prof[label] = {"samples": total, "cpu_us": cpu.get(label, 0.0), "top": funcs, "native": hot}
                 out["profiles"][key] = prof
                 out["native"] = native
                 out["rate"] = rate or (100 if native else 1000)
     finally:
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
+    out["load_average_end"] = os.getloadavg()
     out["hops"] = HOPS
     return out
 
@@ -586,16 +624,26 @@ def markdown(result: dict[str, Any]) -> str:
     titles = dict(SCENARIOS)
     sc = result["scenarios"]
     la = ", ".join(f"{x:.2f}" for x in result["load_average"])
-    lines = [f"CPU microseconds per call by process and thread (load average {la}; "
-             f"{result['cpus']} CPUs; median of {result['repeat']} runs of " + ", ".join(f"{titles[k]} {sc[k]['calls']:,}" for k in keys) + ")",
+    if "load_average_end" in result:
+        la += " at the start, " + ", ".join(f"{x:.2f}" for x in result["load_average_end"]) + " at the end"
+    lines = [f"CPU microseconds per call by process and thread, with the share spent in the kernel in "
+             f"brackets (load average {la}; {result['cpus']} CPUs; median of {result['repeat']} runs of " + ", ".join(f"{titles[k]} {sc[k]['calls']:,}" for k in keys) + ")",
              "", "| process / thread | " + " | ".join(titles[k] for k in keys) + " |",
              "|---|" + "---:|" * len(keys)]
     rows = _present_rows(result)
+    def cpu_cell(k: str, row: str) -> str:
+        cell = _fmt(sc[k]["cpu_us"].get(row, 0.0))
+        share = sc[k].get("kernel_share", {}).get(row)
+        return cell if share is None else f"{cell} ({share:.0%})"
+
     for row in rows:
-        lines.append(f"| {row} | " + " | ".join(_fmt(sc[k]["cpu_us"].get(row, 0.0)) for k in keys) + " |")
+        lines.append(f"| {row} | " + " | ".join(cpu_cell(k, row) for k in keys) + " |")
     lines.append("| **all lumos processes** | " + " | ".join(f"**{_fmt(sc[k]['lumos_cpu_us'])}**" for k in keys) + " |")
     lines.append("| machine busy (`/proc/stat`) | " + " | ".join(_fmt(sc[k]["machine_cpu_us"]) for k in keys) + " |")
     lines.append("| wall time per call | " + " | ".join(_fmt(sc[k]["wall_us"]) for k in keys) + " |")
+    lines.append("| driver's garbage collections per 1,000 calls (gen 0/1/2) | " + " | ".join(
+        "/".join(f"{x:.0f}" if x >= 10 or x == 0 else f"{x:.1f}" for x in sc[k]["driver_gc_per_1000"])
+        for k in keys) + " |")
     lines += ["", "Wake-ups (voluntary context switches) per call", "",
               "| process / thread | " + " | ".join(titles[k] for k in keys) + " |",
               "|---|" + "---:|" * len(keys)]
@@ -604,10 +652,19 @@ def markdown(result: dict[str, Any]) -> str:
     lines.append("| **all threads** | " + " | ".join(f"**{_fmt(sum(sc[k]['wakeups'].values()))}**" for k in keys) + " |")
     lines.append("| involuntary (preempted), all threads | "
                  + " | ".join(_fmt(sc[k]["involuntary"]) for k in keys) + " |")
+    lines += ["", "Microseconds per call spent runnable but waiting for a CPU (schedstat run delay)", "",
+              "| process / thread | " + " | ".join(titles[k] for k in keys) + " |",
+              "|---|" + "---:|" * len(keys)]
+    for row in rows:
+        lines.append(f"| {row} | " + " | ".join(_fmt(sc[k]["cpu_wait_us"].get(row, 0.0)) for k in keys) + " |")
+    lines.append("| **all threads** | "
+                 + " | ".join(f"**{_fmt(sum(sc[k]['cpu_wait_us'].values()))}**" for k in keys) + " |")
     for key, prof in result["profiles"].items():
-        what = "on-CPU samples" if result.get("native") else "samples, parked ones included"
-        lines += ["", f"Top functions, {titles[key]} (py-spy at {result.get('rate')} Hz; share of the thread's {what}; "
-                  "µs/call: own share × the thread's CPU above; native: where most of the own samples were)",
+        what = ("samples not parked in a wait (running, or runnable and waiting for a CPU)"
+                if result.get("native") else "samples, parked ones included")
+        lines += ["", f"Top functions, {titles[key]} (py-spy at {result.get('rate')} Hz; share of the thread's "
+                  f"{what}; µs/call: own share × the thread's CPU above, an estimate; native: where most "
+                  "of the function's own samples were)",
                   "", "| process / thread | function | own | incl. | own µs/call | native |",
                   "|---|---|---:|---:|---:|---|"]
         for label, p in prof.items():
@@ -618,6 +675,9 @@ def markdown(result: dict[str, Any]) -> str:
                 nat = f"`{fn['native']}` {fn['native_share']:.0%}" if fn.get("native") else ""
                 lines.append(f"| {head} | `{fn['function']}` | {fn['own']:.0%} | {fn['inclusive']:.0%} | "
                              f"{_fmt(fn['own_us'])} | {nat} |")
+            if p.get("native"):
+                hot = ", ".join(f"`{name}` {share:.0%}" for name, share in p["native"])
+                lines.append(f"| | *native functions of the whole thread: {hot}* | | | | |")
     for kind, hops in result["hops"].items():
         lines += ["", f"The hops of one sync {'task' if kind == 'task' else 'actor call'} (files under "
                   "`runtime/_private/` unless named otherwise):", ""]

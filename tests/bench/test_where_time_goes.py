@@ -104,13 +104,14 @@ def test_profile_parsing_keeps_on_cpu_samples_and_charges_native_frames_to_pytho
         (100, "MainThread", 90), (100, "MainThread", 6), (100, "MainThread", 4), (101, "lumos-io", 50),
         (101, "lumos-io", 10)]
     main = [(frames, c) for tid, _, frames, c in rows if tid == 100]
-    total, top = wtg.top_functions(main, 8, native=True)
+    total, top, hot = wtg.top_functions(main, 8, native=True)
     assert total == 10  # the 90 samples parked in the queue's lock are off-CPU
+    assert hot == [("write (libc.so.6)", pytest.approx(0.6))]
     assert top[0]["function"] == "Connection.write_now (connection.py)"
     assert top[0]["own"] == pytest.approx(0.6) and top[0]["native"] == "write (libc.so.6)"
     assert [(f["function"], f["own"]) for f in top[1:]] == [("Executor.execute (executor.py)", pytest.approx(0.4))]
     io = [(frames, c) for tid, _, frames, c in rows if tid == 101]
-    total, top = wtg.top_functions(io, 8, native=True)
+    total, top, _ = wtg.top_functions(io, 8, native=True)
     assert total == 10 and top[0]["function"] == "Connection.data_received (connection.py)"
     # Without native frames nothing tells a parked thread from a busy one: all count.
     assert wtg.top_functions(io, 8, native=False)[0] == 60
