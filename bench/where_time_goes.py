@@ -223,6 +223,42 @@ def name_threads(procs: list[Proc], py_spy: str | None) -> None:
                 proc.names[int(t["os_thread_id"])] = str(t["thread_name"])
 
 
+def wakeup_us(cross_core: bool, n: int = 5000) -> float | None:
+    """Median microseconds of one wake-up: half a pipe round trip between this process and
+    a forked child, both on CPU 0, or on CPUs 0 and 1 (None where affinity cannot be set)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if cross_core and len(cpus) < 2:
+        return None
+    mine, theirs = cpus[0], cpus[1] if cross_core else cpus[0]
+    saved = os.sched_getaffinity(0)
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            os.sched_setaffinity(0, {theirs})
+            while os.read(r1, 1) == b"x":
+                os.write(w2, b"x")
+        finally:
+            os._exit(0)
+    lat = []
+    try:
+        os.sched_setaffinity(0, {mine})
+        for _ in range(n):
+            t = time.perf_counter_ns()
+            os.write(w1, b"x")
+            os.read(r2, 1)
+            lat.append(time.perf_counter_ns() - t)
+    finally:
+        os.write(w1, b"q")
+        os.waitpid(pid, 0)
+        os.sched_setaffinity(0, saved)
+        for fd in (r1, w1, r2, w2):
+            os.close(fd)
+    lat = sorted(lat[n // 10:])
+    return lat[len(lat) // 2] / 2e3
+
+
 # ---------------------------------------------------------------------- item 1 and 2
 
 def measure_counters(procs: list[Proc], run: Callable[[], int]) -> dict[str, Any]:
@@ -406,7 +442,10 @@ def profile(procs: list[Proc], run: Callable[[], int], py_spy: str, native: bool
             continue
         path = os.path.join(out_dir, f"{tag}-{p.role}-{p.pid}.txt")
         cmd = [py_spy, "record", "-r", str(rate), "-f", "raw", "--threads", "-p", str(p.pid), "-o", path]
-        cmd += ["--native"] if native else ["--nonblocking"]
+        # --idle: every sample, parked or not; on_cpu() sorts them (py-spy's own test both
+        # keeps threads parked in epoll_pwait and drops busy ones: 4 of ~70 of a worker's
+        # io-thread samples were left in one run).
+        cmd += ["--native", "--idle"] if native else ["--nonblocking"]
         spies.append((p, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), path))
     time.sleep(1.0)  # py-spy attaches
     try:
@@ -510,6 +549,8 @@ def run_all(quick: bool, native: bool, top: int, use_py_spy: bool, profile_keys:
     repeat = repeat or (1 if quick else 3)
     out: dict[str, Any] = {"load_average": os.getloadavg(), "cpus": os.cpu_count(), "quick": quick, "repeat": repeat,
                            "scenarios": {}, "profiles": {}, "notes": notes}
+    # Before the cluster starts: the fork copies nothing of it.
+    out["wakeup_us"] = {"same core": wakeup_us(False), "across cores": wakeup_us(True)}
     ray.init(num_cpus=2)
     tmp = tempfile.mkdtemp(prefix="where-time-goes-")
     try:
@@ -561,11 +602,11 @@ def run_all(quick: bool, native: bool, top: int, use_py_spy: bool, profile_keys:
 
 HOPS = {
     "task": [
-        ("driver user thread", "`remote_function.py` `RemoteFunction._remote` → `core_worker/submission.py` "
+        ("driver user thread", "`../remote_function.py` `RemoteFunction._remote` → `core_worker/submission.py` "
          "`submit_task` packs the arguments, builds the `TaskSpec`, records the returns as owned, "
          "then `core_worker/io_loop.py` `IoLoop.post`: `call_soon_threadsafe` writes the loop's "
          "self-pipe (**wake-up 1**: driver `lumos-io`)"),
-        ("driver user thread", "`api.py` `get` → `core_worker/objects.py` `get` → `_wait_for` blocks on "
+        ("driver user thread", "`../api.py` `get` → `core_worker/objects.py` `get` → `_wait_for` blocks on "
          "`Waiter.lock` (`core_worker/references.py`)"),
         ("driver lumos-io", "`IoLoop._drain_inbox` → `CoreWorker._on_submit` → `core_worker/task_submitter.py` "
          "`TaskSubmitterState.enqueue`/`pump`: the lease of the previous call is still held (idle "
@@ -586,10 +627,12 @@ HOPS = {
          "events reach the GCS in batches (`gcs/task_log.py`)"),
     ],
     "actor": [
-        ("driver user thread", "`actor.py` `ActorMethod._remote` → `core_worker/submission.py` → "
-         "`IoLoop.post` (**wake-up 1**: driver `lumos-io`), then `get` blocks on `Waiter.lock`"),
-        ("driver lumos-io", "`core_worker/actor_submitter.py` gives the call its sequence number and "
-         "writes `PushTask` on the connection to the actor's worker (no lease, no raylet)"),
+        ("driver user thread", "`../actor.py` `ActorMethod.remote` → `ActorHandle._submit` → "
+         "`core_worker/submission.py` `submit_task` → `IoLoop.post` (**wake-up 1**: driver `lumos-io`), "
+         "then `get` blocks on `Waiter.lock`"),
+        ("driver lumos-io", "`CoreWorker._on_submit` → `core_worker/actor_submitter.py` `ActorSubmitter.add` "
+         "gives the call its sequence number, `_send` writes `PushTask` on the connection to the actor's "
+         "worker (no lease, no raylet)"),
         ("actor lumos-io", "(**wake-up 2**) `_handle_push_task` → `Executor.push` (**wake-up 3**: the "
          "actor's main thread)"),
         ("actor main thread", "`Executor._run_one` → `execute` → `core_worker/actor_host.py` "
@@ -678,6 +721,10 @@ def markdown(result: dict[str, Any]) -> str:
             if p.get("native"):
                 hot = ", ".join(f"`{name}` {share:.0%}" for name, share in p["native"])
                 lines.append(f"| | *native functions of the whole thread: {hot}* | | | | |")
+    wk = result.get("wakeup_us") or {}
+    if wk.get("same core") is not None:
+        lines += ["", "One wake-up on this machine (half a pipe round trip between two processes, median): "
+                  + ", ".join(f"{_fmt(v)} µs {k}" for k, v in wk.items() if v is not None) + "."]
     for kind, hops in result["hops"].items():
         lines += ["", f"The hops of one sync {'task' if kind == 'task' else 'actor call'} (files under "
                   "`runtime/_private/` unless named otherwise):", ""]
