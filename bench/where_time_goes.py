@@ -99,12 +99,15 @@ def thread_counters(pid: int) -> dict[int, Counters]:
         base = f"/proc/{pid}/task/{t}"
         try:
             c = Counters()
-            with open(f"{base}/schedstat") as f:
-                fields = f.read().split()
-            c.cpu_ns, c.wait_ns = int(fields[0]), int(fields[1])
             with open(f"{base}/stat") as f:
                 stat = f.read().rsplit(")", 1)[1].split()
             c.user_ticks, c.kernel_ticks = int(stat[11]), int(stat[12])
+            try:
+                with open(f"{base}/schedstat") as f:
+                    fields = f.read().split()
+                c.cpu_ns, c.wait_ns = int(fields[0]), int(fields[1])
+            except FileNotFoundError:  # a kernel without CONFIG_SCHED_INFO: ticks, no run delay
+                c.cpu_ns = (c.user_ticks + c.kernel_ticks) * 1_000_000_000 // CLK_TCK
             with open(f"{base}/status") as f:
                 for line in f:
                     if line.startswith("voluntary_ctxt_switches"):
@@ -138,6 +141,7 @@ def machine_busy_s() -> float:
 
 @dataclass
 class Proc:
+    """A process of the cluster (or the driver) and what its threads are called."""
     pid: int
     role: str  # driver | worker | raylet | gcs | rest
     label: str  # what `rest` is: dashboard | idle workers, fork server
@@ -186,17 +190,20 @@ def row_of(proc: Proc, tid: int) -> tuple[str, str]:
     if proc.role == "worker":
         if name == "lumos-io":
             return ("worker", "lumos-io")
-        if name is None and thread_comm(proc.pid, tid) == "python" and _python_threads(proc) == 1:
+        if name is None and _python_threads(proc) == [tid]:
             return ("worker", "lumos-io")  # by structure: its one Python thread besides main
     return (proc.role, "other threads")
 
 
-def _python_threads(proc: Proc) -> int:
+def _python_threads(proc: Proc) -> list[int]:
+    """The threads of ``proc`` besides its main one that kept the main thread's name
+    (those threads named by native code, such as libuv's ``libuv-worker``, did not)."""
     try:
-        tids = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task")]
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task"))
     except OSError:
-        return 0
-    return sum(1 for t in tids if t != proc.pid and thread_comm(proc.pid, t) == "python")
+        return []
+    main = thread_comm(proc.pid, proc.pid)
+    return [t for t in tids if t != proc.pid and thread_comm(proc.pid, t) == main]
 
 
 def py_spy_path() -> str | None:
