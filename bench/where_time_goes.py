@@ -273,11 +273,23 @@ def measure_counters(procs: list[Proc], run: Callable[[], int]) -> dict[str, Any
     number of calls it made), with the machine's busy time and the wall time."""
     before = {p.pid: thread_counters(p.pid) for p in procs}
     gc0 = [g["collections"] for g in gc.get_stats()]
+    gc_ns = [0, 0]  # [total, start of the collection under way]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            gc_ns[1] = time.perf_counter_ns()
+        else:
+            gc_ns[0] += time.perf_counter_ns() - gc_ns[1]
+
+    gc.callbacks.append(on_gc)
     m0 = machine_busy_s()
     t0 = time.perf_counter()
-    n = run()
-    wall = time.perf_counter() - t0
-    m1 = machine_busy_s()
+    try:
+        n = run()
+    finally:
+        wall = time.perf_counter() - t0
+        m1 = machine_busy_s()
+        gc.callbacks.remove(on_gc)
     gc1 = [g["collections"] for g in gc.get_stats()]
     after = {p.pid: thread_counters(p.pid) for p in procs}
     for p in procs:
@@ -318,6 +330,7 @@ def measure_counters(procs: list[Proc], run: Callable[[], int]) -> dict[str, Any
         "wall_us": wall * 1e6 / n,
         # the driver's garbage collections per 1,000 calls, by generation
         "driver_gc_per_1000": [(b - a) * 1000 / n for a, b in zip(gc0, gc1)],
+        "driver_gc_us": gc_ns[0] / 1e3 / n,
     }
 
 
@@ -694,6 +707,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines.append("| driver's garbage collections per 1,000 calls (gen 0/1/2) | " + " | ".join(
         "/".join(f"{x:.0f}" if x >= 10 or x == 0 else f"{x:.1f}" for x in sc[k]["driver_gc_per_1000"])
         for k in keys) + " |")
+    lines.append("| driver's garbage collector, µs per call | "
+                 + " | ".join(_fmt(sc[k].get("driver_gc_us", 0.0)) for k in keys) + " |")
     lines += ["", "Wake-ups (voluntary context switches) per call", "",
               "| process / thread | " + " | ".join(titles[k] for k in keys) + " |",
               "|---|" + "---:|" * len(keys)]
