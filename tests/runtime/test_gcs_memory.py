@@ -16,6 +16,7 @@ from lumos._private.gcs.storage import Op, StorageUnavailable, StorageWriter, un
 from lumos._private.gcs.storage.memory import InMemoryStorage
 from lumos._private.gcs.task_log import StreamTrim, TaskEventTable, read_archive, record_bytes
 from lumos._private.protocol import messages as m
+from lumos._private.protocol.vocab import TaskState
 from lumos.testing import Cluster
 
 from tests.conftest import TEST_CONFIG, RedisServer, check_no_leaks
@@ -237,3 +238,26 @@ def test_stream_appends_waiting_through_an_outage_are_bounded(caplog: pytest.Log
             await w.aclose()
     asyncio.run(body())
     assert caplog.text.count("dropping the oldest waiting stream entries") == 1
+
+
+def test_event_rows_from_a_peer_are_checked_one_by_one(tmp_path: Any) -> None:
+    from lumos._private.gcs.task_log import events_of
+    good = [b"\x01" * 24, 0, "SUBMITTED", 1.0, {"name": "f"}, None, None, None, [["FINISHED", 2.0]]]
+    rows = [good, "junk", [b"\x02" * 24, 0, "NOPE", 1.0, None, None, None, None, None],
+            [b"\x03" * 24, "0", "RUNNING", 1.0, None, None, None, None, None],
+            [b"\x04" * 24, 0, "RUNNING", 1.0, None, 7, None, None, None], good[:8],
+            [b"\x05" * 24, 1, "FAILED", 3, None, b"n" * 16, b"w" * 16, "boom", None]]
+    msg = _decoded_msg(m.AddTaskEvents(JOB, rows))
+    events, bad = events_of(msg)
+    assert bad == 5 and [e.task_id for e in events] == [b"\x01" * 24, b"\x05" * 24]
+    assert events[0].state is TaskState.SUBMITTED and events[0].more == [["FINISHED", 2.0]]
+    assert events[1].error == "boom" and events[1].job_id == JOB
+    table = TaskEventTable(100, str(tmp_path / "a.msgpack"), 0)
+    table.add(events)
+    assert table.records[b"\x01" * 24].state == "FINISHED"
+    assert events_of(_decoded_msg(m.AddTaskEvents(JOB, "junk"))) == ([], 1)
+    assert events_of(_decoded_msg(m.AddTaskEvents(None, [good, good]))) == ([], 2)  # type: ignore[arg-type]
+
+
+def _decoded_msg(msg: Any) -> Any:
+    return m.decode(m.encode(m.NOTIFY, 0, msg))[2]

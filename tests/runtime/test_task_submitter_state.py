@@ -106,6 +106,26 @@ def test_short_tasks_are_pipelined_up_to_the_depth() -> None:
     assert lease not in s.idle_leases
 
 
+def test_a_pipelined_worker_is_topped_up_in_halves_after_replies() -> None:
+    """After a reply, a worker gets more only once half its depth came back, then to the
+    full depth in one go (one write for several pushes, not one per reply)."""
+    s = state(max_tasks_in_flight_per_worker=8)
+    t = template()
+    first = task(t)
+    s.enqueue(first)
+    lease, _ = grant(s, first.queue)
+    reply(s, first)
+    more = [task(t) for _ in range(20)]
+    for x in more:
+        s.enqueue(x)
+    assert list(lease.tasks.values()) == more[:8]  # new work fills the depth at once
+    for x in more[:3]:
+        assert of(reply(s, x), ts.PushTask) == []  # 7, 6, 5 in flight: nothing yet
+    pushed = of(reply(s, more[3]), ts.PushTask)  # 4 in flight: back to 8
+    assert [p.task for p in pushed] == more[8:12] and len(lease.tasks) == 8
+    s.validate()
+
+
 def test_lease_lost_mid_pipeline_retries_every_in_flight_task() -> None:
     s = state()
     t = template(max_retries=1)

@@ -598,6 +598,15 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         """The open connection to the core worker (or raylet) at ``address`` (io thread)."""
         return await self._peer(address)
 
+    def register_call(self, task: PendingTask) -> bool:
+        """io thread: an actor call a user thread sent itself is now this owner's to track;
+        False if this core worker is shutting down (the call failed)."""
+        self.tasks[task.spec.task_id] = task
+        if self.gone is not None:
+            self._fail_task(task, self._gone_error(task))
+            return False
+        return True
+
     def fail_task(self, task: PendingTask, error: BaseException) -> None:
         """Fail ``task``: every return becomes ``error`` (io thread)."""
         self._fail_task(task, error)

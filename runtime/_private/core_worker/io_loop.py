@@ -153,6 +153,25 @@ class IoLoop:
                 raise exc.LumosSystemError("lumos is shut down")
             loop.call_soon_threadsafe(self._drain_inbox)
 
+    def append_quiet(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue ``fn(*args)`` for the io thread without waking it: it runs at the next
+        drain, which the next ``post``, a ``wake`` or ``drain_pending`` brings."""
+        self.inbox.append((fn, args))
+
+    def wake(self) -> None:
+        """Have the io thread drain its inbox soon (any thread)."""
+        if not self._wake_pending:
+            self._wake_pending = True
+            loop = self.loop
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(self._drain_inbox)
+
+    def drain_pending(self) -> None:
+        """io thread: run what waits in the inbox now (before handling a message that may
+        concern it: a reply to a call sent straight from a user thread)."""
+        if self.inbox and not self._draining:
+            self._drain_inbox()
+
     def idle(self) -> bool:
         """Every job posted so far has run, and what it sent is handed to its connection."""
         return not self.inbox and not self._wake_pending and not self._draining

@@ -43,6 +43,7 @@ class ResultsMixin:
     owner: Any
     submitter: Any
     actor_submitter: Any
+    io: Any
     raylet: Any
     config: Any
     worker_id: WorkerID
@@ -50,6 +51,9 @@ class ResultsMixin:
 
     def _handle_task_reply(self, conn: Connection, reply: m.TaskReply) -> None:
         task = self.tasks.get(reply.task_id)
+        if task is None and self.io.inbox:
+            self.io.drain_pending()  # a call sent straight from a user thread is registered there
+            task = self.tasks.get(reply.task_id)
         if task is None or task.state == DONE:
             self._free_orphan_returns(reply)
             return

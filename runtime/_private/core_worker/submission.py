@@ -50,6 +50,9 @@ def _is_large_buffer(v: Any, limit: int) -> bool:
 
 
 _KIND_NAME = {k: k.name for k in m.TaskKind}
+#: The arguments of a call without any (``a.step.remote()``), serialized once.
+_NO_ARGS = ser.serialize(())
+_NO_ARGS_BYTES = _NO_ARGS.to_bytes()
 
 
 class _ArgRef(int):
@@ -91,6 +94,8 @@ class SubmissionMixin:
     def _pack_args(self, args: tuple[Any, ...], kwargs: dict[str, Any], template: TaskTemplate
                    ) -> tuple[ser.SerializedValue, list[ObjectRef]]:
         """Serialize a call's arguments; top-level refs become placeholders listed in deps."""
+        if not args and not kwargs:
+            return _NO_ARGS, []
         deps: list[ObjectRef] = []
         if any(type(a) is ObjectRef for a in args):
             new_args: list[Any] = []
@@ -159,17 +164,18 @@ class SubmissionMixin:
         address = self.address
         spec_deps = [m.Dep(d._id, d._owner or address, None, None) for d in deps]
         nested_refs = [[r._id, r._owner or address] for r in nested] if nested else []
+        blob = _NO_ARGS_BYTES if sv is _NO_ARGS else sv.to_bytes()
         if actor_fields is not None:
             actor_id, sequence_no, caller_id, group = actor_fields
             spec = new_task_spec(template, task_id=task_id, job_id=self.job_id, parent_task_id=self.current_task_id,
-                                 owner=address, args=sv.to_bytes(), deps=spec_deps, nested_refs=nested_refs,
+                                 owner=address, args=blob, deps=spec_deps, nested_refs=nested_refs,
                                  root_task_id=self.root_task_id(), actor_id=actor_id, sequence_no=sequence_no,
                                  caller_id=caller_id, actor_options=group)
         else:
             env = self._env_for(template) if template.runtime_env is not None or self.inherited_env is not None \
                 else None
             spec = new_task_spec(template, task_id=task_id, job_id=self.job_id, parent_task_id=self.current_task_id,
-                                 owner=address, args=sv.to_bytes(), deps=spec_deps, nested_refs=nested_refs,
+                                 owner=address, args=blob, deps=spec_deps, nested_refs=nested_refs,
                                  root_task_id=self.root_task_id(), runtime_env=env)
         events_on = template.enable_task_events
         dep_ids = [d._id for d in deps]
@@ -189,7 +195,8 @@ class SubmissionMixin:
             stream = self.streams[task_id] = GeneratorStream(task_id)
             self._post(self._on_submit, task)
             return [ObjectRefGenerator(stream, address, self)]  # type: ignore[list-item]
-        self._post(self._on_submit, task)
+        if actor_fields is None or dep_ids or not self.actor_submitter.send_direct(task):
+            self._post(self._on_submit, task)
         return [ObjectRef(oid, address, True) for oid in return_ids]
 
     def create_actor(self, template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -399,30 +406,30 @@ class SubmissionMixin:
         running = self._running_events
         while running:  # (popitem: a task starting meanwhile is kept for the next flush)
             raw.append(running.popitem()[1])
-        job = self.job_id
         # One event per task attempt: its later states ride along in ``more`` (a no-op
         # call's SUBMITTED, SCHEDULED, RUNNING and FINISHED are one event, not four).
-        events: list[m.TaskEvent] = []
-        by_task: dict[tuple[TaskID, int], m.TaskEvent] = {}
+        # Row: [task_id, attempt, state, time, info, node_id, worker_id, error, more].
+        rows: list[list[Any]] = []
+        by_task: dict[tuple[TaskID, int], list[Any]] = {}
         for tid, attempt, state, t, info, node, worker, err in raw:
-            ev = by_task.get((tid, attempt))
-            if ev is None:
-                ev = by_task[(tid, attempt)] = m.TaskEvent(tid, attempt, state, t, job, info, node, worker, err)
-                events.append(ev)
+            row = by_task.get((tid, attempt))
+            if row is None:
+                row = by_task[(tid, attempt)] = [tid, attempt, state, t, info, node, worker, err, None]
+                rows.append(row)
                 continue
-            if ev.more is None:
-                ev.more = [[state, t]]
+            if row[8] is None:
+                row[8] = [[state, t]]
             else:
-                ev.more.append([state, t])
+                row[8].append([state, t])
             if info:
-                ev.info = {**ev.info, **info} if ev.info else info
+                row[4] = {**row[4], **info} if row[4] else info
             if node:
-                ev.node_id = node
+                row[5] = node
             if worker:
-                ev.worker_id = worker
+                row[6] = worker
             if err:
-                ev.error = err
-        self.gcs.notify(m.AddTaskEvents(events))
+                row[7] = err
+        self.gcs.notify(m.AddTaskEvents(self.job_id, rows))
 
     # ------------------------------------------------------------------ cancel
 

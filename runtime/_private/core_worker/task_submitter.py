@@ -129,20 +129,28 @@ class TaskSubmitterState:
             q.tasks.append(task)
         return self.pump(q)
 
-    def pump(self, q: SchedulingQueue) -> list[Action]:
-        """Push what the leases of ``q`` can take; ask for more workers if tasks are left."""
+    def pump(self, q: SchedulingQueue, after_reply: bool = False) -> list[Action]:
+        """Push what the leases of ``q`` can take; ask for more workers if tasks are left.
+
+        ``after_reply``: a pipelined worker is topped up only once half its depth has come
+        back, and then to the full depth: one write carries several pushes (a top-up per
+        reply cost a syscall per task on each side), and the worker has half the depth
+        queued meanwhile. New tasks (``enqueue``) fill workers to the depth at once."""
         out: list[Action] = []
         mean = q.mean_exec_s
         depth = self.max_in_flight if mean is not None and mean * 1000 < self.pipeline_below_ms else 1
+        refill_at = depth // 2 if after_reply and depth > 2 else depth - 1
         tasks = q.tasks
+        open_leases = [lease for lease in q.leases
+                       if lease.conn is not None and not lease.dead and not lease.blocked and not lease.exiting
+                       and len(lease.tasks) <= refill_at] if tasks else []
         while tasks:
             best = None
-            for lease in q.leases:
-                if lease.conn is not None and not lease.dead and not lease.blocked and not lease.exiting \
-                        and len(lease.tasks) < depth and (
-                        best is None or len(lease.tasks) < len(best.tasks)):
+            for lease in open_leases:
+                n = len(lease.tasks)
+                if n < depth and (best is None or n < len(best.tasks)):
                     best = lease
-                    if not lease.tasks:
+                    if not n:
                         break
             if best is None:
                 break
@@ -291,7 +299,7 @@ class TaskSubmitterState:
                 and lease not in self.idle_leases:
             self.idle_leases.add(lease)
             out.append(StartIdleTimer(lease))
-        out.extend(self.pump(lease.queue))
+        out.extend(self.pump(lease.queue, after_reply=True))
         return out
 
     # ------------------------------------------------------------------ failures

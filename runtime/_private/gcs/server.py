@@ -34,7 +34,7 @@ from lumos._private.gcs.actor_manager import ActorManager
 from lumos._private.gcs.raylet_pool import RayletPool
 from lumos._private.gcs.storage import (GcsStorage, StorageHealthState, StorageUnavailable, StorageWriter,
                                         create_storage, pack_value, unpack_value)
-from lumos._private.gcs.task_log import StreamTrim, TaskEventTable
+from lumos._private.gcs.task_log import StreamTrim, TaskEventTable, events_of
 from lumos._private.ids import JobID, NodeID, new_job_id, short
 from lumos._private.process import (die_with_parent, read_private_file, read_token, report_ready,
                                     setup_logging)
@@ -601,11 +601,14 @@ class GcsServer:
     # ------------------------------------------------------------------ events and logs
 
     def _add_task_events(self, conn: Connection, msg: m.AddTaskEvents) -> None:
-        created = self.task_events.add(msg.events)
+        events, bad = events_of(msg)
+        if bad:
+            logger.error("left out %d malformed task event rows from %s", bad, conn.peer)
+        created = self.task_events.add(events)
         if self.writer is not None:  # a stream of the batches the table's records came from: XADD ... MAXLEN ~
-            self.writer.append_nowait("task_events", pack_value(msg.events),
+            self.writer.append_nowait("task_events", pack_value(events),
                                       self._stream_trim.appended(created, len(self.task_events.records)))
-        self.publish("task_events", None, len(msg.events))
+        self.publish("task_events", None, len(events))
 
     def _log_batch(self, conn: Connection, msg: m.LogBatch) -> None:
         by_job: dict[bytes | None, list[Any]] = {}

@@ -165,6 +165,34 @@ def _info_bytes(info: dict[str, Any]) -> int:
             + len(info.get("name") or "") + len(info.get("function_name") or ""))
 
 
+def events_of(msg: m.AddTaskEvents) -> tuple[list[m.TaskEvent], int]:
+    """The events of a batch as ``TaskEvent``s, and how many rows were malformed (left
+    out: one bad row from a peer costs that row, not the batch)."""
+    job, rows = msg.job_id, msg.rows
+    events: list[m.TaskEvent] = []
+    if type(rows) is not list:
+        return events, 1
+    if type(job) is not bytes:
+        return events, len(rows)
+    bad = 0
+    event = m.TaskEvent
+    state_of = _STATE_OF
+    for row in rows:
+        if type(row) is not list or len(row) != 9:
+            bad += 1
+            continue
+        tid, attempt, state, t, info, node, worker, err, more = row
+        state = state_of.get(state) if type(state) is str else None
+        if (state is None or type(tid) is not bytes or type(attempt) is not int or type(t) not in (float, int)
+                or not (info is None or type(info) is dict) or not (node is None or type(node) is bytes)
+                or not (worker is None or type(worker) is bytes) or not (err is None or type(err) is str)
+                or not (more is None or type(more) is list)):
+            bad += 1
+            continue
+        events.append(event(tid, attempt, state, t, job, info, node, worker, err, more))
+    return events, bad
+
+
 class TaskEventTable:
     """Task records by id, bounded in count and bytes, with overflow flushed to an archive."""
 

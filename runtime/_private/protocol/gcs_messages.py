@@ -150,7 +150,16 @@ class TaskEvent:
 
 @message(23)
 class AddTaskEvents:
-    events: list[TaskEvent]
+    """A core worker's task events since its last flush, all of one job.
+
+    Each row is a ``TaskEvent``'s fields after ``job_id`` as a plain list: ``[task_id,
+    attempt, state, time, info, node_id, worker_id, error, more]``. Plain lists encode
+    and decode in msgpack's C code; one extension type per event cost the sender ~1.5 us
+    and the GCS as much again. The GCS checks each row (``task_log.events_of``).
+    """
+
+    job_id: JobID
+    rows: list[list[Any]]
 
 
 @message(24)
