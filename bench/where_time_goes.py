@@ -649,17 +649,20 @@ HOPS = {
     ],
     "actor": [
         ("driver user thread", "`../actor.py` `ActorMethod.remote` → `ActorHandle._submit` → "
-         "`core_worker/submission.py` `submit_task` → `IoLoop.post` (**wake-up 1**: driver `lumos-io`), "
-         "then `get` blocks on `Waiter.lock`"),
-        ("driver lumos-io", "`CoreWorker._on_submit` → `core_worker/actor_submitter.py` `ActorSubmitter.add` "
-         "gives the call its sequence number, `_send` writes `PushTask` on the connection to the actor's "
-         "worker (no lease, no raylet)"),
-        ("actor lumos-io", "(**wake-up 2**) `_handle_push_task` → `Executor.push` (**wake-up 3**: the "
+         "`core_worker/submission.py` `submit_task` → `core_worker/actor_submitter.py` "
+         "`ActorSubmitter.send_direct`: a call with no arguments to wait for, while the io thread has "
+         "nothing in hand and the actor's line is empty, is written straight to the actor's connection "
+         "(`Connection.write_now`, with the call's sequence number) and its booking queued for the io "
+         "thread without waking it (`IoLoop.append_quiet`); otherwise `IoLoop.post` (a wake-up of the "
+         "driver's `lumos-io`) and `ActorSubmitter.add`/`_send` there. Then `get` blocks on "
+         "`Waiter.lock`"),
+        ("actor lumos-io", "(**wake-up 1**) `_handle_push_task` → `Executor.push` (**wake-up 2**: the "
          "actor's main thread)"),
         ("actor main thread", "`Executor._run_one` → `execute` → `core_worker/actor_host.py` "
          "`after_call` → `send_reply` → `Connection.write_now`"),
-        ("driver lumos-io", "(**wake-up 4**) `_handle_task_reply` → `ObjectTable.complete` → "
-         "`Waiter.hit` (**wake-up 5**: the driver's user thread)"),
+        ("driver lumos-io", "(**wake-up 3**) `core_worker/results.py` `_handle_task_reply` first books "
+         "the call (`IoLoop.drain_pending` → `ActorSubmitter._on_direct`), then `ObjectTable.complete` → "
+         "`Waiter.hit` (**wake-up 4**: the driver's user thread)"),
     ],
 }
 
