@@ -230,9 +230,10 @@ def name_threads(procs: list[Proc], py_spy: str | None) -> None:
                 proc.names[int(t["os_thread_id"])] = str(t["thread_name"])
 
 
-def wakeup_us(cross_core: bool, n: int = 5000) -> float | None:
-    """Median microseconds of one wake-up: half a pipe round trip between this process and
-    a forked child, both on CPU 0, or on CPUs 0 and 1 (None where affinity cannot be set)."""
+def wakeup_costs(cross_core: bool, n: int = 5000) -> tuple[float, float] | None:
+    """(median µs of one wake-up, median CPU µs of the ``write`` that wakes the peer): half
+    a pipe round trip between this process and a forked child, both on the first allowed
+    CPU or on two (None where there is one CPU only)."""
     cpus = sorted(os.sched_getaffinity(0))
     if cross_core and len(cpus) < 2:
         return None
@@ -248,12 +249,14 @@ def wakeup_us(cross_core: bool, n: int = 5000) -> float | None:
                 os.write(w2, b"x")
         finally:
             os._exit(0)
-    lat = []
+    lat, cpu = [], []
     try:
         os.sched_setaffinity(0, {mine})
         for _ in range(n):
             t = time.perf_counter_ns()
+            c = time.thread_time_ns()
             os.write(w1, b"x")
+            cpu.append(time.thread_time_ns() - c)
             os.read(r2, 1)
             lat.append(time.perf_counter_ns() - t)
     finally:
@@ -262,8 +265,26 @@ def wakeup_us(cross_core: bool, n: int = 5000) -> float | None:
         os.sched_setaffinity(0, saved)
         for fd in (r1, w1, r2, w2):
             os.close(fd)
-    lat = sorted(lat[n // 10:])
-    return lat[len(lat) // 2] / 2e3
+    lat, cpu = sorted(lat[n // 10:]), sorted(cpu[n // 10:])
+    return lat[len(lat) // 2] / 2e3, cpu[len(cpu) // 2] / 1e3
+
+
+def write_cpu_us(n: int = 5000) -> float:
+    """Median CPU µs of a one-byte pipe ``write`` that wakes nobody."""
+    r, w = os.pipe()
+    cpu = []
+    try:
+        for i in range(n):
+            c = time.thread_time_ns()
+            os.write(w, b"x")
+            cpu.append(time.thread_time_ns() - c)
+            if i % 1000 == 999:
+                os.read(r, 1000)
+    finally:
+        os.close(r)
+        os.close(w)
+    cpu.sort()
+    return cpu[len(cpu) // 2] / 1e3
 
 
 # ---------------------------------------------------------------------- item 1 and 2
@@ -571,7 +592,10 @@ def run_all(quick: bool, native: bool, top: int, use_py_spy: bool, profile_keys:
     out: dict[str, Any] = {"load_average": os.getloadavg(), "cpus": os.cpu_count(), "quick": quick, "repeat": repeat,
                            "scenarios": {}, "profiles": {}, "notes": notes}
     # Before the cluster starts: the fork copies nothing of it.
-    out["wakeup_us"] = {"same core": wakeup_us(False), "across cores": wakeup_us(True)}
+    same, cross = wakeup_costs(False), wakeup_costs(True)
+    out["wakeup"] = {"same_core_us": same[0] if same else None, "across_cores_us": cross[0] if cross else None,
+                     "write_waking_across_cores_cpu_us": cross[1] if cross else None,
+                     "write_waking_nobody_cpu_us": write_cpu_us()}
     ray.init(num_cpus=2)
     tmp = tempfile.mkdtemp(prefix="where-time-goes-")
     try:
@@ -747,10 +771,15 @@ def markdown(result: dict[str, Any]) -> str:
             if p.get("native"):
                 hot = ", ".join(f"`{name}` {share:.0%}" for name, share in p["native"])
                 lines.append(f"| | *native functions of the whole thread: {hot}* | | | | |")
-    wk = result.get("wakeup_us") or {}
-    if wk.get("same core") is not None:
-        lines += ["", "One wake-up on this machine (half a pipe round trip between two processes, median): "
-                  + ", ".join(f"{_fmt(v)} µs {k}" for k, v in wk.items() if v is not None) + "."]
+    wk = result.get("wakeup") or {}
+    if wk.get("same_core_us") is not None:
+        text = (f"One wake-up on this machine (half a pipe round trip between two processes, median): "
+                f"{_fmt(wk['same_core_us'])} µs on one core")
+        if wk.get("across_cores_us") is not None:
+            text += (f", {_fmt(wk['across_cores_us'])} µs across cores, where the `write` that wakes the "
+                     f"peer costs its writer {_fmt(wk['write_waking_across_cores_cpu_us'])} µs of CPU "
+                     f"({_fmt(wk['write_waking_nobody_cpu_us'])} µs waking nobody)")
+        lines += ["", text + "."]
     for kind, hops in result["hops"].items():
         lines += ["", f"The hops of one sync {'task' if kind == 'task' else 'actor call'} (files under "
                   "`runtime/_private/` unless named otherwise):", ""]

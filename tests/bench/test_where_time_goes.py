@@ -72,7 +72,8 @@ def test_quick_run_has_every_role_with_positive_figures() -> None:
     for role, thread in wtg.REQUIRED_ROWS:
         assert f"| {role} / {thread} |" in md
     assert "| wall time per call |" in md and "The hops of one sync task" in md
-    assert result["wakeup_us"]["same core"] > 0 and "One wake-up on this machine" in md
+    assert result["wakeup"]["same_core_us"] > 0 and result["wakeup"]["write_waking_nobody_cpu_us"] > 0
+    assert "One wake-up on this machine" in md
     # The script's cluster (its session directory's name holds the driver's pid) and its
     # py-spy samplers (writing into its temporary directory) are gone with it.
     left = [p for p in psutil.process_iter() if _started_by(p, proc.pid)]
