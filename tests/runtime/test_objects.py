@@ -276,3 +276,29 @@ def test_a_worker_unmaps_an_argument_it_did_not_keep_after_the_task(fresh_cluste
             return name not in f.read()
 
     wait_for(unmapped, 10)
+
+
+def test_store_frees_of_one_io_loop_turn_reach_the_raylet_as_one_message(fresh_cluster):
+    from lumos._private.protocol import messages as m
+    from lumos.api import worker_context
+    fresh_cluster(num_cpus=1)
+    cw = worker_context.core_worker
+    size = len(lumos.put(np.ones(2**18))._id)
+    ids = [bytes([i]) * size for i in range(3)]  # ids the raylet does not know: freeing them does nothing
+    sent: list[m.FreeObjects] = []
+    notify = cw.raylet.notify
+
+    def spy(msg):
+        if isinstance(msg, m.FreeObjects):
+            sent.append(msg)
+        notify(msg)
+
+    async def release_in_one_turn():
+        cw.raylet.notify = spy
+        for oid in ids:  # as the replies of three tasks read at once release their arguments
+            cw._send_releases([oid], [False], {})
+
+    cw.io.run_sync(release_in_one_turn(), 10)
+    wait_for(lambda: sent, 10)
+    cw.raylet.notify = notify
+    assert [msg.object_ids for msg in sent] == [ids]

@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -169,7 +170,7 @@ def test_a_create_reuses_its_own_pooled_slot_behind_many_of_another_process():
     s.handle(st.ObjectsFreed(their_oids + my_oids, [True] * 302), 0)  # W1's slots are older
     grants = [a for a in s.handle(st.CreateRequested(2000, b"new", 1 << 20, b"W2"), 0)
               if isinstance(a, st.GrantCreate)]
-    assert grants[0].reused and grants[0].slot == mine[0]
+    assert grants[0].reused and grants[0].slot == mine[-1]  # its newest: freed last
     # A process with no slot of its own gets the oldest that fits, and its mapper drops it.
     acts = s.handle(st.CreateRequested(2001, b"other", 1 << 20, b"W3"), 0)
     assert st.DropSlot(b"W1", theirs[0]) in acts
@@ -215,3 +216,119 @@ def test_a_deferred_unmap_releases_the_pin_at_once_and_the_mapping_after(store_c
     store_client.release(oid, shared=True)
     del view
     assert mm() is None
+
+
+def _foreign_object(client: StoreClient, oid: bytes) -> None:
+    with open(os.path.join(client.directory, oid.hex()), "wb") as f:  # another process's object
+        f.write(ser.serialize(np.ones(100_000)).to_bytes())
+
+
+def test_an_argument_viewed_and_dropped_within_its_task_sends_no_pin(store_client):
+    pins: list[tuple[bytes, bool]] = []
+    store_client.on_pin = lambda oid, pinned: pins.append((oid, pinned))
+    oid = b"h" * 20
+    _foreign_object(store_client, oid)
+    store_client.hold_pins()
+    value = ser.deserialize(store_client.view(oid, hold_pin=True))[1]
+    store_client.release(oid, shared=True)
+    assert value.sum() == 100_000
+    del value
+    escaped: list[list[bytes]] = []
+    store_client.escaped_pins(escaped.append)
+    assert pins == [] and escaped == []
+    view = store_client.view(oid)  # not holding (or not an argument): pinned at once
+    assert pins == [(oid, True)]
+    del view
+    assert pins == [(oid, True), (oid, False)]
+
+
+def test_an_argument_kept_past_its_task_is_pinned_before_the_reply(store_client):
+    pins: list[tuple[bytes, bool]] = []
+    store_client.on_pin = lambda oid, pinned: pins.append((oid, pinned))
+    oid = b"k" * 20
+    _foreign_object(store_client, oid)
+    store_client.hold_pins()
+    kept = ser.deserialize(store_client.view(oid, hold_pin=True))[1]
+    store_client.release(oid, shared=True)
+    escaped: list[list[bytes]] = []
+    store_client.escaped_pins(escaped.append)
+    assert escaped == [[oid]] and pins == []  # pinned by the caller (a round trip)
+    del kept
+    assert pins == [(oid, False)]  # the unpin follows as usual
+
+
+def test_an_argument_dropped_while_its_pin_is_sent_is_unpinned_after_it(store_client):
+    pins: list[tuple[bytes, bool]] = []
+    store_client.on_pin = lambda oid, pinned: pins.append((oid, pinned))
+    oid = b"g" * 20
+    _foreign_object(store_client, oid)
+    store_client.hold_pins()
+    kept = [ser.deserialize(store_client.view(oid, hold_pin=True))[1]]
+    store_client.release(oid, shared=True)
+
+    def pin(ids: list[bytes]) -> None:
+        pins.append((ids[0], True))
+        kept.clear()  # its last view goes (another thread, GC) while the pin is on its way
+        assert pins == [(oid, True)]
+
+    store_client.escaped_pins(pin)
+    assert pins == [(oid, True), (oid, False)]
+
+
+def _read_arg(client: StoreClient, oid: bytes) -> Any:
+    """What the executor does with a task's argument: view, deserialize, keep as spare."""
+    value = ser.deserialize(client.view(oid, hold_pin=True))[1]
+    client.keep_spare(oid)
+    return value
+
+
+def test_a_reused_slot_read_again_as_an_argument_reuses_the_spare_mapping(store_client):
+    d = store_client.directory
+    a, b = b"a" * 20, b"b" * 20
+    with open(os.path.join(d, a.hex()), "wb") as f:
+        f.write(ser.serialize(np.full(100_000, 1.0)).to_bytes())
+    store_client.defer_unmaps()
+    assert _read_arg(store_client, a).sum() == 100_000  # the value (and its view) goes here
+    store_client.unmap_deferred()
+    assert store_client.stats()["spare_mappings"] == 1
+    # Its writer reuses the slot for the next object: the same file, a new name and value.
+    os.rename(os.path.join(d, a.hex()), os.path.join(d, b.hex()))
+    with open(os.path.join(d, b.hex()), "r+b") as f:
+        f.write(ser.serialize(np.full(100_000, 2.0)).to_bytes())
+    store_client.defer_unmaps()
+    kept = _read_arg(store_client, b)
+    assert store_client.stats()["spare_hits"] == 1 and kept.sum() == 200_000
+    store_client.unmap_deferred()
+    assert store_client.stats()["spare_mappings"] == 0  # still viewed: not a spare
+    assert kept.sum() == 200_000
+
+
+def test_a_spare_mapping_of_a_removed_file_is_unmapped_after_the_next_task(store_client):
+    import weakref
+    d = store_client.directory
+    a, c = b"r" * 20, b"c" * 20
+    for oid in (a, c):
+        with open(os.path.join(d, oid.hex()), "wb") as f:
+            f.write(ser.serialize(np.ones(100_000)).to_bytes())
+    store_client.defer_unmaps()
+    _read_arg(store_client, a)
+    store_client.unmap_deferred()
+    (spare,) = store_client._spare.values()
+    mm = weakref.ref(spare.mm)
+    del spare
+    os.unlink(os.path.join(d, a.hex()))  # the raylet evicted the slot: its pages must go
+    store_client.defer_unmaps()
+    _read_arg(store_client, c)
+    store_client.unmap_deferred()
+    assert mm() is None and store_client.stats()["spare_mappings"] == 1
+
+
+def test_a_process_gets_its_most_recently_freed_slot_first():
+    from lumos._private.object_store.slot_pool import SlotPool
+    pool = SlotPool()
+    for slot in (1, 2, 3):
+        pool.add(slot, 4096, b"W1")
+    pool.add(4, 4096, b"W2")
+    assert pool.pick(4096, b"W1") == 3  # its pages and its readers' mappings are warmest
+    assert pool.pick(4096, b"W3") == 1  # another process's: the oldest
+    assert pool.take_oldest()[0] == 1  # eviction is still oldest first

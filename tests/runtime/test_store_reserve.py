@@ -35,8 +35,12 @@ def test_reserved_slots_count_as_used_until_sealed_as_objects() -> None:
     assert s.used_bytes == 2 * MiB and s.reserved_bytes == MiB
     # Freed like any object: its file goes to the pool, and the next reservation reuses it.
     assert s.handle(st.ObjectsFreed([b"o1"], [True]), 0) == [st.RenameFile(f"{D}/{b'o1'.hex()}", f"{D}/pool-1")]
-    assert reserve(s, b"w1", MiB, 1) == [(1, f"{D}/resv-1", MiB, True)]
+    # Under its pool name: the raylet renames nothing; the client moves it to its object's.
+    acts = s.handle(st.SlotsReserveRequested(2, b"w1", MiB, 1), 0)
+    assert acts == [st.GrantSlots(2, [(1, f"{D}/pool-1", MiB, True)])]
     assert s.used_bytes == 2 * MiB and s.pool_bytes == 0
+    # Taken back under pressure, the file under that name goes.
+    assert st.UnlinkFile(f"{D}/pool-1") in s.handle(st.CreateRequested(9, b"x", 64 * MiB, b"w2"), 0)
 
 
 def test_reservations_only_take_free_room_never_evict_or_delay_creates() -> None:
@@ -141,6 +145,29 @@ def test_puts_and_returns_through_reserved_slots_keep_their_values(
     del held
 
 
+def test_a_put_into_a_reserved_slot_seals_without_waking_the_io_thread(
+        fresh_cluster: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+    from lumos._private.core_worker.objects import reserve_ahead
+    from lumos._private.protocol import messages as m
+    from lumos.api import worker_context
+    fresh_cluster(num_cpus=1, object_store_memory=256 * MiB, include_dashboard=False)
+    cw = worker_context.core_worker
+    first = lumos.put(np.zeros(MiB // 8, dtype=np.int64))  # created, and asks for slots of its size
+    wait_for(lambda: cw.store.stats()["ready_reserved_slots"] > reserve_ahead(MiB) // 2 + 1, 30)
+    objects = cw.call_raylet(m.GetNodeStats())["store"]["num_objects"]
+    wait_for(cw.io.idle, 10)
+    posted: list[Any] = []
+    post = cw.io.post
+    monkeypatch.setattr(cw.io, "post", lambda fn, *args: (posted.append(fn), post(fn, *args))[1])
+    ref = lumos.put(np.full(MiB // 8, 7, dtype=np.int64))
+    monkeypatch.undo()
+    assert posted == [] and cw.store.stats()["reserved_writes"] == 1
+    wait_for(lambda: cw.call_raylet(m.GetNodeStats())["store"]["num_objects"] == objects + 1, 10)
+    assert int(lumos.get(ref, timeout=30).sum()) == 7 * (MiB // 8)
+    del first
+
+
 @pytest.mark.timeout(60)
 def test_a_large_argument_by_value_is_pickled_once(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import numpy as np
@@ -165,3 +192,25 @@ def test_a_large_argument_by_value_is_pickled_once(cluster: Any, monkeypatch: py
     assert len([size for size in calls if size >= MiB]) == 1, calls
     monkeypatch.undo()
     assert lumos.get(ref, timeout=30) == 2 * MiB
+
+
+def test_a_reserved_slot_moves_to_its_object_name_never_over_another(tmp_path: Any) -> None:
+    from lumos._private.object_store.client import move_noreplace
+    (tmp_path / "resv-1").write_bytes(b"new")
+    (tmp_path / "taken").write_bytes(b"old")
+    with pytest.raises(FileExistsError):
+        move_noreplace(str(tmp_path / "resv-1"), str(tmp_path / "taken"))
+    assert (tmp_path / "taken").read_bytes() == b"old" and (tmp_path / "resv-1").exists()
+    move_noreplace(str(tmp_path / "resv-1"), str(tmp_path / "obj"))
+    assert (tmp_path / "obj").read_bytes() == b"new" and not (tmp_path / "resv-1").exists()
+    with pytest.raises(FileNotFoundError):  # taken back by the raylet meanwhile
+        move_noreplace(str(tmp_path / "resv-1"), str(tmp_path / "obj2"))
+
+
+def test_small_values_keep_more_slots_reserved_and_one_request_grants_them() -> None:
+    from lumos._private.core_worker.objects import RESERVE_AHEAD, reserve_ahead
+    assert reserve_ahead(MiB) == 16 and reserve_ahead(64 * 1024) == 16
+    assert reserve_ahead(8 * MiB) == RESERVE_AHEAD == reserve_ahead(16 * MiB)
+    s = state(capacity=256 * MiB)
+    assert len(reserve(s, b"w1", MiB, reserve_ahead(MiB))) == 16
+

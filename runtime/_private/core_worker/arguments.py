@@ -58,6 +58,26 @@ class ArgumentsMixin:
 
     cw: Any
 
+    def _hold_arg_pins(self) -> None:
+        """Before a task on the main thread: store views of its arguments send no pin
+        (their owner keeps them until the reply) and their unmaps wait for the reply."""
+        store = self.cw.store
+        store.defer_unmaps()
+        store.hold_pins()
+
+    def _pin_escaped_args(self) -> None:
+        """After the task, before its reply: pin the arguments whose views it kept (in
+        an actor's state, a generator's frame), so that the owner's free, which follows
+        the reply, finds them pinned and does not reuse their store files."""
+        self.cw.store.escaped_pins(self._pin_now)
+
+    def _pin_now(self, object_ids: list[ObjectID]) -> None:
+        try:
+            self.cw.call_raylet(m.PinObjects(object_ids, True))
+        except (RemoteError, TimeoutError, exc.LumosSystemError) as e:
+            # The raylet is gone or not answering: this worker is going too.
+            logger.warning("could not pin %d arguments kept past their task: %s", len(object_ids), e)
+
     def _resolve_args(self, spec: m.TaskSpec) -> tuple[tuple[Any, ...], dict[str, Any]]:
         values = [self._dep_value(spec, dep) for dep in spec.deps]
         self._in_args = True
@@ -99,7 +119,7 @@ class ArgumentsMixin:
         node holding it, or, when that node died, a copy its owner rebuilt from lineage."""
         cw = self.cw
         oid = dep.object_id
-        view = cw.store.view(oid, restore=node_id is None or node_id == cw.node_id)
+        view = cw.store.view(oid, restore=node_id is None or node_id == cw.node_id, hold_pin=True)
         if view is None and node_id is not None and node_id != cw.node_id:
             lost = None
             try:
@@ -118,12 +138,12 @@ class ArgumentsMixin:
                         cw.pull_to_local(oid, st.node_id or b"", dep.owner.worker_id)
                     except exc.ObjectLostError as e:
                         raise _TaskFailed(_error(e), None) from None
-            view = cw.store.view(oid)
+            view = cw.store.view(oid, hold_pin=True)
         if view is None:
             raise _TaskFailed(_error(exc.ObjectLostError(
                 oid.hex(), f"argument of {spec.name} is gone from the object store")), None)
         value = ser.deserialize(view)
-        cw.store.release(oid, True)  # the views keep the mapping alive
+        cw.store.keep_spare(oid)  # the views keep the mapping alive; a spare after the task
         return value
 
     def _fetch_status(self, dep: m.Dep) -> m.ObjectStatus:

@@ -242,6 +242,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                                               m.DropMappings: lambda c, msg: self.store.drop_mappings(msg.object_ids),
                                               m.ExitWorker: self._handle_exit_worker},
                                     name="core-worker->raylet", on_close=self._raylet_lost)
+        self.raylet.allow_write_now()  # seals and pins may leave from user threads (objects.py)
         if self.mode == DRIVER:
             job = await self.gcs.call(m.RegisterJob(self.address, os.getpid(), self.namespace, self.entrypoint),
                                       cfg.rpc_timeout_s)

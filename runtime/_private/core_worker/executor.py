@@ -46,6 +46,10 @@ class _Cancelled(Exception):
     pass
 
 
+#: An idle worker keeps spare argument mappings this long (``_next_task``).
+SPARE_IDLE_S = 1.0
+
+
 class Executor(ArgumentsMixin):
     def __init__(self, cw: CoreWorker) -> None:
         self.cw = cw
@@ -161,7 +165,7 @@ class Executor(ArgumentsMixin):
     def run(self) -> None:
         while True:
             try:
-                item = self.queue.get()
+                item = self._next_task()
                 if item is None:
                     return
                 if not self._run_one(*item):
@@ -181,6 +185,18 @@ class Executor(ArgumentsMixin):
             finally:
                 self.cw.store.unmap_deferred()  # after the reply: what the task's views left
 
+    def _next_task(self) -> tuple[Connection, m.PushTask] | None:
+        """The next pushed task; spare argument mappings (``StoreClient.keep_spare``) are
+        dropped once this worker has waited ``SPARE_IDLE_S`` for one, so an idle worker
+        holds no store pages and takes no further wake-ups."""
+        store = self.cw.store
+        if store.has_spares():
+            try:
+                return self.queue.get(timeout=SPARE_IDLE_S)
+            except queue.Empty:
+                store.drop_spares()
+        return self.queue.get()
+
     def _run_one(self, conn: Connection, msg: m.PushTask) -> bool:
         """Run one pushed task and send its reply; False once this worker must exit. Store
         mappings whose last view goes meanwhile (the arguments', as ``execute`` returns) are
@@ -191,16 +207,18 @@ class Executor(ArgumentsMixin):
                 actor.dispatch(conn, msg)
                 return True
             self._conn = conn
-            self.cw.store.defer_unmaps()
+            self._hold_arg_pins()
             reply = self.execute(msg)
+            self._pin_escaped_args()
             if self.actor is actor:
                 actor.after_call(conn, reply, not self.queue.empty())
             else:
                 self.cw.send_reply(conn, reply)
         else:
             self._conn = conn
-            self.cw.store.defer_unmaps()
+            self._hold_arg_pins()
             reply = self.execute(msg)
+            self._pin_escaped_args()
             if msg.spec.max_calls > 0 and self.actor is None and self._count_call(msg.spec):
                 reply.error_kind = m.ErrorKind.EXITING
                 self.cw.send_reply(conn, reply)

@@ -43,13 +43,22 @@ STATUS_PENDING, STATUS_READY, STATUS_FREED, STATUS_LOST = m.ObjectState
 
 
 #: Store slots a process keeps reserved per size it writes (``ReserveSlots``), for
-#: values up to ``RESERVE_MAX_BYTES`` (larger ones are rarer and would hold more memory);
-#: topped up when half are used, so one request serves several puts. With 2 ahead, a
-#: third of a burst of 1 MiB by-value task arguments still waited for a create.
+#: values up to ``RESERVE_MAX_BYTES`` (larger ones are rarer and would hold more memory):
+#: ``RESERVE_AHEAD_BYTES`` worth, between ``RESERVE_AHEAD`` and ``RESERVE_AHEAD_MAX``
+#: slots; topped up when half are used, so one request serves several puts. With 2
+#: ahead, a third of a burst of 1 MiB by-value task arguments still waited for a
+#: create; with 4, one in eight, and a request went out every other put.
 RESERVE_AHEAD = 4
+RESERVE_AHEAD_MAX = 16
+RESERVE_AHEAD_BYTES = 16 * 1024 * 1024
 RESERVE_MAX_BYTES = 16 * 1024 * 1024
 #: After the raylet had no slot to spare, a size is not asked for again for this long.
 RESERVE_RETRY_S = 1.0
+
+
+def reserve_ahead(size: int) -> int:
+    """Slots of ``size`` bytes a process keeps reserved."""
+    return max(RESERVE_AHEAD, min(RESERVE_AHEAD_MAX, RESERVE_AHEAD_BYTES // max(1, size)))
 
 
 def _store_os_error(e: OSError, size: int) -> BaseException:
@@ -89,7 +98,7 @@ class ObjectsMixin:
         if self._closed or self.loop is None or self.loop.is_closed():
             return
         try:
-            self._post(self._notify_raylet, m.PinObjects([object_id], pinned))
+            self._to_raylet(m.PinObjects([object_id], pinned))
         except exc.LumosSystemError:
             pass  # shutting down: the raylet forgets this process's pins when it goes
 
@@ -168,9 +177,13 @@ class ObjectsMixin:
                 except OSError as e:
                     raise _store_os_error(e, size) from None
                 if done:
-                    self._post(self._sealed_reserved, m.SealObject(oid, size, True, mapping.slot, mapping.size, owner))
+                    seal = m.SealObject(oid, size, True, mapping.slot, mapping.size, owner)
+                    if self.store.reservations(size) <= reserve_ahead(size) // 2:
+                        self._post(self._sealed_reserved, seal)  # and top up: a wake-up anyway
+                    else:
+                        self._to_raylet(seal)
                     return
-            elif self.store.reservations(size) < RESERVE_AHEAD:
+            elif self.store.reservations(size) < reserve_ahead(size):
                 self._post(self._reserve_slots, size)
         try:
             slot, path, final_path, file_size, reused = self.call_raylet(
@@ -192,12 +205,22 @@ class ObjectsMixin:
             if isinstance(e, OSError):
                 raise _store_os_error(e, sv.total_size) from None
             raise
-        self._post(self._notify_raylet, m.SealObject(oid, sv.total_size))
+        self._to_raylet(m.SealObject(oid, sv.total_size))
+
+    def _to_raylet(self, msg: Any) -> None:
+        """Any thread: a one-way message to the raylet, straight to its socket when
+        nothing posted waits to leave before it (no wake-up of the io thread: a put's
+        seal, then its task's push, wake it once, and a return's seal, then the reply,
+        not at all); else through the io thread, after what was posted."""
+        raylet = self.raylet
+        if raylet is not None and self.io.idle() and raylet.write_now(msg):
+            return
+        self._post(self._notify_raylet, msg)
 
     def _sealed_reserved(self, msg: m.SealObject) -> None:
         """io thread: tell the raylet, and reserve the next slot of that size."""
         self._notify_raylet(msg)
-        if self.store.reservations(msg.size_bytes) <= RESERVE_AHEAD // 2:
+        if self.store.reservations(msg.size_bytes) <= reserve_ahead(msg.size_bytes) // 2:
             self._reserve_slots(msg.size_bytes)
 
     def _reserve_slots(self, size: int) -> None:
@@ -209,7 +232,7 @@ class ObjectsMixin:
 
     async def _reserve(self, size: int) -> None:
         try:
-            want = RESERVE_AHEAD - self.store.reservations(size)
+            want = reserve_ahead(size) - self.store.reservations(size)
             if want > 0 and self.raylet is not None:
                 grants = await self.raylet.call(m.ReserveSlots(size, want), self.config.rpc_timeout_s)
                 if not grants:

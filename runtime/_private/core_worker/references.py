@@ -22,6 +22,7 @@ them in at well-defined points.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections import deque
@@ -299,6 +300,10 @@ class ReferencesMixin:
     store: Any
     raylet: Any
     executor: Any
+    io: Any
+    #: Store frees gathered in this turn of the io loop: ``(ids, recyclable)``, sent as
+    #: one ``FreeObjects`` by ``_flush_frees`` (io thread only).
+    _pending_frees: tuple[list[bytes], list[bool]] | None = None
 
     def on_ref_deserialized(self, object_id: ObjectID, owner: m.Address | None) -> ObjectRef:
         e = self.objects.ref_created(object_id, owner, self.worker_id)
@@ -355,16 +360,32 @@ class ReferencesMixin:
                 if e.registered and e.owner is not None:
                     unborrow.setdefault(e.owner.worker_id, (e.owner, []))[1].append(f.object_id)
         if store_frees or unborrow:
-            self._post(self._send_releases, store_frees, recyclable, unborrow)
+            if self.io.in_io_thread():  # a task's reply released its arguments: no wake-up
+                self._send_releases(store_frees, recyclable, unborrow)
+            else:
+                self._post(self._send_releases, store_frees, recyclable, unborrow)
         if dropped:
             self._post(self._drop_lineage, dropped)
 
     def _send_releases(self, store_frees: list[bytes], recyclable: list[bool],
                        unborrow: dict[bytes, tuple[m.Address, list[bytes]]]) -> None:
+        """Io thread. Store frees leave together at the end of this loop turn: the
+        replies of a burst of tasks free their arguments in one message to the raylet."""
         if store_frees and self.raylet is not None:
-            self.raylet.notify(m.FreeObjects(store_frees, recyclable))
+            pending = self._pending_frees
+            if pending is None:
+                self._pending_frees = (list(store_frees), list(recyclable))
+                asyncio.get_running_loop().call_soon(self._flush_frees)
+            else:
+                pending[0].extend(store_frees)
+                pending[1].extend(recyclable)
         for owner, ids in unborrow.values():
             self._spawn(self._notify_peer(owner, m.RemoveBorrowers(ids, self.worker_id)), "remove-borrower")
+
+    def _flush_frees(self) -> None:
+        pending, self._pending_frees = self._pending_frees, None
+        if pending is not None and self.raylet is not None:
+            self.raylet.notify(m.FreeObjects(*pending))
 
     def _handle_add_borrowers(self, conn: Connection, msg: m.AddBorrowers) -> bool:
         for oid in msg.object_ids:

@@ -13,7 +13,7 @@ so a slot is never reused while any view of it is alive.
 
 Reserved slots: the raylet grants a process a few files ahead of its puts
 (``ReserveSlots``); they are mapped and pre-faulted in the ``lumos-store-map`` thread,
-and a put writes one, links it under the object's name (``os.link``: never over an
+and a put writes one, moves it to the object's name (``move_noreplace``: never over an
 existing object) and seals it one way. The raylet may take an unused one back
 (``DropSlots``); a write that loses that race finds its link refused and creates instead.
 
@@ -21,12 +21,31 @@ Spilling: the raylet spills only objects no process views. Each process reports 
 its count of live views of an object leaves zero and when it returns to zero
 (``on_pin``), drops cached mappings of spilled objects when told (``drop_mappings``),
 and asks for a restore when an object's store file is missing (``restore``).
+
+Spare read mappings: a worker's task arguments are often files it mapped before (the
+same object passed by ref again, or a pooled slot its writer reused for the next
+value). A task's argument mapping with no view left is kept after the task, with its
+file open (``keep_spare``), keyed by the file's inode; a later argument whose file
+(found by ``stat`` of its name) is that inode reuses the mapping: no open, mmap,
+munmap or page faults. A kept file the raylet has unlinked (``st_nlink`` 0, the oldest
+few checked after every task) is unmapped then, so its pages are not held, and an idle worker
+drops its spares after a second (``drop_spares``).
+
+Held pins: a task's arguments stay alive while it runs (their owner releases them only
+after its reply), so the executor holds back the pins of argument views (``hold_pins``)
+and, once the task returned, pins only those whose views outlive it
+(``escaped_pins``), with a round trip before the reply. The usual argument, viewed and
+dropped within its task, costs no message to the raylet. While held, the raylet may
+spill such an object; the process's mapping stays valid (the file's pages live until
+it is unmapped), only the raylet's count of them is short for the task's duration.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import errno
+import itertools
 import logging
 import mmap
 import os
@@ -40,8 +59,17 @@ from .memcpy import ParallelCopier
 logger = logging.getLogger(__name__)
 
 
+#: Spare read mappings a process keeps (``keep_spare``), and their bytes at most (a
+#: writer cycles through its reserved and pooled slots: 16 to 24 of 1 MiB values).
+SPARE_MAPPINGS = 32
+SPARE_BYTES = 64 * 1024 * 1024
+#: Spares whose files are checked after each task, oldest first (a removed file's
+#: spare is never used again, so it drifts to the oldest end).
+SPARE_CHECKS = 4
+
+
 class _Mapping:
-    __slots__ = ("mm", "size", "live_views", "slot", "object_id", "path", "__weakref__")
+    __slots__ = ("mm", "size", "live_views", "slot", "object_id", "path", "fd", "ino", "__weakref__")
 
     def __init__(self, mm: mmap.mmap, size: int, slot: int, object_id: bytes = b"", path: str = "") -> None:
         self.mm = mm
@@ -52,6 +80,9 @@ class _Mapping:
         self.object_id = object_id
         #: A reserved slot's file (``resv-<slot>``), linked to the object's name when written.
         self.path = path
+        #: A spare-able read mapping's open file (``keep_spare``) and its inode; -1: none.
+        self.fd = -1
+        self.ino = -1
 
 
 class StoreClient:
@@ -98,6 +129,18 @@ class StoreClient:
         #: Mappings whose last view went while unmapping is deferred (``defer_unmaps``):
         #: kept until ``unmap_deferred``. None: unmap at once.
         self._unmap_later: list[mmap.mmap] | None = None
+        #: Objects whose first view's pin is held back (``hold_pins``); None: not holding.
+        self._held: set[bytes] | None = None
+        #: Held objects whose pin is on its way (``escaped_pins``) -> their views all went
+        #: meanwhile (the unpin follows the pin).
+        self._pinning: dict[bytes, bool] = {}
+        #: Read mappings of task arguments, to keep as spares after the task.
+        self._to_spare: list[_Mapping] = []
+        #: Spare read mappings: inode -> mapping (no views, file open), oldest first.
+        self._spare: collections.OrderedDict[int, _Mapping] = collections.OrderedDict()
+        self._spare_bytes = 0
+        #: Argument views served by a spare mapping.
+        self.spare_hits = 0
 
     # ------------------------------------------------------------------ writing
 
@@ -211,17 +254,12 @@ class StoreClient:
         with memoryview(mapping.mm) as dest:
             fill(dest[:size], self._copy)
         try:
-            # A link, not a rename: it never replaces a file already under that name.
-            os.link(mapping.path, os.path.join(self.directory, object_id.hex()))
+            move_noreplace(mapping.path, os.path.join(self.directory, object_id.hex()))
         except OSError as e:
             if e.errno not in (errno.EEXIST, errno.ENOENT):
                 raise
             self._close(mapping)
             return False
-        try:
-            os.unlink(mapping.path)
-        except FileNotFoundError:
-            pass  # the raylet took the slot back after our link: the object's name holds it
         mapping.object_id = object_id
         self.reserved_writes += 1
         self._keep(object_id, mapping, keep_mapping)
@@ -247,19 +285,21 @@ class StoreClient:
 
     # ------------------------------------------------------------------ reading
 
-    def view(self, object_id: bytes, restore: bool = True) -> memoryview | None:
+    def view(self, object_id: bytes, restore: bool = True, hold_pin: bool = False) -> memoryview | None:
         """A read-only view of a sealed object in this node's store, or None if absent.
 
         A spilled object is restored first (blocks on the raylet; user threads only).
-        ``restore=False``: the caller knows the object lives on another node; do not ask."""
+        ``restore=False``: the caller knows the object lives on another node; do not ask.
+        ``hold_pin``: a task's argument; while pins are held (``hold_pins``) its pin
+        waits for ``escaped_pins``."""
         with self._lock:
             mapping = self._created.get(object_id) or self._read.get(object_id)
             if mapping is not None:
-                return self._tracked_view(mapping)
+                return self._tracked_view(mapping, hold_pin)
         path: str | None = os.path.join(self.directory, object_id.hex())
         for _ in range(8):  # a restored copy may be spilled again before we map it
             assert path is not None
-            mapping = self._map_readonly(object_id, path)
+            mapping = self._map_readonly(object_id, path, hold_pin)
             if mapping is not None:
                 break
             if self.restore is None or not restore:
@@ -272,26 +312,50 @@ class StoreClient:
         else:
             return None
         with self._lock:
-            mapping = self._read.setdefault(object_id, mapping)
-            return self._tracked_view(mapping)
+            held = self._read.setdefault(object_id, mapping)
+            if held is not mapping:  # another thread mapped it meanwhile
+                self._close(mapping)
+            return self._tracked_view(held, hold_pin)
 
-    @staticmethod
-    def _map_readonly(object_id: bytes, path: str) -> _Mapping | None:
+    def _map_readonly(self, object_id: bytes, path: str, spare: bool = False) -> _Mapping | None:
+        """Map a sealed object file read-only. ``spare``: a task's argument in the store
+        directory: reuse a spare mapping of the same file, or keep the file open so the
+        mapping may become one."""
+        spare = spare and os.path.dirname(path) == self.directory
+        if spare and self._spare:
+            try:
+                st = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+            with self._lock:
+                mapping = self._spare.pop(st.st_ino, None)
+                if mapping is not None:
+                    self._spare_bytes -= mapping.size
+                    if mapping.size == st.st_size and mapping.live_views == 0:
+                        mapping.object_id = object_id
+                        self.spare_hits += 1
+                        return mapping
+            if mapping is not None:
+                self._close(mapping)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
         try:
-            size = os.fstat(fd).st_size
-            if size == 0:
+            st = os.fstat(fd)
+            if st.st_size == 0:
                 return None
             # Copy-on-write (never written: pages stay shared) because the view tracker's
             # ctypes exporter needs a writable buffer; what users get is read-only.
-            return _Mapping(mmap.mmap(fd, size, access=mmap.ACCESS_COPY), size, 0, object_id)
+            mapping = _Mapping(mmap.mmap(fd, st.st_size, access=mmap.ACCESS_COPY), st.st_size, 0, object_id)
+            if spare:
+                mapping.fd, mapping.ino, fd = fd, st.st_ino, -1
+            return mapping
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
 
-    def _tracked_view(self, mapping: _Mapping) -> memoryview:
+    def _tracked_view(self, mapping: _Mapping, hold_pin: bool = False) -> memoryview:
         # A ctypes array over the mapping is the exporter every derived view keeps
         # alive; its death (all user views gone) decrements live_views. Lock held.
         arr = (ctypes.c_char * mapping.size).from_buffer(mapping.mm)
@@ -299,8 +363,11 @@ class StoreClient:
         oid = mapping.object_id
         n = self._pins.get(oid, 0)
         self._pins[oid] = n + 1
-        if n == 0 and self.on_pin is not None:
-            self.on_pin(oid, True)
+        if n == 0:
+            if hold_pin and self._held is not None:
+                self._held.add(oid)
+            elif self.on_pin is not None:
+                self.on_pin(oid, True)
         lock = self._lock
         ref = weakref.ref(mapping)
 
@@ -318,7 +385,11 @@ class StoreClient:
                     self._pins[oid] = left
                     return
                 self._pins.pop(oid, None)
-                if self.on_pin is not None:
+                if self._held is not None and oid in self._held:
+                    self._held.discard(oid)  # never pinned: nothing to undo
+                elif oid in self._pinning:
+                    self._pinning[oid] = True  # unpinned once its pin went
+                elif self.on_pin is not None:
                     self.on_pin(oid, False)
                 deferred = self._deferred.pop(oid, None)
                 if deferred is None:
@@ -336,6 +407,33 @@ class StoreClient:
         self._weak[id(w)] = w
         return memoryview(arr).cast("B").toreadonly()
 
+    def hold_pins(self) -> None:
+        """Until ``escaped_pins``, views made with ``hold_pin`` send no pin (a task's
+        arguments, alive until its reply)."""
+        with self._lock:
+            if self._held is None:
+                self._held = set()
+
+    def escaped_pins(self, pin: Callable[[list[bytes]], None]) -> None:
+        """Stop holding pins; ``pin(ids)`` (which must reach the raylet before it
+        returns) the held objects still viewed: views that outlive the task."""
+        with self._lock:
+            held, self._held = self._held, None
+            escaped = [oid for oid in held if self._pins.get(oid, 0) > 0] if held else []
+            for oid in escaped:
+                self._pinning[oid] = False
+        if not escaped:
+            return
+        try:
+            pin(escaped)
+        finally:
+            with self._lock:
+                gone = [oid for oid in escaped if self._pinning.pop(oid, False)]
+                on_pin = self.on_pin
+            if on_pin is not None:
+                for oid in gone:
+                    on_pin(oid, False)
+
     def defer_unmaps(self) -> None:
         """Until ``unmap_deferred``, a mapping whose last view goes is kept mapped (its pins
         are released at once, as always): the executor sends a task's reply first."""
@@ -345,10 +443,65 @@ class StoreClient:
 
     def unmap_deferred(self) -> None:
         """Drop the mappings kept since ``defer_unmaps`` (the munmaps happen here) and unmap
-        at once again."""
+        at once again; keep the task's argument mappings that no view uses as spares, and
+        unmap spares whose files the raylet removed."""
         with self._lock:
             later, self._unmap_later = self._unmap_later, None
+            keep, self._to_spare = self._to_spare, []
         del later
+        if keep or self._spare:
+            self._settle_spares(keep)
+
+    def keep_spare(self, object_id: bytes) -> None:
+        """A task's argument is read (its views keep what they need): after the task,
+        keep its mapping as a spare if no view uses it then (``unmap_deferred``)."""
+        with self._lock:
+            mapping = self._read.pop(object_id, None)
+            if mapping is None:
+                return
+            if mapping.fd >= 0 and self._unmap_later is not None:
+                self._to_spare.append(mapping)
+                return
+        self._close(mapping)
+
+    def has_spares(self) -> bool:
+        return bool(self._spare)
+
+    def drop_spares(self) -> None:
+        """Unmap every spare mapping (an idle worker keeps none)."""
+        with self._lock:
+            spares = list(self._spare.values())
+            self._spare.clear()
+            self._spare_bytes = 0
+        for mapping in spares:
+            self._close(mapping)
+
+    def _settle_spares(self, keep: list[_Mapping]) -> None:
+        drop: list[_Mapping] = []
+        for ino, mapping in list(itertools.islice(self._spare.items(), SPARE_CHECKS)):
+            try:
+                gone = os.fstat(mapping.fd).st_nlink == 0
+            except OSError:
+                gone = True
+            if gone:
+                with self._lock:
+                    if self._spare.get(ino) is mapping:
+                        del self._spare[ino]
+                        self._spare_bytes -= mapping.size
+                        drop.append(mapping)
+        with self._lock:
+            for mapping in keep:
+                if mapping.live_views > 0 or mapping.ino in self._spare or mapping.size > SPARE_BYTES:
+                    drop.append(mapping)
+                    continue
+                self._spare[mapping.ino] = mapping
+                self._spare_bytes += mapping.size
+                while len(self._spare) > SPARE_MAPPINGS or self._spare_bytes > SPARE_BYTES:
+                    _, old = self._spare.popitem(last=False)
+                    self._spare_bytes -= old.size
+                    drop.append(old)
+        for mapping in drop:
+            self._close(mapping)
 
     def drop_mappings(self, object_ids: list[bytes]) -> None:
         """These objects left the store (spilled): unmap them. A mapping with live views
@@ -387,8 +540,10 @@ class StoreClient:
             if viewed and not shared and self.on_free_later is not None and held is not None \
                     and held.slot >= 0:
                 self._deferred[object_id] = (held, mapping is not None)
+                if read is not None and read.fd >= 0:  # never a spare now: the mapping alone stays
+                    fd, read.fd = read.fd, -1
+                    os.close(fd)
                 return None
-            mm = read.mm if read is not None else None
             if mapping is None:
                 # Written by another process (a task's return), which keeps the slot.
                 recyclable = not shared and not viewed
@@ -398,8 +553,8 @@ class StoreClient:
                 if recyclable:
                     self._slots[mapping.slot] = mapping
                     self._slot_bytes += mapping.size
-        if mm is not None:
-            self._close_mm(mm)
+        if read is not None:
+            self._close(read)
         if mapping is not None and not recyclable:
             self._close(mapping)
         return recyclable
@@ -419,6 +574,9 @@ class StoreClient:
             self._close(mapping)
 
     def _close(self, mapping: _Mapping) -> None:
+        if mapping.fd >= 0:
+            fd, mapping.fd = mapping.fd, -1
+            os.close(fd)
         self._close_mm(mapping.mm)
 
     @staticmethod
@@ -431,7 +589,11 @@ class StoreClient:
     def close(self) -> None:
         with self._lock:
             maps = [m.mm for m in self._created.values()] + [m.mm for m in self._slots.values()]
-            maps += [m.mm for m in self._read.values()] + [m.mm for m in self._reserved.values()]
+            maps += [m.mm for m in self._reserved.values()]
+            spares = list(self._spare.values()) + self._to_spare + list(self._read.values())
+            self._spare.clear()
+            self._to_spare = []
+            self._spare_bytes = 0
             self._reserved.clear()
             self._resv_sizes.clear()
             self.on_pin = None
@@ -447,6 +609,8 @@ class StoreClient:
             mapper.shutdown(wait=True, cancel_futures=True)
         for mm in maps:
             self._close_mm(mm)
+        for mapping in spares:
+            self._close(mapping)
         self.copier.close()
 
     def stats(self) -> dict[str, int]:
@@ -454,6 +618,7 @@ class StoreClient:
             return {"created": len(self._created), "read": len(self._read),
                     "pooled_slots": len(self._slots), "pooled_bytes": self._slot_bytes,
                     "reserved_slots": len(self._resv_sizes), "ready_reserved_slots": len(self._reserved),
+                    "spare_mappings": len(self._spare), "spare_hits": self.spare_hits,
                     "reserved_writes": self.reserved_writes}
 
 
@@ -472,6 +637,37 @@ def _map_new(path: str, file_size: int, create: bool) -> mmap.mmap:
         return mmap.mmap(fd, file_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
     finally:
         os.close(fd)
+
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+#: ``renameat2`` from the C library, or None where it is missing or the file system
+#: refused the flag once (then a link and an unlink do the same in two steps).
+_renameat2: Any = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+if _renameat2 is not None:
+    _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    _renameat2.restype = ctypes.c_int
+
+
+def move_noreplace(src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst``, never over an existing ``dst`` (``FileExistsError``).
+
+    One ``renameat2(RENAME_NOREPLACE)``: a file under its final name is always complete,
+    and no other process's object is ever replaced. Where the kernel or file system
+    lacks it: ``link`` (which never replaces either), then ``unlink`` of ``src``."""
+    global _renameat2
+    if _renameat2 is not None:
+        if _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EINVAL, errno.EPERM):
+            raise OSError(err, os.strerror(err), src, None, dst)
+        _renameat2 = None
+    os.link(src, dst)
+    try:
+        os.unlink(src)
+    except FileNotFoundError:
+        pass  # the raylet took a reserved slot back after our link: the object's name holds it
 
 
 def open_object_file(path: str, create: bool) -> int:

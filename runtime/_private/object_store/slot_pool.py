@@ -59,10 +59,12 @@ class SlotPool:
 
     def pick(self, size: int, client: bytes) -> int | None:
         """A slot that fits ``size`` bytes without wasting more than half: ``client``'s
-        own oldest first, else the oldest of any mapper's."""
+        own newest first (its pages are likeliest still in the caches, and the readers of
+        its last values still hold spare mappings of it: a process cycling through few
+        slots keeps reusing them), else the oldest of any mapper's."""
         own = self._by_mapper.get(client)
         if own:
-            for slot, file_size in own.items():
+            for slot, file_size in reversed(own.items()):
                 if _fits(size, file_size):
                     return slot
         for slot, (file_size, mapper) in self._slots.items():

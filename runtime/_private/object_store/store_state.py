@@ -22,23 +22,25 @@ mappings keep their pages alive), and its creator is told to drop its mapping.
                    primaries no process views (oldest first); the create waits for the
                    spills (or frees) until its deadline, then RejectCreate
  n > capacity  ──► GrantCreate(on_disk): the creator writes straight into the spill dir
- reserve(n, k) ──► GrantSlots(files resv-<slot>, counted as used; only from free room)
+ reserve(n, k) ──► GrantSlots(files resv-<slot>, or pool-<slot> from the pool; counted as used)
  reserved seal ──► the file (linked to its final name by the client) becomes the object
 ```
 
 Reservations take the create round trip off the put path: a process asks ahead for a
 few files of the size it writes (``SlotsReserveRequested``), maps them off its hot
-path, and for a put writes one, links it to the object's final name and says so one
-way (``ReservedSealed``). Reserved files count as used; they are granted only from the
+path, and for a put writes one, moves it to the object's final name (never over an
+existing file) and says so one way (``ReservedSealed``). Reserved files count as used; they are granted only from the
 pool or free room (never by evicting or spilling), and are the first thing taken back
 when a create needs room (``UnlinkFile`` + ``DropSlot``). A taken-back file that its
-client linked first lives on as the object, counted again when its seal arrives. A free
+client moved first lives on as the object, counted again when its seal arrives. A free
 that arrives before the seal of a reserved object (the owner's free travels on another
 connection) leaves a tombstone so the late seal frees it at once.
 
 Spilling (``spill_dir`` set). A primary is spillable when sealed and no process holds
 a live view of it (``ObjectsPinned``/``ObjectsUnpinned``, sent by each reader's
-``StoreClient`` when its view count of an object leaves or reaches zero). A spill is a
+``StoreClient`` when its view count of an object leaves or reaches zero; a task's
+arguments only when their views outlive the task, their owner holding them meanwhile).
+A spill is a
 plain file copy in a raylet thread; when it is done the ``/dev/shm`` file is unlinked
 and every process on the node is told to drop its cached mapping (``DropMappings``),
 so the pages really go. A reader that then misses the file asks for a restore
@@ -77,6 +79,10 @@ FREED_UNKNOWN_MAX = 65536
 
 #: After a spill failed for lack of disk, spills are tried again after this long.
 DISK_FULL_RETRY_S = 2.0
+
+#: Slots one ``SlotsReserveRequested`` grants at most (a process keeps up to 16 slots of
+#: small values reserved, asked for at its first put, then topped up by half).
+MAX_GRANT = 16
 
 
 @dataclasses.dataclass(slots=True)
@@ -167,6 +173,9 @@ class ObjectStoreState:
         self.restores_waiting: deque[tuple[bytes, float]] = deque()
         #: Reserved files: slot -> (file size, client), oldest first (counted in used_bytes).
         self.reserved: dict[int, tuple[int, bytes]] = {}
+        #: Reserved slots granted from the pool, under their pool names (``pool-<slot>``;
+        #: new ones are ``resv-<slot>``): the client renames that file to its object's.
+        self._reserved_from_pool: set[int] = set()
         self.reserved_bytes = 0
         #: Ids freed while unknown here and reservations were out: id -> when (a reserved
         #: seal may still be on its way; it frees the object at once).
@@ -331,7 +340,7 @@ class ObjectStoreState:
         granted: list[tuple[int, str, int, bool]] = []
         if not self.pending and 0 < ev.size_bytes <= self.capacity_bytes // 16:
             held = sum(size for size, client in self.reserved.values() if client == ev.client)
-            for _ in range(min(ev.count, 8)):
+            for _ in range(min(ev.count, MAX_GRANT)):
                 slot = self.pool.pick(ev.size_bytes, ev.client)
                 if slot is not None:
                     file_size, mapper = self.pool.peek(slot)
@@ -340,7 +349,9 @@ class ObjectStoreState:
                     self.pool.take(slot)
                     if mapper and mapper != ev.client:
                         actions.append(DropSlot(mapper, slot))
-                    actions.append(RenameFile(self._pool_path(slot), self._resv_path(slot)))
+                    # Granted under its pool name: no rename here (a slot out of the pool
+                    # is under that name for nobody else; taken back, it is unlinked).
+                    self._reserved_from_pool.add(slot)
                     reused = True
                 else:
                     file_size = ev.size_bytes
@@ -355,13 +366,15 @@ class ObjectStoreState:
                 held += file_size
                 self.reserved[slot] = (file_size, ev.client)
                 self.reserved_bytes += file_size
-                granted.append((slot, self._resv_path(slot), file_size, reused))
+                path = self._pool_path(slot) if reused else self._resv_path(slot)
+                granted.append((slot, path, file_size, reused))
         actions.append(GrantSlots(ev.request, granted))
 
     def _reserved_sealed(self, ev: ReservedSealed, now: float, actions: list[Action]) -> None:
         held = self.reserved.get(ev.slot)
         if held is not None and held[1] == ev.client:
             del self.reserved[ev.slot]
+            self._reserved_from_pool.discard(ev.slot)
             self.reserved_bytes -= held[0]
             file_size, moved = held[0], False
         else:  # taken back after the client linked it: the file lives on, count it again
@@ -384,7 +397,11 @@ class ObjectStoreState:
         file_size, client = self.reserved.pop(slot)
         self.reserved_bytes -= file_size
         self.used_bytes -= file_size
-        actions.append(UnlinkFile(self._resv_path(slot)))
+        if slot in self._reserved_from_pool:
+            self._reserved_from_pool.discard(slot)
+            actions.append(UnlinkFile(self._pool_path(slot)))
+        else:
+            actions.append(UnlinkFile(self._resv_path(slot)))
         if tell:
             actions.append(DropSlot(client, slot))
 
