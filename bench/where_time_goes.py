@@ -65,7 +65,7 @@ ROWS = (
     ("worker", "lumos-io"), ("worker", "executor"), ("worker", "other threads"),
     ("raylet", "main loop"), ("raylet", "other threads"),
     ("gcs", "main loop"), ("gcs", "other threads"),
-    ("rest", "dashboard"), ("rest", "idle workers, fork server"),
+    ("rest", "dashboard"), ("rest", "fork server"), ("rest", "idle workers"),
 )
 #: The roles every run must show (the test checks them).
 REQUIRED_ROWS = (("driver", "user thread"), ("driver", "lumos-io"), ("worker", "lumos-io"),
@@ -144,7 +144,7 @@ class Proc:
     """A process of the cluster (or the driver) and what its threads are called."""
     pid: int
     role: str  # driver | worker | raylet | gcs | rest
-    label: str  # what `rest` is: dashboard | idle workers, fork server
+    label: str  # what `rest` is: dashboard | fork server | idle workers
     #: tid -> Python thread name, where known.
     names: dict[int, str] = field(default_factory=dict)
 
@@ -170,7 +170,7 @@ def cluster_processes() -> list[Proc]:
         elif "lumos.dashboard" in cmd:
             procs.append(Proc(p.pid, "rest", "dashboard"))
         elif "fork_server" in cmd:
-            procs.append(Proc(p.pid, "rest", "idle workers, fork server"))
+            procs.append(Proc(p.pid, "rest", "fork server"))
         elif "lumos._private.worker" in cmd:
             procs.append(Proc(p.pid, "worker", "unmeasured"))
     return procs
@@ -320,7 +320,7 @@ def measure_counters(procs: list[Proc], run: Callable[[], int]) -> dict[str, Any
             # 1 us a call; an idle one sleeps in its queue.
             c0 = before[p.pid].get(p.pid, Counters()).cpu_ns
             c1 = after[p.pid].get(p.pid, Counters(cpu_ns=c0)).cpu_ns
-            p.role, p.label = ("worker", "") if c1 - c0 >= 1000 * n else ("rest", "idle workers, fork server")
+            p.role, p.label = ("worker", "") if c1 - c0 >= 1000 * n else ("rest", "idle workers")
     cpu: dict[tuple[str, str], float] = defaultdict(float)
     wait: dict[tuple[str, str], float] = defaultdict(float)
     vol: dict[tuple[str, str], float] = defaultdict(float)
@@ -567,6 +567,24 @@ def workloads(ray: Any) -> dict[str, Callable[[int], int]]:
             "actor_async": actor_async}
 
 
+def settle(timeout_s: float = 15.0, window_s: float = 0.2, busy: float = 0.05) -> float:
+    """Wait until the cluster's processes (not this driver) use under ``busy`` of a CPU
+    over ``window_s``: a fresh cluster still starts workers and warms its fork server for
+    a while, which the first table's rows would otherwise carry. Returns seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        procs = [p for p in cluster_processes() if p.role != "driver"]
+        before = {p.pid: thread_counters(p.pid) for p in procs}
+        time.sleep(window_s)
+        used = 0
+        for p in procs:
+            b = before[p.pid]
+            used += sum(c.cpu_ns - b.get(t, Counters()).cpu_ns for t, c in thread_counters(p.pid).items())
+        if used < busy * window_s * 1e9:
+            break
+    return time.monotonic() - t0
+
+
 def _for(seconds: float, loop: Callable[[int], int], step: int) -> int:
     """Run ``loop`` in steps of ``step`` calls for at least ``seconds``; calls made."""
     n = 0
@@ -604,6 +622,8 @@ def run_all(quick: bool, native: bool, top: int, use_py_spy: bool, profile_keys:
             loop = loops[key]
             n = sync_n if key.endswith("_sync") else async_n
             step = 50 if n == sync_n else BATCH
+            loop(1)  # the function exported, the actor created
+            out.setdefault("settle_s", {})[key] = settle()
             _for(warm_s, loop, step)  # wake-ups are slow for a while after an idle spell
             procs = cluster_processes()
             name_threads(procs, py_spy)
