@@ -2,31 +2,37 @@
 
     python bench/where_time_goes.py [--markdown | --json] [--quick] [--python-only] [--top 8]
 
-Starts a private local lumos cluster (2 CPUs), warms it up, then runs four workloads:
-a no-op task's sync round trip (``get(f.remote())``) and its async form (1,000 submitted,
-then got), and a 1:1 actor call, sync and async. For each it prints:
+Starts a private local lumos cluster (2 CPUs), lets it settle and warms it up, then runs
+four workloads: a no-op task's sync round trip (``get(f.remote())``) and its async form
+(1,000 submitted, then got), and a 1:1 actor call, sync and async. For each it prints:
 
 1. **CPU per call by process role and thread**: the driver's user thread and its
-   ``lumos-io`` thread, the raylet, the GCS, the worker's (or actor's) ``lumos-io`` and
-   executor threads, the rest (dashboard, idle workers, fork server); from each thread's
-   ``/proc/<pid>/task/<tid>/schedstat`` before and after N calls. Beside them: the whole
-   machine's busy time (``/proc/stat``, other users' work included) and wall time per call.
+   ``lumos-io`` thread, the worker's (or actor's) ``lumos-io`` and executor threads, the
+   raylet, the GCS, the rest (dashboard, fork server, idle workers); from each thread's
+   ``/proc/<pid>/task/<tid>/schedstat`` before and after N calls (the median of
+   ``--repeat`` runs), with the share spent in the kernel (``stat``'s stime, in clock
+   ticks). Beside them: the whole machine's busy time (``/proc/stat``, other users' work
+   included), wall time per call, and the driver's garbage collections and their CPU.
 2. **Wake-ups per call** per thread: ``voluntary_ctxt_switches`` from
-   ``/proc/<pid>/task/<tid>/status``. A thread that blocks and is woken again counts one;
-   on a sync round trip these hand-overs, not the Python work, set the latency.
-3. **Top functions per role** from ``py-spy record --native`` (one per process, all in
-   parallel, in a second pass of the same loop, so the sampling, which pauses each
+   ``/proc/<pid>/task/<tid>/status`` (a thread that blocks and is woken again counts
+   one), and the time each thread spent runnable but waiting for a CPU (schedstat's run
+   delay): on a sync round trip these hand-overs, not the Python work, set the latency.
+   Under the tables, what one wake-up costs on this machine (a pipe ping-pong on one core
+   and across two, and the CPU of the ``write`` that wakes the peer).
+3. **Top functions per role** from ``py-spy record --native --idle`` (one per process, all
+   in parallel, in a second pass of the same loop, so the sampling, which pauses each
    process at every sample, does not disturb items 1 and 2). 100 samples a second by
-   default: at 1,000 the pauses slow a sync call here 200-fold (16 calls/s), at 100 about
-   2-fold. Samples parked in a
-   sleeping call (``epoll_pwait``, a futex or GIL wait) are dropped, which leaves the
-   on-CPU ones; each is charged to its innermost Python function, with the native
-   function most of that function's own samples were in. Printed: own and inclusive
-   share of the thread's on-CPU samples, and own share times the thread's CPU from item
-   1 in microseconds per call. ``--python-only`` (or a py-spy without ``--native``
-   support, which is then used so) samples Python frames only, without pausing, at
-   1,000 a second; there a parked thread cannot be told from a busy one. Skipped with a message when ``py-spy`` is not
-   installed (``pip install -e ".[bench]"``) or cannot attach.
+   default: at 1,000 the pauses slowed a sync call here 200-fold (16 calls/s), at 100
+   about 2-fold. Samples parked in a sleeping call (``epoll_pwait``, a futex or GIL wait)
+   are dropped, which leaves those running or runnable; each is charged to its innermost
+   Python function, with the native function most of that function's own samples were
+   in. Printed: own and inclusive share of the thread's samples, and own share times the
+   thread's CPU from item 1 in microseconds per call (an estimate: a runnable thread
+   waiting at a system call's return is sampled in that call). ``--python-only`` (or a
+   py-spy without ``--native`` support, which is then used so) samples Python frames
+   only, without pausing, at 1,000 a second; there a parked thread cannot be told from a
+   busy one. Skipped with a message when ``py-spy`` is not installed
+   (``pip install -e ".[bench]"``) or cannot attach (it needs ptrace rights).
 4. The hop chain of one sync call, thread by thread, with the file of each hop.
 
 Threads are named in-process for the driver (``threading``), for the others by their
@@ -738,7 +744,8 @@ def markdown(result: dict[str, Any]) -> str:
     if "load_average_end" in result:
         la += " at the start, " + ", ".join(f"{x:.2f}" for x in result["load_average_end"]) + " at the end"
     lines = [f"CPU microseconds per call by process and thread, with the share spent in the kernel in "
-             f"brackets (load average {la}; {result['cpus']} CPUs; median of {result['repeat']} runs of " + ", ".join(f"{titles[k]} {sc[k]['calls']:,}" for k in keys) + ")",
+             f"brackets (load average {la}; {result['cpus']} CPUs; median of {result['repeat']} runs of "
+             + ", ".join(f"{titles[k]} {sc[k]['calls']:,}" for k in keys) + ")",
              "", "| process / thread | " + " | ".join(titles[k] for k in keys) + " |",
              "|---|" + "---:|" * len(keys)]
     rows = _present_rows(result)
@@ -762,7 +769,8 @@ def markdown(result: dict[str, Any]) -> str:
               "|---|" + "---:|" * len(keys)]
     for row in rows:
         lines.append(f"| {row} | " + " | ".join(_fmt(sc[k]["wakeups"].get(row, 0.0)) for k in keys) + " |")
-    lines.append("| **all threads** | " + " | ".join(f"**{_fmt(sum(sc[k]['wakeups'].values()))}**" for k in keys) + " |")
+    lines.append("| **all threads** | "
+                 + " | ".join(f"**{_fmt(sum(sc[k]['wakeups'].values()))}**" for k in keys) + " |")
     lines.append("| involuntary (preempted), all threads | "
                  + " | ".join(_fmt(sc[k]["involuntary"]) for k in keys) + " |")
     lines += ["", "Microseconds per call spent runnable but waiting for a CPU (schedstat run delay)", "",
@@ -828,7 +836,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--profile", nargs="+", default=["task_sync", "actor_sync"],
                    choices=[k for k, _ in SCENARIOS], help="workloads to profile (default: the sync ones)")
     args = p.parse_args(argv)
-    result = run_all(args.quick, not args.python_only, args.top, not args.no_py_spy, args.profile, args.rate, args.profile_s, args.repeat)
+    result = run_all(args.quick, not args.python_only, args.top, not args.no_py_spy, args.profile, args.rate,
+                     args.profile_s, args.repeat)
     result["hops"] = {k: [list(h) for h in v] for k, v in result["hops"].items()}
     if args.json:
         print(json.dumps(result, indent=1))

@@ -92,13 +92,19 @@ def _started_by(p: psutil.Process, driver_pid: int) -> bool:
 
 #: ``py-spy record -f raw --threads --native`` lines: a parked io thread, a busy one,
 #: and a worker's main thread writing its reply.
-RAW = """\
-thread (100): MainThread;run (lumos/_private/worker/main.py:70);Executor.run (lumos/_private/core_worker/executor.py:164);_queue_SimpleQueue_get_impl (_queuemodule.c);PyThread_acquire_lock_timed (libpython3.11.so.1.0);0x7f00 (libc.so.6) 90
-thread (100): MainThread;run (lumos/_private/worker/main.py:70);Executor.run (lumos/_private/core_worker/executor.py:180);Connection.write_now (lumos/_private/transport/connection.py:301);os_write (libpython3.11.so.1.0);write (libc.so.6) 6
-thread (100): MainThread;run (lumos/_private/worker/main.py:70);Executor.run (lumos/_private/core_worker/executor.py:181);Executor.execute (lumos/_private/core_worker/executor.py:250) 4
-thread (101): lumos-io;Thread._bootstrap (threading.py:1002);IoLoop._run (lumos/_private/core_worker/io_loop.py:99);uv_run (core.c);uv__io_poll (linux.c);epoll_pwait (libc.so.6) 50
-thread (101): lumos-io;Thread._bootstrap (threading.py:1002);IoLoop._run (lumos/_private/core_worker/io_loop.py:99);Connection.data_received (lumos/_private/transport/connection.py:200) 10
-"""
+_EXECUTOR = ("thread (100): MainThread;run (lumos/_private/worker/main.py:70);"
+             "Executor.run (lumos/_private/core_worker/executor.py:164);")
+_IO = ("thread (101): lumos-io;Thread._bootstrap (threading.py:1002);"
+       "IoLoop._run (lumos/_private/core_worker/io_loop.py:99);")
+RAW = "\n".join([
+    _EXECUTOR + "_queue_SimpleQueue_get_impl (_queuemodule.c);PyThread_acquire_lock_timed (libpython3.11.so.1.0);"
+    "0x7f00 (libc.so.6) 90",
+    _EXECUTOR + "Connection.write_now (lumos/_private/transport/connection.py:301);"
+    "os_write (libpython3.11.so.1.0);write (libc.so.6) 6",
+    _EXECUTOR + "Executor.execute (lumos/_private/core_worker/executor.py:250) 4",
+    _IO + "uv_run (core.c);uv__io_poll (linux.c);epoll_pwait (libc.so.6) 50",
+    _IO + "Connection.data_received (lumos/_private/transport/connection.py:200) 10",
+]) + "\n"
 
 
 def test_profile_parsing_keeps_on_cpu_samples_and_charges_native_frames_to_python() -> None:
