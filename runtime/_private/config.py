@@ -127,6 +127,9 @@ class Config:
     #: How raylets start workers: "fork" (from a pre-imported template process, copy-on-write;
     #: falls back to "spawn" where it cannot) or "spawn" (a new interpreter each).
     worker_start: str = "fork"
+    #: A fork server makes each worker the raylet's own child with ``clone(CLONE_PARENT)``
+    #: where the platform allows (glibc on x86-64/arm64); False: always the double fork.
+    worker_fork_clone: bool = True
     #: Deadline for a new worker process to register with its raylet.
     worker_register_timeout_s: float = _positive(30.0)
     #: Object store capacity per node in bytes (0: 30% of RAM, capped by /dev/shm).

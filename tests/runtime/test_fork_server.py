@@ -87,6 +87,26 @@ def test_actors_are_forked_children_of_the_raylet_with_their_own_random_state(fr
         lumos.kill(a)
 
 
+def test_the_double_fork_path_makes_workers_children_of_the_raylet_too(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
+    """``worker_fork_clone=False`` (and platforms without the clone): the server forks a
+    child that forks the worker and exits; the raylet, a child subreaper, adopts it."""
+    ctx = fresh_cluster(num_cpus=1, include_dashboard=False, _system_config={"worker_fork_clone": False})
+    actors = [Probe.remote() for _ in range(3)]
+    infos = lumos.get([a.info.remote() for a in actors], timeout=60)
+    raylet = _raylet()
+    assert {i["start"] for i in infos} == {"lumos._private.worker.fork_server"}
+    assert {i["ppid"] for i in infos} == {raylet.pid}
+    with pytest.raises(ActorDiedError, match="exit code 7"):
+        lumos.get(actors[0].exit.remote(7), timeout=60)
+    logs = os.path.join(ctx.address_info["session_dir"], "logs")
+    text = ""
+    for name in os.listdir(logs):
+        if name.startswith("raylet"):
+            with open(os.path.join(logs, name)) as f:
+                text += f.read()
+    assert "double-forked" in text
+
+
 def test_forked_worker_exit_code_is_reported(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
     fresh_cluster(num_cpus=1, include_dashboard=False)
     a = Probe.remote()

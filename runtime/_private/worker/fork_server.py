@@ -94,7 +94,7 @@ def serve(raylet_pid: int, worker_args: list[str], rfd: int = 0, wfd: int = 1) -
     config = Config.from_json(args.config) if args.config else Config.resolve()
     template = (args, config)
     global _CLONE
-    _CLONE = CloneParent.probe() if os.getppid() == raylet_pid else None
+    _CLONE = CloneParent.probe() if os.getppid() == raylet_pid and config.worker_fork_clone else None
     gc.collect()
     gc.freeze()
     gc.disable()
