@@ -10,6 +10,13 @@ first ``.remote()`` to the last answer) and the memory of one actor's process: U
 alone holds, and what goes back when it exits), PSS and RSS, as medians over a sample.
 Each implementation runs in its own subprocess on a fresh local cluster.
 
+It also reports the CPU one creation costs in each role (driver, GCS, raylet, fork
+server, the new worker; Ray's processes by their names), summed over every process this
+benchmark started: ``/proc/<pid>/task/*/schedstat`` deltas around the timed run, plus
+what each process waited for from its exited children (the fork server's, Ray's
+helpers'). A worker's CPU counts from its fork to the end of the run (it idles after
+its answer).
+
 Ray starts a full interpreter for every actor; ``--ray-actors`` (default 100) keeps its
 run within this machine's memory, and the table shows the memory 1,000 of its actors
 would take at the measured USS. The machine's load average is printed with the table:
@@ -49,6 +56,84 @@ def memory_of(pid: int) -> dict[str, int] | None:
             "pss": fields.get("Pss", 0), "rss": fields.get("Rss", 0)}
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def _role(pid: int) -> str:
+    if pid == os.getpid():
+        return "driver"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+    for key, role in (("fork_server", "fork server"), ("--worker-id", "worker"), ("worker.main", "worker"),
+                      ("raylet", "raylet"), ("gcs", "GCS"), ("ray::", "worker")):
+        if key in cmd:
+            return role
+    return "other"
+
+
+def _cpu_ns(pid: int) -> int:
+    """CPU time of all of ``pid``'s threads, plus its waited-for children's."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except OSError:
+                continue
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(")") + 2:].split()
+        total += (int(fields[13]) + int(fields[14])) * 10**9 // _CLK_TCK  # cutime + cstime
+    except (OSError, ValueError, IndexError):
+        pass
+    return total
+
+
+def cpu_snapshot() -> dict[int, tuple[str, int]]:
+    """pid -> (role, CPU ns) of this process and everything it started."""
+    out = {}
+    for pid in _descendants(os.getpid()):
+        role = _role(pid)
+        if role:
+            out[pid] = (role, _cpu_ns(pid))
+    return out
+
+
+def cpu_per_creation(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]],
+                     n: int) -> dict[str, float]:
+    """Milliseconds of CPU per creation by role (processes gone by ``after`` are lost)."""
+    by_role: dict[str, int] = {}
+    for pid, (role, ns) in after.items():
+        by_role[role] = by_role.get(role, 0) + ns - (before[pid][1] if pid in before else 0)
+    out = {f"CPU per creation, {role} (ms)": ns / n / 1e6 for role, ns in sorted(by_role.items())}
+    out["CPU per creation, all (ms)"] = sum(by_role.values()) / n / 1e6
+    return out
+
+
 def run(impl: str, num_cpus: int, actors: int, timeout_s: float) -> dict[str, Any]:
     ray = importlib.import_module(impl)
     for attempt in range(3):
@@ -71,14 +156,17 @@ def run(impl: str, num_cpus: int, actors: int, timeout_s: float) -> dict[str, An
         ray.get(warm.pid.remote(), timeout=120)
         ray.kill(warm)
         time.sleep(1.0)
+        cpu_before = cpu_snapshot()
         t0 = time.perf_counter()
         boxes = [Box.remote() for _ in range(actors)]
         refs = [b.pid.remote() for b in boxes]
         ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         elapsed = time.perf_counter() - t0
+        cpu_after = cpu_snapshot()
         pids = ray.get(ready, timeout=60)
         out: dict[str, Any] = {"actors asked": actors, "actors answering": len(pids),
                                "seconds": elapsed, "creation (/s)": len(pids) / elapsed}
+        out.update(cpu_per_creation(cpu_before, cpu_after, max(1, len(pids))))
         mems = [m for m in (memory_of(p) for p in pids[:: max(1, len(pids) // SAMPLE)]) if m]
         if mems:
             for key in ("uss", "pss", "rss"):
@@ -127,7 +215,7 @@ def main() -> int:
         print(json.dumps(results))
     else:
         for k, v in results.items():
-            print(f"{k:32s} {_fmt(v):>12s}")
+            print(f"{k:36s} {_fmt(v):>12s}")
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from typing import Any
 
 import psutil
 import pytest
@@ -25,10 +26,22 @@ class Probe:
         return {"pid": os.getpid(), "ppid": os.getppid(), "random": random.random(),
                 "numpy": float(np.random.rand()),
                 "start": getattr(getattr(main, "__spec__", None), "name", ""),
-                "pgid": os.getpgid(0), "sid": os.getsid(0), "fds": _fd_targets("self")}
+                "pgid": os.getpgid(0), "sid": os.getsid(0), "fds": _fd_targets("self"),
+                "threads": sorted(_thread_names())}
 
     def exit(self, code: int) -> None:
         os._exit(code)
+
+
+def _thread_names() -> list[str]:
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                out.append(f.read().strip())
+        except OSError:  # ended meanwhile
+            continue
+    return out
 
 
 def _fd_targets(pid: str) -> list[str]:
@@ -66,6 +79,8 @@ def test_actors_are_forked_children_of_the_raylet_with_their_own_random_state(fr
     assert len(os.listdir(f"/proc/{server.pid}/task")) == 1  # forks from one thread only
     theirs = set(_fd_targets(str(server.pid))) - {"/dev/null"}
     assert theirs and not any(theirs & set(i["fds"]) for i in infos)
+    # No resolver thread pool: the worker's TCP listener is bound without getaddrinfo.
+    assert not any("libuv" in t for i in infos for t in i["threads"]), infos[0]["threads"]
     cmd = psutil.Process(infos[0]["pid"]).cmdline()
     assert "lumos._private.worker.main" in cmd and "--worker-id" in cmd
     for a in actors:
@@ -181,3 +196,78 @@ def test_orphans_of_workers_are_reaped(fresh_cluster, tmp_path) -> None:  # type
             return True
     wait_for(orphaned, 30)
     wait_for(lambda: not psutil.pid_exists(child), 30)  # reaped, not left a zombie
+
+
+_CLONE_SCRIPT = r"""
+import os, signal, sys
+from lumos._private.worker.fork_server import CloneParent
+clone = CloneParent.probe()
+if clone is None:
+    print("unsupported", flush=True)
+    sys.exit(0)
+pid = clone.fork()
+if pid == 0:
+    # The C library's idea of our thread id must be ours: raise() signals through it.
+    got = []
+    signal.signal(signal.SIGUSR1, lambda *a: got.append(1))
+    signal.raise_signal(signal.SIGUSR1)
+    os._exit(5 if got else 1)
+print(pid, flush=True)
+"""
+
+
+def test_clone_parent_makes_the_worker_a_child_of_the_fork_servers_parent() -> None:
+    # One fork per worker: the clone is this process's child at once (this test process
+    # is not a subreaper: a double-forked child would have gone to init), so it can wait
+    # for it and read its exit code.
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", _CLONE_SCRIPT], capture_output=True, text=True, timeout=60,
+                         check=True).stdout.strip()
+    if out == "unsupported":
+        pytest.skip("clone(CLONE_PARENT) is not used on this platform")
+    pid = int(out)
+    try:
+        _, status = os.waitpid(pid, 0)
+    finally:
+        if not process_gone(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert os.waitstatus_to_exitcode(status) == 5
+
+
+_SERVE_SCRIPT = r"""
+import os, sys
+from lumos._private.worker import fork_server
+fork_server.serve(os.getppid(), sys.argv[1:])
+"""
+
+
+def test_fork_server_is_ready_before_its_optional_imports(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The first workers of a new cluster must not wait for numpy: the server says ready
+    # with only what a worker needs, and imports the optional modules once idle.
+    import subprocess
+    args = ["--raylet-socket", str(tmp_path / "r.sock"), "--gcs-address", "127.0.0.1:1",
+            "--token-file", str(tmp_path / "token"), "--session-dir", str(tmp_path), "--node-id", "00",
+            "--store-dir", str(tmp_path)]
+    with subprocess.Popen([sys.executable, "-c", _SERVE_SCRIPT, *args], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as proc:
+        _check_ready_then_warmed(proc)
+
+
+def _check_ready_then_warmed(proc: Any) -> None:
+    import json
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        ready = json.loads(proc.stdout.readline())
+        assert "ready" in ready
+        # What was imported when it said ready, from the process itself.
+        with open(f"/proc/{proc.pid}/maps") as f:
+            maps = f.read()
+        assert "numpy" not in maps and "_psutil" not in maps
+        warmed = json.loads(proc.stdout.readline())
+        assert warmed == {"warmed": ["numpy", "numpy.random", "psutil"]}
+        with open(f"/proc/{proc.pid}/maps") as f:
+            assert "numpy" in f.read()
+        assert len(os.listdir(f"/proc/{proc.pid}/task")) == 1  # numpy's BLAS threads stopped again
+    finally:
+        proc.kill()
+        proc.wait(10)

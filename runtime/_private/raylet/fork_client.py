@@ -192,8 +192,12 @@ class ForkServerClient:
             try:
                 msg = json.loads(line)
                 if "ready" in msg:
-                    logger.info("fork server ready (pre-imported: %s)", ", ".join(msg.get("modules", [])) or "-")
+                    logger.info("fork server ready (workers %s)",
+                                "cloned as this raylet's children" if msg.get("clone") else "double-forked")
                     self._on_ready()
+                    continue
+                if "warmed" in msg:
+                    logger.info("fork server pre-imported %s", ", ".join(msg["warmed"]) or "nothing more")
                     continue
                 worker_id = WorkerID(bytes.fromhex(msg["worker_id"]))
             except (ValueError, KeyError, TypeError) as e:

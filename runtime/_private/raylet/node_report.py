@@ -52,11 +52,25 @@ def sample_memory(pids: list[int]) -> MemorySample:
     vm = psutil.virtual_memory()
     rss = 0
     for pid in pids:
-        try:
-            rss += psutil.Process(pid).memory_info().rss
-        except psutil.Error:  # exited since: it uses nothing now
-            continue
+        rss += _rss_bytes(pid)
     return MemorySample(int(vm.total), int(vm.available), rss, float(psutil.cpu_percent(interval=None)))
+
+
+_PROC_STATM = os.path.exists("/proc/self/statm")
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if _PROC_STATM else 4096
+
+
+def _rss_bytes(pid: int) -> int:
+    """A process's resident memory; 0 once it has exited. One small read where /proc
+    has it (``psutil.Process(pid)`` reads /proc/<pid>/stat first): with a thousand
+    actors this runs once a second over a thousand pids."""
+    try:
+        if _PROC_STATM:
+            with open(f"/proc/{pid}/statm", "rb") as f:
+                return int(f.read().split()[1]) * _PAGE_SIZE
+        return int(psutil.Process(pid).memory_info().rss)
+    except (OSError, ValueError, IndexError, psutil.Error):
+        return 0
 
 
 def log_name(node_id: NodeID, worker_id: WorkerID | None, suffix: str) -> str:

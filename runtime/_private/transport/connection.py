@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import ipaddress
 import logging
 import os
 import socket
@@ -540,6 +541,27 @@ class ConnectionCache:
         self.conns.clear()
 
 
+def _listening_socket(host: str, port: int) -> socket.socket | None:
+    """A listening TCP socket on a numeric address, or None for a host name. The loop's
+    own ``create_server(host, ...)`` resolves even a numeric address through
+    ``getaddrinfo`` on uvloop's thread pool: four threads started in every worker (and
+    the CPU they cost at each actor creation) for nothing."""
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        return None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(100)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class RpcServer:
     """Accepts authenticated connections on a Unix socket and/or a TCP port."""
 
@@ -579,7 +601,11 @@ class RpcServer:
             self._servers.append(srv)
             self.unix_path = unix_path
         if host is not None:
-            srv = await loop.create_server(self._factory, host, port, reuse_address=True)
+            sock = _listening_socket(host, port)
+            if sock is not None:
+                srv = await loop.create_server(self._factory, sock=sock)
+            else:
+                srv = await loop.create_server(self._factory, host, port, reuse_address=True)
             self._servers.append(srv)
             sockname = srv.sockets[0].getsockname()
             self.host, self.port = sockname[0], sockname[1]

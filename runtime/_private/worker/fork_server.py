@@ -2,7 +2,7 @@
 
 One per raylet, started by its worker pool (``raylet/worker_pool.py``) when
 ``worker_start="fork"``. It imports once what every worker needs (lumos's core worker
-and executor, cloudpickle, numpy when installed), freezes those objects out of the
+and executor, cloudpickle; numpy and psutil when installed, once it is idle), freezes those objects out of the
 garbage collector's sight (so children do not copy their pages by touching them), and
 waits on its control pipe. Each request forks a worker, copy-on-write: about a
 millisecond instead of an interpreter start and its imports (~300 ms of CPU), and the
@@ -10,20 +10,19 @@ child's private memory is only what it writes.
 
 ```
 raylet ─ stdin:  {"worker_id": hex, "log": path}\\n ──► fork server (one thread, no sockets)
-       ◄ stdout: {"worker_id": hex, "pid": N}\\n ─────   │ fork
+       ◄ stdout: {"worker_id": hex, "pid": N}\\n ─────   │ clone(CLONE_PARENT)
                                                         ▼
-                                                        A ── fork ──► B: the worker
-                                                        │ writes B's pid, exits
-                                                        ▼
-       B is reparented to the raylet (a child subreaper), which waits for it, reads its
-       exit code and kills it exactly as it does a worker it spawned.
+                              B: the worker, a child of the raylet from its first instruction
 ```
-Why the double fork: the raylet must learn each worker's exit status, and only a
-parent can wait for a process. With ``PR_SET_CHILD_SUBREAPER`` on the raylet, the
-orphaned B becomes the raylet's child; the server waits for A before it answers, so B
-is the raylet's by the time the raylet hears of it. B then sets its parent-death
-signal against the raylet, as a spawned worker does, so the fork server can die (and be
-restarted) without taking its workers along.
+The raylet must learn each worker's exit status, and only a parent can wait for a
+process. ``clone(CLONE_PARENT)`` (``CloneParent``) makes B the raylet's child directly:
+one copy of the template's page tables per worker. Where that is not available (another
+architecture or C library), the server double-forks: A forks B and exits, and with
+``PR_SET_CHILD_SUBREAPER`` on the raylet the orphaned B becomes the raylet's child (the
+server waits for A before it answers, so B is the raylet's by the time the raylet hears
+of it); that costs a second fork and A's exit, ~2.5 ms of CPU per worker. B then sets
+its parent-death signal against the raylet, as a spawned worker does, so the fork
+server can die (and be restarted) without taking its workers along.
 
 In the child: fds 0/1/2 become /dev/null and the worker's log file, every other
 inherited fd is closed, numpy's global random state is re-seeded (``random`` re-seeds
@@ -39,6 +38,7 @@ import gc
 import json
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -54,9 +54,16 @@ _REPARENT_TIMEOUT_S = 10.0
 _MAX_REQUEST_BYTES = 64 * 1024
 
 
-def preimport() -> list[str]:
-    """Import what a worker imports, so children share those pages. Returns the optional
-    modules that were present."""
+#: Modules a worker may well use, imported once the server has been idle a moment (see
+#: ``serve``): workers forked later share them, and the first workers of a new cluster
+#: are not held up by them.
+OPTIONAL_MODULES = ("numpy", "numpy.random", "psutil")
+#: Quiet time on the control pipe after which the server imports the next optional module.
+WARM_AFTER_IDLE_S = 0.2
+
+
+def preimport() -> None:
+    """Import what every worker imports, so children share those pages."""
     import asyncio  # noqa: F401
     import concurrent.futures  # noqa: F401
     import cloudpickle  # noqa: F401
@@ -68,32 +75,46 @@ def preimport() -> list[str]:
     import encodings.idna  # noqa: F401  (socket addresses given as str)
     import lumos.actor  # noqa: F401
     import lumos.remote_function  # noqa: F401
-    present = []
-    for name in ("numpy", "numpy.random", "psutil"):
-        try:
-            __import__(name)
-        except ImportError:
-            continue
-        present.append(name)
-    return present
 
 
 def serve(raylet_pid: int, worker_args: list[str], rfd: int = 0, wfd: int = 1) -> None:
-    """Answer fork requests read from ``rfd`` until it closes (the raylet went away)."""
-    present = preimport()
+    """Answer fork requests read from ``rfd`` until it closes (the raylet went away).
+
+    Ready (``{"ready": pid}``) as soon as what every worker needs is imported: a new
+    cluster's first workers are forked while the GCS and raylet still start on the same
+    cores (importing numpy first added ~0.1 s to ``init`` + the first task). The
+    optional modules follow one at a time whenever the pipe has been quiet for
+    ``WARM_AFTER_IDLE_S`` (``{"warmed": [modules]}`` once done); a worker forked before
+    imports them itself if it needs them."""
+    preimport()
     from lumos._private.config import Config
     from lumos._private.worker import main as worker_main
     # Parsed once here; each child fills in its worker id.
     args = worker_main.parse_args([*worker_args, "--worker-id", ""])
     config = Config.from_json(args.config) if args.config else Config.resolve()
     template = (args, config)
-    _stop_native_threads()
+    global _CLONE
+    _CLONE = CloneParent.probe() if os.getppid() == raylet_pid else None
     gc.collect()
     gc.freeze()
     gc.disable()
-    _write(wfd, {"ready": os.getpid(), "modules": present})
+    _write(wfd, {"ready": os.getpid(), "clone": _CLONE is not None})
+    optional = list(OPTIONAL_MODULES)
+    present: list[str] = []
     buf = b""
     while True:
+        if optional and not select.select([rfd], [], [], WARM_AFTER_IDLE_S)[0]:
+            name = optional.pop(0)
+            try:
+                __import__(name)
+                present.append(name)
+            except ImportError:
+                pass
+            _stop_native_threads()  # numpy's BLAS pool: before the next fork
+            if not optional:
+                _write(wfd, {"warmed": present})
+            gc.freeze()  # the new modules' objects, out of the children's collections
+            continue
         try:
             chunk = os.read(rfd, 65536)
         except InterruptedError:
@@ -125,6 +146,10 @@ def _stop_native_threads() -> None:
                        "(native pools with pre-fork handlers, as OpenBLAS's, are safe)", threads)
 
 
+#: How this server forks workers (None: the double fork); set by ``serve``.
+_CLONE: "CloneParent | None" = None
+
+
 def _serve_one(line: bytes, raylet_pid: int, template: tuple[Any, Any]) -> dict[str, Any]:
     try:
         req = json.loads(line)
@@ -137,15 +162,100 @@ def _serve_one(line: bytes, raylet_pid: int, template: tuple[Any, Any]) -> dict[
     if threading.active_count() != 1:
         return {"worker_id": worker_id, "error": f"{threading.active_count()} threads in the fork server"}
     try:
-        pid = _fork_worker(worker_id, log_path, raylet_pid, template)
+        pid = _fork_worker(worker_id, log_path, raylet_pid, template, _CLONE)
     except OSError as e:
         logger.error("fork of worker %s failed: %s", worker_id[:12], e)
         return {"worker_id": worker_id, "error": f"fork failed: {e}"}
     return {"worker_id": worker_id, "pid": pid}
 
 
-def _fork_worker(worker_id: str, log_path: str, raylet_pid: int, template: tuple[Any, Any]) -> int:
-    """Fork A, which forks the worker B and exits; B's pid once A has been reaped."""
+class CloneParent:
+    """``os.fork()`` whose child is this process's parent's child: ``clone(CLONE_PARENT)``
+    through ``syscall(2)``, wrapped in the interpreter's fork hooks as ``os.fork`` wraps
+    ``fork(3)``. The C library's own fork bookkeeping that matters to a single-threaded
+    caller is the thread id cached in its thread descriptor, which the kernel writes
+    (``CLONE_CHILD_SETTID``) at the offset found by ``probe``; the rest (lock resets, the
+    stacks of other threads) has nothing to do in a process with one thread that holds
+    no lock. Linux on x86-64 and arm64 with glibc only: ``probe`` returns None elsewhere."""
+
+    _CLONE_PARENT = 0x00008000
+    _CLONE_CHILD_CLEARTID = 0x00200000
+    _CLONE_CHILD_SETTID = 0x01000000
+    #: (syscall number, whether the child-tid pointer comes before tls) per machine.
+    _SYSCALLS = {"x86_64": (56, True), "aarch64": (220, False)}
+
+    def __init__(self, nr: int, ctid_first: bool, tid_addr: int) -> None:
+        import ctypes
+        self._nr = nr
+        self._ctid_first = ctid_first
+        self._tid_addr = tid_addr
+        # PyDLL: the GIL stays held across the call (as os.fork holds it across fork()).
+        self._syscall = ctypes.PyDLL(None, use_errno=True).syscall
+        self._syscall.restype = ctypes.c_long
+        self._syscall.argtypes = [ctypes.c_long, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.c_void_p, ctypes.c_void_p]
+        api = ctypes.pythonapi
+        self._before, self._after_parent, self._after_child = (
+            api.PyOS_BeforeFork, api.PyOS_AfterFork_Parent, api.PyOS_AfterFork_Child)
+        for f in (self._before, self._after_parent, self._after_child):
+            f.argtypes, f.restype = [], None
+        self._get_errno = ctypes.get_errno
+
+    @classmethod
+    def probe(cls) -> "CloneParent | None":
+        """A ``CloneParent`` for this process, or None where it cannot be used safely."""
+        machine = os.uname().machine
+        if not sys.platform.startswith("linux") or machine not in cls._SYSCALLS or \
+                os.confstr("CS_GNU_LIBC_VERSION") is None:
+            return None
+        import ctypes
+        try:
+            libc = ctypes.CDLL(None)
+            libc.pthread_self.restype = ctypes.c_void_p
+            self_addr = libc.pthread_self()
+        except (OSError, AttributeError):
+            return None
+        if not self_addr or threading.get_native_id() != os.getpid():
+            return None
+        # glibc keeps the thread's kernel id in its descriptor (``struct pthread``): the
+        # one int there equal to our tid (the pid, in the main thread) is it.
+        words = (ctypes.c_int32 * 1024).from_address(self_addr)
+        hits = [i for i in range(1024) if words[i] == os.getpid()]
+        if len(hits) != 1:
+            return None
+        nr, ctid_first = cls._SYSCALLS[machine]
+        return cls(nr, ctid_first, self_addr + 4 * hits[0])
+
+    def fork(self) -> int:
+        """Like ``os.fork()``; the child's parent is this process's parent."""
+        flags = self._CLONE_PARENT | self._CLONE_CHILD_SETTID | self._CLONE_CHILD_CLEARTID | signal.SIGCHLD
+        ctid, tls = self._tid_addr, None
+        self._before()
+        if self._ctid_first:  # x86-64: clone(flags, stack, ptid, ctid, tls)
+            pid = self._syscall(self._nr, flags, None, None, ctid, tls)
+        else:  # arm64: clone(flags, stack, ptid, tls, ctid)
+            pid = self._syscall(self._nr, flags, None, None, tls, ctid)
+        if pid == 0:
+            self._after_child()
+            return 0
+        err = self._get_errno()
+        self._after_parent()
+        if pid < 0:
+            raise OSError(err, f"clone(CLONE_PARENT) failed: {os.strerror(err)}")
+        return int(pid)
+
+
+def _fork_worker(worker_id: str, log_path: str, raylet_pid: int, template: tuple[Any, Any],
+                 clone: CloneParent | None = None) -> int:
+    """The worker B's pid: cloned as the raylet's child, or (no ``clone``) forked by A,
+    which exits, once A has been reaped."""
+    # A raw clone runs no pthread_atfork handlers: only a process with one native thread
+    # is cloned (see _stop_native_threads).
+    if clone is not None and len(os.listdir("/proc/self/task")) == 1:
+        pid = clone.fork()
+        if pid == 0:
+            _run_child(worker_id, log_path, raylet_pid, template)  # never returns
+        return pid
     r, w = os.pipe()
     try:
         a = os.fork()
@@ -192,8 +302,8 @@ def _run_child(worker_id: str, log_path: str, raylet_pid: int, template: tuple[A
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.closerange(3, _max_fd())
-        if "numpy" in sys.modules:
-            sys.modules["numpy"].random.seed()  # the global RandomState; ``random`` re-seeds at fork
+        if "numpy.random" in sys.modules:
+            _reseed_numpy(sys.modules["numpy.random"])  # ``random`` re-seeds itself at fork
         gc.enable()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -212,6 +322,19 @@ def _run_child(worker_id: str, log_path: str, raylet_pid: int, template: tuple[A
         finally:
             os._exit(1)
     os._exit(code)
+
+
+def _reseed_numpy(nprandom: Any) -> None:
+    """A fresh key for numpy's global RandomState, straight from the OS: a key of 624
+    random words is a full MT19937 state (what ``seed()`` derives through a SeedSequence,
+    at four times the cost in a new child)."""
+    import numpy
+    try:
+        nprandom.mtrand._rand._bit_generator.state = {
+            "bit_generator": "MT19937",
+            "state": {"key": numpy.frombuffer(os.urandom(624 * 4), dtype=numpy.uint32), "pos": 624}}
+    except (AttributeError, TypeError, ValueError):  # another numpy's layout
+        nprandom.seed()
 
 
 def _max_fd() -> int:
