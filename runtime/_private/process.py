@@ -8,6 +8,7 @@ root logger otherwise) and reports readiness through an inherited pipe
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import logging
 import os
@@ -34,6 +35,26 @@ def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGKIL
         return
     if expected_parent is not None and os.getppid() != expected_parent:
         os._exit(1)  # the parent died before prctl took effect
+
+
+#: Collector thresholds of the GCS and the raylets (Python's default: 700, 10, 10).
+SERVICE_GC_THRESHOLDS = (50_000, 20, 100)
+
+
+def tune_gc_for_service() -> None:
+    """Collect less often in a lumos service process (GCS, raylet), and never look again
+    at what start-up allocated (``gc.freeze``).
+
+    Their state (task records, tables, connections) is many small containers with no
+    reference cycles to speak of, so at the default thresholds the collector ran every
+    700 allocations and freed almost nothing: 40-67% of the GCS's time under a stream of
+    tasks (788 young collections freeing 831 objects in one run), and a full collection
+    walks every record it holds. Cycles (an exception and its traceback) are still
+    collected, every 50,000 allocations. User code never runs in these processes; drivers
+    and workers keep Python's defaults.
+    """
+    gc.freeze()
+    gc.set_threshold(*SERVICE_GC_THRESHOLDS)
 
 
 def setup_logging(log_dir: str, name: str, level: int = logging.INFO) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import inspect
 import json
 import logging
@@ -37,7 +38,7 @@ from lumos._private.gcs.storage import (GcsStorage, StorageHealthState, StorageU
 from lumos._private.gcs.task_log import StreamTrim, TaskEventTable, events_of
 from lumos._private.ids import JobID, NodeID, new_job_id, short
 from lumos._private.process import (die_with_parent, read_private_file, read_token, report_ready,
-                                    setup_logging)
+                                    setup_logging, tune_gc_for_service)
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError, RpcServer
 
@@ -145,7 +146,8 @@ class GcsServer:
         self._spawn(self._health_loop(), "gcs.health")
         if self.writer is not None:
             self._spawn(self._storage_health_loop(), "gcs.storage_health")
-        logger.info("GCS listening on %s:%d", self.server.host, self.server.port)
+        logger.info("GCS listening on %s:%d (collector thresholds %s)", self.server.host, self.server.port,
+                    gc.get_threshold())
 
     async def stop(self) -> None:
         for node_id, conn in list(self._node_conns.items()):
@@ -682,6 +684,7 @@ def main() -> None:
     if args.die_with_parent:
         die_with_parent(args.die_with_parent, signal.SIGTERM)
     setup_logging(os.path.join(args.session_dir, "logs"), "gcs")
+    tune_gc_for_service()
     eventloop.run(_amain(args))
 
 

@@ -4,7 +4,8 @@ Owns the fork server's process and control pipes (``ForkServerClient``), and the
 Popen-like handle of a worker it forked (``ForkedProcess``). The worker pool
 (``worker_pool.py``) is the only caller: it asks for workers, hears of their pids (or of
 the server's death) through callbacks, and waits for forked workers as its children,
-which they are because the raylet is a child subreaper (``set_child_subreaper``).
+which they are: cloned with ``CLONE_PARENT``, or double-forked and reparented to the
+raylet, a child subreaper (``set_child_subreaper``).
 
 ```
 WorkerPool ─request(worker id)─► ForkServerClient ─stdin line─► fork server
@@ -35,7 +36,7 @@ FORK_REPLY_TIMEOUT_S = 10.0
 
 
 class ForkedProcess:
-    """A worker the fork server forked, reparented to this raylet: waited for like a
+    """A worker the fork server forked as this raylet's child: waited for like a
     ``subprocess.Popen`` (``pid``, ``poll``, ``wait``, ``send_signal``)."""
 
     def __init__(self, pid: int) -> None:

@@ -360,6 +360,11 @@ class LocalSchedulerState:
     # ------------------------------------------------------------------ internals
 
     def _schedule(self, now: float, actions: list[Action]) -> None:
+        if not self.queue:
+            # Nothing to grant and no worker to start (a start needs a waiting request):
+            # skip the scans over every worker, which each event paid (a worker
+            # registering among a thousand actors, issue 19).
+            return
         starting = sum(1 for w in self.workers.values() if w.state == STARTING)
         # Listed once per event: with hundreds of actors starting, scanning every worker
         # for each queued request made this quadratic (issue 19).

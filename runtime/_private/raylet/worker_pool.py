@@ -10,7 +10,7 @@ objects and the scheduler learn of it.
 ```
 LocalSchedulerState ─StartWorker─► WorkerPool ─StartRequested─► WorkerPoolState
                                        │ ◄── StartWorker(fork | spawn) / DeferStart ─┘
-           request ──► fork server ──► forked worker (reparented here: subreaper)
+           request ──► fork server ──► forked worker (cloned as our child, or reparented: subreaper)
            Popen ───────────────────► spawned worker
   pidfd readable ─► waitpid ─► exit code ─► GCS (ReportWorker DEAD), raylet.worker_exited
 ```

@@ -224,7 +224,10 @@ class CloneParent:
         if len(hits) != 1:
             return None
         nr, ctid_first = cls._SYSCALLS[machine]
-        return cls(nr, ctid_first, self_addr + 4 * hits[0])
+        try:
+            return cls(nr, ctid_first, self_addr + 4 * hits[0])
+        except AttributeError:  # an interpreter without the fork hooks exported
+            return None
 
     def fork(self) -> int:
         """Like ``os.fork()``; the child's parent is this process's parent."""
@@ -252,10 +255,16 @@ def _fork_worker(worker_id: str, log_path: str, raylet_pid: int, template: tuple
     # A raw clone runs no pthread_atfork handlers: only a process with one native thread
     # is cloned (see _stop_native_threads).
     if clone is not None and len(os.listdir("/proc/self/task")) == 1:
-        pid = clone.fork()
-        if pid == 0:
-            _run_child(worker_id, log_path, raylet_pid, template)  # never returns
-        return pid
+        try:
+            pid = clone.fork()
+        except OSError as e:  # e.g. a seccomp filter that refuses CLONE_PARENT
+            global _CLONE
+            _CLONE = None
+            logger.warning("%s; double-forking workers from now on", e)
+        else:
+            if pid == 0:
+                _run_child(worker_id, log_path, raylet_pid, template)  # never returns
+            return pid
     r, w = os.pipe()
     try:
         a = os.fork()
