@@ -302,3 +302,38 @@ def test_store_frees_of_one_io_loop_turn_reach_the_raylet_as_one_message(fresh_c
     wait_for(lambda: sent, 10)
     cw.raylet.notify = notify
     assert [msg.object_ids for msg in sent] == [ids]
+
+
+def test_a_get_of_many_values_pins_them_in_one_message_and_dropping_them_unpins_in_one(fresh_cluster):
+    from lumos._private.protocol import messages as m
+    from lumos.api import worker_context
+    fresh_cluster(num_cpus=1)
+    cw = worker_context.core_worker
+
+    @lumos.remote
+    def make(i):
+        return np.full(2**17, float(i))  # 1 MiB: in the store
+
+    refs = [make.remote(i) for i in range(4)]
+    lumos.wait(refs, num_returns=4, timeout=30)
+    sent: list[m.PinObjects] = []
+    to_raylet = cw._to_raylet
+
+    def spy(msg):
+        if isinstance(msg, m.PinObjects):
+            sent.append(msg)
+        to_raylet(msg)
+
+    cw._to_raylet = spy
+    try:
+        values = lumos.get(refs, timeout=30)
+        assert [float(v[0]) for v in values] == [0.0, 1.0, 2.0, 3.0]
+        assert [(sorted(p.object_ids), p.pinned) for p in sent] == [(sorted(r._id for r in refs), True)]
+        del values
+        wait_for(lambda: len(sent) == 2, 10)
+        assert (sorted(sent[1].object_ids), sent[1].pinned) == (sorted(r._id for r in refs), False)
+        one = lumos.get(refs[0], timeout=30)  # a lone view: pinned at once
+        assert (sent[2].object_ids, sent[2].pinned) == ([refs[0]._id], True)
+        del one
+    finally:
+        cw._to_raylet = to_raylet

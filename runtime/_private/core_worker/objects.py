@@ -92,15 +92,69 @@ class ObjectsMixin:
     worker_id: WorkerID
     address: m.Address
 
+    #: Pin changes not sent yet: object id -> (first, last) ``pinned`` since the last
+    #: send (``_flush_pins``); guarded by ``_pin_lock``.
+    _pin_changes: dict[bytes, tuple[bool, bool]] | None = None
+    _pin_lock: threading.Lock | None = None
+    #: A ``_flush_pins`` is posted to the io thread.
+    _pin_flush_posted = False
+    #: ``get`` of several values in progress (pins are sent once at its end).
+    _pin_batches = 0
+
     def _store_pin_changed(self, object_id: ObjectID, pinned: bool) -> None:
         """Tell the raylet whether this process views ``object_id`` (viewed objects are
-        never spilled). Any thread, also garbage collection at exit."""
+        never spilled). Any thread, also garbage collection at exit.
+
+        A lone first view is pinned at once. Pins during a ``get`` of several values go
+        together at its end; unpins go at the io thread's next turn, after what was
+        posted before (a free follows its unpin), together: dropping a list of 1,000
+        arrays sends one message, and a pin and unpin of the same object in between
+        send none (the raylet keeps whether a process views an object, not how often)."""
         if self._closed or self.loop is None or self.loop.is_closed():
             return
+        if self._pin_lock is None:
+            self._pin_lock = threading.Lock()
+        with self._pin_lock:
+            pending = self._pin_changes
+            if pinned and not pending and not self._pin_batches:
+                direct = True
+            else:
+                direct = False
+                if pending is None:
+                    pending = self._pin_changes = {}
+                first = pending.get(object_id)
+                pending[object_id] = (pinned if first is None else first[0], pinned)
+                post = not self._pin_batches and not self._pin_flush_posted
+                if post:
+                    self._pin_flush_posted = True
         try:
-            self._to_raylet(m.PinObjects([object_id], pinned))
+            if direct:
+                self._to_raylet(m.PinObjects([object_id], True))
+            elif post:
+                self._post(self._flush_pins)
         except exc.LumosSystemError:
             pass  # shutting down: the raylet forgets this process's pins when it goes
+
+    def _flush_pins(self) -> None:
+        """Send the pin changes gathered so far (any thread)."""
+        lock = self._pin_lock
+        if lock is None:
+            return
+        with lock:
+            pending, self._pin_changes = self._pin_changes, None
+            self._pin_flush_posted = False
+        if not pending:
+            return
+        ups = [oid for oid, (first, last) in pending.items() if last and first]
+        downs = [oid for oid, (first, last) in pending.items() if not last and not first]
+        # first != last: back where it was before these changes: nothing to say.
+        try:
+            if ups:
+                self._to_raylet(m.PinObjects(ups, True))
+            if downs:
+                self._to_raylet(m.PinObjects(downs, False))
+        except exc.LumosSystemError:
+            pass
 
     def _free_after_views(self, object_id: ObjectID) -> None:
         """An object we freed while viewing it lost its last view here (any thread, GC
@@ -262,7 +316,20 @@ class ObjectsMixin:
             self._wait_for(missing, len({r._id for r in missing}), timeout, for_get=True)
         if len(refs) > 1:
             self._pull_remote_together(refs)
-        return [self._value_of(ref, deadline) for ref in refs]
+        if len(refs) == 1:
+            return [self._value_of(refs[0], deadline)]
+        if self._pin_lock is None:
+            self._pin_lock = threading.Lock()
+        with self._pin_lock:
+            self._pin_batches += 1
+        try:
+            return [self._value_of(ref, deadline) for ref in refs]
+        finally:
+            with self._pin_lock:
+                self._pin_batches -= 1
+                flush = not self._pin_batches and bool(self._pin_changes) and not self._pin_flush_posted
+            if flush:
+                self._flush_pins()
 
     def _pull_remote_together(self, refs: list[ObjectRef]) -> None:
         """Copy the objects of ``refs`` that live on other nodes here, all pulls at once
