@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from typing import Any, Callable
 
@@ -48,6 +49,7 @@ from lumos._private.config import Config
 from lumos._private.core_worker import gcs_link
 from lumos._private.core_worker import owner as ow
 from lumos._private.core_worker import task_submitter as ts
+from lumos._private.core_worker.actor_submitter import MAX_DIRECT_CONNS
 from lumos._private.core_worker.driver import job_config, print_cluster_error, print_worker_lines
 from lumos._private.core_worker.io_loop import IoLoop
 from lumos._private.core_worker.objects import ObjectsMixin, error_blob
@@ -141,13 +143,21 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         # io-thread state ------------------------------------------------------------
         #: Task id -> task submitted by this process and not answered.
         self.tasks: dict[bytes, PendingTask] = {}
-        #: Scheduling queues, leases, pipelining and retry decisions (task_submitter.py).
-        self.submitter = ts.TaskSubmitterState(
+        #: Scheduling queues, leases, pipelining and retry decisions (task_submitter.py),
+        #: each event under ``_submit_lock``, which a user thread also holds to claim an
+        #: idle worker for a task it writes itself (``push_direct``).
+        self._submit_lock = threading.Lock()
+        self.submitter = ts.Serialized(ts.TaskSubmitterState(
             max_tasks_in_flight_per_worker=config.max_tasks_in_flight_per_worker,
             pipeline_below_ms=config.pipeline_below_ms,
             max_pending_lease_requests=config.max_pending_lease_requests,
             max_leases_per_scheduling_key=config.max_leases_per_scheduling_key,
-            task_oom_retry_delay_base_ms=config.task_oom_retry_delay_base_ms, validate=config.validate)
+            task_oom_retry_delay_base_ms=config.task_oom_retry_delay_base_ms, validate=config.validate),
+            self._submit_lock)
+        #: Worker connections user threads may write to (each holds a duplicated fd).
+        self._direct_conns = 0
+        #: Tasks ``push_direct`` wrote (a statistic: not exact with several user threads).
+        self.direct_tasks = 0
         #: Worker id -> open connection (or the future of one being opened).
         self._peers = ConnectionCache()
         #: Function ids already exported to the GCS for this job.
@@ -513,6 +523,11 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                     self._retry(a.task, a.why)  # type: ignore[union-attr]
             elif t is ts.AwaitWorkerExit:
                 self._spawn(self._handle_worker_death(a.lease, a.tasks), "worker-death")  # type: ignore[union-attr]
+            elif t is ts.CancelIdleTimer:
+                lease = a.lease  # type: ignore[union-attr]
+                if lease.idle_timer is not None:
+                    lease.idle_timer.cancel()
+                    lease.idle_timer = None
             elif t is ts.PumpLater:
                 if self.loop is not None:
                     self.loop.call_later(a.delay_s, self._pump, a.queue)  # type: ignore[union-attr]
@@ -569,6 +584,10 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             logger.warning("cannot reach leased worker %s: %s", short(grant.worker_id), e)
             self._run(self.submitter.lease_unreachable(lease))
             return
+        if not conn.direct_writes and self._direct_conns < MAX_DIRECT_CONNS:
+            conn.allow_write_now()
+            self._direct_conns += 1
+        lease.direct = conn.direct_writes
         self._run(self.submitter.lease_connected(lease, conn))
 
     async def _raylet_at(self, address: m.Address) -> Connection:
@@ -591,7 +610,51 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         lease.conn.notify(m.PushTask(spec, lease.resource_ids))
 
     def _idle_expired(self, lease: LeasedWorker) -> None:
+        self.io.drain_pending()  # a task a user thread wrote to it is booked first
         self._run(self.submitter.idle_expired(lease))
+
+    def push_direct(self, task: PendingTask) -> bool:
+        """User thread: write a ready task straight to an idle leased worker of its shape,
+        saving the io thread's wake-up (a sync task's round trip has one hop fewer). Only
+        when the io thread has nothing in hand and no task of that shape is queued; the io
+        thread books it at its next turn (``_on_direct_task``), which a reply, a worker's
+        close, a node's death or an idle timer makes happen first. False: post it as usual."""
+        io = self.io
+        if not io.idle():
+            return False
+        q = self.submitter.queues.get(task.template.key)
+        if q is None or q.tasks:
+            return False
+        state = self.submitter.state
+        with self._submit_lock:
+            lease = state.claim_idle(q)
+            if lease is None:
+                return False
+            sent = [False]
+            io.append_quiet(self._on_direct_task, task, lease, sent)
+            sent[0] = lease.conn.write_now(m.PushTask(task.spec, lease.resource_ids))
+        spec = task.spec
+        if not sent[0]:
+            io.wake()  # the booking job queues it the usual way
+            return True
+        self.direct_tasks += 1
+        if spec.enable_task_events:
+            self._buffer_event((spec.task_id, spec.attempt, m.TaskState.SCHEDULED, time.time(),
+                                {"resource_ids": lease.resource_ids} if lease.resource_ids else None,
+                                lease.node_id, lease.worker_id, None))
+        return True
+
+    def _on_direct_task(self, task: PendingTask, lease: LeasedWorker, sent: list[bool]) -> None:
+        with self._submit_lock:  # the user thread may still be writing it
+            was_sent = sent[0]
+        self.tasks[task.spec.task_id] = task
+        if self.gone is not None:
+            with self._submit_lock:
+                lease.claimed = False
+            self._fail_task(task, self._gone_error(task))
+            return
+        self.export_function(task.template)
+        self._run(self.submitter.direct_pushed(task, lease, was_sent))
 
     # The surface actor_submitter.py uses (it reaches no private member).
 
@@ -638,6 +701,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         return await self._peers.get(wid, open_conn)
 
     def _peer_closed(self, conn: Connection) -> None:
+        self.io.drain_pending()  # what user threads wrote to it is booked first
         self._peers.discard(conn.peer_info, conn)
         if self._peers.conns.get(conn.peer_info) is None:
             self._peer_nodes.pop(conn.peer_info, None)
@@ -655,6 +719,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         calls in flight there are retried per their policy, its leases are given up), and
         close those connections, so nothing more it sends is taken (gray failure, issue 12).
         """
+        self.io.drain_pending()  # what user threads wrote there is booked first
         if not self.owner.node_died(node_id):
             return
         if node_id == self.node_id and self.mode == WORKER:

@@ -195,7 +195,7 @@ class SubmissionMixin:
             stream = self.streams[task_id] = GeneratorStream(task_id)
             self._post(self._on_submit, task)
             return [ObjectRefGenerator(stream, address, self)]  # type: ignore[list-item]
-        if actor_fields is None or dep_ids or not self.actor_submitter.send_direct(task):
+        if dep_ids or not (self.push_direct(task) if actor_fields is None else self.actor_submitter.send_direct(task)):
             self._post(self._on_submit, task)
         return [ObjectRef(oid, address, True) for oid in return_ids]
 

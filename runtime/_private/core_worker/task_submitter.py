@@ -56,6 +56,12 @@ class PumpLater:
 
 
 @dataclass(slots=True)
+class CancelIdleTimer:
+    """``lease`` is busy again: stop its idle timer."""
+    lease: LeasedWorker
+
+
+@dataclass(slots=True)
 class ReturnLease:
     """Give the worker back to the raylet that granted it (cancel its idle timer)."""
     lease: LeasedWorker
@@ -91,7 +97,7 @@ class FailTask:
 
 
 Action = Union[PushTask, RequestLease, PumpLater, ReturnLease, StartIdleTimer, AwaitWorkerExit, RetryTask,
-               FailTask]
+               FailTask, CancelIdleTimer]
 
 
 class TaskSubmitterState:
@@ -169,7 +175,7 @@ class TaskSubmitterState:
                 # Workers this process holds idle for other functions would keep this one's
                 # request waiting until they time out (issue 14: after a burst of f, the
                 # first g waited ~1.2 s): give them back first.
-                for idle in [l for l in self.idle_leases if l.queue is not q]:
+                for idle in [l for l in self.idle_leases if l.queue is not q and not l.claimed]:
                     out.extend(self.return_lease(idle, disconnect=False))
             while q.requesting < want:
                 q.requesting += 1
@@ -234,9 +240,42 @@ class TaskSubmitterState:
     def idle_expired(self, lease: LeasedWorker) -> list[Action]:
         lease.idle_timer = None
         self.idle_leases.discard(lease)
-        if not lease.tasks and not lease.queue.tasks:
+        if not lease.tasks and not lease.queue.tasks and not lease.claimed:
             return self.return_lease(lease, disconnect=False)
         return []
+
+    # ------------------------------------------------------------------ direct pushes
+
+    def claim_idle(self, q: SchedulingQueue) -> LeasedWorker | None:
+        """A user thread is about to write a task straight to a worker of ``q`` (nothing
+        queued, a connected worker idle): that worker's lease, marked claimed so nothing
+        here returns it or counts it idle until ``direct_pushed`` books the task; None if
+        there is no such worker. The caller holds the lock every event here runs under."""
+        if q.tasks:
+            return None
+        for lease in q.leases:
+            if lease.direct and not lease.tasks and not lease.claimed and lease.conn is not None \
+                    and not lease.dead and not lease.blocked and not lease.exiting:
+                lease.claimed = True
+                return lease
+        return None
+
+    def direct_pushed(self, task: PendingTask, lease: LeasedWorker, sent: bool) -> list[Action]:
+        """Book a task a user thread claimed ``lease`` for: in flight on it if the write went
+        out, else queued as usual."""
+        lease.claimed = False
+        q = lease.queue
+        task.queue = q
+        if not sent:
+            return self.enqueue(task)
+        if lease.dead:  # (claimed leases are never returned; a worker failure books first)
+            task.state = QUEUED
+            return self.enqueue(task, front=True)
+        task.state = PUSHED
+        task.lease = lease
+        lease.tasks[task.spec.task_id] = task
+        self.idle_leases.discard(lease)
+        return [CancelIdleTimer(lease)]
 
     def return_all(self) -> list[Action]:
         """The process closes: give every lease back."""
@@ -296,7 +335,7 @@ class TaskSubmitterState:
             return []
         out: list[Action] = []
         if not lease.tasks and not lease.queue.tasks and not lease.exiting and lease.idle_timer is None \
-                and lease not in self.idle_leases:
+                and lease not in self.idle_leases and not lease.claimed:
             self.idle_leases.add(lease)
             out.append(StartIdleTimer(lease))
         out.extend(self.pump(lease.queue, after_reply=True))
@@ -389,6 +428,30 @@ class TaskSubmitterState:
                 _check(id(task) not in seen, f"task {tid} in two places")
                 seen.add(id(task))
             _check(lease not in self.idle_leases or not lease.tasks, f"idle lease {lease.lease_id} runs tasks")
+
+
+class Serialized:
+    """A ``TaskSubmitterState`` whose every method runs under ``lock``: the io thread's
+    events, and a user thread's ``claim_idle`` under the same lock, never interleave (an
+    idle lease a user thread claimed is never returned as idle in the middle of it)."""
+
+    def __init__(self, state: TaskSubmitterState, lock: Any) -> None:
+        self.state = state
+        self.lock = lock
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.state, name)
+        if not callable(attr):
+            return attr
+        lock = self.lock
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with lock:
+                return attr(*args, **kwargs)
+
+        call.__name__ = name
+        setattr(self, name, call)  # found in the instance's dict from now on
+        return call
 
 
 def _check(ok: bool, what: str) -> None:

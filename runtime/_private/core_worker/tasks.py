@@ -89,7 +89,7 @@ class PendingTask:
 
 class LeasedWorker:
     __slots__ = ("lease_id", "worker_id", "address", "node_id", "resource_ids", "conn", "tasks",
-                 "idle_timer", "queue", "raylet", "dead", "blocked", "exiting")
+                 "idle_timer", "queue", "raylet", "dead", "blocked", "exiting", "direct", "claimed")
 
     def __init__(self, grant: m.LeaseGrant, queue: "SchedulingQueue", raylet: Connection) -> None:
         self.lease_id = grant.lease_id
@@ -110,6 +110,11 @@ class LeasedWorker:
         #: The worker reached a function's max_calls and exits: push nothing more; it runs
         #: nothing it receives after saying so.
         self.exiting = False
+        #: User threads may write to ``conn`` (``Connection.write_now``).
+        self.direct = False
+        #: A user thread wrote a task to this worker that the io thread has not booked yet
+        #: (``TaskSubmitterState.claim_idle``): the lease is not idle.
+        self.claimed = False
 
 
 class SchedulingQueue:

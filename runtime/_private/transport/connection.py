@@ -373,6 +373,11 @@ class Connection(asyncio.Protocol):
             self._out.clear()
             self._transport.write(data)
 
+    @property
+    def direct_writes(self) -> bool:
+        """``write_now`` may be used (``allow_write_now`` was called and it is open)."""
+        return self._wfd >= 0
+
     def allow_write_now(self) -> None:
         """Loop thread: let ``write_now`` write to this connection from other threads."""
         if self._wfd >= 0 or self._state != _READY or self._transport is None:
