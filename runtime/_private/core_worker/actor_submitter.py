@@ -282,7 +282,8 @@ class ActorSubmitter:
         if sent[0]:
             self.direct_sent += 1
             if spec.enable_task_events:
-                cw.record_event(spec.task_id, spec.attempt, "SCHEDULED", time.time(), info.node_id, q.conn_worker)
+                cw.record_event(spec.task_id, spec.attempt, m.TaskState.SCHEDULED, time.time(), info.node_id,
+                                q.conn_worker)
         else:
             io.wake()  # the booking job sends it the usual way
         return True
