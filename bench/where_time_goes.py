@@ -675,27 +675,28 @@ HOPS = {
     "task": [
         ("driver user thread", "`../remote_function.py` `RemoteFunction._remote` → `core_worker/submission.py` "
          "`submit_task` packs the arguments, builds the `TaskSpec`, records the returns as owned, "
-         "then `core_worker/io_loop.py` `IoLoop.post`: `call_soon_threadsafe` writes the loop's "
-         "self-pipe (**wake-up 1**: driver `lumos-io`)"),
+         "then `core_worker/core_worker.py` `CoreWorker.push_direct`: the lease of the previous call "
+         "is still held and idle (`lease_idle_timeout_ms`) and the io thread has nothing in hand, so "
+         "the lease is claimed (`TaskSubmitterState.claim_idle`, under the submitter's lock) and the "
+         "`PushTask` written straight to the worker's Unix socket (`Connection.write_now`); its "
+         "booking is queued for the io thread without waking it (`IoLoop.append_quiet`). Otherwise "
+         "`IoLoop.post` (a wake-up of the driver's `lumos-io`), which enqueues and pushes it there"),
         ("driver user thread", "`../api.py` `get` → `core_worker/objects.py` `get` → `_wait_for` blocks on "
          "`Waiter.lock` (`core_worker/references.py`)"),
-        ("driver lumos-io", "`IoLoop._drain_inbox` → `CoreWorker._on_submit` → `core_worker/task_submitter.py` "
-         "`TaskSubmitterState.enqueue`/`pump`: the lease of the previous call is still held (idle "
-         "`lease_idle_timeout_ms`), so no raylet round trip: `PushTask` → `CoreWorker._push`, one "
-         "write on the worker's Unix socket at the end of the drain (`transport/connection.py` `batch`)"),
-        ("worker lumos-io", "(**wake-up 2**) reads the frame, `core_worker/core_worker.py` "
+        ("worker lumos-io", "(**wake-up 1**) reads the frame, `core_worker/core_worker.py` "
          "`_handle_push_task` → `core_worker/executor.py` `Executor.push`: `SimpleQueue.put` "
-         "(**wake-up 3**: the worker's main thread)"),
+         "(**wake-up 2**: the worker's main thread)"),
         ("worker main thread", "`Executor.run` → `_run_one` → `execute` (arguments, the function, the "
          "`TaskReply`) → `CoreWorker.send_reply` → `Connection.write_now`: the reply leaves from this "
          "thread, not through the worker's io thread"),
-        ("driver lumos-io", "(**wake-up 4**) `core_worker/results.py` `_handle_task_reply` → "
+        ("driver lumos-io", "(**wake-up 3**) `core_worker/results.py` `_handle_task_reply` first books the "
+         "task (`IoLoop.drain_pending` → `CoreWorker._on_direct_task` → `direct_pushed`), then "
          "`TaskSubmitterState.reply_arrived` → `_finish_task` → `ObjectTable.complete` → `Waiter.hit` "
-         "releases the lock (**wake-up 5**: the driver's user thread, which returns the value); the "
+         "releases the lock (**wake-up 4**: the driver's user thread, which returns the value); the "
          "lease's idle timer is restarted"),
         ("raylet, GCS", "not on the path while a lease is held; the raylet grants a lease "
          "(`raylet/server.py` `_request_lease`) when the idle timer has returned it, and task "
-         "events reach the GCS in batches (`gcs/task_log.py`)"),
+         "events reach the GCS in batches, one event per short task (`gcs/task_log.py`)"),
     ],
     "actor": [
         ("driver user thread", "`../actor.py` `ActorMethod.remote` → `ActorHandle._submit` → "
