@@ -276,16 +276,12 @@ class ActorSubmitter:
         with self._direct_lock:
             if q.queue or q.conn is not conn:
                 return False
-            sent = [False]
-            io.append_quiet(self._on_direct, task, q, conn, sent)
-            sent[0] = conn.write_now(m.PushTask(spec, {}))
-        if sent[0]:
+            sent = io.write_then_book(conn, m.PushTask(spec, {}), self._on_direct, task, q, conn)
+        if sent:
             self.direct_sent += 1
             if spec.enable_task_events:
                 cw.record_event(spec.task_id, spec.attempt, m.TaskState.SCHEDULED, time.time(), info.node_id,
                                 q.conn_worker)
-        else:
-            io.wake()  # the booking job sends it the usual way
         return True
 
     def _on_direct(self, task: PendingTask, q: _ActorQueue, conn: Connection, sent: list[bool]) -> None:

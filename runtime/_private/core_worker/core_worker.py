@@ -630,13 +630,11 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             lease = state.claim_idle(q)
             if lease is None:
                 return False
-            sent = [False]
-            io.append_quiet(self._on_direct_task, task, lease, sent)
-            sent[0] = lease.conn.write_now(m.PushTask(task.spec, lease.resource_ids))
+            sent = io.write_then_book(lease.conn, m.PushTask(task.spec, lease.resource_ids), self._on_direct_task,
+                                      task, lease)
         spec = task.spec
-        if not sent[0]:
-            io.wake()  # the booking job queues it the usual way
-            return True
+        if not sent:
+            return True  # the booking job queues it the usual way
         self.direct_tasks += 1
         if spec.enable_task_events:
             self._buffer_event((spec.task_id, spec.attempt, m.TaskState.SCHEDULED, time.time(),

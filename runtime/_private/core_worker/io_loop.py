@@ -158,6 +158,20 @@ class IoLoop:
         drain, which the next ``post``, a ``wake`` or ``drain_pending`` brings."""
         self.inbox.append((fn, args))
 
+    def write_then_book(self, conn: Any, body: Any, book: Callable[..., Any], *args: Any) -> bool:
+        """User thread: write ``body`` straight to ``conn`` (``Connection.write_now``) and
+        have the io thread run ``book(*args, sent)`` at its next turn. The booking is queued
+        first (without a wake-up), so it is there before any answer to the write; if the
+        write could not go, the io thread is woken and ``book`` sees ``sent[0]`` False (it
+        sends the message the usual way). Callers hold a lock that ``book`` takes to read
+        ``sent``. Returns whether the write went out."""
+        sent = [False]
+        self.append_quiet(book, *args, sent)
+        sent[0] = conn.write_now(body)
+        if not sent[0]:
+            self.wake()
+        return sent[0]
+
     def wake(self) -> None:
         """Have the io thread drain its inbox soon (any thread)."""
         if not self._wake_pending:
