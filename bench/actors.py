@@ -136,15 +136,8 @@ def cpu_per_creation(before: dict[int, tuple[str, int]], after: dict[int, tuple[
 
 def run(impl: str, num_cpus: int, actors: int, timeout_s: float) -> dict[str, Any]:
     ray = importlib.import_module(impl)
-    for attempt in range(3):
-        try:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-            break
-        except Exception as e:  # Ray's raylet aborts when its agents start slowly (a loaded machine)
-            ray.shutdown()
-            if attempt == 2:
-                raise
-            print(f"{impl}.init() failed ({e}); trying again", file=sys.stderr)
+    from microbench import init_with_retries  # (this script's folder is first on sys.path)
+    init_with_retries(ray, impl, num_cpus)
     try:
         @ray.remote(num_cpus=0)
         class Box:

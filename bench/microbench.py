@@ -331,6 +331,20 @@ def _fmt(v: float) -> str:
     return f"{v:.2f}"
 
 
+def init_with_retries(ray: Any, impl: str, num_cpus: int, attempts: int = 3) -> None:
+    """``ray.init`` for a benchmark, tried again when it fails: Ray's raylet aborts when
+    its agents start slowly (a loaded machine)."""
+    for attempt in range(attempts):
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            return
+        except Exception as e:
+            ray.shutdown()
+            if attempt == attempts - 1:
+                raise
+            print(f"{impl}.init() failed ({e}); trying again", file=sys.stderr)
+
+
 def bench_main(run_fn: Callable[[str, int, bool], dict[str, float]], doc: str | None, script: str,
                first_col: str, timeout_s: float, floor: bool = False) -> int:
     """The command line shared by the benchmarks that run on Ray and lumos alike.

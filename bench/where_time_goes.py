@@ -765,22 +765,19 @@ def markdown(result: dict[str, Any]) -> str:
         for k in keys) + " |")
     lines.append("| driver's garbage collector, CPU µs per call | "
                  + " | ".join(_fmt(sc[k].get("driver_gc_us", 0.0)) for k in keys) + " |")
-    lines += ["", "Wake-ups (voluntary context switches) per call", "",
-              "| process / thread | " + " | ".join(titles[k] for k in keys) + " |",
-              "|---|" + "---:|" * len(keys)]
-    for row in rows:
-        lines.append(f"| {row} | " + " | ".join(_fmt(sc[k]["wakeups"].get(row, 0.0)) for k in keys) + " |")
-    lines.append("| **all threads** | "
-                 + " | ".join(f"**{_fmt(sum(sc[k]['wakeups'].values()))}**" for k in keys) + " |")
+    def per_thread(title: str, field: str) -> None:
+        """A table of ``sc[k][field]`` by thread, with its total over all threads."""
+        lines.extend(["", title, "", "| process / thread | " + " | ".join(titles[k] for k in keys) + " |",
+                      "|---|" + "---:|" * len(keys)])
+        for row in rows:
+            lines.append(f"| {row} | " + " | ".join(_fmt(sc[k][field].get(row, 0.0)) for k in keys) + " |")
+        lines.append("| **all threads** | "
+                     + " | ".join(f"**{_fmt(sum(sc[k][field].values()))}**" for k in keys) + " |")
+
+    per_thread("Wake-ups (voluntary context switches) per call", "wakeups")
     lines.append("| involuntary (preempted), all threads | "
                  + " | ".join(_fmt(sc[k]["involuntary"]) for k in keys) + " |")
-    lines += ["", "Microseconds per call spent runnable but waiting for a CPU (schedstat run delay)", "",
-              "| process / thread | " + " | ".join(titles[k] for k in keys) + " |",
-              "|---|" + "---:|" * len(keys)]
-    for row in rows:
-        lines.append(f"| {row} | " + " | ".join(_fmt(sc[k]["cpu_wait_us"].get(row, 0.0)) for k in keys) + " |")
-    lines.append("| **all threads** | "
-                 + " | ".join(f"**{_fmt(sum(sc[k]['cpu_wait_us'].values()))}**" for k in keys) + " |")
+    per_thread("Microseconds per call spent runnable but waiting for a CPU (schedstat run delay)", "cpu_wait_us")
     for key, prof in result["profiles"].items():
         what = ("samples not parked in a wait (running, or runnable and waiting for a CPU)"
                 if result.get("native") else "samples, parked ones included")

@@ -28,7 +28,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from microbench import bench_main  # noqa: E402  (the bench folder is not a package)
+from microbench import bench_main, init_with_retries  # noqa: E402  (the bench folder is not a package)
 
 
 def run(impl: str, num_cpus: int, quick: bool) -> dict[str, float]:
@@ -38,15 +38,7 @@ def run(impl: str, num_cpus: int, quick: bool) -> dict[str, float]:
     from lumos.examples import allreduce, es, ppo, serving
 
     scale = 0.3 if quick else 1.0
-    for attempt in range(3):
-        try:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-            break
-        except Exception as e:  # Ray's raylet aborts when its agents start slowly (a loaded machine)
-            ray.shutdown()
-            if attempt == 2:
-                raise
-            print(f"{impl}.init() failed ({e}); trying again", file=sys.stderr)
+    init_with_retries(ray, impl, num_cpus)
     results: dict[str, float] = {}
     try:
         workers = max(2, num_cpus)
