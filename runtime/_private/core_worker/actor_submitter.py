@@ -29,8 +29,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ALIVE, DEAD = "ALIVE", "DEAD"
-#: Actor connections a process lets user threads write to (each costs a duplicated fd).
-MAX_DIRECT_CONNS = 256
 
 
 class _ActorQueue:
@@ -63,8 +61,8 @@ class _ActorQueue:
 
 class ActorSubmitter:
     """Actor calls of one process. Uses only the core worker's public surface: ``spawn``,
-    ``peer``, ``fail_task``, ``unpin``, ``record_event``, and the attributes ``loop``,
-    ``gcs``, ``config``, ``dead_nodes``, ``extra_publish_handlers``."""
+    ``peer``, ``fail_task``, ``unpin``, ``record_event``, ``allow_direct_writes``, and the
+    attributes ``loop``, ``gcs``, ``config``, ``dead_nodes``, ``extra_publish_handlers``."""
 
     def __init__(self, cw: "CoreWorker") -> None:
         self.cw = cw
@@ -76,8 +74,6 @@ class ActorSubmitter:
         #: Held while a call is written to an actor's connection, from the io thread
         #: (``_send``) or straight from a user thread (``send_direct``): one order per actor.
         self._direct_lock = threading.Lock()
-        #: Actor connections user threads may write to (each holds a duplicated fd).
-        self._direct_conns = 0
         #: Calls ``send_direct`` wrote (a statistic: not exact with several user threads).
         self.direct_sent = 0
 
@@ -190,9 +186,7 @@ class ActorSubmitter:
         q.connecting = False
         if q.info is not info and q.info is not None and q.info.state != ALIVE:
             return
-        if self._direct_conns < MAX_DIRECT_CONNS and conn._wfd < 0:
-            conn.allow_write_now()
-            self._direct_conns += 1
+        self.cw.allow_direct_writes(conn)
         q.conn = conn
         q.conn_worker = info.address.worker_id
         self._send(q)
@@ -270,7 +264,7 @@ class ActorSubmitter:
         if q is None or q.queue or q.lost or q.connecting:
             return False
         conn, info = q.conn, q.info
-        if conn is None or conn._wfd < 0 or info is None or info.state != ALIVE:
+        if conn is None or not conn.direct_writes or info is None or info.state != ALIVE:
             return False
         spec = task.spec
         with self._direct_lock:

@@ -49,7 +49,6 @@ from lumos._private.config import Config
 from lumos._private.core_worker import gcs_link
 from lumos._private.core_worker import owner as ow
 from lumos._private.core_worker import task_submitter as ts
-from lumos._private.core_worker.actor_submitter import MAX_DIRECT_CONNS
 from lumos._private.core_worker.driver import job_config, print_cluster_error, print_worker_lines
 from lumos._private.core_worker.io_loop import IoLoop
 from lumos._private.core_worker.objects import ObjectsMixin, error_blob
@@ -70,6 +69,9 @@ logger = logging.getLogger(__name__)
 
 #: Every ``TaskKind`` (a spec built in this process may hold the plain int).
 _TASK_KINDS = frozenset(m.TaskKind)
+
+#: Worker connections a process lets user threads write to (each holds a duplicated fd).
+MAX_DIRECT_CONNS = 256
 
 
 class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, ReferencesMixin):
@@ -584,10 +586,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             logger.warning("cannot reach leased worker %s: %s", short(grant.worker_id), e)
             self._run(self.submitter.lease_unreachable(lease))
             return
-        if not conn.direct_writes and self._direct_conns < MAX_DIRECT_CONNS:
-            conn.allow_write_now()
-            self._direct_conns += 1
-        lease.direct = conn.direct_writes
+        lease.direct = self.allow_direct_writes(conn)
         self._run(self.submitter.lease_connected(lease, conn))
 
     async def _raylet_at(self, address: m.Address) -> Connection:
@@ -659,6 +658,15 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
     async def peer(self, address: m.Address) -> Connection:
         """The open connection to the core worker (or raylet) at ``address`` (io thread)."""
         return await self._peer(address)
+
+    def allow_direct_writes(self, conn: Connection) -> bool:
+        """io thread: let user threads write calls and tasks to ``conn``, a worker's (each
+        such connection holds a duplicated fd: at most ``MAX_DIRECT_CONNS`` of them).
+        Returns whether they may."""
+        if not conn.direct_writes and self._direct_conns < MAX_DIRECT_CONNS:
+            conn.allow_write_now()
+            self._direct_conns += 1
+        return conn.direct_writes
 
     def register_call(self, task: PendingTask) -> bool:
         """io thread: an actor call a user thread sent itself is now this owner's to track;
