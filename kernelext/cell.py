@@ -45,6 +45,8 @@ from typing import Any
 
 import cloudpickle
 
+from lumos._private.serialization import cloudpickle_dumps
+
 #: The matplotlib backend of remote cells (``mpl_backend``), as ``MPLBACKEND`` names it.
 MPL_BACKEND = "module://lumos.kernelext.mpl_backend"
 #: True while a remote cell runs in this process (its ``plt.show()`` displays figures).
@@ -410,7 +412,7 @@ class Shipper:
     def _measure(self, name: str, value: Any) -> tuple[int, bytes]:
         buffers: list[pickle.PickleBuffer] = []
         try:
-            stream = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+            stream = cloudpickle_dumps(value, protocol=5, buffer_callback=buffers.append)
         except Exception as e:
             raise TypeError(f"cannot send variable {name!r} (a {type(value).__name__}) to the cluster: "
                             f"{type(e).__name__}: {e}. Create it inside the cell, or keep it remote "

@@ -123,8 +123,8 @@ class _CauseBox:
     def __reduce__(self) -> Any:
         if self.cause is None:
             return (_load_cause, (None,))
-        import cloudpickle
-        return (_load_cause, (cloudpickle.dumps(self.cause, protocol=5),))
+        from lumos._private.serialization import cloudpickle_dumps
+        return (_load_cause, (cloudpickle_dumps(self.cause, protocol=5),))
 
 
 def _load_cause(blob: bytes | None) -> BaseException | None:

@@ -16,9 +16,12 @@ context so the caller can track them as nested references.
 
 from __future__ import annotations
 
+import io
 import pickle
 import struct
 import threading
+import types
+from collections import ChainMap
 from typing import Any, Callable
 
 import cloudpickle
@@ -33,6 +36,36 @@ _ENTRY = struct.Struct("<QQ")
 _PLAIN_SCALARS = frozenset((int, float, str, bytes, bool, type(None), complex))
 
 _local = threading.local()
+
+_code_reduce = cloudpickle.Pickler.dispatch_table[types.CodeType]
+_CO_FILENAME = 10   # place of co_filename in CodeType's arguments (3.8 to 3.13)
+
+
+def _code_reduce_keeping_file(code: types.CodeType) -> tuple:
+    """cloudpickle's reduction of a code object, with the object's own file name.
+
+    cloudpickle 3.1.3 writes ``"<dynamic-code>"`` in place of every file name (for
+    byte-identical pickles); a remote function's traceback would then point at no file,
+    and a notebook cell's frames could not be told from the user's modules.
+    """
+    ctor, args = _code_reduce(code)
+    if args[_CO_FILENAME] != code.co_filename and isinstance(args[_CO_FILENAME], str):
+        args = args[:_CO_FILENAME] + (code.co_filename,) + args[_CO_FILENAME + 1:]
+    return ctor, args
+
+
+class _Pickler(cloudpickle.Pickler):
+    dispatch_table = ChainMap({types.CodeType: _code_reduce_keeping_file},
+                              cloudpickle.Pickler.dispatch_table)
+
+
+def cloudpickle_dumps(value: Any, protocol: int = 5,
+                      buffer_callback: Callable[[pickle.PickleBuffer], Any] | None = None
+                      ) -> bytes:
+    """``cloudpickle.dumps``, keeping the file names of code pickled by value."""
+    with io.BytesIO() as f:
+        _Pickler(f, protocol=protocol, buffer_callback=buffer_callback).dump(value)
+        return f.getvalue()
 
 _np_ndarray: type | None = None
 
@@ -149,7 +182,7 @@ def serialize(value: Any, kind: int = KIND_VALUE) -> SerializedValue:
         if _is_plain(value):
             pickled = pickle.dumps(value, protocol=5, buffer_callback=on_buffer)
         else:
-            pickled = cloudpickle.dumps(value, protocol=5, buffer_callback=on_buffer)
+            pickled = cloudpickle_dumps(value, protocol=5, buffer_callback=on_buffer)
     except SerializationError:
         raise
     except Exception as e:
@@ -169,7 +202,7 @@ def _describe_failure(value: Any, e: Exception) -> str:
 def _pickles(value: Any) -> Exception | None:
     """None when ``value`` pickles, else the error it raises."""
     try:
-        cloudpickle.dumps(value, protocol=5, buffer_callback=lambda pb: False)
+        cloudpickle_dumps(value, protocol=5, buffer_callback=lambda pb: False)
     except Exception as e:
         return e
     return None
@@ -240,7 +273,7 @@ def record_ref(ref: Any) -> None:
 def dumps_code(obj: Any) -> bytes:
     """Pickle a function or class for export (by value when it is not importable)."""
     try:
-        return cloudpickle.dumps(obj, protocol=5)
+        return cloudpickle_dumps(obj, protocol=5)
     except Exception as e:
         raise SerializationError(_describe_failure(obj, e)) from e
 

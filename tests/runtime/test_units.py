@@ -613,6 +613,22 @@ def test_a_value_whose_reduce_raises_is_reported_with_the_cause():
         ser.serialize([Bad()])
 
 
+def test_code_pickled_by_value_keeps_its_file_name():
+    # cloudpickle 3.1.3 writes "<dynamic-code>" for every file name; a remote traceback
+    # must still name the user's file (and a notebook's cell file).
+    def nested():
+        return lambda: 1 / 0
+
+    exported = ser.deserialize_code(ser.dumps_code(nested))
+    sent = ser.deserialize(ser.serialize(nested).to_bytes())[1]
+    for loaded in (exported, sent):
+        assert loaded.__code__.co_filename == __file__
+        assert loaded().__code__.co_filename == __file__
+        with pytest.raises(ZeroDivisionError) as info:
+            loaded()()
+        assert info.traceback[-1].path.name == "test_units.py"
+
+
 def test_corrupt_blobs_raise_deserialization_error():
     good = ser.serialize(np.arange(1000)).to_bytes()
     with pytest.raises(ser.DeserializationError, match="truncated"):
