@@ -114,8 +114,10 @@ class SubmissionMixin:
                     deps.append(v)
         payload: Any = (args, kwargs) if kwargs else args
         try:
-            if _has_large_buffer(args, kwargs, self.config.max_inline_arg_bytes // 4):
-                # Known large (an array, bytes): serialize each argument once, here.
+            if _has_large_buffer(args, kwargs, self.config.max_inline_arg_bytes):
+                # An array or bytes over the inline limit: the payload cannot be inline,
+                # so serialize each argument once, here. One under it (a 64 KiB frame)
+                # travels inside the PushTask, like any small value.
                 payload, sv, deps = self._promote_large_args(args, kwargs, deps)
                 return sv, deps
             sv = ser.serialize(payload)
