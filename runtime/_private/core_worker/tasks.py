@@ -89,7 +89,7 @@ class PendingTask:
 
 class LeasedWorker:
     __slots__ = ("lease_id", "worker_id", "address", "node_id", "resource_ids", "conn", "tasks",
-                 "idle_timer", "queue", "raylet", "dead", "blocked", "exiting", "direct", "claimed")
+                 "idle_timer", "idle_since", "queue", "raylet", "dead", "blocked", "exiting", "direct", "claimed")
 
     def __init__(self, grant: m.LeaseGrant, queue: "SchedulingQueue", raylet: Connection) -> None:
         self.lease_id = grant.lease_id
@@ -100,7 +100,10 @@ class LeasedWorker:
         self.conn: Connection | None = None
         #: Task id -> task pushed to this worker and not yet answered.
         self.tasks: dict[bytes, PendingTask] = {}
+        #: The idle timer's handle; it may outlive an idle spell (``CoreWorker._idle_expired``).
         self.idle_timer: Any = None
+        #: When (the loop's clock) the worker last went idle; None: busy (or never idle).
+        self.idle_since: float | None = None
         self.queue = queue
         #: The raylet that granted the lease (it takes the lease back).
         self.raylet = raylet
