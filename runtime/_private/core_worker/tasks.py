@@ -10,7 +10,7 @@ granted by raylets and pipelines tasks to them.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, Sequence
 
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection
@@ -64,10 +64,12 @@ class PendingTask:
                  "lease", "deps_waiting", "cancelled", "force_cancelled", "queue", "submit_time",
                  "retry_why")
 
-    def __init__(self, spec: m.TaskSpec, template: TaskTemplate, return_ids: list[bytes],
-                 dep_ids: list[bytes], nested_ids: list[bytes], submit_time: float) -> None:
+    def __init__(self, spec: m.TaskSpec, template: TaskTemplate, return_ids: Sequence[bytes],
+                 dep_ids: tuple[bytes, ...], nested_ids: tuple[bytes, ...], submit_time: float) -> None:
         self.spec = spec
         self.template = template
+        #: (Tuples, ``()`` when none: a burst of calls without arguments holds thousands of
+        #: these, and every list among them is one more object each garbage collection walks.)
         self.return_ids = return_ids
         #: Top-level ref arguments (resolved to values before the push).
         self.dep_ids = dep_ids
