@@ -26,6 +26,7 @@ from typing import Any
 
 from lumos import exceptions as exc
 from lumos._private import serialization as ser
+from lumos._private.core_worker.references import READY
 from lumos._private.core_worker.tasks import DONE, QUEUED, WAITING_ARGS, PendingTask, TaskTemplate
 from lumos._private.ids import ActorID, JobID, NodeID, TaskID, WorkerID, new_task_id, return_object_id
 from lumos._private.protocol import messages as m
@@ -190,6 +191,7 @@ class SubmissionMixin:
                 objects.add_owned(oid)
             if dep_ids:
                 objects.add_submitted(dep_ids)
+                ready_deps = self._fill_ready_deps(spec.deps)
             if task.nested_ids:
                 objects.add_submitted(task.nested_ids)
         if events_on:
@@ -199,9 +201,35 @@ class SubmissionMixin:
             stream = self.streams[task_id] = GeneratorStream(task_id)
             self._post(self._on_submit, task)
             return [ObjectRefGenerator(stream, address, self)]  # type: ignore[list-item]
-        if dep_ids or not (self.push_direct(task) if actor_fields is None else self.actor_submitter.send_direct(task)):
+        if (dep_ids and not ready_deps) or not (
+                self.push_direct(task) if actor_fields is None else self.actor_submitter.send_direct(task)):
             self._post(self._on_submit, task)
         return [ObjectRef(oid, address, True) for oid in return_ids]
+
+    def _fill_ready_deps(self, deps: list[m.Dep]) -> bool:
+        """User thread, objects lock held: when every argument ref is owned here and
+        ready (inline, or in this node's store: a by-value argument just put, a ``put``
+        ref), fill in their values or locations as the io thread's ``args_ready`` would,
+        so the task can be written straight to a worker (``push_direct``): no io-thread
+        resolve, no wake-up. False (nothing filled): let the io thread resolve them."""
+        entries = self.objects.entries
+        node_id = self.node_id
+        found = []
+        for dep in deps:
+            e = entries.get(dep.object_id)
+            if e is None or not e.owned or e.state != READY:
+                return False
+            if e.data is None:
+                if e.node_id != node_id:
+                    return False
+            elif ser.kind_of(e.data) == ser.KIND_ERROR:
+                return False
+            found.append(e)
+        for dep, e in zip(deps, found):
+            dep.data = e.data
+            dep.node_id = e.node_id
+            e.shared = True
+        return True
 
     def create_actor(self, template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
                      actor_id: ActorID, actor_options: dict[str, Any]) -> m.ActorInfo:
