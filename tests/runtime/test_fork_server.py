@@ -35,6 +35,11 @@ class Probe:
         cw = worker_context.require()
         return [cw._gcs_durable_known, cw._gcs_durable]
 
+    def gcs_requests(self) -> int:
+        """Requests this worker has sent the GCS so far (on its one GCS connection)."""
+        from lumos._private import worker_context
+        return worker_context.require().gcs._next_rid - 1
+
     def exit(self, code: int) -> None:
         os._exit(code)
 
@@ -190,6 +195,19 @@ def test_new_workers_learn_from_the_raylet_whether_the_gcs_is_durable(fresh_clus
     actors = [Probe.remote() for _ in range(3)]
     answers = lumos.get([a.gcs_durable.remote() for a in actors], timeout=60)
     assert [True, False] in answers and all(durable is False for _, durable in answers), answers
+    for a in actors:
+        lumos.kill(a)
+
+
+def test_a_new_actor_worker_asks_the_gcs_nothing_before_its_first_call(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
+    """The creation task arrives with the job's config and the pickled class (the GCS
+    adds them from its KV), and the raylet told the worker whether the GCS is durable:
+    the worker's first request to the GCS, if any, comes after ``__init__``. (The
+    pre-started worker, started while the raylet connects to the GCS, asks one.)"""
+    fresh_cluster(num_cpus=1, include_dashboard=False)
+    actors = [Probe.remote() for _ in range(3)]
+    counts = lumos.get([a.gcs_requests.remote() for a in actors], timeout=60)
+    assert 0 in counts and max(counts) <= 1, counts
     for a in actors:
         lumos.kill(a)
 
