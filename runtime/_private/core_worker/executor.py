@@ -241,6 +241,7 @@ class Executor(ArgumentsMixin):
         if threading.get_ident() == self._main_ident and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, self._on_sigint)
         while True:
+            item = None  # (an error in _next_task must not answer the previous task again)
             try:
                 item = self._next_task()
                 if item is None:
