@@ -5,6 +5,7 @@ task runs is still handled at once by the io thread, and nothing is lost or reor
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -174,3 +175,15 @@ def test_max_calls_ends_a_worker_that_reads_its_tasks_itself(cluster: lumos.Lumo
     pids = [lumos.get(limited.remote(), timeout=60)[0] for _ in range(8)]
     for a in range(0, 8, 2):
         assert pids[a] not in pids[a + 2:], pids  # no worker ran more than two
+
+
+def test_sigint_to_a_worker_reading_its_next_task_leaves_it_serving(cluster: lumos.LumosContext) -> None:
+    """A cancel's SIGINT can land after its task ended, while the main thread waits in its
+    own read: the worker drops it and serves the next task on the same connection."""
+    pid = _warm()
+    for _ in range(5):
+        os.kill(pid, signal.SIGINT)
+        time.sleep(0.05)
+    for _ in range(20):
+        assert lumos.get(probe.remote(), timeout=60)[0] > 0
+    os.kill(pid, 0)  # (still alive)

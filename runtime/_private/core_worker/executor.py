@@ -108,12 +108,13 @@ class Executor(ArgumentsMixin):
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        #: ``select.poll`` over the wake pipe and ``_poller_lead``'s socket (``_read_task``).
         self._poller: Any = None
+        self._poller_lead: SharedReader | None = None
         #: The lead whose reading this thread took before its last reply (``_take_lead_early``).
         self._holding: SharedReader | None = None
         #: The running task came through this thread's own read (``_read_task``).
         self.read_itself = False
-        self._poller_lead: SharedReader | None = None
         #: The running task's unmaps are deferred (it has store arguments): the main loop
         #: unmaps after its reply.
         self._deferred = False
