@@ -67,6 +67,19 @@ def test_decoder_reassembles_frames_split_at_every_byte():
     assert d.buffered_bytes == 0
 
 
+def test_decoder_joins_a_large_frame_from_its_reads_into_bytes():
+    big, small = bytes(range(256)) * 4096, b"next"
+    data = frame(big) + frame(small) + HEADER.pack(3)
+    d = FrameDecoder(1 << 20)
+    got: list[bytes] = []
+    for i in range(0, len(data), 65536):
+        got += d.feed(data[i:i + 65536])
+        assert d.buffered_bytes == min(i + 65536, len(data)) - sum(len(g) + 4 for g in got)
+    assert got == [big, small] and all(type(g) is bytes for g in got)
+    assert d.buffered_bytes == 4
+    assert d.feed(bytearray(b"abc")) == [b"abc"] and d.buffered_bytes == 0
+
+
 def test_decoder_keeps_incomplete_tail_buffered():
     d = FrameDecoder(1024)
     assert d.feed(frame(b"done") + HEADER.pack(5) + b"ab") == [b"done"]
