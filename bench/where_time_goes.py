@@ -525,16 +525,20 @@ def profile(procs: list[Proc], run: Callable[[], int], py_spy: str, native: bool
 
 # ---------------------------------------------------------------------- the workloads
 
-def workloads(ray: Any) -> dict[str, Callable[[int], int]]:
-    """The four loops; each runs about ``n`` calls and returns how many it made."""
+def workloads(ray: Any, arg_kib: int = 0) -> dict[str, Callable[[int], int]]:
+    """The four loops; each runs about ``n`` calls and returns how many it made. With
+    ``arg_kib``, every call carries a numpy array of that many KiB by value."""
+    import numpy as np
+
+    args = (np.ones(arg_kib * 1024, dtype=np.uint8),) if arg_kib else ()
 
     @ray.remote
-    def noop() -> None:
+    def noop(*a: Any) -> None:
         return None
 
     @ray.remote
     class Echo:
-        def ping(self) -> None:
+        def ping(self, *a: Any) -> None:
             return None
 
     actor: list[Any] = []
@@ -547,26 +551,26 @@ def workloads(ray: Any) -> dict[str, Callable[[int], int]]:
 
     def task_sync(n: int) -> int:
         for _ in range(n):
-            ray.get(noop.remote(), timeout=60)
+            ray.get(noop.remote(*args), timeout=60)
         return n
 
     def task_async(n: int) -> int:
         batches = max(1, n // BATCH)
         for _ in range(batches):
-            ray.get([noop.remote() for _ in range(BATCH)], timeout=120)
+            ray.get([noop.remote(*args) for _ in range(BATCH)], timeout=120)
         return batches * BATCH
 
     def actor_sync(n: int) -> int:
         a = get_actor()
         for _ in range(n):
-            ray.get(a.ping.remote(), timeout=60)
+            ray.get(a.ping.remote(*args), timeout=60)
         return n
 
     def actor_async(n: int) -> int:
         a = get_actor()
         batches = max(1, n // BATCH)
         for _ in range(batches):
-            ray.get([a.ping.remote() for _ in range(BATCH)], timeout=120)
+            ray.get([a.ping.remote(*args) for _ in range(BATCH)], timeout=120)
         return batches * BATCH
 
     return {"task_sync": task_sync, "task_async": task_async, "actor_sync": actor_sync,
@@ -602,7 +606,8 @@ def _for(seconds: float, loop: Callable[[int], int], step: int) -> int:
 
 
 def run_all(quick: bool, native: bool, top: int, use_py_spy: bool, profile_keys: list[str],
-            rate: int | None = None, profile_s: float | None = None, repeat: int | None = None) -> dict[str, Any]:
+            rate: int | None = None, profile_s: float | None = None, repeat: int | None = None,
+            arg_kib: int = 0) -> dict[str, Any]:
     """Run every workload on a fresh private cluster; the result that ``markdown`` prints."""
     import lumos as ray
 
@@ -614,7 +619,7 @@ def run_all(quick: bool, native: bool, top: int, use_py_spy: bool, profile_keys:
     spy_s = profile_s or spy_s
     repeat = repeat or (1 if quick else 3)
     out: dict[str, Any] = {"load_average": os.getloadavg(), "cpus": os.cpu_count(), "quick": quick, "repeat": repeat,
-                           "scenarios": {}, "profiles": {}, "notes": notes}
+                           "arg_kib": arg_kib, "scenarios": {}, "profiles": {}, "notes": notes}
     # Before the cluster starts: the fork copies nothing of it.
     same, cross = wakeup_costs(False), wakeup_costs(True)
     out["wakeup"] = {"same_core_us": same[0] if same else None, "across_cores_us": cross[0] if cross else None,
@@ -623,7 +628,7 @@ def run_all(quick: bool, native: bool, top: int, use_py_spy: bool, profile_keys:
     ray.init(num_cpus=2)
     tmp = tempfile.mkdtemp(prefix="where-time-goes-")
     try:
-        loops = workloads(ray)
+        loops = workloads(ray, arg_kib)
         for key, _ in SCENARIOS:
             loop = loops[key]
             n = sync_n if key.endswith("_sync") else async_n
@@ -746,7 +751,9 @@ def markdown(result: dict[str, Any]) -> str:
         la += " at the start, " + ", ".join(f"{x:.2f}" for x in result["load_average_end"]) + " at the end"
     lines = [f"CPU microseconds per call by process and thread, with the share spent in the kernel in "
              f"brackets (load average {la}; {result['cpus']} CPUs; median of {result['repeat']} runs of "
-             + ", ".join(f"{titles[k]} {sc[k]['calls']:,}" for k in keys) + ")",
+             + ", ".join(f"{titles[k]} {sc[k]['calls']:,}" for k in keys)
+             + (f"; every call carries a {result['arg_kib']} KiB numpy array by value" if result.get("arg_kib") else "")
+             + ")",
              "", "| process / thread | " + " | ".join(titles[k] for k in keys) + " |",
              "|---|" + "---:|" * len(keys)]
     rows = _present_rows(result)
@@ -831,11 +838,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeat", type=int, default=None,
                    help="measurements per workload, medians printed (default 3; 1 with --quick)")
     p.add_argument("--top", type=int, default=8, help="functions per thread (default 8)")
+    p.add_argument("--arg-kib", type=int, default=0,
+                   help="every call carries a numpy array of this many KiB by value (default: none)")
     p.add_argument("--profile", nargs="+", default=["task_sync", "actor_sync"],
                    choices=[k for k, _ in SCENARIOS], help="workloads to profile (default: the sync ones)")
     args = p.parse_args(argv)
     result = run_all(args.quick, not args.python_only, args.top, not args.no_py_spy, args.profile, args.rate,
-                     args.profile_s, args.repeat)
+                     args.profile_s, args.repeat, args.arg_kib)
     result["hops"] = {k: [list(h) for h in v] for k, v in result["hops"].items()}
     if args.json:
         print(json.dumps(result, indent=1))

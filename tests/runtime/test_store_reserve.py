@@ -194,6 +194,46 @@ def test_a_large_argument_by_value_is_pickled_once(cluster: Any, monkeypatch: py
     assert lumos.get(ref, timeout=30) == 2 * MiB
 
 
+@pytest.mark.timeout(60)
+def test_an_array_under_the_inline_limit_travels_inside_the_call(cluster: Any, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    import numpy as np
+    from lumos.api import worker_context
+
+    @lumos.remote
+    def total(a: Any) -> int:
+        return int(a.sum())
+
+    cw = worker_context.core_worker
+    inline = cw.config.max_inline_arg_bytes
+    assert lumos.get(total.remote(np.ones(8)), timeout=30) == 8  # exported, worker warm
+    promoted: list[int] = []
+    put_serialized = cw._put_serialized
+
+    def counting(sv: Any) -> Any:
+        promoted.append(sv.total_size)
+        return put_serialized(sv)
+
+    monkeypatch.setattr(cw, "_put_serialized", counting)
+    # Under the limit (a 64 KiB observation): inline, no object of its own.
+    assert lumos.get(total.remote(np.ones(inline * 5 // 8, dtype=np.uint8)), timeout=30) == inline * 5 // 8
+    assert promoted == []
+    # Over it: put once, passed by ref.
+    assert lumos.get(total.remote(np.ones(inline * 2, dtype=np.uint8)), timeout=30) == inline * 2
+    assert len(promoted) == 1 and promoted[0] >= inline * 2
+    # Two arrays under it whose sum is over it: each big one is promoted.
+    half = np.ones(inline * 5 // 8, dtype=np.uint8)
+    assert lumos.get(total.remote(half), timeout=30) == half.size
+    promoted.clear()
+
+    @lumos.remote
+    def both(a: Any, b: Any) -> int:
+        return int(a.sum() + b.sum())
+
+    assert lumos.get(both.remote(half, half.copy()), timeout=30) == 2 * half.size
+    assert len(promoted) == 2
+
+
 def test_a_reserved_slot_moves_to_its_object_name_never_over_another(tmp_path: Any) -> None:
     from lumos._private.object_store.client import move_noreplace
     (tmp_path / "resv-1").write_bytes(b"new")

@@ -26,6 +26,7 @@ from typing import Any
 
 from lumos import exceptions as exc
 from lumos._private import serialization as ser
+from lumos._private.core_worker.references import READY
 from lumos._private.core_worker.tasks import DONE, QUEUED, WAITING_ARGS, PendingTask, TaskTemplate
 from lumos._private.ids import ActorID, JobID, NodeID, TaskID, WorkerID, new_task_id, return_object_id
 from lumos._private.protocol import messages as m
@@ -114,8 +115,10 @@ class SubmissionMixin:
                     deps.append(v)
         payload: Any = (args, kwargs) if kwargs else args
         try:
-            if _has_large_buffer(args, kwargs, self.config.max_inline_arg_bytes // 4):
-                # Known large (an array, bytes): serialize each argument once, here.
+            if _has_large_buffer(args, kwargs, self.config.max_inline_arg_bytes):
+                # An array or bytes over the inline limit: the payload cannot be inline,
+                # so serialize each argument once, here. One under it (a 64 KiB frame)
+                # travels inside the PushTask, like any small value.
                 payload, sv, deps = self._promote_large_args(args, kwargs, deps)
                 return sv, deps
             sv = ser.serialize(payload)
@@ -159,10 +162,11 @@ class SubmissionMixin:
         sv, deps = self._pack_args(args, kwargs, template)
         task_id = new_task_id()
         n = template.num_returns
-        return_ids = [return_object_id(task_id, i + 1) for i in range(n)] if n > 0 else []
+        return_ids = (return_object_id(task_id, 1),) if n == 1 else \
+            tuple([return_object_id(task_id, i + 1) for i in range(n)]) if n > 0 else ()
         nested = sv.nested_refs
         address = self.address
-        spec_deps = [m.Dep(d._id, d._owner or address, None, None) for d in deps]
+        spec_deps = [m.Dep(d._id, d._owner or address, None, None) for d in deps] if deps else []
         nested_refs = [[r._id, r._owner or address] for r in nested] if nested else []
         blob = _NO_ARGS_BYTES if sv is _NO_ARGS else sv.to_bytes()
         if actor_fields is not None:
@@ -178,14 +182,16 @@ class SubmissionMixin:
                                  owner=address, args=blob, deps=spec_deps, nested_refs=nested_refs,
                                  root_task_id=self.root_task_id(), runtime_env=env)
         events_on = template.enable_task_events
-        dep_ids = [d._id for d in deps]
-        task = PendingTask(spec, template, return_ids, dep_ids, [r._id for r in nested], time.time())
+        dep_ids = tuple([d._id for d in deps]) if deps else ()
+        task = PendingTask(spec, template, return_ids, dep_ids, tuple([r._id for r in nested]) if nested else (),
+                           time.time())
         objects = self.objects
         with objects.lock:
             for oid in return_ids:
                 objects.add_owned(oid)
             if dep_ids:
                 objects.add_submitted(dep_ids)
+                ready_deps = self._fill_ready_deps(spec.deps)
             if task.nested_ids:
                 objects.add_submitted(task.nested_ids)
         if events_on:
@@ -195,9 +201,35 @@ class SubmissionMixin:
             stream = self.streams[task_id] = GeneratorStream(task_id)
             self._post(self._on_submit, task)
             return [ObjectRefGenerator(stream, address, self)]  # type: ignore[list-item]
-        if dep_ids or not (self.push_direct(task) if actor_fields is None else self.actor_submitter.send_direct(task)):
+        if (dep_ids and not ready_deps) or not (
+                self.push_direct(task) if actor_fields is None else self.actor_submitter.send_direct(task)):
             self._post(self._on_submit, task)
         return [ObjectRef(oid, address, True) for oid in return_ids]
+
+    def _fill_ready_deps(self, deps: list[m.Dep]) -> bool:
+        """User thread, objects lock held: when every argument ref is owned here and
+        ready (inline, or in this node's store: a by-value argument just put, a ``put``
+        ref), fill in their values or locations as the io thread's ``args_ready`` would,
+        so the task can be written straight to a worker (``push_direct``): no io-thread
+        resolve, no wake-up. False (nothing filled): let the io thread resolve them."""
+        entries = self.objects.entries
+        node_id = self.node_id
+        found = []
+        for dep in deps:
+            e = entries.get(dep.object_id)
+            if e is None or not e.owned or e.state != READY:
+                return False
+            if e.data is None:
+                if e.node_id != node_id:
+                    return False
+            elif ser.kind_of(e.data) == ser.KIND_ERROR:
+                return False
+            found.append(e)
+        for dep, e in zip(deps, found):
+            dep.data = e.data
+            dep.node_id = e.node_id
+            e.shared = True
+        return True
 
     def create_actor(self, template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
                      actor_id: ActorID, actor_options: dict[str, Any]) -> m.ActorInfo:
@@ -410,17 +442,22 @@ class SubmissionMixin:
         # call's SUBMITTED, SCHEDULED, RUNNING and FINISHED are one event, not four).
         # Row: [task_id, attempt, state, time, info, node_id, worker_id, error, more].
         rows: list[list[Any]] = []
-        by_task: dict[tuple[TaskID, int], list[Any]] = {}
-        for tid, attempt, state, t, info, node, worker, err in raw:
-            row = by_task.get((tid, attempt))
+        by_task: dict[Any, list[Any]] = {}
+        find = by_task.get
+        for ev in raw:
+            # (A first attempt, nearly every task, is keyed by its id alone: no key tuple.)
+            key = ev[0] if not ev[1] else (ev[0], ev[1])
+            row = find(key)
             if row is None:
-                row = by_task[(tid, attempt)] = [tid, attempt, state, t, info, node, worker, err, None]
+                row = by_task[key] = [*ev, None]
                 rows.append(row)
                 continue
-            if row[8] is None:
+            _tid, _attempt, state, t, info, node, worker, err = ev
+            more = row[8]
+            if more is None:
                 row[8] = [[state, t]]
             else:
-                row[8].append([state, t])
+                more.append([state, t])
             if info:
                 row[4] = {**row[4], **info} if row[4] else info
             if node:
