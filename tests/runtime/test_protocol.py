@@ -444,6 +444,40 @@ def test_flat_frames_with_any_malformed_part_are_protocol_errors(name):
         m.decode(MALFORMED_FLAT[name])
 
 
+def _mutate(rng: random.Random, value: Any, depth: int = 0) -> Any:
+    """``value`` with one random part replaced, dropped or duplicated."""
+    if isinstance(value, list) and value and depth < 6 and rng.random() < 0.7:
+        i = rng.randrange(len(value))
+        out = list(value)
+        r = rng.random()
+        if r < 0.1:
+            del out[i]
+        elif r < 0.2:
+            out.insert(i, out[i])
+        else:
+            out[i] = _mutate(rng, value[i], depth + 1)
+        return out
+    return rng.choice([None, True, 0, -1, 99, 2**40, 1.5, "", "RUNNING", "x" * 40, b"", b"id", [], [None],
+                       [[]], {}, {"k": [1]}, msgpack.ExtType(m.Address._code, b"\xc1"),
+                       msgpack.ExtType(m.Address._code, msgpack.packb([b"n", b"w", "", "h", 1]))])
+
+
+def test_flat_frames_with_random_parts_replaced_decode_or_raise_protocol_error():
+    rng = random.Random(19)
+    bases = [msgpack.unpackb(m.encode(m.REQUEST, 1, _instance(cls)), raw=False)
+             for cls in (m.PushTask, m.TaskReply, m.RegisterNode, m.GeneratorItem, m.RequestSpilledLease,
+                         m.ObjectStatus, m.GetObjectStatus, m.ActorInfo)]
+    refused = 0
+    for _ in range(3000):
+        data = msgpack.packb(_mutate(rng, rng.choice(bases)), use_bin_type=True)
+        try:
+            m.decode(data)
+        except ProtocolError:
+            refused += 1
+        # Anything else (ValueError from a wrong arity, TypeError, ...) fails the test.
+    assert 300 < refused < 2900  # both outcomes were exercised
+
+
 def test_the_flat_checks_name_the_message_and_field():
     with pytest.raises(ProtocolError, match="malformed PushTask: 1 fields, expected 2"):
         m.decode(MALFORMED_FLAT["too_few_fields"])
