@@ -147,6 +147,10 @@ def _sample(tp: Any, name: str) -> Any:
         return [m.Dep(b"o" * 16, _sample("Address", "owner"), b"inline", None)]
     if t.startswith("list[ReturnObject]"):
         return [m.ReturnObject(b"r" * 16, None, 10, b"n" * 16, [])]
+    if t.startswith("ReturnObject"):
+        return m.ReturnObject(b"r" * 16, b"inline", 6, None, [[b"o" * 16, _sample("Address", "owner")]])
+    if t.startswith("RequestWorkerLease"):
+        return _instance(m.RequestWorkerLease)
     if t.startswith("list[TaskEvent]"):
         return [m.TaskEvent(b"t" * 16, 0, "RUNNING", 1.0, b"j" * 4)]
     if t.startswith("TaskSpec"):
@@ -325,6 +329,121 @@ def test_decode_survives_random_garbage():
         except ProtocolError:
             pass
         # Anything else (a msgpack exception type, RecursionError, ...) fails the test.
+
+
+# --------------------------------------------------------------------------- pure: the flat frame form
+
+
+def _flat(code: Any, fields: Any, kind: Any = 0, rid: Any = 1) -> bytes:
+    """A ``[kind, request_id, code, fields]`` frame, packed by plain msgpack."""
+    return msgpack.packb([kind, rid, code, fields], use_bin_type=True)
+
+
+def _wire_fields(msg: Any) -> list[Any]:
+    """A message's fields as the codec writes them (nested messages as lists)."""
+    return msgpack.unpackb(m.encode(m.REQUEST, 1, msg), raw=False)[3]
+
+
+def _push_fields() -> list[Any]:
+    return _wire_fields(_instance(m.PushTask))
+
+
+def test_a_message_body_is_one_flat_list_with_nested_messages_as_field_lists():
+    msg = _instance(m.PushTask)
+    raw = msgpack.unpackb(m.encode(m.REQUEST, 7, msg), raw=False)  # no ext_hook: none may be needed
+    assert raw[:3] == [m.REQUEST, 7, m.PushTask._code]
+    spec = raw[3][0]
+    assert spec[0] == msg.spec.task_id and spec[15] == list(m.Address._fields_of(msg.spec.owner))
+    assert spec[8] == [[d.object_id, list(m.Address._fields_of(d.owner)), d.data, d.node_id] for d in msg.spec.deps]
+    # A message in an open field (here a reply's list) stays an extension type.
+    reply = msgpack.unpackb(m.encode(m.REPLY, 1, [msg.spec.owner]), raw=False)
+    assert reply[2][0].code == m.Address._code
+
+
+def test_frames_with_every_nested_message_an_extension_type_still_decode():
+    # What earlier codecs wrote (and a GCS table in Redis may still hold).
+    def old(obj: Any) -> Any:
+        if dataclasses.is_dataclass(obj):
+            return msgpack.ExtType(obj._code, msgpack.packb(list(type(obj)._fields_of(obj)), default=old,
+                                                            use_bin_type=True))
+        raise TypeError(obj)
+    for msg in (_instance(m.PushTask), _instance(m.TaskReply), _instance(m.RegisterNode)):
+        assert m.decode(msgpack.packb([m.NOTIFY, 0, msg], default=old, use_bin_type=True))[2] == msg
+
+
+def test_left_out_defaulted_fields_take_their_defaults():
+    full = _instance(m.PlacementGroupInfo)
+    fields = _wire_fields(full)
+    a = m.decode(_flat(m.PlacementGroupInfo._code, fields[:-3]))[2]
+    b = m.decode(_flat(m.PlacementGroupInfo._code, fields[:-3]))[2]
+    assert (a.detail, a.version, a.bundle_gpu_ids) == ("", 0, [])
+    assert a.bundle_gpu_ids is not b.bundle_gpu_ids  # a default_factory runs per message
+    reply = m.decode(_flat(m.TaskReply._code, _wire_fields(_instance(m.TaskReply))[:-2]))[2]
+    assert reply.system_error is None and reply.error_kind is None
+
+
+def _spec_with(i: int, value: Any) -> list[Any]:
+    fields = _push_fields()
+    fields[0][i] = value
+    return fields
+
+
+#: Flat frames each check of the generated decoders must refuse.
+MALFORMED_FLAT = {
+    "unknown_code": _flat(127, []),
+    "code_not_an_int": _flat("60", _push_fields()),
+    "kind_not_an_int": _flat(m.PushTask._code, _push_fields(), kind="0"),
+    "rid_is_a_float": _flat(m.PushTask._code, _push_fields(), rid=1.0),
+    "fields_not_a_list": _flat(m.PushTask._code, {"spec": 1}),
+    "too_few_fields": _flat(m.PushTask._code, _push_fields()[:1]),
+    "too_many_fields": _flat(m.PushTask._code, _push_fields() + [None]),
+    "no_fields_for_a_message_with_required_ones": _flat(m.KvGet._code, []),
+    "fields_for_a_message_without_any": _flat(m.GetAllNodes._code, [1]),
+    "nested_message_not_a_list": _flat(m.PushTask._code, [5, {}]),
+    "nested_message_is_none": _flat(m.PushTask._code, [None, {}]),
+    "nested_message_wrong_arity": _flat(m.PushTask._code, [_push_fields()[0][:5], {}]),
+    "nested_message_of_another_class": msgpack.packb([0, 1, m.PushTask._code, [msgpack.ExtType(
+        m.Address._code, msgpack.packb(_push_fields()[0][15])), {}]]),
+    "address_not_a_list": _flat(m.PushTask._code, _spec_with(15, "127.0.0.1:1")),
+    "address_wrong_arity": _flat(m.PushTask._code, _spec_with(15, [b"n", b"w", "", "h"])),
+    "address_is_none": _flat(m.PushTask._code, _spec_with(15, None)),
+    "deps_not_a_list": _flat(m.PushTask._code, _spec_with(8, {"a": 1})),
+    "dep_not_a_list": _flat(m.PushTask._code, _spec_with(8, [b"object-id"])),
+    "dep_wrong_arity": _flat(m.PushTask._code, _spec_with(8, [[b"object-id"]])),
+    "dep_owner_bad": _flat(m.PushTask._code, _spec_with(8, [[b"o", 1, None, None]])),
+    "enum_in_nested_message": _flat(m.PushTask._code, _spec_with(3, 99)),
+    "enum_bool_in_nested_message": _flat(m.PushTask._code, _spec_with(13, True)),
+    "optional_address_wrong": _flat(m.GetObjectStatus._code, [b"o", False, "x"]),
+    "reply_item_wrong": _flat(m.TaskReply._code, [b"t", [[b"o"]], False, False, [], b"w", 0.0, 0.0]),
+    "returns_none": _flat(m.TaskReply._code, [b"t", None, False, False, [], b"w", 0.0, 0.0]),
+    "enum_of_a_top_level_message": _flat(m.TaskReply._code, [b"t", [], False, False, [], b"w", 0.0, 0.0, None, 5]),
+    "open_field_nests_too_deep": _flat(m.PushTask._code, _spec_with(18, msgpack.ExtType(
+        m.KvGet._code, _nested_ext(5000)))),
+    "typed_field_holds_deeply_nested_exts": _flat(m.PushTask._code, [msgpack.ExtType(
+        m.TaskSpec._code, _nested_ext(300)), {}]),
+    "five_elements": msgpack.packb([0, 1, m.PushTask._code, _push_fields(), None]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED_FLAT))
+def test_flat_frames_with_any_malformed_part_are_protocol_errors(name):
+    with pytest.raises(ProtocolError):
+        m.decode(MALFORMED_FLAT[name])
+
+
+def test_the_flat_checks_name_the_message_and_field():
+    with pytest.raises(ProtocolError, match="malformed PushTask: 1 fields, expected 2"):
+        m.decode(MALFORMED_FLAT["too_few_fields"])
+    with pytest.raises(ProtocolError, match="malformed TaskSpec: owner=None is not a Address"):
+        m.decode(MALFORMED_FLAT["address_is_none"])
+    with pytest.raises(ProtocolError, match="malformed Dep: fields are a bytes"):
+        m.decode(MALFORMED_FLAT["dep_not_a_list"])
+    with pytest.raises(ProtocolError, match="TaskSpec: kind=99 is not a TaskKind"):
+        m.decode(MALFORMED_FLAT["enum_in_nested_message"])
+    # And the well-formed frame they were made from decodes.
+    assert m.decode(_flat(m.PushTask._code, _push_fields()))[2] == _instance(m.PushTask)
+    ok = m.decode(_flat(m.GetObjectStatus._code, [b"o", False, None]))[2]
+    assert ok.borrower is None and ok.lost_node is None
 
 
 def test_auth_proofs_check_token_both_nonces_direction_and_length():

@@ -214,3 +214,28 @@ def test_util_node_ip_and_state_alias(cluster: lumos.LumosContext) -> None:
     assert lumos.util.get_node_ip_address() == "127.0.0.1"
     assert lumos.get(ip.remote(), timeout=30) == "127.0.0.1"
     assert lumos.util.state.list_tasks.__module__ == "lumos.util.state"  # Ray's signature over lumos.state
+
+
+def test_a_queued_call_without_arguments_holds_no_list_of_ids(cluster):
+    """A burst of calls without arguments keeps thousands of PendingTasks: their id fields
+    are tuples (``()`` when empty), not lists the garbage collector walks at every pass."""
+    import gc
+
+    from lumos._private import worker_context
+    from tests.conftest import wait_for
+
+    cw = worker_context.require()
+    busy = [sleep_then.remote(1.0) for _ in range(int(lumos.cluster_resources()["CPU"]))]
+    refs = [add.remote(1) for _ in range(20)] + [sleep_then.remote(0, busy[0])]
+    ids = {r._id[:16] for r in refs}
+    wait_for(lambda: ids <= set(cw.tasks), timeout_s=30)
+    for tid in ids:
+        task = cw.tasks.get(tid)
+        if task is None:
+            continue  # finished meanwhile
+        assert type(task.return_ids) is tuple and type(task.dep_ids) is tuple and type(task.nested_ids) is tuple
+        if not task.spec.deps:
+            assert task.dep_ids == () and not gc.is_tracked(task.dep_ids)
+    assert lumos.get(refs[:20], timeout=60) == [1] * 20
+    lumos.get(refs[-1], timeout=60)
+    lumos.get(busy, timeout=60)

@@ -154,6 +154,45 @@ def test_actor_worker_is_never_pooled_again():
     assert sc.StopWorker(g.worker_id, "its actor ended") in acts
 
 
+def test_a_burst_of_queued_actors_costs_each_event_the_start_cap_not_the_queue():
+    """1,000 queued num_cpus=0 actors: each worker registering looks at about
+    ``max_workers`` queued requests (and none of the actor workers), and every actor
+    gets a worker in the end, with never more than the cap starting at once."""
+    s = sched({"CPU": 2}, max_workers=4)
+    s.validate = False  # check_invariants scans every worker (quadratic by itself)
+    looked = 0
+    fits = s.resources.fits
+
+    def counting_fits(units):
+        nonlocal looked
+        looked += 1
+        return fits(units)
+
+    s.resources.fits = counting_fits
+    starting, granted = [], 0
+
+    def run(actions):
+        nonlocal granted
+        for a in actions:
+            if isinstance(a, sc.StartWorker):
+                wid = b"w%07d" % len(s.workers) + b"." * 8
+                s.add_starting_worker(wid)
+                starting.append(wid)
+            granted += isinstance(a, sc.GrantLease)
+
+    for rid in range(1, 1001):
+        run(s.handle(req(rid, {"CPU": 0}, actor=b"a%015d" % rid), now=0))
+    most_looked = 0
+    while starting:
+        assert len(starting) <= 4
+        looked = 0
+        run(s.handle(sc.WorkerRegistered(starting.pop(0)), now=1))
+        most_looked = max(most_looked, looked)
+    assert granted == 1000 and not s.queue
+    assert most_looked <= 4 + 1
+    s.check_invariants()
+
+
 def test_fractional_gpus_share_an_instance_and_whole_ones_do_not():
     s = sched({"CPU": 8, "GPU": 2}, workers=[W1, W2, W3, b"w4" * 8])
     (a,) = s.handle(req(1, {"GPU": 0.5}), now=0)

@@ -160,6 +160,9 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self._direct_conns = 0
         #: Tasks ``push_direct`` wrote (a statistic: not exact with several user threads).
         self.direct_tasks = 0
+        #: Lease idle timers started (a statistic: one per idle spell that outlasts the
+        #: timeout, not one per task; ``_idle_expired``).
+        self.idle_timers_armed = 0
         #: Worker id -> open connection (or the future of one being opened).
         self._peers = ConnectionCache()
         #: Function ids already exported to the GCS for this job.
@@ -513,9 +516,13 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                     lease.raylet.notify(m.ReturnWorker(lease.lease_id, a.disconnect))  # type: ignore[union-attr]
             elif t is ts.StartIdleTimer:
                 lease = a.lease  # type: ignore[union-attr]
-                if self.loop is not None:
-                    lease.idle_timer = self.loop.call_later(self.config.lease_idle_timeout_ms / 1000,
-                                                            self._idle_expired, lease)
+                loop = self.loop
+                if loop is not None:
+                    lease.idle_since = loop.time()
+                    if lease.idle_timer is None:
+                        self.idle_timers_armed += 1
+                        lease.idle_timer = loop.call_later(self.config.lease_idle_timeout_ms / 1000,
+                                                           self._idle_expired, lease)
             elif t is ts.FailTask:
                 self._fail_task(a.task, a.error)  # type: ignore[union-attr]
             elif t is ts.RetryTask:
@@ -526,10 +533,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             elif t is ts.AwaitWorkerExit:
                 self._spawn(self._handle_worker_death(a.lease, a.tasks), "worker-death")  # type: ignore[union-attr]
             elif t is ts.CancelIdleTimer:
-                lease = a.lease  # type: ignore[union-attr]
-                if lease.idle_timer is not None:
-                    lease.idle_timer.cancel()
-                    lease.idle_timer = None
+                a.lease.idle_since = None  # type: ignore[union-attr]  # (its timer finds it busy)
             elif t is ts.PumpLater:
                 if self.loop is not None:
                     self.loop.call_later(a.delay_s, self._pump, a.queue)  # type: ignore[union-attr]
@@ -597,9 +601,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                                           address.host, address.port))
 
     def _push(self, task: PendingTask, lease: LeasedWorker) -> None:
-        if lease.idle_timer is not None:
-            lease.idle_timer.cancel()
-            lease.idle_timer = None
+        lease.idle_since = None  # busy: its idle timer, if any, finds it so (``_idle_expired``)
         spec = task.spec
         if spec.enable_task_events:
             self._buffer_event((spec.task_id, spec.attempt, m.TaskState.SCHEDULED, time.time(),
@@ -609,7 +611,21 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         lease.conn.notify(m.PushTask(spec, lease.resource_ids))
 
     def _idle_expired(self, lease: LeasedWorker) -> None:
+        """A lease's idle timer fired. The timer is not cancelled when the worker gets a
+        task, nor started anew when it idles again (a sync task's round trip paid both, a
+        timer handle each): here, a busy worker is left alone (``after_reply`` starts the
+        timer again when it idles) and one that idled again later waits out the rest."""
+        lease.idle_timer = None
         self.io.drain_pending()  # a task a user thread wrote to it is booked first
+        since = lease.idle_since
+        if since is None or lease.dead:
+            return
+        loop = self.loop
+        left = since + self.config.lease_idle_timeout_ms / 1000 - loop.time() if loop is not None else 0.0
+        if left > 0.001:
+            self.idle_timers_armed += 1
+            lease.idle_timer = loop.call_later(left, self._idle_expired, lease)  # type: ignore[union-attr]
+            return
         self._run(self.submitter.idle_expired(lease))
 
     def push_direct(self, task: PendingTask) -> bool:

@@ -162,10 +162,11 @@ class SubmissionMixin:
         sv, deps = self._pack_args(args, kwargs, template)
         task_id = new_task_id()
         n = template.num_returns
-        return_ids = [return_object_id(task_id, i + 1) for i in range(n)] if n > 0 else []
+        return_ids = (return_object_id(task_id, 1),) if n == 1 else \
+            tuple([return_object_id(task_id, i + 1) for i in range(n)]) if n > 0 else ()
         nested = sv.nested_refs
         address = self.address
-        spec_deps = [m.Dep(d._id, d._owner or address, None, None) for d in deps]
+        spec_deps = [m.Dep(d._id, d._owner or address, None, None) for d in deps] if deps else []
         nested_refs = [[r._id, r._owner or address] for r in nested] if nested else []
         blob = _NO_ARGS_BYTES if sv is _NO_ARGS else sv.to_bytes()
         if actor_fields is not None:
@@ -181,8 +182,9 @@ class SubmissionMixin:
                                  owner=address, args=blob, deps=spec_deps, nested_refs=nested_refs,
                                  root_task_id=self.root_task_id(), runtime_env=env)
         events_on = template.enable_task_events
-        dep_ids = [d._id for d in deps]
-        task = PendingTask(spec, template, return_ids, dep_ids, [r._id for r in nested], time.time())
+        dep_ids = tuple([d._id for d in deps]) if deps else ()
+        task = PendingTask(spec, template, return_ids, dep_ids, tuple([r._id for r in nested]) if nested else (),
+                           time.time())
         objects = self.objects
         with objects.lock:
             for oid in return_ids:
@@ -440,17 +442,22 @@ class SubmissionMixin:
         # call's SUBMITTED, SCHEDULED, RUNNING and FINISHED are one event, not four).
         # Row: [task_id, attempt, state, time, info, node_id, worker_id, error, more].
         rows: list[list[Any]] = []
-        by_task: dict[tuple[TaskID, int], list[Any]] = {}
-        for tid, attempt, state, t, info, node, worker, err in raw:
-            row = by_task.get((tid, attempt))
+        by_task: dict[Any, list[Any]] = {}
+        find = by_task.get
+        for ev in raw:
+            # (A first attempt, nearly every task, is keyed by its id alone: no key tuple.)
+            key = ev[0] if not ev[1] else (ev[0], ev[1])
+            row = find(key)
             if row is None:
-                row = by_task[(tid, attempt)] = [tid, attempt, state, t, info, node, worker, err, None]
+                row = by_task[key] = [*ev, None]
                 rows.append(row)
                 continue
-            if row[8] is None:
+            _tid, _attempt, state, t, info, node, worker, err = ev
+            more = row[8]
+            if more is None:
                 row[8] = [[state, t]]
             else:
-                row[8].append([state, t])
+                more.append([state, t])
             if info:
                 row[4] = {**row[4], **info} if row[4] else info
             if node:

@@ -57,7 +57,7 @@ class PumpLater:
 
 @dataclass(slots=True)
 class CancelIdleTimer:
-    """``lease`` is busy again: stop its idle timer."""
+    """``lease`` is busy again: its idle timer, if running, must not return it."""
     lease: LeasedWorker
 
 
@@ -70,7 +70,8 @@ class ReturnLease:
 
 @dataclass(slots=True)
 class StartIdleTimer:
-    """The lease has nothing to run: call ``idle_expired(lease)`` after the idle timeout."""
+    """The lease has nothing to run from now: call ``idle_expired(lease)`` once it has
+    stayed so for the idle timeout."""
     lease: LeasedWorker
 
 
@@ -143,13 +144,17 @@ class TaskSubmitterState:
         reply cost a syscall per task on each side), and the worker has half the depth
         queued meanwhile. New tasks (``enqueue``) fill workers to the depth at once."""
         out: list[Action] = []
+        tasks = q.tasks
+        if not tasks:
+            if self.check:
+                self._check_queue(q, set(), 64)
+            return out
         mean = q.mean_exec_s
         depth = self.max_in_flight if mean is not None and mean * 1000 < self.pipeline_below_ms else 1
         refill_at = depth // 2 if after_reply and depth > 2 else depth - 1
-        tasks = q.tasks
         open_leases = [lease for lease in q.leases
-                       if lease.conn is not None and not lease.dead and not lease.blocked and not lease.exiting
-                       and len(lease.tasks) <= refill_at] if tasks else []
+                       if len(lease.tasks) <= refill_at and lease.conn is not None and not lease.dead
+                       and not lease.blocked and not lease.exiting]
         while tasks:
             best = None
             for lease in open_leases:
@@ -168,7 +173,9 @@ class TaskSubmitterState:
             best.tasks[task.spec.task_id] = task
             self.idle_leases.discard(best)
             out.append(PushTask(task, best))
-        if tasks:
+        # (A burst queues many tasks behind full workers: each submit and each reply pumps,
+        # so the common "enough requests in flight already" case costs no count of leases.)
+        if tasks and q.requesting < min(len(tasks), self.max_pending_lease_requests):
             usable = sum(1 for l in q.leases if not l.dead and not l.exiting)
             want = min(len(tasks), self.max_pending_lease_requests, self.max_leases_per_key - usable)
             if q.requesting < want and self.idle_leases:
@@ -334,7 +341,7 @@ class TaskSubmitterState:
         if lease.dead:
             return []
         out: list[Action] = []
-        if not lease.tasks and not lease.queue.tasks and not lease.exiting and lease.idle_timer is None \
+        if not lease.tasks and not lease.queue.tasks and not lease.exiting \
                 and lease not in self.idle_leases and not lease.claimed:
             self.idle_leases.add(lease)
             out.append(StartIdleTimer(lease))

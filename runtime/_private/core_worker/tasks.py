@@ -10,7 +10,7 @@ granted by raylets and pipelines tasks to them.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, Sequence
 
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection
@@ -64,10 +64,12 @@ class PendingTask:
                  "lease", "deps_waiting", "cancelled", "force_cancelled", "queue", "submit_time",
                  "retry_why")
 
-    def __init__(self, spec: m.TaskSpec, template: TaskTemplate, return_ids: list[bytes],
-                 dep_ids: list[bytes], nested_ids: list[bytes], submit_time: float) -> None:
+    def __init__(self, spec: m.TaskSpec, template: TaskTemplate, return_ids: Sequence[bytes],
+                 dep_ids: tuple[bytes, ...], nested_ids: tuple[bytes, ...], submit_time: float) -> None:
         self.spec = spec
         self.template = template
+        #: (Tuples, ``()`` when none: a burst of calls without arguments holds thousands of
+        #: these, and every list among them is one more object each garbage collection walks.)
         self.return_ids = return_ids
         #: Top-level ref arguments (resolved to values before the push).
         self.dep_ids = dep_ids
@@ -89,7 +91,7 @@ class PendingTask:
 
 class LeasedWorker:
     __slots__ = ("lease_id", "worker_id", "address", "node_id", "resource_ids", "conn", "tasks",
-                 "idle_timer", "queue", "raylet", "dead", "blocked", "exiting", "direct", "claimed")
+                 "idle_timer", "idle_since", "queue", "raylet", "dead", "blocked", "exiting", "direct", "claimed")
 
     def __init__(self, grant: m.LeaseGrant, queue: "SchedulingQueue", raylet: Connection) -> None:
         self.lease_id = grant.lease_id
@@ -100,7 +102,10 @@ class LeasedWorker:
         self.conn: Connection | None = None
         #: Task id -> task pushed to this worker and not yet answered.
         self.tasks: dict[bytes, PendingTask] = {}
+        #: The idle timer's handle; it may outlive an idle spell (``CoreWorker._idle_expired``).
         self.idle_timer: Any = None
+        #: When (the loop's clock) the worker last went idle; None: busy (or never idle).
+        self.idle_since: float | None = None
         self.queue = queue
         #: The raylet that granted the lease (it takes the lease back).
         self.raylet = raylet

@@ -36,6 +36,24 @@ class FrameDecoder:
     def feed(self, data: bytes) -> list[bytes]:
         """Add bytes; return every complete frame. Raises ``ProtocolError``."""
         buf = self._buf
+        if not buf and data.__class__ is bytes:
+            # Nothing buffered (the usual case): slice the frames straight out of ``data``
+            # (one copy each) and buffer only an incomplete tail.
+            frames = []
+            pos = 0
+            end = len(data)
+            while end - pos >= HEADER_SIZE:
+                (n,) = _unpack_len(data, pos)
+                if n > self.max_frame_bytes:
+                    raise ProtocolError(f"frame of {n} bytes exceeds the limit of {self.max_frame_bytes}")
+                start = pos + HEADER_SIZE
+                if end - start < n:
+                    break
+                pos = start + n
+                frames.append(data[start:pos])
+            if pos < end:
+                buf += memoryview(data)[pos:]
+            return frames
         buf += data
         frames: list[bytes] = []
         pos = 0

@@ -282,6 +282,12 @@ class LocalSchedulerState:
         self.validate = validate
         #: Worker id -> worker, in start order.
         self.workers: OrderedDict[bytes, _Worker] = OrderedDict()
+        #: The workers of ``workers`` that host no actor (starting, idle, running tasks):
+        #: what each event's scans look at. A worker leaves it when it is leased to an
+        #: actor (and never comes back: an actor's worker is stopped when its lease ends),
+        #: so a burst of a thousand actors does not make every event scan a thousand
+        #: workers (issue 19).
+        self._task_workers: OrderedDict[bytes, _Worker] = OrderedDict()
         #: Lease id -> lease.
         self.leases: dict[int, _Lease] = {}
         #: Requests waiting for resources or a worker, in arrival order.
@@ -294,7 +300,7 @@ class LocalSchedulerState:
 
     def add_starting_worker(self, worker_id: WorkerID) -> None:
         """The server spawned a process for a StartWorker (or at boot)."""
-        self.workers[worker_id] = _Worker(worker_id, STARTING)
+        self.workers[worker_id] = self._task_workers[worker_id] = _Worker(worker_id, STARTING)
 
     def handle(self, event: Event, now: float) -> list[Action]:
         actions: list[Action] = []
@@ -365,17 +371,31 @@ class LocalSchedulerState:
             # skip the scans over every worker, which each event paid (a worker
             # registering among a thousand actors, issue 19).
             return
-        starting = sum(1 for w in self.workers.values() if w.state == STARTING)
-        # Listed once per event: with hundreds of actors starting, scanning every worker
-        # for each queued request made this quadratic (issue 19).
-        idle = [w for w in self.workers.values() if w.state == IDLE]
+        # Listed once per event, over the workers that host no actor: with hundreds of
+        # actors starting, scanning every worker for each queued request, or for each
+        # event, made a burst quadratic (issue 19).
+        starting = alive = 0
+        idle = []
+        for w in self._task_workers.values():
+            if w.state != DEAD:
+                alive += 1
+                if w.state == STARTING:
+                    starting += 1
+                elif w.state == IDLE:
+                    idle.append(w)
         waiting_for_worker = 0
         #: Resources of requests that fit but wait for a worker process: counted as taken,
         #: so one free CPU starts one worker, not one per queued request.
         reserved: dict[str, int] = {}
         #: The same, per bundle.
         bundle_reserved: dict[tuple[bytes, int], dict[str, int]] = {}
-        for rid, req in list(self.queue.items()):
+        granted: list[int] = []
+        for rid, req in self.queue.items():  # (not copied: a copy per event was quadratic too)
+            if not idle and waiting_for_worker - starting >= self.max_workers - alive:
+                # Nothing later in the queue can be granted (no idle worker) or start one
+                # more (the cap is reached): a burst of queued actors costs each event a
+                # look at the cap's worth of requests, not at all of them (issue 19).
+                break
             bundle: _Bundle | None = None
             if req.event.bundle is not None:
                 bundle = self._bundle_that_fits(req.event.bundle, req.units, bundle_reserved)
@@ -397,7 +417,7 @@ class LocalSchedulerState:
                 for k, v in req.units.items():
                     held[k] = held.get(k, 0) + v
                 continue
-            del self.queue[rid]
+            granted.append(rid)
             idle.remove(worker)
             if bundle is None:
                 ids = self.resources.allocate(req.units)
@@ -411,12 +431,15 @@ class LocalSchedulerState:
             worker.retry_budget = req.event.retry_budget
             if req.event.actor_id is not None:
                 worker.actor_id = req.event.actor_id
+                del self._task_workers[worker.worker_id]
+                alive -= 1
             self.leases[lease_id] = _Lease(lease_id, rid, worker.worker_id, req.units, ids, req.event.job_id,
                                            bundle.key if bundle is not None else None)
             actions.append(GrantLease(rid, lease_id, worker.worker_id, ids))
+        for rid in granted:
+            del self.queue[rid]
         # The cap is on workers that run tasks: each actor has a process of its own, and
         # actors beyond the cap must not wait for ever (as in Ray).
-        alive = sum(1 for w in self.workers.values() if w.state != DEAD and w.actor_id is None)
         to_start = min(waiting_for_worker - starting, self.max_workers - alive)
         for _ in range(max(0, to_start)):
             actions.append(StartWorker())
@@ -547,6 +570,7 @@ class LocalSchedulerState:
                 self._release(lease, w)
         w.state = DEAD
         del self.workers[worker_id]
+        self._task_workers.pop(worker_id, None)
 
     def _reap_idle(self, now: float, actions: list[Action]) -> None:
         idle = [w for w in self.workers.values() if w.state == IDLE]
@@ -626,6 +650,10 @@ class LocalSchedulerState:
             w = self.workers.get(lease.worker_id)
             if w is None or w.state != LEASED or w.lease_id != lease.lease_id:
                 raise AssertionError(f"lease {lease.lease_id} points at a worker that does not hold it")
+        task_workers = [k for k, w in self.workers.items() if w.actor_id is None]
+        if task_workers != list(self._task_workers):
+            raise AssertionError(f"{len(self._task_workers)} workers indexed as hosting no actor, "
+                                 f"{len(task_workers)} are")
 
 
 def _plus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
