@@ -67,6 +67,19 @@ def test_decoder_reassembles_frames_split_at_every_byte():
     assert d.buffered_bytes == 0
 
 
+def test_decoder_joins_a_large_frame_from_its_reads_into_bytes():
+    big, small = bytes(range(256)) * 4096, b"next"
+    data = frame(big) + frame(small) + HEADER.pack(3)
+    d = FrameDecoder(1 << 20)
+    got: list[bytes] = []
+    for i in range(0, len(data), 65536):
+        got += d.feed(data[i:i + 65536])
+        assert d.buffered_bytes == min(i + 65536, len(data)) - sum(len(g) + 4 for g in got)
+    assert got == [big, small] and all(type(g) is bytes for g in got)
+    assert d.buffered_bytes == 4
+    assert d.feed(bytearray(b"abc")) == [b"abc"] and d.buffered_bytes == 0
+
+
 def test_decoder_keeps_incomplete_tail_buffered():
     d = FrameDecoder(1024)
     assert d.feed(frame(b"done") + HEADER.pack(5) + b"ab") == [b"done"]
@@ -429,6 +442,40 @@ MALFORMED_FLAT = {
 def test_flat_frames_with_any_malformed_part_are_protocol_errors(name):
     with pytest.raises(ProtocolError):
         m.decode(MALFORMED_FLAT[name])
+
+
+def _mutate(rng: random.Random, value: Any, depth: int = 0) -> Any:
+    """``value`` with one random part replaced, dropped or duplicated."""
+    if isinstance(value, list) and value and depth < 6 and rng.random() < 0.7:
+        i = rng.randrange(len(value))
+        out = list(value)
+        r = rng.random()
+        if r < 0.1:
+            del out[i]
+        elif r < 0.2:
+            out.insert(i, out[i])
+        else:
+            out[i] = _mutate(rng, value[i], depth + 1)
+        return out
+    return rng.choice([None, True, 0, -1, 99, 2**40, 1.5, "", "RUNNING", "x" * 40, b"", b"id", [], [None],
+                       [[]], {}, {"k": [1]}, msgpack.ExtType(m.Address._code, b"\xc1"),
+                       msgpack.ExtType(m.Address._code, msgpack.packb([b"n", b"w", "", "h", 1]))])
+
+
+def test_flat_frames_with_random_parts_replaced_decode_or_raise_protocol_error():
+    rng = random.Random(19)
+    bases = [msgpack.unpackb(m.encode(m.REQUEST, 1, _instance(cls)), raw=False)
+             for cls in (m.PushTask, m.TaskReply, m.RegisterNode, m.GeneratorItem, m.RequestSpilledLease,
+                         m.ObjectStatus, m.GetObjectStatus, m.ActorInfo)]
+    refused = 0
+    for _ in range(3000):
+        data = msgpack.packb(_mutate(rng, rng.choice(bases)), use_bin_type=True)
+        try:
+            m.decode(data)
+        except ProtocolError:
+            refused += 1
+        # Anything else (ValueError from a wrong arity, TypeError, ...) fails the test.
+    assert 300 < refused < 2900  # both outcomes were exercised
 
 
 def test_the_flat_checks_name_the_message_and_field():

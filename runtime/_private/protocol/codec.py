@@ -92,7 +92,7 @@ def _message_field(f: dataclasses.Field[Any]) -> tuple[type, bool, bool] | None:
 
 
 def _generate(cls: type) -> tuple[Callable[[Any], list[Any]], Callable[[Any], Any]]:
-    """Source of ``cls``'s encoder and decoder, compiled once at registration.
+    """The encoder and decoder of ``cls``, generated from its fields and compiled once.
 
     The decoder takes the unpacked ``fields`` list: it refuses anything but a list of the
     right arity (filling left-out defaulted fields), decodes message-typed fields with
@@ -151,6 +151,7 @@ def _generate(cls: type) -> tuple[Callable[[Any], list[Any]], Callable[[Any], An
            f"        f = _pad(_C, f, {required})\n"
            + unpack + "".join(dec) +
            "    o = _new(_C)\n" + "".join(f"    o.{f.name} = {loc[i]}\n" for i, f in enumerate(fields)) +
+           ("    o.__post_init__()\n" if hasattr(cls, "__post_init__") else "") +
            "    return o\n")
     exec(compile(src, f"<lumos codec of {cls.__name__}>", "exec"), ns)
     ns["encode"].__qualname__ = f"encode_{cls.__name__}"
