@@ -10,7 +10,7 @@ a lease's connection and raylet are opaque handles it hands back in actions.
  RequestLease ◄──────────────────────────────── more tasks than usable leases
  raylet grant ─────────── lease_granted/connected ► LeasedWorker ─► pump
  PushTask ◄───────────────────────────────────── least-loaded lease under the depth
- TaskReply ────────────── reply_arrived, after_reply ► mean run time, idle, pump
+ TaskReply ────────────── reply_done ────────────► mean run time, idle, pump
  connection closed ────── worker_failed ─────────► requeue (exiting) / AwaitWorkerExit
  cause known ──────────── worker_died ───────────► RetryTask / FailTask per max_retries
  ReturnLease, StartIdleTimer ◄────────────────── idle or surplus workers
@@ -327,6 +327,13 @@ class TaskSubmitterState:
         q.mean_exec_s = took_s if q.mean_exec_s is None else 0.8 * q.mean_exec_s + 0.2 * took_s
         if exiting:
             lease.exiting = True
+
+    def reply_done(self, lease: LeasedWorker, task_id: TaskID, took_s: float, exiting: bool) -> list[Action]:
+        """``reply_arrived`` then ``after_reply``: one event (one take of the lock the io
+        thread's events run under) per reply. The worker is kept busy (or idled) before the
+        owner settles the reply's task: nothing here reads that task."""
+        self.reply_arrived(lease, task_id, took_s, exiting)
+        return self.after_reply(lease)
 
     def use_retry(self, task: PendingTask) -> bool:
         """The task raised a retryable exception: True when it runs again (a retry used)."""
