@@ -469,11 +469,14 @@ class Serialized:
         attr = getattr(self.state, name)
         if not callable(attr):
             return attr
-        lock = self.lock
+        acquire, release = self.lock.acquire, self.lock.release  # (cheaper than ``with``)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            with lock:
+            acquire()
+            try:
                 return attr(*args, **kwargs)
+            finally:
+                release()
 
         call.__name__ = name
         setattr(self, name, call)  # found in the instance's dict from now on
