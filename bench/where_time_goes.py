@@ -699,7 +699,8 @@ HOPS = {
          "the reply leaves from this thread, not through the worker's io thread"),
         ("driver lumos-io", "(**wake-up 2**) `core_worker/results.py` `_handle_task_reply` first books the "
          "task (`IoLoop.drain_pending` → `CoreWorker._on_direct_task` → `direct_pushed`), then "
-         "`TaskSubmitterState.reply_arrived` → `_finish_task` → `ObjectTable.complete` → `Waiter.hit` "
+         "`TaskSubmitterState.reply_done` (the lease idles) → `_finish_task` → `ObjectTable.complete` → "
+         "`Waiter.hit` "
          "releases the lock (**wake-up 3**: the driver's user thread, which returns the value); the "
          "lease's idle timer is left running (when it fires it finds the worker busy, or idle since "
          "later, and waits out the rest)"),

@@ -368,3 +368,89 @@ def test_validate_names_a_task_in_two_places() -> None:
         assert "queued in state" in str(e) or "two places" in str(e)
     else:
         raise AssertionError("validate() missed a task both queued and pushed")
+
+
+def test_reply_done_settles_the_lease_then_tops_it_up_or_idles_it() -> None:
+    s = state()
+    t = template()
+    xs = [task(t) for _ in range(3)]
+    for x in xs:
+        s.enqueue(x)
+    lease, _ = grant(s, xs[0].queue)  # unknown run time: one task in flight per worker
+    first = next(iter(lease.tasks.values()))
+    out = s.reply_done(lease, first.spec.task_id, 0.5, False)  # slow: still one in flight
+    first.state = DONE
+    assert first.spec.task_id not in lease.tasks and [a.task for a in of(out, ts.PushTask)] == xs[1:2]
+    s.validate()
+    for x in xs[1:]:
+        out = s.reply_done(lease, x.spec.task_id, 0.5, False)
+        x.state = DONE
+    assert of(out, ts.StartIdleTimer) == [ts.StartIdleTimer(lease)] and lease in s.idle_leases
+    s.validate()
+
+
+def test_a_claim_and_the_io_threads_events_never_interleave() -> None:
+    """A user thread claims an idle lease (``push_direct``) while the io thread settles
+    replies on it and expires its idle timer, both through ``Serialized``: a claimed lease is
+    never returned, and a returned one is never claimed. The state lets the other thread run
+    in the middle of returning a lease (and of a claim), where an unlocked proxy breaks."""
+    import sys
+    import threading
+    import time
+
+    class Yielding(ts.TaskSubmitterState):
+        def return_lease(self, lease: LeasedWorker, disconnect: bool) -> list[ts.Action]:
+            time.sleep(0)
+            return super().return_lease(lease, disconnect)
+
+    s = Yielding(max_tasks_in_flight_per_worker=4, pipeline_below_ms=2.0, max_pending_lease_requests=10,
+                 max_leases_per_scheduling_key=64)
+    x = task(template())
+    s.enqueue(x)
+    lease, _ = grant(s, x.queue)
+    lease.direct = True
+    q = lease.queue
+    s.reply_done(lease, x.spec.task_id, 0.0001, False)
+    x.state = DONE
+    p = ts.Serialized(s, threading.Lock())
+    broken: list[str] = []
+    stop = time.monotonic() + 0.3
+    claims = returns = 0
+
+    def io_thread() -> None:
+        nonlocal returns
+        while time.monotonic() < stop and not broken:
+            p.reply_done(lease, x.spec.task_id, 0.0001, False)
+            if of(p.idle_expired(lease), ts.ReturnLease):
+                returns += 1
+                if lease.claimed:
+                    broken.append("the io thread returned a lease a user thread had claimed")
+                with p.lock:  # the raylet grants the same worker again
+                    lease.dead = False
+                    q.leases.append(lease)
+
+    def user_thread() -> None:
+        nonlocal claims
+        while time.monotonic() < stop and not broken:
+            got = p.claim_idle(q)
+            if got is not None:
+                claims += 1
+                time.sleep(0)
+                if got.dead:
+                    broken.append("a user thread claimed a returned lease")
+                with p.lock:  # the io thread books the task (``direct_pushed``), here unclaimed
+                    got.claimed = False
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=io_thread), threading.Thread(target=user_thread)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=10)
+    finally:
+        sys.setswitchinterval(old)
+    assert not any(th.is_alive() for th in threads)
+    assert not broken, broken[0]
+    assert claims and returns  # both sides ran, the race was exercised

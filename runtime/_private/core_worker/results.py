@@ -69,8 +69,11 @@ class ResultsMixin:
             if reply.error_kind == m.ErrorKind.REQUEUE and task.spec.kind == m.TaskKind.NORMAL_TASK:
                 self._run(submitter.task_requeued(task))
                 return
-            submitter.reply_arrived(lease, reply.task_id, reply.end_time - reply.start_time,
-                                    reply.error_kind == m.ErrorKind.EXITING)
+            # The lease is settled (and topped up or idled) before the task: one event, one
+            # take of the submitter's lock per reply (the pushes it decides leave at the end
+            # of this io turn, with the rest of what the turn sends).
+            self._run(submitter.reply_done(lease, reply.task_id, reply.end_time - reply.start_time,
+                                           reply.error_kind == m.ErrorKind.EXITING))
         if task.spec.kind == m.TaskKind.ACTOR_TASK:
             self.actor_submitter.on_reply(task, reply)
         if reply.system_error is not None:
@@ -85,8 +88,6 @@ class ResultsMixin:
             self._retry(task, "the task raised a retryable exception")
         else:
             self._finish_task(task, reply)
-        if lease is not None:
-            self._run(submitter.after_reply(lease))
 
     def _executor_of(self, task: PendingTask) -> bytes | None:
         """The worker running ``task``'s current attempt (None: unknown)."""

@@ -10,7 +10,7 @@ a lease's connection and raylet are opaque handles it hands back in actions.
  RequestLease ◄──────────────────────────────── more tasks than usable leases
  raylet grant ─────────── lease_granted/connected ► LeasedWorker ─► pump
  PushTask ◄───────────────────────────────────── least-loaded lease under the depth
- TaskReply ────────────── reply_arrived, after_reply ► mean run time, idle, pump
+ TaskReply ────────────── reply_done ────────────► mean run time, idle, pump
  connection closed ────── worker_failed ─────────► requeue (exiting) / AwaitWorkerExit
  cause known ──────────── worker_died ───────────► RetryTask / FailTask per max_retries
  ReturnLease, StartIdleTimer ◄────────────────── idle or surplus workers
@@ -328,6 +328,13 @@ class TaskSubmitterState:
         if exiting:
             lease.exiting = True
 
+    def reply_done(self, lease: LeasedWorker, task_id: TaskID, took_s: float, exiting: bool) -> list[Action]:
+        """``reply_arrived`` then ``after_reply``: one event (one take of the lock the io
+        thread's events run under) per reply. The worker is kept busy (or idled) before the
+        owner settles the reply's task: nothing here reads that task."""
+        self.reply_arrived(lease, task_id, took_s, exiting)
+        return self.after_reply(lease)
+
     def use_retry(self, task: PendingTask) -> bool:
         """The task raised a retryable exception: True when it runs again (a retry used)."""
         if task.retries_left != 0 and not task.cancelled:
@@ -462,11 +469,14 @@ class Serialized:
         attr = getattr(self.state, name)
         if not callable(attr):
             return attr
-        lock = self.lock
+        acquire, release = self.lock.acquire, self.lock.release  # (cheaper than ``with``)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            with lock:
+            acquire()
+            try:
                 return attr(*args, **kwargs)
+            finally:
+                release()
 
         call.__name__ = name
         setattr(self, name, call)  # found in the instance's dict from now on
