@@ -683,6 +683,55 @@ def test_corrupt_blobs_raise_deserialization_error():
         ser.deserialize(bytes(broken))
 
 
+def test_a_truncated_inline_blob_without_buffers_says_it_is_truncated():
+    good = ser.serialize(list(range(100))).to_bytes()
+    with pytest.raises(ser.DeserializationError, match="^serialized value is truncated$"):
+        ser.deserialize(good[:-20])
+    # a short header, and a memoryview (a store file's form), say the same
+    with pytest.raises(ser.DeserializationError, match="truncated"):
+        ser.deserialize(good[:10])
+    with pytest.raises(ser.DeserializationError, match="could not deserialize"):
+        ser.deserialize(memoryview(good[:-20]))
+
+
+def test_none_and_empty_tuple_serialize_to_one_shared_blob():
+    assert ser.serialize(None) is ser.serialize(None)
+    assert ser.serialize(()).to_bytes() is ser.serialize(()).to_bytes()
+    assert ser.serialize(None).nested_refs == [] and ser.serialize(()).nested_refs == []
+    assert ser.deserialize(ser.serialize(()).to_bytes()) == (ser.KIND_VALUE, ())
+    # another kind is not the shared value
+    blob = ser.serialize(None, ser.KIND_ERROR).to_bytes()
+    assert ser.deserialize(blob) == (ser.KIND_ERROR, None)
+    assert ser.deserialize(ser.serialize(None).to_bytes()) == (ser.KIND_VALUE, None)
+
+
+def test_plain_values_skip_the_ref_recording_context():
+    seen = []
+
+    def run():
+        ser.serialize((1, 2.0, "x", {"k": b"y"}))
+        ser.serialize(np.arange(4))
+        seen.append(hasattr(ser._local, "refs"))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(10)
+    assert seen == [False]
+
+
+def test_inline_blobs_without_buffers_are_read_without_parsing_a_buffer_table(monkeypatch):
+    blobs = [ser.serialize(v).to_bytes() for v in ((1,), {"a": 1}, "s")]
+    arr = ser.serialize(np.arange(8)).to_bytes()
+
+    def no_parse(blob):
+        raise AssertionError("parse called for a blob without buffers")
+
+    monkeypatch.setattr(ser, "parse", no_parse)
+    assert [ser.deserialize(b)[1] for b in blobs] == [(1,), {"a": 1}, "s"]
+    with pytest.raises(AssertionError):
+        ser.deserialize(arr)   # out-of-band buffers still go through the table
+
+
 def test_value_that_fails_to_unpickle_raises_deserialization_error():
     class Boom:
         def __reduce__(self):
