@@ -688,17 +688,21 @@ HOPS = {
          "`IoLoop.post` (a wake-up of the driver's `lumos-io`), which enqueues and pushes it there"),
         ("driver user thread", "`../api.py` `get` → `core_worker/objects.py` `get` → `_wait_for` blocks on "
          "`Waiter.lock` (`core_worker/references.py`)"),
-        ("worker lumos-io", "(**wake-up 1**) reads the frame, `core_worker/core_worker.py` "
-         "`_handle_push_task` → `core_worker/executor.py` `Executor.push`: `SimpleQueue.put` "
-         "(**wake-up 2**: the worker's main thread)"),
-        ("worker main thread", "`Executor.run` → `_run_one` → `execute` (arguments, the function, the "
-         "`TaskReply`) → `CoreWorker.send_reply` → `Connection.write_now`: the reply leaves from this "
-         "thread, not through the worker's io thread"),
-        ("driver lumos-io", "(**wake-up 3**) `core_worker/results.py` `_handle_task_reply` first books the "
+        ("worker main thread", "(**wake-up 1**) idle between tasks, it holds the reading of its owner's "
+         "connection (`transport/connection.py` `SharedReader.take`) and reads the `PushTask` itself "
+         "(`core_worker/executor.py` `Executor._next_task`); it gives the reading back to the worker's "
+         "`lumos-io` before the task runs, so cancels and the owner's other frames are handled during "
+         "it. A burst of frames, another owner's connection, threaded or async actors take the old way: "
+         "`lumos-io` reads, `Executor.push` queues and wakes the main thread"),
+        ("worker main thread", "`Executor._run_one` → `execute` (arguments, the function, the "
+         "`TaskReply`) → takes the reading back → `CoreWorker.send_reply` → `Connection.write_now`: "
+         "the reply leaves from this thread, not through the worker's io thread"),
+        ("driver lumos-io", "(**wake-up 2**) `core_worker/results.py` `_handle_task_reply` first books the "
          "task (`IoLoop.drain_pending` → `CoreWorker._on_direct_task` → `direct_pushed`), then "
          "`TaskSubmitterState.reply_arrived` → `_finish_task` → `ObjectTable.complete` → `Waiter.hit` "
-         "releases the lock (**wake-up 4**: the driver's user thread, which returns the value); the "
-         "lease's idle timer is restarted"),
+         "releases the lock (**wake-up 3**: the driver's user thread, which returns the value); the "
+         "lease's idle timer is left running (when it fires it finds the worker busy, or idle since "
+         "later, and waits out the rest)"),
         ("raylet, GCS", "not on the path while a lease is held; the raylet grants a lease "
          "(`raylet/server.py` `_request_lease`) when the idle timer has returned it, and task "
          "events reach the GCS in batches, one event per short task (`gcs/task_log.py`)"),
@@ -712,13 +716,12 @@ HOPS = {
          "thread without waking it (`IoLoop.append_quiet`); otherwise `IoLoop.post` (a wake-up of the "
          "driver's `lumos-io`) and `ActorSubmitter.add`/`_send` there. Then `get` blocks on "
          "`Waiter.lock`"),
-        ("actor lumos-io", "(**wake-up 1**) `_handle_push_task` → `Executor.push` (**wake-up 2**: the "
-         "actor's main thread)"),
-        ("actor main thread", "`Executor._run_one` → `execute` → `core_worker/actor_host.py` "
-         "`after_call` → `send_reply` → `Connection.write_now`"),
-        ("driver lumos-io", "(**wake-up 3**) `core_worker/results.py` `_handle_task_reply` first books "
+        ("actor main thread", "(**wake-up 1**) reads the call from the driver's connection itself "
+         "(`SharedReader`, as a worker does) when it is a sync actor and idle; `Executor._run_one` → "
+         "`execute` → `core_worker/actor_host.py` `after_call` → `send_reply` → `Connection.write_now`"),
+        ("driver lumos-io", "(**wake-up 2**) `core_worker/results.py` `_handle_task_reply` first books "
          "the call (`IoLoop.drain_pending` → `ActorSubmitter._on_direct`), then `ObjectTable.complete` → "
-         "`Waiter.hit` (**wake-up 4**: the driver's user thread)"),
+         "`Waiter.hit` (**wake-up 3**: the driver's user thread)"),
     ],
 }
 

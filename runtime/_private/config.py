@@ -134,8 +134,10 @@ class Config:
     worker_register_timeout_s: float = _positive(30.0)
     #: Object store capacity per node in bytes (0: 30% of RAM, capped by /dev/shm).
     object_store_memory: int = 0
-    #: Freed store files kept for reuse (already-faulted pages make puts faster).
-    object_store_recycle_bytes: int = 1024 * 1024 * 1024
+    #: Freed store files kept for reuse (already-faulted pages make puts faster; a new
+    #: file's pages cost ~0.4-0.8 ms per MiB here, so a burst of 2,000 1 MiB returns
+    #: re-made every file past this); a create that needs room evicts them first.
+    object_store_recycle_bytes: int = 4 * 1024 * 1024 * 1024
     #: How long a create waits for space (frees, spilling) before failing.
     object_store_full_timeout_s: float = 10.0
     #: Where a node spills primary copies when its store is full ("": ``spill/`` in the

@@ -77,6 +77,28 @@ def test_a_call_whose_argument_is_not_ready_waits_for_it_on_the_io_thread(
     assert lumos.get(out, timeout=60) == 2 * MiB
 
 
+def test_calls_with_large_arguments_made_while_others_are_in_flight_go_through_the_io_thread(
+        fresh_cluster: Callable[..., Any]) -> None:
+    """A burst: the io thread sends its calls (batched writes), not the user thread one by one."""
+    fresh_cluster(num_cpus=2, include_dashboard=False)
+    cw = worker_context.require()
+
+    @lumos.remote
+    def nap() -> None:
+        import time
+        time.sleep(1.0)
+
+    busy = nap.remote()
+    # A call of the same shape beside it: its lease is idle and claimable after this.
+    assert lumos.get(_total.remote(np.ones(MiB, dtype=np.uint8)), timeout=60) == MiB
+    wait_for(cw.io.idle, 10)
+    before = cw.direct_tasks
+    refs = [_total.remote(np.full(MiB, 1, dtype=np.uint8)) for _ in range(5)]
+    assert cw.direct_tasks == before
+    assert lumos.get(refs, timeout=60) == [MiB] * 5
+    lumos.get(busy, timeout=60)
+
+
 def test_an_actor_call_with_a_large_argument_by_value_is_written_straight(
         fresh_cluster: Callable[..., Any]) -> None:
     fresh_cluster(num_cpus=1, include_dashboard=False)

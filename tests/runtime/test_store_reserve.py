@@ -254,3 +254,19 @@ def test_small_values_keep_more_slots_reserved_and_one_request_grants_them() -> 
     s = state(capacity=256 * MiB)
     assert len(reserve(s, b"w1", MiB, reserve_ahead(MiB))) == 16
 
+
+
+def test_by_default_a_burst_of_two_thousand_1_mib_values_is_kept_for_reuse_when_freed() -> None:
+    """A burst of 2,000 1 MiB task returns (or by-value arguments) freed together keeps
+    all its files for the next burst: each new file's pages cost far more than a reuse."""
+    from lumos._private.config import Config
+    n = 2000
+    s = st.ObjectStoreState(D, 8 * 1024 * MiB, Config().object_store_recycle_bytes, 2.0)
+    for i in range(n):
+        oid = b"o%d" % i
+        grant = [a for a in s.handle(st.CreateRequested(i, oid, MiB, b"w1"), 0) if isinstance(a, st.GrantCreate)]
+        assert grant
+        s.handle(st.ObjectSealed(oid, MiB), 0)
+    actions = s.handle(st.ObjectsFreed([b"o%d" % i for i in range(n)], [True] * n), 0)
+    assert not [a for a in actions if isinstance(a, st.UnlinkFile)]
+    assert len(s.pool) == n

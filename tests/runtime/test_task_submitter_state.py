@@ -126,6 +126,34 @@ def test_a_pipelined_worker_is_topped_up_in_halves_after_replies() -> None:
     s.validate()
 
 
+def test_a_burst_over_two_workers_runs_every_task_once_and_both_idle_after() -> None:
+    """Replies above the refill mark skip the pump: neither worker is starved, every task
+    is pushed once, both end idle (``validate`` runs after each event)."""
+    s = state(max_tasks_in_flight_per_worker=8)
+    t = template()
+    a, b = task(t), task(t)
+    s.enqueue(a)
+    s.enqueue(b)
+    q = a.queue
+    l1, _ = grant(s, q)
+    l2, _ = grant(s, q)
+    reply(s, a)
+    reply(s, b)  # the run time is known and short: pipelined from now on
+    burst = [task(t) for _ in range(100)]
+    for x in burst:
+        s.enqueue(x)
+    assert len(l1.tasks) == 8 and len(l2.tasks) == 8
+    done: list[PendingTask] = []
+    while l1.tasks or l2.tasks:
+        for lease in (l1, l2):
+            if lease.tasks:
+                x = next(iter(lease.tasks.values()))
+                reply(s, x)
+                done.append(x)
+    assert sorted(map(id, done)) == sorted(map(id, burst)) and not q.tasks
+    assert l1 in s.idle_leases and l2 in s.idle_leases
+
+
 def test_lease_lost_mid_pipeline_retries_every_in_flight_task() -> None:
     s = state()
     t = template(max_retries=1)

@@ -239,3 +239,19 @@ def test_a_queued_call_without_arguments_holds_no_list_of_ids(cluster):
     assert lumos.get(refs[:20], timeout=60) == [1] * 20
     lumos.get(refs[-1], timeout=60)
     lumos.get(busy, timeout=60)
+
+
+@lumos.remote
+def _pair():
+    return 1, 2
+
+
+def test_a_function_and_its_options_alternate_each_with_its_own_template(cluster):
+    """A call reuses the template of the previous call made with the same options dict
+    (no cache key built per call); alternating with ``.options()`` switches correctly."""
+    two = _pair.options(num_returns=2)
+    for _ in range(3):
+        assert lumos.get(_pair.remote(), timeout=60) == (1, 2)
+        assert _pair._last_template[0] is _pair._options
+        assert lumos.get(two.remote(), timeout=60) == [1, 2]
+        assert _pair._last_template[0] is two._options and _pair._last_template[1].num_returns == 2

@@ -799,10 +799,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
     def _handle_push_task(self, conn: Connection, msg: m.PushTask) -> None:
         if self.executor is None:
             raise ValueError("this process does not execute tasks")
-        spec = msg.spec
-        if type(spec) is not m.TaskSpec or type(spec.task_id) is not bytes or type(spec.args) is not bytes \
-                or type(spec.deps) is not list or spec.kind not in _TASK_KINDS or type(spec.num_returns) is not int \
-                or type(spec.enable_task_events) is not bool:
+        if not well_formed_push(msg):
             raise ValueError("malformed PushTask")
         conn.allow_write_now()  # the reply may leave from the executor's thread (send_reply)
         self.executor.push(conn, msg)
@@ -852,6 +849,14 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         handler = self.extra_publish_handlers.get(msg.channel)
         if handler is not None:
             handler(msg)
+
+
+def well_formed_push(msg: m.PushTask) -> bool:
+    """The fields of a pushed task that the executor relies on have their types."""
+    spec = msg.spec
+    return not (type(spec) is not m.TaskSpec or type(spec.task_id) is not bytes or type(spec.args) is not bytes
+                or type(spec.deps) is not list or spec.kind not in _TASK_KINDS or type(spec.num_returns) is not int
+                or type(spec.enable_task_events) is not bool)
 
 
 def _sever(conn: Connection) -> None:

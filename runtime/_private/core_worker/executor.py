@@ -7,6 +7,17 @@ owner), runs the user's code, stores the results (inline or in the store), and h
 the ``TaskReply`` back to the io thread. User code runs on the main thread so that
 signals (cancel) reach it and so that it may block freely.
 
+A sync task's round trip skips the hand-off: while the main thread is idle it reads the
+next task from the connection the last ones came on itself (``_read_task``, through the
+connection's ``SharedReader``) and gives the reading back to the io thread before it runs
+the task, so a cancel, a borrower's message or an owner's request that arrives meanwhile
+is handled at once, as before. Only tasks and a sync actor's calls come this way; a
+burst (several frames in one read), a task on another connection, a threaded or async
+actor's calls take the queue::
+
+ owner ──PushTask──► socket ──► main thread (idle, reading) ─► run ─► reply ─► owner
+                        └─────► io thread (while a task runs) ─► push ─► queue ─► main thread
+
 Argument resolution and return values live in ``arguments.py`` (``ArgumentsMixin``).
 
 Worker output (``print``, stderr) is captured per line, tagged with the running task,
@@ -21,6 +32,7 @@ import logging
 import os
 import pickle
 import queue
+import select
 import signal
 import sys
 import threading
@@ -33,10 +45,10 @@ from lumos import exceptions as exc
 from lumos._private import serialization as ser
 from lumos._private import thread_limits
 from lumos._private.core_worker.actor_host import ActorHost
-from lumos._private.core_worker.core_worker import CoreWorker
+from lumos._private.core_worker.core_worker import CoreWorker, well_formed_push
 from lumos._private.core_worker.arguments import ArgumentsMixin, _TaskFailed
 from lumos._private.protocol import messages as m
-from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
+from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError, SharedReader
 from lumos._private.ids import JobID, TaskID
 
 logger = logging.getLogger(__name__)
@@ -48,6 +60,10 @@ class _Cancelled(Exception):
 
 #: An idle worker keeps spare argument mappings this long (``_next_task``).
 SPARE_IDLE_S = 1.0
+
+#: Tasks in a row pushed on other connections after which the main thread reads its
+#: next task from the newest one instead of the lead's (``Executor._maybe_lead``).
+LEAD_SWITCH_AFTER = 16
 
 
 class Executor(ArgumentsMixin):
@@ -82,6 +98,23 @@ class Executor(ArgumentsMixin):
         self._streamed = 0
         #: Function id -> tasks of it run here, for functions with ``max_calls``.
         self._calls: dict[bytes, int] = {}
+        #: The connection whose next ``PushTask`` the main thread reads itself while idle
+        #: (``_read_task``): the one tasks came on last; None when there is none.
+        self._lead: SharedReader | None = None
+        #: Tasks pushed in a row on other connections than the lead's (``_maybe_lead``).
+        self._elsewhere = 0
+        #: The main thread waits in ``_read_task``: ``push`` wakes it through the pipe.
+        self._parked = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        #: ``select.poll`` over the wake pipe and ``_poller_lead``'s socket (``_read_task``).
+        self._poller: Any = None
+        self._poller_lead: SharedReader | None = None
+        #: The lead whose reading this thread took before its last reply (``_take_lead_early``).
+        self._holding: SharedReader | None = None
+        #: The running task came through this thread's own read (``_read_task``).
+        self.read_itself = False
         #: The running task's unmaps are deferred (it has store arguments): the main loop
         #: unmaps after its reply.
         self._deferred = False
@@ -101,6 +134,39 @@ class Executor(ArgumentsMixin):
             conn.notify(self._system_reply(msg.spec, "requeued: the worker blocked", m.ErrorKind.REQUEUE))
             return
         self.queue.put((conn, msg))
+        if self._parked:
+            self._wake()
+        lead = self._lead
+        if lead is not None and lead.conn is conn:
+            self._elsewhere = 0
+        else:
+            self._maybe_lead(conn, msg.spec)
+
+    def _wake(self) -> None:
+        """Any thread: end the main thread's wait in ``_read_task``."""
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass  # a wake-up is pending already
+
+    def _maybe_lead(self, conn: Connection, spec: m.TaskSpec) -> None:
+        """Io thread: let the main thread read its next task from ``conn`` itself while
+        idle (sync tasks and a sync actor's calls; a threaded or async actor's main thread
+        only dispatches). A lead that goes quiet gives way after ``LEAD_SWITCH_AFTER``
+        tasks in a row came on other connections (an actor with several callers keeps one)."""
+        actor = self.actor
+        if not (spec.kind == m.TaskKind.NORMAL_TASK and actor is None
+                or spec.kind == m.TaskKind.ACTOR_TASK and actor is not None and not actor.concurrent) \
+                or not conn.direct_writes:
+            return
+        lead = self._lead
+        if lead is not None and not lead.detached:
+            self._elsewhere += 1
+            if self._elsewhere < LEAD_SWITCH_AFTER:
+                return
+            lead.detach()
+        self._elsewhere = 0
+        self._lead = conn.share_reading(self._wake)
 
     def cancel(self, task_id: TaskID, force: bool, recursive: bool) -> None:
         running = self._running
@@ -165,8 +231,18 @@ class Executor(ArgumentsMixin):
 
     # ------------------------------------------------------------------ main loop
 
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        """SIGINT (``cancel``'s ``pthread_kill``) interrupts a running task only: one that
+        lands after its task ended would otherwise break the main thread out of reading
+        the next task's frame, or out of sending a reply."""
+        if self._running is not None:
+            raise KeyboardInterrupt
+
     def run(self) -> None:
+        if threading.get_ident() == self._main_ident and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self._on_sigint)
         while True:
+            item = None  # (an error in _next_task must not answer the previous task again)
             try:
                 item = self._next_task()
                 if item is None:
@@ -195,6 +271,26 @@ class Executor(ArgumentsMixin):
         """The next pushed task; spare argument mappings (``StoreClient.keep_spare``) are
         dropped once this worker has waited ``SPARE_IDLE_S`` for one, so an idle worker
         holds no store pages and takes no further wake-ups."""
+        lead = self._lead
+        held, self._holding = self._holding, None
+        if held is not None and (held is not lead or held.detached):
+            held.release()
+            held = None
+        if lead is not None and lead.detached:
+            self._lead = lead = None
+        if lead is not None and held is None:
+            actor = self.actor
+            if (actor is None or not actor.concurrent) and not self._exiting and self.queue.empty() and lead.take():
+                held = lead
+        if held is not None:
+            try:
+                item = self._read_task(held)
+            finally:
+                held.release()  # the io thread reads what comes while the task runs
+            if item is not None:
+                self.read_itself = True
+                return item
+        self.read_itself = False
         store = self.cw.store
         if store.has_spares():
             try:
@@ -202,6 +298,75 @@ class Executor(ArgumentsMixin):
             except queue.Empty:
                 store.drop_spares()
         return self.queue.get()
+
+    def _read_task(self, lead: SharedReader) -> tuple[Connection, m.PushTask] | None:
+        """Main thread, holding ``lead``'s reading: wait for the next frame and return it
+        when it is one task this thread may run (no io-thread hand-off: wake-up 2 of a sync
+        call is gone). None when something else needs the queue's path: a task pushed on
+        another connection, several frames with a task among them (the io thread handles
+        them, in order), the connection's end. Frames without a task go to the io thread
+        while this thread reads on."""
+        poller = self._poller
+        if self._poller_lead is not lead:
+            poller = self._poller = select.poll()
+            poller.register(self._wake_r, select.POLLIN)
+            poller.register(lead.fd, select.POLLIN)
+            self._poller_lead = lead
+        store = self.cw.store
+        wake_r = self._wake_r
+        self._parked = True
+        try:
+            while True:
+                if lead.detached or not self.queue.empty():
+                    return None
+                events = poller.poll(SPARE_IDLE_S * 1000 if store.has_spares() else None)
+                if not events:
+                    store.drop_spares()
+                    continue
+                readable = False
+                for fd, _ in events:
+                    if fd == wake_r:
+                        try:
+                            os.read(wake_r, 4096)
+                        except BlockingIOError:
+                            pass
+                    else:
+                        readable = True
+                if not readable:
+                    continue
+                frames = lead.read_frames()
+                if frames is None:
+                    return None
+                if not frames:
+                    continue
+                item = self._own_task(lead.conn, frames)
+                if item is not None:
+                    return item
+                lead.hand_to_loop(frames)
+                if len(frames) > 1:
+                    return None  # maybe tasks among them: they come through the queue
+        finally:
+            self._parked = False
+
+    def _own_task(self, conn: Connection, frames: list[bytes]) -> tuple[Connection, m.PushTask] | None:
+        """The task ``frames`` are, when they are exactly one this thread may run now."""
+        if len(frames) != 1:
+            return None
+        try:
+            kind, _rid, body = m.decode(frames[0])
+        except Exception:  # malformed: the io thread decodes it again, logs and drops the connection
+            return None
+        if kind != m.NOTIFY or type(body) is not m.PushTask or not well_formed_push(body) or self._exiting:
+            return None
+        actor = self.actor
+        task_kind = body.spec.kind
+        if actor is None:
+            if task_kind != m.TaskKind.NORMAL_TASK:
+                return None
+        elif task_kind != m.TaskKind.ACTOR_TASK or actor.concurrent:
+            return None
+        self._elsewhere = 0
+        return conn, body
 
     def _run_one(self, conn: Connection, msg: m.PushTask) -> bool:
         """Run one pushed task and send its reply; False once this worker must exit. Store
@@ -220,6 +385,7 @@ class Executor(ArgumentsMixin):
             if deps:
                 self._pin_escaped_args()
             if self.actor is actor:
+                self._take_lead_early(conn)
                 actor.after_call(conn, reply, not self.queue.empty())
             else:
                 self.cw.send_reply(conn, reply)
@@ -238,9 +404,22 @@ class Executor(ArgumentsMixin):
                 self.cw.send_reply(conn, reply)
                 self._exit_after_max_calls()
                 return False
+            self._take_lead_early(conn)
             self.cw.send_reply(conn, reply)
         self.flush_output_soon()
         return True
+
+    def _take_lead_early(self, conn: Connection) -> None:
+        """Before a reply on the lead's connection: take its reading now, so that the next
+        task, which the owner may send the moment the reply lands, finds this thread
+        reading (taken after the reply, a third of them found the io thread still holding
+        it: this thread is often preempted by the very wake-up its reply causes)."""
+        lead = self._lead
+        if lead is not None and lead.conn is conn and not self._exiting and self.queue.empty():
+            actor = self.actor
+            # (not before a checkpoint: the io thread must read what comes meanwhile)
+            if (actor is None or not (actor.concurrent or actor.checkpointing)) and lead.take():
+                self._holding = lead
 
     def _count_call(self, spec: m.TaskSpec) -> bool:
         """Count a run of a ``max_calls`` function; True once this worker must exit."""

@@ -696,7 +696,9 @@ class ObjectsMixin:
         return m.ObjectStatus(STATUS_READY, e.data, e.node_id, e.size)
 
     def _run_callbacks(self, oid: ObjectID, e: Any) -> None:
-        if e is None:
+        # Unlocked look first (nearly every reply: no callbacks): a thread adding one does so
+        # under the lock after checking the entry is pending, which ``complete`` ended.
+        if e is None or e.callbacks is None:
             return
         with self.objects.lock:
             cbs, e.callbacks = e.callbacks, None

@@ -145,13 +145,16 @@ class ResultsMixin:
         spec = task.spec
         if spec.enable_task_events:
             state = m.TaskState.FAILED if reply.app_error else m.TaskState.FINISHED
+            end = reply.end_time or time.time()
+            error = _error_text(reply) if reply.app_error else None
             if reply.start_time:
                 # The executor sends its own RUNNING event in its next batch, which a reader may
                 # not see yet (or ever, if it exits first): the finished row has its start time.
-                self._buffer_event((spec.task_id, spec.attempt, m.TaskState.RUNNING, reply.start_time, None, None,
-                                     reply.worker_id, None))
-            self._buffer_event((spec.task_id, spec.attempt, state, reply.end_time or time.time(), info,
-                                 None, reply.worker_id, _error_text(reply) if reply.app_error else None))
+                # One buffered row carries both (its 9th field: the state after RUNNING).
+                self._buffer_event((spec.task_id, spec.attempt, m.TaskState.RUNNING, reply.start_time, info, None,
+                                    reply.worker_id, error, (state, end)))
+            else:
+                self._buffer_event((spec.task_id, spec.attempt, state, end, info, None, reply.worker_id, error))
         if reply.borrowed:
             executor = (task.lease.address if task.lease is not None
                         else self.actor_submitter.address_of(spec.actor_id or b""))

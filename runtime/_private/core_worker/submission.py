@@ -191,7 +191,9 @@ class SubmissionMixin:
                 objects.add_owned(oid)
             if dep_ids:
                 objects.add_submitted(dep_ids)
-                ready_deps = self._fill_ready_deps(spec.deps)
+                # Only while nothing else is in flight (a caller waiting on each call): in a
+                # burst, calls the io thread sends went ~15% faster than ones written one by one.
+                ready_deps = not self.tasks and self._fill_ready_deps(spec.deps)
             if task.nested_ids:
                 objects.add_submitted(task.nested_ids)
         if events_on:
@@ -211,7 +213,9 @@ class SubmissionMixin:
         ready (inline, or in this node's store: a by-value argument just put, a ``put``
         ref), fill in their values or locations as the io thread's ``args_ready`` would,
         so the task can be written straight to a worker (``push_direct``): no io-thread
-        resolve, no wake-up. False (nothing filled): let the io thread resolve them."""
+        resolve, no wake-up (a sync call with a 1 MiB argument by value: p50 ~10-30%
+        lower, about one io-thread wake-up less per call). False (nothing filled): let
+        the io thread resolve them."""
         entries = self.objects.entries
         node_id = self.node_id
         found = []
@@ -383,7 +387,9 @@ class SubmissionMixin:
             self._running_events.pop(reply.task_id, None)
 
     def _buffer_event(self, row: tuple[Any, ...]) -> None:
-        """Any thread: buffer a task event for the next flush."""
+        """Any thread: buffer a task event for the next flush: ``(task_id, attempt, state,
+        time, info, node_id, worker_id, error)``, optionally with a 9th field, a later
+        ``(state, time)`` of the same attempt."""
         self._events.append(row)
         if self._flush_idle:
             self.wake_flush()
@@ -449,15 +455,19 @@ class SubmissionMixin:
             key = ev[0] if not ev[1] else (ev[0], ev[1])
             row = find(key)
             if row is None:
-                row = by_task[key] = [*ev, None]
+                # (A 9th field is a later state and its time: a finished task's RUNNING and
+                # end come in one buffered row, ``ResultsMixin._task_done``.)
+                row = by_task[key] = [*ev, None] if len(ev) == 8 else [*ev[:8], [list(ev[8])]]
                 rows.append(row)
                 continue
-            _tid, _attempt, state, t, info, node, worker, err = ev
+            state, t, info, node, worker, err = ev[2:8]
             more = row[8]
             if more is None:
-                row[8] = [[state, t]]
+                row[8] = more = [[state, t]]
             else:
                 more.append([state, t])
+            if len(ev) > 8:
+                more.append(list(ev[8]))
             if info:
                 row[4] = {**row[4], **info} if row[4] else info
             if node:

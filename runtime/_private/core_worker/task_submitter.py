@@ -340,12 +340,24 @@ class TaskSubmitterState:
         """The reply's task is settled: keep the worker busy, or let it idle."""
         if lease.dead:
             return []
+        q = lease.queue
+        if q.tasks and lease.tasks and not lease.exiting:
+            # A burst: tasks wait while this worker still runs some. Every other usable worker
+            # was filled by the pump that last changed it, so only this one could take more,
+            # and only once it is down to the refill mark (``pump``): until then, nothing to
+            # do, without a pump per reply.
+            mean = q.mean_exec_s
+            depth = self.max_in_flight if mean is not None and mean * 1000 < self.pipeline_below_ms else 1
+            if len(lease.tasks) > (depth // 2 if depth > 2 else depth - 1):
+                if self.check:
+                    self._check_queue(q, set(), 64)
+                return []
         out: list[Action] = []
-        if not lease.tasks and not lease.queue.tasks and not lease.exiting \
+        if not lease.tasks and not q.tasks and not lease.exiting \
                 and lease not in self.idle_leases and not lease.claimed:
             self.idle_leases.add(lease)
             out.append(StartIdleTimer(lease))
-        out.extend(self.pump(lease.queue, after_reply=True))
+        out.extend(self.pump(q, after_reply=True))
         return out
 
     # ------------------------------------------------------------------ failures
