@@ -91,20 +91,76 @@ class DeserializationError(Exception):
     """A serialized value could not be rebuilt in this process."""
 
 
-def _is_plain(value: Any, depth: int = 0) -> bool:
+_NOT_PLAIN, _PLAIN, _PLAIN_WITH_ARRAYS = 0, 1, 2
+
+
+def _plainness(value: Any, depth: int = 0) -> int:
+    """``_PLAIN`` for scalars and small containers of them, ``_PLAIN_WITH_ARRAYS`` when
+    such a value holds numpy arrays (of no Python objects), else ``_NOT_PLAIN``: a plain
+    value holds no ObjectRef and no code, so the C pickler can write it."""
     t = type(value)
     if t in _PLAIN_SCALARS:
-        return True
+        return _PLAIN
     if depth < 2:
         if t is tuple or t is list:
-            return len(value) <= 64 and all(_is_plain(v, depth + 1) for v in value)
+            if len(value) > 64:
+                return _NOT_PLAIN
+            found = _PLAIN
+            for v in value:
+                p = _plainness(v, depth + 1)
+                if p == _NOT_PLAIN:
+                    return _NOT_PLAIN
+                found |= p
+            return found
         if t is dict:
-            return len(value) <= 64 and all(
-                type(k) in _PLAIN_SCALARS and _is_plain(v, depth + 1) for k, v in value.items())
+            if len(value) > 64:
+                return _NOT_PLAIN
+            found = _PLAIN
+            for k, v in value.items():
+                if type(k) not in _PLAIN_SCALARS:
+                    return _NOT_PLAIN
+                p = _plainness(v, depth + 1)
+                if p == _NOT_PLAIN:
+                    return _NOT_PLAIN
+                found |= p
+            return found
     nd = _ndarray_type()
     if nd is not None and t is nd and value.dtype.kind != "O":
-        return True
-    return False
+        return _PLAIN_WITH_ARRAYS
+    return _NOT_PLAIN
+
+
+_SIMPLE_DTYPE_KINDS = frozenset("biufcSU")   # (datetimes export no buffer)
+
+
+def _reduce_ndarray(arr: Any) -> tuple:
+    """A C-contiguous array of a simple dtype as its buffer (out of band), dtype string
+    and shape: cheaper to write and read than numpy's reduction (which pickles a dtype
+    object); any other array as numpy reduces it."""
+    dtype = arr.dtype
+    if dtype.kind in _SIMPLE_DTYPE_KINDS and arr.flags.c_contiguous and dtype.fields is None \
+            and dtype.subdtype is None and dtype.metadata is None:
+        return _rebuild_ndarray, (pickle.PickleBuffer(arr), dtype.str, arr.shape)
+    return arr.__reduce_ex__(5)  # type: ignore[no-any-return]
+
+
+def _rebuild_ndarray(buf: Any, dtype: str, shape: tuple[int, ...]) -> Any:
+    import numpy as np
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+_array_dispatch: dict[type, Callable[[Any], tuple]] = {}
+
+
+def _dumps_with_arrays(value: Any, buffer_callback: Callable[[pickle.PickleBuffer], Any]) -> bytes:
+    """``pickle.dumps`` of a plain value holding arrays, each reduced by ``_reduce_ndarray``."""
+    if not _array_dispatch:
+        _array_dispatch[_ndarray_type()] = _reduce_ndarray  # type: ignore[index]
+    with io.BytesIO() as f:
+        p = pickle.Pickler(f, protocol=5, buffer_callback=buffer_callback)
+        p.dispatch_table = _array_dispatch
+        p.dump(value)
+        return f.getvalue()
 
 
 class SerializedValue:
@@ -187,12 +243,15 @@ def serialize(value: Any, kind: int = KIND_VALUE) -> SerializedValue:
             return _NONE
         if type(value) is tuple and not value:
             return _EMPTY_TUPLE
-    if _is_plain(value):
-        # Scalars, small containers of them and plain arrays hold no ObjectRef (so no
-        # refs to record) and no code (so the C pickler suffices).
+    plain = _plainness(value)
+    if plain != _NOT_PLAIN:
+        # No refs to record and no code to pickle by value: the C pickler suffices.
         pickled_buffers: list[pickle.PickleBuffer] = []
         try:
-            pickled = pickle.dumps(value, protocol=5, buffer_callback=pickled_buffers.append)
+            if plain == _PLAIN:
+                pickled = pickle.dumps(value, protocol=5, buffer_callback=pickled_buffers.append)
+            else:
+                pickled = _dumps_with_arrays(value, pickled_buffers.append)
         except Exception as e:
             raise SerializationError(_describe_failure(value, e)) from e
         return SerializedValue(kind, pickled, [pb.raw() for pb in pickled_buffers]
