@@ -172,6 +172,28 @@ def run(impl: str, num_cpus: int, actors: int, timeout_s: float) -> dict[str, An
         ray.shutdown()
 
 
+def microbench_rows(ray: Any, results: dict[str, float], num_cpus: int, scale: float) -> None:
+    """``bench/microbench.py``'s rows from this benchmark, on its running cluster: a burst
+    of ``num_cpus=0`` actors (the same count for Ray and lumos, small enough for Ray's
+    memory), each answering one call, and the median USS of one of them."""
+    n = max(10, int(50 * scale))
+
+    @ray.remote(num_cpus=0)
+    class Box:
+        def pid(self) -> int:
+            return os.getpid()
+
+    t0 = time.perf_counter()
+    boxes = [Box.remote() for _ in range(n)]
+    pids = ray.get([b.pid.remote() for b in boxes], timeout=300)
+    results[f"actor creation, {n} num_cpus=0 at once (/s)"] = n / (time.perf_counter() - t0)
+    mems = [m for m in (memory_of(p) for p in pids) if m]
+    if mems:
+        results["memory per actor, USS (MiB)"] = statistics.median(m["uss"] for m in mems) / MiB
+    for b in boxes:
+        ray.kill(b)
+
+
 def main() -> int:
     doc = __doc__
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -263,7 +263,7 @@ def run_actors(ray: Any, results: dict[str, float], num_cpus: int, scale: float)
     results["async-actor calls (/s)"] = n / (time.perf_counter() - t)
 
 
-HIGHER_IS_BETTER = {"(/s)": True, "(GB/s)": True, "(us)": False, "(ms)": False, "(s)": False}
+HIGHER_IS_BETTER = {"(/s)": True, "(GB/s)": True, "(us)": False, "(ms)": False, "(s)": False, "(MiB)": False}
 
 
 def _better(key: str) -> bool:

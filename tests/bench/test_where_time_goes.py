@@ -52,11 +52,13 @@ def test_quick_run_has_every_role_with_positive_figures() -> None:
         assert sc["machine_cpu_us"] > 0, key
         for role, thread in wtg.REQUIRED_ROWS:
             assert f"{role} / {thread}" in sc["cpu_us"], (key, role, thread, sorted(sc["cpu_us"]))
-        for row in ("driver / user thread", "driver / lumos-io", "worker / lumos-io", "worker / executor"):
+        # The worker's io thread may do nothing on a sync call: an idle worker's main thread
+        # reads its next task itself.
+        for row in ("driver / user thread", "driver / lumos-io", "worker / executor"):
             assert sc["cpu_us"][row] > 0, (key, row)
     for key in ("task_sync", "actor_sync"):  # a sync call parks the caller and wakes the callee
         wakeups = result["scenarios"][key]["wakeups"]
-        for row in ("driver / user thread", "driver / lumos-io", "worker / lumos-io", "worker / executor"):
+        for row in ("driver / user thread", "driver / lumos-io", "worker / executor"):
             assert wakeups[row] > 0, (key, row)
     if wtg.py_spy_path() is not None:
         assert set(result["profiles"]) == {"task_sync", "actor_sync"}, result["notes"]

@@ -29,6 +29,17 @@ class Probe:
                 "pgid": os.getpgid(0), "sid": os.getsid(0), "fds": _fd_targets("self"),
                 "threads": sorted(_thread_names())}
 
+    def gcs_durable(self) -> list[bool]:
+        """[whether the raylet told this worker if the GCS is durable, the answer]."""
+        from lumos._private import worker_context
+        cw = worker_context.require()
+        return [cw._gcs_durable_known, cw._gcs_durable]
+
+    def gcs_requests(self) -> int:
+        """Requests this worker has sent the GCS so far (on its one GCS connection)."""
+        from lumos._private import worker_context
+        return worker_context.require().gcs._next_rid - 1
+
     def exit(self, code: int) -> None:
         os._exit(code)
 
@@ -173,6 +184,39 @@ def test_spawn_start_method_still_works(fresh_cluster) -> None:  # type: ignore[
 
     assert lumos.get(ok.remote(), timeout=60) == 1
     lumos.kill(a)
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_new_workers_learn_from_the_raylet_whether_the_gcs_is_durable(fresh_cluster, start) -> None:  # type: ignore[no-untyped-def]
+    """The raylet passes the GCS's answer on (in the fork request, or on a spawned
+    worker's command line), so a new worker does not ask the GCS for it at start-up
+    (the pre-started one, started while the raylet connects to the GCS, may ask)."""
+    fresh_cluster(num_cpus=1, include_dashboard=False, _system_config={"worker_start": start})
+    actors = [Probe.remote() for _ in range(3)]
+    answers = lumos.get([a.gcs_durable.remote() for a in actors], timeout=60)
+    assert [True, False] in answers and all(durable is False for _, durable in answers), answers
+    for a in actors:
+        lumos.kill(a)
+
+
+def test_a_new_actor_worker_asks_the_gcs_nothing_before_its_first_call(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
+    """The creation task arrives with the job's config and the pickled class (the GCS
+    adds them from its KV), and the raylet told the worker whether the GCS is durable:
+    the worker's first request to the GCS, if any, comes after ``__init__``. (The
+    pre-started worker, started while the raylet connects to the GCS, asks one.)"""
+    fresh_cluster(num_cpus=1, include_dashboard=False)
+    actors = [Probe.remote() for _ in range(3)]
+    counts = lumos.get([a.gcs_requests.remote() for a in actors], timeout=60)
+    assert 0 in counts and max(counts) <= 1, counts
+    for a in actors:
+        lumos.kill(a)
+
+
+def test_fork_server_refuses_a_request_with_a_malformed_gcs_durable() -> None:
+    from lumos._private.worker import fork_server
+    reply = fork_server._serve_one(b'{"worker_id": "ab", "log": "/dev/null", "gcs_durable": "yes"}',
+                                   os.getppid(), (None, None))
+    assert reply["worker_id"] == "" and "gcs_durable" in reply["error"]
 
 
 def test_worker_start_rejects_unknown_methods() -> None:

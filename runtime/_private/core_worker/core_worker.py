@@ -79,7 +79,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                  raylet_socket: str, session_dir: str, node_id: NodeID, store_dir: str,
                  worker_id: WorkerID, node_ip: str = "127.0.0.1", namespace: str = "",
                  entrypoint: str = "", job_env_vars: dict[str, str] | None = None,
-                 job_package: tuple[str, bytes] | None = None) -> None:
+                 job_package: tuple[str, bytes] | None = None, gcs_durable: bool | None = None) -> None:
         self.mode = mode
         self.config = config
         self.token = token
@@ -134,7 +134,10 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self.run_sync = self.io.run_sync
         self.gcs: Connection | None = None
         #: The GCS keeps its tables in durable storage: when it goes, wait for its restart.
-        self._gcs_durable = config.gcs_storage not in ("", "memory")
+        self._gcs_durable = config.gcs_storage not in ("", "memory") if gcs_durable is None else gcs_durable
+        #: Whether ``_gcs_durable`` is known (a worker's raylet passes the GCS's answer on),
+        #: so the connection need not ask the GCS (issue 19).
+        self._gcs_durable_known = gcs_durable is not None
         #: A reconnection to a restarted GCS is under way.
         self._gcs_reconnecting = False
         #: Function exports made while the GCS was away, sent again once it is back.
@@ -272,8 +275,9 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             await self.gcs.call(m.KvPut("job", self.job_id, job_config(self.namespace, self.job_env_vars,
                                                                          package_hash), True),
                                   cfg.rpc_timeout_s)
-        durable = await self.gcs.call(m.KvGet("cluster", b"gcs_storage_durable", 0.0), cfg.rpc_timeout_s)
-        self._gcs_durable = durable == b"1"
+        if not self._gcs_durable_known:
+            durable = await self.gcs.call(m.KvGet("cluster", b"gcs_storage_durable", 0.0), cfg.rpc_timeout_s)
+            self._gcs_durable = durable == b"1"
         self.gcs.notify(m.Subscribe("worker_deaths", None))
         self.gcs.notify(m.Subscribe("nodes", None))
         self.node_info = await self.raylet.call(

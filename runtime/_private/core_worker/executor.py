@@ -49,6 +49,7 @@ from lumos._private.core_worker.core_worker import CoreWorker, well_formed_push
 from lumos._private.core_worker.arguments import ArgumentsMixin, _TaskFailed
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError, SharedReader
+from lumos._private.worker import CREATION_PRELOAD
 from lumos._private.ids import JobID, TaskID
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,11 @@ class Executor(ArgumentsMixin):
         #: Function id -> the user's function (or class).
         self.functions: dict[bytes, Any] = {}
         self._jobs_bound: set[bytes] = set()
+        #: What the GCS sent along with an actor's creation task (``CREATION_PRELOAD``):
+        #: job id -> job config, function id -> pickled class; each used once, instead
+        #: of a request to the GCS.
+        self._preloaded_jobs: dict[bytes, bytes] = {}
+        self._preloaded_functions: dict[bytes, bytes] = {}
         #: Job id -> the job's environment variables (``init(runtime_env=...)``).
         self._job_env: dict[bytes, dict[str, str]] = {}
         #: The running task's native thread-pool sizes to restore (when its env sets them).
@@ -458,6 +464,8 @@ class Executor(ArgumentsMixin):
         if early is not None:
             return early
         start = time.time()
+        if spec.kind == m.TaskKind.ACTOR_CREATION_TASK and isinstance(spec.actor_options, dict):
+            self._take_preload(spec)
         try:
             self._bind_job(spec.job_id)
         except exc.LumosSystemError as e:
@@ -570,6 +578,16 @@ class Executor(ArgumentsMixin):
 
     # ------------------------------------------------------------------ functions, jobs
 
+    def _take_preload(self, spec: m.TaskSpec) -> None:
+        preload = spec.actor_options.pop(CREATION_PRELOAD, None)
+        if not isinstance(preload, list) or len(preload) != 2:
+            return
+        job, fn = preload
+        if isinstance(job, bytes):
+            self._preloaded_jobs[spec.job_id] = job
+        if isinstance(fn, bytes):
+            self._preloaded_functions[spec.function_id] = fn
+
     def _bind_job(self, job_id: JobID) -> None:
         cw = self.cw
         if cw.job_id != job_id:
@@ -578,8 +596,10 @@ class Executor(ArgumentsMixin):
         if job_id in self._jobs_bound:
             return
         self._jobs_bound.add(job_id)
+        raw = self._preloaded_jobs.pop(job_id, None)
         try:
-            raw = cw.call_gcs(m.KvGet("job", job_id, 5.0), 10.0)
+            if raw is None:
+                raw = cw.call_gcs(m.KvGet("job", job_id, 5.0), 10.0)
         except (TimeoutError, RemoteError, ConnectionLost) as e:
             logger.warning("could not load job %s config: %s", job_id.hex(), e)
             return
@@ -636,8 +656,10 @@ class Executor(ArgumentsMixin):
         fn = self.functions.get(spec.function_id)
         if fn is not None:
             return fn
+        pickled = self._preloaded_functions.pop(spec.function_id, None)
         try:
-            pickled = self.cw.call_gcs(m.KvGet("fn", spec.job_id + spec.function_id, 30.0), 35.0)
+            if pickled is None:
+                pickled = self.cw.call_gcs(m.KvGet("fn", spec.job_id + spec.function_id, 30.0), 35.0)
         except (TimeoutError, RemoteError, ConnectionLost) as e:
             raise exc.LumosSystemError(f"could not load {spec.function_name}: {e}") from None
         if pickled is None:

@@ -24,6 +24,7 @@ worker/node/job died, kill, exit ──► state ──► PublishActor, PlaceAc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -35,6 +36,7 @@ from lumos._private.gcs.global_scheduler import Unschedulable
 from lumos._private.ids import ActorID, JobID, NodeID, WorkerID, short
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError, connect
+from lumos._private.worker import CREATION_PRELOAD
 
 if TYPE_CHECKING:
     from lumos._private.gcs.server import GcsServer
@@ -196,6 +198,17 @@ class ActorManager:
                                                     grant.worker_address, winfo.pid if winfo is not None else 0))
             return
 
+    def _with_preload(self, spec: m.TaskSpec) -> m.TaskSpec:
+        """The creation spec to push: a copy that carries the job's config and the pickled
+        class from the KV, which the new worker would otherwise ask the GCS for (two
+        blocking round trips before ``__init__``, issue 19). What is not in the KV yet
+        (a class still being exported) the worker fetches as before."""
+        kv = self.gcs.kv
+        preload = [kv.get(("job", spec.job_id)), kv.get(("fn", spec.job_id + spec.function_id))]
+        if preload == [None, None]:
+            return spec
+        return dataclasses.replace(spec, actor_options={**(spec.actor_options or {}), CREATION_PRELOAD: preload})
+
     async def _push_creation(self, actor_id: ActorID, attempt: int,
                              grant: m.LeaseGrant) -> tuple[bool, bytes | None] | None:
         """Run the creation task on the leased worker: (ok, __init__'s error), or None if it went away."""
@@ -218,7 +231,7 @@ class ActorManager:
                                  name=f"gcs->actor-{short(actor_id)}",
                                  use_unix=os.path.exists(grant.worker_address.unix_path or "/nonexistent"))
             try:
-                conn.notify(m.PushTask(spec, grant.resource_ids))
+                conn.notify(m.PushTask(self._with_preload(spec), grant.resource_ids))
                 reply = await done
             finally:
                 conn.close()

@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, Union
+from typing import Any, Callable, Union
 
 from lumos._private.ids import WorkerID
 
@@ -154,11 +154,16 @@ class ForkServerClient:
     def pid(self) -> int:
         return self.popen.pid if self.popen is not None else 0
 
-    def request(self, worker_id: WorkerID, log_path: str) -> bool:
-        """Ask for a worker; False if the server cannot take it (gone, or its pipe full)."""
+    def request(self, worker_id: WorkerID, log_path: str, gcs_durable: bool | None = None) -> bool:
+        """Ask for a worker; False if the server cannot take it (gone, or its pipe full).
+        ``gcs_durable``: whether the GCS keeps its tables in durable storage, when the
+        raylet knows it (the worker then does not ask the GCS at start-up)."""
         if self.popen is None or self._wfd < 0:
             return False
-        data = (json.dumps({"worker_id": worker_id.hex(), "log": log_path}) + "\n").encode()
+        req: dict[str, Any] = {"worker_id": worker_id.hex(), "log": log_path}
+        if gcs_durable is not None:
+            req["gcs_durable"] = gcs_durable
+        data = (json.dumps(req) + "\n").encode()
         try:
             os.write(self._wfd, data)  # one line < PIPE_BUF: written whole or not at all
         except (BlockingIOError, BrokenPipeError):

@@ -121,6 +121,9 @@ class RayletServer:
         #: The GCS keeps its tables in durable storage (asked at registration): when it goes,
         #: wait for its restart rather than stop.
         self._gcs_durable = config.gcs_storage not in ("", "memory")
+        #: ``_gcs_durable`` is the GCS's answer (not the guess from our own config): new
+        #: workers are told it and do not ask the GCS themselves (issue 19).
+        self.gcs_durable_known = False
         #: The store directory passed the ownership check (so ``stop`` may remove it).
         self._store_dir_checked = False
         self.unix_path = os.path.join(session_dir, "sockets", f"raylet-{node_id.hex()[:12]}.sock")
@@ -186,6 +189,7 @@ class RayletServer:
         await gcs.call(m.RegisterNode(self.node_info()), self.config.rpc_timeout_s)
         durable = await gcs.call(m.KvGet("cluster", b"gcs_storage_durable", 0.0), self.config.rpc_timeout_s)
         self._gcs_durable = durable == b"1"
+        self.gcs_durable_known = True
         # Pre-started workers that registered here before the GCS connection was up were
         # not reported (``WorkerPool.report_worker`` needs it): report them now (a restarted GCS too).
         for proc in list(self.procs.values()):

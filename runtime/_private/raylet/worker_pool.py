@@ -360,10 +360,15 @@ class WorkerPool:
         self.procs[worker_id] = proc
         self.raylet.scheduler.add_starting_worker(worker_id)
         if method == FORK and self.fork_server is not None and \
-                self.fork_server.request(worker_id, self._log_path(worker_id)):
+                self.fork_server.request(worker_id, self._log_path(worker_id), self._gcs_durable()):
             proc.forked = True
             return
         self._spawn(proc)
+
+    def _gcs_durable(self) -> bool | None:
+        """Whether the GCS is durable, once the raylet heard it from the GCS (else None)."""
+        r = self.raylet
+        return r._gcs_durable if r.gcs_durable_known else None
 
     def _log_path(self, worker_id: WorkerID) -> str:
         return os.path.join(self.raylet.session_dir, "logs", f"worker-{worker_id.hex()[:12]}.out")
@@ -372,6 +377,9 @@ class WorkerPool:
         proc.forked = False
         cmd = [sys.executable, "-m", "lumos._private.worker.main", *self._worker_args(),
                "--worker-id", proc.worker_id.hex()]
+        durable = self._gcs_durable()
+        if durable is not None:
+            cmd += ["--gcs-durable", "1" if durable else "0"]
         try:
             with open(self._log_path(proc.worker_id), "ab") as out:
                 popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

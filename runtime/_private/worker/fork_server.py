@@ -14,6 +14,8 @@ raylet ─ stdin:  {"worker_id": hex, "log": path}\\n ──► fork server (one
                                                         ▼
                               B: the worker, a child of the raylet from its first instruction
 ```
+A request may also carry ``"gcs_durable": bool`` (the GCS's answer, once the raylet
+has it), which the child passes to its core worker instead of asking the GCS itself.
 The raylet must learn each worker's exit status, and only a parent can wait for a
 process. ``clone(CLONE_PARENT)`` (``CloneParent``) makes B the raylet's child directly:
 one copy of the template's page tables per worker. Where that is not available (another
@@ -155,6 +157,9 @@ def _serve_one(line: bytes, raylet_pid: int, template: tuple[Any, Any]) -> dict[
         req = json.loads(line)
         worker_id, log_path = str(req["worker_id"]), str(req["log"])
         bytes.fromhex(worker_id)
+        durable = req.get("gcs_durable")
+        if durable is not None and not isinstance(durable, bool):
+            raise ValueError(f"gcs_durable must be true or false, not {durable!r}")
     except (ValueError, KeyError, TypeError) as e:
         logger.error("malformed fork request %r: %s", line[:200], e)
         return {"worker_id": "", "error": f"malformed request: {e}"}
@@ -162,7 +167,7 @@ def _serve_one(line: bytes, raylet_pid: int, template: tuple[Any, Any]) -> dict[
     if threading.active_count() != 1:
         return {"worker_id": worker_id, "error": f"{threading.active_count()} threads in the fork server"}
     try:
-        pid = _fork_worker(worker_id, log_path, raylet_pid, template, _CLONE)
+        pid = _fork_worker(worker_id, log_path, raylet_pid, template, _CLONE, durable)
     except OSError as e:
         logger.error("fork of worker %s failed: %s", worker_id[:12], e)
         return {"worker_id": worker_id, "error": f"fork failed: {e}"}
@@ -249,7 +254,7 @@ class CloneParent:
 
 
 def _fork_worker(worker_id: str, log_path: str, raylet_pid: int, template: tuple[Any, Any],
-                 clone: CloneParent | None = None) -> int:
+                 clone: CloneParent | None = None, gcs_durable: bool | None = None) -> int:
     """The worker B's pid: cloned as the raylet's child, or (no ``clone``) forked by A,
     which exits, once A has been reaped."""
     # A raw clone runs no pthread_atfork handlers: only a process with one native thread
@@ -263,7 +268,7 @@ def _fork_worker(worker_id: str, log_path: str, raylet_pid: int, template: tuple
             logger.warning("%s; double-forking workers from now on", e)
         else:
             if pid == 0:
-                _run_child(worker_id, log_path, raylet_pid, template)  # never returns
+                _run_child(worker_id, log_path, raylet_pid, template, gcs_durable)  # never returns
             return pid
     r, w = os.pipe()
     try:
@@ -274,7 +279,7 @@ def _fork_worker(worker_id: str, log_path: str, raylet_pid: int, template: tuple
                 b = os.fork()
                 if b == 0:
                     os.close(w)
-                    _run_child(worker_id, log_path, raylet_pid, template)  # never returns
+                    _run_child(worker_id, log_path, raylet_pid, template, gcs_durable)  # never returns
                 os.write(w, str(b).encode())
             finally:
                 os._exit(0)
@@ -296,7 +301,8 @@ def _fork_worker(worker_id: str, log_path: str, raylet_pid: int, template: tuple
     return int(data)
 
 
-def _run_child(worker_id: str, log_path: str, raylet_pid: int, template: tuple[Any, Any]) -> None:
+def _run_child(worker_id: str, log_path: str, raylet_pid: int, template: tuple[Any, Any],
+               gcs_durable: bool | None = None) -> None:
     code = 1
     try:
         first_parent = os.getppid()
@@ -318,6 +324,8 @@ def _run_child(worker_id: str, log_path: str, raylet_pid: int, template: tuple[A
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         args, config = template
         args.worker_id = worker_id
+        if gcs_durable is not None:
+            args.gcs_durable = "1" if gcs_durable else "0"
         sys.argv = [sys.executable, "-m", "lumos._private.worker.main", "--worker-id", worker_id]
         set_cmdline(" ".join(sys.argv))
         from lumos._private.worker import main as worker_main

@@ -38,6 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--node-ip", default="127.0.0.1")
     p.add_argument("--config", default="")
     p.add_argument("--parent-pid", type=int, default=0)
+    # Whether the GCS keeps its tables in durable storage, as the raylet heard it from the
+    # GCS; without it the worker asks the GCS (one more request at start-up).
+    p.add_argument("--gcs-durable", choices=["", "0", "1"], default="")
     return p.parse_args(argv)
 
 
@@ -58,7 +61,7 @@ def run(args: argparse.Namespace, config: Config | None = None) -> None:
                     gcs_address=parse_address(args.gcs_address), raylet_socket=args.raylet_socket,
                     session_dir=args.session_dir, node_id=bytes.fromhex(args.node_id),
                     store_dir=args.store_dir, worker_id=bytes.fromhex(args.worker_id),
-                    node_ip=args.node_ip)
+                    node_ip=args.node_ip, gcs_durable=None if not args.gcs_durable else args.gcs_durable == "1")
     executor = Executor(cw)
     cw.executor = executor
     sys.stdout = TaskOutput(executor, False, sys.__stdout__)
