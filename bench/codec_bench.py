@@ -3,7 +3,8 @@
 ``python bench/codec_bench.py`` prints microseconds per message (best of 5 ``timeit`` runs)
 for a ``PushTask`` of a sync task, its ``TaskReply``, an actor call's ``PushTask``, a batch
 of 100 task events, ``FrameDecoder.feed`` of one such frame and of a 1 MiB frame arriving
-in 64 KiB reads. For an A/B, run it with a directory holding ``lumos -> <other
+in 64 KiB reads, then ``serialize`` + ``to_bytes`` and ``deserialize`` of small user values
+(a task's arguments and results). For an A/B, run it with a directory holding ``lumos -> <other
 tree>/runtime`` first on ``PYTHONPATH``.
 """
 
@@ -12,6 +13,9 @@ from __future__ import annotations
 import os
 import timeit
 
+import numpy as np
+
+from lumos._private import serialization as ser
 from lumos._private.protocol import messages as m
 from lumos._private.protocol.framing import FrameDecoder, frame
 
@@ -54,6 +58,15 @@ def main() -> None:
             dec_.feed(c)
     big_us = min(timeit.repeat(feed_big, number=200, repeat=5)) / 200 * 1e6
     print(f"{'FrameDecoder.feed 1 MiB':24s} in {len(chunks)} reads  {big_us:6.1f} us")
+    values = {"()": (), "(1,)": (1,), "None": None, "(1, 'a', 2.5)": (1, "a", 2.5),
+              "16-float array": np.arange(16, dtype=np.float64),
+              "(array, 3)": (np.arange(16, dtype=np.float64), 3),
+              "small dict": {"a": 1, "b": [1.0, 2.0], "c": "x"}}
+    for name, value in values.items():
+        blob = ser.serialize(value).to_bytes()
+        enc = min(timeit.repeat(lambda: ser.serialize(value).to_bytes(), number=number, repeat=5)) / number * 1e6
+        dec = min(timeit.repeat(lambda: ser.deserialize(blob), number=number, repeat=5)) / number * 1e6
+        print(f"{'value ' + name:24s} {len(blob):5d} B  serialize {enc:5.2f} us  deserialize {dec:5.2f} us")
 
 
 if __name__ == "__main__":

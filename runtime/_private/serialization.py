@@ -33,6 +33,8 @@ ALIGN = 64
 
 _HEAD = struct.Struct("<BBHIQ")
 _ENTRY = struct.Struct("<QQ")
+_VERSION_BYTE = bytes((VERSION,))
+_NO_BUFFERS = bytes(4)   # the nbuf field of a blob without out-of-band buffers
 _PLAIN_SCALARS = frozenset((int, float, str, bytes, bool, type(None), complex))
 
 _local = threading.local()
@@ -89,26 +91,82 @@ class DeserializationError(Exception):
     """A serialized value could not be rebuilt in this process."""
 
 
-def _is_plain(value: Any, depth: int = 0) -> bool:
+_NOT_PLAIN, _PLAIN, _PLAIN_WITH_ARRAYS = 0, 1, 2
+
+
+def _plainness(value: Any, depth: int = 0) -> int:
+    """``_PLAIN`` for scalars and small containers of them, ``_PLAIN_WITH_ARRAYS`` when
+    such a value holds numpy arrays (of no Python objects), else ``_NOT_PLAIN``: a plain
+    value holds no ObjectRef and no code, so the C pickler can write it."""
     t = type(value)
     if t in _PLAIN_SCALARS:
-        return True
+        return _PLAIN
     if depth < 2:
         if t is tuple or t is list:
-            return len(value) <= 64 and all(_is_plain(v, depth + 1) for v in value)
+            if len(value) > 64:
+                return _NOT_PLAIN
+            found = _PLAIN
+            for v in value:
+                p = _plainness(v, depth + 1)
+                if p == _NOT_PLAIN:
+                    return _NOT_PLAIN
+                found |= p
+            return found
         if t is dict:
-            return len(value) <= 64 and all(
-                type(k) in _PLAIN_SCALARS and _is_plain(v, depth + 1) for k, v in value.items())
+            if len(value) > 64:
+                return _NOT_PLAIN
+            found = _PLAIN
+            for k, v in value.items():
+                if type(k) not in _PLAIN_SCALARS:
+                    return _NOT_PLAIN
+                p = _plainness(v, depth + 1)
+                if p == _NOT_PLAIN:
+                    return _NOT_PLAIN
+                found |= p
+            return found
     nd = _ndarray_type()
     if nd is not None and t is nd and value.dtype.kind != "O":
-        return True
-    return False
+        return _PLAIN_WITH_ARRAYS
+    return _NOT_PLAIN
+
+
+_SIMPLE_DTYPE_KINDS = frozenset("biufcSU")   # (datetimes export no buffer)
+
+
+def _reduce_ndarray(arr: Any) -> tuple:
+    """A C-contiguous array of a simple dtype as its buffer (out of band), dtype string
+    and shape: cheaper to write and read than numpy's reduction (which pickles a dtype
+    object); any other array as numpy reduces it."""
+    dtype = arr.dtype
+    if dtype.kind in _SIMPLE_DTYPE_KINDS and arr.flags.c_contiguous and dtype.fields is None \
+            and dtype.subdtype is None and dtype.metadata is None:
+        return _rebuild_ndarray, (pickle.PickleBuffer(arr), dtype.str, arr.shape)
+    return arr.__reduce_ex__(5)  # type: ignore[no-any-return]
+
+
+def _rebuild_ndarray(buf: Any, dtype: str, shape: tuple[int, ...]) -> Any:
+    import numpy as np
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+_array_dispatch: dict[type, Callable[[Any], tuple]] = {}
+
+
+def _dumps_with_arrays(value: Any, buffer_callback: Callable[[pickle.PickleBuffer], Any]) -> bytes:
+    """``pickle.dumps`` of a plain value holding arrays, each reduced by ``_reduce_ndarray``."""
+    if not _array_dispatch:
+        _array_dispatch[_ndarray_type()] = _reduce_ndarray  # type: ignore[index]
+    with io.BytesIO() as f:
+        p = pickle.Pickler(f, protocol=5, buffer_callback=buffer_callback)
+        p.dispatch_table = _array_dispatch
+        p.dump(value)
+        return f.getvalue()
 
 
 class SerializedValue:
     """A pickled value with its out-of-band buffers, not yet laid out."""
 
-    __slots__ = ("kind", "pickled", "buffers", "nested_refs", "total_size", "_offsets")
+    __slots__ = ("kind", "pickled", "buffers", "nested_refs", "total_size", "_offsets", "_blob")
 
     def __init__(self, kind: int, pickled: bytes, buffers: list[memoryview],
                  nested_refs: list[Any]) -> None:
@@ -118,6 +176,12 @@ class SerializedValue:
         self.buffers = buffers
         #: ObjectRefs met while pickling.
         self.nested_refs = nested_refs
+        self._blob: bytes | None = None
+        if not buffers:
+            self._offsets: list[int] = []
+            #: Size of the laid-out blob.
+            self.total_size = _HEAD.size + len(pickled)
+            return
         header = _HEAD.size + _ENTRY.size * len(buffers)
         pos = header + len(pickled)
         offsets = []
@@ -126,7 +190,6 @@ class SerializedValue:
             offsets.append(pos)
             pos += buf.nbytes
         self._offsets = offsets
-        #: Size of the laid-out blob.
         self.total_size = pos
 
     def _header(self) -> bytes:
@@ -138,7 +201,10 @@ class SerializedValue:
     def to_bytes(self) -> bytes:
         """The blob as one bytes object (for inline values)."""
         if not self.buffers:
-            return _HEAD.pack(VERSION, self.kind, 0, 0, len(self.pickled)) + self.pickled
+            blob = self._blob
+            if blob is None:
+                blob = self._blob = _HEAD.pack(VERSION, self.kind, 0, 0, len(self.pickled)) + self.pickled
+            return blob
         # One join copies each buffer once (a bytearray filled and then turned into
         # bytes would copy the whole blob twice).
         parts: list[Any] = [self._header(), self.pickled]
@@ -168,7 +234,28 @@ class SerializedValue:
 
 
 def serialize(value: Any, kind: int = KIND_VALUE) -> SerializedValue:
-    """Pickle ``value`` with protocol 5, buffers out of band. Raises ``SerializationError``."""
+    """Pickle ``value`` with protocol 5, buffers out of band. Raises ``SerializationError``.
+
+    The result for ``None`` and ``()`` is shared (its fields must not be changed).
+    """
+    if kind == KIND_VALUE:
+        if value is None:
+            return _NONE
+        if type(value) is tuple and not value:
+            return _EMPTY_TUPLE
+    plain = _plainness(value)
+    if plain != _NOT_PLAIN:
+        # No refs to record and no code to pickle by value: the C pickler suffices.
+        pickled_buffers: list[pickle.PickleBuffer] = []
+        try:
+            if plain == _PLAIN:
+                pickled = pickle.dumps(value, protocol=5, buffer_callback=pickled_buffers.append)
+            else:
+                pickled = _dumps_with_arrays(value, pickled_buffers.append)
+        except Exception as e:
+            raise SerializationError(_describe_failure(value, e)) from e
+        return SerializedValue(kind, pickled, [pb.raw() for pb in pickled_buffers]
+                               if pickled_buffers else pickled_buffers, [])
     buffers: list[memoryview] = []
 
     def on_buffer(pb: pickle.PickleBuffer) -> bool:
@@ -179,10 +266,7 @@ def serialize(value: Any, kind: int = KIND_VALUE) -> SerializedValue:
     refs: list[Any] = []
     _local.refs = refs
     try:
-        if _is_plain(value):
-            pickled = pickle.dumps(value, protocol=5, buffer_callback=on_buffer)
-        else:
-            pickled = cloudpickle_dumps(value, protocol=5, buffer_callback=on_buffer)
+        pickled = cloudpickle_dumps(value, protocol=5, buffer_callback=on_buffer)
     except SerializationError:
         raise
     except Exception as e:
@@ -190,6 +274,12 @@ def serialize(value: Any, kind: int = KIND_VALUE) -> SerializedValue:
     finally:
         _local.refs = prev
     return SerializedValue(kind, pickled, buffers, refs)
+
+
+_NONE = SerializedValue(KIND_VALUE, pickle.dumps(None, protocol=5), [], [])
+_NONE.to_bytes()
+_EMPTY_TUPLE = SerializedValue(KIND_VALUE, pickle.dumps((), protocol=5), [], [])
+_EMPTY_TUPLE.to_bytes()
 
 
 def _describe_failure(value: Any, e: Exception) -> str:
@@ -306,6 +396,17 @@ def parse(blob: memoryview) -> tuple[int, memoryview, list[memoryview]]:
 
 def deserialize(blob: bytes | memoryview) -> tuple[int, Any]:
     """Rebuild a value. Returns ``(kind, value)``; buffers stay views of ``blob``."""
+    if type(blob) is bytes and blob[:1] == _VERSION_BYTE and blob[4:8] == _NO_BUFFERS:
+        # An inline value without out-of-band buffers (the common small one): no buffer
+        # table to read; ``pickle.loads`` ignores the bytes after the stream's STOP, and a
+        # length that runs past the end is caught by it as a truncated stream.
+        try:
+            return blob[1], pickle.loads(memoryview(blob)[16:])
+        except Exception as e:
+            if len(blob) < _HEAD.size + int.from_bytes(blob[8:16], "little"):
+                raise DeserializationError("serialized value is truncated") from e
+            raise DeserializationError(
+                f"could not deserialize a value: {type(e).__name__}: {e}") from e
     view = blob if isinstance(blob, memoryview) else memoryview(blob)
     kind, stream, buffers = parse(view)
     try:

@@ -683,6 +683,85 @@ def test_corrupt_blobs_raise_deserialization_error():
         ser.deserialize(bytes(broken))
 
 
+def test_a_truncated_inline_blob_without_buffers_says_it_is_truncated():
+    good = ser.serialize(list(range(100))).to_bytes()
+    with pytest.raises(ser.DeserializationError, match="^serialized value is truncated$"):
+        ser.deserialize(good[:-20])
+    # a short header, and a memoryview (a store file's form), say the same
+    with pytest.raises(ser.DeserializationError, match="truncated"):
+        ser.deserialize(good[:10])
+    with pytest.raises(ser.DeserializationError, match="could not deserialize"):
+        ser.deserialize(memoryview(good[:-20]))
+
+
+def test_none_and_empty_tuple_serialize_to_one_shared_blob():
+    assert ser.serialize(None) is ser.serialize(None)
+    assert ser.serialize(()).to_bytes() is ser.serialize(()).to_bytes()
+    assert ser.serialize(None).nested_refs == [] and ser.serialize(()).nested_refs == []
+    assert ser.deserialize(ser.serialize(()).to_bytes()) == (ser.KIND_VALUE, ())
+    # another kind is not the shared value
+    blob = ser.serialize(None, ser.KIND_ERROR).to_bytes()
+    assert ser.deserialize(blob) == (ser.KIND_ERROR, None)
+    assert ser.deserialize(ser.serialize(None).to_bytes()) == (ser.KIND_VALUE, None)
+
+
+def test_plain_values_skip_the_ref_recording_context():
+    seen = []
+
+    def run():
+        ser.serialize((1, 2.0, "x", {"k": b"y"}))
+        ser.serialize(np.arange(4))
+        seen.append(hasattr(ser._local, "refs"))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(10)
+    assert seen == [False]
+
+
+def test_inline_blobs_without_buffers_are_read_without_parsing_a_buffer_table(monkeypatch):
+    blobs = [ser.serialize(v).to_bytes() for v in ((1,), {"a": 1}, "s")]
+    arr = ser.serialize(np.arange(8)).to_bytes()
+
+    def no_parse(blob):
+        raise AssertionError("parse called for a blob without buffers")
+
+    monkeypatch.setattr(ser, "parse", no_parse)
+    assert [ser.deserialize(b)[1] for b in blobs] == [(1,), {"a": 1}, "s"]
+    with pytest.raises(AssertionError):
+        ser.deserialize(arr)   # out-of-band buffers still go through the table
+
+
+@pytest.mark.parametrize("arr", [
+    np.array([True, False]), np.arange(5, dtype=np.int8), np.arange(3, dtype=np.uint64),
+    np.array([1 + 2j]), np.arange(4, dtype=">i4"), np.array(3.5), np.zeros((0, 3)),
+    np.array([b"ab", b"c"]), np.array(["xyz", "é"]), np.float16([1, 2]),
+    np.arange(12.0).reshape(3, 4),
+])
+def test_plain_arrays_pickle_as_buffer_dtype_string_and_shape(arr):
+    for value in (arr, (arr, 1), {"k": [arr]}):
+        sv = ser.serialize(value)
+        # numpy's own reduction pickles a dtype object by reference to numpy's modules
+        assert b"_rebuild_ndarray" in sv.pickled and b"numpy" not in sv.pickled
+        assert len(sv.buffers) == 1
+    for blob in (sv.to_bytes(), memoryview(sv.to_bytes())):
+        out = ser.deserialize(blob)[1]["k"][0]
+        assert out.dtype == arr.dtype and out.shape == arr.shape and np.array_equal(out, arr)
+        assert not out.flags.writeable
+
+
+@pytest.mark.parametrize("arr", [
+    np.asfortranarray(np.arange(6.0).reshape(2, 3)), np.arange(10)[::2],
+    np.zeros(2, dtype=[("a", "<i4"), ("b", "<f8")]),
+    np.array(["2020-01-01"], dtype="datetime64[ns]"), np.array([5], dtype="timedelta64[s]"),
+])
+def test_other_arrays_keep_numpys_own_reduction(arr):
+    sv = ser.serialize((arr,))
+    assert b"_rebuild_ndarray" not in sv.pickled
+    out = ser.deserialize(sv.to_bytes())[1][0]
+    assert out.dtype == arr.dtype and out.shape == arr.shape and np.array_equal(out, arr)
+
+
 def test_value_that_fails_to_unpickle_raises_deserialization_error():
     class Boom:
         def __reduce__(self):
