@@ -185,8 +185,10 @@ class ActorClass:
             "class_name": cls.__name__, "handle_meta": pickle.dumps(meta),
         }
         actor_id = random_id(16)
-        info = cw.create_actor(template, args, kwargs, actor_id, actor_options)
-        if info.actor_id != actor_id:
+        # An actor without a name: nothing at the GCS can refuse it, so its registration
+        # goes on in the background (its calls queue behind it, a failure fails them).
+        info = cw.create_actor(template, args, kwargs, actor_id, actor_options, wait=bool(name))
+        if info is not None and info.actor_id != actor_id:
             return _handle_from_info(info)
         owned = not detached and not name
         return ActorHandle(actor_id, cls.__name__, methods, max_task_retries, owned, max_pending)
@@ -247,6 +249,9 @@ class ActorHandle:
 
     def __reduce__(self) -> Any:
         self._escaped = True
+        cw = worker_context.core_worker
+        if cw is not None and cw._registering:
+            cw.wait_registered(self._actor_id)  # the receiver asks the GCS about the actor
         return (_rebuild_handle, (self._actor_id, self._class_name, self._methods, self._max_task_retries,
                                   self._max_pending_calls))
 
@@ -375,6 +380,7 @@ def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
         raise TypeError(f"lumos.kill() takes an actor handle, not {type(actor).__name__}"
                         + ("; use lumos.cancel() for tasks" if isinstance(actor, ObjectRef) else ""))
     cw = worker_context.require()
+    cw.wait_registered(actor._actor_id)  # the GCS must know the actor before it can end it
     cw.call_gcs(m.KillActor(actor._actor_id, bool(no_restart), "killed by lumos.kill()"))
 
 

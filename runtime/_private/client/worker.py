@@ -390,8 +390,14 @@ class ClientWorker:
         reply, _ = self._call(control, payload)
         return self._refs(reply["ids"])
 
+    #: No registration runs in the background here: the server's create_actor waits for it.
+    _registering: dict[bytes, Any] = {}
+
+    def wait_registered(self, actor_id: bytes) -> None:
+        """Nothing to wait for: ``create_actor`` returned after the registration."""
+
     def create_actor(self, template: Any, args: tuple[Any, ...], kwargs: dict[str, Any], actor_id: bytes,
-                     options: dict[str, Any]) -> Any:
+                     options: dict[str, Any], wait: bool = True) -> Any:
         payload = wire.Payload()
         payload.add(ser.serialize((args, kwargs)))
         control = {"op": "create_actor", "actor_id": actor_id, "options": pickle.dumps(options),

@@ -33,7 +33,8 @@ ALIVE, DEAD = "ALIVE", "DEAD"
 
 class _ActorQueue:
     __slots__ = ("actor_id", "info", "conn", "conn_worker", "connecting", "queue", "ready", "inflight",
-                 "lost", "subscribed", "pinned", "check_timer", "released", "lost_since")
+                 "lost", "subscribed", "pinned", "check_timer", "released", "lost_since", "registering",
+                 "failed")
 
     def __init__(self, actor_id: ActorID) -> None:
         self.actor_id = actor_id
@@ -55,6 +56,11 @@ class _ActorQueue:
         #: Arguments of the creation task, held while the actor may restart (owner only).
         self.pinned: list[bytes] = []
         self.check_timer: Any = None
+        #: Created by this process and its RegisterActor not answered yet: calls queue, the
+        #: GCS is neither asked about it nor told to end it until the answer comes.
+        self.registering = False
+        #: Its registration failed: every call raises this.
+        self.failed: BaseException | None = None
         #: The owner's handles are all gone: end the actor once its calls are answered.
         self.released = False
 
@@ -86,13 +92,41 @@ class ActorSubmitter:
             q = self.actors[actor_id] = _ActorQueue(actor_id)
         if info is not None:
             self._apply(q, info)
-        if not q.subscribed:
+        if not q.subscribed and not q.registering:
             q.subscribed = True
             gcs = self.cw.gcs
             if gcs is not None and not gcs.is_closed:
                 gcs.notify(m.Subscribe("actors", actor_id))
                 self.cw.spawn(self._refresh(q), "actor.info")
         return q
+
+    def registering(self, actor_id: ActorID) -> None:
+        """This process sent (or is about to send) the actor's RegisterActor (io thread)."""
+        q = self.actors.get(actor_id)
+        if q is None:
+            q = self.actors[actor_id] = _ActorQueue(actor_id)
+        q.registering = True
+
+    def registered(self, actor_id: ActorID, info: m.ActorInfo) -> None:
+        """The GCS answered the actor's RegisterActor: follow it as any actor (io thread)."""
+        q = self.actors.get(actor_id)
+        if q is not None:
+            q.registering = False
+        self.track(actor_id, info)
+        if q is not None and q.released:
+            self._maybe_release(q)
+
+    def registration_failed(self, actor_id: ActorID, error: BaseException) -> None:
+        """The actor's RegisterActor failed: its calls, queued and future, raise ``error``."""
+        q = self.actors.get(actor_id)
+        if q is None:
+            q = self.actors[actor_id] = _ActorQueue(actor_id)
+        q.registering = False
+        q.failed = error
+        self._fail_all(q, error)
+        if q.pinned:
+            ids, q.pinned = q.pinned, []
+            self.cw.unpin(ids)
 
     def pin_creation_args(self, actor_id: ActorID, ids: list[bytes]) -> None:
         self.track(actor_id).pinned.extend(ids)
@@ -233,6 +267,9 @@ class ActorSubmitter:
         q = self.actors.get(task.spec.actor_id or b"")
         if q is None:
             q = self.track(task.spec.actor_id or b"")
+        if q.failed is not None:
+            self.cw.fail_task(task, q.failed)
+            return
         if q.info is not None and q.info.state == DEAD:
             self.cw.fail_task(task, self._death_error(q))
             return
@@ -349,7 +386,8 @@ class ActorSubmitter:
             self._maybe_release(q)
 
     def _maybe_release(self, q: _ActorQueue) -> None:
-        if q.queue or q.inflight or q.lost or (q.info is not None and q.info.state == DEAD):
+        if q.queue or q.inflight or q.lost or q.registering or q.failed is not None or (
+                q.info is not None and q.info.state == DEAD):
             return
         q.released = False
         gcs = self.cw.gcs

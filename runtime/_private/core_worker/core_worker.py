@@ -170,6 +170,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self._peers = ConnectionCache()
         #: Function ids already exported to the GCS for this job.
         self._exported: set[bytes] = set()
+        #: Actors this process created whose RegisterActor is not answered yet (submission.py).
+        self._registering: dict[bytes, Any] = {}
         #: Task id -> the values of a streaming generator task that arrived so far.
         self.streams: dict[bytes, GeneratorStream] = {}
         # cross-thread ---------------------------------------------------------------

@@ -12,15 +12,19 @@ buffered as tuples and turned into messages off the hot path (``_flush_loop``).
  user thread: submit_task ─► _pack_args ─► TaskSpec ─► owned returns ─► _post(_on_submit) ─► refs
  io thread:   _on_submit ─► OwnerState.resolve_args ─► TaskSubmitterState.enqueue ─► PushTask
               (actor calls ─► actor_submitter.py)
- create_actor ─► RegisterActor at the GCS (run_sync) ─► actor_submitter.track
+ create_actor ─► named: RegisterActor at the GCS (run_sync) ─► actor_submitter.track
+               unnamed: _post(_register_async) ─► io thread: RegisterActor (not awaited by the user)
+                        ─► actor_submitter.registered / registration_failed (calls queue until then)
 ```
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import hashlib
+import threading
 import time
 from typing import Any
 
@@ -236,11 +240,14 @@ class SubmissionMixin:
         return True
 
     def create_actor(self, template: TaskTemplate, args: tuple[Any, ...], kwargs: dict[str, Any],
-                     actor_id: ActorID, actor_options: dict[str, Any]) -> m.ActorInfo:
+                     actor_id: ActorID, actor_options: dict[str, Any], wait: bool = True) -> m.ActorInfo | None:
         """Register an actor with the GCS, which creates it (user thread).
 
         Returns the GCS's row for the actor: a different actor's row when
-        ``get_if_exists`` found one with the same name.
+        ``get_if_exists`` found one with the same name. ``wait=False`` (an actor
+        without a name: nothing the GCS checks can fail but the GCS itself) returns
+        None at once; the io thread sends the RegisterActor (in order, without waiting
+        on the ones before) and a failed registration fails the actor's calls.
         """
         if self.objects.decrements:
             self.drain_refs()
@@ -260,6 +267,20 @@ class SubmissionMixin:
         if pinned:
             with self.objects.lock:
                 self.objects.add_submitted(pinned)
+
+        if not wait:
+            fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+            self._registering[actor_id] = fut
+            self._post(self._register_async, template, spec, fut)
+            if spec.enable_task_events:
+                self._buffer_event((task_id, 0, m.TaskState.SUBMITTED, time.time(), {
+                    "name": template.name, "function_name": template.function_name,
+                    "parent": self.current_task_id, "args": pinned, "returns": [],
+                    "resources": template.resources, "type": m.TaskKind.ACTOR_CREATION_TASK.name,
+                    "actor_id": actor_id}, None, None, None))
+                if pinned:
+                    self._post(self.actor_submitter.pin_creation_args, actor_id, pinned)
+            return None
 
         async def register() -> m.ActorInfo:
             self.export_function(template)
@@ -290,6 +311,45 @@ class SubmissionMixin:
                 self._post(self.actor_submitter.pin_creation_args, actor_id, pinned)
         self._post(self.actor_submitter.track, info.actor_id, info)
         return info
+
+    def _register_async(self, template: TaskTemplate, spec: m.TaskSpec,
+                        fut: "concurrent.futures.Future[None]") -> None:
+        """io thread: the actor's calls queue until its RegisterActor is answered."""
+        self.actor_submitter.registering(spec.actor_id)
+        self.spawn(self._register(template, spec, fut), "actor.register")
+
+    async def _register(self, template: TaskTemplate, spec: m.TaskSpec,
+                        fut: "concurrent.futures.Future[None]") -> None:
+        actor_id = spec.actor_id
+        try:
+            self.export_function(template)
+            info = await self._gcs_call(m.RegisterActor(spec), None)
+        except (Exception, asyncio.CancelledError) as e:
+            if isinstance(e, ConnectionLost):
+                why = f"the GCS connection was lost ({e})"
+            elif isinstance(e, RemoteError):
+                why = f"the GCS refused it ({e})"
+            else:
+                why = f"{type(e).__name__}: {e}"
+            err = exc.ActorDiedError(actor_id.hex(), f"the actor {template.name.split('.')[0]} was never "
+                                     f"created: registering it with the GCS failed: {why}")
+            self._registering.pop(actor_id, None)
+            self.actor_submitter.registration_failed(actor_id, err)
+            fut.set_result(None)
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            return
+        self._registering.pop(actor_id, None)
+        self.actor_submitter.registered(actor_id, info)
+        fut.set_result(None)
+
+    def wait_registered(self, actor_id: ActorID) -> None:
+        """User thread: wait until the GCS answered this process's RegisterActor for the
+        actor, if it is in flight (before the actor's id is sent anywhere else)."""
+        fut = self._registering.get(actor_id)
+        if fut is None or threading.current_thread() is self.io.thread:
+            return
+        fut.result(self.config.gcs_reconnect_timeout_s + self.config.rpc_timeout_s + 1)
 
     def _env_for(self, template: TaskTemplate) -> dict[str, str] | None:
         """A new task's or actor's environment variables: its own over its parent's."""
