@@ -45,7 +45,7 @@ from typing import Any
 
 import cloudpickle
 
-from lumos._private.serialization import cloudpickle_dumps
+from lumos.util.pickling import dumps as cloudpickle_dumps
 
 #: The matplotlib backend of remote cells (``mpl_backend``), as ``MPLBACKEND`` names it.
 MPL_BACKEND = "module://lumos.kernelext.mpl_backend"
