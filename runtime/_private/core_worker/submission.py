@@ -268,7 +268,7 @@ class SubmissionMixin:
             with self.objects.lock:
                 self.objects.add_submitted(pinned)
 
-        if not wait:
+        if not wait and self.gone is None:  # (a cluster known gone: the sync path's clear error)
             fut: concurrent.futures.Future[None] = concurrent.futures.Future()
             self._registering[actor_id] = fut
             self._post(self._register_async, template, spec, fut)
