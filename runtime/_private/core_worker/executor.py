@@ -88,6 +88,12 @@ class Executor(ArgumentsMixin):
         self._running: m.TaskSpec | None = None
         self._running_root: bytes | None = None
         self._cancel_requested: bytes | None = None
+        #: Guards the start of a task (``_running`` set, ``_cancelled`` checked) against
+        #: ``cancel`` on the io thread: a cancel between the two would otherwise be lost.
+        self._start_lock = threading.Lock()
+        #: The task id ``cancel`` last sent SIGINT for; the task the handler raised in.
+        self._signalled: bytes | None = None
+        self._interrupted: bytes | None = None
         self._in_args = False
         #: Borrowed refs deserialized from this task's arguments.
         self._arg_borrowed: list[tuple[bytes, m.Address]] = []
@@ -175,20 +181,22 @@ class Executor(ArgumentsMixin):
         self._lead = conn.share_reading(self._wake)
 
     def cancel(self, task_id: TaskID, force: bool, recursive: bool) -> None:
-        running = self._running
-        if running is not None and running.task_id == task_id:
-            self._cancel_requested = task_id
-            if recursive:
-                self.cw.cancel_children(task_id, force)
-            if running.kind == m.TaskKind.NORMAL_TASK:
-                signal.pthread_kill(self._main_ident, signal.SIGINT)
-            # An actor's running method is not interrupted (as in Ray: it would leave the
-            # actor's state half-changed); it can poll get_runtime_context().is_canceled().
-        elif self.actor is not None and (self.actor.cancel_call(task_id) or self.actor.cancel_threaded(task_id)):
-            if recursive:
-                self.cw.cancel_children(task_id, force)
-        else:
-            self._cancelled.add(task_id)
+        with self._start_lock:
+            running = self._running
+            if running is not None and running.task_id == task_id:
+                self._cancel_requested = task_id
+                if running.kind == m.TaskKind.NORMAL_TASK:
+                    self._signalled = task_id
+                    signal.pthread_kill(self._main_ident, signal.SIGINT)
+                # An actor's running method is not interrupted (as in Ray: it would leave the
+                # actor's state half-changed); it can poll get_runtime_context().is_canceled().
+            elif self.actor is not None and (self.actor.cancel_call(task_id) or self.actor.cancel_threaded(task_id)):
+                pass
+            else:
+                self._cancelled.add(task_id)
+                return
+        if recursive:
+            self.cw.cancel_children(task_id, force)
 
     def requeue_waiting(self) -> None:
         """The running task blocks in get(): hand the tasks queued behind it back to their
@@ -238,11 +246,19 @@ class Executor(ArgumentsMixin):
     # ------------------------------------------------------------------ main loop
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
-        """SIGINT (``cancel``'s ``pthread_kill``) interrupts a running task only: one that
-        lands after its task ended would otherwise break the main thread out of reading
-        the next task's frame, or out of sending a reply."""
-        if self._running is not None:
-            raise KeyboardInterrupt
+        """SIGINT interrupts a running task only, and once: a signal that lands after its
+        task ended would otherwise break the main thread out of reading the next task's
+        frame or sending a reply, and a cancel's signal for a task that ended meanwhile
+        must not interrupt the next one. A SIGINT nobody's ``cancel`` sent (``kill -INT``)
+        interrupts the running task, which fails with ``KeyboardInterrupt``."""
+        running = self._running
+        if running is None or self._interrupted == running.task_id:
+            return
+        target, self._signalled = self._signalled, None
+        if target is not None and target != running.task_id:
+            return
+        self._interrupted = running.task_id
+        raise KeyboardInterrupt
 
     def run(self) -> None:
         if threading.get_ident() == self._main_ident and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
@@ -460,9 +476,6 @@ class Executor(ArgumentsMixin):
     def execute(self, msg: m.PushTask) -> m.TaskReply:
         spec = msg.spec
         cw = self.cw
-        early = self.cancelled_before_start(spec)
-        if early is not None:
-            return early
         start = time.time()
         if spec.kind == m.TaskKind.ACTOR_CREATION_TASK and isinstance(spec.actor_options, dict):
             self._take_preload(spec)
@@ -471,9 +484,13 @@ class Executor(ArgumentsMixin):
         except exc.LumosSystemError as e:
             return m.TaskReply(spec.task_id, self._error_returns(spec, self._task_error_blob(spec, e)), True, False,
                                [], cw.worker_id, start, time.time())
-        self._running = spec
+        with self._start_lock:
+            if spec.task_id in self._cancelled:
+                self._cancelled.discard(spec.task_id)
+                return self._system_reply(spec, "cancelled before it started", m.ErrorKind.CANCELLED)
+            self._cancel_requested = None
+            self._running = spec
         self._running_root = spec.root_task_id
-        self._cancel_requested = None
         cw.current_task_id = spec.task_id
         strategy = self.actor.strategy if self.actor is not None else spec.strategy
         cw.capture_strategy = None if strategy is None else captured_strategy(strategy)
@@ -503,12 +520,16 @@ class Executor(ArgumentsMixin):
                     returns = self._stream_returns(spec, result)
                 if self._cancel_requested == spec.task_id and spec.kind == m.TaskKind.NORMAL_TASK:
                     raise KeyboardInterrupt  # (an actor's call that finished despite a cancel counts)
-            except KeyboardInterrupt:
+                if spec.num_returns != -1:
+                    returns = self._store_returns(spec, result)
+            except KeyboardInterrupt as e:
                 if self._cancel_requested == spec.task_id:
                     return self._system_reply(spec, "cancelled while running", m.ErrorKind.CANCELLED, start)
-                raise
-            if spec.num_returns != -1:
-                returns = self._store_returns(spec, result)
+                # Not a cancel: the task raised it, or someone sent the worker SIGINT. It fails
+                # like any task that raised (its reply must go out: the owner waits for it).
+                app_error = True
+                retryable = self._is_retryable(spec, e)
+                returns = self._error_returns(spec, self._task_error_blob(spec, e))
         except _NotHere as e:
             return self._system_reply(spec, str(e), m.ErrorKind.ACTOR_DIED, start)
         except SystemExit as e:
