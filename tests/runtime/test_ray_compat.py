@@ -482,3 +482,33 @@ def test_log_once_and_inspect_serializability() -> None:
     ok, failures = lumos.util.inspect_serializability(uses_lock, name="uses_lock")
     assert not ok and any(name == "lock" for name, _ in failures)
     assert lumos.util.inspect_serializability(plain)[0]
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_a_quiet_actors_creation_arguments_are_released_with_it(cluster: lumos.LumosContext, named: bool) -> None:
+    # The creation task's store arguments stay pinned while the actor lives (a restart
+    # reruns it), and are released when it ends, with task events on or off.
+    from lumos._private import worker_context
+
+    cw = worker_context.core_worker
+    assert cw is not None
+    arg = lumos.put(b"x" * (1 << 20))
+    oid = arg.binary()
+    opts: dict[str, Any] = {"name": f"quiet-creation-args-{named}"} if named else {}
+    actor = _Holder.options(**opts).remote(arg)
+    assert lumos.get(actor.size.remote(), timeout=30) == 1 << 20
+    del arg
+    cw.drain_refs()
+    assert oid in cw.objects.entries  # the actor's creation still pins it
+    lumos.kill(actor)
+    del actor
+    wait_for(lambda: not (cw.drain_refs() or oid in cw.objects.entries), 15)
+
+
+@lumos.remote(enable_task_events=False)
+class _Holder:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def size(self) -> int:
+        return len(self.data)

@@ -272,8 +272,7 @@ class SubmissionMixin:
             fut: concurrent.futures.Future[None] = concurrent.futures.Future()
             self._registering[actor_id] = fut
             self._post(self._register_async, template, spec, fut)
-            if spec.enable_task_events:
-                self._creation_submitted(template, task_id, actor_id, pinned)
+            self._creation_submitted(template, spec, pinned)
             return None
 
         async def register() -> m.ActorInfo:
@@ -295,21 +294,22 @@ class SubmissionMixin:
             raise
         if info.actor_id != actor_id:  # get_if_exists: an existing actor
             self._post(self._unpin, pinned)
-        elif spec.enable_task_events:
-            self._creation_submitted(template, task_id, actor_id, pinned)
+        else:
+            self._creation_submitted(template, spec, pinned)
         self._post(self.actor_submitter.track, info.actor_id, info)
         return info
 
-    def _creation_submitted(self, template: TaskTemplate, task_id: TaskID, actor_id: ActorID,
-                            pinned: list[Any]) -> None:
-        """The creation task's SUBMITTED event; its pinned arguments go to the actor's line."""
-        self._buffer_event((task_id, 0, m.TaskState.SUBMITTED, time.time(), {
-            "name": template.name, "function_name": template.function_name,
-            "parent": self.current_task_id, "args": pinned, "returns": [],
-            "resources": template.resources, "type": m.TaskKind.ACTOR_CREATION_TASK.name,
-            "actor_id": actor_id}, None, None, None))
+    def _creation_submitted(self, template: TaskTemplate, spec: m.TaskSpec, pinned: list[Any]) -> None:
+        """The creation task's pinned arguments go to the actor's line (released with the
+        actor), and its SUBMITTED event is recorded when task events are on."""
+        if spec.enable_task_events:
+            self._buffer_event((spec.task_id, 0, m.TaskState.SUBMITTED, time.time(), {
+                "name": template.name, "function_name": template.function_name,
+                "parent": self.current_task_id, "args": pinned, "returns": [],
+                "resources": template.resources, "type": m.TaskKind.ACTOR_CREATION_TASK.name,
+                "actor_id": spec.actor_id}, None, None, None))
         if pinned:
-            self._post(self.actor_submitter.pin_creation_args, actor_id, pinned)
+            self._post(self.actor_submitter.pin_creation_args, spec.actor_id, pinned)
 
     def _register_async(self, template: TaskTemplate, spec: m.TaskSpec,
                         fut: "concurrent.futures.Future[None]") -> None:
