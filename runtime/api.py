@@ -313,7 +313,16 @@ def _connect(config: Config, address: str, namespace: str, token_arg: str | None
     _register_exit_handler()
     return LumosContext({"gcs_address": address, "address": address, "node_id": node.node_id.hex(),
                          "session_dir": node.session_dir, "node_ip_address": node.address.host,
-                         "job_id": cw.job_id.hex()}, node.dashboard_url)
+                         "job_id": cw.job_id.hex()}, node.dashboard_url or _head_dashboard_url(node))
+
+
+def _head_dashboard_url(node: m.NodeInfo) -> str:
+    """A driver on the head's machine: the link of the dashboard ``lumos start --head``
+    started, which it wrote into the head's session directory ("" when there is none)."""
+    if not node.is_head:
+        return ""
+    from lumos._private.dashboard_process import read_dashboard_url
+    return read_dashboard_url(node.session_dir)
 
 
 def _connect_client(config: Config, address: str, namespace: str, token_arg: str | None,

@@ -38,6 +38,7 @@ import msgpack
 
 from lumos._private import serialization as ser
 from lumos._private.client import wire
+from lumos._private.dashboard_process import read_dashboard_url
 from lumos._private.protocol.framing import ProtocolError
 
 logger = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class ClientSessionServer:
         return {"op": "welcome", "job_id": cw.job_id, "worker_id": cw.worker_id, "node_id": cw.node_id,
                 "node_ip": cw.node_ip, "namespace": cw.namespace, "owner": pickle.dumps(cw.address),
                 "gcs_address": self.gcs_address or (ctx.address_info.get("gcs_address", "") if ctx else ""),
-                "dashboard_url": _dashboard_url(self.head_session_dir) or (ctx.dashboard_url if ctx else ""),
+                "dashboard_url": read_dashboard_url(self.head_session_dir) or (ctx.dashboard_url if ctx else ""),
                 "session_dir": str(cw.session_dir),
                 "grace_s": self.grace_s, "resumed": resumed, "pid": os.getpid()}
 
@@ -339,17 +340,6 @@ class ClientSessionServer:
         self._pool.shutdown(wait=False, cancel_futures=True)
         with self._held_lock:
             self.held.clear()
-
-
-def _dashboard_url(session_dir: str) -> str:
-    """The head's dashboard login link, from the ``dashboard.json`` its dashboard wrote ("" without one)."""
-    from lumos._private.process import read_private_file
-    if not session_dir:
-        return ""
-    try:
-        return str(json.loads(read_private_file(os.path.join(session_dir, "dashboard.json")))["url"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
 
 
 def _close(sock: socket.socket) -> None:
