@@ -339,12 +339,14 @@ def _connect_client(config: Config, address: str, namespace: str, token_arg: str
 
 
 def _fetch_nodes(config: Config, token: bytes, gcs_address: Any) -> list[m.NodeInfo]:
-    from lumos._private.transport.connection import ConnectionLost, connect
+    from lumos._private.transport.connection import ConnectionLost, WireVersionMismatch, connect
     where = f"{gcs_address[0]}:{gcs_address[1]}" if isinstance(gcs_address, tuple) else gcs_address
 
     async def ask() -> list[m.NodeInfo]:
         try:
             conn = await connect(gcs_address, token=token, config=config, name="init->gcs")
+        except WireVersionMismatch as e:
+            raise ConnectionError(f"cannot connect to the lumos GCS at {where}: {e}") from None
         except ConnectionLost:
             raise ConnectionError(f"the lumos GCS at {where} closed the connection during authentication: "
                                   "the cluster token is probably wrong (pass the token `lumos start --head` printed, "
