@@ -26,7 +26,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from lumos._private.ids import NodeID, ObjectID, WorkerID, short
 from lumos._private.protocol import messages as m
@@ -112,6 +112,9 @@ class ObjectTable:
         self.entries: dict[bytes, ObjectEntry] = {}
         #: Object ids whose ObjectRef instances died (from any thread).
         self.decrements: deque[bytes] = deque()
+        #: Called once, outside the lock, when the first borrower of an owned object is
+        #: recorded (a worker follows other workers' deaths from then on).
+        self.on_first_borrower: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ creation
 
@@ -193,7 +196,10 @@ class ObjectTable:
                 e.borrowers = {}
             e.borrowers[borrower.worker_id] = borrower
             e.shared = True
-            return True
+            first, self.on_first_borrower = self.on_first_borrower, None
+        if first is not None:
+            first()
+        return True
 
     def remove_borrower(self, ids: Iterable[bytes], borrower_worker_id: WorkerID) -> list[Freed]:
         freed: list[Freed] = []
