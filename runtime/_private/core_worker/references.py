@@ -115,6 +115,9 @@ class ObjectTable:
         #: Called once, outside the lock, when the first borrower of an owned object is
         #: recorded (a worker follows other workers' deaths from then on).
         self.on_first_borrower: Callable[[], None] | None = None
+        #: Borrower worker id -> the owned objects it borrows (a death drops its borrows
+        #: without a scan of every entry).
+        self.lent: dict[bytes, set[bytes]] = {}
 
     # ------------------------------------------------------------------ creation
 
@@ -196,6 +199,10 @@ class ObjectTable:
                 e.borrowers = {}
             e.borrowers[borrower.worker_id] = borrower
             e.shared = True
+            lent = self.lent.get(borrower.worker_id)
+            if lent is None:
+                lent = self.lent[borrower.worker_id] = set()
+            lent.add(oid)
             first, self.on_first_borrower = self.on_first_borrower, None
         if first is not None:
             first()
@@ -209,6 +216,11 @@ class ObjectTable:
                 if e is None or not e.borrowers:
                     continue
                 e.borrowers.pop(borrower_worker_id, None)
+                lent = self.lent.get(borrower_worker_id)
+                if lent is not None:
+                    lent.discard(oid)
+                    if not lent:
+                        del self.lent[borrower_worker_id]
                 if not e.borrowers:
                     e.borrowers = None
                 if not e.alive():
@@ -219,10 +231,11 @@ class ObjectTable:
         """Processes died: drop them as borrowers everywhere."""
         freed: list[Freed] = []
         with self.lock:
-            for oid, e in list(self.entries.items()):
-                if e.borrowers and worker_ids.intersection(e.borrowers):
-                    for wid in worker_ids:
-                        e.borrowers.pop(wid, None)
+            for wid in worker_ids:
+                for oid in self.lent.pop(wid, ()):
+                    e = self.entries.get(oid)
+                    if e is None or not e.borrowers or e.borrowers.pop(wid, None) is None:
+                        continue
                     if not e.borrowers:
                         e.borrowers = None
                     if not e.alive():
