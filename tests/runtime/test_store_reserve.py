@@ -159,7 +159,9 @@ def test_a_put_into_a_reserved_slot_seals_without_waking_the_io_thread(
     wait_for(cw.io.idle, 10)
     posted: list[Any] = []
     post = cw.io.post
-    monkeypatch.setattr(cw.io, "post", lambda fn, *args: (posted.append(fn), post(fn, *args))[1])
+    spy = lambda fn, *args: (posted.append(fn), post(fn, *args))[1]  # noqa: E731
+    monkeypatch.setattr(cw.io, "post", spy)
+    monkeypatch.setattr(cw, "_post", spy)  # (the core worker binds io.post at start-up)
     ref = lumos.put(np.full(MiB // 8, 7, dtype=np.int64))
     monkeypatch.undo()
     assert posted == [] and cw.store.stats()["reserved_writes"] == 1
