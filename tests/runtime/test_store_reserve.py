@@ -308,3 +308,30 @@ def test_a_granted_slot_the_client_still_maps_is_ready_without_the_mapping_threa
         assert store._mapper is not None and store.stats()["reserved_remapped"] == 1
     finally:
         store.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_driver_reading_returns_in_a_loop_reuses_spare_mappings_and_drops_them_when_idle(
+        cluster: Any) -> None:
+    import numpy as np
+    from lumos._private.object_store import client as store_client
+    from lumos.api import worker_context
+    cw = worker_context.core_worker
+
+    @lumos.remote
+    def make(i: int) -> Any:
+        return np.full(MiB // 8, i, dtype=np.int64)
+
+    hits = cw.store.stats()["spare_hits"]
+    for i in range(40):  # each value dropped with its ref: the workers' pooled files come back
+        assert int(lumos.get(make.remote(i), timeout=30)[-1]) == i
+    kept = lumos.get(make.remote(99), timeout=30)  # viewed past its ref: never reused meanwhile
+    for i in range(10):
+        assert int(lumos.get(make.remote(i), timeout=30)[0]) == i
+    assert int(kept.sum()) == 99 * (MiB // 8)
+    del kept
+    stats = cw.store.stats()
+    assert stats["spare_hits"] > hits
+    assert 0 < stats["spare_mappings"] <= store_client.SPARE_MAPPINGS
+    # An idle driver holds no spare mappings (nor their pages and fds).
+    wait_for(lambda: cw.store.stats()["spare_mappings"] == 0, store_client.SPARE_IDLE_S + 10)

@@ -521,10 +521,10 @@ class ObjectsMixin:
         return value
 
     def _read_from_store(self, oid: ObjectID, node_id: NodeID) -> tuple[int, Any]:
-        view = self.store.view(oid, restore=node_id == self.node_id)
+        view = self.store.view(oid, restore=node_id == self.node_id, spare=True)
         if view is None and node_id != self.node_id:
             self.pull_to_local(oid, node_id)
-            view = self.store.view(oid)
+            view = self.store.view(oid, spare=True)
         if view is None:
             if node_id != self.node_id:
                 raise exc.ObjectLostError(oid.hex(), f"it lives on node {short(node_id)}, and this "

@@ -31,6 +31,12 @@ munmap or page faults. A kept file the raylet has unlinked (``st_nlink`` 0, the 
 few checked after every task) is unmapped then, so its pages are not held, and an idle worker
 drops its spares after a second (``drop_spares``).
 
+A value read with ``view(spare=True)`` (the core worker's ``get``: a driver reading task
+returns in a loop meets the few files its workers' pooled slots recycle) keeps its file
+open too, while at most ``SPARE_MAPPINGS`` such live values do; its mapping becomes a
+spare once the object is released and its last view has gone, and the ``lumos-store-spares``
+thread drops spares unused for ``SPARE_IDLE_S``, so an idle process holds no store pages.
+
 Held pins: a task's arguments stay alive while it runs (their owner releases them only
 after its reply), so the executor holds back the pins of argument views (``hold_pins``)
 and, once the task returned, pins only those whose views outlive it
@@ -51,6 +57,7 @@ import mmap
 import os
 import queue
 import threading
+import time
 import weakref
 from typing import Any, Callable
 
@@ -66,10 +73,13 @@ SPARE_BYTES = 64 * 1024 * 1024
 #: Spares whose files are checked after each task, oldest first (a removed file's
 #: spare is never used again, so it drifts to the oldest end).
 SPARE_CHECKS = 4
+#: Spares of read values (``view(spare=True)``) unused this long are dropped.
+SPARE_IDLE_S = 1.0
 
 
 class _Mapping:
-    __slots__ = ("mm", "size", "live_views", "slot", "object_id", "path", "fd", "ino", "__weakref__")
+    __slots__ = ("mm", "size", "live_views", "slot", "object_id", "path", "fd", "ino", "value_fd",
+                 "__weakref__")
 
     def __init__(self, mm: mmap.mmap, size: int, slot: int, object_id: bytes = b"", path: str = "") -> None:
         self.mm = mm
@@ -83,6 +93,8 @@ class _Mapping:
         #: A spare-able read mapping's open file (``keep_spare``) and its inode; -1: none.
         self.fd = -1
         self.ino = -1
+        #: A live read value's open file, counted in ``StoreClient._value_fds``.
+        self.value_fd = False
 
 
 class StoreClient:
@@ -151,6 +163,14 @@ class StoreClient:
         self._spare_bytes = 0
         #: Argument views served by a spare mapping.
         self.spare_hits = 0
+        #: Live read values (``view(spare=True)``) holding their file open: at most
+        #: ``SPARE_MAPPINGS``, so a process holding many values holds few fds.
+        self._value_fds = 0
+        #: When a spare was last added or used; the thread dropping idle spares.
+        self._spare_used = 0.0
+        self._spare_thread: threading.Thread | None = None
+        self._spare_wake = threading.Event()
+        self._closed = False
 
     # ------------------------------------------------------------------ writing
 
@@ -327,13 +347,15 @@ class StoreClient:
 
     # ------------------------------------------------------------------ reading
 
-    def view(self, object_id: bytes, restore: bool = True, hold_pin: bool = False) -> memoryview | None:
+    def view(self, object_id: bytes, restore: bool = True, hold_pin: bool = False,
+             spare: bool = False) -> memoryview | None:
         """A read-only view of a sealed object in this node's store, or None if absent.
 
         A spilled object is restored first (blocks on the raylet; user threads only).
         ``restore=False``: the caller knows the object lives on another node; do not ask.
         ``hold_pin``: a task's argument; while pins are held (``hold_pins``) its pin
-        waits for ``escaped_pins``."""
+        waits for ``escaped_pins``. ``spare``: a value read (``get``): its mapping may
+        become a spare once the object is released and its views are gone."""
         with self._lock:
             mapping = self._created.get(object_id) or self._read.get(object_id)
             if mapping is not None:
@@ -341,7 +363,7 @@ class StoreClient:
         path: str | None = self._prefix + object_id.hex()
         for _ in range(8):  # a restored copy may be spilled again before we map it
             assert path is not None
-            mapping = self._map_readonly(object_id, path, hold_pin)
+            mapping = self._map_readonly(object_id, path, hold_pin or spare)
             if mapping is not None:
                 break
             if self.restore is None or not restore:
@@ -357,6 +379,13 @@ class StoreClient:
             held = self._read.setdefault(object_id, mapping)
             if held is not mapping:  # another thread mapped it meanwhile
                 self._close(mapping)
+            elif spare and mapping.fd >= 0:
+                if self._value_fds < SPARE_MAPPINGS:
+                    mapping.value_fd = True
+                    self._value_fds += 1
+                else:  # fds stay bounded: this one never becomes a spare
+                    fd, mapping.fd = mapping.fd, -1
+                    os.close(fd)
             return self._tracked_view(held, hold_pin)
 
     def _map_readonly(self, object_id: bytes, path: str, spare: bool = False) -> _Mapping | None:
@@ -377,6 +406,7 @@ class StoreClient:
                     if mapping.size == st.st_size and mapping.live_views == 0:
                         mapping.object_id = object_id
                         self.spare_hits += 1
+                        self._spare_used = time.monotonic()
                         return mapping
             if mapping is not None:
                 self._close(mapping)
@@ -439,10 +469,13 @@ class StoreClient:
                     return
                 mapping, created = deferred
                 # A mapping we wrote is kept for the slot's next create; a read-only one
-                # goes with this last view.
+                # becomes a spare (a value read with its file open) or goes with this view.
                 if created and self._slot_bytes + mapping.size <= self._recycle_bytes:
                     self._slots[mapping.slot] = mapping
                     self._slot_bytes += mapping.size
+                elif not created and mapping.fd >= 0:
+                    self._settle_spares([mapping])
+                    self._spares_kept()
                 if self.on_free_later is not None:
                     self.on_free_later(oid)
 
@@ -510,6 +543,37 @@ class StoreClient:
     def has_spares(self) -> bool:
         return bool(self._spare)
 
+    def _uncount(self, mapping: _Mapping) -> None:
+        """A live read value leaves ``_read`` (lock held)."""
+        if mapping.value_fd:
+            mapping.value_fd = False
+            self._value_fds -= 1
+
+    def _spares_kept(self) -> None:
+        """Value spares were kept (lock held): start or wake the thread that drops them
+        after ``SPARE_IDLE_S`` unused (an executor drops its argument spares itself)."""
+        if not self._spare or self._closed:
+            return
+        self._spare_used = time.monotonic()
+        if self._spare_thread is None:
+            self._spare_thread = threading.Thread(target=self._drop_idle_spares,
+                                                  name="lumos-store-spares", daemon=True)
+            self._spare_thread.start()
+        elif not self._spare_wake.is_set():
+            self._spare_wake.set()
+
+    def _drop_idle_spares(self) -> None:
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                wait = self._spare_used + SPARE_IDLE_S - time.monotonic() if self._spare else None
+            if wait is not None and wait <= 0:
+                self.drop_spares()
+                continue
+            self._spare_wake.wait(wait)
+            self._spare_wake.clear()
+
     def drop_spares(self) -> None:
         """Unmap every spare mapping (an idle worker keeps none)."""
         with self._lock:
@@ -552,6 +616,8 @@ class StoreClient:
         with self._lock:
             gone = [m for oid in object_ids
                     for m in (self._read.pop(oid, None), self._created.pop(oid, None)) if m is not None]
+            for m in gone:
+                self._uncount(m)
             if self._slots:
                 ids = set(object_ids)
                 for slot, m in list(self._slots.items()):
@@ -583,9 +649,11 @@ class StoreClient:
             if viewed and not shared and self.on_free_later is not None and held is not None \
                     and held.slot >= 0:
                 self._deferred[object_id] = (held, mapping is not None)
-                if read is not None and read.fd >= 0:  # never a spare now: the mapping alone stays
-                    fd, read.fd = read.fd, -1
-                    os.close(fd)
+                if read is not None:
+                    self._uncount(read)
+                    if read.fd >= 0 and mapping is not None:  # the mapping alone stays
+                        fd, read.fd = read.fd, -1
+                        os.close(fd)
                 return None
             if mapping is None:
                 # Written by another process (a task's return), which keeps the slot.
@@ -596,8 +664,15 @@ class StoreClient:
                 if recyclable:
                     self._slots[mapping.slot] = mapping
                     self._slot_bytes += mapping.size
+            if read is not None:
+                self._uncount(read)
         if read is not None:
-            self._close(read)
+            if read.fd >= 0 and read.live_views == 0:
+                self._settle_spares([read])  # a value read here: a spare for its file's next use
+                with self._lock:
+                    self._spares_kept()
+            else:
+                self._close(read)
         if mapping is not None and not recyclable:
             self._close(mapping)
         return recyclable
@@ -647,10 +722,16 @@ class StoreClient:
             self._read.clear()
             self._slot_bytes = 0
             self._unmap_later = None
+            self._value_fds = 0
+            self._closed = True
+            spare_thread, self._spare_thread = self._spare_thread, None
             mapper, self._mapper = self._mapper, None
         if mapper is not None:
             self._to_map.put(None)  # grants still queued find their slots taken back
             mapper.join(timeout=10.0)
+        if spare_thread is not None:
+            self._spare_wake.set()
+            spare_thread.join(timeout=10.0)
         for mm in maps:
             self._close_mm(mm)
         for mapping in spares:
