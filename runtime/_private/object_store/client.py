@@ -170,6 +170,8 @@ class StoreClient:
         self._spare_used = 0.0
         self._spare_thread: threading.Thread | None = None
         self._spare_wake = threading.Event()
+        #: The thread waits with no deadline (no spares then): a new spare wakes it.
+        self._spare_idle_waiting = False
         self._closed = False
 
     # ------------------------------------------------------------------ writing
@@ -559,7 +561,8 @@ class StoreClient:
             self._spare_thread = threading.Thread(target=self._drop_idle_spares,
                                                   name="lumos-store-spares", daemon=True)
             self._spare_thread.start()
-        elif not self._spare_wake.is_set():
+        elif self._spare_idle_waiting:  # else it looks again when its deadline comes
+            self._spare_idle_waiting = False
             self._spare_wake.set()
 
     def _drop_idle_spares(self) -> None:
@@ -568,6 +571,7 @@ class StoreClient:
                 if self._closed:
                     return
                 wait = self._spare_used + SPARE_IDLE_S - time.monotonic() if self._spare else None
+                self._spare_idle_waiting = wait is None
             if wait is not None and wait <= 0:
                 self.drop_spares()
                 continue
