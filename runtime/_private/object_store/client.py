@@ -476,7 +476,7 @@ class StoreClient:
                     self._slots[mapping.slot] = mapping
                     self._slot_bytes += mapping.size
                 elif not created and mapping.fd >= 0:
-                    self._settle_spares([mapping])
+                    self._settle_spares([mapping], 1)  # one value at a time: one check keeps up
                     self._spares_kept()
                 if self.on_free_later is not None:
                     self.on_free_later(oid)
@@ -587,9 +587,11 @@ class StoreClient:
         for mapping in spares:
             self._close(mapping)
 
-    def _settle_spares(self, keep: list[_Mapping]) -> None:
+    def _settle_spares(self, keep: list[_Mapping], checks: int = SPARE_CHECKS) -> None:
+        """Keep these mappings as spares (caps permitting); unmap the oldest ``checks``
+        spares whose files the raylet removed."""
         drop: list[_Mapping] = []
-        for ino, mapping in list(itertools.islice(self._spare.items(), SPARE_CHECKS)):
+        for ino, mapping in list(itertools.islice(self._spare.items(), checks)):
             try:
                 gone = os.fstat(mapping.fd).st_nlink == 0
             except OSError:
@@ -672,7 +674,7 @@ class StoreClient:
                 self._uncount(read)
         if read is not None:
             if read.fd >= 0 and read.live_views == 0:
-                self._settle_spares([read])  # a value read here: a spare for its file's next use
+                self._settle_spares([read], 1)  # a value read here: a spare for its file's next use
                 with self._lock:
                     self._spares_kept()
             else:
