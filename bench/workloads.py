@@ -12,7 +12,9 @@ extra (``pip install -e ".[bench]"``); lumos must be importable by Ray's workers
 
 Workloads and what is measured:
 
-- ES: CartPole timesteps per second over the iterations (workers already started);
+- ES: CartPole timesteps per second over the iterations (workers already started), and
+  the system's overhead per iteration: its wall time less the slowest worker's own
+  rollout time (the rest is the same numpy and CartPole work on either system);
 - PPO-style: timesteps per second of asynchronous rollouts + parameter-server updates;
 - allreduce: median milliseconds of a ring allreduce (and of gather/broadcast);
 - serving: p50/p99 latency of one request at a time, and requests per second with
@@ -46,6 +48,7 @@ def run(impl: str, num_cpus: int, quick: bool) -> dict[str, float]:
         r = es.run(ray, workers=workers, iterations=max(3, int(15 * scale)))
         results["ES timesteps (/s)"] = r.timesteps_per_s
         results["ES iteration (ms)"] = r.wall_s / len(r.rewards) * 1e3
+        results["ES system overhead per iteration (ms)"] = r.overhead_ms
 
         p = ppo.run(ray, workers=workers, iterations=max(10, int(60 * scale)))
         results["PPO-style timesteps (/s)"] = p.timesteps_per_s

@@ -313,7 +313,16 @@ def _connect(config: Config, address: str, namespace: str, token_arg: str | None
     _register_exit_handler()
     return LumosContext({"gcs_address": address, "address": address, "node_id": node.node_id.hex(),
                          "session_dir": node.session_dir, "node_ip_address": node.address.host,
-                         "job_id": cw.job_id.hex()}, node.dashboard_url)
+                         "job_id": cw.job_id.hex()}, node.dashboard_url or _head_dashboard_url(node))
+
+
+def _head_dashboard_url(node: m.NodeInfo) -> str:
+    """A driver on the head's machine: the link of the dashboard ``lumos start --head``
+    started, which it wrote into the head's session directory ("" when there is none)."""
+    if not node.is_head:
+        return ""
+    from lumos._private.dashboard_process import read_dashboard_url
+    return read_dashboard_url(node.session_dir)
 
 
 def _connect_client(config: Config, address: str, namespace: str, token_arg: str | None,
@@ -330,12 +339,14 @@ def _connect_client(config: Config, address: str, namespace: str, token_arg: str
 
 
 def _fetch_nodes(config: Config, token: bytes, gcs_address: Any) -> list[m.NodeInfo]:
-    from lumos._private.transport.connection import ConnectionLost, connect
+    from lumos._private.transport.connection import ConnectionLost, WireVersionMismatch, connect
     where = f"{gcs_address[0]}:{gcs_address[1]}" if isinstance(gcs_address, tuple) else gcs_address
 
     async def ask() -> list[m.NodeInfo]:
         try:
             conn = await connect(gcs_address, token=token, config=config, name="init->gcs")
+        except WireVersionMismatch as e:
+            raise ConnectionError(f"cannot connect to the lumos GCS at {where}: {e}") from None
         except ConnectionLost:
             raise ConnectionError(f"the lumos GCS at {where} closed the connection during authentication: "
                                   "the cluster token is probably wrong (pass the token `lumos start --head` printed, "

@@ -135,7 +135,9 @@ def read_task_archive(path: str) -> Iterator[dict[str, Any]]:
 
     Past its bounds (``task_event_max_records``, ``task_event_max_bytes``) the GCS moves
     the oldest finished tasks from memory to ``logs/task_events.msgpack`` in the session
-    directory; this reads that file (no cluster needed), e.g.
+    directory (rotated to ``task_events.msgpack.1`` past half of
+    ``task_event_archive_max_bytes``, 1 GiB, so the newest history is kept); this reads
+    both, oldest first (no cluster needed), e.g.
     ``read_task_archive(os.path.join(session_dir, "logs", "task_events.msgpack"))``.
     """
     from lumos._private.gcs.task_log import read_archive

@@ -108,6 +108,8 @@ class Config:
     task_event_max_records: int = 100_000
     #: The same bound in estimated bytes of GCS memory (about 2 KB per no-op task): keeps the GCS flat.
     task_event_max_bytes: int = _positive(32 * 1024 * 1024)
+    #: The GCS's task archive on disk (``logs/task_events.msgpack`` and its rotated ``.1``) stays under this.
+    task_event_archive_max_bytes: int = _positive(1 << 30)
     #: How long an owner keeps an idle leased worker before returning it.
     lease_idle_timeout_ms: int = 200
     #: Tasks pushed to one leased worker before its earlier ones finish (short tasks only).

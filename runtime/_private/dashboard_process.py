@@ -14,6 +14,7 @@ init() ── spawn ──► python -m lumos.dashboard --ready-fd W ... ── 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -97,6 +98,18 @@ def start_dashboard(session_dir: str, gcs_address: str, token_path: str, host: s
         stop_dashboard(proc)
         raise
     return proc, url
+
+
+def read_dashboard_url(session_dir: str) -> str:
+    """The dashboard's login link from the ``dashboard.json`` it wrote into the head's
+    session directory ("" without one: no dashboard, or a directory not this user's)."""
+    from lumos._private.process import read_private_file
+    if not session_dir:
+        return ""
+    try:
+        return str(json.loads(read_private_file(os.path.join(session_dir, "dashboard.json")))["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
 
 
 def stop_dashboard(proc: "subprocess.Popen[bytes]", timeout_s: float = 5.0) -> None:

@@ -54,6 +54,7 @@ class Worker:
         self.max_steps = max_steps
 
     def rollouts(self, params: np.ndarray, pairs: int, sigma: float) -> dict[str, Any]:
+        start = time.perf_counter()
         dim = params.size
         indices = self.rng.integers(0, self.noise.size - dim, size=pairs)
         returns = np.zeros((pairs, 2))
@@ -64,7 +65,7 @@ class Worker:
             returns[k, 0], s1 = episode(params + sigma * eps, seed, self.max_steps)
             returns[k, 1], s2 = episode(params - sigma * eps, seed, self.max_steps)
             steps += s1 + s2
-        return {"indices": indices, "returns": returns, "steps": steps}
+        return {"indices": indices, "returns": returns, "steps": steps, "compute_s": time.perf_counter() - start}
 
 
 def centered_ranks(x: np.ndarray) -> np.ndarray:
@@ -87,7 +88,16 @@ class Result:
     startup_s: float = 0.0
     #: seconds of the iterations
     wall_s: float = 0.0
+    #: per iteration: its wall time less its slowest worker's own rollout time (the
+    #: driver's update is not in it): what the system spends putting the parameters,
+    #: sending the calls, running and answering them: the part a framework controls
+    overhead_s: list[float] = field(default_factory=list)
     params: Any = None
+
+    @property
+    def overhead_ms(self) -> float:
+        """The median per-iteration system overhead (``overhead_s``), in milliseconds."""
+        return float(np.median(self.overhead_s)) * 1e3 if self.overhead_s else 0.0
 
     @property
     def timesteps_per_s(self) -> float:
@@ -99,7 +109,8 @@ class Result:
                 f"throughput: {self.timesteps_per_s:,.0f} timesteps/s, "
                 f"{self.episodes / self.wall_s:,.0f} episodes/s",
                 f"wall time: {self.wall_s:.2f} s with {self.workers} workers "
-                f"(+ {self.startup_s:.2f} s to start them)"]
+                f"(+ {self.startup_s:.2f} s to start them)",
+                f"system overhead: {self.overhead_ms:.2f} ms per iteration beyond the slowest worker's rollouts"]
 
 
 def run(ray: Any = None, *, workers: int = 2, iterations: int = 20, pairs: int = 32,
@@ -134,9 +145,11 @@ def run(ray: Any = None, *, workers: int = 2, iterations: int = 20, pairs: int =
         result.startup_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         for it in range(1, iterations + 1):
+            t_iter = time.perf_counter()
             params_ref = ray.put(params)
             outs = ray.get([a.rollouts.remote(params_ref, k, sigma) for a, k in zip(actors, shares) if k],
                            timeout=300)
+            result.overhead_s.append(time.perf_counter() - t_iter - max(o["compute_s"] for o in outs))
             indices = np.concatenate([o["indices"] for o in outs])
             returns = np.concatenate([o["returns"] for o in outs])
             ranks = centered_ranks(returns)

@@ -148,9 +148,11 @@ def test_start_head_status_drivers_second_node_and_stop(cli: CliEnv) -> None:
     assert "dashboard: http://127.0.0.1:" in status, status
     assert "CPU" in status and "2 / 2" in status and "head_only" in status
 
-    out = cli.driver(RUN_TASK.format(init='address="auto"'))
+    out = cli.driver(RUN_TASK.format(init='address="auto"') + "    print('DASHBOARD', ctx.dashboard_url)\n")
     assert out.returncode == 0, out.stderr
     assert "RESULT 42" in out.stdout
+    # A driver that connects learns the dashboard the head started.
+    assert "DASHBOARD http://127.0.0.1:" in out.stdout, out.stdout
 
     # From a driver that knows only HOST:PORT and the token (no current_cluster.json to read).
     bare = dict(cli.env, LUMOS_TMPDIR=tempfile.mkdtemp(prefix="lx", dir="/tmp"))

@@ -189,3 +189,53 @@ def test_wrong_token_and_bad_address_raise_at_init(head: tuple[str, str], tmp_pa
         finally:
             if env is not None:
                 os.environ["LUMOS_CLUSTER_TOKEN"] = env
+
+
+class _CutBeforeReply:
+    """The client's link breaks just as the reply to its next request arrives: the
+    session sent it, the client never reads it (a real socket shut down mid-stream)."""
+
+    def __enter__(self) -> "_CutBeforeReply":
+        from lumos._private.client import wire
+        self.wire, self.real, self.cut, self.armed = wire, wire.recv, False, False
+
+        def recv(sock: Any) -> Any:
+            control, payload = self.real(sock)
+            if self.armed and control.get("op") == "reply" and not self.cut:
+                self.cut = True
+                sock.shutdown(2)
+                raise OSError("the link broke")
+            return control, payload
+
+        wire.recv = recv
+        # The reader waits in a recv that began before the patch: one round trip moves it on.
+        assert lumos.get(lumos.put(0), timeout=30) == 0
+        self.armed = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.wire.recv = self.real
+
+
+def test_refs_and_actors_whose_reply_the_link_lost_are_released(client: lumos.LumosContext) -> None:
+    base = _store_used()
+    with _CutBeforeReply() as cut:
+        with pytest.raises(ConnectionError, match="lost the connection"):
+            lumos.put(np.zeros(16 << 20, dtype=np.uint8))
+    assert cut.cut
+    # The session made and held the object; the client never learnt its id. It names the
+    # request when it reconnects, and the session lets the object go.
+    wait_for(lambda: _store_used() < base + (1 << 20), 30)
+    assert lumos.get(lumos.put(7), timeout=30) == 7  # the client goes on, reconnected
+
+    @lumos.remote(num_cpus=0)
+    class Orphan:
+        def ping(self) -> int:
+            return 1
+
+    with _CutBeforeReply() as cut:
+        with pytest.raises(ConnectionError, match="lost the connection"):
+            Orphan.remote()
+    assert cut.cut
+    # Created, and its only handle never reached the client: the session lets it go.
+    wait_for(lambda: [a["state"] for a in lumos.state.list_actors() if a["class_name"] == "Orphan"] == ["DEAD"], 30)

@@ -31,6 +31,8 @@ def test_es_learns_cartpole_with_a_shared_noise_table(cluster: Any) -> None:
     assert max(r.rewards[-3:]) > 2 * r.rewards[0], r.rewards  # a random policy scores ~10-20
     assert r.timesteps > 0 and r.timesteps_per_s > 0 and r.workers == 2
     assert any("timesteps/s" in line for line in r.summary())
+    assert len(r.overhead_s) == 8 and all(0 <= x < r.wall_s for x in r.overhead_s)
+    assert any("system overhead" in line for line in r.summary())
 
 
 def test_es_rank_transform_is_centered() -> None:

@@ -273,3 +273,32 @@ def test_validate_names_broken_accounting() -> None:
         assert "negative count" in str(e)
     else:
         raise AssertionError("validate() missed a negative count")
+
+
+def test_a_borrowers_death_drops_its_borrows_through_the_index_only() -> None:
+    """Borrowers are indexed by worker: a death drops that worker's borrows without a
+    scan of the table (a driver holding 100,000 objects spent 64 ms under the object
+    lock per actor death), and an explicit release keeps the index in step."""
+    s, _ = state()
+    other = m.Address(NODE, b"o" * 20, "", "127.0.0.1", 4)
+    tasks = [make_task() for _ in range(3)]
+    for t in tasks:
+        submit(s, t)
+        finish(s, t)
+    a, b, c = (t.return_ids[0] for t in tasks)
+    for oid in (a, b):
+        assert s.objects.add_borrower(oid, BORROWER)
+    assert s.objects.add_borrower(b, other) and s.objects.add_borrower(c, other)
+    for oid in (a, b, c):
+        s.objects.decrements.append(oid)  # the user's refs go: only borrowers hold them
+    s.objects.drain()
+    s.validate()
+    assert s.objects.lent == {BORROWER.worker_id: {a, b}, other.worker_id: {b, c}}
+    assert [f.object_id for f in s.objects.remove_borrower([c], other.worker_id)] == [c]
+    assert s.objects.lent == {BORROWER.worker_id: {a, b}, other.worker_id: {b}}
+    freed = s.objects.remove_borrowers_on({BORROWER.worker_id})
+    assert [f.object_id for f in freed] == [a]  # b is still borrowed by the other
+    assert s.objects.lent == {other.worker_id: {b}}
+    s.validate()
+    assert [f.object_id for f in s.objects.remove_borrowers_on({other.worker_id, b"gone" * 5})] == [b]
+    assert s.objects.lent == {} and not s.objects.entries

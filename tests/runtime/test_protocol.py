@@ -556,7 +556,7 @@ class RawPeer:
     def hello(self, client_nonce: bytes | None = None) -> tuple[bytes, bytes, bytes]:
         """Send a client nonce; return it with the server's nonce and proof (unchecked)."""
         cn = auth.new_nonce() if client_nonce is None else client_nonce
-        self.send_frame(cn)
+        self.send_frame(auth.client_hello(cn))
         hello = self.recv_frame()
         assert len(hello) == auth.SERVER_HELLO_BYTES
         return cn, hello[:auth.NONCE_BYTES], hello[auth.NONCE_BYTES:]
@@ -709,6 +709,10 @@ def _attack(name: str, peer: RawPeer, token: bytes) -> None:
         peer.send(struct.pack("<I", Config.max_preauth_frame_bytes + 1))
     elif name == "short_client_nonce":
         peer.send_frame(b"n" * (auth.NONCE_BYTES - 1))
+    elif name == "wire_version_tag_cut_short":
+        peer.send_frame(auth.client_hello(auth.new_nonce())[:-1])
+    elif name == "another_wire_version":
+        peer.send_frame(auth.new_nonce() + b"lumos-wire" + (auth.WIRE_VERSION + 1).to_bytes(2, "big"))
     elif name == "wrong_token":
         cn, sn, _ = peer.hello()
         peer.send_frame(auth.client_proof(b"not-the-cluster-token", cn, sn))
@@ -756,7 +760,8 @@ def _attack(name: str, peer: RawPeer, token: bytes) -> None:
 
 ATTACKS = [
     "random_bytes", "random_bytes_before_the_nonce_is_read", "random_frame_as_auth_answer",
-    "oversized_length_before_auth", "length_just_above_preauth_limit", "short_client_nonce", "wrong_token",
+    "oversized_length_before_auth", "length_just_above_preauth_limit", "short_client_nonce", "wire_version_tag_cut_short",
+    "another_wire_version", "wrong_token",
     "answer_for_another_nonce", "servers_proof_reflected", "old_one_way_answer", "recorded_proof_replayed",
     "message_before_auth", "message_after_nonce_before_proof", "silence", "silence_after_nonce", "half_a_header",
     "oversized_length_after_auth", "unknown_frame_kind", "message_the_server_does_not_handle",

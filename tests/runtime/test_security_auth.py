@@ -163,7 +163,7 @@ def test_fake_server_gets_no_session_and_the_client_parses_none_of_its_frames(de
     assert not fake.errors, fake.errors
     assert isinstance(err, ConnectionLost), err
     nonce, after = fake.received
-    assert len(nonce) == auth.NONCE_BYTES
+    assert len(nonce) == len(auth.client_hello(auth.new_nonce()))
     assert after == b"", f"the client answered a fake server: {after!r}"
     assert decode_spy == [] and handled == [], "the client parsed a frame from an unauthenticated server"
 
@@ -171,7 +171,7 @@ def test_fake_server_gets_no_session_and_the_client_parses_none_of_its_frames(de
 def test_fake_server_replaying_a_recorded_hello_gets_no_session(auth_cluster, decode_spy):
     """A hello recorded from the real GCS (for another client's nonce) proves nothing now."""
     with socket.create_connection(auth_cluster["gcs"], timeout=5) as real:
-        real.sendall(frame(auth.new_nonce()))
+        real.sendall(frame(auth.client_hello(auth.new_nonce())))
         recorded = _read_frame(real)
 
     def serve(fake: FakeServer, sock: socket.socket) -> None:
@@ -198,7 +198,7 @@ def test_relay_that_rides_the_real_servers_hello_gets_no_session(auth_cluster, d
 
     def serve(fake: FakeServer, sock: socket.socket) -> None:
         with socket.create_connection(auth_cluster["gcs"], timeout=5) as real:
-            real.sendall(frame(auth.new_nonce()))
+            real.sendall(frame(auth.client_hello(auth.new_nonce())))
             hello = _read_frame(real)
             fake.received.append(_read_frame(sock))  # the client's nonce: too late to use
             sock.sendall(frame(hello))
@@ -226,10 +226,10 @@ def test_servers_proof_cannot_be_reflected_to_another_connection(auth_cluster):
     with socket.create_connection(auth_cluster["gcs"], timeout=5) as a, \
             socket.create_connection(auth_cluster["gcs"], timeout=5) as b:
         cn_b = auth.new_nonce()
-        b.sendall(frame(cn_b))
+        b.sendall(frame(auth.client_hello(cn_b)))
         sn_b = _read_frame(b)[:auth.NONCE_BYTES]
         # On ``a`` the relay offers nonce ``cn_b``; the GCS proves over (cn_b, sn_a), never sn_b.
-        a.sendall(frame(cn_b))
+        a.sendall(frame(auth.client_hello(cn_b)))
         proof_a = _read_frame(a)[auth.NONCE_BYTES:]
         b.sendall(frame(proof_a))
         assert auth.OK not in _read_rest(b)
@@ -311,7 +311,7 @@ def test_peer_warnings_log_one_line_per_address_per_interval(caplog):
 
 def _bad_handshake(address: tuple[str, int], source: str, framed: bool) -> None:
     with socket.create_connection(address, timeout=5, source_address=(source, 0)) as sock:
-        sock.sendall(frame(auth.new_nonce()) if framed else auth.new_nonce())
+        sock.sendall(frame(auth.client_hello(auth.new_nonce())) if framed else auth.new_nonce())
         if framed:
             _read_frame(sock)
             sock.sendall(frame(b"x" * auth.DIGEST_BYTES))

@@ -916,6 +916,31 @@ def test_task_log_stays_bounded_archives_the_oldest_and_keeps_live_tasks(tmp_pat
     table.close()
 
 
+def test_task_archive_rotates_and_stays_under_its_bound_keeping_the_newest(tmp_path):
+    """A long-lived cluster: the archive on disk stays under ``max_archive_bytes`` (the
+    current file and one rotated ``.1``); what is read back is the newest history, in order."""
+    import os
+
+    from lumos._private.gcs.task_log import TaskEventTable, read_archive
+    from lumos._private.protocol import messages as msgs
+    archive = tmp_path / "task_events.msgpack"
+    bound = 16 * 1024
+    table = TaskEventTable(50, str(archive), max_archive_bytes=bound)
+    job = b"\x01" * 4
+    for i in range(3000):
+        tid = i.to_bytes(16, "big")
+        table.add([msgs.TaskEvent(tid, 0, "SUBMITTED", 2.0, job, {"name": f"t{i}"}),
+                   msgs.TaskEvent(tid, 0, "FINISHED", 2.1, job)])
+        sizes = [os.path.getsize(p) for p in (archive, str(archive) + ".1") if os.path.exists(p)]
+        assert sum(sizes) <= bound + 4096, (i, sizes)  # (plus at most one chunk past half)
+    assert os.path.exists(str(archive) + ".1")
+    names = [int(r["name"][1:]) for r in read_archive(str(archive))]
+    assert names == sorted(names) and names == list(range(names[0], names[-1] + 1))  # no gap, in order
+    assert names[-1] == 3000 - len(table.records) - 1  # the newest archived is there
+    assert 0 < len(names) < table.num_archived  # the oldest were dropped
+    table.close()
+
+
 # =========================================================================== process.py
 
 

@@ -15,7 +15,10 @@ control socket ──(fd, hello)──► attach() ──► reader thread (one 
 watchdog: no link for client_reconnect_grace_s (or a "bye") ─► lumos.shutdown(), exit
 ```
 The client's refs are counted here: ``held`` keeps one real ``ObjectRef`` per
-stand-in the client holds, and the client's releases drop them.
+stand-in the client holds, and the client's releases drop them. A reply that gives the
+client refs or an actor and never reaches it (its link broke first) gives them back:
+the session sees the link gone before it sends, or the client names the request when it
+reconnects (``unanswered`` in its hello).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import socket
 import sys
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -38,6 +42,7 @@ import msgpack
 
 from lumos._private import serialization as ser
 from lumos._private.client import wire
+from lumos._private.dashboard_process import read_dashboard_url
 from lumos._private.protocol.framing import ProtocolError
 
 logger = logging.getLogger(__name__)
@@ -45,6 +50,9 @@ logger = logging.getLogger(__name__)
 _ORDERED = frozenset(("submit", "create_actor", "put", "release", "incref", "actor_release", "actor_track",
                       "cancel", "flush_events"))
 _BLOCKING = frozenset(("get", "wait", "call_gcs", "call_raylet", "describe", "reserve_call", "pending_calls"))
+#: Replies remembered for a reconnecting client to name as never received (request ids
+#: grow; a client names only the requests in flight when its link broke).
+_ANSWERED_KEPT = 4096
 
 
 class ClientSessionServer:
@@ -68,6 +76,9 @@ class ClientSessionServer:
         self._held_lock = threading.Lock()
         #: Client template id -> the TaskTemplate it sent once.
         self.templates: dict[int, Any] = {}
+        #: Request id -> what its reply gave the client (("refs", ids) or ("actor", id)),
+        #: for the latest ``_ANSWERED_KEPT`` (under ``_held_lock``).
+        self._answered: OrderedDict[int, tuple[str, Any]] = OrderedDict()
         self._sock: socket.socket | None = None
         self._send_lock = threading.Lock()
         self._link_lock = threading.Lock()
@@ -90,17 +101,22 @@ class ClientSessionServer:
         return {"op": "welcome", "job_id": cw.job_id, "worker_id": cw.worker_id, "node_id": cw.node_id,
                 "node_ip": cw.node_ip, "namespace": cw.namespace, "owner": pickle.dumps(cw.address),
                 "gcs_address": self.gcs_address or (ctx.address_info.get("gcs_address", "") if ctx else ""),
-                "dashboard_url": _dashboard_url(self.head_session_dir) or (ctx.dashboard_url if ctx else ""),
+                "dashboard_url": read_dashboard_url(self.head_session_dir) or (ctx.dashboard_url if ctx else ""),
                 "session_dir": str(cw.session_dir),
                 "grace_s": self.grace_s, "resumed": resumed, "pid": os.getpid()}
 
-    def attach(self, sock: socket.socket, resumed: bool) -> None:
-        """A (re)connected client: it supersedes any older link."""
+    def attach(self, sock: socket.socket, resumed: bool, unanswered: Any = ()) -> None:
+        """A (re)connected client: it supersedes any older link. ``unanswered``: request
+        ids whose replies the client never read (its link broke first)."""
         with self._link_lock:
             old, self._sock = self._sock, sock
             self.detached_at = None
         if old is not None:
             _close(old)
+        if isinstance(unanswered, list):
+            for rid in unanswered:
+                if type(rid) is int:
+                    self._give_back(rid)
         sock.setblocking(True)
         try:
             with self._send_lock:
@@ -123,12 +139,28 @@ class ClientSessionServer:
             logger.warning("client %s lost its link (%s); its session waits %.0fs for it to reconnect",
                            self.client_id[:8], why, self.grace_s)
 
-    def _send(self, sock: socket.socket, control: dict[str, Any], payload: wire.Payload | None = None) -> None:
+    def _send(self, sock: socket.socket, control: dict[str, Any], payload: wire.Payload | None = None) -> bool:
         try:
             with self._send_lock:
                 wire.send(sock, control, payload)
         except OSError as e:
             self._detach(sock, f"send failed: {e}")
+            return False
+        return True
+
+    def _give_back(self, rid: int) -> None:
+        """Release what request ``rid``'s reply gave the client, which never got it."""
+        with self._held_lock:
+            gift = self._answered.pop(rid, None)
+        if gift is None:
+            return
+        kind, what = gift
+        if kind == "refs":
+            self._op_release({"ids": what}, None, None)
+        else:
+            self._op_actor_release({"actor_id": what}, None, None)
+        logger.info("client %s: request %d's reply was lost with its link; released what it gave",
+                    self.client_id[:8], rid)
 
     def _read(self, sock: socket.socket) -> None:
         why = "closed by the client"
@@ -190,9 +222,21 @@ class ClientSessionServer:
                 blob = pickle.dumps(RuntimeError(f"{type(e).__name__}: {e}"))
             self._send(sock, {"op": "reply", "id": rid, "error": blob})
             return
-        if rid is not None:
-            reply["op"], reply["id"] = "reply", rid
+        if rid is None:
+            return
+        reply["op"], reply["id"] = "reply", rid
+        gift = ("refs", reply["ids"]) if "ids" in reply else ("actor", control["actor_id"]) \
+            if op == "create_actor" else None
+        if gift is None:
             self._send(sock, reply, out)
+            return
+        with self._held_lock:
+            self._answered[rid] = gift
+            if len(self._answered) > _ANSWERED_KEPT:
+                self._answered.popitem(last=False)
+        # The link this came on may be gone: its reply would go nowhere.
+        if self._sock is not sock or not self._send(sock, reply, out):
+            self._give_back(rid)
 
     def _template(self, control: dict[str, Any]) -> Any:
         tid = control["tpl"]
@@ -341,17 +385,6 @@ class ClientSessionServer:
             self.held.clear()
 
 
-def _dashboard_url(session_dir: str) -> str:
-    """The head's dashboard login link, from the ``dashboard.json`` its dashboard wrote ("" without one)."""
-    from lumos._private.process import read_private_file
-    if not session_dir:
-        return ""
-    try:
-        return str(json.loads(read_private_file(os.path.join(session_dir, "dashboard.json")))["url"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
-
-
 def _close(sock: socket.socket) -> None:
     try:
         sock.shutdown(socket.SHUT_RDWR)
@@ -390,7 +423,7 @@ def _receive_links(ctrl: socket.socket, session: list[ClientSessionServer | None
             first.append((sock, hello))
             got_first.set()
         else:
-            s.attach(sock, resumed=True)
+            s.attach(sock, resumed=True, unanswered=hello.get("unanswered"))
 
 
 def main() -> None:

@@ -37,6 +37,10 @@ SCHEME = "lumos://"
 _READER = "lumos-client.reader"
 
 
+#: Requests whose replies give the client refs or an actor.
+_GIVING = frozenset(("submit", "put", "create_actor"))
+
+
 def parse_client_address(address: str) -> tuple[str, int]:
     """``lumos://HOST:PORT`` -> (host, port). Raises ``ValueError`` naming the expected form."""
     rest = address[len(SCHEME):]
@@ -145,6 +149,11 @@ class ClientWorker:
         self._closed = False
         self._ids = itertools.count(1)
         self._pending: dict[int, concurrent.futures.Future[Any]] = {}
+        #: Ids of pending requests whose replies give refs or an actor (submit, put, create_actor).
+        self._giving: set[int] = set()
+        #: Such requests whose replies the link's break lost: named in the next hello, so
+        #: the session releases what they gave.
+        self._unanswered: list[int] = []
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._sock: socket.socket | None = None
@@ -190,7 +199,8 @@ class ClientWorker:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             wire.client_handshake(sock, self.token, timeout_s)
-            hello = {"op": "hello", "client_id": self.client_id, "resume": resume,
+            unanswered = list(self._unanswered)
+            hello = {"op": "hello", "client_id": self.client_id, "resume": resume, "unanswered": unanswered,
                      "namespace": self._namespace_wanted,
                      "runtime_env": pickle.dumps(self._runtime_env) if self._runtime_env else None}
             sock.settimeout(timeout_s + 60)  # a new session starts a driver first
@@ -207,6 +217,7 @@ class ClientWorker:
                                   f"{welcome.get('message', welcome.get('op'))}")
         sock.settimeout(self.config.client_heartbeat_timeout_s)
         with self._state_lock:
+            del self._unanswered[:len(unanswered)]
             self._sock = sock
             self._connected.set()
         threading.Thread(target=self._read, args=(sock,), name=_READER, daemon=True).start()
@@ -220,6 +231,7 @@ class ClientWorker:
                 op = control["op"]
                 if op == "reply":
                     fut = self._pending.pop(control.get("id"), None)
+                    self._giving.discard(control.get("id"))
                     if fut is not None and not fut.done():
                         fut.set_result((control, payload))
                 elif op == "logs":
@@ -255,6 +267,9 @@ class ClientWorker:
                                 f"reconnecting for up to {self.grace_s:g}s")
         for rid in list(self._pending):
             fut = self._pending.pop(rid, None)
+            if rid in self._giving:
+                self._giving.discard(rid)
+                self._unanswered.append(rid)
             if fut is not None and not fut.done():
                 fut.set_exception(error)
         if self._closed:
@@ -341,6 +356,8 @@ class ClientWorker:
         control["id"] = rid
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._pending[rid] = fut
+        if control["op"] in _GIVING:
+            self._giving.add(rid)
         try:
             self._send(control, payload)
         except BaseException:

@@ -104,6 +104,12 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self.owner.on_arg_ready = self._dep_ready
         #: The object table (shared with user threads under its lock; see owner.py).
         self.objects = self.owner.objects
+        #: Whether this process follows other workers' deaths (to drop dead borrowers of
+        #: what it owns): a driver from the start, a worker once it first lends an object,
+        #: so that killing many actors does not tell every other worker of every death.
+        self.follows_deaths = mode == DRIVER
+        if not self.follows_deaths:
+            self.objects.on_first_borrower = self.follow_worker_deaths
         #: Lineage (io thread): finished normal tasks that may run again, by task id.
         self.lineage = self.owner.lineage
         #: Nodes the GCS declared dead (io thread): values stored there are lost.
@@ -283,7 +289,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         if not self._gcs_durable_known:
             durable = await self.gcs.call(m.KvGet("cluster", b"gcs_storage_durable", 0.0), cfg.rpc_timeout_s)
             self._gcs_durable = durable == b"1"
-        self.gcs.notify(m.Subscribe("worker_deaths", None))
+        if self.follows_deaths:
+            self.gcs.notify(m.Subscribe("worker_deaths", None))
         self.gcs.notify(m.Subscribe("nodes", None))
         self.node_info = await self.raylet.call(
             m.RegisterClient(self.worker_id, os.getpid(), self.address, self.mode == DRIVER,
@@ -841,6 +848,31 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
 
     # ================================================================== pub/sub, events
 
+    def follow_worker_deaths(self) -> None:
+        """This worker lent an object for the first time (any thread): from now on it
+        hears of workers' deaths, and drops the borrowers that died before it listened."""
+        self.follows_deaths = True
+        self._post(self._follow_deaths_now)
+
+    def _follow_deaths_now(self) -> None:
+        gcs = self.gcs
+        if gcs is None or gcs.is_closed:
+            return  # the reconnect subscribes (``follows_deaths`` is set)
+        gcs.notify(m.Subscribe("worker_deaths", None))
+        self._spawn(self._drop_borrowers_already_dead(gcs), "core-worker.deaths")
+
+    async def _drop_borrowers_already_dead(self, gcs: Connection) -> None:
+        try:
+            workers = await gcs.call(m.GetAllWorkers(), self.config.rpc_timeout_s)
+        except (ConnectionLost, TimeoutError, RemoteError) as e:
+            logger.debug("workers' states for the borrowers of this worker's objects: %s", e)
+            return
+        dead = _dead_workers(workers) if isinstance(workers, list) else set()
+        if dead:
+            freed = self.objects.remove_borrowers_on(dead)
+            if freed:
+                self._release(freed)
+
     def _handle_publish(self, conn: Connection, msg: m.Publish) -> None:
         if msg.channel == "logs":
             self.last_log_at = time.monotonic()
@@ -860,6 +892,10 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         handler = self.extra_publish_handlers.get(msg.channel)
         if handler is not None:
             handler(msg)
+
+
+def _dead_workers(workers: Any) -> set[bytes]:
+    return {w.worker_id for w in workers if isinstance(w, m.WorkerInfo) and w.state == "DEAD"}
 
 
 def well_formed_push(msg: m.PushTask) -> bool:

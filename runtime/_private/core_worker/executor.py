@@ -489,6 +489,7 @@ class Executor(ArgumentsMixin):
                 self._cancelled.discard(spec.task_id)
                 return self._system_reply(spec, "cancelled before it started", m.ErrorKind.CANCELLED)
             self._cancel_requested = None
+            self._interrupted = None  # (a retry runs under the same task id)
             self._running = spec
         self._running_root = spec.root_task_id
         cw.current_task_id = spec.task_id

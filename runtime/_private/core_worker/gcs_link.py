@@ -41,7 +41,8 @@ async def reconnect(cw: CoreWorker) -> None:
                                                  cw.job_id), cfg.rpc_timeout_s)
                     gcs.notify(m.Subscribe("logs", cw.job_id))
                     gcs.notify(m.Subscribe("errors", cw.job_id))
-                gcs.notify(m.Subscribe("worker_deaths", None))
+                if cw.follows_deaths:
+                    gcs.notify(m.Subscribe("worker_deaths", None))
                 gcs.notify(m.Subscribe("nodes", None))
                 cw.gcs = gcs
                 for msg in cw._gcs_backlog:

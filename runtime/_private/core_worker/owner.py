@@ -311,6 +311,8 @@ class OwnerState:
                 _check(e.alive(), f"{what}: held by nothing but still in the table")
                 _check(e.owned == (e.owner is None), f"{what}: owned={e.owned} but owner={e.owner}")
                 _check(not e.borrowers or e.owned, f"{what}: borrowers on a borrowed object")
+                for wid in e.borrowers or ():
+                    _check(oid in self.objects.lent.get(wid, ()), f"{what}: borrower {short(wid)} not indexed")
                 _check(e.state in (PENDING, READY, FAILED), f"{what}: state {e.state}")
                 if e.state == READY:
                     _check(e.data is not None or e.node_id is not None, f"{what}: ready with no value")

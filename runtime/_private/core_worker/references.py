@@ -26,7 +26,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from lumos._private.ids import NodeID, ObjectID, WorkerID, short
 from lumos._private.protocol import messages as m
@@ -112,6 +112,12 @@ class ObjectTable:
         self.entries: dict[bytes, ObjectEntry] = {}
         #: Object ids whose ObjectRef instances died (from any thread).
         self.decrements: deque[bytes] = deque()
+        #: Called once, outside the lock, when the first borrower of an owned object is
+        #: recorded (a worker follows other workers' deaths from then on).
+        self.on_first_borrower: Callable[[], None] | None = None
+        #: Borrower worker id -> the owned objects it borrows (a death drops its borrows
+        #: without a scan of every entry).
+        self.lent: dict[bytes, set[bytes]] = {}
 
     # ------------------------------------------------------------------ creation
 
@@ -193,7 +199,14 @@ class ObjectTable:
                 e.borrowers = {}
             e.borrowers[borrower.worker_id] = borrower
             e.shared = True
-            return True
+            lent = self.lent.get(borrower.worker_id)
+            if lent is None:
+                lent = self.lent[borrower.worker_id] = set()
+            lent.add(oid)
+            first, self.on_first_borrower = self.on_first_borrower, None
+        if first is not None:
+            first()
+        return True
 
     def remove_borrower(self, ids: Iterable[bytes], borrower_worker_id: WorkerID) -> list[Freed]:
         freed: list[Freed] = []
@@ -203,6 +216,11 @@ class ObjectTable:
                 if e is None or not e.borrowers:
                     continue
                 e.borrowers.pop(borrower_worker_id, None)
+                lent = self.lent.get(borrower_worker_id)
+                if lent is not None:
+                    lent.discard(oid)
+                    if not lent:
+                        del self.lent[borrower_worker_id]
                 if not e.borrowers:
                     e.borrowers = None
                 if not e.alive():
@@ -213,10 +231,11 @@ class ObjectTable:
         """Processes died: drop them as borrowers everywhere."""
         freed: list[Freed] = []
         with self.lock:
-            for oid, e in list(self.entries.items()):
-                if e.borrowers and worker_ids.intersection(e.borrowers):
-                    for wid in worker_ids:
-                        e.borrowers.pop(wid, None)
+            for wid in worker_ids:
+                for oid in self.lent.pop(wid, ()):
+                    e = self.entries.get(oid)
+                    if e is None or not e.borrowers or e.borrowers.pop(wid, None) is None:
+                        continue
                     if not e.borrowers:
                         e.borrowers = None
                     if not e.alive():

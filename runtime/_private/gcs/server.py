@@ -86,7 +86,7 @@ class GcsServer:
         self._kv_waiters: dict[tuple[str, bytes], list[asyncio.Future[bytes]]] = {}
         self.task_events = TaskEventTable(config.task_event_max_records,
                                           os.path.join(session_dir, "logs", "task_events.msgpack"),
-                                          config.task_event_max_bytes)
+                                          config.task_event_max_bytes, config.task_event_archive_max_bytes)
         #: How much of the task-event stream to keep (with durable storage).
         self._stream_trim = StreamTrim()
         #: channel -> {connection: the keys it follows, or None for every key}

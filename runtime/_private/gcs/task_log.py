@@ -8,6 +8,9 @@ flushing), so the GCS stays bounded under millions of tasks. The archive is a se
 of msgpack arrays, one per task holding its record's fields: in a long run every task
 passes through it, and a record costs ~2 us to write this way against ~16 us as a JSON
 object, on the GCS's one thread. ``read_archive`` turns it back into ``list_tasks`` rows.
+The archive is bounded too (``max_archive_bytes``): past half of it the file is rotated
+to ``<archive>.1`` (replacing the previous one), so a long-lived cluster keeps the most
+recent history on disk and never fills it.
 
 Every applied event gives its record a new sequence number, so a reader that polls
 (the dashboard) asks only for what changed since its last look (``updates``) instead
@@ -24,6 +27,7 @@ the batches of the records the table holds, not a count of batches.
 from __future__ import annotations
 
 import logging
+import os
 from collections import OrderedDict, deque
 from typing import IO, Any, Iterator
 
@@ -195,8 +199,11 @@ def events_of(msg: m.AddTaskEvents) -> tuple[list[m.TaskEvent], int]:
 class TaskEventTable:
     """Task records by id, bounded in count and bytes, with overflow flushed to an archive."""
 
-    def __init__(self, max_records: int, archive_path: str, max_bytes: int = 0) -> None:
+    def __init__(self, max_records: int, archive_path: str, max_bytes: int = 0,
+                 max_archive_bytes: int = 1 << 30) -> None:
         self.max_records = max_records
+        #: Bound on the archive's two files together (``archive_path`` and its ``.1``).
+        self.max_archive_bytes = max_archive_bytes
         #: Bound on the sum of ``record_bytes`` (0: none).
         self.max_bytes = max_bytes
         #: The sum of ``record_bytes`` over the records held.
@@ -206,6 +213,8 @@ class TaskEventTable:
         self.records: OrderedDict[TaskID, TaskRecord] = OrderedDict()
         self.num_archived = 0
         self._archive: IO[bytes] | None = None
+        #: Bytes in the current archive file.
+        self._archive_size = 0
         #: Sequence number of the last applied event.
         self.seq = 0
         #: Task ids in the order of their last change (the oldest change first).
@@ -246,6 +255,7 @@ class TaskEventTable:
         if self._archive is None:
             try:
                 self._archive = open(self.archive_path, "ab")
+                self._archive_size = self._archive.tell()
             except OSError as e:
                 logger.error("cannot open task archive %s: %s; dropping old task records", self.archive_path, e)
         records = self.records
@@ -290,11 +300,25 @@ class TaskEventTable:
         self.num_archived += len(victims)
         self.bytes -= freed
         if archive is not None and chunks:
+            data = b"".join(chunks)
             try:
-                archive.write(b"".join(chunks))
+                archive.write(data)
                 archive.flush()
+                self._archive_size += len(data)
+                if self._archive_size > self.max_archive_bytes // 2:
+                    self._rotate()
             except OSError as e:  # a full disk loses archived history, never the GCS
                 logger.error("cannot write task archive %s: %s; dropping old task records", self.archive_path, e)
+
+    def _rotate(self) -> None:
+        """The current archive becomes ``<archive>.1`` (the one before is dropped); later
+        records go to a new file."""
+        assert self._archive is not None
+        self._archive.close()
+        self._archive = None
+        self._archive_size = 0
+        os.replace(self.archive_path, self.archive_path + ".1")
+        self._archive = open(self.archive_path, "ab")
 
     def list(self, job_id: JobID | None, limit: int) -> list[dict[str, Any]]:
         out = []
@@ -347,8 +371,15 @@ _ARCHIVED_FIELDS = 10
 
 def read_archive(path: str) -> Iterator[dict[str, Any]]:
     """The rows of a task archive written by ``TaskEventTable``, oldest first, as
-    ``lumos.state.list_tasks`` returns them. A row cut short at the end (the GCS was
-    killed mid-write) is skipped."""
+    ``lumos.state.list_tasks`` returns them: those of the rotated ``<path>.1`` first, when
+    there is one, then ``path``'s. A row cut short at the end (the GCS was killed
+    mid-write) is skipped."""
+    if os.path.exists(path + ".1"):
+        yield from _read_archive_file(path + ".1")
+    yield from _read_archive_file(path)
+
+
+def _read_archive_file(path: str) -> Iterator[dict[str, Any]]:
     with open(path, "rb") as f:
         unpacker = msgpack.Unpacker(f, raw=False, strict_map_key=False)
         while True:

@@ -2,7 +2,8 @@
 
 ```
 client                                            server
-  | -- client nonce (32 random bytes) ----------------> |
+  | -- client nonce (32 random bytes) + wire version -> |   a server of another wire
+  |                                                     |   format refuses with its own
   | <- server nonce (32) + HMAC(token, S|cn|sn) ------- |   the server proves the token
   |    the client checks it; a fake server ends here      |
   | -- HMAC(token, C|cn|sn) --------------------------> |   the client proves the token
@@ -36,6 +37,54 @@ SERVER_HELLO_BYTES = NONCE_BYTES + DIGEST_BYTES
 OK = b"ok"
 _SERVER = b"lumos-auth-v2 server"
 _CLIENT = b"lumos-auth-v2 client"
+
+
+#: The frame encoding and message layouts this lumos speaks (``protocol.codec``): bumped
+#: whenever a frame of this version would be misread by a peer of the last one. An RPC
+#: client announces it after its nonce; a server of another version refuses it with its
+#: own (``version_refusal``), so a driver of one lumos meeting a cluster of another
+#: says so at once instead of failing on its first frame.
+WIRE_VERSION = 2
+_WIRE_TAG = b"lumos-wire"
+_REFUSAL_TAG = b"lumos-wire-refused"
+
+
+def client_hello(client_nonce: bytes) -> bytes:
+    """An RPC client's first frame: its nonce and its wire version."""
+    return client_nonce + _WIRE_TAG + WIRE_VERSION.to_bytes(2, "big")
+
+
+def parse_client_hello(payload: bytes) -> tuple[bytes, int | None]:
+    """The client nonce and wire version of a client's first frame; version None for a
+    lumos from before wire versions (a bare nonce).
+
+    Raises:
+        ValueError: the frame is neither.
+    """
+    if len(payload) == NONCE_BYTES:
+        return payload, None
+    if len(payload) == NONCE_BYTES + len(_WIRE_TAG) + 2 and payload[NONCE_BYTES:-2] == _WIRE_TAG:
+        return payload[:NONCE_BYTES], int.from_bytes(payload[-2:], "big")
+    raise ValueError("malformed client hello")
+
+
+def version_refusal() -> bytes:
+    """A server's answer to a client of another wire version: its own version."""
+    return _REFUSAL_TAG + WIRE_VERSION.to_bytes(2, "big")
+
+
+def parse_version_refusal(payload: bytes) -> int | None:
+    """The server's wire version when ``payload`` is its refusal, else None."""
+    if len(payload) == len(_REFUSAL_TAG) + 2 and payload.startswith(_REFUSAL_TAG):
+        return int.from_bytes(payload[-2:], "big")
+    return None
+
+
+def version_mismatch(peer: str, theirs: int | None) -> str:
+    """What to tell the user when ``peer`` speaks wire version ``theirs``."""
+    what = "an older lumos (without wire versions)" if theirs is None else f"lumos wire format {theirs}"
+    return (f"{peer} speaks {what}, this process wire format {WIRE_VERSION}: run the same lumos version "
+            "on every node and driver of a cluster (`pip install` the cluster's version)")
 
 
 def new_nonce() -> bytes:

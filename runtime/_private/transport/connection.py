@@ -118,6 +118,10 @@ class ConnectionLost(ConnectionError):
     """The peer went away (or never finished the handshake)."""
 
 
+class WireVersionMismatch(ConnectionLost):
+    """The peer runs a lumos whose frames this one cannot read (``auth.WIRE_VERSION``)."""
+
+
 class RemoteError(Exception):
     """A request's handler raised on the peer; carries its type name and message."""
 
@@ -149,6 +153,9 @@ class Connection(asyncio.Protocol):
         self._state = _AWAIT_CLIENT_NONCE if is_server else _AWAIT_SERVER_HELLO
         self._client_nonce = b""
         self._server_nonce = b""
+        #: Why this end dropped the connection (given to ``ready``'s waiter), if it did.
+        self._drop_reason = ""
+        self._drop_error: type[ConnectionLost] = ConnectionLost
         self._out: list[bytes] = []
         self._flush_scheduled = False
         #: Writes from other threads (``write_now``): a duplicate of the socket's fd, made
@@ -195,7 +202,7 @@ class Connection(asyncio.Protocol):
             self._config.handshake_timeout_s, self._handshake_timed_out)
         if not self._is_server:
             self._client_nonce = auth.new_nonce()
-            self._write_raw(self._client_nonce)
+            self._write_raw(auth.client_hello(self._client_nonce))
 
     def data_received(self, data: bytes) -> None:
         b = _batch
@@ -228,13 +235,18 @@ class Connection(asyncio.Protocol):
                 self._on_handshake_frame(payload)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        was = self._state
         self._state = _CLOSED
         self._close_wfd()
         if self.shared is not None:
             self.shared.detach()
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
-        err = ConnectionLost(f"connection {self.peer} closed" + (f": {exc}" if exc else ""))
+        why = f": {exc}" if exc else f": {self._drop_reason}" if self._drop_reason else ""
+        if not why and not self.ready.done() and was == _AWAIT_SERVER_HELLO:
+            why = (" during the handshake, before proving the cluster token (a lumos of another "
+                   "version, or not a lumos process)")
+        err = self._drop_error(f"connection {self.peer} closed{why}")
         if not self.ready.done():
             self.ready.set_exception(err)
             self.ready.exception()  # mark retrieved; the waiter gets it too
@@ -261,10 +273,16 @@ class Connection(asyncio.Protocol):
 
     def _on_handshake_frame(self, payload: bytes) -> None:
         if self._state == _AWAIT_CLIENT_NONCE:
-            if len(payload) != auth.NONCE_BYTES:
-                raise ProtocolError("authentication failed: the client sent a malformed nonce")
-            self._client_nonce = payload
-            hello, self._server_nonce = auth.server_hello(self._token, payload)
+            try:
+                nonce, version = auth.parse_client_hello(payload)
+            except ValueError:
+                raise ProtocolError("authentication failed: the client sent a malformed nonce") from None
+            if version != auth.WIRE_VERSION:
+                if version is not None:
+                    self._write_raw(auth.version_refusal())
+                raise ProtocolError(auth.version_mismatch("the client", version))
+            self._client_nonce = nonce
+            hello, self._server_nonce = auth.server_hello(self._token, nonce)
             self._write_raw(hello)
             self._state = _AWAIT_CLIENT_PROOF
         elif self._state == _AWAIT_CLIENT_PROOF:
@@ -273,6 +291,10 @@ class Connection(asyncio.Protocol):
             self._write_raw(auth.OK)
             self._become_ready()
         elif self._state == _AWAIT_SERVER_HELLO:
+            theirs = auth.parse_version_refusal(payload)
+            if theirs is not None:
+                self._drop_error = WireVersionMismatch
+                raise ProtocolError(auth.version_mismatch(f"the lumos process at {self.peer}", theirs))
             server_nonce = auth.check_server_hello(self._token, self._client_nonce, payload)
             if server_nonce is None:
                 raise ProtocolError("the server did not prove it holds the cluster token "
@@ -492,6 +514,7 @@ class Connection(asyncio.Protocol):
         return self._state == _CLOSED
 
     def _drop(self, reason: str) -> None:
+        self._drop_reason = reason
         peer_warnings.warn(logger, self._peer_key, self._config.peer_warning_interval_s,
                            "dropping connection %s: %s", self.peer, reason)
         self.close()
