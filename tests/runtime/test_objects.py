@@ -337,3 +337,48 @@ def test_a_get_of_many_values_pins_them_in_one_message_and_dropping_them_unpins_
         del one
     finally:
         cw._to_raylet = to_raylet
+
+
+def test_a_dropped_value_is_unpinned_with_its_free_without_a_wake_up_of_its_own(fresh_cluster, monkeypatch):
+    """``get(f.remote())`` in a loop: the value's unpin waits for its free and goes first
+    in the same turn (the raylet then reuses its slot); no io-thread wake-up of its own."""
+    from lumos._private.protocol import messages as m
+    from lumos.api import worker_context
+    fresh_cluster(num_cpus=1)
+    cw = worker_context.core_worker
+
+    @lumos.remote
+    def make():
+        return np.ones(2**17)  # 1 MiB: in the store
+
+    ref = make.remote()
+    value = lumos.get(ref, timeout=30)
+    oid = ref._id
+    posted, sent = [], []
+    post, notify, write_now = cw._post, cw.raylet.notify, cw.raylet.write_now
+    monkeypatch.setattr(cw, "_post", lambda fn, *args: (posted.append(getattr(fn, "__name__", "")),
+                                                         post(fn, *args))[1])
+
+    def spy(send):
+        def sending(msg, *args, **kwargs):
+            if isinstance(msg, (m.PinObjects, m.FreeObjects)) and oid in msg.object_ids:
+                sent.append((type(msg).__name__, getattr(msg, "pinned", None), getattr(msg, "recyclable", None)))
+            return send(msg, *args, **kwargs)
+        return sending
+
+    monkeypatch.setattr(cw.raylet, "notify", spy(notify))
+    monkeypatch.setattr(cw.raylet, "write_now", spy(write_now))
+    assert float(value.sum()) == 2**17
+    del value
+    assert "_flush_pins" not in posted
+    del ref
+    cw.drain_refs()
+    wait_for(lambda: len(sent) == 2, 10)
+    assert sent == [("PinObjects", False, None), ("FreeObjects", None, [True])]
+    # An unpin with no free behind it still goes, within the flush interval.
+    ref = make.remote()
+    value = lumos.get(ref, timeout=30)
+    oid = ref._id
+    del value
+    wait_for(lambda: ("PinObjects", False, None) in sent[2:], 10)
+    assert "_flush_pins" not in posted

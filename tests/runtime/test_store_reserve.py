@@ -159,7 +159,9 @@ def test_a_put_into_a_reserved_slot_seals_without_waking_the_io_thread(
     wait_for(cw.io.idle, 10)
     posted: list[Any] = []
     post = cw.io.post
-    monkeypatch.setattr(cw.io, "post", lambda fn, *args: (posted.append(fn), post(fn, *args))[1])
+    spy = lambda fn, *args: (posted.append(fn), post(fn, *args))[1]  # noqa: E731
+    monkeypatch.setattr(cw.io, "post", spy)
+    monkeypatch.setattr(cw, "_post", spy)  # (the core worker binds io.post at start-up)
     ref = lumos.put(np.full(MiB // 8, 7, dtype=np.int64))
     monkeypatch.undo()
     assert posted == [] and cw.store.stats()["reserved_writes"] == 1
@@ -270,3 +272,39 @@ def test_by_default_a_burst_of_two_thousand_1_mib_values_is_kept_for_reuse_when_
     actions = s.handle(st.ObjectsFreed([b"o%d" % i for i in range(n)], [True] * n), 0)
     assert not [a for a in actions if isinstance(a, st.UnlinkFile)]
     assert len(s.pool) == n
+
+
+def test_a_granted_slot_the_client_still_maps_is_ready_without_the_mapping_thread(tmp_path: Any) -> None:
+    """A pooled slot handed back to the process that wrote it last (a task's return, or a
+    put freed) is reused through the mapping it kept: ready at once, no mapping thread."""
+    import os
+    from lumos._private.object_store.client import StoreClient
+    store = StoreClient(str(tmp_path), 1, 1 << 30, 64 * MiB)
+    try:
+        data = b"v" * MiB
+
+        def fill(dest: memoryview, copy: Callable[[memoryview, memoryview], None]) -> None:
+            copy(dest, memoryview(data))
+
+        o1, o2 = b"\x01" * 16, b"\x02" * 16
+        store.write(o1, str(tmp_path / "o1.w"), str(tmp_path / o1.hex()), 1, MiB, False, MiB, fill,
+                    keep_mapping=False)  # a return: the writer keeps the mapping by slot
+        assert store.stats()["pooled_slots"] == 1
+        # Freed: the raylet moves it to its pool name and grants it back to its writer.
+        os.rename(tmp_path / o1.hex(), tmp_path / "pool-1")
+        store.map_reserved_soon([(1, str(tmp_path / "pool-1"), MiB, True)])
+        stats = store.stats()
+        assert stats["ready_reserved_slots"] == 1 and stats["pooled_slots"] == 0
+        assert store._mapper is None and stats["reserved_remapped"] == 0
+        mapping = store.take_reserved(MiB)
+        assert mapping is not None
+        data = b"w" * MiB
+        assert store.write_reserved(o2, mapping, MiB, fill, keep_mapping=True)
+        assert (tmp_path / o2.hex()).read_bytes() == data and not (tmp_path / "pool-1").exists()
+        # A slot it does not map (or at another size) still goes to the mapping thread.
+        (tmp_path / "pool-2").write_bytes(b"\0" * MiB)
+        store.map_reserved_soon([(2, str(tmp_path / "pool-2"), MiB, True)])
+        wait_for(lambda: store.stats()["ready_reserved_slots"] == 1, 10)
+        assert store._mapper is not None and store.stats()["reserved_remapped"] == 1
+    finally:
+        store.close()

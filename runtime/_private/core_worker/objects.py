@@ -106,10 +106,14 @@ class ObjectsMixin:
         never spilled). Any thread, also garbage collection at exit.
 
         A lone first view is pinned at once. Pins during a ``get`` of several values go
-        together at its end; unpins go at the io thread's next turn, after what was
-        posted before (a free follows its unpin), together: dropping a list of 1,000
-        arrays sends one message, and a pin and unpin of the same object in between
-        send none (the raylet keeps whether a process views an object, not how often)."""
+        together at its end. Unpins wait for the next message that goes anyway: a free
+        (``_flush_frees`` sends them first, in the same write: a sync loop's returned
+        value is unpinned and freed in one wake-up of the io thread and of the raylet,
+        not two), a pin, or the flush loop's next interval (``wake_flush``), whichever
+        comes first; dropping a list of 1,000 arrays sends one message, and a pin and
+        unpin of the same object in between send none (the raylet keeps whether a
+        process views an object, not how often). An unpin only makes an object
+        spillable, so its lateness is bounded by that interval."""
         if self._closed or self.loop is None or self.loop.is_closed():
             return
         if self._pin_lock is None:
@@ -124,7 +128,7 @@ class ObjectsMixin:
                     pending = self._pin_changes = {}
                 first = pending.get(object_id)
                 pending[object_id] = (pinned if first is None else first[0], pinned)
-                post = not self._pin_batches and not self._pin_flush_posted
+                post = pinned and not self._pin_batches and not self._pin_flush_posted
                 if post:
                     self._pin_flush_posted = True
         try:
@@ -132,29 +136,33 @@ class ObjectsMixin:
                 self._to_raylet(m.PinObjects([object_id], True))
             elif post:
                 self._post(self._flush_pins)
+            elif not pinned:
+                self.wake_flush()  # the flush loop sends it within an interval at most
         except exc.LumosSystemError:
             pass  # shutting down: the raylet forgets this process's pins when it goes
 
     def _flush_pins(self) -> None:
         """Send the pin changes gathered so far (any thread)."""
+        try:
+            for msg in self._pin_messages():
+                self._to_raylet(msg)
+        except exc.LumosSystemError:
+            pass
+
+    def _pin_messages(self) -> list[m.PinObjects]:
+        """Take the pin changes gathered so far, as the messages that say them."""
         lock = self._pin_lock
-        if lock is None:
-            return
+        if lock is None or not self._pin_changes:
+            return []
         with lock:
             pending, self._pin_changes = self._pin_changes, None
             self._pin_flush_posted = False
         if not pending:
-            return
+            return []
         ups = [oid for oid, (first, last) in pending.items() if last and first]
         downs = [oid for oid, (first, last) in pending.items() if not last and not first]
         # first != last: back where it was before these changes: nothing to say.
-        try:
-            if ups:
-                self._to_raylet(m.PinObjects(ups, True))
-            if downs:
-                self._to_raylet(m.PinObjects(downs, False))
-        except exc.LumosSystemError:
-            pass
+        return ([m.PinObjects(ups, True)] if ups else []) + ([m.PinObjects(downs, False)] if downs else [])
 
     def _free_after_views(self, object_id: ObjectID) -> None:
         """An object we freed while viewing it lost its last view here (any thread, GC

@@ -404,6 +404,10 @@ class ReferencesMixin:
     def _flush_frees(self) -> None:
         pending, self._pending_frees = self._pending_frees, None
         if pending is not None and self.raylet is not None:
+            # Unpins waiting (``_store_pin_changed``) go first, in the same write: a free
+            # of an object the raylet still counts as viewed here would not reuse its slot.
+            for msg in self._pin_messages():
+                self.raylet.notify(msg)
             self.raylet.notify(m.FreeObjects(*pending))
 
     def _handle_add_borrowers(self, conn: Connection, msg: m.AddBorrowers) -> bool:

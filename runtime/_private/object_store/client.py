@@ -203,9 +203,27 @@ class StoreClient:
                 self._resv_sizes[slot] = file_size
 
     def map_reserved_soon(self, grants: list[Any]) -> None:
-        """``reserved_granted``, then ``map_reserved`` in the store's mapping thread."""
+        """``reserved_granted``; a pooled slot this process still maps at its size is
+        ready at once (no syscall: the raylet handed back a file we wrote), the others
+        go to ``map_reserved`` in the store's mapping thread (waking it cost the io
+        thread ~15 us and the mapper as much again per reservation under 1 MiB by-value
+        arguments, where nearly every grant is such a slot)."""
         self.reserved_granted(grants)
+        rest = []
         with self._lock:
+            for grant in grants:
+                slot, path, file_size, reused = grant
+                mapping = self._slots.get(slot) if reused else None
+                if mapping is None or mapping.size != file_size or slot not in self._resv_sizes:
+                    rest.append(grant)
+                    continue
+                del self._slots[slot]
+                self._slot_bytes -= mapping.size
+                mapping.path = path
+                self._reserved[slot] = mapping
+            if not rest:
+                return
+            grants = rest
             if self._mapper is None:
                 self._mapper = threading.Thread(target=self._map_loop, name="lumos-store-map", daemon=True)
                 self._mapper.start()

@@ -120,6 +120,8 @@ class ObjectStoreState:
         self.directory = directory
         #: Where primaries go under pressure ("" : spilling off).
         self.spill_dir = spill_dir
+        self._dir_prefix = os.path.join(directory, "")
+        self._spill_prefix = os.path.join(spill_dir, "") if spill_dir else ""
         #: Above this fraction of capacity in use, sealed primaries are spilled ahead of
         #: need, so a stream of puts rarely waits for a spill.
         self.spill_threshold = spill_threshold
@@ -188,23 +190,27 @@ class ObjectStoreState:
 
     # ------------------------------------------------------------------ paths
 
+    # Paths are a kept prefix plus the name: ``os.path.join`` was a tenth of the raylet's
+    # CPU under 1 MiB by-value task arguments (a pooled slot's free and reserve each
+    # build two).
+
     def final_path(self, object_id: ObjectID) -> str:
-        return os.path.join(self.directory, object_id.hex())
+        return self._dir_prefix + object_id.hex()
 
     def _tmp_path(self, object_id: ObjectID) -> str:
-        return os.path.join(self.directory, object_id.hex() + ".w")
+        return self._dir_prefix + object_id.hex() + ".w"
 
     def _pool_path(self, slot: int) -> str:
-        return os.path.join(self.directory, f"pool-{slot}")
+        return f"{self._dir_prefix}pool-{slot}"
 
     def _resv_path(self, slot: int) -> str:
-        return os.path.join(self.directory, f"resv-{slot}")
+        return f"{self._dir_prefix}resv-{slot}"
 
     def spill_path(self, object_id: ObjectID) -> str:
-        return os.path.join(self.spill_dir, object_id.hex())
+        return self._spill_prefix + object_id.hex()
 
     def _spill_tmp_path(self, object_id: ObjectID) -> str:
-        return os.path.join(self.spill_dir, object_id.hex() + ".w")
+        return self._spill_prefix + object_id.hex() + ".w"
 
     # ------------------------------------------------------------------ events
 

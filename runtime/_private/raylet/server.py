@@ -498,7 +498,7 @@ class RayletServer:
         ids = self._owned.get(owner)
         if ids is None:
             ids = self._owned[owner] = set()
-            if owner in self.procs:
+            if self._is_worker(owner):
                 self._sched(sc.OwnershipChanged(owner, True))
         ids.add(object_id)
 
@@ -512,8 +512,14 @@ class RayletServer:
                 ids.discard(oid)
                 if not ids:
                     del self._owned[owner]
-                    if owner in self.procs:
+                    if self._is_worker(owner):
                         self._sched(sc.OwnershipChanged(owner, False))
+
+    def _is_worker(self, worker_id: WorkerID) -> bool:
+        """A worker of this node's scheduler (not a driver: it is never an idle worker to
+        end, and a sync loop's one owned object flipped a driver's ownership per call)."""
+        proc = self.procs.get(worker_id)
+        return proc is not None and not proc.is_driver
 
     def _free_owned_by(self, owner: WorkerID, why: str) -> None:
         """The process ``owner`` is gone: nobody can read or free its objects any more, so
