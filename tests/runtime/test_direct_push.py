@@ -133,3 +133,51 @@ def test_a_task_sent_straight_can_be_cancelled(cluster: lumos.LumosContext) -> N
     lumos.cancel(ref)
     with pytest.raises(TaskCancelledError):
         lumos.get(ref, timeout=30)
+
+
+@lumos.remote
+def _seven() -> int:
+    return 7
+
+
+def test_a_reply_is_handled_while_the_thread_that_wrote_its_task_has_not_run_since(
+        cluster: lumos.LumosContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On 2 cores the worker a user thread's write wakes often takes that thread's core:
+    the task's reply comes back before the writer has run again. The io thread books and
+    settles it without waiting for the writer (its reply proves the write went out), for
+    a task and for an actor call alike."""
+    from lumos._private.core_worker.references import PENDING
+    from lumos._private.ids import return_object_id
+    from lumos._private.protocol import messages as m
+    from lumos._private.transport.connection import Connection
+
+    cw = worker_context.require()
+    c = Counter.remote()
+    assert lumos.get(c.incr.remote(), timeout=60) == 1
+    assert lumos.get(_seven.remote(), timeout=60) == 7  # a lease held, idle
+    real = Connection.write_now
+    settled: list[bool] = []
+
+    def write_then_stall(conn: Connection, body: object) -> bool:
+        ok = real(conn, body)
+        if ok and type(body) is m.PushTask:
+            # The writer "loses its core" until the reply is settled (or 10 s pass).
+            oid = return_object_id(body.spec.task_id, 1)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                e = cw.objects.entries.get(oid)
+                if e is not None and e.state != PENDING:
+                    break
+                time.sleep(0.005)
+            e = cw.objects.entries.get(oid)
+            settled.append(e is not None and e.state != PENDING)
+        return ok
+
+    monkeypatch.setattr(Connection, "write_now", write_then_stall)
+    tasks_before, calls_before = cw.direct_tasks, _direct_sent()
+    for _ in range(3):
+        assert lumos.get(_seven.remote(), timeout=60) == 7
+        assert lumos.get(c.incr.remote(), timeout=60) >= 2
+    monkeypatch.setattr(Connection, "write_now", real)
+    assert cw.direct_tasks > tasks_before and _direct_sent() > calls_before  # written straight
+    assert settled and all(settled)

@@ -317,8 +317,7 @@ class ActorSubmitter:
 
     def _on_direct(self, task: PendingTask, q: _ActorQueue, conn: Connection, sent: list[bool]) -> None:
         """io thread: book a call ``send_direct`` took (or send it, if it could not)."""
-        with self._direct_lock:  # the user thread may still be writing it
-            was_sent = sent[0]
+        was_sent = self.cw.io.was_sent(sent, task.spec.task_id, self._direct_lock)  # (it may still be writing)
         if not self.cw.register_call(task):
             return
         if not was_sent:

@@ -165,6 +165,9 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             max_leases_per_scheduling_key=config.max_leases_per_scheduling_key,
             task_oom_retry_delay_base_ms=config.task_oom_retry_delay_base_ms, validate=config.validate),
             self._submit_lock)
+        #: Held by a user thread while it writes a task ``push_direct`` claimed a lease for
+        #: (its booking waits on it to learn whether the write went out).
+        self._direct_write_lock = threading.Lock()
         #: Worker connections user threads may write to (each holds a duplicated fd).
         self._direct_conns = 0
         #: Tasks ``push_direct`` wrote (a statistic: not exact with several user threads).
@@ -656,8 +659,11 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         state = self.submitter.state
         with self._submit_lock:
             lease = state.claim_idle(q)
-            if lease is None:
-                return False
+        if lease is None:
+            return False
+        # The write is outside the submitter's lock: a claimed lease is never returned or
+        # pushed to, and the io thread's events on other leases need not wait for it.
+        with self._direct_write_lock:
             sent = io.write_then_book(lease.conn, m.PushTask(task.spec, lease.resource_ids), self._on_direct_task,
                                       task, lease)
         spec = task.spec
@@ -671,8 +677,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         return True
 
     def _on_direct_task(self, task: PendingTask, lease: LeasedWorker, sent: list[bool]) -> None:
-        with self._submit_lock:  # the user thread may still be writing it
-            was_sent = sent[0]
+        was_sent = self.io.was_sent(sent, task.spec.task_id, self._direct_write_lock)  # (it may still be writing)
         self.tasks[task.spec.task_id] = task
         if self.gone is not None:
             with self._submit_lock:

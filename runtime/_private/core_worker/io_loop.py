@@ -56,6 +56,8 @@ class IoLoop:
         self.thread: threading.Thread | None = None
         #: Jobs posted by user threads, run in order on the io thread.
         self.inbox: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
+        #: While ``drain_pending`` runs for a task's reply: that task's id.
+        self.replying_to: bytes | None = None
         #: A drain of the inbox is already scheduled: posting needs no wake-up.
         self._wake_pending = False
         #: The io thread is running posted jobs (the inbox may be empty meanwhile).
@@ -163,14 +165,16 @@ class IoLoop:
         have the io thread run ``book(*args, sent)`` at its next turn. The booking is queued
         first (without a wake-up), so it is there before any answer to the write; if the
         write could not go, the io thread is woken and ``book`` sees ``sent[0]`` False (it
-        sends the message the usual way). Callers hold a lock that ``book`` takes to read
-        ``sent``. Returns whether the write went out."""
-        sent = [False]
+        sends the message the usual way). ``sent[0]`` is None while the write is under way:
+        callers hold a lock that ``book`` takes to read it then, unless ``book`` runs for
+        the answer to this very message (``replying_to``), which proves it went out.
+        Returns whether the write went out."""
+        sent: list[bool | None] = [None]
         self.append_quiet(book, *args, sent)
-        sent[0] = conn.write_now(body)
-        if not sent[0]:
+        ok = sent[0] = conn.write_now(body)
+        if not ok:
             self.wake()
-        return sent[0]
+        return ok
 
     def wake(self) -> None:
         """Have the io thread drain its inbox soon (any thread)."""
@@ -180,11 +184,30 @@ class IoLoop:
             if loop is not None and not loop.is_closed():
                 loop.call_soon_threadsafe(self._drain_inbox)
 
-    def drain_pending(self) -> None:
+    def drain_pending(self, replying_to: bytes | None = None) -> None:
         """io thread: run what waits in the inbox now (before handling a message that may
-        concern it: a reply to a call sent straight from a user thread)."""
+        concern it: a reply to a call sent straight from a user thread). ``replying_to``:
+        the id of the task whose reply is being handled; its booking then knows its write
+        went out without waiting for the user thread that wrote it to say so (that thread,
+        back from the ``write`` that woke the worker, may not have run since: on 2 cores
+        the worker often takes its core)."""
         if self.inbox and not self._draining:
-            self._drain_inbox()
+            self.replying_to = replying_to
+            try:
+                self._drain_inbox()
+            finally:
+                self.replying_to = None
+
+    def was_sent(self, sent: list[bool | None], task_id: bytes, lock: Any) -> bool:
+        """io thread, in a booking of ``write_then_book``: whether the write of task
+        ``task_id`` went out (waiting on ``lock``, which the writer holds, while unknown)."""
+        ok = sent[0]
+        if ok is None:
+            if self.replying_to == task_id:
+                return True  # its reply is here
+            with lock:
+                ok = sent[0]
+        return bool(ok)
 
     def idle(self) -> bool:
         """Every job posted so far has run, and what it sent is handed to its connection."""

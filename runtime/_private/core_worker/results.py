@@ -52,7 +52,7 @@ class ResultsMixin:
     def _handle_task_reply(self, conn: Connection, reply: m.TaskReply) -> None:
         task = self.tasks.get(reply.task_id)
         if task is None and self.io.inbox:
-            self.io.drain_pending()  # a call sent straight from a user thread is registered there
+            self.io.drain_pending(reply.task_id)  # a call sent straight from a user thread is registered there
             task = self.tasks.get(reply.task_id)
         if task is None or task.state == DONE:
             self._free_orphan_returns(reply)
