@@ -239,3 +239,20 @@ def test_refs_and_actors_whose_reply_the_link_lost_are_released(client: lumos.Lu
     assert cut.cut
     # Created, and its only handle never reached the client: the session lets it go.
     wait_for(lambda: [a["state"] for a in lumos.state.list_actors() if a["class_name"] == "Orphan"] == ["DEAD"], 30)
+
+
+def test_a_client_of_another_wire_version_is_refused_with_both_versions(head: tuple[str, str]) -> None:
+    from lumos._private.protocol import auth
+    code = ("import lumos\nfrom lumos._private.protocol import auth\nauth.WIRE_VERSION = 999\n"
+            f"try:\n    lumos.init({head[0]!r}, _token={head[1]!r})\n"
+            "except ConnectionError as e:\n    print('REFUSED', e)\nelse:\n    print('CONNECTED')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "REFUSED" in out.stdout and "refused this client" in out.stdout, out.stdout
+    assert "this client speaks lumos wire format 999" in out.stdout, out.stdout
+    assert f"the lumos head wire format {auth.WIRE_VERSION}" in out.stdout, out.stdout
+    ctx = lumos.init(head[0], _token=head[1])  # the head serves clients of its own version on
+    try:
+        assert lumos.get(lumos.put(3), timeout=30) == 3 and ctx.dashboard_url is not None
+    finally:
+        lumos.shutdown()

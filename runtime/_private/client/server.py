@@ -31,6 +31,7 @@ from typing import Any
 import msgpack
 
 from lumos._private.client import wire
+from lumos._private.protocol import auth
 from lumos._private.protocol.framing import ProtocolError
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,13 @@ class ClientServer:
             hello, _ = wire.recv(conn)
             if hello.get("op") != "hello" or not isinstance(hello.get("client_id"), str):
                 raise ProtocolError("the first message is not a hello")
+            theirs = hello.get("wire")
+            if theirs != auth.WIRE_VERSION:
+                # A client of another lumos: its pickled templates and refs would be misread.
+                theirs = theirs if type(theirs) is int else None
+                wire.send(conn, {"op": "error", "message": auth.version_mismatch("this client", theirs,
+                                                                                 "the lumos head")})
+                raise ProtocolError(auth.version_mismatch("the client", theirs))
             handed = self._route(conn, hello)
         except (ProtocolError, ConnectionError, TimeoutError, OSError) as e:
             logger.warning("client connection from %s refused: %s", peer, e or type(e).__name__)

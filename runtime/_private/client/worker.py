@@ -27,6 +27,7 @@ from lumos._private import serialization as ser
 from lumos._private.client import wire
 from lumos._private.config import Config
 from lumos._private.ids import random_id
+from lumos._private.protocol import auth
 from lumos._private.protocol.framing import ProtocolError
 from lumos.object_ref import ObjectRef
 
@@ -201,6 +202,7 @@ class ClientWorker:
             wire.client_handshake(sock, self.token, timeout_s)
             unanswered = list(self._unanswered)
             hello = {"op": "hello", "client_id": self.client_id, "resume": resume, "unanswered": unanswered,
+                     "wire": auth.WIRE_VERSION,
                      "namespace": self._namespace_wanted,
                      "runtime_env": pickle.dumps(self._runtime_env) if self._runtime_env else None}
             sock.settimeout(timeout_s + 60)  # a new session starts a driver first

@@ -80,10 +80,10 @@ def parse_version_refusal(payload: bytes) -> int | None:
     return None
 
 
-def version_mismatch(peer: str, theirs: int | None) -> str:
-    """What to tell the user when ``peer`` speaks wire version ``theirs``."""
+def version_mismatch(peer: str, theirs: int | None, me: str = "this process") -> str:
+    """What to tell the user when ``peer`` speaks wire version ``theirs`` to ``me``."""
     what = "an older lumos (without wire versions)" if theirs is None else f"lumos wire format {theirs}"
-    return (f"{peer} speaks {what}, this process wire format {WIRE_VERSION}: run the same lumos version "
+    return (f"{peer} speaks {what}, {me} wire format {WIRE_VERSION}: run the same lumos version "
             "on every node and driver of a cluster (`pip install` the cluster's version)")
 
 
