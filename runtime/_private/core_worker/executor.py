@@ -47,6 +47,7 @@ from lumos._private import thread_limits
 from lumos._private.core_worker.actor_host import ActorHost
 from lumos._private.core_worker.core_worker import CoreWorker, well_formed_push
 from lumos._private.core_worker.arguments import ArgumentsMixin, _TaskFailed
+from lumos._private.object_store.client import SPARE_IDLE_S  # an idle worker keeps spares this long
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError, SharedReader
 from lumos._private.worker import CREATION_PRELOAD
@@ -58,9 +59,6 @@ logger = logging.getLogger(__name__)
 class _Cancelled(Exception):
     pass
 
-
-#: An idle worker keeps spare argument mappings this long (``_next_task``).
-SPARE_IDLE_S = 1.0
 
 #: Tasks in a row pushed on other connections after which the main thread reads its
 #: next task from the newest one instead of the lead's (``Executor._maybe_lead``).
