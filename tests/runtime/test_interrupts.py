@@ -175,3 +175,48 @@ def test_a_cancel_as_a_long_task_starts_is_never_lost(fresh_cluster) -> None:
         with pytest.raises(TaskCancelledError):
             lumos.get(ref, timeout=20)
         assert time.monotonic() - t0 < 10
+
+
+class _Stop(BaseException):
+    """A user's own BaseException subclass."""
+
+
+@lumos.remote
+class AsyncRaiser:
+    async def interrupt(self) -> None:
+        raise KeyboardInterrupt
+
+    async def ok(self) -> int:
+        return 1
+
+
+@lumos.remote(max_concurrency=4)
+class ThreadedRaiser:
+    def interrupt(self) -> None:
+        raise KeyboardInterrupt
+
+    def ok(self) -> int:
+        return 1
+
+
+def test_async_and_threaded_actors_answer_a_call_that_raised_keyboard_interrupt(fresh_cluster) -> None:
+    """On an async actor a KeyboardInterrupt ended the event loop (that call and every
+    later one went unanswered); on a threaded actor it lost that call's reply."""
+    fresh_cluster(num_cpus=1)
+    for actor in (AsyncRaiser.remote(), ThreadedRaiser.remote()):
+        with pytest.raises(TaskError, match="KeyboardInterrupt"):
+            lumos.get(actor.interrupt.remote(), timeout=20)
+        assert lumos.get(actor.ok.remote(), timeout=20) == 1
+
+
+def test_a_task_raising_a_base_exception_of_its_own_fails_with_it(fresh_cluster) -> None:
+    fresh_cluster(num_cpus=1)
+
+    @lumos.remote(max_retries=0)
+    def stops() -> None:
+        raise _Stop("a BaseException subclass")
+
+    before = lumos.get(pid.remote(), timeout=30)
+    with pytest.raises(TaskError, match="a BaseException subclass"):
+        lumos.get(stops.remote(), timeout=20)
+    assert lumos.get(pid.remote(), timeout=20) == before  # the worker goes on

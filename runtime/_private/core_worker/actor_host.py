@@ -199,7 +199,7 @@ class ActorHost:
             reply = self.ex._system_reply(spec, "cancelled while running", m.ErrorKind.CANCELLED, start)
         except SystemExit as e:
             reply = self._exit_reply(spec, e, start)
-        except Exception as e:
+        except BaseException as e:  # KeyboardInterrupt too: it must not end the loop with the reply unsent
             reply = (self.ex._system_reply(spec, "cancelled while running", m.ErrorKind.CANCELLED, start)
                      if me.cancelling() else self.ex._failed_reply(spec, e, start))
         finally:
@@ -216,7 +216,7 @@ class ActorHost:
             async for value in result:
                 self.ex.send_stream_item(conn, spec, sent, value)
                 sent += 1
-        except Exception as e:
+        except (Exception, KeyboardInterrupt) as e:
             return self.ex._failed_reply(spec, e, start, sent)
         return m.TaskReply(spec.task_id, [], False, False, self.ex._still_borrowed(), self.cw.worker_id,
                            start, time.time())
@@ -228,7 +228,7 @@ class ActorHost:
             for value in result:
                 self.ex.send_stream_item(conn, spec, sent, value)
                 sent += 1
-        except Exception as e:
+        except (Exception, KeyboardInterrupt) as e:
             return self.ex._failed_reply(spec, e, start, sent)
         return m.TaskReply(spec.task_id, [], False, False, self.ex._still_borrowed(), self.cw.worker_id,
                            start, time.time())
@@ -260,7 +260,7 @@ class ActorHost:
                 reply = self.ex._success_reply(spec, result, start)
         except SystemExit as e:
             reply = self._exit_reply(spec, e, start)
-        except Exception as e:
+        except BaseException as e:  # KeyboardInterrupt too: the caller waits for this reply
             reply = self.ex._failed_reply(spec, e, start)
         finally:
             self._thread_calls.pop(me, None)

@@ -545,6 +545,10 @@ class Executor(ArgumentsMixin):
             app_error = True
             retryable = self._is_retryable(spec, e)
             returns = self._error_returns(spec, self._task_error_blob(spec, e))
+        except BaseException as e:  # a user's own BaseException subclass: a failure like any other
+            app_error = True
+            retryable = self._is_retryable(spec, e)
+            returns = self._error_returns(spec, self._task_error_blob(spec, e))
         finally:
             self._running = None
             self._running_root = None
