@@ -916,6 +916,22 @@ def test_task_log_stays_bounded_archives_the_oldest_and_keeps_live_tasks(tmp_pat
     table.close()
 
 
+def test_task_events_are_kept_in_time_order_whatever_order_they_arrive_in(tmp_path):
+    """The executor's RUNNING can reach the GCS before its owner's SUBMITTED..FINISHED
+    (their flushes are independent): a record's events stay in time order."""
+    from lumos._private.gcs.task_log import TaskEventTable
+    from lumos._private.protocol import messages as msgs
+    table = TaskEventTable(100, str(tmp_path / "archive"))
+    tid, job = b"\x07" * 16, b"\x01" * 4
+    table.add([msgs.TaskEvent(tid, 0, "RUNNING", 2.0, job)])
+    table.add([msgs.TaskEvent(tid, 0, "SUBMITTED", 1.0, job, {"name": "t"}, None, None, None,
+                              [["RUNNING", 2.0], ["FINISHED", 3.0]])])
+    rec = table.records[tid]
+    assert [(e[0], e[1]) for e in rec.events] == [("SUBMITTED", 1.0), ("RUNNING", 2.0), ("FINISHED", 3.0)]
+    assert rec.state == "FINISHED"
+    table.close()
+
+
 def test_task_archive_rotates_and_stays_under_its_bound_keeping_the_newest(tmp_path):
     """A long-lived cluster: the archive on disk stays under ``max_archive_bytes`` (the
     current file and one rotated ``.1``); what is read back is the newest history, in order."""

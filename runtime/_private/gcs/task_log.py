@@ -106,9 +106,18 @@ class TaskRecord:
 
     def _add(self, state: TaskState, t: float, attempt: int) -> None:
         event = [state, t, attempt]
-        if event in self.events:
+        events = self.events
+        if event in events:
             return  # sent by both the owner and the executor (RUNNING)
-        self.events.append(event)
+        if events and t < events[-1][1]:
+            # Events come from the owner and the executor on their own flushes: kept in time
+            # order (an executor's RUNNING can arrive before its owner's SUBMITTED).
+            i = len(events)
+            while i and events[i - 1][1] > t:
+                i -= 1
+            events.insert(i, event)
+        else:
+            events.append(event)
         self.size += _EVENT_BYTES
         if state == TaskState.RETRIED:
             self.retries += 1
