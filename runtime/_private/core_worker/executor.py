@@ -483,9 +483,9 @@ class Executor(ArgumentsMixin):
             return m.TaskReply(spec.task_id, self._error_returns(spec, self._task_error_blob(spec, e)), True, False,
                                [], cw.worker_id, start, time.time())
         with self._start_lock:
-            if spec.task_id in self._cancelled:
-                self._cancelled.discard(spec.task_id)
-                return self._system_reply(spec, "cancelled before it started", m.ErrorKind.CANCELLED)
+            early = self.cancelled_before_start(spec)
+            if early is not None:
+                return early
             self._cancel_requested = None
             self._interrupted = None  # (a retry runs under the same task id)
             self._running = spec
