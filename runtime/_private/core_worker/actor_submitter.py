@@ -304,6 +304,7 @@ class ActorSubmitter:
         if conn is None or not conn.direct_writes or info is None or info.state != ALIVE:
             return False
         spec = task.spec
+        scheduled = time.time()  # (before the write: the call may run and end before it returns)
         with self._direct_lock:
             if q.queue or q.conn is not conn:
                 return False
@@ -311,7 +312,7 @@ class ActorSubmitter:
         if sent:
             self.direct_sent += 1
             if spec.enable_task_events:
-                cw.record_event(spec.task_id, spec.attempt, m.TaskState.SCHEDULED, time.time(), info.node_id,
+                cw.record_event(spec.task_id, spec.attempt, m.TaskState.SCHEDULED, scheduled, info.node_id,
                                 q.conn_worker)
         return True
 

@@ -663,6 +663,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             return False
         # The write is outside the submitter's lock: a claimed lease is never returned or
         # pushed to, and the io thread's events on other leases need not wait for it.
+        scheduled = time.time()  # (before the write: the task may run and end before it returns)
         with self._direct_write_lock:
             sent = io.write_then_book(lease.conn, m.PushTask(task.spec, lease.resource_ids), self._on_direct_task,
                                       task, lease)
@@ -671,7 +672,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             return True  # the booking job queues it the usual way
         self.direct_tasks += 1
         if spec.enable_task_events:
-            self._buffer_event((spec.task_id, spec.attempt, m.TaskState.SCHEDULED, time.time(),
+            self._buffer_event((spec.task_id, spec.attempt, m.TaskState.SCHEDULED, scheduled,
                                 {"resource_ids": lease.resource_ids} if lease.resource_ids else None,
                                 lease.node_id, lease.worker_id, None))
         return True
