@@ -521,14 +521,12 @@ class Executor(ArgumentsMixin):
                     raise KeyboardInterrupt  # (an actor's call that finished despite a cancel counts)
                 if spec.num_returns != -1:
                     returns = self._store_returns(spec, result)
-            except KeyboardInterrupt as e:
+            except KeyboardInterrupt:
                 if self._cancel_requested == spec.task_id:
                     return self._system_reply(spec, "cancelled while running", m.ErrorKind.CANCELLED, start)
                 # Not a cancel: the task raised it, or someone sent the worker SIGINT. It fails
-                # like any task that raised (its reply must go out: the owner waits for it).
-                app_error = True
-                retryable = self._is_retryable(spec, e)
-                returns = self._error_returns(spec, self._task_error_blob(spec, e))
+                # like any task that raised (below: its reply must go out, the owner waits for it).
+                raise
         except _NotHere as e:
             return self._system_reply(spec, str(e), m.ErrorKind.ACTOR_DIED, start)
         except SystemExit as e:
@@ -541,11 +539,7 @@ class Executor(ArgumentsMixin):
             app_error = True
             retryable = self._is_retryable(spec, failed.cause)
             returns = self._error_returns(spec, failed.blob, first=failed.stored)
-        except Exception as e:
-            app_error = True
-            retryable = self._is_retryable(spec, e)
-            returns = self._error_returns(spec, self._task_error_blob(spec, e))
-        except BaseException as e:  # a user's own BaseException subclass: a failure like any other
+        except BaseException as e:  # KeyboardInterrupt and a user's own BaseException subclasses too
             app_error = True
             retryable = self._is_retryable(spec, e)
             returns = self._error_returns(spec, self._task_error_blob(spec, e))

@@ -26,9 +26,11 @@ the batches of the records the table holds, not a count of batches.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 from collections import OrderedDict, deque
+from operator import itemgetter
 from typing import IO, Any, Iterator
 
 import msgpack
@@ -41,6 +43,7 @@ from lumos._private.protocol.vocab import TASK_STATE_RANK, TERMINAL_TASK_STATES,
 logger = logging.getLogger(__name__)
 
 TERMINAL = TERMINAL_TASK_STATES
+_event_time = itemgetter(1)  # an event is [state, time, attempt]
 # A late event never moves a task back (states rank in the order a task passes them).
 _ORDER = TASK_STATE_RANK
 __all__ = ["ROW_FIELDS", "TERMINAL", "TaskEventTable", "TaskRecord"]
@@ -112,10 +115,7 @@ class TaskRecord:
         if events and t < events[-1][1]:
             # Events come from the owner and the executor on their own flushes: kept in time
             # order (an executor's RUNNING can arrive before its owner's SUBMITTED).
-            i = len(events)
-            while i and events[i - 1][1] > t:
-                i -= 1
-            events.insert(i, event)
+            bisect.insort(events, event, key=_event_time)
         else:
             events.append(event)
         self.size += _EVENT_BYTES
