@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Iterator
 
@@ -256,3 +257,34 @@ def test_a_client_of_another_wire_version_is_refused_with_both_versions(head: tu
         assert lumos.get(lumos.put(3), timeout=30) == 3 and ctx.dashboard_url is not None
     finally:
         lumos.shutdown()
+
+
+def test_shutdown_leaves_no_link_or_reconnect_behind(head: tuple[str, str]) -> None:
+    """The head closes the link after the bye: that is the end, not a loss to reconnect from."""
+    import psutil
+    port = int(head[0].rsplit(":", 1)[1])
+
+    def links() -> list[Any]:
+        return [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port == port]
+
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        started.append(self.name)
+        real_start(self)
+
+    for _ in range(5):
+        lumos.init(head[0], _token=head[1])
+        fut = lumos.put(1).future()
+        fut.cancel()  # a caller's cancel is no failure of the link
+        assert lumos.get(lumos.put(2), timeout=30) == 2
+        threading.Thread.start = start  # type: ignore[method-assign]
+        try:
+            lumos.shutdown()
+            wait_for(lambda: not links() and not [t for t in threading.enumerate()
+                                                  if t.name.startswith("lumos-client.")], 10)
+            time.sleep(0.3)
+        finally:
+            threading.Thread.start = real_start  # type: ignore[method-assign]
+        assert "lumos-client.reconnect" not in started

@@ -219,6 +219,9 @@ class ClientWorker:
                                   f"{welcome.get('message', welcome.get('op'))}")
         sock.settimeout(self.config.client_heartbeat_timeout_s)
         with self._state_lock:
+            if self._closed:  # shut down while this reconnect was under way
+                sock.close()
+                raise ConnectionError("lumos was shut down in this process")
             del self._unanswered[:len(unanswered)]
             self._sock = sock
             self._connected.set()
@@ -228,33 +231,47 @@ class ClientWorker:
     def _read(self, sock: socket.socket) -> None:
         why = "the head closed the connection"
         try:
-            while True:
-                control, payload = wire.recv(sock)
-                op = control["op"]
-                if op == "reply":
-                    fut = self._pending.pop(control.get("id"), None)
-                    self._giving.discard(control.get("id"))
-                    if fut is not None and not fut.done():
-                        fut.set_result((control, payload))
-                elif op == "logs":
-                    self.last_log_at = time.monotonic()
-                    try:
-                        self.log_handler(pickle.loads(control["data"]))
-                    except Exception:
-                        logger.exception("worker output handler failed")
-                elif op == "error_event":
-                    self.error_handler(control["kind"], control["text"])
+            self._read_replies(sock)
         except TimeoutError:
             why = f"no answer for {self.config.client_heartbeat_timeout_s:g}s"
         except ProtocolError as e:
             why = f"bad message: {e}"
         except (OSError, ConnectionError) as e:
             why = str(e) or type(e).__name__
-        self._lost(sock, why)
+        except BaseException as e:
+            why = f"the reader failed: {e!r}"
+            raise
+        finally:
+            self._lost(sock, why)
+
+    def _read_replies(self, sock: socket.socket) -> None:
+        while True:
+            control, payload = wire.recv(sock)
+            op = control["op"]
+            if op == "reply":
+                fut = self._pending.pop(control.get("id"), None)
+                self._giving.discard(control.get("id"))
+                if fut is not None:
+                    try:
+                        fut.set_result((control, payload))
+                    except concurrent.futures.InvalidStateError:
+                        pass  # cancelled by its caller
+            elif op == "logs":
+                self.last_log_at = time.monotonic()
+                try:
+                    self.log_handler(pickle.loads(control["data"]))
+                except Exception:
+                    logger.exception("worker output handler failed")
+            elif op == "error_event":
+                try:
+                    self.error_handler(control["kind"], control["text"])
+                except Exception:
+                    logger.exception("error event handler failed")
 
     def _lost(self, sock: socket.socket, why: str) -> None:
         with self._state_lock:
-            if self._sock is not sock:
+            if self._sock is not sock:  # already replaced or shut down: only make sure it is closed
+                sock.close()
                 return
             self._sock = None
             self._connected.clear()
@@ -461,6 +478,8 @@ class ClientWorker:
         inner = self._call_async({"op": "get", "ids": [ref._id], "timeout": None})
 
         def done(f: concurrent.futures.Future[Any]) -> None:
+            if out.cancelled():
+                return
             try:
                 reply, data = f.result()
                 if "error" in reply:
@@ -518,7 +537,10 @@ class ClientWorker:
         from lumos import object_ref as object_ref_mod
         if self._closed:
             return
-        sock = self._sock
+        with self._state_lock:
+            self._closed = True  # before the bye: the head closing the link after it is no loss to reconnect
+            self._stop.set()
+            sock = self._sock
         if sock is not None:
             try:
                 self._flush_refs(sock)
@@ -526,8 +548,6 @@ class ClientWorker:
                     wire.send(sock, {"op": "bye"})
             except OSError:
                 pass
-        self._closed = True
-        self._stop.set()
         with self._state_lock:
             self._sock = None
         if sock is not None:
