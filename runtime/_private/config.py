@@ -132,6 +132,15 @@ class Config:
     #: A fork server makes each worker the raylet's own child with ``clone(CLONE_PARENT)``
     #: where the platform allows (glibc on x86-64/arm64); False: always the double fork.
     worker_fork_clone: bool = True
+    #: glibc's malloc in worker processes: blocks up to this size come from the heap rather
+    #: than a fresh mmap each (0: glibc's own adaptive threshold). With the adaptive one a
+    #: new worker's first 256 KiB temporary set the threshold to 256 KiB and the trim point
+    #: to 512 KiB, so a task freeing two such arrays gave the pages back and faulted them
+    #: in again on every call: numpy on a 64 KiB frame ran 7x slower in some workers.
+    worker_malloc_mmap_threshold_bytes: int = 4 * 1024 * 1024
+    #: Free memory at the top of a worker's heap kept for reuse up to this much (glibc's
+    #: ``M_TRIM_THRESHOLD``; used with the threshold above).
+    worker_malloc_trim_threshold_bytes: int = _positive(32 * 1024 * 1024)
     #: Deadline for a new worker process to register with its raylet.
     worker_register_timeout_s: float = _positive(30.0)
     #: Object store capacity per node in bytes (0: 30% of RAM, capped by /dev/shm).

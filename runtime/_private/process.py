@@ -57,6 +57,28 @@ def tune_gc_for_service() -> None:
     gc.set_threshold(*SERVICE_GC_THRESHOLDS)
 
 
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+
+def tune_malloc(mmap_threshold: int, trim_threshold: int) -> bool:
+    """Fix glibc malloc's mmap and trim thresholds in this process (a worker); False where
+    there is no glibc ``mallopt`` or ``mmap_threshold`` is 0 (glibc's adaptive default kept).
+
+    Fixed values, because the adaptive ones depend on a process's history: a worker whose
+    first large free was a 256 KiB numpy temporary trims its heap at 512 KiB, and a task
+    that frees two such arrays per call then unmaps and faults in ~100 pages every call.
+    """
+    if mmap_threshold <= 0 or not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False  # not glibc (musl has no mallopt)
+    return bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(
+        mallopt(_M_TRIM_THRESHOLD, max(int(trim_threshold), int(mmap_threshold))))
+
+
 def setup_logging(log_dir: str, name: str, level: int = logging.INFO) -> str:
     """Send this process's log records to ``<log_dir>/<name>.log``."""
     os.makedirs(log_dir, exist_ok=True)

@@ -20,7 +20,7 @@ import sys
 from lumos._private.config import Config
 from lumos._private.core_worker.core_worker import WORKER, CoreWorker
 from lumos._private.core_worker.executor import Executor, TaskOutput
-from lumos._private.process import die_with_parent, read_token, setup_logging
+from lumos._private.process import die_with_parent, read_token, setup_logging, tune_malloc
 from lumos._private.transport.connection import parse_address
 
 logger = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ def run(args: argparse.Namespace, config: Config | None = None) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # cancel() interrupts user code
     if config is None:
         config = Config.from_json(args.config) if args.config else Config.resolve()
+    tune_malloc(config.worker_malloc_mmap_threshold_bytes, config.worker_malloc_trim_threshold_bytes)
     cw = CoreWorker(mode=WORKER, config=config, token=read_token(args.token_file),
                     gcs_address=parse_address(args.gcs_address), raylet_socket=args.raylet_socket,
                     session_dir=args.session_dir, node_id=bytes.fromhex(args.node_id),
