@@ -8,6 +8,7 @@ root logger otherwise) and reports readiness through an inherited pipe
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import json
 import logging
@@ -20,6 +21,13 @@ from typing import Any
 _PR_SET_PDEATHSIG = 1
 
 
+@functools.cache
+def libc() -> Any:
+    """This process's C library (``dlopen(NULL)``), loaded once: a forked worker inherits
+    the handle from its template. Raises ``OSError`` where there is none to load."""
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGKILL) -> None:
     """Ask the kernel to send ``sig`` to this process when its parent exits (Linux only).
 
@@ -29,8 +37,7 @@ def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGKIL
     if not sys.platform.startswith("linux"):
         return
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        libc().prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):
         return
     if expected_parent is not None and os.getppid() != expected_parent:
@@ -72,7 +79,7 @@ def tune_malloc(mmap_threshold: int, trim_threshold: int) -> bool:
     if mmap_threshold <= 0 or not sys.platform.startswith("linux"):
         return False
     try:
-        mallopt = ctypes.CDLL(None).mallopt
+        mallopt = libc().mallopt
     except (OSError, AttributeError):
         return False  # not glibc (musl has no mallopt)
     return bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(
@@ -88,10 +95,10 @@ def setup_logging(log_dir: str, name: str, level: int = logging.INFO) -> str:
         "%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
     level_name = os.environ.get("LUMOS_LOG_LEVEL")
-    if level_name:
-        root.setLevel(level_name.upper())
+    wanted = logging.getLevelName(level_name.upper()) if level_name else level
+    if root.level != wanted:  # setLevel clears every logger's cache: ~200 pages a forked worker would copy
+        root.setLevel(wanted)
     return path
 
 
