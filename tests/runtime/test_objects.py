@@ -324,7 +324,15 @@ def test_a_get_of_many_values_pins_them_in_one_message_and_dropping_them_unpins_
             sent.append(msg)
         to_raylet(msg)
 
+    notify = cw.raylet.notify
+
+    def spy_notify(msg):  # the io thread's flushes write pins straight to the link
+        if isinstance(msg, m.PinObjects):
+            sent.append(msg)
+        return notify(msg)
+
     cw._to_raylet = spy
+    cw.raylet.notify = spy_notify
     try:
         values = lumos.get(refs, timeout=30)
         assert [float(v[0]) for v in values] == [0.0, 1.0, 2.0, 3.0]
@@ -337,6 +345,7 @@ def test_a_get_of_many_values_pins_them_in_one_message_and_dropping_them_unpins_
         del one
     finally:
         cw._to_raylet = to_raylet
+        del cw.raylet.notify
 
 
 def test_a_dropped_value_is_unpinned_with_its_free_without_a_wake_up_of_its_own(fresh_cluster, monkeypatch):

@@ -142,9 +142,18 @@ class ObjectsMixin:
             pass  # shutting down: the raylet forgets this process's pins when it goes
 
     def _flush_pins(self) -> None:
-        """Send the pin changes gathered so far (any thread)."""
+        """Send the pin changes gathered so far (any thread). On the io thread they go on
+        the raylet link at once: posted, they would leave after a free the same turn had
+        already queued (the flush loop releases refs, then flushes pins), and the raylet,
+        seeing the object still viewed at its free, would unlink its file, not pool it."""
         try:
-            for msg in self._pin_messages():
+            msgs = self._pin_messages()
+            raylet = self.raylet
+            if msgs and raylet is not None and self.io.in_io_thread():
+                for msg in msgs:
+                    raylet.notify(msg)
+                return
+            for msg in msgs:
                 self._to_raylet(msg)
         except exc.LumosSystemError:
             pass
