@@ -288,3 +288,24 @@ def test_shutdown_leaves_no_link_or_reconnect_behind(head: tuple[str, str]) -> N
         finally:
             threading.Thread.start = real_start  # type: ignore[method-assign]
         assert "lumos-client.reconnect" not in started
+
+
+def test_a_failing_error_handler_does_not_end_the_link(client: lumos.LumosContext) -> None:
+    from lumos import object_ref
+    cw = object_ref._core_worker
+    seen: list[str] = []
+
+    def broken(kind: str, text: str) -> None:
+        seen.append(kind)
+        raise RuntimeError("a handler of the user's that fails")
+
+    cw.error_handler = broken
+
+    @lumos.remote(num_gpus=64)
+    def never() -> None:  # infeasible: the cluster's warning comes back as an error event
+        pass
+
+    ref = never.remote()
+    wait_for(lambda: seen, 30)
+    assert lumos.get(lumos.put("still here"), timeout=30) == "still here"
+    lumos.cancel(ref)
