@@ -96,9 +96,10 @@ def setup_logging(log_dir: str, name: str, level: int = logging.INFO) -> str:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     level_name = os.environ.get("LUMOS_LOG_LEVEL")
-    wanted = logging.getLevelName(level_name.upper()) if level_name else level
-    if root.level != wanted:  # setLevel clears every logger's cache: ~200 pages a forked worker would copy
-        root.setLevel(wanted)
+    wanted: int | str = level_name.upper() if level_name else level
+    # setLevel clears every logger's cache: ~50 pages a forked worker would copy for nothing.
+    if root.level != (logging.getLevelName(wanted) if isinstance(wanted, str) else wanted):
+        root.setLevel(wanted)  # an unknown name raises here, as it always did
     return path
 
 
