@@ -147,14 +147,9 @@ class ObjectsMixin:
         already queued (the flush loop releases refs, then flushes pins), and the raylet,
         seeing the object still viewed at its free, would unlink its file, not pool it."""
         try:
-            msgs = self._pin_messages()
-            raylet = self.raylet
-            if msgs and raylet is not None and self.io.in_io_thread():
-                for msg in msgs:
-                    raylet.notify(msg)
-                return
-            for msg in msgs:
-                self._to_raylet(msg)
+            send = self._notify_raylet if self.io.in_io_thread() else self._to_raylet
+            for msg in self._pin_messages():
+                send(msg)
         except exc.LumosSystemError:
             pass
 

@@ -61,6 +61,8 @@ import time
 import weakref
 from typing import Any, Callable
 
+from lumos._private.process import libc
+
 from .memcpy import ParallelCopier
 
 logger = logging.getLogger(__name__)
@@ -775,7 +777,7 @@ _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
 #: ``renameat2`` from the C library, or None where it is missing or the file system
 #: refused the flag once (then a link and an unlink do the same in two steps).
-_renameat2: Any = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+_renameat2: Any = getattr(libc(), "renameat2", None)
 if _renameat2 is not None:
     _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
     _renameat2.restype = ctypes.c_int

@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable, Union
 
 from lumos._private.ids import WorkerID
+from lumos._private.process import libc
 
 logger = logging.getLogger(__name__)
 
@@ -96,10 +97,8 @@ def set_child_subreaper() -> bool:
     workers the fork server forked. False where the kernel does not allow it."""
     if not sys.platform.startswith("linux"):
         return False
-    import ctypes
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+        return bool(libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 
