@@ -155,6 +155,9 @@ def run(impl: str, num_cpus: int, quick: bool) -> dict[str, float]:
     del big
 
     one = ray.put(np.zeros(MiB, dtype=np.uint8))
+    # Warm-up: the first numpy argument a worker meets makes it import numpy (~80 ms of
+    # CPU each, in Ray and lumos alike), which is not what this row measures.
+    ray.get([noop.remote(one) for _ in range(20)])
     n = int(2000 * scale)
     t = time.perf_counter()
     ray.get([noop.remote(one) for _ in range(n)])
