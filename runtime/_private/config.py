@@ -124,7 +124,9 @@ class Config:
     num_prestart_workers: int = _non_negative_or_auto(-1)
     #: Idle workers above the prestart count are stopped after this long.
     worker_idle_timeout_s: float = 10.0
-    #: Hard cap on worker processes per node (-1: 4 x CPUs + 8).
+    #: Hard cap on worker processes per node that run tasks (-1: 4 x CPUs + 8). Actors'
+    #: workers and workers whose task waits in get() or wait() are not counted: a chain of
+    #: nested tasks, like an actor, always gets a process.
     max_workers_per_node: int = _positive_or_auto(-1)
     #: How raylets start workers: "fork" (from a pre-imported template process, copy-on-write;
     #: falls back to "spawn" where it cannot) or "spawn" (a new interpreter each).

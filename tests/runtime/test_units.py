@@ -82,6 +82,23 @@ def test_worker_start_is_capped_by_max_workers():
     assert started == 2
 
 
+def test_workers_blocked_in_get_are_not_counted_against_the_worker_cap():
+    # A chain of nested tasks: each waits in get() for the next, which needs a worker of
+    # its own. With the cap counting blocked workers, the third task never got one.
+    s = sched({"CPU": 1}, max_workers=2, workers=[W1, W2])
+    (g1,) = s.handle(req(1), now=0)
+    assert s.handle(req(2), now=0) == []  # its CPU is taken
+    (g2,) = s.handle(sc.WorkerBlocked(g1.worker_id), now=0)  # the CPU is lent to request 2
+    assert s.handle(sc.WorkerBlocked(g2.worker_id), now=1) == []
+    assert s.handle(req(3), now=1) == [sc.StartWorker()]  # two alive, both blocked
+    s.add_starting_worker(W3)
+    (g3,) = grants(s.handle(sc.WorkerRegistered(W3), now=2))
+    assert g3.request_id == 3 and g3.worker_id == W3
+    # Unblocked again, they count: nothing more starts past the cap.
+    s.handle(sc.WorkerUnblocked(g2.worker_id), now=3)
+    assert s.handle(req(4, {"CPU": 0}), now=3) == []
+
+
 def test_one_free_cpu_starts_one_worker_not_one_per_request():
     s = sched({"CPU": 1})
     assert s.handle(req(1), now=0) == [sc.StartWorker()]

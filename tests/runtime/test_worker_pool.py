@@ -76,3 +76,21 @@ def test_actors_beyond_the_worker_cap_still_start(fresh_cluster) -> None:  # typ
     assert lumos.get([ok.remote() for _ in range(4)], timeout=60) == [1] * 4
     for b in boxes:
         lumos.kill(b)
+
+
+@lumos.remote
+def _chain(n: int) -> int:
+    return 0 if n == 0 else 1 + lumos.get(_chain.remote(n - 1))
+
+
+def test_a_chain_of_nested_tasks_deeper_than_the_worker_cap_completes(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
+    # Each task waits in get() for the next: every link needs a process, and a worker
+    # blocked in get() is not counted against the cap (it was: the third link waited for ever).
+    fresh_cluster(num_cpus=1, include_dashboard=False, _system_config={"max_workers_per_node": 2})
+    assert lumos.get(_chain.remote(5), timeout=90) == 5
+
+    @lumos.remote
+    def ok() -> int:
+        return 1
+
+    assert lumos.get([ok.remote() for _ in range(4)], timeout=60) == [1] * 4

@@ -378,7 +378,11 @@ class LocalSchedulerState:
         idle = []
         for w in self._task_workers.values():
             if w.state != DEAD:
-                alive += 1
+                # A worker blocked in get() or wait() is not counted against the cap: the
+                # work it waits for may need one more worker (a chain of nested tasks
+                # deeper than the cap waited for ever).
+                if not w.blocked:
+                    alive += 1
                 if w.state == STARTING:
                     starting += 1
                 elif w.state == IDLE:
@@ -438,8 +442,8 @@ class LocalSchedulerState:
             actions.append(GrantLease(rid, lease_id, worker.worker_id, ids))
         for rid in granted:
             del self.queue[rid]
-        # The cap is on workers that run tasks: each actor has a process of its own, and
-        # actors beyond the cap must not wait for ever (as in Ray).
+        # The cap is on workers that run tasks and are not blocked: each actor has a process
+        # of its own, and actors beyond the cap must not wait for ever (as in Ray).
         to_start = min(waiting_for_worker - starting, self.max_workers - alive)
         for _ in range(max(0, to_start)):
             actions.append(StartWorker())
