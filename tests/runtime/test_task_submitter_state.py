@@ -454,3 +454,33 @@ def test_a_claim_and_the_io_threads_events_never_interleave() -> None:
     assert not any(th.is_alive() for th in threads)
     assert not broken, broken[0]
     assert claims and returns  # both sides ran, the race was exercised
+
+
+def test_leases_whose_workers_wait_in_get_do_not_count_against_the_lease_cap() -> None:
+    """Tasks that each wait in get() for one another (a barrier): with every lease's
+    worker blocked, the queued ones still get leases past ``max_leases_per_scheduling_key``
+    (counted, they waited for ever); a blocked lease takes no task meanwhile."""
+    s = state(max_leases_per_scheduling_key=2)
+    t = template()
+    tasks = [task(t) for _ in range(4)]
+    out: list[ts.Action] = []
+    for x in tasks:
+        out += s.enqueue(x)
+    assert len(of(out, ts.RequestLease)) == 2  # the cap
+    q = tasks[0].queue
+    assert q is not None
+    a, _ = grant(s, q)
+    b, _ = grant(s, q)
+    assert tasks[0].lease is a and tasks[1].lease is b and q.requesting == 0
+    assert of(s.pump(q), ts.RequestLease) == []
+    assert len(of(s.worker_blocked(a, True), ts.RequestLease)) == 1  # a's task waits in get()
+    assert len(of(s.worker_blocked(b, True), ts.RequestLease)) == 1
+    s.validate()
+    assert q.requesting == 2
+    c, out = grant(s, q)
+    assert [p.task for p in of(out, ts.PushTask)] == [tasks[2]]  # not to a or b
+    assert s.worker_blocked(b, True) == []  # no change
+    # Unblocked, a lease counts again: with a and c counted, no more requests.
+    out = s.worker_blocked(a, False)
+    assert not a.blocked and of(out, ts.RequestLease) == []
+    s.validate()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Any
 
 import psutil
 
@@ -94,3 +95,34 @@ def test_a_chain_of_nested_tasks_deeper_than_the_worker_cap_completes(fresh_clus
         return 1
 
     assert lumos.get([ok.remote() for _ in range(4)], timeout=60) == [1] * 4
+
+
+def test_a_barrier_of_tasks_wider_than_the_lease_cap_completes(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
+    # Every member waits in get() until all have arrived, so all must run at once: the
+    # leases of members waiting in get() do not count against the owner's per-function
+    # cap (they did: the fifth member never got a worker and the barrier waited for ever).
+    fresh_cluster(num_cpus=1, include_dashboard=False, _system_config={"max_leases_per_scheduling_key": 4})
+
+    @lumos.remote(num_cpus=0)
+    class Barrier:
+        def __init__(self, n: int) -> None:
+            self.n = n
+            self.arrived = 0
+            self.all_here: Any = None
+
+        async def arrive(self) -> int:
+            import asyncio
+            if self.all_here is None:
+                self.all_here = asyncio.Event()
+            self.arrived += 1
+            if self.arrived >= self.n:
+                self.all_here.set()
+            await self.all_here.wait()
+            return self.arrived
+
+    @lumos.remote(num_cpus=0)
+    def member(barrier: Any) -> int:
+        return lumos.get(barrier.arrive.remote())
+
+    barrier = Barrier.remote(8)
+    assert lumos.get([member.remote(barrier) for _ in range(8)], timeout=90) == [8] * 8

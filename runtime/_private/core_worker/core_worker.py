@@ -250,6 +250,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             m.GetCoreWorkerStats: lambda c, msg: self.stats(),
             m.ExitWorker: self._handle_exit_worker,
             m.TaskReply: self._handle_task_reply,
+            m.WorkerBlocked: self._handle_worker_blocked,
+            m.WorkerUnblocked: self._handle_worker_blocked,
         }
         self.server = RpcServer(token=self.token, config=cfg, handlers=handlers, name="core-worker")
         kind = "driver" if self.mode == DRIVER else "worker"
@@ -729,7 +731,9 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                                            m.GeneratorItem: self._handle_generator_item,
                                            m.GetObjectStatus: self._handle_get_object_status,
                                            m.AddBorrowers: self._handle_add_borrowers,
-                                           m.RemoveBorrowers: self._handle_remove_borrowers},
+                                           m.RemoveBorrowers: self._handle_remove_borrowers,
+                                           m.WorkerBlocked: self._handle_worker_blocked,
+                                           m.WorkerUnblocked: self._handle_worker_blocked},
                                  name=f"core-worker->{short(wid)}", on_close=self._peer_closed,
                                  use_unix=address.node_id == self.node_id)
             conn.peer_info = wid
@@ -740,6 +744,14 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             raise ConnectionLost(f"node {short(address.node_id)} was declared dead")
         self._peer_nodes[wid] = address.node_id
         return await self._peers.get(wid, open_conn)
+
+    def _handle_worker_blocked(self, conn: Connection, msg: m.WorkerBlocked | m.WorkerUnblocked) -> None:
+        """A worker running a task of this process's waits in get() or wait() (or no longer does)."""
+        self.io.drain_pending()  # (a task a user thread pushed to it is booked first)
+        blocked = type(msg) is m.WorkerBlocked
+        for lease in self.submitter.leases_where(conn=conn):
+            if lease.worker_id == msg.worker_id:
+                self._run(self.submitter.worker_blocked(lease, blocked))
 
     def _peer_closed(self, conn: Connection) -> None:
         self.io.drain_pending()  # what user threads wrote to it is booked first

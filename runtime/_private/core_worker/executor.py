@@ -227,6 +227,14 @@ class Executor(ArgumentsMixin):
     def running_task(self) -> bool:
         return self._running is not None
 
+    def task_owner_conn(self) -> Connection | None:
+        """The connection the running task came on from its owner, when it is a task on
+        a lease (not an actor's call); None otherwise."""
+        running = self._running
+        if running is None or running.kind != m.TaskKind.NORMAL_TASK or self.actor is not None:
+            return None
+        return self._conn
+
     def is_canceled(self) -> bool | None:
         """cancel() was called on the task or actor call this thread runs; None when this
         thread runs none (an async actor's loop, a thread of the user's)."""

@@ -427,17 +427,27 @@ class ObjectsMixin:
         return waiter.order
 
     def _set_blocked(self, blocked: bool) -> None:
-        if self.mode != WORKER or self.executor is None or not self.executor.running_task():
+        executor = self.executor
+        if self.mode != WORKER or executor is None or not executor.running_task():
             return
         if blocked:
             self._blocked_depth += 1
             if self._blocked_depth == 1:
-                self._post(self._notify_raylet, m.WorkerBlocked(self.worker_id))
-                self.executor.requeue_waiting()
+                self._post(self._tell_blocked, m.WorkerBlocked(self.worker_id), executor.task_owner_conn())
+                executor.requeue_waiting()
         else:
             self._blocked_depth -= 1
             if self._blocked_depth == 0:
-                self._post(self._notify_raylet, m.WorkerUnblocked(self.worker_id))
+                self._post(self._tell_blocked, m.WorkerUnblocked(self.worker_id), executor.task_owner_conn())
+
+    def _tell_blocked(self, msg: m.WorkerBlocked | m.WorkerUnblocked, owner: Connection | None) -> None:
+        """io thread: the running task waits in get() or wait() (or no longer does). The
+        raylet lends its CPU out meanwhile; the task's owner, when it holds this worker's
+        lease, stops counting it against ``max_leases_per_scheduling_key`` (the tasks it
+        waits for may need workers of their own)."""
+        self._notify_raylet(msg)
+        if owner is not None and not owner.is_closed:
+            owner.notify(msg)
 
     def _cancel_refs_on_interrupt(self, refs: list[ObjectRef]) -> None:
         for ref in refs:

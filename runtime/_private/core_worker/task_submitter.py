@@ -176,7 +176,9 @@ class TaskSubmitterState:
         # (A burst queues many tasks behind full workers: each submit and each reply pumps,
         # so the common "enough requests in flight already" case costs no count of leases.)
         if tasks and q.requesting < min(len(tasks), self.max_pending_lease_requests):
-            usable = sum(1 for l in q.leases if not l.dead and not l.exiting)
+            # (A blocked lease's worker waits in get() or wait(), maybe for these very tasks:
+            # it does not count, or a chain of nested tasks would wait for ever at the cap.)
+            usable = sum(1 for l in q.leases if not l.dead and not l.exiting and not l.blocked)
             want = min(len(tasks), self.max_pending_lease_requests, self.max_leases_per_key - usable)
             if q.requesting < want and self.idle_leases:
                 # Workers this process holds idle for other functions would keep this one's
@@ -315,6 +317,15 @@ class TaskSubmitterState:
         task.lease = None
         task.state = QUEUED
         lease.queue.tasks.appendleft(task)
+        return self.pump(lease.queue)
+
+    def worker_blocked(self, lease: LeasedWorker, blocked: bool) -> list[Action]:
+        """The worker of ``lease`` waits in get() or wait() (``blocked``), or no longer
+        does: while blocked the lease takes no tasks and does not count against
+        ``max_leases_per_scheduling_key``, so what its task waits for gets workers."""
+        if lease.dead or lease.blocked == blocked:
+            return []
+        lease.blocked = blocked
         return self.pump(lease.queue)
 
     def reply_arrived(self, lease: LeasedWorker, task_id: TaskID, took_s: float, exiting: bool) -> None:
