@@ -118,8 +118,11 @@ class Config:
     pipeline_below_ms: float = 2.0
     #: Lease requests one owner keeps in flight per scheduling key.
     max_pending_lease_requests: int = _positive(10)
-    #: Leases one owner holds at once for one scheduling key.
-    max_leases_per_scheduling_key: int = _positive(64)
+    #: Leases one owner holds at once for one scheduling key: a bound against runaway
+    #: growth, not a limit a cluster should meet (as in Ray, whose owners have none). At
+    #: 64, one driver ran a function on at most 64 workers however many CPUs the cluster
+    #: had. Leases whose workers wait in get() or wait() are not counted.
+    max_leases_per_scheduling_key: int = _positive(10_000)
     #: Workers started ahead of demand per node (-1: one per CPU).
     num_prestart_workers: int = _non_negative_or_auto(-1)
     #: Idle workers above the prestart count are stopped after this long.

@@ -126,3 +126,24 @@ def test_a_barrier_of_tasks_wider_than_the_lease_cap_completes(fresh_cluster) ->
 
     barrier = Barrier.remote(8)
     assert lumos.get([member.remote(barrier) for _ in range(8)], timeout=90) == [8] * 8
+
+
+def test_one_owner_runs_a_function_on_more_than_64_workers_at_once(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
+    # The owner's lease cap per function was 64: on a cluster with more CPUs, one driver's
+    # burst of one function left the rest idle. Each task sleeps (not blocked in get, so
+    # every lease counts) and says when it ran; more than 64 must overlap.
+    fresh_cluster(num_cpus=72, include_dashboard=False)
+
+    @lumos.remote
+    def nap() -> tuple[float, float]:
+        start = time.time()
+        time.sleep(3.0)
+        return start, time.time()
+
+    spans = lumos.get([nap.remote() for _ in range(72)], timeout=120)
+    points = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    running = most = 0
+    for _, step in points:
+        running += step
+        most = max(most, running)
+    assert most > 64, f"at most {most} tasks ran at once"
