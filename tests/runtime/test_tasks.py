@@ -255,3 +255,22 @@ def test_a_function_and_its_options_alternate_each_with_its_own_template(cluster
         assert _pair._last_template[0] is _pair._options
         assert lumos.get(two.remote(), timeout=60) == [1, 2]
         assert _pair._last_template[0] is two._options and _pair._last_template[1].num_returns == 2
+
+
+def test_short_tasks_pipelined_behind_a_long_one_run_elsewhere(cluster):
+    """A function whose calls are short is pipelined several deep per worker; the calls
+    queued behind one that runs long go back to the owner, which runs them on the other
+    workers, instead of waiting for it (they all waited the long call's whole run)."""
+
+    @lumos.remote
+    def mostly_short(i: int) -> int:
+        if i == 5:
+            time.sleep(60)
+        return i
+
+    lumos.get([mostly_short.remote(-1) for _ in range(100)], timeout=60)  # known short: pipelined
+    refs = [mostly_short.remote(i) for i in range(200)]
+    try:
+        assert lumos.get(refs[:5] + refs[6:], timeout=20) == list(range(5)) + list(range(6, 200))
+    finally:
+        lumos.cancel(refs[5], force=True)

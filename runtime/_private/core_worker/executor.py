@@ -131,6 +131,11 @@ class Executor(ArgumentsMixin):
         #: This worker reached a function's ``max_calls``: it answers what is queued with
         #: "requeue" and exits.
         self._exiting = False
+        #: The pending look at the queue (``_watch_queue``), and how long a task may run
+        #: with others queued behind it before they go back to their owners: ten times the
+        #: run time below which owners pipeline tasks at all.
+        self._queue_check: Any = None
+        self._requeue_after_s = max(0.02, 10 * cw.config.pipeline_below_ms / 1000)
 
     # ------------------------------------------------------------------ io thread side
 
@@ -146,6 +151,8 @@ class Executor(ArgumentsMixin):
         self.queue.put((conn, msg))
         if self._parked:
             self._wake()
+        if self._queue_check is None and self.actor is None:
+            self._watch_queue()
         lead = self._lead
         if lead is not None and lead.conn is conn:
             self._elsewhere = 0
@@ -196,10 +203,34 @@ class Executor(ArgumentsMixin):
         if recursive:
             self.cw.cancel_children(task_id, force)
 
-    def requeue_waiting(self) -> None:
-        """The running task blocks in get(): hand the tasks queued behind it back to their
-        owners, which run them elsewhere (one of them may be what the running task waits
-        for). Actor calls stay: their order matters and the actor is theirs alone."""
+    def _watch_queue(self) -> None:
+        """io thread: look again in ``_requeue_after_s`` at the tasks queued here
+        (``_requeue_if_stuck``), noting the task running now."""
+        running = self._running
+        loop = self.cw.loop
+        if loop is not None:
+            self._queue_check = loop.call_later(self._requeue_after_s, self._requeue_if_stuck,
+                                                running.task_id if running is not None else None)
+
+    def _requeue_if_stuck(self, task_id: TaskID | None) -> None:
+        """io thread: when the task that ran at the last look runs still, the tasks its
+        owner pipelined behind it have waited all that time: hand them back (owners run
+        them on other workers; 399 short tasks queued with one 5 s task all waited the 5 s).
+        Otherwise look again while any wait."""
+        self._queue_check = None
+        if self.queue.empty() or self.actor is not None:
+            return
+        running = self._running
+        if task_id is not None and running is not None and running.task_id == task_id:
+            self.requeue_waiting("requeued: queued behind a long task")
+        else:
+            self._watch_queue()
+
+    def requeue_waiting(self, why: str = "requeued: the worker blocked") -> None:
+        """The running task blocks in get() (or runs long): hand the tasks queued behind
+        it back to their owners, which run them elsewhere (one of them may be what the
+        running task waits for). Actor calls stay: their order matters and the actor is
+        theirs alone."""
         if self.actor is not None:
             return
         keep: list[Any] = []
@@ -212,7 +243,7 @@ class Executor(ArgumentsMixin):
                 keep.append(item)
                 continue
             conn, msg = item
-            self.cw.send_reply(conn, self._system_reply(msg.spec, "requeued: the worker blocked", m.ErrorKind.REQUEUE))
+            self.cw.send_reply(conn, self._system_reply(msg.spec, why, m.ErrorKind.REQUEUE))
         for item in keep:
             self.queue.put(item)
 
