@@ -247,3 +247,45 @@ def test_killed_worker_leaves_no_socket_file(fresh_cluster):
         files = {f[len("worker-"):-len(".sock")] for f in os.listdir(sockets) if f.startswith("worker-")}
         return bool(alive) and files == alive
     wait_for(workers_match_sockets, 30)
+
+
+@lumos.remote
+def _square(x: int) -> int:
+    return x * x
+
+
+def test_a_forked_child_gets_a_clear_error_and_the_parent_keeps_its_cluster(fresh_cluster):
+    """``multiprocessing``'s default start method on Linux forks: the child inherits the
+    driver's core worker without its io thread, and a call there waited for ever. Now it
+    raises at once, the child's exit leaves the parent's cluster alone, and the parent
+    goes on."""
+    import multiprocessing
+
+    fresh_cluster(num_cpus=1, include_dashboard=False)
+    pending = _square.remote(3)
+    ctx = multiprocessing.get_context("fork")
+    answers = ctx.Queue()
+
+    def child() -> None:
+        for call in (lambda: lumos.get(_square.remote(2), timeout=10), lambda: lumos.put(1)):
+            try:
+                call()
+                answers.put("no error")
+            except RuntimeError as e:
+                answers.put(str(e))
+            except Exception as e:  # noqa: BLE001 (the test reports what it was)
+                answers.put(f"{type(e).__name__}: {e}")
+        assert not lumos.is_initialized()
+
+    p = ctx.Process(target=child)
+    p.start()
+    got = [answers.get(timeout=30) for _ in range(2)]
+    p.join(30)
+    answers.close()
+    answers.join_thread()
+    for text in got:
+        assert f"forked from process {os.getpid()}" in text, text
+        assert "spawn" in text
+    assert p.exitcode == 0
+    assert lumos.get(pending, timeout=30) == 9
+    assert lumos.get(_square.remote(4), timeout=30) == 16
