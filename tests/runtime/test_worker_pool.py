@@ -80,15 +80,26 @@ def test_actors_beyond_the_worker_cap_still_start(fresh_cluster) -> None:  # typ
 
 
 @lumos.remote
-def _chain(n: int) -> int:
-    return 0 if n == 0 else 1 + lumos.get(_chain.remote(n - 1))
+def _chain(n: int, hold_s: float = 0.0) -> int:
+    if n == 0:
+        time.sleep(hold_s)  # every link above waits in get() meanwhile
+        return 0
+    return 1 + lumos.get(_chain.remote(n - 1, hold_s))
 
 
 def test_a_chain_of_nested_tasks_deeper_than_the_worker_cap_completes(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
     # Each task waits in get() for the next: every link needs a process, and a worker
     # blocked in get() is not counted against the cap (it was: the third link waited for ever).
     fresh_cluster(num_cpus=1, include_dashboard=False, _system_config={"max_workers_per_node": 2})
-    assert lumos.get(_chain.remote(5), timeout=90) == 5
+    from lumos._private import worker_context
+    warnings: list[tuple[str, str]] = []
+    worker_context.require().error_handler = lambda kind, text: warnings.append((kind, text))
+    assert lumos.get(_chain.remote(5, 0.5), timeout=90) == 5
+    # The driver is told once so many workers wait (each is a process: runaway recursion
+    # shows there first).
+    wait_for(lambda: any(kind == "workers" for kind, _ in warnings), 10)
+    (text,) = [t for kind, t in warnings if kind == "workers"]
+    assert "wait in get() or wait()" in text and "at most 2" in text
 
     @lumos.remote
     def ok() -> int:

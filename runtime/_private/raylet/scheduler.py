@@ -625,6 +625,11 @@ class LocalSchedulerState:
             return None
         return self.leases.get(w.lease_id)
 
+    def blocked_jobs(self) -> list[JobID]:
+        """The job of each task worker whose task waits in get() or wait() (such workers
+        are not counted against ``max_workers``)."""
+        return [w.job_id for w in self._task_workers.values() if w.blocked and w.state == LEASED]
+
     def infeasible_shapes(self) -> list[dict[str, float]]:
         return [dict(r.event.resources) for r in self.queue.values() if r.infeasible]
 

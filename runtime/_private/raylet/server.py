@@ -97,6 +97,8 @@ class RayletServer:
         self._create_waiters: dict[int, asyncio.Future[Any]] = {}
         self._next_request = 1
         self._warned_infeasible: set[int] = set()
+        #: Blocked task workers at which the next warning about them goes out (``_warn_blocked``).
+        self._blocked_warn_at = self.scheduler.max_workers
         #: Bundle reservation request id -> [ok, reason, [[index, GPU ids], ...]] (answered within the same event).
         self._bundle_answers: dict[int, list[Any]] = {}
         #: Alive nodes of the cluster (this one included), from the GCS "nodes" channel.
@@ -323,6 +325,7 @@ class RayletServer:
             self._sched(sc.Ticked())
             self._store(st.Ticked())
             self._warn_infeasible(now)
+            self._warn_blocked()
             ticks += 1
             if ticks % 10 == 0:
                 self.pool.tick()
@@ -338,6 +341,27 @@ class RayletServer:
                 logger.warning("%s", text)
                 if self.gcs is not None:
                     self.gcs.notify(m.PublishError(req.event.job_id, "infeasible", text))
+
+    def _warn_blocked(self) -> None:
+        """Tell the jobs concerned when as many of this node's workers wait in get() or
+        wait() as the cap on task workers, and again at each doubling: they are not
+        counted against it, so nested tasks and tasks that wait for one another go on, and
+        each is a process (runaway recursion shows here first)."""
+        jobs = self.scheduler.blocked_jobs()
+        cap = self.scheduler.max_workers
+        if len(jobs) < cap // 2:
+            self._blocked_warn_at = cap  # (a later episode is told again)
+        if len(jobs) < self._blocked_warn_at:
+            return
+        self._blocked_warn_at = 2 * len(jobs)
+        text = (f"{len(jobs)} worker processes on node {short(self.node_id)} run tasks that wait in "
+                f"get() or wait() (the node starts at most {cap} for tasks that run): nested tasks, or "
+                "tasks that wait for one another, each keep a process; if this number keeps growing, "
+                "look for a task that submits and waits for itself without end")
+        logger.warning("%s", text)
+        if self.gcs is not None:
+            for job_id in set(jobs):
+                self.gcs.notify(m.PublishError(job_id, "workers", text))
 
     # ------------------------------------------------------------------ scheduler plumbing
 
