@@ -718,3 +718,39 @@ def test_ready_method_and_context_names(cluster: lumos.LumosContext) -> None:
     lumos.kill(named)
     lumos.kill(inside)
     remove_placement_group(pg)
+
+
+@lumos.remote
+class _CallsItself:
+    def __init__(self) -> None:
+        self.me: Any = None
+
+    def set_me(self, handle: Any) -> None:
+        self.me = handle
+
+    def inner(self) -> int:
+        return 1
+
+    def waits_for_itself(self) -> int:
+        return lumos.get(self.me.inner.remote())
+
+    def hands_back(self) -> Any:
+        return self.me.inner.remote()
+
+
+def test_a_one_at_a_time_actor_waiting_for_its_own_call_raises_instead_of_hanging(
+        cluster: lumos.LumosContext) -> None:
+    # The awaited call could only run after the waiting one returned (Ray hangs there).
+    a = _CallsItself.remote()
+    lumos.get(a.set_me.remote(a), timeout=30)
+    with pytest.raises(TaskError) as info:
+        lumos.get(a.waits_for_itself.remote(), timeout=30)
+    assert isinstance(info.value.cause, RuntimeError)
+    assert "waits in get() for _CallsItself.inner(), a call to the same actor" in str(info.value)
+    assert lumos.get(lumos.get(a.hands_back.remote(), timeout=30), timeout=30) == 1  # the actor is fine
+    # An actor that runs calls at once may wait for its own (no error).
+    b = _CallsItself.options(max_concurrency=2).remote()
+    lumos.get(b.set_me.remote(b), timeout=30)
+    assert lumos.get(b.waits_for_itself.remote(), timeout=30) == 1
+    lumos.kill(a)
+    lumos.kill(b)

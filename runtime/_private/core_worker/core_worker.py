@@ -129,6 +129,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self._captured_templates: dict[Any, tuple[TaskTemplate, TaskTemplate]] = {}
         self.current_resource_ids: dict[str, list[Any]] = {}
         self.current_actor_id: ActorID | None = None
+        #: Task id -> method name of the latest calls this actor made to itself.
+        self._calls_to_self: dict[bytes, str] = {}
         self._put_counter = 0
         #: Sizes with a ``ReserveSlots`` request in flight (io thread).
         self._reserving: set[int] = set()

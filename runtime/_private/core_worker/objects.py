@@ -31,7 +31,7 @@ from lumos import exceptions as exc
 from lumos._private import serialization as ser
 from lumos._private.core_worker.references import FAILED, PENDING, READY, Waiter
 from lumos._private.core_worker.tasks import DRIVER, WORKER
-from lumos._private.ids import NodeID, ObjectID, WorkerID, put_object_id, short
+from lumos._private.ids import NodeID, ObjectID, WorkerID, put_object_id, short, task_id_of
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
 from lumos.object_ref import ObjectRef
@@ -372,6 +372,8 @@ class ObjectsMixin:
 
         ``for_get``: raise ``GetTimeoutError`` at the deadline (``wait`` just returns).
         """
+        if for_get and self._calls_to_self:
+            self._refuse_waiting_for_own_calls(refs)
         waiter = Waiter(num)
         to_fetch: list[tuple[bytes, m.Address]] = []
         seen: set[bytes] = set()
@@ -425,6 +427,26 @@ class ObjectsMixin:
             raise exc.GetTimeoutError(
                 f"get timed out after {timeout}s: {waiter.remaining} of {num} objects not ready")
         return waiter.order
+
+    def _refuse_waiting_for_own_calls(self, refs: list[ObjectRef]) -> None:
+        """A call of a one-at-a-time actor that waits in get() for another call to the same
+        actor waits for ever: that call runs only once this one has returned (Ray hangs
+        there). Raise instead, saying so."""
+        executor = self.executor
+        actor = executor.actor if executor is not None else None
+        if actor is None or actor.concurrent or threading.get_ident() != executor._main_ident:
+            return
+        calls = self._calls_to_self
+        entries = self.objects.entries
+        for ref in refs:
+            name = calls.get(task_id_of(ref._id))
+            e = entries.get(ref._id) if name is not None else None
+            if e is not None and e.state == PENDING:
+                raise RuntimeError(
+                    f"this call of actor {actor.class_name} waits in get() for {name}(), a call to the "
+                    "same actor, which runs only after this call returns: it would wait for ever. "
+                    "Return the ref instead of its value, call the method directly (self.method()), "
+                    "or give the actor max_concurrency > 1 (or async methods)")
 
     def _set_blocked(self, blocked: bool) -> None:
         executor = self.executor

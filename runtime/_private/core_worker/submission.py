@@ -60,6 +60,10 @@ _NO_ARGS = ser.serialize(())
 _NO_ARGS_BYTES = _NO_ARGS.to_bytes()
 
 
+#: Calls an actor made to itself that it remembers (``_note_call_to_self``).
+_CALLS_TO_SELF = 256
+
+
 class _ArgRef(int):
     """Placeholder for the i-th top-level ref argument inside the pickled args."""
 
@@ -175,6 +179,8 @@ class SubmissionMixin:
         blob = _NO_ARGS_BYTES if sv is _NO_ARGS else sv.to_bytes()
         if actor_fields is not None:
             actor_id, sequence_no, caller_id, group = actor_fields
+            if actor_id == self.current_actor_id:
+                self._note_call_to_self(task_id, template.name)
             spec = new_task_spec(template, task_id=task_id, job_id=self.job_id, parent_task_id=self.current_task_id,
                                  owner=address, args=blob, deps=spec_deps, nested_refs=nested_refs,
                                  root_task_id=self.root_task_id(), actor_id=actor_id, sequence_no=sequence_no,
@@ -211,6 +217,15 @@ class SubmissionMixin:
                 self.push_direct(task) if actor_fields is None else self.actor_submitter.send_direct(task)):
             self._post(self._on_submit, task)
         return [ObjectRef(oid, address, True) for oid in return_ids]
+
+    def _note_call_to_self(self, task_id: TaskID, name: str) -> None:
+        """An actor calls one of its own methods (user thread): remembered (the latest
+        ``_CALLS_TO_SELF``) so that a get() of its result from a call of a one-at-a-time
+        actor can say it would wait for ever (``_refuse_waiting_for_own_calls``)."""
+        calls = self._calls_to_self
+        calls[task_id] = name
+        if len(calls) > _CALLS_TO_SELF:
+            calls.pop(next(iter(calls)))
 
     def _fill_ready_deps(self, deps: list[m.Dep]) -> bool:
         """User thread, objects lock held: when every argument ref is owned here and
