@@ -148,7 +148,7 @@ def test_one_owner_runs_a_function_on_more_than_64_workers_at_once(fresh_cluster
     @lumos.remote
     def nap() -> tuple[float, float]:
         start = time.time()
-        time.sleep(3.0)
+        time.sleep(5.0)  # (long enough for 72 workers to start on a busy 2-core machine)
         return start, time.time()
 
     spans = lumos.get([nap.remote() for _ in range(72)], timeout=120)
