@@ -96,10 +96,12 @@ def test_a_chain_of_nested_tasks_deeper_than_the_worker_cap_completes(fresh_clus
     worker_context.require().error_handler = lambda kind, text: warnings.append((kind, text))
     assert lumos.get(_chain.remote(5, 0.5), timeout=90) == 5
     # The driver is told once so many workers wait (each is a process: runaway recursion
-    # shows there first).
+    # shows there first), and again at each doubling: five waiting links reach 2 and 4 at
+    # most, so one or two warnings, as the raylet's ticks happened to see them.
     wait_for(lambda: any(kind == "workers" for kind, _ in warnings), 10)
-    (text,) = [t for kind, t in warnings if kind == "workers"]
-    assert "wait in get() or wait()" in text and "at most 2" in text
+    texts = [t for kind, t in warnings if kind == "workers"]
+    assert 1 <= len(texts) <= 2, texts
+    assert all("wait in get() or wait()" in t and "at most 2" in t for t in texts)
 
     @lumos.remote
     def ok() -> int:
