@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import pytest
@@ -60,6 +61,39 @@ def test_worker_death_is_retried_then_worker_crashed_error(fresh_cluster, tmp_pa
     # The cluster still works afterwards.
     with pytest.raises(MyError):
         lumos.get(raises.remote("still alive"), timeout=30)
+
+
+def test_a_task_that_calls_sys_exit_fails_once_saying_so(fresh_cluster, tmp_path):
+    # sys.exit() in a task ends its worker on purpose: the error says so (it read "died
+    # (signal SIGKILL)", the raylet's kill after the worker's disconnect), the task is not
+    # run again (each retry would end another worker), and what it printed is not lost.
+    fresh_cluster()
+    counter = tmp_path / "attempts"
+
+    @lumos.remote(max_retries=3)
+    def leave(path, code):
+        with open(path, "a") as f:
+            f.write("x")
+        print("leaving now")
+        sys.exit(code)
+
+    @lumos.remote
+    def short_task(i):
+        return i
+
+    for code in (2, 0):
+        counter.unlink(missing_ok=True)
+        with pytest.raises(WorkerCrashedError, match=rf"called sys.exit\({code}\)") as info:
+            lumos.get(leave.remote(str(counter), code), timeout=60)
+        assert "SIGKILL" not in str(info.value) and "leave()" in str(info.value)
+        assert counter.read_text() == "x"
+    # Tasks queued behind the exiting one run elsewhere.
+    refs = [short_task.remote(i) for i in range(50)]
+    exiting = leave.remote(str(counter), 3)
+    refs += [short_task.remote(i) for i in range(50)]
+    assert lumos.get(refs, timeout=60) == list(range(50)) * 2
+    with pytest.raises(WorkerCrashedError, match=r"sys.exit\(3\)"):
+        lumos.get(exiting, timeout=60)
 
 
 def test_worker_death_then_success_on_retry(fresh_cluster, tmp_path):

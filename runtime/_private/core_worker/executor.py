@@ -458,7 +458,8 @@ class Executor(ArgumentsMixin):
             reply = self.execute(msg)
             if deps:
                 self._pin_escaped_args()
-            if msg.spec.max_calls > 0 and self.actor is None and self._count_call(msg.spec):
+            if reply.error_kind == m.ErrorKind.EXITING or (
+                    msg.spec.max_calls > 0 and self.actor is None and self._count_call(msg.spec)):
                 reply.error_kind = m.ErrorKind.EXITING
                 self.cw.send_reply(conn, reply)
                 self._exit_after_max_calls()
@@ -569,6 +570,13 @@ class Executor(ArgumentsMixin):
         except _NotHere as e:
             return self._system_reply(spec, str(e), m.ErrorKind.ACTOR_DIED, start)
         except SystemExit as e:
+            if spec.kind == m.TaskKind.NORMAL_TASK and self.actor is None:
+                # The task ends its worker on purpose: say so (the raylet's report would
+                # only show the kill that follows a worker's disconnect), and do not run it
+                # again, since it would end another worker each time.
+                return self._system_reply(
+                    spec, f"the task called sys.exit({e.code!r}), which ends the worker that runs it "
+                    "(not retried: it would end a worker each time)", m.ErrorKind.EXITING, start)
             if spec.kind != m.TaskKind.ACTOR_TASK or self.actor is None:
                 raise
             why = str(e) if isinstance(e, exc.ActorExitRequest) else "the actor called sys.exit()"

@@ -79,6 +79,10 @@ class ResultsMixin:
         if reply.system_error is not None:
             if reply.error_kind == m.ErrorKind.CANCELLED or task.cancelled:
                 self._fail_task(task, exc.TaskCancelledError(task.spec.task_id.hex(), reply.system_error))
+            elif reply.error_kind == m.ErrorKind.EXITING and task.spec.kind == m.TaskKind.NORMAL_TASK:
+                self._fail_task(task, exc.WorkerCrashedError(
+                    f"worker {short(reply.worker_id or b'')} exited while running {task.spec.name}(): "
+                    f"{reply.system_error}"))
             elif reply.error_kind == m.ErrorKind.ACTOR_DIED:
                 self._fail_task(task, exc.ActorDiedError((task.spec.actor_id or b"").hex(), reply.system_error))
             else:
