@@ -34,8 +34,8 @@ def state(**kw: Any) -> ts.TaskSubmitterState:
     return s
 
 
-def template(fn: bytes = b"f" * 16, max_retries: int = 3) -> TaskTemplate:
-    return TaskTemplate(fn, "f", "f", 1, {"CPU": 1.0}, max_retries, RetryPolicy.NEVER, None, None)
+def template(fn: bytes = b"f" * 16, max_retries: int = 3, cpus: float = 1.0) -> TaskTemplate:
+    return TaskTemplate(fn, "f", "f", 1, {"CPU": cpus}, max_retries, RetryPolicy.NEVER, None, None)
 
 
 def task(t: TaskTemplate) -> PendingTask:
@@ -287,17 +287,143 @@ def test_lease_granted_after_its_tasks_left_is_given_back() -> None:
     assert of(out, ts.ReturnLease) == [ts.ReturnLease(late, False)] and late not in q.leases
 
 
-def test_idle_lease_of_another_function_is_returned_when_a_new_key_needs_a_worker() -> None:
+def test_idle_lease_of_another_shape_is_returned_when_a_new_key_needs_a_worker() -> None:
     s = state()
     f = task(template(b"f" * 16))
     s.enqueue(f)
     lease_f, _ = grant(s, f.queue)
     reply(s, f)
     assert lease_f in s.idle_leases
-    out = s.enqueue(task(template(b"g" * 16)))
+    out = s.enqueue(task(template(b"g" * 16, cpus=2.0)))
     assert of(out, ts.ReturnLease) == [ts.ReturnLease(lease_f, False)]
     assert len(of(out, ts.RequestLease)) == 1 and lease_f not in s.idle_leases
     assert s.return_lease(lease_f, disconnect=True) == []  # given back once only
+
+
+def test_idle_lease_of_another_function_of_the_same_shape_runs_a_new_keys_task() -> None:
+    # One shape (resources, strategy, retriable): the idle worker runs g's task as it is,
+    # with no round trip to the raylet (calling several functions in turn asked and waited
+    # for a worker at each switch).
+    s = state()
+    f = task(template(b"f" * 16))
+    s.enqueue(f)
+    lease_f, _ = grant(s, f.queue)
+    reply(s, f)
+    g = task(template(b"g" * 16))
+    out = s.enqueue(g)
+    assert [p.task for p in of(out, ts.PushTask)] == [g] and g.lease is lease_f
+    assert not of(out, ts.RequestLease) and not of(out, ts.ReturnLease)
+    assert lease_f.queue is g.queue and lease_f not in f.queue.leases and lease_f not in s.idle_leases
+    # Not retriable is another shape (the raylet's memory monitor is told which).
+    reply(s, g)
+    h = task(template(b"h" * 16, max_retries=0))
+    out = s.enqueue(h)
+    assert of(out, ts.ReturnLease) == [ts.ReturnLease(lease_f, False)] and len(of(out, ts.RequestLease)) == 1
+
+
+def test_a_worker_that_goes_idle_moves_to_a_queue_of_its_shape_waiting_for_a_lease() -> None:
+    # Many functions submitted at once: each asks the raylet for a worker, and the two
+    # workers it has went idle in turn, waiting out the idle timeout (~100 ms a function).
+    s = state()
+    fs = [task(template(bytes([65 + i]) * 16)) for i in range(4)]
+    for t in fs:
+        s.enqueue(t)
+    assert all(t.queue.requesting == 1 for t in fs)
+    lease, out = grant(s, fs[0].queue)
+    assert [p.task for p in of(out, ts.PushTask)] == [fs[0]]
+    for i in range(1, 4):
+        out = reply(s, fs[i - 1])
+        assert [p.task for p in of(out, ts.PushTask)] == [fs[i]] and fs[i].lease is lease
+        assert not of(out, ts.StartIdleTimer)
+    out = reply(s, fs[3])
+    assert of(out, ts.StartIdleTimer) == [ts.StartIdleTimer(lease)] and lease in s.idle_leases
+    # The requests still in flight are granted later: those workers go straight back...
+    late, out = grant(s, fs[1].queue)
+    assert of(out, ts.ReturnLease) == [ts.ReturnLease(late, False)]
+    # ...unless another function of the shape waits for one: it runs that one's task.
+    busy = task(template(b"b" * 16))
+    s.enqueue(busy)
+    assert busy.lease is lease
+    waiting = task(template(b"w" * 16))
+    s.enqueue(waiting)
+    assert waiting.queue.requesting == 1
+    late, out = grant(s, fs[2].queue)
+    assert [p.task for p in of(out, ts.PushTask)] == [waiting] and waiting.lease is late
+    assert late.queue is waiting.queue and not of(out, ts.ReturnLease)
+
+
+def test_a_user_thread_claims_an_idle_worker_of_another_function_of_its_shape() -> None:
+    # Sync calls alternating between f and g: g's call is written straight to f's idle
+    # worker by the user thread (it went through the io thread and a new lease).
+    s = state()
+    f = task(template(b"f" * 16))
+    s.enqueue(f)
+    lease, _ = grant(s, f.queue)
+    lease.direct = True
+    reply(s, f)
+    g1 = task(template(b"g" * 16, cpus=2.0))
+    s.enqueue(g1)  # (another shape: f's worker goes back, g's queue exists from now on)
+    assert lease.dead
+    f2 = task(template(b"f" * 16))
+    s.enqueue(f2)
+    lease2, _ = grant(s, f.queue)
+    lease2.direct = True
+    assert f2.lease is lease2
+    reply(s, f2)
+    h = task(template(b"h" * 16))
+    s.enqueue(h)  # h's queue takes f's idle worker (``_adopt_idle``)
+    assert h.lease is lease2
+    reply(s, h)
+    assert lease2 in s.idle_leases and lease2.queue is h.queue
+    f3 = task(template(b"f" * 16))
+    assert s.claim_idle(f.queue) is None  # (not told the task: only f's own workers)
+    got = s.claim_idle(f.queue, f3)
+    assert got is lease2 and got.claimed and got.queue is f.queue and lease2 in f.queue.leases
+    out = s.direct_pushed(f3, got, True)
+    assert of(out, ts.CancelIdleTimer) and f3.lease is lease2 and lease2 not in s.idle_leases
+    s.validate()
+    assert s.claim_idle(g1.queue, task(template(b"g" * 16, cpus=2.0))) is None  # (another shape)
+
+
+def test_a_task_whose_argument_is_in_another_nodes_store_does_not_take_another_functions_worker() -> None:
+    # Its lease request tells the raylet where the argument is (locality): an idle worker of
+    # another function, elsewhere, would read 50 MB across the network.
+    s = state()
+    f = task(template(b"f" * 16))
+    s.enqueue(f)
+    lease, _ = grant(s, f.queue)
+    lease.direct = True
+    reply(s, f)
+    # One whose argument is in the store of the idle worker's node takes it...
+    near = task(template(b"h" * 16))
+    near.spec.deps = [m.Dep(b"p" * 28, OWNER, None, NODE)]
+    s.enqueue(near)
+    assert near.lease is lease
+    reply(s, near)
+    # ... one whose argument is elsewhere does not.
+    far = task(template(b"g" * 16))
+    far.spec.deps = [m.Dep(b"o" * 28, OWNER, None, b"x" * 20)]
+    assert s.claim_idle(ts.SchedulingQueue(far.template.key, far.template), far) is None
+    out = s.enqueue(far)
+    assert far.lease is None and len(of(out, ts.RequestLease)) == 1 and lease.queue is near.queue
+
+
+def test_a_queue_whose_request_waits_at_the_raylet_takes_an_idle_worker_of_its_shape() -> None:
+    # f's earlier request is still in flight (the raylet has no CPU free: this process
+    # holds it idle for g); f's new task takes g's idle worker instead of waiting.
+    s = state()
+    f1 = task(template(b"f" * 16))
+    s.enqueue(f1)
+    g = task(template(b"g" * 16))
+    s.enqueue(g)
+    lease, _ = grant(s, g.queue)
+    f_queue = f1.queue
+    s.task_gone(f1)  # (f1 ended meanwhile: cancelled)
+    reply(s, g)
+    assert lease in s.idle_leases and f_queue.requesting == 1
+    f2 = task(template(b"f" * 16))
+    out = s.enqueue(f2)
+    assert [p.task for p in of(out, ts.PushTask)] == [f2] and f2.lease is lease
 
 
 def test_idle_timer_expiry_returns_the_lease_unless_work_came() -> None:

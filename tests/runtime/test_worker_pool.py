@@ -160,3 +160,22 @@ def test_one_owner_runs_a_function_on_more_than_64_workers_at_once(fresh_cluster
         running += step
         most = max(most, running)
     assert most > 64, f"at most {most} tasks ran at once"
+
+
+def test_many_functions_submitted_at_once_share_the_workers(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
+    """Every function has its own queue and asks the raylet for a worker; a worker that goes
+    idle runs the waiting tasks of other functions of the same shape at once. It waited out
+    the idle timeout first (the raylet had no CPU free meanwhile): ~100 ms a function by
+    default, here 60 s, so on the old code this get timed out."""
+    fresh_cluster(num_cpus=1, include_dashboard=False, _system_config={"lease_idle_timeout_ms": 60_000})
+
+    def make(i: int) -> Any:
+        def f() -> int:
+            return i
+        f.__qualname__ = f"f{i}"
+        return lumos.remote(f)
+
+    fns = [make(i) for i in range(12)]
+    assert lumos.get([f.remote() for f in fns], timeout=45) == list(range(12))
+    # And calls alternating between them, one at a time, reuse the same worker.
+    assert [lumos.get(f.remote(), timeout=45) for f in fns for _ in range(2)] == [i for i in range(12) for _ in range(2)]

@@ -662,7 +662,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             return False
         state = self.submitter.state
         with self._submit_lock:
-            lease = state.claim_idle(q)
+            lease = state.claim_idle(q, task)
         if lease is None:
             return False
         # The write is outside the submitter's lock: a claimed lease is never returned or

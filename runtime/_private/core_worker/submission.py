@@ -381,7 +381,8 @@ class SubmissionMixin:
             return hit[1]  # type: ignore[no-any-return]
         t = copy.copy(template)
         t.strategy = strategy
-        t.key = (template.function_id, tuple(sorted(template.resources.items())), repr(strategy))
+        t.key = (template.function_id, tuple(sorted(template.resources.items())), repr(strategy),
+                 template.max_retries != 0)
         if len(self._captured_templates) > 10_000:
             self._captured_templates.clear()
         self._captured_templates[key] = (template, t)

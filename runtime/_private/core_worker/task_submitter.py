@@ -119,6 +119,9 @@ class TaskSubmitterState:
         self.queues: dict[Any, SchedulingQueue] = {}
         #: Leased workers with nothing to run, kept a moment for more of their key's tasks.
         self.idle_leases: set[LeasedWorker] = set()
+        #: Queues whose tasks wait for lease requests in flight, oldest first (pruned when
+        #: looked at): a worker that goes idle in a queue of the same shape moves to one.
+        self.starving: dict[SchedulingQueue, None] = {}
 
     # ------------------------------------------------------------------ queueing
 
@@ -174,24 +177,75 @@ class TaskSubmitterState:
             self.idle_leases.discard(best)
             out.append(PushTask(task, best))
         # (A burst queues many tasks behind full workers: each submit and each reply pumps,
-        # so the common "enough requests in flight already" case costs no count of leases.)
+        # so the common "enough requests in flight already" case costs no count of leases;
+        # the leases of this queue are all busy then, so ``idle_leases`` is empty or holds
+        # other queues' workers.)
+        if tasks and self.idle_leases and self._adopt_idle(q):
+            out.extend(self.pump(q))
+            return out
         if tasks and q.requesting < min(len(tasks), self.max_pending_lease_requests):
             # (A blocked lease's worker waits in get() or wait(), maybe for these very tasks:
             # it does not count, or a chain of nested tasks would wait for ever at the cap.)
             usable = sum(1 for l in q.leases if not l.dead and not l.exiting and not l.blocked)
             want = min(len(tasks), self.max_pending_lease_requests, self.max_leases_per_key - usable)
             if q.requesting < want and self.idle_leases:
-                # Workers this process holds idle for other functions would keep this one's
-                # request waiting until they time out (issue 14: after a burst of f, the
-                # first g waited ~1.2 s): give them back first.
+                # Workers this process holds idle for other functions (of other shapes:
+                # ``_adopt_idle`` took those of this one) would keep this one's request
+                # waiting until they time out (issue 14: after a burst of f, the first g
+                # waited ~1.2 s): give them back first.
                 for idle in [l for l in self.idle_leases if l.queue is not q and not l.claimed]:
                     out.extend(self.return_lease(idle, disconnect=False))
             while q.requesting < want:
                 q.requesting += 1
                 out.append(RequestLease(q))
+        if tasks and q.requesting:
+            self.starving[q] = None
         if self.check:  # per event: the queue it touched (its first queued tasks), cheaply
             self._check_queue(q, set(), 64)
         return out
+
+    def _adopt_idle(self, q: SchedulingQueue) -> bool:
+        """Move the connected idle workers of other queues of ``q``'s shape (resources,
+        strategy, retriable or not) to ``q``, within its lease cap: they run its tasks as
+        they are, with no round trip to the raylet (a function's first tasks, or one whose
+        lease request waits at the raylet behind workers this process holds idle). True if
+        any moved."""
+        shape = q.key[1:]
+        room = None
+        moved = False
+        first = q.tasks[0]
+        for idle in [l for l in self.idle_leases if l.queue is not q and not l.claimed
+                     and l.conn is not None and l.queue.key[1:] == shape and _fits(first, l)]:
+            if room is None:
+                room = self.max_leases_per_key - sum(
+                    1 for l in q.leases if not l.dead and not l.exiting and not l.blocked)
+            if room <= 0:
+                break
+            self._move(idle, q)
+            room -= 1
+            moved = True
+        return moved
+
+    def _move(self, lease: LeasedWorker, q: SchedulingQueue) -> None:
+        """``lease``, with nothing in flight, serves ``q`` (a queue of the same shape) from now."""
+        old = lease.queue
+        if lease in old.leases:
+            old.leases.remove(lease)
+        lease.queue = q
+        q.leases.append(lease)
+
+    def _starving_like(self, lease: LeasedWorker) -> SchedulingQueue | None:
+        """Another queue of the shape of ``lease``'s whose tasks wait for a lease request and
+        can run on it, if any (queues no longer waiting leave ``starving`` here)."""
+        q = lease.queue
+        shape = q.key[1:]
+        for s in list(self.starving):
+            if not s.tasks or s.requesting <= 0:
+                del self.starving[s]
+            elif s is not q and s.key[1:] == shape and _fits(s.tasks[0], lease) and \
+                    sum(1 for l in s.leases if not l.dead and not l.exiting and not l.blocked) < self.max_leases_per_key:
+                return s
+        return None
 
     def task_gone(self, task: PendingTask) -> None:
         """``task`` ended (failed or cancelled) outside a reply: forget where it waited."""
@@ -212,6 +266,10 @@ class TaskSubmitterState:
         lease.conn = conn
         q = lease.queue
         if not q.tasks:
+            hungry = self._starving_like(lease) if self.starving else None
+            if hungry is not None:  # another function of this shape waits for a worker
+                self._move(lease, hungry)
+                return self.pump(hungry)
             # Granted after its tasks went to other workers: keeping it idle would hold a
             # worker (and a later request queued behind it at the raylet) for nothing.
             return self.return_lease(lease, disconnect=False)
@@ -255,11 +313,12 @@ class TaskSubmitterState:
 
     # ------------------------------------------------------------------ direct pushes
 
-    def claim_idle(self, q: SchedulingQueue) -> LeasedWorker | None:
+    def claim_idle(self, q: SchedulingQueue, task: PendingTask | None = None) -> LeasedWorker | None:
         """A user thread is about to write a task straight to a worker of ``q`` (nothing
         queued, a connected worker idle): that worker's lease, marked claimed so nothing
         here returns it or counts it idle until ``direct_pushed`` books the task; None if
-        there is no such worker. The caller holds the lock every event here runs under."""
+        there is no such worker. The caller holds the lock every event here runs under.
+        ``task``: the task to write (an idle worker of another queue of this shape may take it)."""
         if q.tasks:
             return None
         for lease in q.leases:
@@ -267,6 +326,20 @@ class TaskSubmitterState:
                     and not lease.dead and not lease.blocked and not lease.exiting:
                 lease.claimed = True
                 return lease
+        if self.idle_leases and task is not None:
+            # An idle worker of another function of this shape (calls alternating between
+            # functions): it moves here, as ``_adopt_idle`` would on the io thread.
+            shape = q.key[1:]
+            for lease in self.idle_leases:
+                if lease.direct and lease.queue is not q and lease.queue.key[1:] == shape and \
+                        not lease.tasks and not lease.claimed and lease.conn is not None and \
+                        not lease.dead and not lease.blocked and not lease.exiting and _fits(task, lease):
+                    if sum(1 for l in q.leases if not l.dead and not l.exiting and not l.blocked) \
+                            >= self.max_leases_per_key:
+                        return None
+                    self._move(lease, q)
+                    lease.claimed = True
+                    return lease
         return None
 
     def direct_pushed(self, task: PendingTask, lease: LeasedWorker, sent: bool) -> list[Action]:
@@ -373,6 +446,13 @@ class TaskSubmitterState:
         out: list[Action] = []
         if not lease.tasks and not q.tasks and not lease.exiting \
                 and lease not in self.idle_leases and not lease.claimed:
+            hungry = self._starving_like(lease) if self.starving else None
+            if hungry is not None:
+                # Tasks of another function of this shape wait for a worker from the
+                # raylet: this one takes them now (many functions submitted at once ran
+                # one per idle timeout, ~100 ms each, where a worker had gone idle).
+                self._move(lease, hungry)
+                return self.pump(hungry)
             self.idle_leases.add(lease)
             out.append(StartIdleTimer(lease))
         out.extend(self.pump(q, after_reply=True))
@@ -492,6 +572,17 @@ class Serialized:
         call.__name__ = name
         setattr(self, name, call)  # found in the instance's dict from now on
         return call
+
+
+def _fits(task: PendingTask, lease: LeasedWorker) -> bool:
+    """``task`` may run on ``lease``'s worker, leased for another function of its shape:
+    none of its arguments lives in the store of another node (a lease request for such a
+    task tells the raylet where they are, and it is placed near them)."""
+    node = lease.node_id
+    for dep in task.spec.deps:
+        if dep.data is None and dep.node_id is not None and dep.node_id != node:
+            return False
+    return True
 
 
 def _check(ok: bool, what: str) -> None:
