@@ -391,3 +391,37 @@ def test_a_dropped_value_is_unpinned_with_its_free_without_a_wake_up_of_its_own(
     del value
     wait_for(lambda: ("PinObjects", False, None) in sent[2:], 10)
     assert "_flush_pins" not in posted
+
+
+def test_awaiting_refs_from_asyncio_and_cancelling_the_awaiting_task(fresh_cluster, caplog):
+    # ``await ref`` in the driver's own event loop; a cancelled awaiting task leaves no
+    # error behind (its value, ready later, went to a cancelled future and logged a
+    # traceback: "object-ready callback failed ... InvalidStateError").
+    import asyncio
+    import logging
+    import time
+
+    fresh_cluster(num_cpus=2, include_dashboard=False)
+
+    @lumos.remote
+    def slow(x, s):
+        time.sleep(s)
+        return x
+
+    async def main():
+        assert await slow.remote(1, 0) == 1
+        assert sum(await asyncio.gather(*[slow.remote(i, 0) for i in range(10)])) == 45
+        waiting = [asyncio.ensure_future(slow.remote(i, 0.3)) for i in range(4)]
+        waiting.append(asyncio.ensure_future(asyncio.wrap_future(slow.remote(9, 0.3).future())))
+        await asyncio.sleep(0.05)
+        for t in waiting:
+            t.cancel()
+        for t in waiting:
+            with pytest.raises(asyncio.CancelledError):
+                await t
+        await asyncio.sleep(1.0)  # the values arrive meanwhile
+        return await slow.remote(2, 0)
+
+    with caplog.at_level(logging.ERROR, logger="lumos"):
+        assert asyncio.run(main()) == 2
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import errno
 import logging
 import os
@@ -759,10 +760,18 @@ class ObjectsMixin:
         self.drain_refs()
 
         def resolve(_: Any = None) -> None:
+            # The awaiting side may have cancelled the future (an asyncio task awaiting the
+            # ref was cancelled), before this or while it runs: nothing to deliver then.
+            if fut.cancelled():
+                return
             try:
-                fut.set_result(self._value_of(ref))
+                value = self._value_of(ref)
             except BaseException as e:  # the future carries the error to the awaiting side
-                fut.set_exception(e)
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    fut.set_exception(e)
+                return
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                fut.set_result(value)
 
         def on_io() -> None:
             e = self.objects.entries.get(ref._id)
