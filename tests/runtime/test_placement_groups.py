@@ -257,6 +257,33 @@ class TestOneNode:
                 time.sleep(0.1)
         wait_for(lambda: _free("CPU") == 3, 10)
 
+    def test_tasks_of_a_removed_group_fail_with_task_placement_group_removed(self) -> None:
+        # Running (stopped with the group, then not placeable again) or submitted after: the
+        # error is Ray's TaskPlacementGroupRemoved (it was a LumosSystemError, "could not
+        # lease a worker: RemoteError: ...").
+        from lumos.exceptions import TaskPlacementGroupRemoved
+
+        @lumos.remote(num_cpus=1)
+        def long_one() -> int:
+            time.sleep(60)
+            return 1
+
+        pg = placement_group([{"CPU": 1}])
+        assert pg.wait(30)
+        running = long_one.options(scheduling_strategy=_in(pg, 0)).remote()
+        wait_for(lambda: _free("CPU") == 2 and lumos.wait([running], timeout=0)[1], 10)
+        time.sleep(0.5)  # (running by now)
+        queued = where.options(scheduling_strategy=_in(pg, 0)).remote(0)  # waits for the bundle's CPU
+        time.sleep(0.3)
+        remove_placement_group(pg)
+        with pytest.raises(TaskPlacementGroupRemoved, match="long_one.*was removed"):
+            lumos.get(running, timeout=30)
+        with pytest.raises(TaskPlacementGroupRemoved, match="was removed"):
+            lumos.get(queued, timeout=30)
+        with pytest.raises(TaskPlacementGroupRemoved, match="was removed"):
+            lumos.get(where.options(scheduling_strategy=_in(pg, 0)).remote(0), timeout=30)
+        wait_for(lambda: _free("CPU") == 3, 10)
+
     def test_legacy_options_and_any_bundle(self) -> None:
         pg = placement_group([{"CPU": 1}, {"CPU": 1, "GPU": 1}], strategy="STRICT_PACK")
         assert pg.wait(30)

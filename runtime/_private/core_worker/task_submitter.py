@@ -30,6 +30,7 @@ from typing import Any, Union
 from lumos import exceptions as exc
 from lumos._private.core_worker.tasks import DONE, PUSHED, QUEUED, LeasedWorker, PendingTask, SchedulingQueue
 from lumos._private.ids import NodeID, TaskID, short
+from lumos._private.protocol.vocab import PlacementGroupRemoved
 from lumos._private.raylet.memory_monitor import OOM_KILL_REASON
 
 
@@ -289,9 +290,14 @@ class TaskSubmitterState:
         if elsewhere:
             return [PumpLater(q, 0.1)]
         out: list[Action] = []
+        removed = getattr(error, "type_name", None) == PlacementGroupRemoved.__name__
         for task in list(q.tasks):
             q.tasks.remove(task)
-            out.append(FailTask(task, exc.LumosSystemError(f"could not lease a worker: {error}")))
+            if removed:
+                out.append(FailTask(task, exc.TaskPlacementGroupRemoved(
+                    f"{task.spec.name}() cannot run: {getattr(error, 'text', error)}")))
+            else:
+                out.append(FailTask(task, exc.LumosSystemError(f"could not lease a worker: {error}")))
         return out
 
     def return_lease(self, lease: LeasedWorker, disconnect: bool) -> list[Action]:

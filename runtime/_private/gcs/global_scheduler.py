@@ -49,6 +49,10 @@ class Unschedulable(Exception):
     """A hard constraint (node affinity) can never be met; the owner's tasks fail with this text."""
 
 
+class NoSuchGroup(Unschedulable):
+    """The placement group asked for was removed, or never existed."""
+
+
 @dataclasses.dataclass(slots=True)
 class NodeView:
     """What the global scheduler knows of one alive node."""

@@ -32,7 +32,7 @@ import logging
 from collections import OrderedDict
 from typing import Any, Union
 
-from lumos._private.gcs.global_scheduler import Unschedulable
+from lumos._private.gcs.global_scheduler import NoSuchGroup, Unschedulable
 from lumos._private.ids import JobID, NodeID, PlacementGroupID, short
 from lumos._private.protocol import messages as m
 from lumos._private.raylet.resources import request_units
@@ -304,7 +304,7 @@ class PlacementGroupState:
         """
         g = self.groups.get(pg_id)
         if g is None or g.info.state == REMOVED:
-            raise Unschedulable(f"placement group {pg_id.hex()} "
+            raise NoSuchGroup(f"placement group {pg_id.hex()} "
                                 f"{'does not exist' if g is None else 'was removed'}; tasks and actors "
                                 "cannot be scheduled into it")
         n = len(g.units)

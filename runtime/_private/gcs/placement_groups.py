@@ -32,11 +32,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from lumos._private.gcs import placement_group_state as pgs
-from lumos._private.gcs.global_scheduler import Unschedulable
+from lumos._private.gcs.global_scheduler import NoSuchGroup, Unschedulable
 from lumos._private.gcs.placement_group_state import (CREATED, PENDING, REMOVED, RESCHEDULING,  # noqa: F401
                                                       STRATEGIES, plan_bundles)
 from lumos._private.ids import JobID, NodeID, PlacementGroupID, short
 from lumos._private.protocol import messages as m
+from lumos._private.protocol.vocab import PlacementGroupRemoved
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
 
 if TYPE_CHECKING:
@@ -171,6 +172,8 @@ class PlacementGroupTable:
         while True:
             try:
                 node_id = self.node_for_bundle(pg_id, index, msg.resources)
+            except NoSuchGroup as e:
+                raise PlacementGroupRemoved(str(e)) from None
             except Unschedulable as e:
                 raise ValueError(str(e)) from None
             if node_id is not None:

@@ -45,6 +45,12 @@ class ErrorKind(StrEnum):
     EXITING = "exiting"
 
 
+class PlacementGroupRemoved(ValueError):
+    """A lease asked for a placement group that was removed (or never existed). Raised by
+    the GCS and the raylets; its name crosses the wire (``RemoteError.type_name``), and
+    the owner fails the task with ``TaskPlacementGroupRemoved``."""
+
+
 class TaskState(StrEnum):
     """A task attempt's state in the task-event log, in the order a task passes them."""
 

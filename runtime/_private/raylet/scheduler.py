@@ -156,6 +156,8 @@ class ReportInfeasible:
 class FailLease:
     request_id: int
     reason: str
+    #: The request's placement group was removed (``PlacementGroupRemoved`` at the owner).
+    group_removed: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -559,7 +561,7 @@ class LocalSchedulerState:
             if ref is not None and ref[0] == pg_id and not any(
                     k not in gone for k in self.bundles if k[0] == pg_id and (ref[1] < 0 or k[1] == ref[1])):
                 del self.queue[rid]
-                actions.append(FailLease(rid, f"placement group {pg_id.hex()} was removed"))
+                actions.append(FailLease(rid, f"placement group {pg_id.hex()} was removed", True))
         for key in keys:
             b = self.bundles.pop(key)
             self.resources.release(b.units, b.node_ids)

@@ -38,6 +38,7 @@ from lumos._private.object_store.client import unlink_quietly
 from lumos._private.process import (check_private_dir, die_with_parent, make_private_dir, read_token, report_ready,
                                     setup_logging, tune_gc_for_service)
 from lumos._private.protocol import messages as m
+from lumos._private.protocol.vocab import PlacementGroupRemoved
 from lumos._private.raylet import memory_monitor as mm
 from lumos._private.raylet import node_report
 from lumos._private.raylet import scheduler as sc
@@ -391,7 +392,8 @@ class RayletServer:
         elif isinstance(action, sc.FailLease):
             waiter = self._lease_waiters.pop(action.request_id, None)
             if waiter is not None and not waiter[1].done():
-                waiter[1].set_exception(RuntimeError(action.reason))
+                waiter[1].set_exception(PlacementGroupRemoved(action.reason) if action.group_removed
+                                        else RuntimeError(action.reason))
         elif isinstance(action, sc.AnswerBundles):
             self._bundle_answers[action.request_id] = [action.ok, action.reason,
                                                        [[i, ids] for i, ids in action.gpu_ids.items()]]
@@ -416,10 +418,15 @@ class RayletServer:
         spill = self._should_spill(msg, hops)
         if spill:
             assert self.gcs is not None
-            decision: m.SpillbackReply = await self.gcs.call(m.ScheduleLease(
-                msg.job_id, msg.resources, msg.strategy, msg.function_name, self.node_id,
-                msg.arg_bytes_by_node, msg.bundle, self.scheduler.available_floats(),
-                len(self.scheduler.queue)), None)
+            try:
+                decision: m.SpillbackReply = await self.gcs.call(m.ScheduleLease(
+                    msg.job_id, msg.resources, msg.strategy, msg.function_name, self.node_id,
+                    msg.arg_bytes_by_node, msg.bundle, self.scheduler.available_floats(),
+                    len(self.scheduler.queue)), None)
+            except RemoteError as e:
+                if e.type_name == PlacementGroupRemoved.__name__:  # (the owner's task fails with it)
+                    raise PlacementGroupRemoved(e.text) from None
+                raise
             if decision.node_id != self.node_id:
                 return decision
         rid = self._next_request
