@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from lumos import exceptions as exc
 from lumos import options as opts_mod
+from lumos._private import arity
 from lumos._private import serialization as ser
 from lumos._private import worker_context
 from lumos._private.core_worker.core_worker import function_id_of
@@ -107,6 +108,21 @@ def _method_table(cls: type) -> dict[str, dict[str, Any]]:
     return table
 
 
+def _arity_table(cls: type, names: Any) -> dict[str, arity.Spec]:
+    """The signature (``arity.Spec``) of each of ``cls``'s methods in ``names`` Python can
+    read (``self`` left out, as it is for a static method's callers)."""
+    out: dict[str, arity.Spec] = {}
+    for name in names:
+        raw = inspect.getattr_static(cls, name, None)
+        fn = getattr(cls, name, None)
+        if fn is None:
+            continue
+        spec = arity.spec_of(fn, drop_first=not isinstance(raw, (staticmethod, classmethod)))
+        if spec is not None:
+            out[name] = spec
+    return out
+
+
 class ActorClass:
     """A class made remote. ``.remote(...)`` creates an actor and returns its handle."""
 
@@ -115,6 +131,9 @@ class ActorClass:
         self._options = opts_mod.validate(dict(options), opts_mod.ACTOR)
         self._pickled: bytes | None = None
         self._methods = _method_table(cls)
+        #: Method name -> its signature: calls are checked where they are made.
+        self._arity = _arity_table(cls, self._methods)
+        self._check_init = arity.checker(cls.__name__, arity.spec_of(cls))
         self.__name__ = cls.__name__
         self.__qualname__ = cls.__qualname__
         self.__module__ = cls.__module__
@@ -148,6 +167,7 @@ class ActorClass:
             f"from; inherit from the plain class and decorate the subclass with @lumos.remote")
 
     def _remote(self, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any]) -> "ActorHandle":
+        self._check_init(args, kwargs)  # (``__init__``'s arguments, as in Ray)
         cw = worker_context.require_or_init()
         o = opts_mod.resolved(options, opts_mod.ACTOR)
         cls = self._cls
@@ -176,7 +196,7 @@ class ActorClass:
                        for name, opts in {**dict.fromkeys(_BUILTIN_METHODS, {}), **methods}.items()}
         max_pending = o["max_pending_calls"] if o["max_pending_calls"] is not None else -1
         meta = {"methods": methods, "max_task_retries": max_task_retries, "class_name": cls.__name__,
-                "max_pending_calls": max_pending}
+                "max_pending_calls": max_pending, "arity": self._arity}
         actor_options = {
             "name": name or "", "namespace": namespace, "detached": detached,
             "max_restarts": o["max_restarts"] or 0, "get_if_exists": bool(o["get_if_exists"]),
@@ -191,7 +211,7 @@ class ActorClass:
         if info is not None and info.actor_id != actor_id:
             return _handle_from_info(info)
         owned = not detached and not name
-        return ActorHandle(actor_id, cls.__name__, methods, max_task_retries, owned, max_pending)
+        return ActorHandle(actor_id, cls.__name__, methods, max_task_retries, owned, max_pending, self._arity)
 
 
 class _ActorClassOptions:
@@ -217,7 +237,8 @@ class ActorHandle:
     """
 
     def __init__(self, actor_id: ActorID, class_name: str, methods: dict[str, dict[str, Any]],
-                 max_task_retries: int, owned: bool = False, max_pending_calls: int = -1) -> None:
+                 max_task_retries: int, owned: bool = False, max_pending_calls: int = -1,
+                 arity_specs: dict[str, arity.Spec] | None = None) -> None:
         self._actor_id = actor_id
         self._class_name = class_name
         self._methods = methods
@@ -229,6 +250,9 @@ class ActorHandle:
         self._escaped = False
         self._templates: dict[Any, TaskTemplate] = {}
         self._max_pending_calls = max_pending_calls
+        #: Method name -> its signature (from the class), and the checkers made from them.
+        self._arity = arity_specs or {}
+        self._checkers: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], None]] = {}
 
     def __getattr__(self, name: str) -> "ActorMethod":
         if name.startswith("_") and name not in self._methods and name not in _BUILTIN_METHODS:
@@ -253,7 +277,7 @@ class ActorHandle:
         if cw is not None and cw._registering:
             cw.wait_registered(self._actor_id)  # the receiver asks the GCS about the actor
         return (_rebuild_handle, (self._actor_id, self._class_name, self._methods, self._max_task_retries,
-                                  self._max_pending_calls))
+                                  self._max_pending_calls, self._arity))
 
     def __del__(self) -> None:
         if not self._owned or self._escaped:
@@ -272,6 +296,10 @@ class ActorHandle:
 
     def _submit(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                 options: dict[str, Any]) -> Any:
+        check = self._checkers.get(name)
+        if check is None:
+            check = self._checkers[name] = arity.checker(f"{self._class_name}.{name}", self._arity.get(name))
+        check(args, kwargs)  # (a wrong call raises TypeError here, as in Ray, not from get())
         cw = worker_context.require()
         limit = self._max_pending_calls
         if limit > 0 and not cw.actor_submitter.reserve_call(self._actor_id, limit):
@@ -303,14 +331,16 @@ class ActorHandle:
 
 
 def _rebuild_handle(actor_id: ActorID, class_name: str, methods: dict[str, dict[str, Any]],
-                    max_task_retries: int, max_pending_calls: int = -1) -> ActorHandle:
-    return ActorHandle(actor_id, class_name, methods, max_task_retries, False, max_pending_calls)
+                    max_task_retries: int, max_pending_calls: int = -1,
+                    arity_specs: dict[str, arity.Spec] | None = None) -> ActorHandle:
+    return ActorHandle(actor_id, class_name, methods, max_task_retries, False, max_pending_calls, arity_specs)
 
 
 def _handle_from_info(info: Any) -> ActorHandle:
     meta = pickle.loads(info.handle_meta) if info.handle_meta else {}
     return ActorHandle(info.actor_id, meta.get("class_name", info.class_name), meta.get("methods", {}),
-                       meta.get("max_task_retries", 0), False, meta.get("max_pending_calls", -1))
+                       meta.get("max_task_retries", 0), False, meta.get("max_pending_calls", -1),
+                       meta.get("arity"))
 
 
 class ActorMethod:

@@ -6,6 +6,7 @@ import functools
 from typing import Any, Callable
 
 from lumos import options as opts_mod
+from lumos._private import arity
 from lumos._private import serialization as ser
 from lumos._private import worker_context
 from lumos._private.core_worker.core_worker import function_id_of
@@ -38,6 +39,8 @@ class RemoteFunction:
         #: (or one ``.options()`` result) pass the same dict, never changed after it is made,
         #: and skip building the cache key (about 1-2 us a call).
         self._last_template: tuple[dict[str, Any], TaskTemplate] | None = None
+        #: Checks a call's arguments against the function's signature (made on first call).
+        self._check_args: Callable[[tuple[Any, ...], dict[str, Any]], None] | None = None
         functools.update_wrapper(self, function, updated=())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -101,6 +104,11 @@ class RemoteFunction:
         return template
 
     def _remote(self, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any]) -> Any:
+        check = self._check_args
+        if check is None:
+            fn = self._function
+            check = self._check_args = arity.checker(getattr(fn, "__name__", "f"), arity.spec_of(fn))
+        check(args, kwargs)  # (a wrong call raises TypeError here, as in Ray, not from get())
         cw = worker_context.require_or_init()
         template = self._template(options)
         refs = cw.submit_task(template, args, kwargs)

@@ -754,3 +754,63 @@ def test_a_one_at_a_time_actor_waiting_for_its_own_call_raises_instead_of_hangin
     assert lumos.get(b.waits_for_itself.remote(), timeout=30) == 1
     lumos.kill(a)
     lumos.kill(b)
+
+
+@lumos.remote
+class _Signatures:
+    def __init__(self, start: int, *, step: int = 1) -> None:
+        self.value = start
+        self.step = step
+
+    def add(self, x: int, y: int = 0) -> int:
+        return self.value + x + y
+
+    def many(self, *xs: int, scale: int) -> int:
+        return scale * sum(xs)
+
+    @staticmethod
+    def double(x: int) -> int:
+        return 2 * x
+
+    async def later(self, x: int) -> int:
+        return x
+
+
+@lumos.remote
+def _call_through(handle: Any) -> str:
+    try:
+        handle.add.remote()
+    except TypeError as e:
+        return str(e)
+    return "no error"
+
+
+def test_actor_calls_with_wrong_arguments_raise_at_the_call(cluster: lumos.LumosContext) -> None:
+    # As in Ray: checked against the method's signature when the call is made (they were
+    # sent, failed on the actor, and raised from get()).
+    with pytest.raises(TypeError, match=r"_Signatures\(\) missing a required argument: 'start'"):
+        _Signatures.remote()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'stp'"):
+        _Signatures.remote(1, stp=2)
+    a = _Signatures.remote(10, step=2)
+    with pytest.raises(TypeError, match=r"_Signatures.add\(\) missing a required argument: 'x'"):
+        a.add.remote()
+    with pytest.raises(TypeError, match="too many positional arguments"):
+        a.add.remote(1, 2, 3)
+    with pytest.raises(TypeError, match="missing a required argument: 'scale'"):
+        a.many.remote(1, 2)
+    with pytest.raises(TypeError, match="too many positional arguments"):
+        a.double.remote(1, 2)
+    with pytest.raises(TypeError, match="missing a required argument: 'x'"):
+        a.later.remote()
+    assert lumos.get([a.add.remote(1), a.add.remote(1, y=5), a.add.remote(x=2), a.many.remote(1, 2, scale=3),
+                      a.double.remote(4), a.later.remote(7)], timeout=60) == [11, 16, 12, 9, 8, 7]
+    # A handle passed on (and one looked up by name) checks its calls too.
+    assert lumos.get(_call_through.remote(a), timeout=60) == \
+        "_Signatures.add() missing a required argument: 'x'"
+    named = _Signatures.options(name="signatures-test").remote(0)
+    try:
+        with pytest.raises(TypeError, match="missing a required argument: 'x'"):
+            lumos.get_actor("signatures-test").add.remote()
+    finally:
+        lumos.kill(named)

@@ -274,3 +274,32 @@ def test_short_tasks_pipelined_behind_a_long_one_run_elsewhere(cluster):
         assert lumos.get(refs[:5] + refs[6:], timeout=20) == list(range(5)) + list(range(6, 200))
     finally:
         lumos.cancel(refs[5], force=True)
+
+
+def test_calls_with_wrong_arguments_raise_at_the_call(cluster):
+    """As in Ray: a call is checked against the function's signature when it is made (it
+    was sent, failed on a worker, and raised from get())."""
+
+    @lumos.remote
+    def f(a, b=2, *, c=3):
+        return a + b + c
+
+    @lumos.remote
+    def g(*args, **kwargs):
+        return len(args) + len(kwargs)
+
+    @lumos.remote
+    def h(a, *, must):
+        return a + must
+
+    with pytest.raises(TypeError, match=r"^f\(\) missing a required argument: 'a'$"):
+        f.remote()
+    with pytest.raises(TypeError, match=r"f\(\) too many positional arguments"):
+        f.remote(1, 2, 3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'd'"):
+        f.options(num_cpus=0).remote(1, d=4)
+    with pytest.raises(TypeError, match="missing a required argument: 'must'"):
+        h.remote(1)
+    ref = lumos.put(10)
+    assert lumos.get([f.remote(1), f.remote(1, 1, c=1), f.remote(a=ref), g.remote(1, 2, x=3), g.remote(),
+                      h.remote(1, must=2)], timeout=60) == [6, 3, 15, 3, 0, 3]
