@@ -432,6 +432,7 @@ def shutdown(wait_for_processes: bool = True) -> None:
         worker_context.core_worker = None
         worker_context.context = None
         if cw is not None:
+            worker_context.retired_worker_ids.add(cw.worker_id)
             cw.shutdown()
         node = worker_context.local_node
         worker_context.local_node = None

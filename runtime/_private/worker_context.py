@@ -22,6 +22,17 @@ context: Any = None
 is_worker = False
 #: Serializes init/shutdown.
 lock = threading.RLock()
+#: Worker ids of the core workers this process shut down (``lumos.shutdown()``): a ref or
+#: handle they made, used after, gets an error that says where it came from.
+retired_worker_ids: set[bytes] = set()
+
+EARLIER_SESSION = ("it belongs to an earlier lumos session of this process, ended by lumos.shutdown() "
+                   "(its value went with that session's cluster)")
+
+
+def from_earlier_session(owner: Any) -> bool:
+    """``owner`` (an ObjectRef's owner address) is a core worker this process shut down."""
+    return owner is not None and getattr(owner, "worker_id", None) in retired_worker_ids
 #: In a process forked from one that had a core worker: that process's pid. The child
 #: inherits the core worker's objects but not its threads, and shares its sockets, so it
 #: gets none of it (``require`` says why; ``lumos.init()`` connects the child itself).

@@ -33,6 +33,12 @@ def pid_and_big(n):
     return os.getpid(), np.ones(n, dtype=np.uint8)
 
 
+@lumos.remote
+class Echo:
+    def echo(self, x):
+        return x
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -102,13 +108,20 @@ def test_ref_from_a_previous_cluster_fails_clearly(fresh_cluster):
     fresh_cluster()
     ref = lumos.put(np.ones(1_000_000))
     small = lumos.put(1)
+    handle = Echo.remote()
+    lumos.get(handle.echo.remote(1), timeout=30)
     lumos.shutdown()
     fresh_cluster()
+    # The errors say where the ref came from (they asked "was the ObjectRef created by hand?").
     for r in (ref, small):
         t0 = time.monotonic()
-        with pytest.raises(lumos.exceptions.ObjectLostError):
+        with pytest.raises(lumos.exceptions.ObjectLostError, match="earlier lumos session"):
             lumos.get(r, timeout=10)
         assert time.monotonic() - t0 < 5, "must fail at once, not wait for the timeout"
+        with pytest.raises(lumos.exceptions.ObjectLostError, match="argument was freed: .*earlier lumos session"):
+            lumos.get(pid_and_big.remote(r), timeout=10)
+    with pytest.raises(lumos.exceptions.ActorDiedError, match="earlier lumos session"):
+        lumos.get(handle.echo.remote(2), timeout=10)
     assert lumos.get(lumos.put(2), timeout=30) == 2
 
 

@@ -143,7 +143,9 @@ class ActorSubmitter:
         if info is not None:
             self._apply(q, info)
         elif q.info is None:
-            self._fail_all(q, exc.ActorDiedError(q.actor_id.hex(), "the GCS does not know this actor"))
+            self._fail_all(q, exc.ActorDiedError(q.actor_id.hex(), (
+                "the GCS does not know this actor (a handle from an earlier lumos session of this "
+                "process, ended by lumos.shutdown(), or from another cluster?)")))
 
     def _on_publish(self, msg: m.Publish) -> None:
         info = msg.data

@@ -529,7 +529,10 @@ class ObjectsMixin:
     def _value_of(self, ref: ObjectRef, deadline: float | None = None) -> Any:
         e = self.objects.entries.get(ref._id)
         if e is None:
-            raise exc.ObjectFreedError(ref._id.hex(), "no reference to it is held in this process "
+            from lumos._private import worker_context
+            raise exc.ObjectFreedError(ref._id.hex(), worker_context.EARLIER_SESSION
+                                       if worker_context.from_earlier_session(ref._owner) else
+                                       "no reference to it is held in this process "
                                        "(was the ObjectRef created by hand?)")
         data = e.data
         if data is not None:

@@ -130,7 +130,7 @@ class OwnerState:
         for dep in task.spec.deps:
             e = entries.get(dep.object_id)
             if e is None:
-                return [FailTask(task, exc.ObjectFreedError(dep.object_id.hex(), "an argument was freed"))]
+                return [FailTask(task, _freed_arg(dep))]
             with objects.lock:
                 if e.state == PENDING:
                     waiting += 1
@@ -167,7 +167,7 @@ class OwnerState:
         for dep in task.spec.deps:
             e = entries.get(dep.object_id)
             if e is None:
-                return [FailTask(task, exc.ObjectFreedError(dep.object_id.hex(), "an argument was freed"))]
+                return [FailTask(task, _freed_arg(dep))]
             if e.state == FAILED or (e.data is not None and ser.kind_of(e.data) == ser.KIND_ERROR):
                 return [FailTaskWithValue(task, e.data or error_blob(exc.ObjectLostError(dep.object_id.hex())))]
             dep.data = e.data
@@ -335,6 +335,13 @@ def _check(ok: bool, what: str) -> None:
     if not ok:
         raise AssertionError(f"OwnerState: {what}")
 
+
+
+def _freed_arg(dep: m.Dep) -> exc.ObjectFreedError:
+    """The error of a task whose argument ``dep`` this process holds no reference to."""
+    from lumos._private import worker_context
+    return exc.ObjectFreedError(dep.object_id.hex(), "an argument was freed: " + worker_context.EARLIER_SESSION
+                                if worker_context.from_earlier_session(dep.owner) else "an argument was freed")
 
 __all__ = ["OwnerState", "LINEAGE_MAX_BYTES", "Action", "EnqueueTask", "FetchObject", "FailTask",
            "FailTaskWithValue", "RunAgain", "stored_on", "lineage_size"]
