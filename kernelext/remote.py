@@ -95,6 +95,8 @@ class _Run:
     futures: list[Any] = field(default_factory=list)
     #: the --session the cell runs in (its actor's running call cannot be interrupted)
     session: str | None = None
+    #: the names were asked for with --out (one the cell did not set is reported)
+    named_out: bool = False
 
 
 class RemoteCells:
@@ -164,7 +166,7 @@ class RemoteCells:
             if map_name is not None:
                 sink.labels[tid] = f"[{i}] "
             ROUTER.register(tid, sink)
-        run = _Run(spec, run_refs, sink, map_name, title)
+        run = _Run(spec, run_refs, sink, map_name, title, named_out=getattr(args, "out", None) is not None)
         self.last = RunRecord(options, reads, assigns, [r for rs in run_refs for r in rs],
                               self.shipper.last)
         if args.async_:
@@ -364,7 +366,7 @@ class RemoteCells:
             raise cell_error(error, run.spec.filename)
         values_per_task = [lumos.get(rs[1:], timeout=60) for rs in run.refs]
         if run.map_name is None:
-            self._bind(ns, run.spec.assigns, values_per_task[0])
+            self._bind(ns, run.spec.assigns, values_per_task[0], run.named_out)
             meta = metas[0]
             if meta.bundle is not None:
                 from IPython.display import display
@@ -380,12 +382,17 @@ class RemoteCells:
             return [m.value if m.has_value else m.bundle for m in metas]
         return None
 
-    def _bind(self, ns: dict[str, Any], names: list[str], values: list[Any]) -> None:
+    def _bind(self, ns: dict[str, Any], names: list[str], values: list[Any], named: bool = False) -> None:
+        """Bind the names a cell brought back; ``named``: they were asked for by name
+        (``--out``), so one the cell did not set is reported rather than passed over."""
         skipped = []
+        unset = []
         for name, value in zip(names, values):
             if isinstance(value, _Deleted):
                 ns.pop(name, None)
             elif isinstance(value, _Unset):
+                if named:
+                    unset.append(name)
                 continue
             elif isinstance(value, NotShipped):
                 skipped.append(f"{name} ({value.type_name}: {value.reason})")
@@ -396,6 +403,9 @@ class RemoteCells:
                     skipped.append(f"{name} (module {value.name} is not importable here: {e})")
         if skipped:
             sys.stderr.write("lumos: not brought back to the notebook: " + "; ".join(skipped) + "\n")
+        if unset:
+            sys.stderr.write("lumos: --out " + ", ".join(unset) + ": the cell did not set "
+                             + ("it" if len(unset) == 1 else "them") + "\n")
 
     def _finish_async(self, run: _Run, timeout: float | None, ns: dict[str, Any]) -> None:
         live = LiveDisplay(run.title, total=len(run.refs))

@@ -226,6 +226,11 @@ def test_out_and_no_out_choose_the_names_brought_back(kernel: KernelSession) -> 
     assert kernel.value("'nothing_q' in globals()") is False
     assert not errors(kernel.run("%%remote --async --out a_q\nimport colorsys as cs_q\na_q = 1\nb_q = 2"))
     assert kernel.value("[type(a_q).__name__, 'b_q' in globals(), 'cs_q' in globals()]") == ["ObjectRef", False, False]
+    # A name asked for that the cell did not set is reported (it was passed over in silence).
+    cell = kernel.run("%%remote --out kept_q,typo_q\nkept_q = 5")
+    assert not errors(cell), errors(cell)
+    assert "--out typo_q: the cell did not set it" in stdout(cell, "stderr"), cell.outputs
+    assert kernel.value("[kept_q, 'typo_q' in globals()]") == [5, False]
     for flags, message in (("--out 1x", "comma-separated names"), ("--out a --no-out", "cannot be combined")):
         cell = kernel.run(f"%%remote {flags}\nx = 1")
         shown = stdout(cell, "stderr") + " ".join(e["evalue"] for e in errors(cell))
