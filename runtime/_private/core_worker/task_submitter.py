@@ -185,10 +185,7 @@ class TaskSubmitterState:
             out.extend(self.pump(q))
             return out
         if tasks and q.requesting < min(len(tasks), self.max_pending_lease_requests):
-            # (A blocked lease's worker waits in get() or wait(), maybe for these very tasks:
-            # it does not count, or a chain of nested tasks would wait for ever at the cap.)
-            usable = sum(1 for l in q.leases if not l.dead and not l.exiting and not l.blocked)
-            want = min(len(tasks), self.max_pending_lease_requests, self.max_leases_per_key - usable)
+            want = min(len(tasks), self.max_pending_lease_requests, self.max_leases_per_key - _usable(q))
             if q.requesting < want and self.idle_leases:
                 # Workers this process holds idle for other functions (of other shapes:
                 # ``_adopt_idle`` took those of this one) would keep this one's request
@@ -218,8 +215,7 @@ class TaskSubmitterState:
         for idle in [l for l in self.idle_leases if l.queue is not q and not l.claimed
                      and l.conn is not None and l.queue.key[1:] == shape and _fits(first, l)]:
             if room is None:
-                room = self.max_leases_per_key - sum(
-                    1 for l in q.leases if not l.dead and not l.exiting and not l.blocked)
+                room = self.max_leases_per_key - _usable(q)
             if room <= 0:
                 break
             self._move(idle, q)
@@ -244,7 +240,7 @@ class TaskSubmitterState:
             if not s.tasks or s.requesting <= 0:
                 del self.starving[s]
             elif s is not q and s.key[1:] == shape and _fits(s.tasks[0], lease) and \
-                    sum(1 for l in s.leases if not l.dead and not l.exiting and not l.blocked) < self.max_leases_per_key:
+                    _usable(s) < self.max_leases_per_key:
                 return s
         return None
 
@@ -340,8 +336,7 @@ class TaskSubmitterState:
                 if lease.direct and lease.queue is not q and lease.queue.key[1:] == shape and \
                         not lease.tasks and not lease.claimed and lease.conn is not None and \
                         not lease.dead and not lease.blocked and not lease.exiting and _fits(task, lease):
-                    if sum(1 for l in q.leases if not l.dead and not l.exiting and not l.blocked) \
-                            >= self.max_leases_per_key:
+                    if _usable(q) >= self.max_leases_per_key:
                         return None
                     self._move(lease, q)
                     lease.claimed = True
@@ -578,6 +573,13 @@ class Serialized:
         call.__name__ = name
         setattr(self, name, call)  # found in the instance's dict from now on
         return call
+
+
+def _usable(q: SchedulingQueue) -> int:
+    """Leases of ``q`` that count against ``max_leases_per_scheduling_key`` (a blocked one's
+    worker waits in get() or wait(), maybe for these very tasks: it does not count, or a
+    chain of nested tasks would wait for ever at the cap)."""
+    return sum(1 for lease in q.leases if not lease.dead and not lease.exiting and not lease.blocked)
 
 
 def _fits(task: PendingTask, lease: LeasedWorker) -> bool:
