@@ -75,6 +75,16 @@ def reply(s: ts.TaskSubmitterState, t: PendingTask, took_s: float = 0.0001, exit
     return out
 
 
+def idle_worker(s: ts.TaskSubmitterState, fn: bytes = b"f" * 16) -> tuple[LeasedWorker, PendingTask]:
+    """A worker leased for a task of ``fn``, which it ran: it idles now."""
+    t = task(template(fn))
+    s.enqueue(t)
+    lease, _ = grant(s, t.queue)
+    reply(s, t)
+    assert lease in s.idle_leases
+    return lease, t
+
+
 def test_unknown_run_time_goes_one_per_worker_and_asks_a_lease_per_task() -> None:
     s = state()
     t = template()
@@ -289,11 +299,7 @@ def test_lease_granted_after_its_tasks_left_is_given_back() -> None:
 
 def test_idle_lease_of_another_shape_is_returned_when_a_new_key_needs_a_worker() -> None:
     s = state()
-    f = task(template(b"f" * 16))
-    s.enqueue(f)
-    lease_f, _ = grant(s, f.queue)
-    reply(s, f)
-    assert lease_f in s.idle_leases
+    lease_f, _ = idle_worker(s)
     out = s.enqueue(task(template(b"g" * 16, cpus=2.0)))
     assert of(out, ts.ReturnLease) == [ts.ReturnLease(lease_f, False)]
     assert len(of(out, ts.RequestLease)) == 1 and lease_f not in s.idle_leases
@@ -305,10 +311,7 @@ def test_idle_lease_of_another_function_of_the_same_shape_runs_a_new_keys_task()
     # with no round trip to the raylet (calling several functions in turn asked and waited
     # for a worker at each switch).
     s = state()
-    f = task(template(b"f" * 16))
-    s.enqueue(f)
-    lease_f, _ = grant(s, f.queue)
-    reply(s, f)
+    lease_f, f = idle_worker(s)
     g = task(template(b"g" * 16))
     out = s.enqueue(g)
     assert [p.task for p in of(out, ts.PushTask)] == [g] and g.lease is lease_f
@@ -356,11 +359,7 @@ def test_a_user_thread_claims_an_idle_worker_of_another_function_of_its_shape() 
     # Sync calls alternating between f and g: g's call is written straight to f's idle
     # worker by the user thread (it went through the io thread and a new lease).
     s = state()
-    f = task(template(b"f" * 16))
-    s.enqueue(f)
-    lease, _ = grant(s, f.queue)
-    lease.direct = True
-    reply(s, f)
+    lease, f = idle_worker(s)
     g1 = task(template(b"g" * 16, cpus=2.0))
     s.enqueue(g1)  # (another shape: f's worker goes back, g's queue exists from now on)
     assert lease.dead
@@ -389,11 +388,7 @@ def test_a_task_whose_argument_is_in_another_nodes_store_does_not_take_another_f
     # Its lease request tells the raylet where the argument is (locality): an idle worker of
     # another function, elsewhere, would read 50 MB across the network.
     s = state()
-    f = task(template(b"f" * 16))
-    s.enqueue(f)
-    lease, _ = grant(s, f.queue)
-    lease.direct = True
-    reply(s, f)
+    lease, _ = idle_worker(s)
     # One whose argument is in the store of the idle worker's node takes it...
     near = task(template(b"h" * 16))
     near.spec.deps = [m.Dep(b"p" * 28, OWNER, None, NODE)]
