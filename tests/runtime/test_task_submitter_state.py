@@ -389,6 +389,7 @@ def test_a_task_whose_argument_is_in_another_nodes_store_does_not_take_another_f
     # another function, elsewhere, would read 50 MB across the network.
     s = state()
     lease, _ = idle_worker(s)
+    lease.direct = True
     # One whose argument is in the store of the idle worker's node takes it...
     near = task(template(b"h" * 16))
     near.spec.deps = [m.Dep(b"p" * 28, OWNER, None, NODE)]
