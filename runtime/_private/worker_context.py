@@ -22,6 +22,11 @@ context: Any = None
 is_worker = False
 #: Serializes init/shutdown.
 lock = threading.RLock()
+#: In a process forked from one that had a core worker: that process's pid. The child
+#: inherits the core worker's objects but not its threads, and shares its sockets, so it
+#: gets none of it (``require`` says why; ``lumos.init()`` connects the child itself).
+forked_from: int | None = None
+
 #: Worker ids of the core workers this process shut down (``lumos.shutdown()``): a ref or
 #: handle they made, used after, gets an error that says where it came from.
 retired_worker_ids: set[bytes] = set()
@@ -33,10 +38,7 @@ EARLIER_SESSION = ("it belongs to an earlier lumos session of this process, ende
 def from_earlier_session(owner: Any) -> bool:
     """``owner`` (an ObjectRef's owner address) is a core worker this process shut down."""
     return owner is not None and getattr(owner, "worker_id", None) in retired_worker_ids
-#: In a process forked from one that had a core worker: that process's pid. The child
-#: inherits the core worker's objects but not its threads, and shares its sockets, so it
-#: gets none of it (``require`` says why; ``lumos.init()`` connects the child itself).
-forked_from: int | None = None
+
 
 _FORKED = ("this process was forked from process {} after it called lumos.init(); lumos's threads "
            "and connections stay with that process, so this one cannot use them. Start child "
