@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -433,3 +434,45 @@ def test_output_and_dead_refs_of_idle_actors_threads_still_reach_the_driver(fres
     del ref
     wait_for(lambda: any("late-line" in line for line in lines), 10)
     wait_for(lambda: oid not in {o["object_id"] for o in lumos.state.list_objects()}, 10)
+
+
+def _child_prints(i: int) -> None:
+    print(f"child-line {i}")
+    print(f"child-err {i}", file=sys.stderr)
+    print("x" + "é" * 2500)  # longer than a record (5,001 bytes): sent in pieces
+    print(f"child-partial {i}", end="")  # flushed at the child's exit
+
+
+def test_output_of_processes_a_task_forks_reaches_the_driver(fresh_cluster):
+    # multiprocessing's default start method on Linux forks: the children inherited the
+    # worker's capture without the io thread that sends it, and what they printed was lost.
+    import multiprocessing
+
+    fresh_cluster()
+    records: list[list[Any]] = []
+    worker_context.require().log_handler = records.extend
+
+    @lumos.remote
+    def forks() -> tuple[int, list[int]]:
+        procs = [multiprocessing.Process(target=_child_prints, args=(i,)) for i in range(3)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        print("parent-line")
+        return os.getpid(), [p.pid for p in procs]
+
+    parent, children = lumos.get(forks.remote(), timeout=60)
+
+    def seen(text: str) -> list[list[Any]]:
+        return [rec for rec in records if rec[5] == text]
+
+    wait_for(lambda: all(seen(f"child-partial {i}") for i in range(3)) and seen("parent-line"), 20)
+    for i, pid in enumerate(children):
+        (line,) = seen(f"child-line {i}")
+        (err,) = seen(f"child-err {i}")
+        assert line[3] == pid and err[3] == pid and not line[4] and err[4]  # the child's pid; stderr
+        assert line[2] == "forks"  # the task that forked it
+    assert seen("parent-line")[0][3] == parent
+    # A line longer than a pipe record comes back whole.
+    assert [rec[5] for rec in records if "x" in rec[5]] == ["x" + "é" * 2500] * 3

@@ -98,6 +98,15 @@ class Executor(ArgumentsMixin):
         self._main_ident = threading.get_ident()
         self._output: list[list[Any]] = []
         self._output_lock = threading.Lock()
+        #: The write end of the pipe forked children print to (``open_child_output``), and
+        #: the io thread's unfinished record from its read end.
+        self.child_output_fd = -1
+        self._child_partial = b""
+        #: Child pid -> ``[job id, task id, task name, root task id]`` of the task running
+        #: when it was forked (its first record says): its lines are that task's.
+        self._child_tasks: dict[int, list[Any]] = {}
+        #: (child pid, stderr) -> the start of a line longer than a record, until its end.
+        self._child_long: dict[tuple[int, bool], bytes] = {}
         self._gpu_ids_visible = _visible_gpus()
         self._original_cuda = os.environ.get("CUDA_VISIBLE_DEVICES")
         #: The actor this worker hosts, once its creation task ran.
@@ -842,15 +851,78 @@ class Executor(ArgumentsMixin):
 
     # ------------------------------------------------------------------ output
 
-    def write_output(self, text: str, is_stderr: bool) -> None:
-        spec = self._running
-        rec = [self.cw.job_id or None, spec.task_id if spec else None,
-               spec.name if spec else "", os.getpid(), is_stderr, text,
-               spec.root_task_id if spec else None]
+    def write_output(self, text: str, is_stderr: bool, pid: int = 0, task: list[Any] | None = None) -> None:
+        """Buffer a line the running task printed (``pid``, ``task``: a forked child's, and
+        the task that forked it)."""
+        if task is not None:
+            rec = [task[0] or self.cw.job_id or None, task[1], task[2], pid, is_stderr, text, task[3]]
+        else:
+            spec = self._running
+            rec = [self.cw.job_id or None, spec.task_id if spec else None,
+                   spec.name if spec else "", pid or os.getpid(), is_stderr, text,
+                   spec.root_task_id if spec else None]
         with self._output_lock:
             self._output.append(rec)
         if self.cw._flush_idle:
             self.cw.wake_flush()
+
+    def open_child_output(self) -> None:
+        """Worker start: a pipe for the output of processes a task forks without exec
+        (``multiprocessing``'s default start method). Such a child inherits this worker's
+        capture but no io thread to send what it holds, so what it printed was lost; its
+        ``sys.stdout``/``sys.stderr`` become ``ChildOutput`` (at the fork), whose records
+        the io thread reads here and sends on like the worker's own, under the child's pid."""
+        r, w = os.pipe()  # (close-on-exec: a child that execs prints to the worker's log)
+        os.set_blocking(r, False)
+        self.child_output_fd = w
+
+        def watch() -> None:
+            loop = self.cw.loop
+            if loop is not None:
+                loop.add_reader(r, self._read_child_output, r)
+        self.cw._post(watch)
+
+    def _read_child_output(self, fd: int) -> None:
+        """Io thread: records from forked children, ``O<pid> text`` or ``E<pid> text`` a line
+        each (written whole: each is shorter than the pipe's atomic write size; ``o``/``e``:
+        the start of a longer line, continued by the next), after an
+        ``H<pid> [job, task, name, root]`` (hex ids, JSON) naming the task that forked it."""
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            loop = self.cw.loop
+            if loop is not None:
+                loop.remove_reader(fd)
+            os.close(fd)
+            return
+        *records, self._child_partial = (self._child_partial + data).split(b"\n")
+        tasks = self._child_tasks
+        for rec in records:
+            head, _, body = rec.partition(b" ")
+            pid = int(head[1:]) if head[1:].isdigit() else 0
+            if head[:1] == b"H":
+                try:
+                    job, task_id, name, root = json.loads(body)
+                    tasks[pid] = [bytes.fromhex(job) or None, bytes.fromhex(task_id) or None, str(name),
+                                  bytes.fromhex(root) or None]
+                except (ValueError, TypeError):
+                    continue
+                if len(tasks) > 1024:
+                    del tasks[next(iter(tasks))]
+                continue
+            tag = head[:1]
+            is_err = tag in (b"E", b"e")
+            if tag in (b"o", b"e"):
+                key = (pid, is_err)
+                self._child_long[key] = self._child_long.get(key, b"") + body
+                continue
+            if self._child_long:
+                body = self._child_long.pop((pid, is_err), b"") + body
+            self.write_output(body.decode("utf-8", "replace"), is_err, pid, tasks.get(pid))
 
     def flush_output(self) -> None:
         if not self._output:
@@ -904,6 +976,98 @@ def _visible_gpus() -> list[str] | None:
     if raw is None or raw.strip() == "":
         return None
     return [x.strip() for x in raw.split(",") if x.strip()]
+
+
+class ChildOutput(io.TextIOBase):
+    """``sys.stdout``/``sys.stderr`` of a process a worker's task forked (without exec):
+    complete lines go to the worker's io thread through its child-output pipe, as records
+    of at most ``_RECORD`` bytes (a pipe write that size is atomic, so children's records
+    never interleave), and to the worker's log as before."""
+
+    _RECORD = 3800
+
+    def __init__(self, fd: int, is_stderr: bool, passthrough: Any) -> None:
+        self._fd = fd
+        pid = str(os.getpid()).encode() + b" "
+        self._head = (b"E" if is_stderr else b"O") + pid
+        self._head_more = (b"e" if is_stderr else b"o") + pid  # (a piece of a longer line)
+        self._passthrough = passthrough
+        self._partial = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        data = self._partial + text
+        if "\n" in data:
+            complete, _, self._partial = data.rpartition("\n")
+            self._send(complete)
+        elif len(data) > 8192:
+            self._send(data)
+            self._partial = ""
+        else:
+            self._partial = data
+        try:
+            self._passthrough.write(text)
+        except (ValueError, OSError):
+            pass
+        return len(text)
+
+    def flush(self) -> None:
+        if self._partial:
+            self._send(self._partial)
+            self._partial = ""
+        try:
+            self._passthrough.flush()
+        except (ValueError, OSError):
+            pass
+
+    def _send(self, text: str) -> None:
+        room = self._RECORD - len(self._head) - 1
+        for line in text.split("\n"):
+            payload = line.encode("utf-8", "replace")
+            for i in range(0, max(len(payload), 1), room):
+                head = self._head if i + room >= len(payload) else self._head_more
+                try:
+                    os.write(self._fd, head + payload[i:i + room] + b"\n")
+                except OSError:  # the worker is gone: the log has it
+                    return
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+    def fileno(self) -> int:
+        return int(self._passthrough.fileno())
+
+
+def _child_output_after_fork() -> None:
+    """In a process forked by a worker's task: print through the worker's child-output pipe
+    (the inherited ``TaskOutput`` holds what it is given for an io thread the child does
+    not have)."""
+    executor = None
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if isinstance(stream, TaskOutput) and stream._executor.child_output_fd >= 0:
+            executor = stream._executor
+            setattr(sys, name, ChildOutput(executor.child_output_fd, name == "stderr", stream._passthrough))
+    spec = executor._running if executor is not None else None
+    if spec is not None:
+        assert executor is not None
+        job = executor.cw.job_id or b""
+        head = json.dumps([job.hex(), spec.task_id.hex(), spec.name, (spec.root_task_id or b"").hex()])
+        try:
+            os.write(executor.child_output_fd, b"H%d %s\n" % (os.getpid(), head.encode()))
+        except OSError:
+            pass
+
+
+os.register_at_fork(after_in_child=_child_output_after_fork)
 
 
 class TaskOutput(io.TextIOBase):

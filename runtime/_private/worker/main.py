@@ -72,6 +72,7 @@ def run(args: argparse.Namespace, config: Config | None = None) -> None:
     except Exception as e:
         logger.error("worker could not connect: %s", e)
         os._exit(1)
+    executor.open_child_output()
     import lumos._private.worker_context as ctx
     ctx.set_worker_mode(cw)
     try:
