@@ -101,6 +101,9 @@ class Executor(ArgumentsMixin):
         #: The write end of the pipe forked children print to (``open_child_output``), and
         #: the io thread's unfinished record from its read end.
         self.child_output_fd = -1
+        #: Its read end (a child closes it: were the worker gone, a child holding it would
+        #: block on a full pipe instead of getting EPIPE).
+        self.child_output_read_fd = -1
         self._child_partial = b""
         #: Child pid -> ``[job id, task id, task name, root task id]`` of the task running
         #: when it was forked (its first record says): its lines are that task's.
@@ -875,6 +878,7 @@ class Executor(ArgumentsMixin):
         r, w = os.pipe()  # (close-on-exec: a child that execs prints to the worker's log)
         os.set_blocking(r, False)
         self.child_output_fd = w
+        self.child_output_read_fd = r
 
         def watch() -> None:
             loop = self.cw.loop
@@ -1056,6 +1060,12 @@ def _child_output_after_fork() -> None:
         if isinstance(stream, TaskOutput) and stream._executor.child_output_fd >= 0:
             executor = stream._executor
             setattr(sys, name, ChildOutput(executor.child_output_fd, name == "stderr", stream._passthrough))
+    if executor is not None and executor.child_output_read_fd >= 0:
+        try:
+            os.close(executor.child_output_read_fd)
+        except OSError:
+            pass
+        executor.child_output_read_fd = -1
     spec = executor._running if executor is not None else None
     if spec is not None:
         assert executor is not None
