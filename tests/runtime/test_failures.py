@@ -10,6 +10,7 @@ import pytest
 
 import lumos
 from lumos.exceptions import TaskCancelledError, TaskError, WorkerCrashedError
+from tests.conftest import wait_for
 
 
 class MyError(Exception):
@@ -222,3 +223,50 @@ def test_gcs_death_gives_clear_errors_and_leaves_no_process(fresh_cluster):
     with pytest.raises(lumos.exceptions.LumosSystemError, match="closed|lost|shut down"):
         lumos.remote(type("A", (), {"ping": lambda self: 1})).remote()
     assert time.monotonic() - start < 10
+
+
+def _sleep_and_note_pid(path: str) -> None:
+    import os
+    import time
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(120)
+
+
+def test_a_worker_that_dies_leaving_a_forked_child_fails_its_task_at_once(fresh_cluster, tmp_path):
+    # The child holds a copy of the worker's connections, so the owner saw none close: the
+    # task waited as long as the child lived. The raylet now tells the lease's owner.
+    import multiprocessing
+    import os
+    import signal
+
+    fresh_cluster(num_cpus=1, include_dashboard=False)
+    pid_file = str(tmp_path / "child.pid")
+
+    @lumos.remote(max_retries=0)
+    def dies_leaving_a_child(path: str) -> None:
+        multiprocessing.Process(target=_sleep_and_note_pid, args=(path,)).start()
+        wait_for(lambda: os.path.exists(path), 20)
+        os._exit(3)
+
+    try:
+        with pytest.raises(lumos.exceptions.WorkerCrashedError, match="exit code 3"):
+            lumos.get(dies_leaving_a_child.remote(pid_file), timeout=30)
+
+        @lumos.remote(max_retries=2)
+        def dies_once(path: str) -> str:
+            if not os.path.exists(path + ".2"):
+                multiprocessing.Process(target=_sleep_and_note_pid, args=(path + ".2",)).start()
+                wait_for(lambda: os.path.exists(path + ".2"), 20)
+                os._exit(3)
+            return "second try"
+
+        assert lumos.get(dies_once.remote(pid_file), timeout=30) == "second try"
+    finally:
+        for path in (pid_file, pid_file + ".2"):
+            if os.path.exists(path):
+                try:
+                    with open(path) as f:
+                        os.kill(int(f.read()), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass

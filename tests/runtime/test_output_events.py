@@ -476,3 +476,38 @@ def test_output_of_processes_a_task_forks_reaches_the_driver(fresh_cluster):
     assert seen("parent-line")[0][3] == parent
     # A line longer than a pipe record comes back whole.
     assert [rec[5] for rec in records if "x" in rec[5]] == ["x" + "é" * 2500] * 3
+
+
+def _chatter(marker: str) -> None:
+    with open(marker + ".pid", "w") as f:
+        f.write(str(os.getpid()))
+    for _ in range(20_000):
+        print("y" * 100)
+    sys.stdout.flush()
+    with open(marker, "w") as f:
+        f.write("done")
+
+
+def test_a_forked_child_outlives_its_worker_without_blocking_on_its_output(fresh_cluster, tmp_path):
+    # The child held the output pipe's read end too, so when its worker died it got no
+    # EPIPE: it blocked for ever once the pipe was full.
+    import multiprocessing
+    import signal
+
+    fresh_cluster(num_cpus=1)
+    marker = str(tmp_path / "chatter-done")
+
+    @lumos.remote(max_retries=0)
+    def dies_with_a_chatty_child(m: str) -> None:
+        multiprocessing.Process(target=_chatter, args=(m,)).start()
+        wait_for(lambda: os.path.exists(m + ".pid"), 20)
+        os._exit(1)
+
+    with pytest.raises(lumos.exceptions.WorkerCrashedError):
+        lumos.get(dies_with_a_chatty_child.remote(marker), timeout=60)
+    try:
+        wait_for(lambda: os.path.exists(marker), 30)
+    finally:
+        if not os.path.exists(marker):
+            with open(marker + ".pid") as f:
+                os.kill(int(f.read()), signal.SIGKILL)

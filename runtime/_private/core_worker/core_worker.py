@@ -74,6 +74,10 @@ _TASK_KINDS = frozenset(m.TaskKind)
 #: Worker connections a process lets user threads write to (each holds a duplicated fd).
 MAX_DIRECT_CONNS = 256
 
+#: After a raylet says a leased worker exited, how long its connection may still deliver
+#: what the worker sent before it exited (``_handle_leased_worker_exited``).
+LEASED_EXIT_GRACE_S = 1.0
+
 
 class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, ReferencesMixin):
     def __init__(self, *, mode: int, config: Config, token: bytes, gcs_address: tuple[str, int],
@@ -274,7 +278,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self.raylet = await connect(self.raylet_socket, token=self.token, config=cfg,
                                     handlers={m.DropSlots: self._handle_drop_slots,
                                               m.DropMappings: lambda c, msg: self.store.drop_mappings(msg.object_ids),
-                                              m.ExitWorker: self._handle_exit_worker},
+                                              m.ExitWorker: self._handle_exit_worker,
+                                              m.LeasedWorkerExited: self._handle_leased_worker_exited},
                                     name="core-worker->raylet", on_close=self._raylet_lost)
         self.raylet.allow_write_now()  # seals and pins may leave from user threads (objects.py)
         if self.mode == DRIVER:
@@ -738,7 +743,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                                            m.AddBorrowers: self._handle_add_borrowers,
                                            m.RemoveBorrowers: self._handle_remove_borrowers,
                                            m.WorkerBlocked: self._handle_worker_blocked,
-                                           m.WorkerUnblocked: self._handle_worker_blocked},
+                                           m.WorkerUnblocked: self._handle_worker_blocked,
+                                           m.LeasedWorkerExited: self._handle_leased_worker_exited},
                                  name=f"core-worker->{short(wid)}", on_close=self._peer_closed,
                                  use_unix=address.node_id == self.node_id)
             conn.peer_info = wid
@@ -757,6 +763,22 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         for lease in self.submitter.leases_where(conn=conn):
             if lease.worker_id == msg.worker_id:
                 self._run(self.submitter.worker_blocked(lease, blocked))
+
+    def _handle_leased_worker_exited(self, conn: Connection, msg: m.LeasedWorkerExited) -> None:
+        """A raylet says a worker leased to this process exited: its tasks are retried or
+        fail as when its connection closes, which a process the task forked, holding a copy
+        of that connection, can put off for as long as it lives. Not at once: a reply the
+        worker sent just before it exited (``max_calls``) may still be on its way on the
+        worker's own connection; meanwhile the lease takes no more tasks."""
+        self.io.drain_pending()  # (a task a user thread pushed to it is booked first)
+        for lease in self.submitter.leases_where(worker_id=msg.worker_id):
+            if lease.lease_id == msg.lease_id and self.loop is not None:
+                self._run(self.submitter.worker_blocked(lease, True))  # (no more pushes)
+                self.loop.call_later(LEASED_EXIT_GRACE_S, self._leased_worker_gone, lease)
+
+    def _leased_worker_gone(self, lease: LeasedWorker) -> None:
+        if not lease.dead and not self._closed:  # (else its connection closed meanwhile)
+            self._run(self.submitter.worker_failed(lease))
 
     def _peer_closed(self, conn: Connection) -> None:
         self.io.drain_pending()  # what user threads wrote to it is booked first

@@ -368,12 +368,16 @@ class TaskSubmitterState:
                 out.extend(self.return_lease(lease, disconnect=False))
         return out
 
-    def leases_where(self, conn: Any = None, node_id: NodeID | None = None) -> list[LeasedWorker]:
-        """Leases on connection ``conn``, or on node ``node_id`` whose connection is not open."""
+    def leases_where(self, conn: Any = None, node_id: NodeID | None = None,
+                     worker_id: bytes | None = None) -> list[LeasedWorker]:
+        """Leases on connection ``conn``, of worker ``worker_id``, or on node ``node_id``
+        whose connection is not open."""
         found = []
         for q in self.queues.values():
             for lease in q.leases:
                 if conn is not None and lease.conn is conn:
+                    found.append(lease)
+                elif worker_id is not None and lease.worker_id == worker_id:
                     found.append(lease)
                 elif node_id is not None and lease.node_id == node_id and (
                         lease.conn is None or lease.conn.is_closed):

@@ -38,7 +38,7 @@ from lumos._private.protocol.gcs_messages import (  # noqa: F401
     ActorInfo, RegisterActor, GetActorInfo, GetNamedActor, KillActor, ListActors,
     ActorExiting, GetTaskUpdates)
 from lumos._private.protocol.raylet_messages import (  # noqa: F401
-    RegisterClient, RequestWorkerLease, LeaseGrant, ReturnWorker, WorkerBlocked,
+    RegisterClient, RequestWorkerLease, LeaseGrant, ReturnWorker, LeasedWorkerExited, WorkerBlocked,
     WorkerUnblocked, CreateObject, SealObject, ReserveSlots, FreeObjects, GetWorkerExit, KillWorker,
     GetNodeStats, MarkShared, ShutdownNode, DropSlots, PinObjects, RestoreSpilled,
     DropMappings)
@@ -112,6 +112,7 @@ __all__ = [
     "RequestWorkerLease",
     "LeaseGrant",
     "ReturnWorker",
+    "LeasedWorkerExited",
     "WorkerBlocked",
     "WorkerUnblocked",
     "CreateObject",

@@ -4,6 +4,7 @@ and the object store (codes 40-59).
 ```
 core worker --RegisterClient/RequestWorkerLease/ReturnWorker/CreateObject/FreeObjects--> raylet
 raylet --DropSlots/DropMappings--> processes on its node
+raylet --LeasedWorkerExited--> a lease's owner
 ```
 """
 
@@ -119,6 +120,15 @@ class FreeObjects:
     object_ids: list[ObjectID]
     #: Per id: no process but the creator mapped it, and the creator's views are gone.
     recyclable: list[bool]
+
+
+@message(44)
+class LeasedWorkerExited:
+    """Raylet -> a lease's owner: the leased worker's process exited. The owner may not see
+    its connection to the worker close: a process the task forked holds a copy of it."""
+
+    lease_id: int
+    worker_id: WorkerID
 
 
 @message(50)

@@ -407,6 +407,10 @@ class RayletServer:
             lease = self.scheduler.leases.get(lease_id)
             if lease is not None and lease.worker_id == worker_id:
                 del self._lease_owner[lease_id]
+                # (its owner may not see the connection close: a process the task forked
+                # can hold a copy of it, and its tasks would wait as long as that lives)
+                if not conn.is_closed:
+                    conn.notify(m.LeasedWorkerExited(lease_id, worker_id))
         self._store(st.ClientGone(worker_id))
         self._free_owned_by(worker_id, desc)
         self._sched(sc.WorkerExited(worker_id))
