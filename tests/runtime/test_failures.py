@@ -270,3 +270,32 @@ def test_a_worker_that_dies_leaving_a_forked_child_fails_its_task_at_once(fresh_
                         os.kill(int(f.read()), signal.SIGKILL)
                 except (ProcessLookupError, ValueError):
                     pass
+
+
+def test_an_actors_worker_death_keeps_the_gcs_connection_to_its_raylet(fresh_cluster):
+    # The raylet tells a task's owner when its leased worker exits; an actor's lease is the
+    # GCS's, which hears of it otherwise: told too, it dropped its connection to the
+    # raylet ("unexpected message LeasedWorkerExited"), failing what was in flight on it.
+    import glob
+
+    ctx = fresh_cluster(num_cpus=1, include_dashboard=False)
+
+    @lumos.remote
+    class Fragile:
+        def die(self):
+            os._exit(1)
+
+        def ping(self):
+            return 1
+
+    for _ in range(2):
+        a = Fragile.remote()
+        assert lumos.get(a.ping.remote(), timeout=60) == 1
+        with pytest.raises(lumos.exceptions.ActorDiedError):
+            lumos.get(a.die.remote(), timeout=60)
+    time.sleep(0.5)
+    logs = ""
+    for path in glob.glob(os.path.join(ctx.address_info["session_dir"], "logs", "*.log")):
+        with open(path, errors="replace") as f:
+            logs += f.read()
+    assert "unexpected message" not in logs, logs[-3000:]

@@ -403,13 +403,16 @@ class RayletServer:
     def worker_exited(self, proc: WorkerProc, desc: str) -> None:
         """The pool reaped a worker: its leases, objects and scheduler slot go."""
         worker_id = proc.worker_id
+        w = self.scheduler.workers.get(worker_id)
+        actor = w is not None and w.actor_id is not None  # (an actor's lease is the GCS's)
         for lease_id, conn in list(self._lease_owner.items()):
             lease = self.scheduler.leases.get(lease_id)
             if lease is not None and lease.worker_id == worker_id:
                 del self._lease_owner[lease_id]
-                # (its owner may not see the connection close: a process the task forked
-                # can hold a copy of it, and its tasks would wait as long as that lives)
-                if not conn.is_closed:
+                # A task's owner may not see the connection close: a process the task
+                # forked can hold a copy of it, and its tasks would wait as long as that
+                # lives. (The GCS hears of an actor's worker from ReportWorker.)
+                if not actor and not conn.is_closed:
                     conn.notify(m.LeasedWorkerExited(lease_id, worker_id))
         self._store(st.ClientGone(worker_id))
         self._free_owned_by(worker_id, desc)
