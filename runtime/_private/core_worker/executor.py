@@ -98,12 +98,12 @@ class Executor(ArgumentsMixin):
         self._main_ident = threading.get_ident()
         self._output: list[list[Any]] = []
         self._output_lock = threading.Lock()
-        #: The write end of the pipe forked children print to (``open_child_output``), and
-        #: the io thread's unfinished record from its read end.
+        #: The write end of the pipe forked children print to (``open_child_output``).
         self.child_output_fd = -1
         #: Its read end (a child closes it: were the worker gone, a child holding it would
         #: block on a full pipe instead of getting EPIPE).
         self.child_output_read_fd = -1
+        #: The io thread's unfinished record from the read end.
         self._child_partial = b""
         #: Child pid -> ``[job id, task id, task name, root task id]`` of the task running
         #: when it was forked (its first record says): its lines are that task's.
@@ -922,8 +922,10 @@ class Executor(ArgumentsMixin):
             is_err = tag in (b"E", b"e")
             if tag in (b"o", b"e"):
                 key = (pid, is_err)
-                self._child_long[key] = self._child_long.get(key, b"") + body
-                continue
+                body = self._child_long.pop(key, b"") + body
+                if len(body) < _CHILD_LINE_MAX:  # (a longer one goes out in parts)
+                    self._child_long[key] = body
+                    continue
             if self._child_long:
                 body = self._child_long.pop((pid, is_err), b"") + body
             self.write_output(body.decode("utf-8", "replace"), is_err, pid, tasks.get(pid))
@@ -980,6 +982,10 @@ def _visible_gpus() -> list[str] | None:
     if raw is None or raw.strip() == "":
         return None
     return [x.strip() for x in raw.split(",") if x.strip()]
+
+
+#: A forked child's line longer than this reaches the driver in parts (bytes).
+_CHILD_LINE_MAX = 1 << 20
 
 
 class ChildOutput(io.TextIOBase):
