@@ -984,25 +984,17 @@ def _visible_gpus() -> list[str] | None:
     return [x.strip() for x in raw.split(",") if x.strip()]
 
 
-#: A forked child's line longer than this reaches the driver in parts (bytes).
-_CHILD_LINE_MAX = 1 << 20
+class _LineStream(io.TextIOBase):
+    """A text stream that hands complete lines (or 8 KiB without a newline) to ``_emit``
+    and writes everything to ``passthrough`` (the worker's log) as well."""
 
-
-class ChildOutput(io.TextIOBase):
-    """``sys.stdout``/``sys.stderr`` of a process a worker's task forked (without exec):
-    complete lines go to the worker's io thread through its child-output pipe, as records
-    of at most ``_RECORD`` bytes (a pipe write that size is atomic, so children's records
-    never interleave), and to the worker's log as before."""
-
-    _RECORD = 3800
-
-    def __init__(self, fd: int, is_stderr: bool, passthrough: Any) -> None:
-        self._fd = fd
-        pid = str(os.getpid()).encode() + b" "
-        self._head = (b"E" if is_stderr else b"O") + pid
-        self._head_more = (b"e" if is_stderr else b"o") + pid  # (a piece of a longer line)
+    def __init__(self, passthrough: Any) -> None:
         self._passthrough = passthrough
         self._partial = ""
+        self._lock = threading.Lock()
+
+    def _emit(self, text: str) -> None:
+        raise NotImplementedError
 
     def writable(self) -> bool:
         return True
@@ -1010,15 +1002,16 @@ class ChildOutput(io.TextIOBase):
     def write(self, text: str) -> int:
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        data = self._partial + text
-        if "\n" in data:
-            complete, _, self._partial = data.rpartition("\n")
-            self._send(complete)
-        elif len(data) > 8192:
-            self._send(data)
-            self._partial = ""
-        else:
-            self._partial = data
+        with self._lock:
+            data = self._partial + text
+            if "\n" in data:
+                complete, _, self._partial = data.rpartition("\n")
+                self._emit(complete)
+            else:
+                self._partial = data
+                if len(data) > 8192:
+                    self._emit(data)
+                    self._partial = ""
         try:
             self._passthrough.write(text)
         except (ValueError, OSError):
@@ -1026,24 +1019,14 @@ class ChildOutput(io.TextIOBase):
         return len(text)
 
     def flush(self) -> None:
-        if self._partial:
-            self._send(self._partial)
-            self._partial = ""
+        with self._lock:
+            if self._partial:
+                self._emit(self._partial)
+                self._partial = ""
         try:
             self._passthrough.flush()
         except (ValueError, OSError):
             pass
-
-    def _send(self, text: str) -> None:
-        room = self._RECORD - len(self._head) - 1
-        for line in text.split("\n"):
-            payload = line.encode("utf-8", "replace")
-            for i in range(0, max(len(payload), 1), room):
-                head = self._head if i + room >= len(payload) else self._head_more
-                try:
-                    os.write(self._fd, head + payload[i:i + room] + b"\n")
-                except OSError:  # the worker is gone: the log has it
-                    return
 
     def isatty(self) -> bool:
         return False
@@ -1054,6 +1037,49 @@ class ChildOutput(io.TextIOBase):
 
     def fileno(self) -> int:
         return int(self._passthrough.fileno())
+
+
+class TaskOutput(_LineStream):
+    """``sys.stdout``/``sys.stderr`` of a worker: lines go to the driver, tagged."""
+
+    def __init__(self, executor: Executor, is_stderr: bool, passthrough: Any) -> None:
+        super().__init__(passthrough)
+        self._executor = executor
+        self._is_stderr = is_stderr
+
+    def _emit(self, text: str) -> None:
+        self._executor.write_output(text, self._is_stderr)
+
+
+#: A forked child's line longer than this reaches the driver in parts (bytes).
+_CHILD_LINE_MAX = 1 << 20
+
+
+class ChildOutput(_LineStream):
+    """``sys.stdout``/``sys.stderr`` of a process a worker's task forked (without exec):
+    complete lines go to the worker's io thread through its child-output pipe, as records
+    of at most ``_RECORD`` bytes (a pipe write that size is atomic, so children's records
+    never interleave), and to the worker's log as before."""
+
+    _RECORD = 3800
+
+    def __init__(self, fd: int, is_stderr: bool, passthrough: Any) -> None:
+        super().__init__(passthrough)
+        self._fd = fd
+        pid = str(os.getpid()).encode() + b" "
+        self._head = (b"E" if is_stderr else b"O") + pid
+        self._head_more = (b"e" if is_stderr else b"o") + pid  # (a piece of a longer line)
+
+    def _emit(self, text: str) -> None:
+        room = self._RECORD - len(self._head) - 1
+        for line in text.split("\n"):
+            payload = line.encode("utf-8", "replace")
+            for i in range(0, max(len(payload), 1), room):
+                head = self._head if i + room >= len(payload) else self._head_more
+                try:
+                    os.write(self._fd, head + payload[i:i + room] + b"\n")
+                except OSError:  # the worker is gone: the log has it
+                    return
 
 
 def _child_output_after_fork() -> None:
@@ -1084,56 +1110,3 @@ def _child_output_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_child_output_after_fork)
-
-
-class TaskOutput(io.TextIOBase):
-    """``sys.stdout``/``sys.stderr`` of a worker: lines go to the driver, tagged."""
-
-    def __init__(self, executor: Executor, is_stderr: bool, passthrough: Any) -> None:
-        self._executor = executor
-        self._is_stderr = is_stderr
-        self._passthrough = passthrough
-        self._partial = ""
-        self._lock = threading.Lock()
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        if not isinstance(text, str):
-            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        with self._lock:
-            data = self._partial + text
-            if "\n" in data:
-                complete, _, self._partial = data.rpartition("\n")
-                self._executor.write_output(complete, self._is_stderr)
-            else:
-                self._partial = data
-                if len(data) > 8192:
-                    self._executor.write_output(data, self._is_stderr)
-                    self._partial = ""
-        try:
-            self._passthrough.write(text)
-        except (ValueError, OSError):
-            pass
-        return len(text)
-
-    def flush(self) -> None:
-        with self._lock:
-            if self._partial:
-                self._executor.write_output(self._partial, self._is_stderr)
-                self._partial = ""
-        try:
-            self._passthrough.flush()
-        except (ValueError, OSError):
-            pass
-
-    def isatty(self) -> bool:
-        return False
-
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return "utf-8"
-
-    def fileno(self) -> int:
-        return int(self._passthrough.fileno())
