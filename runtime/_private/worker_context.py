@@ -31,13 +31,14 @@ forked_from: int | None = None
 #: handle they made, used after, gets an error that says where it came from.
 retired_worker_ids: set[bytes] = set()
 
-EARLIER_SESSION = ("it belongs to an earlier lumos session of this process, ended by lumos.shutdown() "
-                   "(its value went with that session's cluster)")
 
-
-def from_earlier_session(owner: Any) -> bool:
-    """``owner`` (an ObjectRef's owner address) is a core worker this process shut down."""
-    return owner is not None and getattr(owner, "worker_id", None) in retired_worker_ids
+def earlier_session(owner: Any) -> str:
+    """Why this process holds no value for a ref owned by ``owner`` (its owner address)
+    when that is a core worker it shut down; "" otherwise."""
+    if owner is None or getattr(owner, "worker_id", None) not in retired_worker_ids:
+        return ""
+    return ("it belongs to an earlier lumos session of this process, ended by lumos.shutdown() "
+            "(its value went with that session's cluster)")
 
 
 _FORKED = ("this process was forked from process {} after it called lumos.init(); lumos's threads "

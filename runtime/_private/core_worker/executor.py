@@ -140,8 +140,8 @@ class Executor(ArgumentsMixin):
         #: The running task's unmaps are deferred (it has store arguments): the main loop
         #: unmaps after its reply.
         self._deferred = False
-        #: This worker reached a function's ``max_calls``: it answers what is queued with
-        #: "requeue" and exits.
+        #: This worker exits after its current task (a function's ``max_calls`` reached, or
+        #: the task called ``sys.exit()``): it answers what is queued with "requeue".
         self._exiting = False
         #: The pending look at the queue (``_watch_queue``), and how long a task may run
         #: with others queued behind it before they go back to their owners: ten times the
@@ -153,7 +153,7 @@ class Executor(ArgumentsMixin):
 
     def push(self, conn: Connection, msg: m.PushTask) -> None:
         if self._exiting:
-            conn.notify(self._system_reply(msg.spec, "requeued: the worker is exiting (max_calls)",
+            conn.notify(self._system_reply(msg.spec, "requeued: the worker is exiting",
                                            m.ErrorKind.REQUEUE))
             return
         if self.cw._blocked_depth > 0 and self.actor is None and msg.spec.kind == m.TaskKind.NORMAL_TASK:
@@ -474,7 +474,7 @@ class Executor(ArgumentsMixin):
                     msg.spec.max_calls > 0 and self.actor is None and self._count_call(msg.spec)):
                 reply.error_kind = m.ErrorKind.EXITING
                 self.cw.send_reply(conn, reply)
-                self._exit_after_max_calls()
+                self._exit_after_this_task()
                 return False
             self._take_lead_early(conn)
             self.cw.send_reply(conn, reply)
@@ -499,7 +499,7 @@ class Executor(ArgumentsMixin):
         self._calls[spec.function_id] = n
         return n >= spec.max_calls
 
-    def _exit_after_max_calls(self) -> None:
+    def _exit_after_this_task(self) -> None:
         """Main thread: stop taking tasks; the caller returns from ``run`` and the process
         exits once the io thread has handed the queued tasks back."""
         self.flush_output_soon()
@@ -516,7 +516,7 @@ class Executor(ArgumentsMixin):
                 return
             if item is not None:
                 conn, msg = item
-                conn.notify(self._system_reply(msg.spec, "requeued: the worker is exiting (max_calls)",
+                conn.notify(self._system_reply(msg.spec, "requeued: the worker is exiting",
                                                m.ErrorKind.REQUEUE))
 
     def flush_output_soon(self) -> None:

@@ -530,10 +530,8 @@ class ObjectsMixin:
         e = self.objects.entries.get(ref._id)
         if e is None:
             from lumos._private import worker_context
-            raise exc.ObjectFreedError(ref._id.hex(), worker_context.EARLIER_SESSION
-                                       if worker_context.from_earlier_session(ref._owner) else
-                                       "no reference to it is held in this process "
-                                       "(was the ObjectRef created by hand?)")
+            raise exc.ObjectFreedError(ref._id.hex(), worker_context.earlier_session(ref._owner) or (
+                "no reference to it is held in this process (was the ObjectRef created by hand?)"))
         data = e.data
         if data is not None:
             kind, value = ser.deserialize(data)

@@ -336,12 +336,13 @@ def _check(ok: bool, what: str) -> None:
         raise AssertionError(f"OwnerState: {what}")
 
 
-
 def _freed_arg(dep: m.Dep) -> exc.ObjectFreedError:
     """The error of a task whose argument ``dep`` this process holds no reference to."""
     from lumos._private import worker_context
-    return exc.ObjectFreedError(dep.object_id.hex(), "an argument was freed: " + worker_context.EARLIER_SESSION
-                                if worker_context.from_earlier_session(dep.owner) else "an argument was freed")
+    why = worker_context.earlier_session(dep.owner)
+    return exc.ObjectFreedError(dep.object_id.hex(), f"an argument was freed: {why}" if why
+                                else "an argument was freed")
+
 
 __all__ = ["OwnerState", "LINEAGE_MAX_BYTES", "Action", "EnqueueTask", "FetchObject", "FailTask",
            "FailTaskWithValue", "RunAgain", "stored_on", "lineage_size"]

@@ -305,8 +305,8 @@ class PlacementGroupState:
         g = self.groups.get(pg_id)
         if g is None or g.info.state == REMOVED:
             raise NoSuchGroup(f"placement group {pg_id.hex()} "
-                                f"{'does not exist' if g is None else 'was removed'}; tasks and actors "
-                                "cannot be scheduled into it")
+                              f"{'does not exist' if g is None else 'was removed'}; tasks and actors "
+                              "cannot be scheduled into it")
         n = len(g.units)
         if index >= n or index < -1:
             raise Unschedulable(f"placement_group_bundle_index={index} is out of range: placement group "
