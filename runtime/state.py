@@ -83,13 +83,44 @@ def _match(row: dict[str, Any], filters: Iterable[Filter] | None) -> bool:
     return True
 
 
-def _check_filters(filters: Iterable[Filter] | None) -> list[Filter]:
+#: The fields of each kind of row, which filters may name.
+NODE_FIELDS = ("node_id", "state", "node_ip", "hostname", "is_head_node", "resources_total",
+               "resources_available", "object_store_used_bytes", "object_store_capacity_bytes",
+               "num_workers", "pending_leases", "infeasible", "labels", "start_time", "end_time",
+               "death_reason", "dashboard_url", "memory_total_bytes", "memory_available_bytes",
+               "memory_used_bytes", "lumos_rss_bytes", "cpu_percent")
+WORKER_FIELDS = ("worker_id", "node_id", "pid", "job_id", "is_driver", "state", "start_time", "end_time",
+                 "exit_detail")
+JOB_FIELDS = ("job_id", "driver_pid", "namespace", "entrypoint", "state", "start_time", "end_time")
+OBJECT_FIELDS = ("object_id", "owned", "state", "size_bytes", "local_refs", "submitted_refs", "contained_refs",
+                 "borrowers", "in_store", "node_id", "reporter_worker_id", "owner_worker_id")
+ACTOR_FIELDS = ("actor_id", "class_name", "state", "name", "namespace", "job_id", "node_id", "pid",
+                "num_restarts", "max_restarts", "is_detached", "death_cause", "required_resources",
+                "start_time", "end_time", "pending_calls")
+
+
+def _check_filters(filters: Iterable[Filter] | None, fields: Iterable[str] | None = None,
+                   what: str = "rows") -> list[Filter]:
+    """``filters`` as a list of (key, op, value), each checked: a filter on a field the rows
+    do not have (a typo) would match nothing, silently."""
     out = []
     for f in filters or ():
         if not (isinstance(f, (tuple, list)) and len(f) == 3 and isinstance(f[0], str)):
             raise TypeError(f"a filter is a (key, op, value) tuple, got {f!r}")
+        if f[1] not in ("=", "==", "!="):
+            raise ValueError(f"unsupported filter operator {f[1]!r}; use '=' or '!='")
+        if fields is not None and f[0] not in fields:
+            raise ValueError(f"{what} have no field {f[0]!r} to filter on; their fields: {', '.join(fields)}")
         out.append((f[0], f[1], f[2]))
     return out
+
+
+def _check_limit(limit: Any) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be an int, got {limit!r}")
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    return limit
 
 
 def list_tasks(filters: Iterable[Filter] | None = None, limit: int = 10_000,
@@ -103,7 +134,8 @@ def list_tasks(filters: Iterable[Filter] | None = None, limit: int = 10_000,
     arg_object_ids, return_object_ids, node_id, worker_id, error_message,
     submitted_time, start_time, end_time, required_resources, resource_ids, events.
     """
-    flt = _check_filters(filters)
+    flt = _check_filters(filters, TASK_FIELDS, "tasks")
+    _check_limit(limit)
     _check_timeout(timeout)
     cw = worker_context.require()
     cw._post(cw._flush_events)  # include what this process has not sent yet
@@ -150,7 +182,7 @@ def list_nodes(filters: Iterable[Filter] | None = None, timeout: float | None = 
     their raylets last reported it: ``memory_total_bytes``, ``memory_available_bytes``,
     ``memory_used_bytes``, ``lumos_rss_bytes`` (raylet and workers) and ``cpu_percent``
     (None until a node's first report)."""
-    flt = _check_filters(filters)
+    flt = _check_filters(filters, NODE_FIELDS, "nodes")
     cw = worker_context.require()
     gcs = _Deadline(cw, timeout)
     status = {n.node_id: n for n in gcs.call(m.GetClusterStatus())}
@@ -249,7 +281,7 @@ def get_log(node_id: str, worker_id: str | None = None, tail: int = 100, suffix:
 
 def list_workers(filters: Iterable[Filter] | None = None, timeout: float | None = None) -> list[dict[str, Any]]:
     """Worker and driver processes the GCS knows, alive and dead."""
-    flt = _check_filters(filters)
+    flt = _check_filters(filters, WORKER_FIELDS, "workers")
     cw = worker_context.require()
     rows = []
     for w in _Deadline(cw, timeout).call(m.GetAllWorkers()):
@@ -275,7 +307,9 @@ def list_objects(filters: Iterable[Filter] | None = None, limit: int = 10_000) -
     Each row: object_id, owner_worker_id, reporter_worker_id, owned, state, size_bytes,
     local_refs, submitted_refs, contained_refs, borrowers, in_store, node_id.
     """
-    flt = _check_filters(filters)
+    flt = _check_filters(filters, OBJECT_FIELDS, "objects")
+    if not _check_limit(limit):
+        return []
     cw = worker_context.require()
     workers = [w for w in cw.call_gcs(m.GetAllWorkers()) if w.state == "ALIVE"]
     if cw.worker_id not in {w.worker_id for w in workers}:
@@ -311,7 +345,7 @@ def list_objects(filters: Iterable[Filter] | None = None, limit: int = 10_000) -
 def list_actors(filters: Iterable[Filter] | None = None, all_jobs: bool = True,
                 timeout: float | None = None) -> list[dict[str, Any]]:
     """Actors the GCS knows: state, class, name, node, pid, restarts, death cause."""
-    flt = _check_filters(filters)
+    flt = _check_filters(filters, ACTOR_FIELDS, "actors")
     cw = worker_context.require()
     infos = _Deadline(cw, timeout).call(m.ListActors(None if all_jobs else cw.job_id))
     rows = []

@@ -45,8 +45,9 @@ def _check_address(address: str | None) -> None:
                          f"{address!r}; call lumos.init(address=...) for that cluster first")
 
 
-def _filter(rows: list[dict[str, Any]], filters: Iterable[Filter] | None) -> list[dict[str, Any]]:
-    flt = _state._check_filters(filters)
+def _filter(rows: list[dict[str, Any]], filters: Iterable[Filter] | None, fields: Iterable[str] | None,
+            what: str) -> list[dict[str, Any]]:
+    flt = _state._check_filters(filters, fields, what)
     return [r for r in rows if _state._match(r, flt)]
 
 
@@ -63,7 +64,7 @@ def list_tasks(address: str | None = None, filters: Iterable[Filter] | None = No
                _explain: bool = False) -> list[StateRow]:
     """Tasks of every job from the task-event log (the newest ``limit``)."""
     _check_address(address)
-    return _rows(_state.list_tasks(filters, limit=limit, all_jobs=True))
+    return _rows(_state.list_tasks(filters, limit=limit if limit >= 0 else 1_000_000, all_jobs=True))
 
 
 def list_nodes(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
@@ -84,14 +85,14 @@ def list_jobs(address: str | None = None, filters: Iterable[Filter] | None = Non
               timeout: int = 30, detail: bool = False, raise_on_missing_output: bool = True,
               _explain: bool = False) -> list[StateRow]:
     _check_address(address)
-    return _rows(_filter(_state.list_jobs(), filters), limit)
+    return _rows(_filter(_state.list_jobs(), filters, _state.JOB_FIELDS, "jobs"), limit)
 
 
 def list_objects(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
                  timeout: int = 30, detail: bool = False, raise_on_missing_output: bool = True,
                  _explain: bool = False) -> list[StateRow]:
     _check_address(address)
-    return _rows(_state.list_objects(filters, limit=limit if limit > 0 else 10_000))
+    return _rows(_state.list_objects(filters, limit=limit if limit >= 0 else 10_000))
 
 
 def list_placement_groups(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
@@ -99,7 +100,7 @@ def list_placement_groups(address: str | None = None, filters: Iterable[Filter] 
                           _explain: bool = False) -> list[StateRow]:
     from lumos.util.placement_group import placement_group_table
     _check_address(address)
-    return _rows(_filter(list(placement_group_table().values()), filters), limit)
+    return _rows(_filter(list(placement_group_table().values()), filters, None, "placement groups"), limit)
 
 
 def _one(rows: list[StateRow], key: str, id: Any) -> StateRow | None:
@@ -166,7 +167,7 @@ def summarize_objects(address: str | None = None, timeout: int = 30, raise_on_mi
     per_worker: dict[str, int] = {}
     for r in rows:
         per_worker[r["reporter_worker_id"]] = per_worker.get(r["reporter_worker_id"], 0) + 1
-    return {"total_objects": len(rows), "total_size_bytes": sum(r.get("size") or 0 for r in rows),
+    return {"total_objects": len(rows), "total_size_bytes": sum(r.get("size_bytes") or 0 for r in rows),
             "objects_per_worker": per_worker}
 
 

@@ -453,6 +453,29 @@ def test_util_state_has_rays_signatures_and_attribute_rows(cluster: lumos.LumosC
         state.get_log(actor_id=rows[0].actor_id, follow=True)
 
 
+def test_state_filters_name_real_fields_and_limits_hold(cluster: lumos.LumosContext) -> None:
+    # A filter on a field the rows lack (a typo) matched nothing in silence; limit=-1
+    # ("all", as get_* use it) made list_tasks return nothing; summarize_objects read a
+    # size field the rows do not have and always said 0 bytes.
+    from lumos.util import state
+
+    for lister, what in ((state.list_tasks, "tasks"), (state.list_actors, "actors"), (state.list_nodes, "nodes"),
+                         (state.list_workers, "workers"), (state.list_objects, "objects"), (state.list_jobs, "jobs")):
+        with pytest.raises(ValueError, match=f"{what} have no field 'sate' to filter on; their fields: .*state"):
+            lister(filters=[("sate", "=", "x")])
+    with pytest.raises(ValueError, match="unsupported filter operator '<'"):
+        state.list_nodes(filters=[("state", "<", "x")])
+    with pytest.raises(ValueError, match="limit must be >= 0, got -2"):
+        lumos.state.list_tasks(limit=-2)
+    a = Self.remote()
+    assert lumos.get(a.ping.remote(), timeout=30) == "pong"
+    assert state.list_tasks(filters=[("state", "=", "FINISHED")], limit=-1)
+    assert lumos.state.list_objects(limit=0) == []
+    keep = lumos.put(b"x" * (1 << 20))
+    assert state.summarize_objects()["total_size_bytes"] >= 1 << 20
+    del keep, a
+
+
 def test_object_ref_and_actor_class_extras_of_ray(cluster: lumos.LumosContext) -> None:
     ref = lumos.put(5)
     assert not ref.is_nil() and ref.size() == len(ref.binary()) and ref.call_site() == ""
