@@ -325,7 +325,8 @@ class ActorHandle:
             retries = options.get("max_task_retries", self._max_task_retries)
             t = task_template(kind=TaskKind.ACTOR_TASK, function_id=b"", function_name=name,
                               name=options.get("name") or f"{self._class_name}.{name}", num_returns=n,
-                              max_retries=retries, enable_task_events=options.get("enable_task_events", True))
+                              max_retries=retries, retry_exceptions=options.get("retry_exceptions", False),
+                              enable_task_events=options.get("enable_task_events", True))
             cache[key] = t
         return t
 

@@ -16,9 +16,9 @@ f.remote(*args) ──core worker──new_task_spec(template, ...)──► Tas
 
 from __future__ import annotations
 
-import pickle
 from typing import Any, Iterable
 
+from lumos._private import serialization as ser
 from lumos._private.core_worker.tasks import TaskTemplate
 from lumos._private.ids import ActorID, JobID, TaskID, WorkerID
 from lumos._private.protocol import messages as m
@@ -33,7 +33,9 @@ def retry_policy_of(retry_exceptions: bool | Iterable[type[BaseException]]) -> t
     if retry_exceptions is True:
         return RetryPolicy.ANY_EXCEPTION, None
     if retry_exceptions:
-        return RetryPolicy.LISTED_EXCEPTIONS, pickle.dumps(list(retry_exceptions))
+        # By value where pickle would name them: a class defined in the driver's script
+        # (``__main__``) is not importable on a worker.
+        return RetryPolicy.LISTED_EXCEPTIONS, ser.dumps_code(list(retry_exceptions))
     return RetryPolicy.NEVER, None
 
 

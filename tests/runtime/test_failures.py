@@ -134,6 +134,52 @@ def test_retry_exceptions(fresh_cluster, tmp_path):
         lumos.get(wrong_kind.remote(), timeout=30)
 
 
+def test_retry_exceptions_of_a_class_defined_in_the_script_and_of_actor_methods(fresh_cluster, tmp_path):
+    # A class the worker cannot import (one of the driver's script, here a local one) went
+    # by name and the task was never retried; actor methods ignored retry_exceptions.
+    fresh_cluster()
+    attempts = tmp_path / "n"
+
+    class ScriptError(Exception):
+        pass
+
+    @lumos.remote(max_retries=3, retry_exceptions=[ScriptError])
+    def sometimes(path):
+        with open(path, "a") as f:
+            f.write("x")
+        if len(open(path).read()) < 3:
+            raise ScriptError("not yet")
+        return "done"
+
+    assert lumos.get(sometimes.remote(str(attempts)), timeout=60) == "done"
+    assert attempts.read_text() == "xxx"
+
+    @lumos.remote(max_task_retries=2)
+    class Flaky:
+        def __init__(self):
+            self.n = 0
+
+        @lumos.method(retry_exceptions=True)
+        def any_error(self):
+            self.n += 1
+            if self.n < 3:
+                raise ValueError(self.n)
+            return self.n
+
+        def listed(self):
+            self.n += 1
+            if self.n < 3:
+                raise ScriptError(self.n)
+            return self.n
+
+    assert lumos.get(Flaky.remote().any_error.remote(), timeout=60) == 3
+    assert lumos.get(Flaky.remote().listed.options(retry_exceptions=[ScriptError]).remote(), timeout=60) == 3
+    with pytest.raises(ScriptError):
+        lumos.get(Flaky.remote().listed.remote(), timeout=60)  # no retry_exceptions: not retried
+    with pytest.raises(ScriptError):
+        lumos.get(Flaky.remote().listed.options(retry_exceptions=[KeyError]).remote(), timeout=60)
+
+
 def test_cancel_queued_task(fresh_cluster):
     fresh_cluster(num_cpus=1)
 

@@ -792,8 +792,10 @@ class Executor(ArgumentsMixin):
         if spec.retry_exceptions == m.RetryPolicy.ANY_EXCEPTION:
             return isinstance(e, Exception)
         try:
-            classes = tuple(pickle.loads(spec.retry_exception_types or b""))
-        except Exception:
+            classes = tuple(ser.deserialize_code(spec.retry_exception_types or b""))
+        except Exception as load_error:
+            print(f"lumos: {spec.name}'s retry_exceptions list could not be loaded here ({load_error}); "
+                  "the task is not retried", file=sys.stderr)
             return False
         return isinstance(e, classes)
 
