@@ -527,8 +527,8 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
     kills its worker process instead). ``get`` then raises ``TaskCancelledError``.
     Actor calls, as in Ray: a queued call never runs; an async actor's running call is
     cancelled as an asyncio task; a sync or threaded actor's running call is not
-    interrupted (``get_runtime_context().is_canceled()`` tells it); ``force=True`` is
-    refused. ``object_ref`` may be an ``ObjectRefGenerator`` (a streaming task).
+    interrupted (``get_runtime_context().is_canceled()`` tells it) and ``get`` raises
+    ``TaskCancelledError`` once it ends; ``force=True`` is refused (``ValueError``). ``object_ref`` may be an ``ObjectRefGenerator`` (a streaming task).
     """
     from lumos.generator import ObjectRefGenerator
     if isinstance(object_ref, ObjectRefGenerator):  # a streaming task: cancel it by its id
@@ -539,11 +539,7 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
     e = cw.objects.entries.get(object_ref.binary())
     if e is not None and not e.owned:
         raise ValueError("cancel() works on refs this process created (it owns the task)")
-    task = cw.tasks.get(object_ref.binary()[:16])
-    if force and task is not None and task.spec.kind == m.TaskKind.ACTOR_TASK:
-        raise ValueError("force=True is not supported for actor calls (it would kill the actor); "
-                         "use lumos.kill(actor) to end the actor")
-    cw.cancel(object_ref, force, recursive)
+    cw.cancel(object_ref, force, recursive)  # (force=True on an actor call: ValueError)
 
 
 # ------------------------------------------------------------------------- cluster

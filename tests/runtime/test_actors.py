@@ -453,10 +453,14 @@ def test_cancel_of_a_sync_actor_call_sets_a_flag_and_drops_queued_calls(cluster:
             while not ctx.is_canceled() and time.monotonic() < deadline:
                 self.steps += 1  # never interrupted half-way
                 time.sleep(0.01)
-            return "stopped" if ctx.is_canceled() else "timed out"
+            self.outcome = "stopped" if ctx.is_canceled() else "timed out"
+            return self.outcome
 
         def steps_done(self) -> int:
             return self.steps
+
+        def last_outcome(self) -> str:
+            return self.outcome
 
     s = Stepper.remote()
     running = s.run.remote()
@@ -466,7 +470,10 @@ def test_cancel_of_a_sync_actor_call_sets_a_flag_and_drops_queued_calls(cluster:
         lumos.cancel(running, force=True)
     lumos.cancel(queued)
     lumos.cancel(running)
-    assert lumos.get(running, timeout=30) == "stopped"
+    # As in Ray: the method ran to its end (it saw the flag), and get() raises.
+    with pytest.raises(lumos.exceptions.TaskCancelledError, match=r"Stepper.run\(\) was cancelled while it ran"):
+        lumos.get(running, timeout=30)
+    assert lumos.get(s.last_outcome.remote(), timeout=30) == "stopped"
     with pytest.raises(lumos.exceptions.TaskCancelledError):
         lumos.get(queued, timeout=30)
     assert lumos.get(s.steps_done.remote(), timeout=30) > 0  # the actor goes on
@@ -488,11 +495,15 @@ def test_cancel_of_a_sync_actor_call_sets_a_flag_and_drops_queued_calls(cluster:
             return lumos.get_runtime_context().is_canceled()
 
     th = Threaded.remote()
+    assert lumos.get(th.other.remote(), timeout=30) is False  # (connected: the next call goes out directly)
     marker = tmp_path / "threaded"
     running = th.run.remote(str(marker))
     wait_for(marker.exists, 30)
+    with pytest.raises(ValueError, match="force=True"):  # a lone call, which the caller's thread wrote itself
+        lumos.cancel(running, force=True)
     lumos.cancel(running)
-    assert lumos.get(running, timeout=30) == "stopped"
+    with pytest.raises(lumos.exceptions.TaskCancelledError):
+        lumos.get(running, timeout=30)
     assert lumos.get(th.other.remote(), timeout=30) is False  # the flag is per call
 
 

@@ -87,6 +87,13 @@ class ResultsMixin:
                 self._fail_task(task, exc.ActorDiedError((task.spec.actor_id or b"").hex(), reply.system_error))
             else:
                 self._fail_task(task, exc.LumosSystemError(reply.system_error))
+        elif task.cancelled and task.spec.kind == m.TaskKind.ACTOR_TASK:
+            # A sync or threaded actor's method is not interrupted: it ran to its end, and its
+            # result is dropped, as Ray does (get() raises, the caller asked it to stop).
+            self._free_orphan_returns(reply)
+            self._fail_task(task, exc.TaskCancelledError(
+                task.spec.task_id.hex(), f"{task.spec.name}() was cancelled while it ran (the actor's method "
+                "ran to its end, not interrupted; its result is dropped)"))
         elif reply.app_error and reply.retryable and submitter.use_retry(task):
             self._free_orphan_returns(reply)
             self._retry(task, "the task raised a retryable exception")

@@ -558,7 +558,18 @@ class SubmissionMixin:
     # ------------------------------------------------------------------ cancel
 
     def cancel(self, ref: ObjectRef, force: bool, recursive: bool) -> None:
-        self._post(self._cancel, ref._id[:16], force, recursive)
+        task_id = ref._id[:16]
+        if force and self.run_sync(self._running_kind(task_id), 30.0) == m.TaskKind.ACTOR_TASK:
+            raise ValueError("force=True is not supported for actor calls (it would kill the actor); "
+                             "use lumos.kill(actor) to end the actor")
+        self._post(self._cancel, task_id, force, recursive)
+
+    async def _running_kind(self, task_id: TaskID) -> m.TaskKind | None:
+        """The kind of this process's unfinished task ``task_id`` (None: none such); io thread.
+        A call a user thread wrote itself is booked first."""
+        self.io.drain_pending()
+        task = self.tasks.get(task_id)
+        return task.spec.kind if task is not None and task.state != DONE else None
 
     def _cancel(self, task_id: TaskID, force: bool, recursive: bool) -> None:
         task = self.tasks.get(task_id)
