@@ -210,7 +210,9 @@ class ActorClass:
         info = cw.create_actor(template, args, kwargs, actor_id, actor_options, wait=bool(name))
         if info is not None and info.actor_id != actor_id:
             return _handle_from_info(info)
-        owned = not detached and not name
+        # A named actor ends with its creator's handle too, as in Ray (handles that get_actor
+        # returns do not keep it alive); a detached one outlives the job.
+        owned = not detached
         return ActorHandle(actor_id, cls.__name__, methods, max_task_retries, owned, max_pending, self._arity)
 
 

@@ -251,6 +251,23 @@ def test_actor_ends_when_its_handles_go_out_of_scope(cluster: lumos.LumosContext
     wait_for(lambda: process_gone(pid), 10)
 
 
+def test_a_named_actor_ends_with_its_creators_handle(cluster: lumos.LumosContext) -> None:
+    # As in Ray: a name does not keep a non-detached actor alive (it lived until the job
+    # ended), and handles from get_actor do not either.
+    c = Counter.options(name="ends-with-its-handle").remote()
+    pid = lumos.get(c.pid.remote(), timeout=30)
+    looked_up = lumos.get_actor("ends-with-its-handle")
+    del c
+    wait_for(lambda: process_gone(pid), 10)
+    with pytest.raises(ValueError, match="no actor named 'ends-with-its-handle'"):
+        lumos.get_actor("ends-with-its-handle")
+    with pytest.raises(ActorDiedError, match="out of scope"):
+        lumos.get(looked_up.pid.remote(), timeout=30)
+    kept = Counter.options(name="kept-by-its-handle").remote()
+    assert lumos.get(lumos.get_actor("kept-by-its-handle").incr.remote(), timeout=30) == 1
+    del kept
+
+
 # --------------------------------------------------------------------------- failures
 
 
