@@ -40,6 +40,15 @@ class LumosSystemError(LumosError):
 RaySystemError = LumosSystemError
 
 
+def _cause_text(cause: BaseException) -> str:
+    """``Type: message`` of an exception whose ``__str__`` may itself raise."""
+    try:
+        text = str(cause)
+    except Exception as e:
+        text = f"<str() of the exception failed: {type(e).__name__}>"
+    return f"{type(cause).__name__}: {text}"
+
+
 class TaskError(LumosError):
     """A task or actor method raised. ``cause`` is the original exception.
 
@@ -52,7 +61,7 @@ class TaskError(LumosError):
         self.function_name = function_name
         self.traceback_str = traceback_str
         self.cause = cause
-        self.cause_repr = cause_repr or (f"{type(cause).__name__}: {cause}" if cause is not None else "")
+        self.cause_repr = cause_repr or (_cause_text(cause) if cause is not None else "")
         self.pid = pid
         self.node_ip = node_ip
         self.task_id_hex = task_id_hex

@@ -180,6 +180,40 @@ def test_retry_exceptions_of_a_class_defined_in_the_script_and_of_actor_methods(
         lumos.get(Flaky.remote().listed.options(retry_exceptions=[KeyError]).remote(), timeout=60)
 
 
+class _UnprintableError(Exception):
+    def __str__(self):
+        raise RuntimeError("no text")
+
+
+def test_an_exception_whose_str_raises_is_the_tasks_error(fresh_cluster):
+    # Formatting it in TaskError raised; the worker answered with an error kind the owner
+    # did not know, which dropped the connection and killed the worker: four workers and
+    # WorkerCrashedError for one user exception (an actor's connection was lost).
+    fresh_cluster()
+
+    @lumos.remote
+    def raises():
+        raise _UnprintableError()
+
+    @lumos.remote
+    class Raises:
+        def boom(self):
+            raise _UnprintableError()
+
+        def ping(self):
+            return "pong"
+
+    start = time.monotonic()
+    with pytest.raises(_UnprintableError) as info:
+        lumos.get(raises.remote(), timeout=60)
+    assert "_UnprintableError: <exception str() failed>" in str(info.value)
+    a = Raises.remote()
+    with pytest.raises(_UnprintableError):
+        lumos.get(a.boom.remote(), timeout=60)
+    assert lumos.get(a.ping.remote(), timeout=60) == "pong"
+    assert time.monotonic() - start < 8
+
+
 def test_cancel_queued_task(fresh_cluster):
     fresh_cluster(num_cpus=1)
 

@@ -322,14 +322,18 @@ class Executor(ArgumentsMixin):
                     return
             except KeyboardInterrupt:
                 continue  # a cancel that arrived after its task finished
-            except Exception:
-                # A malformed task from a peer must not end this worker.
+            except Exception as e:
+                # A malformed task from a peer (or a failure in lumos's own handling of one)
+                # must not end this worker; the owner gets a system error for the task.
                 logger.exception("could not run a pushed task")
                 spec = getattr(item[1], "spec", None) if item is not None else None
                 if isinstance(spec, m.TaskSpec) and isinstance(spec.task_id, bytes):
                     try:
-                        self.cw.send_reply(item[0], self._system_reply(spec, "the worker could not run this task "
-                                                                       "(malformed request)", "malformed"))
+                        text = f"the worker could not run this task: {type(e).__name__}: {e}"
+                    except Exception:
+                        text = f"the worker could not run this task: {type(e).__name__}"
+                    try:
+                        self.cw.send_reply(item[0], self._system_reply(spec, text, None))
                     except Exception:
                         logger.exception("could not answer a malformed task")
             finally:
@@ -649,7 +653,8 @@ class Executor(ArgumentsMixin):
             self._original_cuda = os.environ.get("CUDA_VISIBLE_DEVICES")  # the actor keeps its GPUs
         return None
 
-    def _system_reply(self, spec: m.TaskSpec, text: str, kind: m.ErrorKind, start: float = 0.0) -> m.TaskReply:
+    def _system_reply(self, spec: m.TaskSpec, text: str, kind: m.ErrorKind | None,
+                      start: float = 0.0) -> m.TaskReply:
         return m.TaskReply(spec.task_id, [], False, False, self._still_borrowed(), self.cw.worker_id,
                            start, time.time(), text, kind)
 
