@@ -214,6 +214,36 @@ def test_an_exception_whose_str_raises_is_the_tasks_error(fresh_cluster):
     assert time.monotonic() - start < 8
 
 
+def test_calls_after_a_dropped_connection_to_a_live_actor_reach_it(fresh_cluster):
+    # The connection to an actor dropped (a reply over the frame limit, a network fault)
+    # while the actor lived on: the call in flight failed after the verdict's grace, and
+    # every later call waited for ever (nothing connected again).
+    from lumos._private import worker_context
+
+    fresh_cluster(_system_config={"node_death_timeout_ms": 1000})
+
+    @lumos.remote
+    class Slow:
+        def slow(self):
+            time.sleep(1)
+            return 1
+
+        def pid(self):
+            return os.getpid()
+
+    a = Slow.remote()
+    pid = lumos.get(a.pid.remote(), timeout=30)
+    cw = worker_context.require()
+    q = cw.actor_submitter.actors[a._actor_id]
+    in_flight = a.slow.remote()
+    time.sleep(0.3)
+    cw._post(q.conn.close)
+    with pytest.raises(lumos.exceptions.ActorDiedError, match="the connection to the actor dropped"):
+        lumos.get(in_flight, timeout=60)
+    assert lumos.get(a.pid.remote(), timeout=30) == pid
+    assert lumos.get([a.pid.remote() for _ in range(5)], timeout=30) == [pid] * 5
+
+
 def test_cancel_queued_task(fresh_cluster):
     fresh_cluster(num_cpus=1)
 

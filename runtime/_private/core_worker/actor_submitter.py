@@ -347,7 +347,13 @@ class ActorSubmitter:
 
     def _send(self, q: _ActorQueue) -> None:
         conn = q.conn
-        if conn is None or conn.is_closed or q.info is None or q.info.state != ALIVE:
+        if q.info is None or q.info.state != ALIVE:
+            return
+        if conn is None or conn.is_closed:
+            # The connection dropped while the actor lives on (and the calls it carried are
+            # settled): calls made since connect again (they waited for ever).
+            if q.queue and not q.lost:
+                self._apply_force(q)
             return
         with self._direct_lock:
             self._send_locked(q, conn)

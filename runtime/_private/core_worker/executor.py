@@ -787,7 +787,7 @@ class Executor(ArgumentsMixin):
         try:
             return ser.serialize(err, ser.KIND_ERROR).to_bytes()
         except ser.SerializationError:
-            err = exc.TaskError(spec.name, text, None, f"{type(e).__name__}: {e}", os.getpid(),
+            err = exc.TaskError(spec.name, text, None, exc._cause_text(e), os.getpid(),
                                 self.cw.node_ip, spec.task_id.hex())
             return ser.serialize(err, ser.KIND_ERROR).to_bytes()
 
