@@ -244,6 +244,27 @@ def test_calls_after_a_dropped_connection_to_a_live_actor_reach_it(fresh_cluster
     assert lumos.get([a.pid.remote() for _ in range(5)], timeout=30) == [pid] * 5
 
 
+def test_an_oversized_exception_arrives_cut_with_its_class(fresh_cluster):
+    # An error goes inline in the reply, once per return: one over the frame limit (256
+    # MiB) dropped the connection and the worker was killed (WorkerCrashedError, retried).
+    # Errors over MAX_ERROR_BYTES arrive cut, still of their class.
+    from lumos._private.core_worker.executor import MAX_ERROR_BYTES
+
+    fresh_cluster()
+
+    @lumos.remote(num_returns=2)
+    def raises(n):
+        raise ValueError("x" * n)
+
+    first, second = raises.remote(MAX_ERROR_BYTES + 1)
+    for ref in (first, second):
+        with pytest.raises(ValueError, match=r"MiB; cut to its first 65,536 characters") as info:
+            lumos.get(ref, timeout=60)
+        assert len(str(info.value)) < 200_000
+    with pytest.raises(ValueError, match="x{1000}$"):  # (a smaller one stays whole)
+        lumos.get(raises.remote(1000)[0], timeout=60)
+
+
 def test_cancel_queued_task(fresh_cluster):
     fresh_cluster(num_cpus=1)
 

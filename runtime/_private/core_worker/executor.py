@@ -55,6 +55,10 @@ from lumos._private.ids import JobID, TaskID
 
 logger = logging.getLogger(__name__)
 
+#: A task's error larger than this, pickled, is cut (``_task_error_blob``).
+MAX_ERROR_BYTES = 4 * 1024 * 1024
+_ERROR_KEPT_CHARS = 64 * 1024
+
 
 class _Cancelled(Exception):
     pass
@@ -785,11 +789,31 @@ class Executor(ArgumentsMixin):
         err = exc.TaskError(spec.name, text, e, pid=os.getpid(), node_ip=self.cw.node_ip,
                             task_id_hex=spec.task_id.hex())
         try:
-            return ser.serialize(err, ser.KIND_ERROR).to_bytes()
+            blob = ser.serialize(err, ser.KIND_ERROR).to_bytes()
         except ser.SerializationError:
             err = exc.TaskError(spec.name, text, None, exc._cause_text(e), os.getpid(),
                                 self.cw.node_ip, spec.task_id.hex())
-            return ser.serialize(err, ser.KIND_ERROR).to_bytes()
+            blob = ser.serialize(err, ser.KIND_ERROR).to_bytes()
+        if len(blob) <= MAX_ERROR_BYTES:
+            return blob
+        # An error too large to travel (it goes inline in the reply, once per return): its
+        # text is cut, and its class kept where a bare instance of it can be made.
+        note = f"\n... (the error was {len(blob) / 2**20:.1f} MiB; cut to its first {_ERROR_KEPT_CHARS:,} characters)"
+        cut = text[:_ERROR_KEPT_CHARS] + note
+        small: BaseException | None = None
+        try:
+            small = type(e).__new__(type(e))
+            small.args = (exc._cause_text(e)[:_ERROR_KEPT_CHARS] + note,)
+            err = exc.TaskError(spec.name, cut, small, pid=os.getpid(), node_ip=self.cw.node_ip,
+                                task_id_hex=spec.task_id.hex())
+            blob = ser.serialize(err, ser.KIND_ERROR).to_bytes()
+        except Exception:
+            small = None
+        if small is None or len(blob) > MAX_ERROR_BYTES:
+            err = exc.TaskError(spec.name, cut, None, exc._cause_text(e)[:_ERROR_KEPT_CHARS] + note, os.getpid(),
+                                self.cw.node_ip, spec.task_id.hex())
+            blob = ser.serialize(err, ser.KIND_ERROR).to_bytes()
+        return blob
 
     def _is_retryable(self, spec: m.TaskSpec, e: BaseException | None) -> bool:
         if spec.retry_exceptions == m.RetryPolicy.NEVER or e is None:
