@@ -404,9 +404,11 @@ def _register_exit_handler() -> None:
 def _at_exit() -> None:
     """At interpreter exit: let the calls the script submitted last run and their output
     arrive (as in Ray, ``f.remote()`` as a script's last line runs), within
-    ``exit_drain_timeout_s``; then shut down."""
+    ``exit_drain_timeout_s``; then shut down. A script that ended with an uncaught
+    exception (``sys.last_value``) does not wait: its calls' results have no reader."""
     cw = worker_context.core_worker
-    if cw is not None and not worker_context.is_worker and cw.config.exit_drain_timeout_s > 0:
+    failed = getattr(sys, "last_value", None) is not None
+    if cw is not None and not worker_context.is_worker and cw.config.exit_drain_timeout_s > 0 and not failed:
         timeout_s = cw.config.exit_drain_timeout_s
         try:
             left = cw.drain_at_exit(timeout_s)

@@ -91,3 +91,18 @@ def test_exit_waits_for_unfinished_tasks_only_up_to_its_bound(tmp_path: Any) -> 
     """, exit_drain_timeout_s=0.5)
     assert proc.returncode == 0, proc.stderr
     assert "1 task(s) or actor call(s)" in proc.stderr and "exit_drain_timeout_s" in proc.stderr
+
+
+def test_a_script_that_ends_with_an_uncaught_exception_does_not_wait(tmp_path: Any) -> None:
+    # It waited exit_drain_timeout_s (10 s by default) for calls whose results nobody reads.
+    proc = _run(tmp_path, """
+        @lumos.remote
+        def forever():
+            time.sleep(3600)
+
+        forever.remote()
+        raise RuntimeError("the script's own bug")
+    """, exit_drain_timeout_s=60)
+    assert proc.returncode == 1
+    assert "RuntimeError: the script's own bug" in proc.stderr
+    assert "exit_drain_timeout_s" not in proc.stderr
