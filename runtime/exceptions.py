@@ -316,9 +316,8 @@ class ClusterUnavailableError(LumosSystemError, ConnectionError):
 
 
 class ActorAlreadyExistsError(LumosError, ValueError):
-    """A named actor with this name already exists (create with ``get_if_exists=True``
-    to get it instead). lumos raises ``ValueError`` for this; this class is kept for
-    ``except`` clauses."""
+    """A named actor with this name already exists in its namespace: raised by creating
+    another (create with ``get_if_exists=True`` to get it instead). A ``ValueError``."""
 
 
 class ActorHandleNotFoundError(LumosError):

@@ -163,8 +163,9 @@ def test_named_actors(cluster: lumos.LumosContext) -> None:
     b = lumos.get_actor("shared-counter")
     assert lumos.get(b.incr.remote()) == 6
     assert lumos.get(a.value.remote()) == 6
-    with pytest.raises(ValueError, match="already exists"):
+    with pytest.raises(lumos.exceptions.ActorAlreadyExistsError, match="already exists") as info:
         Counter.options(name="shared-counter").remote()
+    assert isinstance(info.value, ValueError)  # (Ray's class is one)
     assert "shared-counter" in lumos.util.list_named_actors()
     same = Counter.options(name="shared-counter", get_if_exists=True).remote(100)
     assert lumos.get(same.value.remote()) == 6

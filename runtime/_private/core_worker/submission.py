@@ -34,6 +34,7 @@ from lumos._private.core_worker.references import READY
 from lumos._private.core_worker.tasks import DONE, QUEUED, WAITING_ARGS, PendingTask, TaskTemplate
 from lumos._private.ids import ActorID, JobID, NodeID, TaskID, WorkerID, new_task_id, return_object_id
 from lumos._private.protocol import messages as m
+from lumos._private.protocol.vocab import ActorNameTaken
 from lumos._private.task_spec import new_task_spec
 from lumos._private.transport.connection import ConnectionLost, RemoteError
 from lumos.generator import GeneratorStream, ObjectRefGenerator
@@ -300,6 +301,8 @@ class SubmissionMixin:
                 register(), self.config.gcs_reconnect_timeout_s + self.config.rpc_timeout_s + 1)
         except BaseException as e:
             self._post(self._unpin, pinned)
+            if isinstance(e, RemoteError) and e.type_name == ActorNameTaken.__name__:
+                raise exc.ActorAlreadyExistsError(e.text) from None
             if isinstance(e, RemoteError) and e.type_name in ("ValueError", "TypeError"):
                 raise (ValueError if e.type_name == "ValueError" else TypeError)(e.text) from None
             if isinstance(e, ConnectionLost):

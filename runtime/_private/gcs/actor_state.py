@@ -35,6 +35,7 @@ from typing import Any, Union
 
 from lumos._private.ids import ActorID, JobID, NodeID, WorkerID, short
 from lumos._private.protocol import messages as m
+from lumos._private.protocol.vocab import ActorNameTaken
 
 logger = logging.getLogger(__name__)
 
@@ -315,7 +316,7 @@ class ActorManagerState:
             if other is not None:
                 if opts.get("get_if_exists"):
                     return
-                raise ValueError(f"an actor named {name!r} already exists in namespace {namespace!r}; "
+                raise ActorNameTaken(f"an actor named {name!r} already exists in namespace {namespace!r}; "
                                  "use get_if_exists=True to reuse it, or lumos.get_actor()")
         info = m.ActorInfo(
             spec.actor_id, spec.job_id, PENDING, opts.get("class_name", spec.function_name), name, namespace,

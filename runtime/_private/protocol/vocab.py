@@ -51,6 +51,11 @@ class PlacementGroupRemoved(ValueError):
     the owner fails the task with ``TaskPlacementGroupRemoved``."""
 
 
+class ActorNameTaken(ValueError):
+    """A named actor's registration found the name taken in its namespace. Raised by the
+    GCS; the creator raises ``ActorAlreadyExistsError`` (a ``ValueError``)."""
+
+
 class TaskState(StrEnum):
     """A task attempt's state in the task-event log, in the order a task passes them."""
 
