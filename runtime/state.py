@@ -69,14 +69,20 @@ __all__ = ["list_tasks", "list_objects", "list_workers", "list_nodes", "list_job
            "PlacementGroupInfo", "RemoteError"]
 
 
+def _same(have: Any, value: Any) -> bool:
+    """A filter's value matches a field's: equal, or equal as text ignoring case
+    (``("state", "=", "alive")`` matches ALIVE, as in Ray)."""
+    return have == value or str(have).casefold() == str(value).casefold()
+
+
 def _match(row: dict[str, Any], filters: Iterable[Filter] | None) -> bool:
     for key, op, value in filters or ():
         have = row.get(key)
         if op in ("=", "=="):
-            if str(have) != str(value) and have != value:
+            if not _same(have, value):
                 return False
         elif op == "!=":
-            if str(have) == str(value) or have == value:
+            if _same(have, value):
                 return False
         else:
             raise ValueError(f"unsupported filter operator {op!r}; use '=' or '!='")

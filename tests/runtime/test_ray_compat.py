@@ -470,6 +470,9 @@ def test_state_filters_name_real_fields_and_limits_hold(cluster: lumos.LumosCont
     a = Self.remote()
     assert lumos.get(a.ping.remote(), timeout=30) == "pong"
     assert state.list_tasks(filters=[("state", "=", "FINISHED")], limit=-1)
+    alive = state.list_actors(filters=[("state", "=", "alive")])  # (case aside, as in Ray)
+    assert alive and all(r.state == "ALIVE" for r in alive)
+    assert not [r for r in state.list_actors(filters=[("state", "!=", "Alive")]) if r.state == "ALIVE"]
     assert lumos.state.list_objects(limit=0) == []
     keep = lumos.put(b"x" * (1 << 20))
     assert state.summarize_objects()["total_size_bytes"] >= 1 << 20
