@@ -267,6 +267,35 @@ def resource_request(opts: dict[str, Any], kind: str) -> dict[str, float]:
     return res
 
 
+def check_group_request(opts: dict[str, Any], resources: dict[str, float], what: str) -> None:
+    """A task's request against its placement group's bundles, where this process knows them
+    (it made the group, or looked it up by name): a bundle index out of range, or a request
+    no chosen bundle can hold, is a ``ValueError`` at ``.remote()``, as in Ray (the raylet
+    would refuse the lease)."""
+    from lumos.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    strategy = opts.get("scheduling_strategy")
+    if isinstance(strategy, PlacementGroupSchedulingStrategy):
+        group, index = strategy.placement_group, strategy.placement_group_bundle_index
+    elif strategy is None and opts.get("placement_group") not in (None, "default"):
+        group = opts["placement_group"]
+        index = -1 if opts.get("placement_group_bundle_index") is None else opts["placement_group_bundle_index"]
+    else:
+        return
+    bundles = getattr(group, "bundle_cache", None)
+    if not bundles:
+        return  # not known here (or removed: the task fails with TaskPlacementGroupRemoved)
+    if not -1 <= index < len(bundles):
+        raise ValueError(f"placement_group_bundle_index={index} is out of range for {what}'s placement group of "
+                         f"{len(bundles)} bundle(s) (use 0..{len(bundles) - 1}, or -1 for any bundle)")
+    chosen = bundles if index == -1 else [bundles[index]]
+    wanted = {k: v for k, v in resources.items() if v > 0}
+    if not any(all(b.get(k, 0) >= v for k, v in wanted.items()) for b in chosen):
+        which = "any bundle" if index == -1 else f"bundle {index}"
+        held = chosen[0] if len(chosen) == 1 else chosen
+        raise ValueError(f"{what} asks for {wanted}, more than {which} of its placement group holds ({held}); "
+                         "ask for at most what a bundle holds")
+
+
 def strategy_of(opts: dict[str, Any]) -> Any:
     from lumos.util.scheduling_strategies import PlacementGroupSchedulingStrategy, strategy_to_wire
     strategy = opts.get("scheduling_strategy")

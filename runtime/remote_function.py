@@ -89,6 +89,7 @@ class RemoteFunction:
         fname = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', getattr(fn, '__name__', '?'))}"
         max_calls = o["max_calls"]
         resources = opts_mod.resource_request(o, opts_mod.TASK)
+        opts_mod.check_group_request(o, resources, getattr(fn, "__name__", "the task"))
         if max_calls is None:  # as in Ray: a GPU task's worker exits after it, freeing the GPU's memory
             max_calls = 1 if resources.get("GPU") else 0
         template = task_template(

@@ -301,10 +301,20 @@ class TestOneNode:
         pg = placement_group([{"CPU": 1}])
         assert pg.wait(30)
         try:
+            # The group's bundles are known here: ValueError at the call, as in Ray.
+            with pytest.raises(ValueError, match=r"where asks for \{'CPU': 2.0\}, more than bundle 0 of its "):
+                where.options(num_cpus=2, scheduling_strategy=_in(pg, 0)).remote()
+            with pytest.raises(ValueError, match="more than any bundle"):
+                where.options(num_cpus=2, placement_group=pg).remote()
+            with pytest.raises(ValueError, match="placement_group_bundle_index=3 is out of range"):
+                where.options(scheduling_strategy=_in(pg, 3)).remote()
+            # A handle that does not know them (as one rebuilt from its id): the raylet refuses.
+            from lumos.util.placement_group import PlacementGroup
+            bare = PlacementGroup(pg.id)
             with pytest.raises(Exception, match="does not fit in bundle 0"):
-                lumos.get(where.options(num_cpus=2, scheduling_strategy=_in(pg, 0)).remote(), timeout=60)
+                lumos.get(where.options(num_cpus=2, scheduling_strategy=_in(bare, 0)).remote(), timeout=60)
             with pytest.raises(Exception, match="out of range"):
-                lumos.get(where.options(scheduling_strategy=_in(pg, 3)).remote(), timeout=60)
+                lumos.get(where.options(scheduling_strategy=_in(PlacementGroup(pg.id), 3)).remote(), timeout=60)
         finally:
             remove_placement_group(pg)
 
