@@ -406,6 +406,32 @@ def test_async_actor_runs_calls_concurrently(cluster: lumos.LumosContext) -> Non
     assert lumos.get(limited.peak_seen.remote()) == 3
 
 
+def test_an_async_init_is_awaited_on_the_actors_loop(cluster: lumos.LumosContext) -> None:
+    # As in Ray; it failed: "__init__() should return None, not 'coroutine'".
+    @lumos.remote
+    class Opens:
+        async def __init__(self, x: int) -> None:
+            await asyncio.sleep(0.01)
+            self.x = x
+            self.loop = id(asyncio.get_running_loop())
+
+        async def get(self) -> tuple[int, bool]:
+            return self.x, self.loop == id(asyncio.get_running_loop())
+
+    @lumos.remote
+    class FailsToOpen:
+        async def __init__(self) -> None:
+            await asyncio.sleep(0)
+            raise InitError("cannot open")
+
+        async def get(self) -> int:
+            return 1
+
+    assert lumos.get(Opens.remote(5).get.remote(), timeout=30) == (5, True)
+    with pytest.raises(ActorDiedError, match="InitError: cannot open"):
+        lumos.get(FailsToOpen.remote().get.remote(), timeout=30)
+
+
 def test_async_actor_plain_method_returning_a_ref_returns_the_ref(cluster: lumos.LumosContext) -> None:
     @lumos.remote
     class Holder:

@@ -141,6 +141,12 @@ class ActorHost:
         threading.Thread(target=run, name="lumos-actor-loop", daemon=True).start()
         ready.wait(10)
 
+    def run_on_loop(self, coro: Any) -> Any:
+        """Main thread: run ``coro`` on the actor's event loop and wait for its result (an
+        ``async def __init__``)."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
     def dispatch(self, conn: Connection, msg: m.PushTask) -> None:
         """Main thread: resolve the arguments, then run the call concurrently."""
         spec = msg.spec

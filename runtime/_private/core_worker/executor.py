@@ -26,6 +26,7 @@ and sent to the raylet in batches; the driver prints it with a ``(name pid=N)`` 
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import logging
@@ -648,8 +649,16 @@ class Executor(ArgumentsMixin):
             raise exc.LumosSystemError("this worker already hosts an actor")
         if not isinstance(cls, type):
             raise TypeError(f"{spec.function_name} is not a class")
-        instance = cls(*args, **kwargs)
-        host = ActorHost(self, spec, instance, resource_ids)
+        init = getattr(cls, "__init__", None)
+        if inspect.iscoroutinefunction(init):
+            # ``async def __init__`` (as Ray allows): awaited on the actor's own event loop,
+            # where its methods will run.
+            instance = cls.__new__(cls)
+            host = ActorHost(self, spec, instance, resource_ids)
+            host.run_on_loop(init(instance, *args, **kwargs))
+        else:
+            instance = cls(*args, **kwargs)
+            host = ActorHost(self, spec, instance, resource_ids)
         host.restore()
         self.actor = host
         self.cw.current_actor_id = spec.actor_id
