@@ -145,7 +145,8 @@ class RuntimeContext:
     @property
     def was_current_actor_reconstructed(self) -> bool:
         cw = worker_context.require()
-        return bool(getattr(cw.executor, "actor_restarted", False))
+        executor = getattr(cw, "executor", None)  # (None in a driver)
+        return bool(executor is not None and executor.actor_restarted)
 
     @property
     def current_actor(self) -> Any:

@@ -201,6 +201,15 @@ def test_kill_fails_pending_and_later_calls(cluster: lumos.LumosContext) -> None
     wait_for(lambda: process_gone(pid), 10)
 
 
+@lumos.remote
+class _Restartable:
+    def pid(self) -> int:
+        return os.getpid()
+
+    def restarted(self) -> bool:
+        return lumos.get_runtime_context().was_current_actor_reconstructed
+
+
 def test_kill_with_restart_restarts(cluster: lumos.LumosContext) -> None:
     c = Counter.options(max_restarts=1).remote(7)
     pid = lumos.get(c.pid.remote())
@@ -208,6 +217,13 @@ def test_kill_with_restart_restarts(cluster: lumos.LumosContext) -> None:
     new_pid = wait_for(lambda: _pid_or_none(c, pid), 15)
     assert new_pid != pid
     assert lumos.get(c.value.remote()) == 7  # constructor re-ran
+    r = _Restartable.options(max_restarts=1).remote()
+    assert lumos.get(r.restarted.remote(), timeout=30) is False
+    pid = lumos.get(r.pid.remote(), timeout=30)
+    lumos.kill(r, no_restart=False)
+    wait_for(lambda: _pid_or_none(r, pid), 15)
+    assert lumos.get(r.restarted.remote(), timeout=30) is True  # (it was always False)
+    assert lumos.get_runtime_context().was_current_actor_reconstructed is False  # (the driver)
 
 
 def _pid_or_none(c: lumos.ActorHandle, old: int) -> int | None:

@@ -119,6 +119,8 @@ class Executor(ArgumentsMixin):
         self._original_cuda = os.environ.get("CUDA_VISIBLE_DEVICES")
         #: The actor this worker hosts, once its creation task ran.
         self.actor: ActorHost | None = None
+        #: This actor was restarted (its creation is not the first): Ray's was_current_actor_reconstructed.
+        self.actor_restarted = False
         #: The connection the running task came on (streaming items go back on it).
         self._conn: Connection | None = None
         #: Items the running streaming generator task has sent so far.
@@ -661,6 +663,7 @@ class Executor(ArgumentsMixin):
             host = ActorHost(self, spec, instance, resource_ids)
         host.restore()
         self.actor = host
+        self.actor_restarted = spec.attempt > 0  # (the creation's attempt: the actor's restarts so far)
         self.cw.current_actor_id = spec.actor_id
         if resource_ids.get("GPU"):
             self._original_cuda = os.environ.get("CUDA_VISIBLE_DEVICES")  # the actor keeps its GPUs
