@@ -234,19 +234,27 @@ def _pid_or_none(c: lumos.ActorHandle, old: int) -> int | None:
     return p if p != old else None
 
 
-def test_exit_actor(cluster: lumos.LumosContext) -> None:
+def test_exit_actor(cluster: lumos.LumosContext, tmp_path: Any) -> None:
+    cleaned = tmp_path / "cleaned"
+
     @lumos.remote
     class Quitter:
+        def __init__(self, mark: str = "") -> None:
+            if mark:  # as a Python exit does, exit_actor() runs atexit handlers (Ray too)
+                import atexit
+                atexit.register(lambda: open(mark, "w").write("cleaned"))
+
         def bye(self) -> None:
             lumos.actor.exit_actor()
 
         def ping(self) -> str:
             return "pong"
 
-    q = Quitter.options(max_restarts=3).remote()
+    q = Quitter.options(max_restarts=3).remote(str(cleaned))
     assert lumos.get(q.ping.remote()) == "pong"
     with pytest.raises(ActorDiedError, match="exit_actor"):
         lumos.get(q.bye.remote(), timeout=10)
+    assert cleaned.read_text() == "cleaned"
     with pytest.raises(ActorDiedError, match="exit_actor"):
         lumos.get(q.ping.remote(), timeout=10)
     with pytest.raises(TypeError, match="inside an actor"):

@@ -18,6 +18,7 @@ result its caller has seen.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import inspect
 import logging
@@ -293,7 +294,9 @@ class ActorHost:
         return self.ex._system_reply(spec, why, m.ErrorKind.ACTOR_DIED, start)
 
     def exiting(self, reason: str) -> None:
-        """Tell the GCS the actor ends on purpose (no restart), then let the process go."""
+        """Tell the GCS the actor ends on purpose (no restart), run the process's ``atexit``
+        handlers (the user's clean-up, as a Python exit does), then let the process go."""
+        _run_exit_handlers(EXIT_HANDLERS_TIMEOUT_S)
         try:
             self.cw.call_gcs(m.ActorExiting(self.actor_id, reason), 5.0)
         except (ConnectionLost, TimeoutError, RemoteError) as e:
@@ -305,6 +308,20 @@ class ActorHost:
             self.ex.flush_output()
             self.cw.loop.call_later(0.05, os._exit, 0)
         self.cw._post(leave)
+
+
+#: How long an actor that exits on purpose gives its ``atexit`` handlers.
+EXIT_HANDLERS_TIMEOUT_S = 10.0
+
+
+def _run_exit_handlers(timeout_s: float) -> None:
+    """Run the ``atexit`` handlers, within ``timeout_s`` (the process then ends with
+    ``os._exit``, which skips them; one that hangs must not keep the actor up)."""
+    t = threading.Thread(target=atexit._run_exitfuncs, name="lumos-atexit", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        logger.warning("atexit handlers still running after %gs; exiting without them", timeout_s)
 
 
 __all__ = ["ActorHost", "is_async_class"]
