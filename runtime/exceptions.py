@@ -256,8 +256,13 @@ class ActorExitRequest(SystemExit):
     """Raised by ``lumos.actor.exit_actor()``: ends the actor on purpose (no restart)."""
 
 
-class ActorUnavailableError(LumosError):
-    """The actor is restarting; the call may be retried."""
+class ActorUnavailableError(ActorDiedError):
+    """The actor's process failed while a call was on its way or running, and the actor is
+    being restarted: the call was not retried (``max_task_retries``) and may or may not
+    have run; later calls reach the restarted actor. A ``RayActorError``, as in Ray."""
+
+    def __str__(self) -> str:
+        return f"actor {self.actor_id_hex[:16]} is unavailable: {self.detail}"
 
 
 class ActorUnschedulableError(LumosError):

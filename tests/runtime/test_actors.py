@@ -334,8 +334,9 @@ def test_process_death_without_restarts_is_actor_died(cluster: lumos.LumosContex
 def test_restart_reruns_init_and_retries_calls(cluster: lumos.LumosContext) -> None:
     c = Counter.options(max_restarts=2, max_task_retries=0).remote(1)
     pid = lumos.get(c.pid.remote())
-    with pytest.raises(ActorDiedError):
-        lumos.get(c.die.remote(), timeout=15)  # in flight at the crash, no retries
+    # In flight at the crash, no retries: ActorUnavailableError (a RayActorError), as in Ray.
+    with pytest.raises(lumos.exceptions.ActorUnavailableError, match="is unavailable: .*being restarted"):
+        lumos.get(c.die.remote(), timeout=15)
     assert lumos.get(c.incr.remote(), timeout=15) == 2  # queued behind it: runs on the new instance
     assert lumos.get(c.pid.remote()) != pid
 

@@ -170,8 +170,10 @@ class ActorSubmitter:
             # Restarting or not created yet: calls that were lost without retries fail now.
             if q.lost:
                 lost, q.lost = q.lost, []
-                err = exc.ActorDiedError(q.actor_id.hex(), f"the actor failed while running this call "
-                                         f"({info.death_cause or 'cause unknown'}); it is being restarted")
+                err = exc.ActorUnavailableError(
+                    q.actor_id.hex(), f"the actor's process failed while this call was sent or running "
+                    f"({info.death_cause or 'cause unknown'}); it is being restarted, and the call was not "
+                    "retried (max_task_retries=0): it may or may not have run")
                 for task in lost:
                     self.cw.fail_task(task, err)
             return
