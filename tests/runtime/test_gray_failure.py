@@ -144,3 +144,38 @@ def _register_again(cluster: Cluster, node_id: str) -> tuple[list[str], str]:
         return "registered"
 
     return reasons, asyncio.run(register())
+
+
+@lumos.remote
+def _nothing() -> int:
+    return 1
+
+
+def test_a_driver_whose_own_node_is_declared_dead_fails_at_once(tmp_path: Any) -> None:
+    # The driver's raylet frozen: once the GCS declared its node dead, what waited on it
+    # (a task's lease, a get) went on waiting for ever, and a put until its call timed out.
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
+    procs: list[psutil.Process] = []
+    try:
+        cluster.connect()
+        assert lumos.get(_nothing.remote(), timeout=60) == 1
+        head = cluster.head_node
+        assert head is not None
+        procs = node_processes(head.raylet_pid)
+        time.sleep(0.5)  # (the worker's lease went back to the raylet)
+        freeze(procs)
+        start = time.monotonic()
+        ref = _nothing.remote()
+        with pytest.raises(lumos.exceptions.ClusterUnavailableError, match="node was declared dead"):
+            lumos.get(ref, timeout=60)
+        assert time.monotonic() - start < 30
+        with pytest.raises(lumos.exceptions.ClusterUnavailableError, match="node was declared dead"):
+            lumos.get(_nothing.remote(), timeout=10)
+        start = time.monotonic()
+        with pytest.raises(lumos.exceptions.ClusterUnavailableError) as info:
+            lumos.put(b"x" * (1 << 20))
+        assert time.monotonic() - start < 5 and "node was declared dead" in str(info.value)
+    finally:
+        thaw(procs)
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)

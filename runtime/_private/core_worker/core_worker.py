@@ -806,6 +806,16 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             logger.error("this node was declared dead by the GCS; exiting")
             self._flush_events()
             os._exit(1)
+        if node_id == self.node_id and self.gone is None:
+            # A driver's own node (its raylet frozen or cut off): its store and scheduler
+            # are gone for it; everything pending fails, and so does what comes later
+            # (gets waited for ever, puts until the raylet call timed out).
+            logger.error("this driver's node was declared dead by the GCS")
+            self.gone = ("this driver's node was declared dead by the GCS (its raylet stopped answering); "
+                         "the cluster is gone for this driver")
+            if self.raylet is not None:
+                _sever(self.raylet)  # (its close fails what waits on it)
+            self._cluster_gone(self.gone)
         for key, node in list(self._peer_nodes.items()):
             if node != node_id:
                 continue
