@@ -207,6 +207,29 @@ def node_resources(num_cpus: float | None, num_gpus: float | None, resources: di
     return out
 
 
+def _startup_error(logs: str, what: str) -> tuple[str, str]:
+    """Where a process that died starting up said why: (its newest non-empty log or output
+    file, the last error line there, '' if none). Its log is ``<what>-<id>.log``, its
+    output ``<what>.out``."""
+    import glob
+    files = [f for f in glob.glob(os.path.join(logs, f"{what}*.log")) + [os.path.join(logs, f"{what}.out")]
+             if os.path.isfile(f) and os.path.getsize(f) > 0]
+    if not files:
+        return logs, ""
+    newest = max(files, key=os.path.getmtime)
+    try:
+        with open(newest, "rb") as f:
+            f.seek(max(0, os.path.getsize(newest) - 16384))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return newest, ""
+    import re
+    logged = [m.group(1) for m in (re.search(r" (?:ERROR|CRITICAL) \d+ [^:]+: (.*)", ln) for ln in lines) if m]
+    raised = [ln.strip() for ln in lines if re.match(r"\w*(Error|Exception)\b", ln)]  # a traceback's last line
+    found = logged or raised
+    return newest, (found[-1][-500:] if found else "")
+
+
 class NodeProcesses:
     """The GCS (head only) and raylet of one node, started as child processes."""
 
@@ -249,8 +272,9 @@ class NodeProcesses:
         except TimeoutError:
             raise TimeoutError(f"{what} did not start within {timeout_s:.0f}s; see {self.session_dir}/logs") from None
         if info is None:
-            raise RuntimeError(f"{what} exited during start-up (exit code {proc.poll()}); "
-                               f"see {self.session_dir}/logs/{what}.log")
+            path, cause = _startup_error(os.path.join(self.session_dir, "logs"), what)
+            raise RuntimeError(f"{what} exited during start-up (exit code {proc.poll()})"
+                               + (f": {cause}" if cause else "") + f"; see {path}")
         return info
 
     def start_gcs_and_raylet(self, *, resources: dict[str, float], store_bytes: int, host: str,

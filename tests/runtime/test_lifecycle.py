@@ -125,6 +125,21 @@ def test_ref_from_a_previous_cluster_fails_clearly(fresh_cluster):
     assert lumos.get(lumos.put(2), timeout=30) == 2
 
 
+def test_a_process_that_dies_starting_up_is_named_with_its_reason(tmp_path):
+    # It said "see .../logs/raylet.log", a file that does not exist, and not why.
+    spill = tmp_path / "not-a-dir"
+    spill.write_text("a file where the spill directory would be")
+    try:
+        with pytest.raises(RuntimeError, match=r"raylet exited during start-up \(exit code 1\): raylet could not "
+                                               r"start: .*not-a-dir.*; see .*/logs/raylet-\w+\.log") as info:
+            lumos.init(num_cpus=1, _system_config={**TEST_CONFIG,
+                                                    "object_spilling_directory": str(spill / "spill")})
+        assert os.path.isfile(str(info.value).rsplit("see ", 1)[1])
+    finally:
+        lumos.shutdown()
+    wait_for(lambda: not lumos_children(), 10)
+
+
 def test_init_twice_raises_clearly(fresh_cluster):
     ctx = fresh_cluster()
     with pytest.raises(RuntimeError, match=r"already.*shutdown\(\).*ignore_reinit_error"):
