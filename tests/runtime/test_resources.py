@@ -258,6 +258,31 @@ def test_infeasible_task_warns_stays_pending_and_does_not_block(fresh_cluster, c
     lumos.cancel(custom)
 
 
+def test_an_infeasible_actor_warns_and_a_busy_one_does_not(fresh_cluster, capfd):
+    # Tasks warned; an actor no node can hold waited in silence, its calls too.
+    fresh_cluster(num_cpus=2)
+
+    @lumos.remote(num_cpus=1)
+    class Holder:
+        def ping(self):
+            return "pong"
+
+    held = [Holder.remote() for _ in range(2)]
+    assert lumos.get([h.ping.remote() for h in held], timeout=30) == ["pong"] * 2
+    busy = Holder.remote()  # waits for a CPU: not infeasible
+    big = Holder.options(num_cpus=64).remote()
+    call = big.ping.remote()
+    seen = ""
+    while "actor Holder needs {'CPU': 64.0}, but no node has that much" not in seen:
+        seen += wait_for(lambda: capfd.readouterr().err, 15)
+    assert "{'CPU': 1.0}" not in seen
+    del held
+    assert lumos.get(busy.ping.remote(), timeout=30) == "pong"
+    with pytest.raises(GetTimeoutError):
+        lumos.get(call, timeout=0.2)
+    assert "{'CPU': 1.0}" not in capfd.readouterr().err
+
+
 # --------------------------------------------------------------------------- cluster views
 
 

@@ -160,6 +160,8 @@ class ActorManager:
     async def _place(self, actor_id: ActorID) -> None:
         """Place the actor and run its creation task; retried until it lives or dies."""
         state = self.state
+        started = time.monotonic()
+        warned = False
         while state.wants_placement(actor_id):
             actor = state.actors[actor_id]
             info, spec = actor.info, actor.spec
@@ -169,6 +171,18 @@ class ActorManager:
                 self._dispatch(ast.ActorUnschedulable(actor_id, str(e)))
                 return
             if node_id is None:
+                in_group = isinstance(spec.strategy, list) and spec.strategy[:1] == ["PG"]
+                if not warned and not in_group and time.monotonic() - started >= self.gcs.config.infeasible_warning_s:
+                    # As for tasks: the job hears that its actor waits for a node that fits
+                    # (its calls waited in silence).
+                    warned = True
+                    totals = [{k: v for k, v in n.resources_total.items()} for n in self.gcs.nodes.values()
+                              if n.state == "ALIVE"]
+                    text = (f"actor {info.class_name} needs {dict(spec.resources)}, but no node has that much "
+                            f"(cluster nodes: {totals}); it stays pending until a node that fits joins "
+                            "the cluster")
+                    logger.warning("%s", text)
+                    self.gcs.publish("errors", info.job_id, ["infeasible", text])
                 self._nodes_changed.clear()
                 try:
                     async with asyncio.timeout(1.0):
