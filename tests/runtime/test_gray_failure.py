@@ -179,3 +179,42 @@ def test_a_driver_whose_own_node_is_declared_dead_fails_at_once(tmp_path: Any) -
         thaw(procs)
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)
+
+
+@lumos.remote(max_retries=3)
+def _big() -> Any:
+    import numpy as np
+    return np.ones(600 << 20, dtype=np.uint8)
+
+
+def test_a_pull_from_a_node_frozen_mid_transfer_fails_over_when_it_is_declared_dead() -> None:
+    # The pull's data streams waited out their socket timeout (30 s) after the GCS declared
+    # the holder dead; now they are shut then, and the owner rebuilds the value.
+    from lumos.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "object_store_memory": 2 << 30, "_system_config": dict(TEST_CONFIG)})
+    procs: list[psutil.Process] = []
+    try:
+        holder = cluster.add_node(num_cpus=1, object_store_memory=2 << 30)
+        cluster.connect()
+        ref = _big.options(scheduling_strategy=NodeAffinitySchedulingStrategy(holder.node_id, soft=True)).remote()
+        lumos.wait([ref], fetch_local=False, timeout=120)
+        procs = node_processes(holder.raylet_pid)
+
+        def freeze_soon() -> None:
+            time.sleep(0.05)
+            freeze(procs)
+
+        import threading
+        threading.Thread(target=freeze_soon).start()
+        start = time.monotonic()
+        value = lumos.get(ref, timeout=120)
+        took = time.monotonic() - start
+        assert value.shape == (600 << 20,) and value[-1] == 1
+        del value
+        assert took < 25, f"the get took {took:.1f}s"
+    finally:
+        thaw(procs)
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)

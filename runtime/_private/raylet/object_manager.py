@@ -82,6 +82,10 @@ class ObjectManager:
         self._pulls: dict[bytes, asyncio.Future[None]] = {}
         #: Node id -> connection to that node's raylet (TCP).
         self._peers: dict[bytes, Connection] = {}
+        #: Data-channel sockets of pulls in progress, by the node pulled from (transfer
+        #: threads add and remove theirs): a node declared dead has them shut at once.
+        self._streams: dict[bytes, set[socket.socket]] = {}
+        self._streams_lock = threading.Lock()
         self._connecting: dict[bytes, asyncio.Future[Connection]] = {}
         self._io = ThreadPoolExecutor(16, thread_name_prefix="raylet.transfer")
         #: Authenticated data-channel connections served at once (a thread each); more
@@ -272,26 +276,44 @@ class ObjectManager:
                 raise ConnectionError("peer stopped reading")
             self.bytes_served += length
 
-    def _fetch_range(self, host: str, port: int, object_id: ObjectID, mm: mmap.mmap, offset: int,
-                     length: int) -> None:
+    def _fetch_range(self, from_node: NodeID, host: str, port: int, object_id: ObjectID, mm: mmap.mmap,
+                     offset: int, length: int) -> None:
         """Thread: one stream of a pull, received straight into the destination mapping."""
         config = self.raylet.config
         with socket.create_connection((host, port), timeout=config.connect_timeout_s) as sock:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            client_handshake(sock, self.raylet.token, config.handshake_timeout_s)
-            sock.settimeout(config.rpc_timeout_s)
-            sock.sendall(bytes([len(object_id)]) + object_id + _REQ.pack(offset, length))
-            (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
-            if n != length:
-                raise ObjectUnavailable(f"holder no longer has object {object_id.hex()}")
-            with memoryview(mm) as whole, whole[offset:offset + length] as view:
-                got = 0
-                while got < length:
-                    with view[got:] as rest:
-                        k = sock.recv_into(rest, length - got)
-                    if k == 0:
-                        raise ConnectionError("holder closed the data channel mid-object")
-                    got += k
+            with self._streams_lock:
+                if from_node not in self.raylet.alive_nodes:
+                    raise ConnectionError(f"node {short(from_node)} was declared dead")
+                self._streams.setdefault(from_node, set()).add(sock)
+            try:
+                self._receive_range(sock, object_id, mm, offset, length)
+            finally:
+                with self._streams_lock:
+                    mine = self._streams.get(from_node)
+                    if mine is not None:
+                        mine.discard(sock)
+                        if not mine:
+                            del self._streams[from_node]
+
+    def _receive_range(self, sock: socket.socket, object_id: ObjectID, mm: mmap.mmap, offset: int,
+                       length: int) -> None:
+        """Thread: authenticate on ``sock``, ask for the range, receive it into ``mm``."""
+        config = self.raylet.config
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        client_handshake(sock, self.raylet.token, config.handshake_timeout_s)
+        sock.settimeout(config.rpc_timeout_s)
+        sock.sendall(bytes([len(object_id)]) + object_id + _REQ.pack(offset, length))
+        (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+        if n != length:
+            raise ObjectUnavailable(f"holder no longer has object {object_id.hex()}")
+        with memoryview(mm) as whole, whole[offset:offset + length] as view:
+            got = 0
+            while got < length:
+                with view[got:] as rest:
+                    k = sock.recv_into(rest, length - got)
+                if k == 0:
+                    raise ConnectionError("holder closed the data channel mid-object")
+                got += k
 
     # ------------------------------------------------------------------ pulling
 
@@ -352,7 +374,7 @@ class ObjectManager:
                     # Every stream finishes (or fails) before the mapping closes: a stream
                     # still writing would make close() fail and hide the real error.
                     results = await asyncio.gather(*(
-                        loop.run_in_executor(self._io, self._fetch_range, host, data_port, object_id, mm, off,
+                        loop.run_in_executor(self._io, self._fetch_range, from_node, host, data_port, object_id, mm, off,
                                              min(step, size - off))
                         for off in range(0, size, step)), return_exceptions=True)
                     for r in results:
@@ -428,9 +450,18 @@ class ObjectManager:
                 "pulls_in_progress": len(self._pulls)}
 
     def node_gone(self, node_id: NodeID) -> None:
+        """The GCS declared ``node_id`` dead: pulls from it fail now (a frozen holder would
+        hold them until their socket timeout; the owner then rebuilds the object)."""
         conn = self._peers.pop(node_id, None)
         if conn is not None:
             conn.close()
+        with self._streams_lock:
+            streams = self._streams.pop(node_id, set())
+        for sock in streams:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # (the thread's recv returns: it closes the socket)
+            except OSError:
+                pass
 
     def free_copies(self, object_ids: list[ObjectID]) -> None:
         """Tell every other alive raylet to drop its copies of these objects."""
