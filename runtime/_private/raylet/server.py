@@ -639,7 +639,10 @@ class RayletServer:
                 except OSError as e:
                     logger.error("store rename %s -> %s failed: %s", action.src, action.dst, e)
             elif isinstance(action, st.UnlinkFile):
-                self._unlinker.submit(unlink_quietly, action.path)
+                try:
+                    self._unlinker.submit(unlink_quietly, action.path)
+                except RuntimeError:  # stopping, its thread gone: a client's close frees files late
+                    unlink_quietly(action.path)
             elif isinstance(action, st.DropSlot):
                 if action.slot < 0:
                     continue
