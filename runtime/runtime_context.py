@@ -6,6 +6,7 @@ import warnings
 from typing import Any
 
 from lumos._private import worker_context
+from lumos._private.protocol import messages as m
 
 
 def _deprecated(name: str, instead: str) -> None:
@@ -58,7 +59,13 @@ class RuntimeContext:
         """The ``module.qualname`` of the running task's function (None in a driver)."""
         cw = worker_context.require()
         spec = getattr(cw.executor, "_running", None) if worker_context.is_worker else None
-        return spec.function_name if spec is not None else None
+        if spec is None:
+            return None
+        host = cw.executor.actor
+        if spec.kind == m.TaskKind.ACTOR_TASK and host is not None:  # Ray's module.Class.method
+            cls = type(host.instance)
+            return f"{cls.__module__}.{cls.__qualname__}.{spec.function_name}"
+        return spec.function_name  # type: ignore[no-any-return]
 
     def get_session_name(self) -> str:
         """The cluster session's name (its session directory's name)."""
@@ -199,5 +206,7 @@ class RuntimeContext:
 
 
 def get_runtime_context() -> RuntimeContext:
-    worker_context.require()
+    """This process's context; starts a local cluster first when none is connected, as
+    ``put`` and ``remote`` do (and Ray)."""
+    worker_context.require_or_init()
     return RuntimeContext()

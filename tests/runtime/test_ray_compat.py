@@ -31,6 +31,9 @@ class Self:
     def ping(self) -> str:
         return "pong"
 
+    def function_name(self) -> str | None:
+        return lumos.get_runtime_context().get_task_function_name()
+
     def ping_through_self(self) -> Any:
         # a call to itself through its own handle, from inside (Ray's current_actor idiom)
         return lumos.get_runtime_context().current_actor.ping.remote()
@@ -54,6 +57,11 @@ def test_current_actor_is_the_calling_actors_handle(cluster: lumos.LumosContext)
     assert isinstance(me, lumos.ActorHandle) and me == a
     assert lumos.get(me.ping.remote(), timeout=30) == "pong"
     assert lumos.get(lumos.get(a.ping_through_self.remote(), timeout=30), timeout=30) == "pong"
+
+
+def test_an_actor_calls_function_name_is_module_class_method(cluster: lumos.LumosContext) -> None:
+    # As in Ray (it was the method's bare name).
+    assert lumos.get(Self.remote().function_name.remote(), timeout=30) == f"{__name__}.Self.function_name"
 
 
 def test_current_actor_outside_an_actor_raises(cluster: lumos.LumosContext) -> None:
