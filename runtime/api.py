@@ -530,7 +530,8 @@ def cancel(object_ref: ObjectRef, *, force: bool = False, recursive: bool = True
     Actor calls, as in Ray: a queued call never runs; an async actor's running call is
     cancelled as an asyncio task; a sync or threaded actor's running call is not
     interrupted (``get_runtime_context().is_canceled()`` tells it) and ``get`` raises
-    ``TaskCancelledError`` once it ends; ``force=True`` is refused (``ValueError``). ``object_ref`` may be an ``ObjectRefGenerator`` (a streaming task).
+    ``TaskCancelledError`` once it ends; ``force=True`` is refused (``ValueError``).
+    ``object_ref`` may be an ``ObjectRefGenerator`` (a streaming task).
     """
     from lumos.generator import ObjectRefGenerator
     if isinstance(object_ref, ObjectRefGenerator):  # a streaming task: cancel it by its id

@@ -374,8 +374,8 @@ class ObjectManager:
                     # Every stream finishes (or fails) before the mapping closes: a stream
                     # still writing would make close() fail and hide the real error.
                     results = await asyncio.gather(*(
-                        loop.run_in_executor(self._io, self._fetch_range, from_node, host, data_port, object_id, mm, off,
-                                             min(step, size - off))
+                        loop.run_in_executor(self._io, self._fetch_range, from_node, host, data_port, object_id,
+                                             mm, off, min(step, size - off))
                         for off in range(0, size, step)), return_exceptions=True)
                     for r in results:
                         if isinstance(r, BaseException):
