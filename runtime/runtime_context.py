@@ -206,7 +206,5 @@ class RuntimeContext:
 
 
 def get_runtime_context() -> RuntimeContext:
-    """This process's context; starts a local cluster first when none is connected, as
-    ``put`` and ``remote`` do (and Ray)."""
-    worker_context.require_or_init()
+    worker_context.require()
     return RuntimeContext()

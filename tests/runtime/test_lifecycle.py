@@ -140,17 +140,6 @@ def test_a_process_that_dies_starting_up_is_named_with_its_reason(tmp_path):
     wait_for(lambda: not lumos_children(), 10)
 
 
-def test_get_runtime_context_starts_a_cluster_as_put_does():
-    # As in Ray (it raised "call lumos.init() first").
-    assert not lumos.is_initialized()
-    try:
-        ctx = lumos.get_runtime_context()
-        assert lumos.is_initialized() and ctx.get_job_id() and ctx.get_task_id() is None
-    finally:
-        lumos.shutdown()
-    wait_for(lambda: not lumos_children(), 10)
-
-
 def test_init_twice_raises_clearly(fresh_cluster):
     ctx = fresh_cluster()
     with pytest.raises(RuntimeError, match=r"already.*shutdown\(\).*ignore_reinit_error"):
