@@ -25,7 +25,7 @@ import pytest
 
 import lumos
 
-from ..conftest import TEST_CONFIG, check_no_leaks, lumos_children, start, wait_for
+from ..conftest import TEST_CONFIG, check_no_leaks, lumos_children, process_gone, start, wait_for
 
 
 @lumos.remote
@@ -276,6 +276,32 @@ def test_killed_worker_leaves_no_socket_file(fresh_cluster):
         return bool(alive) and files == alive
     wait_for(workers_match_sockets, 30)
 
+
+
+@pytest.mark.parametrize("worker_start", ["fork", "spawn"])
+def test_a_tasks_subprocesses_end_with_the_cluster(fresh_cluster, worker_start):
+    """A process a task started and left running (a direct child, and one a shell put in
+    the background) ends at shutdown(); both outlived the cluster."""
+    fresh_cluster(num_cpus=1, _system_config={"worker_start": worker_start})
+
+    @lumos.remote
+    def spawn():
+        direct = subprocess.Popen(["sleep", "300"])
+        shell = subprocess.Popen("sleep 300 >/dev/null 2>&1 & echo $!", shell=True, stdout=subprocess.PIPE, text=True)
+        background = int(shell.communicate()[0])
+        return direct.pid, background
+
+    pids = lumos.get(spawn.remote(), timeout=30)
+    assert all(psutil.pid_exists(p) for p in pids)
+    lumos.shutdown()
+    try:
+        wait_for(lambda: all(process_gone(p) for p in pids), 10)
+    finally:
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 @lumos.remote
 def _square(x: int) -> int:

@@ -252,12 +252,15 @@ class WorkerPool:
         self.fork_server: ForkServerClient | None = None
         self._stopping = False
         self._restart_handle: asyncio.TimerHandle | None = None
+        #: Orphaned descendants (a task's subprocesses whose worker is gone) become ours.
+        self._subreaper = False
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
+        self._subreaper = set_child_subreaper()
         if self.state.fork_server != OFF:
-            if set_child_subreaper():
+            if self._subreaper:
                 self._start_fork_server()
             else:
                 logger.warning("cannot become a child subreaper; workers are spawned, not forked")
@@ -286,6 +289,39 @@ class WorkerPool:
                     logger.error("worker pid %d did not exit", proc.pid)
             self._close_pidfd(proc)
         self.reap_orphans()
+        self._end_orphans()
+
+    def _end_orphans(self, grace_s: float = 1.0) -> None:
+        """At stop, what tasks started and left running (reparented here when their
+        worker went) ends with the node, as its workers do: SIGTERM, then SIGKILL after
+        ``grace_s``. Without this a task's ``subprocess.Popen`` outlived ``shutdown()``."""
+        if not self._subreaper:
+            return
+        orphans = set(children_of_self())
+        for pid in orphans:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while orphans:
+            for pid in list(orphans):
+                try:
+                    done, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    done = pid
+                if done:
+                    orphans.discard(pid)
+            if not orphans or time.monotonic() >= deadline:
+                break
+            time.sleep(0.02)
+        for pid in orphans:
+            logger.debug("orphaned process %d did not end on SIGTERM; killing it", pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
 
     def _start_fork_server(self) -> None:
         r = self.raylet
@@ -596,7 +632,7 @@ class WorkerPool:
         """As a child subreaper this raylet inherits every orphaned descendant (a task's
         own subprocess whose worker died, say): wait for those that exited, so they do
         not stay zombies. Known workers and forks still in flight are left alone."""
-        if self.state.fork_server == OFF or (self.fork_server is not None and self.fork_server.pending):
+        if not self._subreaper or (self.fork_server is not None and self.fork_server.pending):
             return
         known = {p.pid for p in self.procs.values() if p.process is not None and p.exit_info is None}
         if self.fork_server is not None:
