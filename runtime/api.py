@@ -489,7 +489,7 @@ def wait(object_refs: Sequence[ObjectRef], *, num_returns: int = 1, timeout: flo
     """Wait until ``num_returns`` of the refs are ready or ``timeout`` passes.
 
     Returns:
-        ``(ready, not_ready)``; ``ready`` lists refs in the order they completed.
+        ``(ready, not_ready)``, each in the order the refs were given (as in Ray).
     """
     cw = worker_context.require_or_init()
     if isinstance(object_refs, ObjectRef) or not isinstance(object_refs, (list, tuple)):

@@ -106,10 +106,11 @@ def test_get_timeout_raises_get_timeout_error(cluster):
     lumos.cancel(ref, force=True)
 
 
-def test_wait_ready_in_completion_order(cluster):
+def test_wait_ready_keeps_the_input_order(cluster):
+    """As Ray documents: ready lists the refs in the order given, not as they finished."""
     refs = [sleep_then.remote(0.9, "slow"), sleep_then.remote(0.05, "fast")]
     ready, not_ready = lumos.wait(refs, num_returns=2, timeout=30)
-    assert lumos.get(ready, timeout=30) == ["fast", "slow"]
+    assert lumos.get(ready, timeout=30) == ["slow", "fast"]
     assert not_ready == []
 
 

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from lumos import exceptions as exc
 from lumos._private import serialization as ser
-from lumos._private.core_worker.references import FAILED, PENDING, READY, Waiter
+from lumos._private.core_worker.references import FAILED, PENDING, READY, Waiter, holds_error
 from lumos._private.core_worker.tasks import DRIVER, WORKER
 from lumos._private.ids import NodeID, ObjectID, WorkerID, put_object_id, short, task_id_of
 from lumos._private.protocol import messages as m
@@ -321,12 +321,24 @@ class ObjectsMixin:
         self.drain_refs()
         entries = self.objects.entries
         missing: list[ObjectRef] = []
+        failed: ObjectRef | None = None
         for ref in refs:
             e = entries.get(ref._id)
             if e is None or e.state == PENDING:
                 missing.append(ref)
+            elif failed is None and holds_error(e):
+                failed = ref
         if missing:
-            self._wait_for(missing, len({r._id for r in missing}), timeout, for_get=True)
+            # As in Ray, a get of several raises the first error to happen without waiting
+            # for the rest (one failed already: at once).
+            if failed is None:
+                fail_fast = len(refs) > 1
+                failed_id = self._wait_for(missing, len({r._id for r in missing}), timeout, for_get=True,
+                                           fail_fast=fail_fast)
+                if fail_fast and failed_id is not None:
+                    failed = next(r for r in missing if r._id == failed_id)
+            if failed is not None:
+                self._value_of(failed, deadline)  # raises its error
         if len(refs) > 1:
             self._pull_remote_together(refs)
         if len(refs) == 1:
@@ -368,14 +380,17 @@ class ObjectsMixin:
             pass
 
     def _wait_for(self, refs: list[ObjectRef], num: int, timeout: float | None,
-                  for_get: bool = False) -> list[bytes]:
-        """Block until ``num`` of ``refs`` are ready. Returns ids in completion order.
+                  for_get: bool = False, fail_fast: bool = False) -> Any:
+        """Block until ``num`` of ``refs`` are ready. Returns ids in completion order
+        (``wait`` puts them back in the order given).
 
         ``for_get``: raise ``GetTimeoutError`` at the deadline (``wait`` just returns).
+        ``fail_fast`` (a get): stop at the first of them that failed and return its id
+        (None when none failed).
         """
         if for_get and self._calls_to_self:
             self._refuse_waiting_for_own_calls(refs)
-        waiter = Waiter(num)
+        waiter = Waiter(num, fail_fast)
         to_fetch: list[tuple[bytes, m.Address]] = []
         seen: set[bytes] = set()
         with self.objects.lock:
@@ -388,7 +403,7 @@ class ObjectsMixin:
                 if e is None:
                     waiter.hit(oid)  # unknown here: _value_of explains
                 elif e.state != PENDING:
-                    waiter.hit(oid)
+                    waiter.hit(oid, holds_error(e))
                 else:
                     if e.waiters is None:
                         e.waiters = []
@@ -396,10 +411,10 @@ class ObjectsMixin:
                     if not e.owned and not e.fetching and e.owner is not None:
                         e.fetching = True
                         to_fetch.append((oid, e.owner))
-                if waiter.remaining <= 0:
+                if waiter.remaining <= 0 or (fail_fast and waiter.failed is not None):
                     break
-        if waiter.remaining <= 0:
-            return waiter.order
+        if waiter.remaining <= 0 or (fail_fast and waiter.failed is not None):
+            return waiter.failed if fail_fast else waiter.order
         for oid, owner in to_fetch:
             self._post(self._start_fetch, oid, owner)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -424,10 +439,12 @@ class ObjectsMixin:
                         e = self.objects.entries.get(ref._id)
                         if e is not None and e.waiters and waiter in e.waiters:
                             e.waiters.remove(waiter)
+        if fail_fast and waiter.failed is not None:
+            return waiter.failed
         if waiter.remaining > 0 and for_get:
             raise exc.GetTimeoutError(
                 f"get timed out after {timeout}s: {waiter.remaining} of {num} objects not ready")
-        return waiter.order
+        return None if fail_fast else waiter.order
 
     def _refuse_waiting_for_own_calls(self, refs: list[ObjectRef]) -> None:
         """A call of a one-at-a-time actor that waits in get() for another call to the same
@@ -522,7 +539,8 @@ class ObjectsMixin:
                         if e is not None and e.state != PENDING and len(ready_ids) < num_returns:
                             ready_ids.append(oid)
                             ready_set.add(oid)
-        ready = [by_id[oid] for oid in ready_ids if oid in by_id]
+        # As in Ray, both lists keep the order the refs were given in.
+        ready = [r for r in refs if r._id in ready_set]
         not_ready = [r for r in refs if r._id not in ready_set]
         return ready, not_ready
 

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable
 
 from lumos._private.ids import NodeID, ObjectID, WorkerID, short
 from lumos._private.protocol import messages as m
+from lumos._private.serialization import KIND_ERROR
 from lumos._private.transport.connection import Connection, ConnectionLost
 from lumos.object_ref import ObjectRef
 
@@ -38,22 +39,38 @@ logger = logging.getLogger(__name__)
 PENDING, READY, FAILED = 0, 1, 2
 
 
+def holds_error(e: "ObjectEntry") -> bool:
+    """The object is done and its value is an error (a failed task's, or a system one)."""
+    if e.state == FAILED:
+        return True
+    data = e.data
+    return e.state == READY and data is not None and len(data) > 1 and data[1] == KIND_ERROR
+
+
 class Waiter:
-    """A user thread waiting for ``remaining`` objects; released when it reaches zero."""
+    """A user thread waiting for ``remaining`` objects; released when it reaches zero, or,
+    with ``fail_fast`` (a get), at the first of them that failed (``failed`` names it)."""
 
-    __slots__ = ("lock", "remaining", "order")
+    __slots__ = ("lock", "remaining", "order", "fail_fast", "failed", "_released")
 
-    def __init__(self, remaining: int) -> None:
+    def __init__(self, remaining: int, fail_fast: bool = False) -> None:
         self.lock = threading.Lock()
         self.lock.acquire()
         self.remaining = remaining
         #: Object ids in the order they became ready.
         self.order: list[bytes] = []
+        self.fail_fast = fail_fast
+        self.failed: bytes | None = None
+        self._released = False
 
-    def hit(self, object_id: ObjectID) -> None:
+    def hit(self, object_id: ObjectID, failed: bool = False) -> None:
+        """One of them is done (under the object table's lock)."""
         self.order.append(object_id)
         self.remaining -= 1
-        if self.remaining == 0:
+        if failed and self.failed is None:
+            self.failed = object_id
+        if not self._released and (self.remaining == 0 or (self.fail_fast and self.failed is not None)):
+            self._released = True
             self.lock.release()
 
 
@@ -289,8 +306,9 @@ class ObjectTable:
                 e.nested = list(nested)
             waiters, e.waiters = e.waiters, None
             if waiters:
+                failed = holds_error(e)
                 for w in waiters:
-                    w.hit(oid)
+                    w.hit(oid, failed)
             return e
 
     def reset_pending(self, oid: ObjectID) -> None:
