@@ -373,7 +373,8 @@ def spill_stats() -> list[dict[str, Any]]:
     """Object spilling per alive node: what went to disk and came back.
 
     Each row: node_id, spilled_bytes, spilled_objects, restored_bytes, restored_objects,
-    restored_from_disk (reads served by mapping the spill file), spill_mib_s,
+    restored_from_disk (reads served by mapping the spill file), fallback_objects
+    (creates written to disk because no room could be made in the store), spill_mib_s,
     restore_mib_s (copy throughput), disk_bytes (in the spill directory now),
     spilling_bytes (in flight), out_of_disk (an out-of-disk episode is on),
     out_of_disk_rejects, spill_dir.

@@ -81,6 +81,34 @@ def test_object_larger_than_the_store_goes_to_disk(fresh_cluster: Any) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_a_store_full_of_viewed_arrays_takes_more_objects_on_disk(fresh_cluster: Any) -> None:
+    """Arrays read with get() and kept fill the store; nothing can be spilled while they
+    are viewed. New puts and task returns go to the spill dir (Ray's fallback
+    allocation): they waited object_store_full_timeout_s and raised ObjectStoreFullError."""
+    ctx = fresh_cluster(num_cpus=1, object_store_memory=64 * MIB, include_dashboard=False,
+                        _system_config={"object_store_full_timeout_s": 30.0})
+    session = ctx.address_info["session_dir"]
+    refs = [lumos.put(block(i, 20 * MIB)) for i in range(3)]
+    views = [lumos.get(r, timeout=30) for r in refs]  # 60 of 64 MiB viewed
+
+    @lumos.remote
+    def make(i: int) -> np.ndarray:
+        return block(i, 24 * MIB)
+
+    extra = lumos.put(block(10, 20 * MIB))
+    made = make.remote(11)
+    assert np.array_equal(lumos.get(extra, timeout=20), block(10, 20 * MIB))
+    assert np.array_equal(lumos.get(made, timeout=20), block(11, 24 * MIB))
+    (row,) = lumos.state.spill_stats()
+    assert row["fallback_objects"] >= 1 and spill_files(session)
+    assert all(np.array_equal(v, block(i, 20 * MIB)) for i, v in enumerate(views))
+    del views, refs, extra, made
+    gc.collect()
+    lumos.put(0)
+    wait_for(lambda: not spill_files(session), 20)
+
+
+@pytest.mark.timeout(120)
 def test_task_whose_returns_exceed_the_store_works(fresh_cluster: Any) -> None:
     fresh_cluster(num_cpus=1, object_store_memory=64 * MIB, include_dashboard=False)
 

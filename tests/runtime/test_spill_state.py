@@ -169,3 +169,47 @@ def test_primaries_are_spilled_ahead_above_the_threshold():
     assert not of(put(s, 3, C, 10 * MiB), st.SpillObject)  # A's spill already covers it
     s.handle(st.SpillFinished(A, seconds=1.0, started=0.0), 1)
     assert s.used_bytes == 50 * MiB and s.spill_stats()["spill_mib_s"] == 40.0
+
+
+def test_a_create_no_spill_can_serve_is_written_to_disk_after_a_grace():
+    """Every object in the store viewed by some process (arrays from get() kept): a create
+    goes to the spill dir after FALLBACK_GRACE_S, as in Ray (it failed with
+    ObjectStoreFullError after waiting object_store_full_timeout_s)."""
+    s = store()
+    put(s, 1, A, 40 * MiB)
+    put(s, 2, B, 40 * MiB)
+    s.handle(st.ObjectsPinned(W2, [A, B]), 0)
+    out = put(s, 3, C, 40 * MiB)
+    assert not of(out, st.GrantCreate) and not of(out, st.SpillObject) and len(s.pending) == 1
+    assert not of(s.handle(st.Ticked(), st.FALLBACK_GRACE_S / 2), st.GrantCreate)
+    (g,) = of(s.handle(st.Ticked(), st.FALLBACK_GRACE_S), st.GrantCreate)
+    assert g.on_disk and g.object_id == C and g.final_path == "/spill/" + C.hex() and not s.pending
+    s.handle(st.ObjectSealed(C, 40 * MiB), st.FALLBACK_GRACE_S)
+    assert s.used_bytes == 80 * MiB and s.disk_bytes == 40 * MiB and s.spill_stats()["fallback_objects"] == 1
+    # Read while the store is still full: the reader maps the file on disk.
+    assert s.handle(st.RestoreRequested(C), 2) == [st.AnswerRestore(C, "/spill/" + C.hex())]
+    # Once there is room, a read brings it into the store.
+    s.handle(st.ObjectsUnpinned(W2, [A]), 2)
+    s.handle(st.ObjectsFreed([A], [False]), 2)
+    (r,) = of(s.handle(st.RestoreRequested(C), 2), st.RestoreObject)
+    assert r.object_id == C
+
+
+def test_a_create_a_spill_in_flight_serves_waits_for_it():
+    s = store()
+    put(s, 1, A, 60 * MiB)
+    out = put(s, 2, B, 60 * MiB)
+    assert [a.object_id for a in of(out, st.SpillObject)] == [A]
+    assert not of(s.handle(st.Ticked(), st.FALLBACK_GRACE_S + 0.5), st.GrantCreate)  # not to disk
+    (g,) = of(s.handle(st.SpillFinished(A, seconds=0.1), 1.6), st.GrantCreate)
+    assert g.object_id == B and not g.on_disk
+
+
+def test_without_spilling_a_create_that_finds_no_room_fails_at_its_deadline():
+    off = st.ObjectStoreState("/dev/shm/x", 100 * MiB, 0, 2.0, validate=True)
+    put(off, 1, A, 60 * MiB)
+    off.handle(st.ObjectsPinned(W2, [A]), 0)
+    assert not of(put(off, 2, B, 60 * MiB), st.GrantCreate)
+    assert not off.handle(st.Ticked(), st.FALLBACK_GRACE_S)
+    (r,) = off.handle(st.Ticked(), 2.0)
+    assert isinstance(r, st.RejectCreate) and "object store is full" in r.reason

@@ -20,7 +20,9 @@ mappings keep their pages alive), and its creator is told to drop its mapping.
  no room       ──► evict pool slots (DropSlot to their mapper), then copies pulled from
                    other nodes, then drop primaries already on disk, then SpillObject
                    primaries no process views (oldest first); the create waits for the
-                   spills (or frees) until its deadline, then RejectCreate
+                   spills (or frees) until its deadline, then is written to the spill dir
+                   (RejectCreate without spilling); one that nothing in flight or
+                   spillable can serve goes there after FALLBACK_GRACE_S
  n > capacity  ──► GrantCreate(on_disk): the creator writes straight into the spill dir
  reserve(n, k) ──► GrantSlots(files resv-<slot>, or pool-<slot> from the pool; counted as used)
  reserved seal ──► the file (linked to its final name by the client) becomes the object
@@ -80,6 +82,11 @@ FREED_UNKNOWN_MAX = 65536
 #: After a spill failed for lack of disk, spills are tried again after this long.
 DISK_FULL_RETRY_S = 2.0
 
+#: A create that waits this long while no spill or free could make its room (every
+#: object in the store is viewed by some process, say) is written to the spill directory
+#: instead, as an object larger than the store is (Ray's fallback allocation).
+FALLBACK_GRACE_S = 1.0
+
 #: Slots one ``SlotsReserveRequested`` grants at most (a process keeps up to 16 slots of
 #: small values reserved, asked for at its first put, then topped up by half).
 MAX_GRANT = 16
@@ -109,6 +116,7 @@ class _Obj:
 class _Pending:
     request: CreateRequested
     deadline: float
+    since: float
 
 
 class ObjectStoreState:
@@ -164,6 +172,8 @@ class ObjectStoreState:
         self.disk_bytes = 0
         self.spilled_bytes = 0
         self.spilled_objects = 0
+        #: Creates written to the spill dir because no room could be made in the store.
+        self.fallback_objects = 0
         self.spill_seconds = 0.0
         self.restored_bytes = 0
         self.restored_objects = 0
@@ -259,10 +269,18 @@ class ObjectStoreState:
                 self._retry_pending(now, actions)
             while self.restores_waiting and self.restores_waiting[0][1] <= now:
                 self._restore_from_disk(self.restores_waiting.popleft()[0], actions)
-            while self.pending and self.pending[0].deadline <= now:
-                p = self.pending.popleft()
-                actions.append(RejectCreate(p.request.request, p.request.object_id, self._full_reason(
-                    p.request.size_bytes, waited=True)))
+            while self.pending:
+                p = self.pending[0]
+                if self._fall_back_to_disk(p, now):
+                    self.pending.popleft()
+                    self.fallback_objects += 1
+                    self._create_on_disk(p.request, actions)
+                elif p.deadline <= now:
+                    self.pending.popleft()
+                    actions.append(RejectCreate(p.request.request, p.request.object_id, self._full_reason(
+                        p.request.size_bytes, waited=True)))
+                else:
+                    break
         elif isinstance(event, ObjectsPinned):
             held = self.pins.setdefault(event.client, set())
             for oid in event.object_ids:
@@ -305,18 +323,33 @@ class ObjectStoreState:
                 actions.append(RejectCreate(ev.request, ev.object_id, self._disk_reason(ev.size_bytes),
                                             out_of_disk=True))
             else:
-                self.objects[ev.object_id] = _Obj(-1, ev.size_bytes, ev.size_bytes, ev.client, False, False,
-                                                  in_shm=False, on_disk=True, moved=True)
-                self.disk_bytes += ev.size_bytes
-                if ev.client != PULLED:
-                    self.spilled_bytes += ev.size_bytes
-                    self.spilled_objects += 1
-                actions.append(GrantCreate(ev.request, ev.object_id, -1, self._spill_tmp_path(ev.object_id),
-                                           self.spill_path(ev.object_id), ev.size_bytes, True, on_disk=True))
+                self._create_on_disk(ev, actions)
             return
         if self.pending or not self._try_grant(ev, actions):
-            self.pending.append(_Pending(ev, now + self.full_timeout_s))
+            self.pending.append(_Pending(ev, now + self.full_timeout_s, now))
             self._reject_hopeless(actions)
+
+    def _create_on_disk(self, ev: CreateRequested, actions: list[Action]) -> None:
+        """The creator writes the object straight into the spill dir; readers map that file
+        (or get it restored into the store once there is room)."""
+        self.objects[ev.object_id] = _Obj(-1, ev.size_bytes, ev.size_bytes, ev.client, False, False,
+                                          in_shm=False, on_disk=True, moved=True)
+        self.disk_bytes += ev.size_bytes
+        if ev.client != PULLED:
+            self.spilled_bytes += ev.size_bytes
+            self.spilled_objects += 1
+        actions.append(GrantCreate(ev.request, ev.object_id, -1, self._spill_tmp_path(ev.object_id),
+                                   self.spill_path(ev.object_id), ev.size_bytes, True, on_disk=True))
+
+    def _fall_back_to_disk(self, p: _Pending, now: float) -> bool:
+        """Write the create at the head of the queue to disk: its deadline passed, or it
+        waited ``FALLBACK_GRACE_S`` while nothing in flight or spillable could make room."""
+        if not self.spill_dir or self._disk_blocked():
+            return False
+        if p.deadline <= now:
+            return True
+        return now - p.since >= FALLBACK_GRACE_S and self.spilling_bytes == 0 \
+            and not self._would_fit_with_spilling(p.request.size_bytes)
 
     def _try_grant(self, ev: CreateRequested, actions: list[Action]) -> bool:
         slot = self._pick_slot(ev.size_bytes, ev.client)
@@ -762,7 +795,7 @@ class ObjectStoreState:
         mib = 1024 * 1024
         return {"spilled_bytes": self.spilled_bytes, "spilled_objects": self.spilled_objects,
                 "restored_bytes": self.restored_bytes, "restored_objects": self.restored_objects,
-                "restored_from_disk": self.restored_from_disk,
+                "restored_from_disk": self.restored_from_disk, "fallback_objects": self.fallback_objects,
                 "spill_mib_s": self.spilled_bytes / mib / self.spill_seconds if self.spill_seconds else 0.0,
                 "restore_mib_s": self.restored_bytes / mib / self.restore_seconds if self.restore_seconds else 0.0,
                 "disk_bytes": self.disk_bytes, "spilling_bytes": self.spilling_bytes,
