@@ -55,6 +55,10 @@ def _make_remote(target: Any, options: dict[str, Any]) -> Any:
         return ActorClass(target, options)
     # As in Ray: a function (or a Cython one), never another callable (an instance with
     # __call__, a bound method, a functools.partial), whose state would be copied silently.
+    if inspect.iscoroutinefunction(target):  # as in Ray: its coroutine could not even be returned
+        raise ValueError(f"'async def' cannot be a remote task ({target.__qualname__}): make it a plain "
+                         "function that runs the coroutine (asyncio.run(...)), or a method of an actor, "
+                         "whose async methods run on the actor's event loop")
     if inspect.isfunction(target) or type(target).__name__ == "cython_function_or_method":
         return RemoteFunction(target, options)
     raise TypeError(f"@lumos.remote must be applied to a function or a class, not {type(target).__name__!r}; "

@@ -48,7 +48,11 @@ class ActorClassInheritanceException(TypeError):
 
 
 def method(*args: Any, **options: Any) -> Callable[[Any], Any]:
-    """Options for one actor method: ``@lumos.method(num_returns=2)``."""
+    """Options for one actor method: ``@lumos.method(num_returns=2)``; bare
+    ``@lumos.method`` (no options) is accepted, as in Ray."""
+    if len(args) == 1 and not options and callable(args[0]):
+        args[0].__lumos_method_options__ = {}
+        return args[0]  # type: ignore[no-any-return]
     if args:
         raise TypeError("use @lumos.method(num_returns=N) with keyword options")
     unknown = set(options) - _METHOD_OPTIONS

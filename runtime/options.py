@@ -73,6 +73,9 @@ def num_returns_of(value: Any, fn: Any, given: bool) -> int:
     if inspect.isasyncgenfunction(fn):
         raise TypeError(f"{getattr(fn, '__qualname__', fn)} is an async generator: a task streams from "
                         "a plain generator function (async generators stream as methods of actors)")
+    if value in ("streaming", "dynamic") and not inspect.isgeneratorfunction(fn):
+        raise ValueError(f"num_returns={value!r} needs a generator function (one that yields), and "
+                         f"{getattr(fn, '__qualname__', fn)} is not one")
     if value == "streaming" or (not given and inspect.isgeneratorfunction(fn)):
         return -1
     if value == "dynamic":
@@ -126,6 +129,22 @@ def _runtime_env(name: str, v: Any) -> None:
 JOB_RUNTIME_ENV_KEYS = {"env_vars", "working_dir", "excludes"}
 
 
+#: Keys of Ray's ``runtime_env["config"]`` (RuntimeEnvConfig). lumos accepts them and has
+#: nothing to apply: env_vars need no setup, so there is no setup to time out or install early.
+_ENV_CONFIG_KEYS = {"setup_timeout_seconds", "eager_install", "log_files"}
+
+
+def _check_env_config(config: Any) -> None:
+    if config is None:
+        return
+    if not isinstance(config, dict):
+        raise TypeError(f"runtime_env['config'] must be a dict, not {type(config).__name__}")
+    unknown = set(config) - _ENV_CONFIG_KEYS
+    if unknown:
+        raise ValueError(f"runtime_env['config'] keys {sorted(unknown)} are unknown; "
+                         f"valid: {sorted(_ENV_CONFIG_KEYS)}")
+
+
 def env_vars_of(runtime_env: Any, job: bool = False) -> dict[str, str] | None:
     """The ``env_vars`` of a ``runtime_env`` option (checked), or None when it sets none.
     ``job``: the runtime_env of ``init()``, which may also hold working_dir and excludes."""
@@ -133,7 +152,8 @@ def env_vars_of(runtime_env: Any, job: bool = False) -> dict[str, str] | None:
         return None
     if not isinstance(runtime_env, dict):
         raise TypeError(f"runtime_env must be a dict, not {type(runtime_env).__name__}")
-    unsupported = set(runtime_env) - (JOB_RUNTIME_ENV_KEYS if job else {"env_vars"})
+    _check_env_config(runtime_env.get("config"))
+    unsupported = set(runtime_env) - (JOB_RUNTIME_ENV_KEYS if job else {"env_vars"}) - {"config"}
     if unsupported and not job and unsupported <= JOB_RUNTIME_ENV_KEYS:
         raise ValueError(f"runtime_env {sorted(unsupported)} can be set for the whole job only, in "
                          "lumos.init(runtime_env=...); a task's or actor's runtime_env takes env_vars")

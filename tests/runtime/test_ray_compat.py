@@ -546,3 +546,57 @@ class _Holder:
 
     def size(self) -> int:
         return len(self.data)
+
+
+# ----------------------------------------------------------------------------- declaring
+
+
+def test_async_def_cannot_be_a_remote_task() -> None:
+    """As in Ray: refused at the decorator (it ran, then failed pickling a coroutine)."""
+    async def fetch(x: int) -> int:
+        return x
+
+    with pytest.raises(ValueError, match="'async def' cannot be a remote task"):
+        lumos.remote(fetch)
+    with pytest.raises(ValueError, match="'async def'"):
+        lumos.remote(num_cpus=1)(fetch)
+
+
+def test_streaming_or_dynamic_returns_need_a_generator_function(cluster: lumos.LumosContext) -> None:
+    """As in Ray: a ValueError at .remote() (the worker's TypeError came from get())."""
+    @lumos.remote
+    def not_a_generator() -> int:
+        return 1
+
+    for value in ("streaming", "dynamic"):
+        with pytest.raises(ValueError, match="needs a generator function"):
+            not_a_generator.options(num_returns=value).remote()
+    assert lumos.get(not_a_generator.remote(), timeout=30) == 1
+
+
+@lumos.remote
+class BareMethod:
+    @lumos.method
+    def hello(self) -> str:
+        return "hi"
+
+
+def test_bare_method_decorator_is_accepted(cluster: lumos.LumosContext) -> None:
+    """Ray accepts @ray.method with no arguments (lumos raised TypeError at class definition)."""
+    assert lumos.get(BareMethod.remote().hello.remote(), timeout=30) == "hi"
+
+
+def test_runtime_env_config_is_accepted(cluster: lumos.LumosContext) -> None:
+    """Ray's runtime_env['config'] (setup_timeout_seconds, eager_install) is accepted; there
+    is no setup in lumos for it to govern. Unknown keys in it are a ValueError."""
+    @lumos.remote
+    def env() -> str | None:
+        import os
+        return os.environ.get("LUMOS_T")
+
+    opts = {"env_vars": {"LUMOS_T": "1"}, "config": {"setup_timeout_seconds": 10, "eager_install": True}}
+    assert lumos.get(env.options(runtime_env=opts).remote(), timeout=30) == "1"
+    with pytest.raises(ValueError, match="unknown"):
+        env.options(runtime_env={"config": {"bogus": 1}})
+    with pytest.raises(TypeError, match="config"):
+        env.options(runtime_env={"config": 5})
