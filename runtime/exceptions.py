@@ -265,8 +265,13 @@ class ActorUnavailableError(ActorDiedError):
         return f"actor {self.actor_id_hex[:16]} is unavailable: {self.detail}"
 
 
-class ActorUnschedulableError(LumosError):
-    """No node can host the actor."""
+class ActorUnschedulableError(ActorDiedError):
+    """No node can ever host the actor (``NodeAffinitySchedulingStrategy(soft=False)`` to a
+    node that is gone or too small): its calls raise this. An ``ActorDiedError`` too, so
+    existing except clauses still catch it."""
+
+    def __str__(self) -> str:
+        return f"actor {self.actor_id_hex[:16]}: {self.detail}"
 
 
 class TaskUnschedulableError(LumosError):

@@ -79,7 +79,7 @@ def test_node_affinity_hard_and_soft(two_nodes: tuple[Cluster, Any]) -> None:
     soft = NodeAffinitySchedulingStrategy(gone, soft=True)
     assert lumos.get(where.options(scheduling_strategy=soft).remote(), timeout=30)[0] in (head, node.node_id)
     bad = where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(gone, soft=False)).remote()
-    with pytest.raises(Exception, match="is not alive"):
+    with pytest.raises(lumos.exceptions.TaskUnschedulableError, match="is not alive"):  # as in Ray
         lumos.get(bad, timeout=30)
 
 

@@ -600,3 +600,37 @@ def test_runtime_env_config_is_accepted(cluster: lumos.LumosContext) -> None:
         env.options(runtime_env={"config": {"bogus": 1}})
     with pytest.raises(TypeError, match="config"):
         env.options(runtime_env={"config": 5})
+
+
+# ----------------------------------------------------------------------------- scheduling
+
+
+def test_hard_affinity_that_can_never_be_met_raises_unschedulable(cluster: lumos.LumosContext) -> None:
+    """As in Ray: NodeAffinitySchedulingStrategy(soft=False) to a node that is gone, or to a
+    live one too small for the request, raises TaskUnschedulableError from get() (too
+    small: it waited for ever, warned that a fitting node might join), and an actor's calls
+    raise ActorUnschedulableError (it was ActorDiedError)."""
+    from lumos.exceptions import ActorUnschedulableError, TaskUnschedulableError
+    from lumos.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @lumos.remote
+    def f() -> int:
+        return 1
+
+    @lumos.remote
+    class Pinned:
+        def m(self) -> int:
+            return 1
+
+    here = lumos.get_runtime_context().get_node_id()
+    gone = NodeAffinitySchedulingStrategy("ab" * (len(here) // 2), soft=False)
+    small = NodeAffinitySchedulingStrategy(here, soft=False)
+    for strategy, cpus, match in ((gone, 1, "is not alive"), (small, 10_000, "less than")):
+        with pytest.raises(TaskUnschedulableError, match=match):
+            lumos.get(f.options(num_cpus=cpus, scheduling_strategy=strategy).remote(), timeout=30)
+        actor = Pinned.options(num_cpus=cpus, scheduling_strategy=strategy).remote()
+        with pytest.raises(ActorUnschedulableError, match=match) as info:
+            lumos.get(actor.m.remote(), timeout=30)
+        assert isinstance(info.value, ActorDiedError)
+    # What fits runs there.
+    assert lumos.get(f.options(scheduling_strategy=small).remote(), timeout=30) == 1

@@ -21,6 +21,7 @@ from lumos import exceptions as exc
 from lumos._private.core_worker.tasks import DONE, PUSHED, QUEUED, PendingTask
 from lumos._private.ids import ActorID, NodeID, short
 from lumos._private.protocol import messages as m
+from lumos._private.protocol.vocab import ACTOR_UNSCHEDULABLE_CAUSE
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
 
 if TYPE_CHECKING:
@@ -210,6 +211,8 @@ class ActorSubmitter:
                 return exc.ActorDiedError(q.actor_id.hex(), f"{info.death_cause} (error not loadable: {e})")
         cause = info.death_cause if info is not None else "unknown"
         name = info.class_name if info is not None else "actor"
+        if cause.startswith(ACTOR_UNSCHEDULABLE_CAUSE):  # as in Ray
+            return exc.ActorUnschedulableError(q.actor_id.hex(), f"the actor {name} {cause}")
         return exc.ActorDiedError(q.actor_id.hex(), f"the actor {name} is dead: {cause}")
 
     async def _connect(self, q: _ActorQueue, info: m.ActorInfo) -> None:

@@ -30,7 +30,7 @@ from typing import Any, Union
 from lumos import exceptions as exc
 from lumos._private.core_worker.tasks import DONE, PUSHED, QUEUED, LeasedWorker, PendingTask, SchedulingQueue
 from lumos._private.ids import NodeID, TaskID, short
-from lumos._private.protocol.vocab import PlacementGroupRemoved
+from lumos._private.protocol.vocab import PlacementGroupRemoved, TaskUnschedulable
 from lumos._private.raylet.memory_monitor import OOM_KILL_REASON
 
 
@@ -286,12 +286,15 @@ class TaskSubmitterState:
         if elsewhere:
             return [PumpLater(q, 0.1)]
         out: list[Action] = []
-        removed = getattr(error, "type_name", None) == PlacementGroupRemoved.__name__
+        kind = getattr(error, "type_name", None)
         for task in list(q.tasks):
             q.tasks.remove(task)
-            if removed:
+            if kind == PlacementGroupRemoved.__name__:
                 out.append(FailTask(task, exc.TaskPlacementGroupRemoved(
                     f"{task.spec.name}() cannot run: {getattr(error, 'text', error)}")))
+            elif kind == TaskUnschedulable.__name__:
+                out.append(FailTask(task, exc.TaskUnschedulableError(
+                    f"{task.spec.name}() cannot be scheduled: {getattr(error, 'text', error)}")))
             else:
                 out.append(FailTask(task, exc.LumosSystemError(f"could not lease a worker: {error}")))
         return out

@@ -35,7 +35,7 @@ from typing import Any, Union
 
 from lumos._private.ids import ActorID, JobID, NodeID, WorkerID, short
 from lumos._private.protocol import messages as m
-from lumos._private.protocol.vocab import ActorNameTaken
+from lumos._private.protocol.vocab import ACTOR_UNSCHEDULABLE_CAUSE, ActorNameTaken
 
 logger = logging.getLogger(__name__)
 
@@ -271,7 +271,7 @@ class ActorManagerState:
         elif isinstance(event, ActorUnschedulable):
             a = self.actors.get(event.actor_id)
             if a is not None:
-                self._mark_dead(a, f"cannot be scheduled: {event.reason}", None, now, actions)
+                self._mark_dead(a, ACTOR_UNSCHEDULABLE_CAUSE + event.reason, None, now, actions)
         elif isinstance(event, WorkerLeased):
             self._leased(event, actions)
         elif isinstance(event, CreationFinished):

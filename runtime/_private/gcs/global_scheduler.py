@@ -33,6 +33,7 @@ from typing import Any
 
 from lumos._private.ids import NodeID, short
 from lumos._private.protocol import messages as m
+from lumos._private.protocol.vocab import TaskUnschedulable
 from lumos._private.raylet.resources import to_units
 
 logger = logging.getLogger(__name__)
@@ -200,7 +201,7 @@ class GlobalScheduler:
             try:
                 node_id = self.state.pick(self.node_views(), msg, time.monotonic())
             except Unschedulable as e:
-                raise ValueError(str(e)) from None
+                raise TaskUnschedulable(str(e)) from None
             if node_id is not None:
                 info = self.gcs.nodes[node_id]
                 if logger.isEnabledFor(logging.DEBUG):

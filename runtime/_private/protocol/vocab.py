@@ -51,6 +51,18 @@ class PlacementGroupRemoved(ValueError):
     the owner fails the task with ``TaskPlacementGroupRemoved``."""
 
 
+class TaskUnschedulable(ValueError):
+    """A lease's hard constraint can never be met: ``NodeAffinitySchedulingStrategy
+    (soft=False)`` names a node that is gone or too small. Raised by the GCS and the
+    raylets; its name crosses the wire, and the owner fails the task with
+    ``TaskUnschedulableError``."""
+
+
+#: How the GCS begins the death cause of an actor no node can ever host (hard affinity to
+#: a node that is gone or too small); its callers raise ``ActorUnschedulableError``.
+ACTOR_UNSCHEDULABLE_CAUSE = "cannot be scheduled: "
+
+
 class ActorNameTaken(ValueError):
     """A named actor's registration found the name taken in its namespace. Raised by the
     GCS; the creator raises ``ActorAlreadyExistsError`` (a ``ValueError``)."""

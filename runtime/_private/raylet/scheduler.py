@@ -604,7 +604,9 @@ class LocalSchedulerState:
             return False
         strategy = q.strategy
         if strategy and strategy[0] == "NODE":
-            return bytes(strategy[1]) != q.node_id
+            # Affinity to this node that it can never fit goes to the GCS too: a soft one
+            # runs elsewhere, a hard one fails (TaskUnschedulable) rather than wait for ever.
+            return bytes(strategy[1]) != q.node_id or not self.resources.feasible(request_units(q.resources))
         if q.bundle is not None:  # the GCS knows where the group's bundles are
             return not self.has_bundle(q.bundle)
         if q.alive_nodes <= 1 and q.self_alive:
