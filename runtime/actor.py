@@ -100,10 +100,22 @@ def exit_actor() -> None:
     raise exc.ActorExitRequest("the actor exited via exit_actor()")
 
 
+#: Special methods an actor's handle never calls remotely: the object protocol Python,
+#: pickle and copy look up on an instance (a handle answers them itself).
+_LOCAL_DUNDERS = frozenset((
+    "__init__", "__new__", "__del__", "__init_subclass__", "__class_getitem__", "__subclasshook__",
+    "__getattr__", "__getattribute__", "__setattr__", "__delattr__", "__dir__", "__repr__", "__str__",
+    "__format__", "__hash__", "__eq__", "__ne__", "__sizeof__", "__reduce__", "__reduce_ex__",
+    "__getstate__", "__setstate__", "__getnewargs__", "__getnewargs_ex__", "__copy__", "__deepcopy__",
+    "__post_init__"))
+
+
 def _method_table(cls: type) -> dict[str, dict[str, Any]]:
+    """The methods a handle calls: every function of the class, its own special methods
+    too (``handle.__len__.remote()``, as in Ray), but not the object protocol."""
     table: dict[str, dict[str, Any]] = {}
     for name, fn in inspect.getmembers(cls, predicate=lambda f: inspect.isfunction(f) or inspect.ismethod(f)):
-        if name.startswith("__") and name.endswith("__") and name not in ("__call__",):
+        if name in _LOCAL_DUNDERS or name.startswith("__lumos") or name.startswith("__ray"):
             continue
         opts = dict(getattr(fn, "__lumos_method_options__", {}))
         if "num_returns" not in opts and (inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)):
@@ -142,6 +154,18 @@ class ActorClass:
         self.__qualname__ = cls.__qualname__
         self.__module__ = cls.__module__
         self.__doc__ = cls.__doc__
+
+    def __getattr__(self, name: str) -> Any:
+        """The class's own attributes read through the actor class, as in Ray (whose actor
+        class derives from the user's): constants, static and class methods, and the
+        plain functions of its methods (``Cls.method`` is not remote)."""
+        cls = self.__dict__.get("_cls")
+        if cls is None or (name.startswith("__") and name.endswith("__")):
+            raise AttributeError(name)
+        try:
+            return getattr(cls, name)
+        except AttributeError:
+            raise AttributeError(f"actor class {cls.__name__} has no attribute {name!r}") from None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"actor class {self._cls.__name__} cannot be instantiated directly; "

@@ -634,3 +634,52 @@ def test_hard_affinity_that_can_never_be_met_raises_unschedulable(cluster: lumos
         assert isinstance(info.value, ActorDiedError)
     # What fits runs there.
     assert lumos.get(f.options(scheduling_strategy=small).remote(), timeout=30) == 1
+
+
+@lumos.remote
+class WithClassAttributes:
+    CONST = 7
+
+    def __init__(self) -> None:
+        self.items = [1, 2, 3]
+
+    @staticmethod
+    def helper(x: int) -> int:
+        return 2 * x
+
+    @classmethod
+    def make(cls) -> int:
+        return cls.CONST
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> int:
+        return self.items[i]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def m(self) -> int:
+        return 1
+
+
+def test_the_classs_attributes_read_through_the_actor_class() -> None:
+    """As in Ray: constants, static and class methods through the decorated name (lumos
+    raised AttributeError); a method read there is the plain function; a name the class
+    lacks is still an AttributeError."""
+    assert WithClassAttributes.CONST == 7 and WithClassAttributes.helper(3) == 6
+    assert WithClassAttributes.make() == 7 and callable(WithClassAttributes.m)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        WithClassAttributes.nope  # noqa: B018
+
+
+def test_an_actors_own_special_methods_are_callable(cluster: lumos.LumosContext) -> None:
+    """As in Ray: handle.__len__.remote() and the like call the actor's (lumos raised
+    AttributeError for every special method but __call__). The object protocol stays the
+    handle's own: it still pickles and copies as a handle."""
+    import copy
+    import pickle
+    h = WithClassAttributes.remote()
+    assert lumos.get([h.__len__.remote(), h.__getitem__.remote(1), h.m.remote()], timeout=30) == [3, 2, 1]
+    assert pickle.loads(pickle.dumps(h)) == h and copy.copy(h) == h
