@@ -497,10 +497,16 @@ def wait(object_refs: Sequence[ObjectRef], *, num_returns: int = 1, timeout: flo
     refs = list(object_refs)
     ids = set()
     add = ids.add
+    generators = False
     for r in refs:
         if r.__class__ is not ObjectRef and not isinstance(r, ObjectRef):
-            raise TypeError(f"wait() expects a list of ObjectRefs, but it contains a {type(r).__name__}{_hint(r)}")
-        add(r._id)
+            from lumos.generator import ObjectRefGenerator
+            if not isinstance(r, ObjectRefGenerator):
+                raise TypeError(f"wait() expects a list of ObjectRefs, but it contains a {type(r).__name__}")
+            generators = True
+            add(id(r._stream))
+        else:
+            add(r._id)
     if len(ids) != len(refs):
         raise ValueError("wait() requires a list of unique ObjectRefs")
     if isinstance(num_returns, bool) or not isinstance(num_returns, int) or num_returns < 1 and refs:
@@ -510,7 +516,38 @@ def wait(object_refs: Sequence[ObjectRef], *, num_returns: int = 1, timeout: flo
         return [], []
     if num_returns > len(refs):
         raise ValueError(f"num_returns ({num_returns}) cannot exceed the number of refs ({len(refs)})")
+    if generators:
+        return _wait_with_generators(cw, refs, num_returns, timeout, fetch_local)
     return cw.wait(refs, num_returns, timeout, fetch_local)
+
+
+#: How often a wait() that holds streaming generators looks at them again.
+_GENERATOR_POLL_S = 0.005
+
+
+def _wait_with_generators(cw: Any, items: list[Any], num_returns: int, timeout: float | None,
+                          fetch_local: bool) -> tuple[list[Any], list[Any]]:
+    """``wait`` on refs and ``ObjectRefGenerator``s, as in Ray: a generator is ready when
+    its next ``next()`` returns without waiting (a value's ref, or its end). Both lists
+    keep the order given. (The generators are looked at every few milliseconds.)"""
+    from lumos.generator import ObjectRefGenerator
+    refs = [r for r in items if not isinstance(r, ObjectRefGenerator)]
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        ready_refs, _ = cw.wait(refs, len(refs), 0, fetch_local) if refs else ([], [])
+        done = {id(r) for r in ready_refs}
+        done.update(id(g) for g in items if isinstance(g, ObjectRefGenerator) and g.next_ready())
+        left = None if deadline is None else deadline - time.monotonic()
+        if len(done) >= num_returns or (left is not None and left <= 0):
+            ready = [r for r in items if id(r) in done][:num_returns]
+            chosen = {id(r) for r in ready}
+            return ready, [r for r in items if id(r) not in chosen]
+        slice_s = _GENERATOR_POLL_S if left is None else min(_GENERATOR_POLL_S, left)
+        pending = [r for r in refs if id(r) not in done]
+        if pending:
+            cw.wait(pending, 1, slice_s, fetch_local)
+        else:
+            time.sleep(slice_s)
 
 
 def _check_timeout(timeout: Any) -> None:

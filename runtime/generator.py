@@ -127,7 +127,8 @@ class ObjectRefGenerator:
 
     from lumos._private.compat import missing_function as _missing
     _INSTEAD = "iterate it (for, next(), async for) for the refs; drop it to stop receiving values"
-    completed = _missing("ray.ObjectRefGenerator.completed", "lumos.wait([gen]) is not supported either; " + _INSTEAD)
+    completed = _missing("ray.ObjectRefGenerator.completed", "is_finished() tells when the stream ended, and lumos.wait([gen]) when its next value "
+                         "(or its end) is ready; " + _INSTEAD)
     close = _missing("ray.ObjectRefGenerator.close", _INSTEAD)
     aclose = _missing("ray.ObjectRefGenerator.aclose", _INSTEAD)
     send = _missing("ray.ObjectRefGenerator.send", _INSTEAD)

@@ -305,3 +305,27 @@ def test_a_retried_stream_that_fails_earlier_still_reports_its_error(cluster: An
     with pytest.raises(RuntimeError, match="failed early"):
         lumos.get(refs[3], timeout=60)
     assert len(refs) == 4
+
+
+def test_wait_takes_generators_beside_refs(cluster: Any) -> None:
+    """As in Ray: a streaming generator in wait()'s list is ready when its next value (or
+    its end) is; refs and generators mix, and both lists keep the order given (lumos
+    raised TypeError)."""
+    @lumos.remote
+    def slow_stream(delay: float) -> Any:
+        time.sleep(delay)
+        yield 1
+
+    late = slow_stream.remote(20.0)
+    soon = slow_stream.remote(0.0)
+    ref = lumos.put(5)
+    ready, rest = lumos.wait([late, soon, ref], num_returns=2, timeout=30)
+    assert ready == [soon, ref] and rest == [late]
+    assert lumos.get(next(soon), timeout=30) == 1
+    ready, rest = lumos.wait([late], timeout=0.2)
+    assert ready == [] and rest == [late]
+    ready, _ = lumos.wait([soon], timeout=30)  # its end is ready too
+    assert ready == [soon] and list(soon) == []
+    with pytest.raises(ValueError, match="unique"):
+        lumos.wait([soon, soon])
+    lumos.cancel(late)
