@@ -420,8 +420,10 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
         ValueError: no live actor has that name there.
     """
     from lumos._private.protocol import messages as m
-    if not isinstance(name, str) or not name:
-        raise TypeError("get_actor() needs the actor's name as a non-empty string")
+    if not isinstance(name, str):
+        raise TypeError(f"get_actor() needs the actor's name as a string, not {type(name).__name__}")
+    if not name:
+        raise ValueError("get_actor() needs the actor's name, not an empty string")  # (as in Ray)
     cw = worker_context.require()
     ns = namespace if namespace is not None else _current_namespace(cw)
     info = cw.call_gcs(m.GetNamedActor(name, ns))
@@ -438,8 +440,8 @@ def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
     """
     from lumos._private.protocol import messages as m
     if not isinstance(actor, ActorHandle):
-        raise TypeError(f"lumos.kill() takes an actor handle, not {type(actor).__name__}"
-                        + ("; use lumos.cancel() for tasks" if isinstance(actor, ObjectRef) else ""))
+        raise exc.WrongArgumentError(f"lumos.kill() takes an actor handle, not {type(actor).__name__}"
+                                     + ("; use lumos.cancel() for tasks" if isinstance(actor, ObjectRef) else ""))
     cw = worker_context.require()
     cw.wait_registered(actor._actor_id)  # the GCS must know the actor before it can end it
     cw.call_gcs(m.KillActor(actor._actor_id, bool(no_restart), "killed by lumos.kill()"))

@@ -475,12 +475,13 @@ def get(object_refs: ObjectRef | Sequence[ObjectRef], *, timeout: float | None =
     if isinstance(object_refs, ObjectRef):
         return cw.get([object_refs], timeout)[0]
     if not isinstance(object_refs, (list, tuple)):
-        raise TypeError(f"get() expects an ObjectRef or a list of ObjectRefs, got "
-                        f"{type(object_refs).__name__}{_hint(object_refs)}")
+        raise exc.WrongArgumentError(f"get() expects an ObjectRef or a list of ObjectRefs, got "
+                                     f"{type(object_refs).__name__}{_hint(object_refs)}")
     refs = list(object_refs)
     for r in refs:
         if not isinstance(r, ObjectRef):
-            raise TypeError(f"get() expects a list of ObjectRefs, but it contains a {type(r).__name__}{_hint(r)}")
+            raise exc.WrongArgumentError(f"get() expects a list of ObjectRefs, but it contains a "
+                                         f"{type(r).__name__}{_hint(r)}")
     return cw.get(refs, timeout)
 
 

@@ -33,6 +33,11 @@ class LumosError(Exception):
 RayError = LumosError
 
 
+class WrongArgumentError(TypeError, ValueError):
+    """An argument of the wrong kind (``get(5)``, ``kill(ref)``): a TypeError, and a
+    ValueError too, which Ray raises for these, so code written for either catches it."""
+
+
 class LumosSystemError(LumosError):
     """lumos itself failed (a bug or a broken installation), not the user's code."""
 

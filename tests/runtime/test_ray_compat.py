@@ -683,3 +683,15 @@ def test_an_actors_own_special_methods_are_callable(cluster: lumos.LumosContext)
     h = WithClassAttributes.remote()
     assert lumos.get([h.__len__.remote(), h.__getitem__.remote(1), h.m.remote()], timeout=30) == [3, 2, 1]
     assert pickle.loads(pickle.dumps(h)) == h and copy.copy(h) == h
+
+
+def test_wrong_arguments_raise_what_ray_raises_too(cluster: lumos.LumosContext) -> None:
+    """get() of a non-ref and kill() of a non-actor raise ValueError in Ray, TypeError in
+    lumos before: now an error that is both; get_actor('') is a ValueError, as in Ray."""
+    for call in (lambda: lumos.get(5), lambda: lumos.get([lumos.put(1), 5]), lambda: lumos.kill(lumos.put(1)),
+                 lambda: lumos.kill("name")):
+        for cls in (ValueError, TypeError):
+            with pytest.raises(cls):
+                call()
+    with pytest.raises(ValueError, match="empty"):
+        lumos.get_actor("")
