@@ -606,10 +606,11 @@ def nodes() -> list[dict[str, Any]]:
     for n in cw.call_gcs(m.GetAllNodes()):
         out.append({
             "NodeID": n.node_id.hex(), "Alive": n.state == "ALIVE", "alive": n.state == "ALIVE",
-            "NodeManagerAddress": n.address.host, "NodeManagerHostname": n.hostname,
+            "NodeName": n.address.host, "NodeManagerAddress": n.address.host, "NodeManagerHostname": n.hostname,
             "NodeManagerPort": n.address.port, "RayletSocketName": n.address.unix_path,
             "ObjectStoreSocketName": n.object_store_dir, "Resources": dict(n.resources_total),
             "Labels": dict(n.labels), "IsHead": n.is_head, "DeathReason": n.death_reason,
+            "DeathReasonMessage": n.death_reason or "",
         })
     return out
 
@@ -622,7 +623,7 @@ def cluster_resources() -> dict[str, float]:
         for k, v in n.total.items():
             total[k] = total.get(k, 0) + v
         total["object_store_memory"] = total.get("object_store_memory", 0) + n.store_capacity_bytes
-    return total
+    return {k: float(v) for k, v in total.items()}  # (floats, as in Ray)
 
 
 def available_resources() -> dict[str, float]:
@@ -639,7 +640,7 @@ def available_resources() -> dict[str, float]:
         local_used = local["store"]["used_bytes"] - local["store"].get("pool_bytes", 0)
         free = n.store_capacity_bytes - (local_used if n.node_id == cw.node_id else n.store_used_bytes)
         avail["object_store_memory"] = avail.get("object_store_memory", 0) + max(free, 0)
-    return avail
+    return {k: float(v) for k, v in avail.items()}  # (floats, as in Ray)
 
 
 def get_gpu_ids() -> list[Any]:

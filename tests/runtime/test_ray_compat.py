@@ -695,3 +695,14 @@ def test_wrong_arguments_raise_what_ray_raises_too(cluster: lumos.LumosContext) 
                 call()
     with pytest.raises(ValueError, match="empty"):
         lumos.get_actor("")
+
+
+def test_resource_figures_are_floats_and_nodes_have_rays_keys(cluster: lumos.LumosContext) -> None:
+    """As in Ray: cluster_resources() and available_resources() give floats (lumos gave
+    ints for some, object_store_memory among them); nodes() rows carry NodeName and
+    DeathReasonMessage."""
+    for figures in (lumos.cluster_resources(), lumos.available_resources()):
+        assert figures["object_store_memory"] > 0
+        assert all(type(v) is float for v in figures.values()), figures
+    (node,) = [n for n in lumos.nodes() if n["Alive"]]
+    assert node["NodeName"] == node["NodeManagerAddress"] and node["DeathReasonMessage"] == ""
