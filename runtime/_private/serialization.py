@@ -26,6 +26,8 @@ from typing import Any, Callable
 
 import cloudpickle
 
+from lumos.exceptions import LumosSystemError
+
 VERSION = 1
 KIND_VALUE = 0
 KIND_ERROR = 1
@@ -87,8 +89,9 @@ class SerializationError(TypeError):
     """A value could not be pickled; says which and why."""
 
 
-class DeserializationError(Exception):
-    """A serialized value could not be rebuilt in this process."""
+class DeserializationError(LumosSystemError):
+    """A serialized value could not be rebuilt in this process: a ``LumosSystemError``
+    (Ray's ``RaySystemError``, which Ray raises for it)."""
 
 
 _NOT_PLAIN, _PLAIN, _PLAIN_WITH_ARRAYS = 0, 1, 2

@@ -706,3 +706,19 @@ def test_resource_figures_are_floats_and_nodes_have_rays_keys(cluster: lumos.Lum
         assert all(type(v) is float for v in figures.values()), figures
     (node,) = [n for n in lumos.nodes() if n["Alive"]]
     assert node["NodeName"] == node["NodeManagerAddress"] and node["DeathReasonMessage"] == ""
+
+
+def _unpickle_boom() -> None:
+    raise RuntimeError("boom on unpickle")
+
+
+class _FailsToUnpickle:
+    def __reduce__(self) -> Any:
+        return (_unpickle_boom, ())
+
+
+def test_a_value_that_fails_to_unpickle_raises_a_system_error(cluster: lumos.LumosContext) -> None:
+    """As in Ray: RaySystemError (lumos's DeserializationError subclassed only Exception,
+    so `except ray.exceptions.RaySystemError` missed it)."""
+    with pytest.raises(lumos.exceptions.RaySystemError, match="boom on unpickle"):
+        lumos.get(lumos.put(_FailsToUnpickle()), timeout=30)
