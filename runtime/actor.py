@@ -19,6 +19,7 @@ handle in the process that created it is gone and no copy was sent elsewhere.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import pickle
@@ -146,14 +147,28 @@ class ActorClass:
         self._cls = cls
         self._options = opts_mod.validate(dict(options), opts_mod.ACTOR)
         self._pickled: bytes | None = None
-        self._methods = _method_table(cls)
-        #: Method name -> its signature: calls are checked where they are made.
-        self._arity = _arity_table(cls, self._methods)
-        self._check_init = arity.checker(cls.__name__, arity.spec_of(cls))
+        self._methods  # noqa: B018  (read the class now: its mistakes show at the decorator)
         self.__name__ = cls.__name__
         self.__qualname__ = cls.__qualname__
         self.__module__ = cls.__module__
         self.__doc__ = cls.__doc__
+
+    # An actor class unpickled in a worker may hold a class cloudpickle is still filling in
+    # (a class defined in __main__ whose methods name it: ``Node.remote()`` inside ``Node``),
+    # so what is read from the class is read at first use, not when it is rebuilt.
+
+    @functools.cached_property
+    def _methods(self) -> dict[str, dict[str, Any]]:
+        return _method_table(self._cls)
+
+    @functools.cached_property
+    def _arity(self) -> dict[str, arity.Spec]:
+        """Method name -> its signature: calls are checked where they are made."""
+        return _arity_table(self._cls, self._methods)
+
+    @functools.cached_property
+    def _check_init(self) -> Any:
+        return arity.checker(self._cls.__name__, arity.spec_of(self._cls))
 
     def __getattr__(self, name: str) -> Any:
         """The class's own attributes read through the actor class, as in Ray (whose actor
@@ -175,7 +190,7 @@ class ActorClass:
         return f"<lumos.remote actor class {self._cls.__qualname__!r}>"
 
     def __reduce__(self) -> Any:
-        return (ActorClass, (self._cls, self._options))
+        return (_rebuild_actor_class, (self._cls, self._options, self.__qualname__, self.__module__, self.__doc__))
 
     def remote(self, *args: Any, **kwargs: Any) -> "ActorHandle":
         """Create an actor; its ``__init__`` runs on the cluster with these arguments."""
@@ -242,6 +257,20 @@ class ActorClass:
         # returns do not keep it alive); a detached one outlives the job.
         owned = not detached
         return ActorHandle(actor_id, cls.__name__, methods, max_task_retries, owned, max_pending, self._arity)
+
+
+def _rebuild_actor_class(cls: type, options: dict[str, Any], qualname: str, module: str,
+                         doc: str | None) -> ActorClass:
+    """Unpickle an actor class without reading ``cls`` yet (see ``ActorClass._methods``)."""
+    self = ActorClass.__new__(ActorClass)
+    self._cls = cls
+    self._options = options
+    self._pickled = None
+    self.__name__ = cls.__name__
+    self.__qualname__ = qualname
+    self.__module__ = module
+    self.__doc__ = doc
+    return self
 
 
 class _ActorClassOptions:

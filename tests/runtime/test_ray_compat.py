@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import subprocess
+import sys
+import textwrap
 from typing import Any, Iterator
 
 import pytest
@@ -722,3 +725,41 @@ def test_a_value_that_fails_to_unpickle_raises_a_system_error(cluster: lumos.Lum
     so `except ray.exceptions.RaySystemError` missed it)."""
     with pytest.raises(lumos.exceptions.RaySystemError, match="boom on unpickle"):
         lumos.get(lumos.put(_FailsToUnpickle()), timeout=30)
+
+
+_SELF_NAMING_ACTOR = textwrap.dedent("""
+    import lumos
+
+    @lumos.remote
+    class Node:
+        def __init__(self, depth):
+            self.depth = depth
+
+        def spawn(self):
+            if self.depth > 0:
+                return lumos.get(Node.remote(self.depth - 1).spawn.remote()) + 1
+            return 1
+
+        def sibling(self):
+            return Node.remote(0)
+
+    lumos.init(num_cpus=2, include_dashboard=False)
+    root = Node.remote(2)
+    print("depth", lumos.get(root.spawn.remote(), timeout=60))
+    print("sibling", lumos.get(lumos.get(root.sibling.remote(), timeout=60).spawn.remote(), timeout=60))
+    lumos.shutdown()
+""")
+
+
+@pytest.mark.timeout(120)
+def test_an_actor_class_of_a_script_that_names_itself_works_in_its_workers(tmp_path: Any) -> None:
+    """As in Ray: a class defined in __main__ (pickled by value) whose methods create more
+    of it. Unpickled in a worker while cloudpickle was still filling the class in, the
+    actor class read an empty class: `Node() too many positional arguments`, and handles
+    it made had no methods."""
+    script = tmp_path / "tree.py"
+    script.write_text(_SELF_NAMING_ACTOR)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100,
+                         cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "depth 3" in out.stdout and "sibling 1" in out.stdout, out.stdout
