@@ -239,10 +239,16 @@ def test_exit_actor(cluster: lumos.LumosContext, tmp_path: Any) -> None:
 
     @lumos.remote
     class Quitter:
-        def __init__(self, mark: str = "") -> None:
+        def __init__(self, mark: str = "", finalized: str = "") -> None:
+            self.finalized = finalized
             if mark:  # as a Python exit does, exit_actor() runs atexit handlers (Ray too)
                 import atexit
                 atexit.register(lambda: open(mark, "w").write("cleaned"))
+
+        def __del__(self) -> None:  # as in Ray, an actor that ends on purpose is finalized
+            if self.finalized:
+                with open(self.finalized, "a") as f:
+                    f.write("del;")
 
         def bye(self) -> None:
             lumos.actor.exit_actor()
@@ -250,21 +256,25 @@ def test_exit_actor(cluster: lumos.LumosContext, tmp_path: Any) -> None:
         def ping(self) -> str:
             return "pong"
 
-    q = Quitter.options(max_restarts=3).remote(str(cleaned))
+    finalized = tmp_path / "finalized"
+    q = Quitter.options(max_restarts=3).remote(str(cleaned), str(finalized))
     assert lumos.get(q.ping.remote()) == "pong"
     with pytest.raises(ActorDiedError, match="exit_actor"):
         lumos.get(q.bye.remote(), timeout=10)
     assert cleaned.read_text() == "cleaned"
+    assert finalized.read_text() == "del;"  # once
     with pytest.raises(ActorDiedError, match="exit_actor"):
         lumos.get(q.ping.remote(), timeout=10)
     with pytest.raises(TypeError, match="inside an actor"):
         lumos.actor.exit_actor()
 
-    t = Quitter.remote()
+    terminated = tmp_path / "terminated"
+    t = Quitter.remote("", str(terminated))
     assert lumos.get(t.ping.remote()) == "pong"
     t.__ray_terminate__.remote()
     with pytest.raises(ActorDiedError):
         lumos.get(t.ping.remote(), timeout=10)
+    wait_for(lambda: terminated.exists() and terminated.read_text() == "del;", 10)
 
 
 def test_actor_ends_when_its_handles_go_out_of_scope(cluster: lumos.LumosContext) -> None:

@@ -23,8 +23,10 @@ import concurrent.futures
 import inspect
 import logging
 import os
+import sys
 import threading
 import time
+import traceback
 from typing import TYPE_CHECKING, Any
 
 from lumos._private import serialization as ser
@@ -294,9 +296,10 @@ class ActorHost:
         return self.ex._system_reply(spec, why, m.ErrorKind.ACTOR_DIED, start)
 
     def exiting(self, reason: str) -> None:
-        """Tell the GCS the actor ends on purpose (no restart), run the process's ``atexit``
-        handlers (the user's clean-up, as a Python exit does), then let the process go."""
-        _run_exit_handlers(EXIT_HANDLERS_TIMEOUT_S)
+        """Tell the GCS the actor ends on purpose (no restart), run the instance's
+        ``__del__`` and the process's ``atexit`` handlers (the user's clean-up, as in Ray
+        and a Python exit), then let the process go."""
+        _run_exit_handlers(EXIT_HANDLERS_TIMEOUT_S, self.instance)
         try:
             self.cw.call_gcs(m.ActorExiting(self.actor_id, reason), 5.0)
         except (ConnectionLost, TimeoutError, RemoteError) as e:
@@ -314,10 +317,24 @@ class ActorHost:
 EXIT_HANDLERS_TIMEOUT_S = 10.0
 
 
-def _run_exit_handlers(timeout_s: float) -> None:
-    """Run the ``atexit`` handlers, within ``timeout_s`` (the process then ends with
-    ``os._exit``, which skips them; one that hangs must not keep the actor up)."""
-    t = threading.Thread(target=atexit._run_exitfuncs, name="lumos-atexit", daemon=True)
+def _run_exit_handlers(timeout_s: float, instance: Any = None) -> None:
+    """Run the actor instance's ``__del__``, then the ``atexit`` handlers, within
+    ``timeout_s`` (the process then ends with ``os._exit``, which skips both; one that
+    hangs must not keep the actor up). ``__del__`` is called here, once: the instance is
+    still referenced (by the frames of the call that ended the actor), and ``os._exit``
+    never finalizes it."""
+    def run() -> None:
+        finalize = getattr(type(instance), "__del__", None) if instance is not None else None
+        if finalize is not None:
+            try:
+                finalize(instance)
+            except Exception:
+                # As Python reports an error in __del__: printed, not raised.
+                sys.stderr.write(f"Exception ignored in: {finalize!r}\n")
+                traceback.print_exc()
+        atexit._run_exitfuncs()
+
+    t = threading.Thread(target=run, name="lumos-atexit", daemon=True)
     t.start()
     t.join(timeout_s)
     if t.is_alive():
