@@ -66,3 +66,40 @@ def test_actor_gpus(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
     assert env_a == str(ids_a[0]) and env_b == str(ids_b[0])
     assert lumos.get(a.ids.remote()) == (ids_a, env_a)  # kept across calls
     assert lumos.available_resources().get("GPU", 0) == 0
+
+
+def test_an_actor_runs_in_its_creators_namespace_whoever_calls_it() -> None:
+    """As in Ray: get_runtime_context().namespace, get_actor and named children inside an
+    actor are its creator's namespace, also while it runs another job's call (it took the
+    calling job's)."""
+    from lumos.testing import Cluster
+    from tests.conftest import TEST_CONFIG
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "_system_config": TEST_CONFIG})
+    try:
+        script = textwrap.dedent(f"""
+            import lumos
+            lumos.init(address={cluster.address!r}, _token={cluster.token!r}, namespace="home")
+
+            @lumos.remote
+            class Where:
+                def namespace(self):
+                    return lumos.get_runtime_context().namespace
+
+                def sibling(self):
+                    return lumos.get(lumos.get_actor("sibling").namespace.remote())
+
+            Where.options(name="where", lifetime="detached").remote()
+            Where.options(name="sibling", lifetime="detached").remote()
+            print(lumos.get(lumos.get_actor("where").namespace.remote()))
+        """)
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split()[-1] == "home"
+        cluster.connect(namespace="visitor")
+        where = lumos.get_actor("where", namespace="home")
+        assert lumos.get(where.namespace.remote(), timeout=30) == "home"
+        assert lumos.get(where.sibling.remote(), timeout=30) == "home"
+        lumos.kill(where)
+        lumos.kill(lumos.get_actor("sibling", namespace="home"))
+    finally:
+        cluster.shutdown()

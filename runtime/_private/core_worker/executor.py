@@ -121,6 +121,9 @@ class Executor(ArgumentsMixin):
         self.actor: ActorHost | None = None
         #: This actor was restarted (its creation is not the first): Ray's was_current_actor_reconstructed.
         self.actor_restarted = False
+        #: The namespace of the job that created the actor hosted here: the actor's, whichever
+        #: job's call it runs (as in Ray).
+        self._actor_namespace: str | None = None
         #: The connection the running task came on (streaming items go back on it).
         self._conn: Connection | None = None
         #: Items the running streaming generator task has sent so far.
@@ -664,6 +667,8 @@ class Executor(ArgumentsMixin):
         host.restore()
         self.actor = host
         self.actor_restarted = spec.attempt > 0  # (the creation's attempt: the actor's restarts so far)
+        cw = self.cw
+        self._actor_namespace = cw.namespace = cw.namespace or f"anonymous-{cw.job_id.hex()}"
         self.cw.current_actor_id = spec.actor_id
         if resource_ids.get("GPU"):
             self._original_cuda = os.environ.get("CUDA_VISIBLE_DEVICES")  # the actor keeps its GPUs
@@ -687,6 +692,12 @@ class Executor(ArgumentsMixin):
             self._preloaded_functions[spec.function_id] = fn
 
     def _bind_job(self, job_id: JobID) -> None:
+        """Run as job ``job_id`` (its config loaded once); an actor keeps its namespace."""
+        self._load_job(job_id)
+        if self._actor_namespace is not None:
+            self.cw.namespace = self._actor_namespace
+
+    def _load_job(self, job_id: JobID) -> None:
         cw = self.cw
         if cw.job_id != job_id:
             cw.job_id = job_id
