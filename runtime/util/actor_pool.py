@@ -6,7 +6,7 @@ from collections import deque
 from typing import Any, Callable, Iterable, Iterator
 
 from lumos import api
-from lumos.exceptions import GetTimeoutError
+from lumos.exceptions import ActorDiedError, GetTimeoutError
 from lumos.object_ref import ObjectRef
 
 
@@ -31,22 +31,35 @@ class ActorPool:
         self._pending: deque[tuple[Callable[[Any, Any], ObjectRef], Any]] = deque()
 
     def map(self, fn: Callable[[Any, Any], ObjectRef], values: Iterable[Any]) -> Iterator[Any]:
-        """Results of ``fn`` over ``values``, in the order of ``values``."""
-        while self.has_next():  # results of earlier submissions are dropped, as in Ray
-            self.get_next_unordered()
+        """Results of ``fn`` over ``values``, in the order of ``values``. Every value is
+        submitted before this returns (as in Ray); the results of earlier submissions
+        not yet read are dropped."""
+        self._drop_outstanding()
         for v in values:
             self.submit(fn, v)
-        while self.has_next():
-            yield self.get_next()
+
+        def results() -> Iterator[Any]:
+            while self.has_next():
+                yield self.get_next()
+        return results()
 
     def map_unordered(self, fn: Callable[[Any, Any], ObjectRef], values: Iterable[Any]) -> Iterator[Any]:
-        """Results of ``fn`` over ``values``, as they finish."""
-        while self.has_next():
-            self.get_next_unordered()
+        """Results of ``fn`` over ``values``, as they finish (submitted before this returns)."""
+        self._drop_outstanding()
         for v in values:
             self.submit(fn, v)
+
+        def results() -> Iterator[Any]:
+            while self.has_next():
+                yield self.get_next_unordered()
+        return results()
+
+    def _drop_outstanding(self) -> None:
         while self.has_next():
-            yield self.get_next_unordered()
+            try:
+                self.get_next_unordered()
+            except Exception:  # as in Ray: a dropped result's error is not raised
+                pass
 
     def submit(self, fn: Callable[[Any, Any], ObjectRef], value: Any) -> None:
         """Schedule ``fn(actor, value)`` on a free actor (or when one frees up)."""
@@ -64,11 +77,14 @@ class ActorPool:
             self._pending.append((fn, value))
 
     def has_next(self) -> bool:
-        """Whether results are outstanding."""
-        return bool(self._future_to_actor) or bool(self._pending)
+        """Whether results are outstanding (submissions waiting for an actor count once one
+        of the pool's actors runs something: a pool with no live actor has none, as in Ray)."""
+        return bool(self._future_to_actor)
 
     def get_next(self, timeout: float | None = None, ignore_if_timedout: bool = False) -> Any:
-        """The next result in submission order."""
+        """The next result in submission order. After ``timeout`` seconds a
+        ``GetTimeoutError`` (a ``TimeoutError``); with ``ignore_if_timedout`` that result
+        is skipped first (its actor goes back to the pool), as in Ray."""
         if not self.has_next():
             raise StopIteration("no more results to get")
         if self._next_return_index >= self._next_task_index:
@@ -76,37 +92,50 @@ class ActorPool:
         ref = self._index_to_future[self._next_return_index]
         ready, _ = api.wait([ref], timeout=timeout)
         if not ready:
-            if ignore_if_timedout:
-                del self._index_to_future[self._next_return_index]
-                self._next_return_index += 1
-                self._return_actor(self._future_to_actor.pop(ref)[1])
-                return None
-            raise GetTimeoutError("timed out waiting for the next result")
+            if not ignore_if_timedout:
+                raise GetTimeoutError("timed out waiting for the next result")
+            del self._index_to_future[self._next_return_index]
+            self._next_return_index += 1
+            self._return_actor(self._future_to_actor.pop(ref)[1])
+            raise GetTimeoutError(f"timed out waiting for the next result; the task {ref.hex()} has been "
+                                  "ignored")
         del self._index_to_future[self._next_return_index]
         self._next_return_index += 1
         _, actor = self._future_to_actor.pop(ref)
-        self._return_actor(actor)
-        return api.get(ref)
+        return self._result(ref, actor)
 
     def get_next_unordered(self, timeout: float | None = None, ignore_if_timedout: bool = False) -> Any:
-        """Whichever outstanding result finishes first."""
+        """Whichever outstanding result finishes first. After ``timeout`` seconds a
+        ``GetTimeoutError``; ``ignore_if_timedout`` is accepted for Ray's signature (nothing
+        is skipped: no one result is the next)."""
         if not self.has_next():
             raise StopIteration("no more results to get")
         ready, _ = api.wait(list(self._future_to_actor), num_returns=1, timeout=timeout)
         if not ready:
-            if ignore_if_timedout:
-                return None
             raise GetTimeoutError("timed out waiting for the next result")
         ref = ready[0]
         index, actor = self._future_to_actor.pop(ref)
         self._index_to_future.pop(index, None)
         self._next_return_index = max(self._next_return_index, index + 1)
+        return self._result(ref, actor)
+
+    def _result(self, ref: ObjectRef, actor: Any) -> Any:
+        """``ref``'s value (ready); its actor goes back to the pool, unless the call found
+        it dead: then it leaves the pool, as in Ray (it failed every later call)."""
+        try:
+            value = api.get(ref)
+        except ActorDiedError:
+            self._run_pending()
+            raise
         self._return_actor(actor)
-        return api.get(ref)
+        return value
 
     def _return_actor(self, actor: Any) -> None:
         self._idle.append(actor)
-        if self._pending:
+        self._run_pending()
+
+    def _run_pending(self) -> None:
+        while self._pending and self._idle:
             fn, value = self._pending.popleft()
             self.submit(fn, value)
 

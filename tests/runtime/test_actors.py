@@ -695,6 +695,34 @@ def test_actor_pool(cluster: lumos.LumosContext) -> None:
     assert not pool.has_next()
     with pytest.raises(StopIteration):
         pool.get_next()
+    # As in Ray: map() submits everything before it returns.
+    results = pool.map(lambda a, v: a.double.remote(v), [1, 2])
+    assert pool.has_next() and list(results) == [2, 4]
+    assert not ActorPool([]).has_next()
+
+
+def test_actor_pool_drops_a_dead_actor_and_skips_a_timed_out_result(cluster: lumos.LumosContext) -> None:
+    """As in Ray: an actor a call found dead leaves the pool (it went back idle and failed
+    every later call); get_next(timeout, ignore_if_timedout=True) skips that result and
+    raises TimeoutError (it returned None)."""
+    @lumos.remote
+    class Worker:
+        def work(self, v: float) -> float:
+            if v < 0:
+                os._exit(1)
+            time.sleep(v)
+            return v
+
+    pool = ActorPool([Worker.options(max_restarts=0).remote() for _ in range(2)])
+    with pytest.raises(ActorDiedError):
+        list(pool.map(lambda a, v: a.work.remote(v), [-1, 0, 0]))
+    assert list(pool.map(lambda a, v: a.work.remote(v), [0.0, 0.01, 0.02, 0.03])) == [0.0, 0.01, 0.02, 0.03]
+    assert len(pool._idle) == 1
+    pool.submit(lambda a, v: a.work.remote(v), 1.0)
+    pool.submit(lambda a, v: a.work.remote(v), 0.0)
+    with pytest.raises(TimeoutError, match="ignored"):
+        pool.get_next(timeout=0.1, ignore_if_timedout=True)
+    assert pool.get_next(timeout=30) == 0.0 and not pool.has_next()
 
 
 def test_task_events_for_actor_creation_and_calls(cluster: lumos.LumosContext) -> None:
