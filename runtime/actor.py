@@ -484,7 +484,7 @@ def list_named_actors(all_namespaces: bool = False) -> list[Any]:
     """Names of live named actors in this job's namespace, or ``{"name", "namespace"}``
     dicts for every namespace with ``all_namespaces=True`` (Ray's ``ray.util.list_named_actors``)."""
     from lumos._private.protocol import messages as m
-    cw = worker_context.require()
+    cw = worker_context.require_or_init()
     infos = cw.call_gcs(m.ListActors(None))
     live = [a for a in infos if a.name and a.state != "DEAD"]
     if all_namespaces:

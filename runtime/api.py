@@ -653,9 +653,11 @@ def get_gpu_ids() -> list[Any]:
     return [ex.physical_gpu(int(i)) if ex is not None else int(i) for i, _ in gpus]
 
 
-def timeline(filename: str | None = None) -> list[dict[str, Any]]:
-    """Task executions as Chrome trace events (``chrome://tracing``)."""
+def timeline(filename: str | None = None) -> list[dict[str, Any]] | None:
+    """Task executions as Chrome trace events (``chrome://tracing``); written to
+    ``filename`` (and None returned, as in Ray) when it is given."""
     from lumos import state
+    worker_context.require_or_init()
     events = []
     for t in state.list_tasks(limit=100_000):
         if t["start_time"] and t["end_time"]:
@@ -665,6 +667,7 @@ def timeline(filename: str | None = None) -> list[dict[str, Any]]:
     if filename:
         with open(filename, "w") as f:
             json.dump(events, f)
+        return None
     return events
 
 

@@ -178,7 +178,7 @@ def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK", nam
         raise TypeError(f"name must be a str, not {type(name).__name__}")
     if lifetime not in (None, "detached", "non_detached"):
         raise ValueError(f"lifetime must be None or 'detached', got {lifetime!r}")
-    cw = worker_context.require()
+    cw = worker_context.require_or_init()
     pg_id = random_id(16)
     clean = [{k: float(v) for k, v in b.items() if v} for b in bundles]
     _call(cw, m.CreatePlacementGroup(pg_id, clean, strategy, name, _namespace(cw), cw.job_id,
@@ -217,7 +217,7 @@ def get_placement_group(placement_group_name: str) -> PlacementGroup:
 def placement_group_table(placement_group: PlacementGroup | None = None) -> dict[str, Any]:
     """Every placement group as Ray shows it (keyed by hex id), or one group's entry."""
     from lumos._private.protocol import messages as m
-    cw = worker_context.require()
+    cw = worker_context.require_or_init()
     if placement_group is not None:
         info = _call(cw, m.GetPlacementGroup(placement_group.id.binary()))
         return _row(info) if info is not None else {}
@@ -226,7 +226,7 @@ def placement_group_table(placement_group: PlacementGroup | None = None) -> dict
 
 def get_current_placement_group() -> PlacementGroup | None:
     """The placement group the current task runs in (None in the driver or outside a group)."""
-    cw = worker_context.require()
+    cw = worker_context.require_or_init()
     if not worker_context.is_worker or cw.executor is None:
         return None
     spec = getattr(cw.executor, "_running", None)

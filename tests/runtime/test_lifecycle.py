@@ -343,3 +343,21 @@ def test_a_forked_child_gets_a_clear_error_and_the_parent_keeps_its_cluster(fres
     assert p.exitcode == 0
     assert lumos.get(pending, timeout=30) == 9
     assert lumos.get(_square.remote(4), timeout=30) == 16
+
+
+@pytest.mark.timeout(90)
+def test_placement_groups_and_timeline_start_a_cluster_as_put_does(fresh_cluster, tmp_path):
+    """As in Ray: placement_group(), placement_group_table(), get_current_placement_group(),
+    list_named_actors() and timeline() start a local cluster when none is connected (they
+    raised 'not initialized'); timeline(filename) writes the file and returns None."""
+    from lumos.util.placement_group import get_current_placement_group, placement_group, placement_group_table
+    assert not lumos.is_initialized()
+    pg = placement_group([{"CPU": 1}])
+    assert lumos.is_initialized() and lumos.get(pg.ready(), timeout=30)
+    lumos.shutdown()
+    assert placement_group_table() == {} and get_current_placement_group() is None
+    assert lumos.util.list_named_actors() == []
+    lumos.shutdown()
+    assert lumos.timeline(str(tmp_path / "trace.json")) is None
+    assert json.loads((tmp_path / "trace.json").read_text()) == []
+    lumos.shutdown()
