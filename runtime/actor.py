@@ -228,9 +228,11 @@ class ActorClass:
         detached = o["lifetime"] == "detached"
         max_task_retries = o["max_task_retries"] or 0
         qualname = f"{cls.__module__}.{cls.__qualname__}"
+        resources = opts_mod.resource_request(o, opts_mod.ACTOR)
+        opts_mod.check_group_request(o, resources, f"actor {cls.__name__}")  # (ValueError here, as in Ray)
         template = task_template(
             kind=TaskKind.ACTOR_CREATION_TASK, function_id=function_id_of(self._pickled), function_name=qualname,
-            name=f"{cls.__name__}.__init__", resources=opts_mod.resource_request(o, opts_mod.ACTOR),
+            name=f"{cls.__name__}.__init__", resources=resources,
             strategy=opts_mod.strategy_of(o), pickled_function=self._pickled,
             runtime_env=opts_mod.env_vars_of(o["runtime_env"]), enable_task_events=o["enable_task_events"] is not False)
         methods = self._methods

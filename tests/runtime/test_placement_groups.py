@@ -308,6 +308,13 @@ class TestOneNode:
                 where.options(num_cpus=2, placement_group=pg).remote()
             with pytest.raises(ValueError, match="placement_group_bundle_index=3 is out of range"):
                 where.options(scheduling_strategy=_in(pg, 3)).remote()
+            # An actor's creation too (its handle came back; its calls raised ActorUnschedulableError).
+            with pytest.raises(ValueError, match=r"actor Probe asks for \{'CPU': 2.0\}"):
+                Probe.options(num_cpus=2, scheduling_strategy=_in(pg, 0)).remote()
+            with pytest.raises(ValueError, match="out of range"):
+                Probe.options(scheduling_strategy=_in(pg, 5)).remote()
+            with pytest.raises(ValueError, match="more than any bundle"):
+                Probe.options(num_gpus=1, scheduling_strategy=_in(pg, -1)).remote()
             # A handle that does not know them (as one rebuilt from its id): the raylet refuses.
             from lumos.util.placement_group import PlacementGroup
             bare = PlacementGroup(pg.id)
