@@ -26,11 +26,16 @@ TEST_CONFIG: dict[str, Any] = {
 }
 
 
-def process_gone(pid: int) -> bool:
+def process_gone(pid: int, created: float | None = None) -> bool:
     """The process has exited (a zombie counts: it runs no more); safe against it
-    exiting while we look."""
+    exiting while we look. With ``created`` (its ``create_time()``), a new process that
+    reuses the pid does not count as it (pids wrap at 32768 where many processes come
+    and go)."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        p = psutil.Process(pid)
+        if created is not None and abs(p.create_time() - created) > 0.01:
+            return True
+        return p.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
 

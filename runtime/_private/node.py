@@ -272,8 +272,12 @@ class NodeProcesses:
         except TimeoutError:
             raise TimeoutError(f"{what} did not start within {timeout_s:.0f}s; see {self.session_dir}/logs") from None
         if info is None:
+            try:
+                code = proc.wait(5.0)  # its ready pipe closed as it exits: wait for the code
+            except subprocess.TimeoutExpired:
+                code = None
             path, cause = _startup_error(os.path.join(self.session_dir, "logs"), what)
-            raise RuntimeError(f"{what} exited during start-up (exit code {proc.poll()})"
+            raise RuntimeError(f"{what} exited during start-up (exit code {code})"
                                + (f": {cause}" if cause else "") + f"; see {path}")
         return info
 

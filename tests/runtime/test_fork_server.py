@@ -232,9 +232,10 @@ def test_two_hundred_cpu_free_actors_each_answer(fresh_cluster) -> None:  # type
     infos = lumos.get([a.info.remote() for a in actors], timeout=300)
     assert len({i["pid"] for i in infos}) == 200
     assert len({i["random"] for i in infos}) == 200
+    born = {i["pid"]: psutil.Process(i["pid"]).create_time() for i in infos}
     for a in actors:
         lumos.kill(a)
-    wait_for(lambda: all(process_gone(i["pid"]) for i in infos), 60)
+    wait_for(lambda: all(process_gone(pid, created) for pid, created in born.items()), 60)
 
 
 def test_orphans_of_workers_are_reaped(fresh_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]

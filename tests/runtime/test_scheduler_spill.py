@@ -63,10 +63,15 @@ def test_spilled_gcs_placed_and_disconnected_requests_are_never_sent_back() -> N
     assert s.should_spill(query(big, gcs_connected=False)) is False
 
 
-def test_node_affinity_spills_only_for_another_node() -> None:
+def test_node_affinity_spills_for_another_node_or_for_this_one_that_can_never_fit() -> None:
+    """Affinity to this node stays here, busy or not, while it fits the node at all; one
+    it can never fit goes to the GCS (a soft one runs elsewhere, a hard one fails with
+    TaskUnschedulable) rather than wait here for ever."""
     s = sched()
     assert s.should_spill(query(strategy=["NODE", OTHER, False])) is True
-    assert s.should_spill(query({"CPU": 16.0}, strategy=["NODE", HERE, False])) is False
+    assert s.should_spill(query({"CPU": 1.0}, strategy=["NODE", HERE, False])) is False
+    assert s.should_spill(query({"CPU": 16.0}, strategy=["NODE", HERE, False])) is True
+    assert s.should_spill(query({"CPU": 16.0}, strategy=["NODE", HERE, True])) is True
 
 
 def test_spread_always_asks_the_gcs_when_there_are_other_nodes() -> None:
