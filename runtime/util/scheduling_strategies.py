@@ -73,8 +73,10 @@ DoesNotExist = _missing_class("ray.util.scheduling_strategies.DoesNotExist", _NO
 def strategy_to_wire(strategy: Any) -> Any:
     """The strategy as sent in task specs: None, ["SPREAD"], ["NODE", ...], ["PG", ...], or
     ["DEFAULT"] (default placement, never captured into a parent's placement group)."""
-    if strategy is None or strategy == "DEFAULT":
+    if strategy is None:
         return None
+    if strategy == "DEFAULT":  # as in Ray: said outright, a capturing parent's group does not apply
+        return ["DEFAULT"]
     if strategy == "SPREAD":
         return ["SPREAD"]
     if isinstance(strategy, (NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy)):

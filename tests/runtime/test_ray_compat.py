@@ -289,11 +289,12 @@ def current_group() -> str | None:
 
 
 @lumos.remote
-def parent_in_group() -> tuple[str | None, str | None]:
+def parent_in_group() -> tuple[str | None, str | None, str | None]:
     inside = current_group.remote()
     outside = current_group.options(
         scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=None)).remote()
-    return lumos.get(inside, timeout=30), lumos.get(outside, timeout=30)
+    default = current_group.options(scheduling_strategy="DEFAULT").remote()  # as in Ray: not captured
+    return lumos.get(inside, timeout=30), lumos.get(outside, timeout=30), lumos.get(default, timeout=30)
 
 
 def test_placement_group_none_schedules_outside_any_group(cluster: lumos.LumosContext) -> None:
@@ -303,9 +304,9 @@ def test_placement_group_none_schedules_outside_any_group(cluster: lumos.LumosCo
     try:
         assert pg.wait(30)
         strategy = PlacementGroupSchedulingStrategy(pg, placement_group_capture_child_tasks=True)
-        inside, outside = lumos.get(parent_in_group.options(scheduling_strategy=strategy, num_cpus=0).remote(),
-                                    timeout=60)
-        assert inside == pg.id.hex() and outside is None
+        inside, outside, default = lumos.get(
+            parent_in_group.options(scheduling_strategy=strategy, num_cpus=0).remote(), timeout=60)
+        assert inside == pg.id.hex() and outside is None and default is None
     finally:
         remove_placement_group(pg)
 
