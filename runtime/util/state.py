@@ -51,20 +51,62 @@ def _filter(rows: list[dict[str, Any]], filters: Iterable[Filter] | None, fields
     return [r for r in rows if _state._match(r, flt)]
 
 
+def _ms(seconds: Any) -> int | None:
+    return int(seconds * 1000) if seconds else None
+
+
+# Ray's names for fields lumos's rows hold under their own names: each row gets both, and
+# filters may name either.
+def _ray_actor(r: dict[str, Any]) -> dict[str, Any]:
+    return {**r, "ray_namespace": r["namespace"], "start_time_ms": _ms(r["start_time"]),
+            "end_time_ms": _ms(r["end_time"])}
+
+
+def _ray_task(r: dict[str, Any]) -> dict[str, Any]:
+    return {**r, "creation_time_ms": _ms(r["submitted_time"]), "start_time_ms": _ms(r["start_time"]),
+            "end_time_ms": _ms(r["end_time"])}
+
+
+def _ray_worker(r: dict[str, Any]) -> dict[str, Any]:
+    return {**r, "worker_type": "DRIVER" if r["is_driver"] else "WORKER", "is_alive": r["state"] == "ALIVE",
+            "start_time_ms": _ms(r["start_time"]), "end_time_ms": _ms(r["end_time"])}
+
+
+def _ray_job(r: dict[str, Any]) -> dict[str, Any]:
+    return {**r, "status": r["state"], "start_time_ms": _ms(r["start_time"]), "end_time_ms": _ms(r["end_time"])}
+
+
+def _ray_group(r: dict[str, Any]) -> dict[str, Any]:
+    return {**r, "creator_job_id": r.get("job_id")}
+
+
+_RAY_ACTOR_FIELDS = (*_state.ACTOR_FIELDS, "ray_namespace", "start_time_ms", "end_time_ms")
+_RAY_TASK_FIELDS = (*_state.TASK_FIELDS, "creation_time_ms", "start_time_ms", "end_time_ms")
+_RAY_WORKER_FIELDS = (*_state.WORKER_FIELDS, "worker_type", "is_alive", "start_time_ms", "end_time_ms")
+_RAY_JOB_FIELDS = (*_state.JOB_FIELDS, "status", "start_time_ms", "end_time_ms")
+
+
 def list_actors(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
                 timeout: int = 30, detail: bool = False, raise_on_missing_output: bool = True,
                 _explain: bool = False) -> list[StateRow]:
-    """Actors of every job: state, class_name, name, node_id, pid, restarts."""
+    """Actors of every job: state, class_name, name, node_id, pid, restarts (and Ray's
+    ray_namespace, start_time_ms, end_time_ms)."""
     _check_address(address)
-    return _rows(_state.list_actors(filters), limit)
+    return _rows(_filter([_ray_actor(r) for r in _state.list_actors()], filters, _RAY_ACTOR_FIELDS, "actors"),
+                 limit)
 
 
 def list_tasks(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
                timeout: int = 30, detail: bool = False, raise_on_missing_output: bool = True,
                _explain: bool = False) -> list[StateRow]:
-    """Tasks of every job from the task-event log (the newest ``limit``)."""
+    """Tasks of every job from the task-event log (the newest ``limit``), with Ray's
+    creation_time_ms, start_time_ms and end_time_ms too."""
     _check_address(address)
-    return _rows(_state.list_tasks(filters, limit=limit if limit >= 0 else 1_000_000, all_jobs=True))
+    flt = _state._check_filters(filters, _RAY_TASK_FIELDS, "tasks")
+    want = limit if limit >= 0 else 1_000_000
+    rows = [_ray_task(r) for r in _state.list_tasks(limit=1_000_000 if flt else want, all_jobs=True)]
+    rows = [r for r in rows if _state._match(r, flt)]
+    return _rows(rows[-want:] if want else [])
 
 
 def list_nodes(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
@@ -78,14 +120,15 @@ def list_workers(address: str | None = None, filters: Iterable[Filter] | None = 
                  timeout: int = 30, detail: bool = False, raise_on_missing_output: bool = True,
                  _explain: bool = False) -> list[StateRow]:
     _check_address(address)
-    return _rows(_state.list_workers(filters), limit)
+    return _rows(_filter([_ray_worker(r) for r in _state.list_workers()], filters, _RAY_WORKER_FIELDS, "workers"),
+                 limit)
 
 
 def list_jobs(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
               timeout: int = 30, detail: bool = False, raise_on_missing_output: bool = True,
               _explain: bool = False) -> list[StateRow]:
     _check_address(address)
-    return _rows(_filter(_state.list_jobs(), filters, _state.JOB_FIELDS, "jobs"), limit)
+    return _rows(_filter([_ray_job(r) for r in _state.list_jobs()], filters, _RAY_JOB_FIELDS, "jobs"), limit)
 
 
 def list_objects(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
@@ -100,7 +143,8 @@ def list_placement_groups(address: str | None = None, filters: Iterable[Filter] 
                           _explain: bool = False) -> list[StateRow]:
     from lumos.util.placement_group import placement_group_table
     _check_address(address)
-    return _rows(_filter(list(placement_group_table().values()), filters, None, "placement groups"), limit)
+    return _rows(_filter([_ray_group(r) for r in placement_group_table().values()], filters, None,
+                         "placement groups"), limit)
 
 
 def _one(rows: list[StateRow], key: str, id: Any) -> StateRow | None:
@@ -118,7 +162,7 @@ def get_task(id: Any, address: str | None = None, timeout: int = 30, _explain: b
     from lumos.object_ref import ObjectRef
     task_id = id.task_id().hex() if isinstance(id, ObjectRef) else str(id)
     row = _state.get_task(task_id)
-    return StateRow(row) if row is not None else None
+    return StateRow(_ray_task(row)) if row is not None else None
 
 
 def get_node(id: str, address: str | None = None, timeout: int = 30, _explain: bool = False) -> StateRow | None:

@@ -465,6 +465,26 @@ def test_util_state_has_rays_signatures_and_attribute_rows(cluster: lumos.LumosC
         state.get_log(actor_id=rows[0].actor_id, follow=True)
 
 
+def test_util_state_rows_carry_rays_field_names(cluster: lumos.LumosContext) -> None:
+    """Ray's names for fields lumos's rows hold under their own (ray_namespace, status,
+    worker_type, is_alive, *_time_ms, creator_job_id), readable and filterable (a filter
+    on them was a ValueError)."""
+    from lumos.util import state
+    a = Self.remote()
+    lumos.get(a.ping.remote(), timeout=30)
+    namespace = lumos.get_runtime_context().namespace
+    actors = state.list_actors(filters=[("ray_namespace", "=", namespace), ("class_name", "=", "Self")], limit=1000)
+    assert actors and actors[0].ray_namespace == actors[0].namespace and actors[0].start_time_ms > 0
+    job = state.list_jobs(filters=[("status", "=", "RUNNING")])
+    assert job and job[0].status == job[0].state
+    workers = state.list_workers(filters=[("worker_type", "=", "DRIVER"), ("is_alive", "=", True)], limit=1000)
+    assert workers and all(w.is_driver and w.state == "ALIVE" for w in workers)
+    tasks = state.list_tasks(filters=[("func_or_class_name", "!=", "")], limit=5)
+    assert tasks and all(t.creation_time_ms > 0 for t in tasks)
+    task = state.get_task(tasks[-1].task_id)
+    assert task is not None and task.creation_time_ms == tasks[-1].creation_time_ms
+
+
 def test_state_filters_name_real_fields_and_limits_hold(cluster: lumos.LumosContext) -> None:
     # A filter on a field the rows lack (a typo) matched nothing in silence; limit=-1
     # ("all", as get_* use it) made list_tasks return nothing; summarize_objects read a
