@@ -68,6 +68,7 @@ class Task:
     resources: dict[str, float]
     resource_ids: dict[str, list[Any]] | None
     events: list[list[Any]]
+    error_type: str | None
     first_seen: int
 
     def __init__(self, row: list[Any], tick: int) -> None:

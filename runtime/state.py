@@ -138,7 +138,9 @@ def list_tasks(filters: Iterable[Filter] | None = None, limit: int = 10_000,
     task_id, job_id, name, func_or_class_name, type, state (a ``TaskState``),
     attempt_number, retries, parent_task_id, actor_id, caller_id, prev_call_task_id,
     arg_object_ids, return_object_ids, node_id, worker_id, error_message,
-    submitted_time, start_time, end_time, required_resources, resource_ids, events.
+    submitted_time, start_time, end_time, required_resources, resource_ids, events,
+    error_type (Ray's ``ErrorType`` name of why a failed task failed: TASK_EXECUTION_EXCEPTION,
+    WORKER_DIED, ACTOR_DIED, TASK_CANCELLED, ...; None otherwise).
     """
     flt = _check_filters(filters, TASK_FIELDS, "tasks")
     _check_limit(limit)

@@ -198,7 +198,7 @@ def test_task_events_record_states_times_ids_node_and_worker(fresh_cluster):
     assert row["node_id"] == ctx.address_info["node_id"]
     assert row["worker_id"] == worker_id
     assert row["attempt_number"] == 0 and row["retries"] == 0
-    assert row["error_message"] is None
+    assert row["error_message"] is None and row["error_type"] is None
     assert row["required_resources"] == {"CPU": 1}
 
 
@@ -216,6 +216,30 @@ def test_failed_task_event_carries_the_error(fresh_cluster):
     assert "FAILED" in _states(row)
     assert "the-missing-key" in (row["error_message"] or "")
     assert row["end_time"] >= row["start_time"]
+    # Ray's error_type says why: the task's own exception, a dead worker, a cancel.
+    assert row["error_type"] == "TASK_EXECUTION_EXCEPTION"
+
+    @lumos.remote(max_retries=0)
+    def die():
+        os._exit(1)
+
+    @lumos.remote
+    def hang():
+        time.sleep(60)
+
+    died, hung = die.remote(), hang.remote()
+    with pytest.raises(lumos.exceptions.WorkerCrashedError):
+        lumos.get(died, timeout=30)
+    lumos.cancel(hung, force=True)
+    with pytest.raises(lumos.exceptions.TaskCancelledError):
+        lumos.get(hung, timeout=30)
+    def row_of(ref: lumos.ObjectRef, state: str) -> dict | None:
+        return next((t for t in lumos.state.list_tasks()
+                     if ref.hex() in t["return_object_ids"] and t["state"] == state), None)
+
+    assert wait_for(lambda: row_of(died, "FAILED"), 10)["error_type"] == "WORKER_DIED"
+    assert wait_for(lambda: row_of(hung, "CANCELLED"), 10)["error_type"] == "TASK_CANCELLED"
+    assert lumos.state.list_tasks(filters=[("error_type", "=", "WORKER_DIED")])
 
 
 def test_retried_task_events_show_each_attempt(fresh_cluster, tmp_path):

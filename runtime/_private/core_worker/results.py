@@ -159,6 +159,8 @@ class ResultsMixin:
             state = m.TaskState.FAILED if reply.app_error else m.TaskState.FINISHED
             end = reply.end_time or time.time()
             error = _error_text(reply) if reply.app_error else None
+            if reply.app_error:
+                info = {**info, **_APP_ERROR} if info else _APP_ERROR
             if reply.start_time:
                 # The executor sends its own RUNNING event in its next batch, which a reader may
                 # not see yet (or ever, if it exits first): the finished row has its start time.
@@ -207,9 +209,12 @@ class ResultsMixin:
             self.raylet.notify(m.FreeObjects(ids, [False] * len(ids)))
 
     def _fail_task(self, task: PendingTask, error: BaseException) -> None:
-        self._fail_task_with_blob(task, error_blob(error), str(error))
+        self._fail_task_with_blob(task, error_blob(error), str(error), error_type_of(error))
 
-    def _fail_task_with_blob(self, task: PendingTask, blob: bytes, text: str = "") -> None:
+    def _fail_task_with_blob(self, task: PendingTask, blob: bytes, text: str = "",
+                             error_type: str = "DEPENDENCY_RESOLUTION_FAILED") -> None:
+        """Fail ``task`` with the error ``blob`` (``error_type``: Ray's name for why; by
+        default an argument's error became the task's)."""
         if task.state == DONE:
             return
         task.state = DONE
@@ -223,11 +228,43 @@ class ResultsMixin:
         spec = task.spec
         if spec.enable_task_events:
             state = m.TaskState.CANCELLED if task.cancelled else m.TaskState.FAILED
-            self._buffer_event((spec.task_id, spec.attempt, state, time.time(), None, None, None,
-                                 text or "failed"))
+            self._buffer_event((spec.task_id, spec.attempt, state, time.time(), {"error_type": error_type}, None,
+                                None, text or "failed"))
         if spec.kind == m.TaskKind.ACTOR_TASK:
             self.actor_submitter.on_failed(task)
         self._release_args(task)
+
+
+#: A task's own exception, in the failed event's info.
+_APP_ERROR = {"error_type": "TASK_EXECUTION_EXCEPTION"}
+
+#: Ray's ``ErrorType`` name of each error a task fails with (most specific class first).
+_ERROR_TYPES: tuple[tuple[type[BaseException], str], ...] = (
+    (exc.TaskCancelledError, "TASK_CANCELLED"),
+    (exc.ActorUnavailableError, "ACTOR_UNAVAILABLE"),
+    (exc.ActorUnschedulableError, "ACTOR_UNSCHEDULABLE_ERROR"),
+    (exc.ActorDiedError, "ACTOR_DIED"),
+    (exc.WorkerCrashedError, "WORKER_DIED"),
+    (exc.OutOfMemoryError, "OUT_OF_MEMORY"),
+    (exc.OutOfDiskError, "OUT_OF_DISK_ERROR"),
+    (exc.NodeDiedError, "NODE_DIED"),
+    (exc.TaskUnschedulableError, "TASK_UNSCHEDULABLE_ERROR"),
+    (exc.TaskPlacementGroupRemoved, "TASK_PLACEMENT_GROUP_REMOVED"),
+    (exc.OwnerDiedError, "OWNER_DIED"),
+    (exc.ObjectLostError, "OBJECT_LOST"),
+    (exc.RuntimeEnvSetupError, "RUNTIME_ENV_SETUP_FAILED"),
+    (exc.LocalRayletDiedError, "LOCAL_RAYLET_DIED"),
+    (exc.TaskError, "TASK_EXECUTION_EXCEPTION"),
+)
+
+
+def error_type_of(error: BaseException) -> str:
+    """Ray's ``ErrorType`` name for why a task failed with ``error`` (``list_tasks``'s
+    error_type); lumos's own failures without a Ray name are SYSTEM_ERROR."""
+    for cls, name in _ERROR_TYPES:
+        if isinstance(error, cls):
+            return name
+    return "SYSTEM_ERROR"
 
 
 def _error_text(reply: m.TaskReply) -> str:

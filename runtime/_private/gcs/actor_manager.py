@@ -256,7 +256,8 @@ class ActorManager:
         if reply.system_error is not None:
             if spec.enable_task_events:
                 self.gcs.task_events.add([m.TaskEvent(spec.task_id, spec.attempt, m.TaskState.FAILED, now, spec.job_id,
-                                                      None, grant.node_id, grant.worker_id, reply.system_error)])
+                                                      {"error_type": "ACTOR_CREATION_FAILED"}, grant.node_id,
+                                                      grant.worker_id, reply.system_error)])
             return False, None
         blob = reply.returns[0].data if reply.returns else None
         if spec.enable_task_events:
@@ -264,7 +265,8 @@ class ActorManager:
             # The executor leaves RUNNING to whoever gets the reply (here): its start time.
             self.gcs.task_events.add([m.TaskEvent(
                 spec.task_id, spec.attempt, m.TaskState.RUNNING if reply.start_time else state,
-                reply.start_time or reply.end_time or now, spec.job_id, None, grant.node_id, grant.worker_id,
-                "__init__ raised" if reply.app_error else None,
+                reply.start_time or reply.end_time or now, spec.job_id,
+                {"error_type": "TASK_EXECUTION_EXCEPTION"} if reply.app_error else None, grant.node_id,
+                grant.worker_id, "__init__ raised" if reply.app_error else None,
                 [[state, reply.end_time or now]] if reply.start_time else None)])
         return (not reply.app_error), (blob if reply.app_error else None)

@@ -78,6 +78,10 @@ TASK_ROW: tuple[RowField, ...] = (
     RowField("resource_ids", "resource_ids"),
     #: ``[state, time, attempt]`` per event, by attempt then time.
     RowField("events", "events"),
+    #: Why a failed task failed, in Ray's ``ErrorType`` names (TASK_EXECUTION_EXCEPTION,
+    #: WORKER_DIED, ACTOR_DIED, TASK_CANCELLED, ...), or None. Its owner says so in the
+    #: failure's event info.
+    RowField("error_type", "error_type"),
 )
 
 #: Names of the compact row's values, in order (the dashboard's ``Task`` attributes).
