@@ -105,10 +105,10 @@ class RuntimeContext:
         return self.get_placement_group_id()
 
     def get_actor_name(self) -> str | None:
-        """The current actor's name (None outside an actor, or for an unnamed one)."""
+        """The current actor's name: "" for an unnamed actor, None outside an actor (as in Ray)."""
         cw = worker_context.require()
         actor = getattr(cw.executor, "actor", None)
-        return (actor.name or None) if actor is not None else None
+        return (actor.name or "") if actor is not None else None
 
     def is_canceled(self) -> bool:
         """Whether ``cancel()`` was called on the running task or actor method. A running
