@@ -597,6 +597,11 @@ class _Counting(io.TextIOBase):
     def flush(self) -> None:
         self._inner.flush()
 
+    def __del__(self) -> None:
+        """Nothing: the stream is not ours to flush or close. (IOBase's finalizer closes,
+        and so flushes, the stream it wraps, whenever the garbage collector gets to this
+        wrapper, as inside a write of that same stream: a deadlock.)"""
+
     def isatty(self) -> bool:
         return False
 

@@ -44,3 +44,43 @@ def test_last_expression_and_semicolon() -> None:
 def test_syntax_error_is_raised() -> None:
     with pytest.raises(SyntaxError):
         analyze("def (:")
+
+
+def test_a_streams_finalizer_inside_a_write_of_the_stream_it_wraps_does_not_deadlock() -> None:
+    """A %%remote cell that printed a lot after a cell that raised hung for good: the
+    garbage collector, run by an allocation inside the worker stdout's write (which holds
+    its lock), finalized the failed cell's counting wrapper, whose IOBase finalizer flushed
+    the stream, taking the same lock. Neither may happen now."""
+    import gc
+    import io
+    import threading
+
+    from lumos._private.core_worker.executor import _LineStream
+    from lumos.kernelext.cell import _Counting
+
+    emitted: list[str] = []
+
+    class Stream(_LineStream):
+        def _emit(self, text: str) -> None:
+            emitted.append(text)
+            self.flush()  # what the finalizer did, on this thread, mid-write
+
+    stream = Stream(io.StringIO())
+    writer = threading.Thread(target=lambda: (stream.write("a\nb"), stream.write("c\n")), daemon=True)
+    writer.start()
+    writer.join(10)
+    assert not writer.is_alive(), "a flush inside the stream's own write deadlocked"
+    assert emitted == ["a", "bc"]
+
+    flushes = []
+
+    class Inner(io.StringIO):
+        def flush(self) -> None:
+            flushes.append(1)
+
+    inner = Inner()
+    counting = _Counting(inner)
+    counting.write("x")
+    del counting
+    gc.collect()
+    assert flushes == [] and not inner.closed  # the wrapper's finalizer leaves the stream alone

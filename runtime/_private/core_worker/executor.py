@@ -1045,7 +1045,11 @@ class _LineStream(io.TextIOBase):
     def __init__(self, passthrough: Any) -> None:
         self._passthrough = passthrough
         self._partial = ""
-        self._lock = threading.Lock()
+        # Re-entrant: a write can run a flush on its own thread (the garbage collector,
+        # run by an allocation inside the write, finalizes a stream wrapping this one, and
+        # IOBase's finalizer flushes it). That nested flush leaves the line to the write.
+        self._lock = threading.RLock()
+        self._writing = False
 
     def _emit(self, text: str) -> None:
         raise NotImplementedError
@@ -1057,15 +1061,19 @@ class _LineStream(io.TextIOBase):
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         with self._lock:
-            data = self._partial + text
-            if "\n" in data:
-                complete, _, self._partial = data.rpartition("\n")
-                self._emit(complete)
-            else:
-                self._partial = data
-                if len(data) > 8192:
-                    self._emit(data)
-                    self._partial = ""
+            self._writing = True
+            try:
+                data = self._partial + text
+                if "\n" in data:
+                    complete, _, self._partial = data.rpartition("\n")
+                    self._emit(complete)
+                else:
+                    self._partial = data
+                    if len(data) > 8192:
+                        self._emit(data)
+                        self._partial = ""
+            finally:
+                self._writing = False
         try:
             self._passthrough.write(text)
         except (ValueError, OSError):
@@ -1074,6 +1082,8 @@ class _LineStream(io.TextIOBase):
 
     def flush(self) -> None:
         with self._lock:
+            if self._writing:
+                return  # inside this thread's own write (see __init__)
             if self._partial:
                 self._emit(self._partial)
                 self._partial = ""
