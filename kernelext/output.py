@@ -180,6 +180,10 @@ class OutputRouter:
 
     def __init__(self, max_routes: int = 20_000) -> None:
         self._routes: collections.OrderedDict[bytes, CellSink] = collections.OrderedDict()
+        #: Task name -> sink, while a cell's tasks are being submitted: a fast task prints
+        #: before ``register`` knows its id (its output, and its end marker, went to the
+        #: plain printer, and the cell waited out its grace for the marker).
+        self._expected: dict[str, CellSink] = {}
         self._lock = threading.Lock()
         self._max = max_routes
         self._previous: Callable[[list[Any]], None] | None = None
@@ -196,6 +200,13 @@ class OutputRouter:
         prev = self._previous
         if prev is not None and getattr(output.get_handler(), "__self__", None) is self:
             output.set_handler(prev)
+
+    def expect(self, name: str, sink: CellSink) -> None:
+        """Route output of tasks named ``name`` to ``sink`` until ``settled(name)``."""
+        self._expected[name] = sink
+
+    def settled(self, name: str) -> None:
+        self._expected.pop(name, None)
 
     def register(self, task_id: bytes, sink: CellSink) -> None:
         with self._lock:
@@ -216,6 +227,8 @@ class OutputRouter:
             sink = routes.get(rec[1])
             if sink is None and len(rec) > 6 and rec[6]:
                 sink = routes.get(rec[6])  # a nested task of a cell: its root is the cell's task
+            if sink is None and self._expected:
+                sink = self._expected.get(rec[2])  # a cell's task, before its id is registered
             if sink is None:
                 rest.append(rec)
                 continue

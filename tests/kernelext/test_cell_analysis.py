@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from lumos.kernelext.cell import analyze
@@ -84,3 +86,30 @@ def test_a_streams_finalizer_inside_a_write_of_the_stream_it_wraps_does_not_dead
     del counting
     gc.collect()
     assert flushes == [] and not inner.closed  # the wrapper's finalizer leaves the stream alone
+
+
+def test_a_cells_task_that_prints_before_its_id_is_registered_reaches_the_cell() -> None:
+    """A fast %%remote task's output could arrive before the cell registered its task id:
+    it went to the plain printer, end marker and all, and the cell waited out its grace.
+    Output of the task name the cell expects is routed to it meanwhile."""
+    from lumos.kernelext.output import OutputRouter
+
+    fed: list[tuple[bytes, str]] = []
+    printed: list[list[Any]] = []
+
+    class Sink:
+        def feed(self, task_id: bytes, is_stderr: bool, text: str, rec: list[Any]) -> None:
+            fed.append((task_id, text))
+
+    router = OutputRouter()
+    router._previous = printed.extend
+    sink: Any = Sink()
+    router.expect("cell In[3]", sink)
+    router.handle([[b"job", b"t1", "cell In[3]", 1, False, "hello", None],
+                   [b"job", b"t2", "other", 1, False, "not the cell's", None]])
+    router.register(b"t1", sink)
+    router.settled("cell In[3]")
+    router.handle([[b"job", b"t1", "cell In[3]", 1, False, "later", None],
+                   [b"job", b"t3", "cell In[3]", 1, False, "a later cell's", None]])
+    assert fed == [(b"t1", "hello"), (b"t1", "later")]
+    assert [r[5] for r in printed] == ["not the cell's", "a later cell's"]
