@@ -27,7 +27,7 @@ from lumos.kernelext import cell as cellmod
 from lumos.kernelext.cell import CellMeta, CellSpec, ModuleByName, NotShipped, Shipper, _Deleted, _Unset
 from lumos.kernelext.display import LiveDisplay, flush_live_displays
 from lumos.kernelext.output import ROUTER, CellSink
-from lumos.kernelext.tracebacks import CellInterrupted
+from lumos.kernelext.tracebacks import CellInterrupted, CellSyntaxError
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +133,7 @@ class RemoteCells:
         try:
             analysis = cellmod.analyze(source)
         except SyntaxError as e:
-            err = SyntaxError(e.msg, (filename, (e.lineno or 0) + 1, e.offset, e.text))
-            raise err from None
+            raise CellSyntaxError(e.msg, (filename, (e.lineno or 0) + 1, e.offset, e.text)) from None
         title = args.name or f"cell In[{n}]"
         display_source = f"%%remote {line}\n{body}"
         map_name, map_values = self._map_values(args)

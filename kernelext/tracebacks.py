@@ -51,8 +51,27 @@ class CellInterrupted(KeyboardInterrupt):
 CellInterrupted.__name__ = CellInterrupted.__qualname__ = "KeyboardInterrupt"
 
 
+class CellSyntaxError(SyntaxError):
+    """A ``%%remote`` cell that does not compile. Shown as a local syntax error is: the
+    cell's line and a caret, without the frames of IPython and the magic (IPython shows
+    every frame for an exact ``SyntaxError`` raised by running code); its class name
+    reads ``SyntaxError`` in the notebook."""
+
+    def _render_traceback_(self) -> list[str]:
+        import traceback
+        text = "".join(traceback.format_exception_only(SyntaxError, SyntaxError(
+            self.msg, (self.filename, self.lineno, self.offset, self.text))))
+        name = self.filename or ""
+        if name.startswith("<cell ") and name.endswith(">"):
+            text = text.replace(f'File "{name}"', "C" + name[2:-1], 1)  # Cell In[n], line k
+        return text.rstrip("\n").split("\n")
+
+
+CellSyntaxError.__name__ = CellSyntaxError.__qualname__ = "SyntaxError"
+
+
 def _filtered_types() -> tuple[type[BaseException], ...]:
-    return (KeyboardInterrupt, TimeoutError, ConnectionError, lumos.exceptions.LumosError)
+    return (KeyboardInterrupt, TimeoutError, ConnectionError, lumos.exceptions.LumosError, CellSyntaxError)
 
 
 def _is_internal(frame: types.FrameType, ipython_dir: str) -> bool:
@@ -113,6 +132,10 @@ MAGIC_ERRORS = (ValueError, TypeError, NameError, KeyError, ImportError, Runtime
 
 def _handler(shell: Any, etype: type[BaseException], value: BaseException, tb: Any,
              tb_offset: int | None = None) -> None:
+    if isinstance(value, CellSyntaxError):
+        # (showtraceback would show IPython's frames for any SyntaxError raised by code)
+        shell._showtraceback(etype, value, value._render_traceback_())
+        return
     if hasattr(value, "_render_traceback_"):
         shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
         return

@@ -153,6 +153,17 @@ def test_error_shows_remote_traceback_with_cell_line_numbers(kernel: KernelSessi
     assert "kernelext" not in tb and "run_cell" not in tb
 
 
+def test_a_syntax_error_in_a_remote_cell_shows_as_a_local_one_does(kernel: KernelSession) -> None:
+    """The cell's line and a caret (it showed the frames of IPython and the magic)."""
+    cell = kernel.run("%%remote\nx_q = (1,\ny_q = 2")
+    errs = errors(cell)
+    assert len(errs) == 1 and errs[0]["ename"] == "SyntaxError", errs
+    tb = "\n".join(errs[0]["traceback"])
+    assert f"Cell In[{cell.execution_count}], line" in tb and "^" in tb, tb
+    assert "interactiveshell" not in tb and "magics.py" not in tb and "remote.py" not in tb, tb
+    assert not errors(kernel.run("%%remote\nok_q = 1"))  # the kernel goes on
+
+
 def test_cell_numbers_are_the_cells_execution_counts(kernel: KernelSession) -> None:
     import IPython
     cell = kernel.run("%%remote\nx = 1\ny = 2\n1 / 0")
