@@ -113,3 +113,31 @@ def test_a_cells_task_that_prints_before_its_id_is_registered_reaches_the_cell()
                    [b"job", b"t3", "cell In[3]", 1, False, "a later cell's", None]])
     assert fed == [(b"t1", "hello"), (b"t1", "later")]
     assert [r[5] for r in printed] == ["not the cell's", "a later cell's"]
+
+
+def test_queued_cell_output_is_written_a_stream_run_at_a_time(monkeypatch: Any) -> None:
+    """One write and one flush per run of one stream: a flush per line made a message per
+    line on the kernel's iopub socket, which drops messages past its high-water mark."""
+    import io
+    import sys
+
+    from lumos.kernelext.output import ERR, OUT, CellSink
+
+    class Counting(io.StringIO):
+        flushes = 0
+
+        def flush(self) -> None:
+            type(self).flushes += 1
+
+    out, err = Counting(), Counting()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    sink = CellSink("n0nce")
+    for i in range(1000):
+        sink.queue.put((OUT, f"line {i}\n"))
+    sink.queue.put((ERR, "oops\n"))
+    sink.queue.put((OUT, "after\n"))
+    sink._write_pending()
+    assert out.getvalue() == "".join(f"line {i}\n" for i in range(1000)) + "after\n"
+    assert err.getvalue() == "oops\n"
+    assert Counting.flushes == 3  # out, err, out

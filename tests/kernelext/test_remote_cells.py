@@ -153,6 +153,15 @@ def test_error_shows_remote_traceback_with_cell_line_numbers(kernel: KernelSessi
     assert "kernelext" not in tb and "run_cell" not in tb
 
 
+def test_a_cell_that_prints_a_hundred_thousand_lines_shows_every_one(kernel: KernelSession) -> None:
+    """A flush per line made a message per line on the kernel's iopub socket, which drops
+    messages past its high-water mark: a tenth of 200,000 lines was lost, in silence."""
+    cell = kernel.run("%%remote\nfor i in range(100_000):\n    print('line', i)")
+    assert not errors(cell), errors(cell)
+    lines = [ln for ln in stdout(cell).splitlines() if ln.startswith("line ")]
+    assert [int(ln.split()[1]) for ln in lines] == list(range(100_000))
+
+
 def test_a_syntax_error_in_a_remote_cell_shows_as_a_local_one_does(kernel: KernelSession) -> None:
     """The cell's line and a caret (it showed the frames of IPython and the magic)."""
     cell = kernel.run("%%remote\nx_q = (1,\ny_q = 2")
