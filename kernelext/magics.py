@@ -94,7 +94,7 @@ class LumosMagics(Magics):
             args.map = " ".join(args.map)  # an expression may contain spaces: --map x=[1, 2]
         for key in ("map", "resources", "memory", "node", "strategy", "placement_group", "session", "name"):
             setattr(args, key, _unquote(getattr(args, key)))
-        if args.timeout is not None and args.timeout <= 0:
+        if args.timeout is not None and not 0 < args.timeout < float("inf"):  # (nan, inf too)
             raise UsageError("--timeout must be a positive number of seconds")
         args.out = _out_names(_unquote(args.out), args.no_out)
         with _short_errors():
@@ -105,7 +105,10 @@ class LumosMagics(Magics):
     @line_magic
     def lumos(self, line: str) -> Any:
         """%lumos init|status|shutdown|gpus|sessions|close NAME (see %lumos help)."""
-        words = shlex.split(line)
+        try:
+            words = shlex.split(line)
+        except ValueError as e:  # an unclosed quote
+            raise UsageError(f"%lumos {line}: {e}") from None
         if not words or words[0] in ("help", "-h", "--help"):
             print(_LUMOS_HELP)
             return None

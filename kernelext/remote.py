@@ -57,7 +57,13 @@ def parse_bytes(text: str) -> int:
         raise ValueError(f"--memory {text!r}: expected bytes like 2GB, 512MiB or 1e9")
     base = 1024 if m.group(3) else 1000
     power = " KMGT".index(m.group(2).upper() or " ")
-    return int(float(m.group(1)) * base ** power)
+    try:
+        number = float(m.group(1))
+    except ValueError:
+        number = -1.0
+    if not number >= 0 or number == float("inf"):
+        raise ValueError(f"--memory {text!r}: expected bytes like 2GB, 512MiB or 1e9")
+    return int(number * base ** power)
 
 
 @dataclass

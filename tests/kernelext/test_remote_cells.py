@@ -162,6 +162,17 @@ def test_a_cell_that_prints_a_hundred_thousand_lines_shows_every_one(kernel: Ker
     assert [int(ln.split()[1]) for ln in lines] == list(range(100_000))
 
 
+def test_bad_timeout_and_unclosed_quotes_are_usage_errors(kernel: KernelSession) -> None:
+    """--timeout nan got past the check and failed deep in the output queue; an unclosed
+    quote in %lumos showed shlex's traceback."""
+    for source, message in (("%%remote --timeout nan\n1", "--timeout must be a positive number"),
+                            ("%%remote --timeout inf\n1", "--timeout must be a positive number"),
+                            ("%lumos init --address 'oops", "No closing quotation")):
+        cell = kernel.run(source)
+        shown = stdout(cell, "stderr") + " ".join(e["evalue"] for e in errors(cell))
+        assert "UsageError: " in shown and message in shown and "Traceback" not in shown, (source, cell.outputs)
+
+
 def test_a_syntax_error_in_a_remote_cell_shows_as_a_local_one_does(kernel: KernelSession) -> None:
     """The cell's line and a caret (it showed the frames of IPython and the magic)."""
     cell = kernel.run("%%remote\nx_q = (1,\ny_q = 2")

@@ -29,3 +29,12 @@ def test_interrupted_cell_reads_as_keyboard_interrupt_in_one_line() -> None:
     e = tracebacks.CellInterrupted("cell In[3] interrupted; its remote task was cancelled")
     assert isinstance(e, KeyboardInterrupt) and type(e).__name__ == "KeyboardInterrupt"
     assert e._render_traceback_() == ["KeyboardInterrupt: cell In[3] interrupted; its remote task was cancelled"]
+
+
+def test_a_malformed_memory_value_is_a_one_line_error() -> None:
+    """'1.2.3GB' matched the pattern and failed in float(): a traceback of lumos's frames."""
+    for bad in ("1.2.3GB", "e", "1e999"):
+        e = _caught(parse_bytes, bad)
+        assert isinstance(e, ValueError) and tracebacks.deliberate(e), bad
+        assert "expected bytes like 2GB" in str(e)
+    assert parse_bytes("1.5GiB") == int(1.5 * 1024 ** 3)
