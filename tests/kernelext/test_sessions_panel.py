@@ -39,6 +39,19 @@ def test_session_error_keeps_namespace_and_shows_traceback(kernel: KernelSession
     kernel.run("%lumos close errs")
 
 
+def test_a_dead_session_says_how_to_start_it_anew(kernel: KernelSession) -> None:
+    """Every later cell of a session whose worker died raised the same ActorDiedError,
+    with nothing saying that %lumos close lets it start again."""
+    kernel.run("%%remote --session gone\nimport os\nos._exit(1)")
+    cell = kernel.run("%%remote --session gone\n1 + 1")
+    assert errors(cell) and "ActorDiedError" in errors(cell)[0]["ename"]
+    assert "%lumos close gone" in stdout(cell, "stderr"), cell.outputs
+    kernel.run("%lumos close gone")
+    cell = kernel.run("%%remote --session gone\n1 + 1")
+    assert not errors(cell) and result_text(cell) == "2", cell.outputs
+    kernel.run("%lumos close gone")
+
+
 def test_sessions_listed_and_closed(kernel: KernelSession) -> None:
     kernel.run("%%remote --session listed\nv = 1")
     cell = kernel.run("%lumos sessions")
