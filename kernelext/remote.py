@@ -306,8 +306,14 @@ class RemoteCells:
         plain: list[str] = []
         list_names: list[str] = []
         list_refs: list[Any] = []
+        from lumos._private import worker_context
         for name in names:
             value = ns[name]
+            if isinstance(value, lumos.ObjectRef):
+                gone = worker_context.earlier_session(value._owner)
+                if gone:  # (shipped, the cell saw a bare ObjectRef, not its value)
+                    raise ValueError(f"the cell reads {name}, an ObjectRef whose value is gone: {gone}; "
+                                     f"run the cell that made {name} again")
             if (isinstance(value, list) and value and resolve
                     and all(isinstance(v, lumos.ObjectRef) and v.binary() in resolve for v in value)):
                 # an --async --map result: each element is resolved on the cluster

@@ -97,3 +97,16 @@ def test_private_cluster_still_dies_with_a_killed_kernel(tmp_path: Any) -> None:
     # orphaned, they are no longer this test's descendants: wait for each by pid
     wait_for(lambda: all(process_gone(pid) for pid in pids), timeout_s=20)
     check_no_leaks(session_dir, timeout_s=20)
+
+
+def test_a_remote_cell_reading_a_ref_of_an_ended_session_says_so(direct_kernel: tuple[DirectKernel, str]) -> None:
+    """After %lumos shutdown, a remote cell that read an ObjectRef of the ended session got
+    the bare ref (TypeError: ... 'ObjectRef' and 'int'); it is told the value is gone."""
+    k, _ = direct_kernel
+    k.ok("%%remote --async\nold_res = 41")
+    k.ok("lumos.get(old_res, timeout=30)")
+    k.ok("%lumos shutdown")
+    out = k.run("%%remote\nold_res + 1", timeout_s=60)
+    assert [e["ename"] for e in out.errors] == ["ValueError"], out
+    assert "old_res" in out.errors[0]["evalue"] and "earlier lumos session" in out.errors[0]["evalue"]
+    assert "remote.py" not in out.traceback()
