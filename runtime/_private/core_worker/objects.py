@@ -321,16 +321,20 @@ class ObjectsMixin:
         self.drain_refs()
         entries = self.objects.entries
         missing: list[ObjectRef] = []
-        failed: ObjectRef | None = None
         for ref in refs:
             e = entries.get(ref._id)
             if e is None or e.state == PENDING:
                 missing.append(ref)
-            elif failed is None and holds_error(e):
-                failed = ref
         if missing:
             # As in Ray, a get of several raises the first error to happen without waiting
             # for the rest (one failed already: at once).
+            failed: ObjectRef | None = None
+            if len(missing) < len(refs):
+                for ref in refs:
+                    e = entries.get(ref._id)
+                    if e is not None and e.state != PENDING and holds_error(e):
+                        failed = ref
+                        break
             if failed is None:
                 fail_fast = len(refs) > 1
                 failed_id = self._wait_for(missing, len({r._id for r in missing}), timeout, for_get=True,
