@@ -63,21 +63,17 @@ def test_get_of_several_raises_the_first_error_without_waiting_for_the_rest(fres
     """As in Ray: a get of a list raises as soon as one of them failed (it waited for the
     slowest), and the error raised is the first to happen, not the first in the list."""
     fresh_cluster(num_cpus=3)
-    slow = sleep_then.remote(20, "slow")
-    t0 = time.monotonic()
+    slow = sleep_then.remote(600, "slow")  # (waiting for it, the get would time out instead)
     with pytest.raises(ValueError, match="early"):
-        lumos.get([slow, fail_after.remote(0.2, "early")], timeout=30)
-    assert time.monotonic() - t0 < 10
+        lumos.get([slow, fail_after.remote(0.2, "early")], timeout=20)
     with pytest.raises(ValueError, match="early"):
         lumos.get([fail_after.remote(1.5, "late"), fail_after.remote(0.0, "early")], timeout=30)
     # One that failed already: the get raises at once.
     done = fail_after.remote(0, "done")
     with pytest.raises(ValueError):
         lumos.get(done)
-    t0 = time.monotonic()
     with pytest.raises(ValueError, match="done"):
-        lumos.get([slow, done], timeout=30)
-    assert time.monotonic() - t0 < 10
+        lumos.get([slow, done], timeout=20)
     lumos.cancel(slow, force=True)
     # All of them done: the first error in the list, as before.
     late, early = fail_after.remote(0.3, "late"), fail_after.remote(0.0, "early")
