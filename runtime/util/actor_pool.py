@@ -6,7 +6,7 @@ from collections import deque
 from typing import Any, Callable, Iterable, Iterator
 
 from lumos import api
-from lumos.exceptions import ActorDiedError, GetTimeoutError
+from lumos.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError
 from lumos.object_ref import ObjectRef
 
 
@@ -121,11 +121,15 @@ class ActorPool:
 
     def _result(self, ref: ObjectRef, actor: Any) -> Any:
         """``ref``'s value (ready); its actor goes back to the pool, unless the call found
-        it dead: then it leaves the pool, as in Ray (it failed every later call)."""
+        it dead for good: then it leaves the pool, as in Ray (it failed every later call).
+        One that is restarting (ActorUnavailableError) stays."""
         try:
             value = api.get(ref)
-        except ActorDiedError:
-            self._run_pending()
+        except ActorDiedError as e:
+            if isinstance(e, ActorUnavailableError):
+                self._return_actor(actor)
+            else:
+                self._run_pending()
             raise
         self._return_actor(actor)
         return value
