@@ -306,11 +306,10 @@ class RemoteCells:
         plain: list[str] = []
         list_names: list[str] = []
         list_refs: list[Any] = []
-        from lumos._private import worker_context
         for name in names:
             value = ns[name]
             if isinstance(value, lumos.ObjectRef):
-                gone = worker_context.earlier_session(value._owner)
+                gone = lumos.state.ended_session_of(value)
                 if gone:  # (shipped, the cell saw a bare ObjectRef, not its value)
                     raise ValueError(f"the cell reads {name}, an ObjectRef whose value is gone: {gone}; "
                                      f"run the cell that made {name} again")

@@ -63,7 +63,7 @@ class _Deadline:
         return self.cw.call_gcs(msg, max(0.0, self._end - self._clock()))
 
 __all__ = ["list_tasks", "list_objects", "list_workers", "list_nodes", "list_jobs", "get_task", "get_log",
-           "summarize_tasks", "list_actors", "spill_stats", "StateClient", "TaskUpdates", "CHANNELS",
+           "summarize_tasks", "list_actors", "spill_stats", "ended_session_of", "StateClient", "TaskUpdates", "CHANNELS",
            "TASK_ROW_FIELDS", "TASK_ROW_ID_FIELDS", "TASK_ROW_ID_LIST_FIELDS", "TASK_FIELDS", "TaskState", "TaskKind",
            "PENDING_TASK_STATES", "TERMINAL_TASK_STATES", "NodeInfo", "NodeResources", "JobInfo", "WorkerInfo", "ActorInfo",
            "PlacementGroupInfo", "RemoteError"]
@@ -369,6 +369,13 @@ def list_actors(filters: Iterable[Filter] | None = None, all_jobs: bool = True,
             "pending_calls": cw.actor_submitter.pending_calls(a.actor_id),
         })
     return [r for r in rows if _match(r, flt)]
+
+
+def ended_session_of(ref: Any) -> str:
+    """Why ``ref``'s value is gone from this process for good: it belongs to a lumos
+    session this process ended with ``shutdown()`` (the text says so); "" otherwise.
+    Needs no cluster."""
+    return worker_context.earlier_session(getattr(ref, "_owner", None))
 
 
 def spill_stats() -> list[dict[str, Any]]:

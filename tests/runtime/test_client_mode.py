@@ -145,6 +145,16 @@ def _next(out: "queue.Queue[str]", seen: list[str], word: str, timeout_s: float)
             return json.loads(line[len(word) + 1:])  # type: ignore[no-any-return]
 
 
+def _seen(out: "queue.Queue[str]", seen: list[str], text: str, timeout_s: float, why: str) -> None:
+    """Wait until a line holding ``text`` has been read."""
+    deadline = time.monotonic() + timeout_s
+    while not any(text in line for line in seen):
+        try:
+            seen.append(out.get(timeout=max(0.1, deadline - time.monotonic())))
+        except queue.Empty:
+            raise AssertionError(f"{why}:\n{''.join(seen)}") from None
+
+
 def _stop(proc: subprocess.Popen[str], readers: list[Any]) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -228,8 +238,10 @@ def test_client_in_another_network_namespace_runs_work_survives_a_cut_and_is_cle
         client.stdin.flush()
         resumed = _next(out, lines, "RESUMED", 90)
         assert resumed == {"calls": 13, "same": True}, resumed
-        assert any("incremented to 13" in line for line in lines), "worker output did not reach the client"
         actor = _next(out, lines, "KILL_ME", 30)["actor"]
+        # The actor's print travels on its own (worker -> raylet -> GCS -> session), so it may
+        # come after the lines the client printed once its get returned.
+        _seen(out, lines, "incremented to 13", 30, "worker output did not reach the client")
         client.kill()  # gone for good: no goodbye, the session waits out its grace period
         client.wait(30)
 
