@@ -59,8 +59,7 @@ class CellSyntaxError(SyntaxError):
 
     def _render_traceback_(self) -> list[str]:
         import traceback
-        text = "".join(traceback.format_exception_only(SyntaxError, SyntaxError(
-            self.msg, (self.filename, self.lineno, self.offset, self.text))))
+        text = "".join(traceback.format_exception_only(SyntaxError, self))
         name = self.filename or ""
         if name.startswith("<cell ") and name.endswith(">"):
             text = text.replace(f'File "{name}"', "C" + name[2:-1], 1)  # Cell In[n], line k

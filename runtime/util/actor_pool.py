@@ -34,25 +34,23 @@ class ActorPool:
         """Results of ``fn`` over ``values``, in the order of ``values``. Every value is
         submitted before this returns (as in Ray); the results of earlier submissions
         not yet read are dropped."""
-        self._drop_outstanding()
-        for v in values:
-            self.submit(fn, v)
-
-        def results() -> Iterator[Any]:
-            while self.has_next():
-                yield self.get_next()
-        return results()
+        self._submit_all(fn, values)
+        return self._results(self.get_next)
 
     def map_unordered(self, fn: Callable[[Any, Any], ObjectRef], values: Iterable[Any]) -> Iterator[Any]:
         """Results of ``fn`` over ``values``, as they finish (submitted before this returns)."""
+        self._submit_all(fn, values)
+        return self._results(self.get_next_unordered)
+
+    def _submit_all(self, fn: Callable[[Any, Any], ObjectRef], values: Iterable[Any]) -> None:
+        """Drop what earlier submissions left unread, then submit every value."""
         self._drop_outstanding()
         for v in values:
             self.submit(fn, v)
 
-        def results() -> Iterator[Any]:
-            while self.has_next():
-                yield self.get_next_unordered()
-        return results()
+    def _results(self, next_result: Callable[[], Any]) -> Iterator[Any]:
+        while self.has_next():
+            yield next_result()
 
     def _drop_outstanding(self) -> None:
         while self.has_next():

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable
 
 from lumos._private.ids import NodeID, ObjectID, WorkerID, short
 from lumos._private.protocol import messages as m
-from lumos._private.serialization import KIND_ERROR
+from lumos._private.serialization import KIND_ERROR, kind_of
 from lumos._private.transport.connection import Connection, ConnectionLost
 from lumos.object_ref import ObjectRef
 
@@ -43,8 +43,7 @@ def holds_error(e: "ObjectEntry") -> bool:
     """The object is done and its value is an error (a failed task's, or a system one)."""
     if e.state == FAILED:
         return True
-    data = e.data
-    return e.state == READY and data is not None and len(data) > 1 and data[1] == KIND_ERROR
+    return e.state == READY and e.data is not None and kind_of(e.data) == KIND_ERROR
 
 
 class Waiter:

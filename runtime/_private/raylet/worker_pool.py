@@ -288,7 +288,6 @@ class WorkerPool:
                 except subprocess.TimeoutExpired:
                     logger.error("worker pid %d did not exit", proc.pid)
             self._close_pidfd(proc)
-        self.reap_orphans()
         self._end_orphans()
 
     def _end_orphans(self, grace_s: float = 1.0) -> None:
