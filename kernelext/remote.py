@@ -157,24 +157,30 @@ class RemoteCells:
         runner = _remote_runner().options(num_returns=1 + len(assigns), **options)
         sink = CellSink(spec.nonce)
         run_refs: list[list[Any]] = []
-        ROUTER.expect(options["name"], sink)
-        try:
-            if map_name is None:
-                out = runner.remote(spec, inline, *refs)
-                run_refs.append(out if isinstance(out, list) else [out])
-            else:
-                for i, element in enumerate(map_values):
-                    item_inline = dict(inline)
-                    item_inline[map_name] = element
-                    out = runner.remote(replace(spec, map_index=i), item_inline, *refs)
-                    run_refs.append(out if isinstance(out, list) else [out])
-            for i, task_refs in enumerate(run_refs):
-                tid = task_refs[0].task_id().binary()
-                if map_name is not None:
-                    sink.labels[tid] = f"[{i}] "
-                ROUTER.register(tid, sink)
-        finally:
-            ROUTER.settled(options["name"])
+
+        def submit(item_spec: CellSpec, item_inline: dict[str, Any], label: str) -> None:
+            out = runner.remote(item_spec, item_inline, *refs)
+            task_refs = out if isinstance(out, list) else [out]
+            tid = task_refs[0].task_id().binary()
+            if label:
+                sink.labels[tid] = label  # (before its route: a line must not arrive unlabelled)
+            ROUTER.register(tid, sink)
+            run_refs.append(task_refs)
+
+        if map_name is None:
+            # A fast task can print before its id is registered: its output is routed by
+            # the task's name meanwhile. (Not for --map: every element has that name, and
+            # each line needs its element's label.)
+            ROUTER.expect(options["name"], sink)
+            try:
+                submit(spec, inline, "")
+            finally:
+                ROUTER.settled(options["name"])
+        else:
+            for i, element in enumerate(map_values):
+                item_inline = dict(inline)
+                item_inline[map_name] = element
+                submit(replace(spec, map_index=i), item_inline, f"[{i}] ")
         run = _Run(spec, run_refs, sink, map_name, title, named_out=getattr(args, "out", None) is not None)
         self.last = RunRecord(options, reads, assigns, [r for rs in run_refs for r in rs],
                               self.shipper.last)
