@@ -76,9 +76,9 @@ def gpu_holders() -> dict[str, list[dict[str, Any]]]:
         logger.debug("listing actors for the GPU panel failed: %s", e)
         actors = []
     for a in actors:
-        row = a if isinstance(a, dict) else {k: getattr(a, k, None) for k in ("state", "resources", "node_id",
-                                                                              "name", "class_name")}
-        gpus = (row.get("resources") or {}).get("GPU", 0)
+        row = a if isinstance(a, dict) else {k: getattr(a, k, None) for k in ("state", "required_resources",
+                                                                              "node_id", "name", "class_name")}
+        gpus = (row.get("required_resources") or {}).get("GPU", 0)
         node = row.get("node_id")
         if isinstance(node, bytes):
             node = node.hex()

@@ -35,3 +35,25 @@ def test_reserve_is_disabled_without_gpus_and_the_table_aligns(fresh_cluster: Ca
     finally:
         panel.close()
     assert lumos.is_initialized()
+
+
+def test_an_actor_holding_a_gpu_is_listed_on_its_node(fresh_cluster: Callable[..., Any]) -> None:
+    from lumos.kernelext.remote import Defaults
+    from lumos.kernelext.widgets import GpuPanel, gpu_holders
+    fresh_cluster(num_cpus=2, num_gpus=1)
+
+    @lumos.remote(num_gpus=1)
+    class Trainer:
+        def ready(self) -> bool:
+            return True
+
+    trainer = Trainer.remote()
+    assert lumos.get(trainer.ready.remote(), timeout=60)
+    node = lumos.state.list_nodes()[0]["node_id"]
+    assert gpu_holders() == {node: [{"kind": "actor", "name": "Trainer", "GPU": 1.0, "ids": None}]}
+    panel = GpuPanel(SimpleNamespace(defaults=Defaults()), refresh_s=60)
+    try:
+        assert "Trainer (actor, 1 GPU)" in panel.nodes_html.value
+    finally:
+        panel.close()
+    lumos.kill(trainer)
