@@ -606,3 +606,38 @@ def test_leases_whose_workers_wait_in_get_do_not_count_against_the_lease_cap() -
     out = s.worker_blocked(a, False)
     assert not a.blocked and of(out, ts.RequestLease) == []
     s.validate()
+
+
+def test_a_recalled_lease_takes_nothing_more_and_goes_after_its_last_reply() -> None:
+    s = state()
+    t = template()
+    first = task(t)
+    s.enqueue(first)
+    q = first.queue
+    lease, _ = grant(s, q)
+    reply(s, first)  # short tasks: pipelined from now on
+    burst = [task(t) for _ in range(6)]
+    for x in burst:
+        s.enqueue(x)
+    assert list(lease.tasks.values()) == burst[:4]
+    assert s.recalled(FakeConn(), lease.lease_id) == []  # another raylet's lease of that id: not this one
+    out = s.recalled(lease.raylet, lease.lease_id)
+    s.validate()
+    assert lease.recalled and not lease.dead and of(out, ts.PushTask) == []
+    assert len(q.tasks) == 2 and q.requesting > 0  # the queued two wait for another worker
+    for x in burst[:3]:
+        assert of(reply(s, x), ts.PushTask) == [] and not lease.dead
+    out = reply(s, burst[3])
+    assert of(out, ts.ReturnLease) == [ts.ReturnLease(lease, False)] and lease.dead
+    assert of(out, ts.PushTask) == []
+    other, out = grant(s, q)
+    assert [p.task for p in of(out, ts.PushTask)] == burst[4:]
+
+
+def test_a_recalled_idle_lease_is_returned_at_once() -> None:
+    s = state()
+    lease, _ = idle_worker(s)
+    out = s.recalled(lease.raylet, lease.lease_id)
+    s.validate()
+    assert out == [ts.ReturnLease(lease, False)] and lease not in s.idle_leases
+    assert s.recalled(lease.raylet, lease.lease_id) == []  # once

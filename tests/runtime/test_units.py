@@ -156,6 +156,68 @@ def test_worker_exit_releases_its_lease():
     assert g.lease_id not in s.leases
 
 
+def _remote(rid, resources=None, actor=None):
+    """A request whose owner is on another node (it spilled here)."""
+    r = req(rid, resources, actor=actor)
+    r.remote_owner = True
+    return r
+
+
+def _local(rid, resources=None):
+    """A request of an owner on this node."""
+    r = req(rid, resources)
+    r.local_owner = True
+    return r
+
+
+def recalls(actions):
+    return [a.lease_id for a in actions if isinstance(a, sc.RecallLease)]
+
+
+def test_a_local_owner_recalls_the_spilled_in_lease_it_waits_for_once():
+    s = sched({"CPU": 1}, workers=[W1, W2])
+    (g,) = s.handle(_remote(1), now=0)
+    assert s.handle(_local(2), now=1) == [sc.RecallLease(g.lease_id)]
+    assert recalls(s.handle(sc.Ticked(), now=2)) == []  # asked once
+    assert recalls(s.handle(_local(3), now=2)) == []  # what is being given back serves request 2 first
+    (g2,) = s.handle(sc.LeaseReturned(g.lease_id, False), now=3)
+    assert g2.request_id == 2 and not s.recallable
+
+
+def test_what_a_recall_frees_goes_to_the_local_owner_before_earlier_spilled_in_requests():
+    s = sched({"CPU": 1}, workers=[W1, W2])
+    (g,) = s.handle(_remote(1), now=0)
+    assert s.handle(_remote(2), now=0) == []  # spilled here too, waits
+    assert recalls(s.handle(_local(3), now=1)) == [g.lease_id]
+    (g3,) = grants(s.handle(sc.LeaseReturned(g.lease_id, False), now=2))
+    assert g3.request_id == 3
+    (g2,) = grants(s.handle(sc.LeaseReturned(g3.lease_id, False), now=3))
+    assert g2.request_id == 2
+
+
+def test_only_task_leases_of_remote_owners_are_recalled_and_only_for_local_owners():
+    s = sched({"CPU": 3}, workers=[W1, W2, W3, b"w4" * 8])
+    s.handle(req(1), now=0)  # an owner on this node (or not told): never recalled
+    s.handle(_remote(2, actor=b"actor"), now=0)  # an actor's lease: never recalled
+    (g3,) = s.handle(_remote(3), now=0)
+    assert recalls(s.handle(_remote(4), now=1)) == []  # a spilled-in request recalls nothing
+    assert recalls(s.handle(req(5), now=1)) == []  # nor one whose owner is not known to be here
+    assert recalls(s.handle(_local(6), now=1)) == [g3.lease_id]
+
+
+def test_recalls_as_few_leases_as_the_request_needs_and_none_that_cannot_make_it_fit():
+    s = sched({"CPU": 3}, workers=[W1, W2, W3, b"w4" * 8])
+    leases = [g.lease_id for i in (1, 2) for g in s.handle(_remote(i), now=0)]
+    s.handle(req(3), now=0)  # all three CPUs taken, one by a local owner
+    assert recalls(s.handle(_local(4, {"CPU": 3}), now=1)) == []  # even both spilled-in ones would not do
+    assert recalls(s.handle(_local(5, {"CPU": 1}), now=1)) == leases[:1]  # oldest first, one is enough
+    assert recalls(s.handle(sc.LeaseCancelled(4), now=2)) == []
+    s.handle(sc.LeaseReturned(leases[0], False), now=3)
+    assert list(s.recallable) == leases[1:]
+    s.handle(sc.WorkerExited(s.leases[leases[1]].worker_id), now=4)
+    assert not s.recallable
+
+
 def test_disconnected_lease_stops_its_worker():
     s = sched({"CPU": 1}, workers=[W1])
     (g,) = s.handle(req(1), now=0)

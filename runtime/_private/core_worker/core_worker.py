@@ -279,7 +279,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                                     handlers={m.DropSlots: self._handle_drop_slots,
                                               m.DropMappings: lambda c, msg: self.store.drop_mappings(msg.object_ids),
                                               m.ExitWorker: self._handle_exit_worker,
-                                              m.LeasedWorkerExited: self._handle_leased_worker_exited},
+                                              m.LeasedWorkerExited: self._handle_leased_worker_exited,
+                                              m.LeaseRecalled: self._handle_lease_recalled},
                                     name="core-worker->raylet", on_close=self._raylet_lost)
         self.raylet.allow_write_now()  # seals and pins may leave from user threads (objects.py)
         if self.mode == DRIVER:
@@ -745,7 +746,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                                            m.RemoveBorrowers: self._handle_remove_borrowers,
                                            m.WorkerBlocked: self._handle_worker_blocked,
                                            m.WorkerUnblocked: self._handle_worker_blocked,
-                                           m.LeasedWorkerExited: self._handle_leased_worker_exited},
+                                           m.LeasedWorkerExited: self._handle_leased_worker_exited,
+                                           m.LeaseRecalled: self._handle_lease_recalled},
                                  name=f"core-worker->{short(wid)}", on_close=self._peer_closed,
                                  use_unix=address.node_id == self.node_id)
             conn.peer_info = wid
@@ -776,6 +778,13 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             if lease.lease_id == msg.lease_id and self.loop is not None:
                 self._run(self.submitter.worker_blocked(lease, True))  # (no more pushes)
                 self.loop.call_later(LEASED_EXIT_GRACE_S, self._leased_worker_gone, lease)
+
+    def _handle_lease_recalled(self, conn: Connection, msg: m.LeaseRecalled) -> None:
+        """Another node's raylet wants a lease it granted here back (an owner on its node
+        waits for the resources): the worker takes nothing more and is returned once its
+        tasks in flight are done; the tasks still queued go to other workers."""
+        self.io.drain_pending()  # (a task a user thread pushed to it is booked first)
+        self._run(self.submitter.recalled(conn, msg.lease_id))
 
     def _leased_worker_gone(self, lease: LeasedWorker) -> None:
         if not lease.dead and not self._closed:  # (else its connection closed meanwhile)

@@ -158,7 +158,7 @@ class TaskSubmitterState:
         refill_at = depth // 2 if after_reply and depth > 2 else depth - 1
         open_leases = [lease for lease in q.leases
                        if len(lease.tasks) <= refill_at and lease.conn is not None and not lease.dead
-                       and not lease.blocked and not lease.exiting]
+                       and not lease.blocked and not lease.exiting and not lease.recalled]
         while tasks:
             best = None
             for lease in open_leases:
@@ -309,6 +309,21 @@ class TaskSubmitterState:
         lease.dead = True
         return [ReturnLease(lease, disconnect)]
 
+    def recalled(self, raylet: Any, lease_id: int) -> list[Action]:
+        """The raylet ``raylet`` recalls lease ``lease_id`` (an owner on its node needs the
+        resources; the request had spilled there): push nothing more to the worker, and
+        return the lease now if nothing is in flight on it, else after its last reply.
+        The tasks still queued get other workers (a new lease request if need be)."""
+        for q in self.queues.values():
+            for lease in q.leases:
+                if lease.lease_id == lease_id and lease.raylet is raylet and not lease.dead:
+                    lease.recalled = True
+                    self.idle_leases.discard(lease)
+                    if lease.tasks or lease.claimed:
+                        return self.pump(q)
+                    return self.return_lease(lease, disconnect=False) + self.pump(q)
+        return []
+
     def idle_expired(self, lease: LeasedWorker) -> list[Action]:
         lease.idle_timer = None
         self.idle_leases.discard(lease)
@@ -328,7 +343,7 @@ class TaskSubmitterState:
             return None
         for lease in q.leases:
             if lease.direct and not lease.tasks and not lease.claimed and lease.conn is not None \
-                    and not lease.dead and not lease.blocked and not lease.exiting:
+                    and not lease.dead and not lease.blocked and not lease.exiting and not lease.recalled:
                 lease.claimed = True
                 return lease
         if self.idle_leases and task is not None:
@@ -338,7 +353,8 @@ class TaskSubmitterState:
             for lease in self.idle_leases:
                 if lease.direct and lease.queue is not q and lease.queue.key[1:] == shape and \
                         not lease.tasks and not lease.claimed and lease.conn is not None and \
-                        not lease.dead and not lease.blocked and not lease.exiting and _fits(task, lease):
+                        not lease.dead and not lease.blocked and not lease.exiting and not lease.recalled and \
+                        _fits(task, lease):
                     if _usable(q) >= self.max_leases_per_key:
                         return None
                     self._move(lease, q)
@@ -440,6 +456,11 @@ class TaskSubmitterState:
         if lease.dead:
             return []
         q = lease.queue
+        if lease.recalled:
+            # Its raylet asked for it back: it takes nothing more, and goes once it is done.
+            if lease.tasks or lease.claimed:
+                return []
+            return self.return_lease(lease, disconnect=False) + self.pump(q)
         if q.tasks and lease.tasks and not lease.exiting:
             # A burst: tasks wait while this worker still runs some. Every other usable worker
             # was filled by the pump that last changed it, so only this one could take more,
@@ -586,7 +607,8 @@ def _usable(q: SchedulingQueue) -> int:
     """Leases of ``q`` that count against ``max_leases_per_scheduling_key`` (a blocked one's
     worker waits in get() or wait(), maybe for these very tasks: it does not count, or a
     chain of nested tasks would wait for ever at the cap)."""
-    return sum(1 for lease in q.leases if not lease.dead and not lease.exiting and not lease.blocked)
+    return sum(1 for lease in q.leases
+               if not lease.dead and not lease.exiting and not lease.blocked and not lease.recalled)
 
 
 def _fits(task: PendingTask, lease: LeasedWorker) -> bool:

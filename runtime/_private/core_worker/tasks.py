@@ -91,7 +91,8 @@ class PendingTask:
 
 class LeasedWorker:
     __slots__ = ("lease_id", "worker_id", "address", "node_id", "resource_ids", "conn", "tasks",
-                 "idle_timer", "idle_since", "queue", "raylet", "dead", "blocked", "exiting", "direct", "claimed")
+                 "idle_timer", "idle_since", "queue", "raylet", "dead", "blocked", "exiting", "direct", "claimed",
+                 "recalled")
 
     def __init__(self, grant: m.LeaseGrant, queue: "SchedulingQueue", raylet: Connection) -> None:
         self.lease_id = grant.lease_id
@@ -117,6 +118,9 @@ class LeasedWorker:
         self.exiting = False
         #: User threads may write to ``conn`` (``Connection.write_now``).
         self.direct = False
+        #: Its raylet asked for it back (``LeaseRecalled``): push nothing more; it is
+        #: returned once its tasks in flight are done.
+        self.recalled = False
         #: A user thread wrote a task to this worker that the io thread has not booked yet
         #: (``TaskSubmitterState.claim_idle``): the lease is not idle.
         self.claimed = False

@@ -3,6 +3,7 @@ raylets, placement groups and node logs (codes 110-139).
 
 ```
 raylet --ScheduleLease--> GCS --SpillbackReply--> owner --RequestSpilledLease--> other raylet
+other raylet --LeaseRecalled--> owner (an owner on that node needs the resources back)
 raylet --ReadObjectChunk/GetObjectSize/FreeObjectCopies--> raylet
 GCS --ReserveBundles/ReleaseBundles/GetNodeLog--> raylet
 ```
@@ -62,6 +63,15 @@ class RequestSpilledLease:
     request: RequestWorkerLease
     #: How many times the request was forwarded already.
     hops: int
+
+
+@message(127)
+class LeaseRecalled:
+    """Raylet -> the owner, on another node, of a task lease it granted: an owner on the
+    raylet's own node waits for the resources the lease holds. Push nothing more to the
+    worker and return the lease once its tasks in flight are done."""
+
+    lease_id: int
 
 
 @message(113)

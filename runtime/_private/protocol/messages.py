@@ -43,7 +43,7 @@ from lumos._private.protocol.raylet_messages import (  # noqa: F401
     GetNodeStats, MarkShared, ShutdownNode, DropSlots, PinObjects, RestoreSpilled,
     DropMappings)
 from lumos._private.protocol.cluster_messages import (  # noqa: F401
-    ScheduleLease, SpillbackReply, RequestSpilledLease, PullObject, ReadObjectChunk, GetObjectSize,
+    ScheduleLease, SpillbackReply, RequestSpilledLease, LeaseRecalled, PullObject, ReadObjectChunk, GetObjectSize,
     FreeObjectCopies, ReserveBundles, ReleaseBundles, PlacementGroupInfo, CreatePlacementGroup, RemovePlacementGroup,
     GetPlacementGroup, ListPlacementGroups, WaitPlacementGroupReady, GetNodeLog, NodeLog)
 from lumos._private.protocol.vocab import (  # noqa: F401
@@ -131,6 +131,7 @@ __all__ = [
     "ScheduleLease",
     "SpillbackReply",
     "RequestSpilledLease",
+    "LeaseRecalled",
     "PullObject",
     "ReadObjectChunk",
     "GetObjectSize",

@@ -6,11 +6,12 @@ processes, and which requests can never run here. ``RayletServer`` feeds it even
 executes the actions it returns; it never touches processes or sockets.
 
 ```
-LeaseRequested ─► fits and an idle worker of the job? ─► GrantLease
+LeaseRequested ─► fits and an idle worker of the job? ─► GrantLease (owners on this node first)
                   fits, no idle worker               ─► StartWorker (one per waiting request)
                   does not fit now                   ─► stays queued; later requests still run
                   exceeds the node's totals          ─► stays queued, ReportInfeasible once
 LeaseReturned / WorkerExited ─► resources back ─► grant what now fits
+a local owner's request waits for resources that spilled-in task leases hold ─► RecallLease
 WorkerBlocked (a task waits in get) ─► its CPUs are lent out until WorkerUnblocked
 BundlesRequested (GCS, placement group) ─► all fit now? take them from the node ─► AnswerBundles
 LeaseRequested in a bundle ─► granted from that bundle's own pool (its GPUs, its CPUs)
@@ -21,13 +22,22 @@ Bottom-up scheduling starts here too: ``should_spill(SpillQuery)`` decides wheth
 request is served on this node or forwarded to the GCS's global scheduler (``ScheduleLease``).
 It is a pure query (no state changes); the server asks it when a request arrives and again
 while the request still waits here.
+
+Local owners come first. A task lease granted to an owner on another node (its request
+spilled here) uses this node's spare capacity; when an owner on this node then asks and
+its request waits for resources such leases hold, the scheduler recalls as many of them
+as it needs (``RecallLease``): the owner pushes nothing more to the worker and returns
+the lease once its tasks in flight are done. Without it, a busy driver whose requests
+spilled took the only CPU of a node whose own driver came a moment later, and held it
+for the rest of its backlog (8 one-CPU nodes with a driver each ran at 22-50% of linear on
+a 16-core machine; docs/scaling.md). Actor and placement-group leases are never recalled.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from typing import Any, Union
+from typing import Any, Iterator, Union
 
 from lumos._private.ids import ActorID, JobID, NodeID, PlacementGroupID, WorkerID
 from lumos._private.raylet.resources import NodeResources, from_units, request_units, to_units
@@ -47,6 +57,10 @@ class LeaseRequested:
     bundle: tuple[bytes, int] | None = None
     #: The work's ``max_retries`` / ``max_restarts`` (None: not told), for the memory monitor.
     retry_budget: int | None = None
+    #: The owner is a process on this node: its request may recall spilled-in leases.
+    local_owner: bool = False
+    #: The owner is on another node (the request spilled here): its task lease may be recalled.
+    remote_owner: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -138,6 +152,14 @@ class StartWorker:
 
 
 @dataclasses.dataclass(slots=True)
+class RecallLease:
+    """Ask the owner (on another node) of a spilled-in task lease to give it back once
+    its tasks in flight are done: an owner on this node waits for what it holds."""
+
+    lease_id: int
+
+
+@dataclasses.dataclass(slots=True)
 class StopWorker:
     worker_id: WorkerID
     reason: str
@@ -169,9 +191,12 @@ class AnswerBundles:
     gpu_ids: dict[int, list[int]] = dataclasses.field(default_factory=dict)
 
 
-Action = Union[GrantLease, StartWorker, StopWorker, ReportInfeasible, FailLease, AnswerBundles]
+Action = Union[GrantLease, StartWorker, StopWorker, ReportInfeasible, FailLease, AnswerBundles, RecallLease]
 
 # ----------------------------------------------------------------------------- spill-over decision
+
+#: Waiting requests of local owners that each event considers for a recall (``RecallLease``).
+RECALL_LOOKAHEAD = 8
 
 #: Arguments elsewhere worth at least this many more bytes send a request to the GCS.
 LOCALITY_MIN_BYTES = 1024 * 1024
@@ -228,6 +253,8 @@ class _Lease:
     job_id: JobID
     #: The bundle whose pool the units came from (None: the node's own pool).
     bundle: tuple[bytes, int] | None = None
+    #: Asked back (``RecallLease``) and not returned yet.
+    recalled: bool = False
 
 
 class _Bundle:
@@ -296,6 +323,9 @@ class LocalSchedulerState:
         self.queue: OrderedDict[int, _Request] = OrderedDict()
         #: (placement group id, bundle index) -> bundle reserved on this node.
         self.bundles: dict[tuple[bytes, int], _Bundle] = {}
+        #: Lease id -> task lease of an owner on another node, in grant order: what a
+        #: local owner's waiting request may recall.
+        self.recallable: dict[int, _Lease] = {}
         self._next_lease = 1
 
     # ------------------------------------------------------------------ API
@@ -396,11 +426,15 @@ class LocalSchedulerState:
         #: The same, per bundle.
         bundle_reserved: dict[tuple[bytes, int], dict[str, int]] = {}
         granted: list[int] = []
-        for rid, req in self.queue.items():  # (not copied: a copy per event was quadratic too)
+        #: The first few requests of owners on this node that wait for resources.
+        short: list[_Request] = []
+        for rid, req in self._grant_order():
             if not idle and waiting_for_worker - starting >= self.max_workers - alive:
                 # Nothing later in the queue can be granted (no idle worker) or start one
                 # more (the cap is reached): a burst of queued actors costs each event a
                 # look at the cap's worth of requests, not at all of them (issue 19).
+                if self.recallable:
+                    self._waiting_local(reserved, short)
                 break
             bundle: _Bundle | None = None
             if req.event.bundle is not None:
@@ -415,6 +449,8 @@ class LocalSchedulerState:
                     else:
                         continue
                 if not self.resources.fits(_plus(req.units, reserved)):
+                    if req.event.local_owner and len(short) < RECALL_LOOKAHEAD:
+                        short.append(req)
                     continue
                 held = reserved
             worker = _idle_worker_for(req.event.job_id, idle)
@@ -439,21 +475,77 @@ class LocalSchedulerState:
                 worker.actor_id = req.event.actor_id
                 del self._task_workers[worker.worker_id]
                 alive -= 1
-            self.leases[lease_id] = _Lease(lease_id, rid, worker.worker_id, req.units, ids, req.event.job_id,
-                                           bundle.key if bundle is not None else None)
+            lease = self.leases[lease_id] = _Lease(lease_id, rid, worker.worker_id, req.units, ids,
+                                                   req.event.job_id, bundle.key if bundle is not None else None)
+            if req.event.remote_owner and bundle is None and req.event.actor_id is None:
+                self.recallable[lease_id] = lease
             actions.append(GrantLease(rid, lease_id, worker.worker_id, ids))
         for rid in granted:
             del self.queue[rid]
+        if short and self.recallable:
+            for req in short:
+                if self._recall_for(req, reserved, actions):
+                    break
         # The cap is on workers that run tasks and are not blocked: each actor has a process
         # of its own, and actors beyond the cap must not wait for ever (as in Ray).
         to_start = min(waiting_for_worker - starting, self.max_workers - alive)
         for _ in range(max(0, to_start)):
             actions.append(StartWorker())
 
+    def _grant_order(self) -> Iterator[tuple[int, _Request]]:
+        """The queue in the order requests are served: owners on this node first, then
+        requests that spilled here from other nodes (each group in arrival order). The
+        queue is not copied (a copy per event was quadratic); the second pass runs only
+        when the first met a spilled-in request."""
+        spilled_in = False
+        for rid, req in self.queue.items():
+            if req.event.remote_owner:
+                spilled_in = True
+            else:
+                yield rid, req
+        if spilled_in:
+            for rid, req in self.queue.items():
+                if req.event.remote_owner:
+                    yield rid, req
+
+    def _waiting_local(self, reserved: dict[str, int], short: list[_Request]) -> None:
+        """Add to ``short`` the requests of local owners (among the first few dozen queued)
+        that wait for resources: the grant loop stopped early, as no worker is idle, but a
+        recall can still help them."""
+        for seen, req in enumerate(self.queue.values()):
+            if seen >= 8 * RECALL_LOOKAHEAD or len(short) >= RECALL_LOOKAHEAD:
+                return
+            if req.event.local_owner and req.event.bundle is None and not req.infeasible \
+                    and not any(r is req for r in short) and not self.resources.fits(_plus(req.units, reserved)):
+                short.append(req)
+
+    def _recall_for(self, req: _Request, reserved: dict[str, int], actions: list[Action]) -> bool:
+        """Recall the spilled-in task leases ``req`` needs, oldest first: none if even all
+        of them would not make it fit, none more while those already recalled will do.
+        True when ``req`` will fit once the recalled leases are back."""
+        need = _plus(req.units, reserved)
+        for lease in self.recallable.values():
+            if lease.recalled:
+                need = _minus(need, lease.units)
+        if self.resources.fits(need):
+            return True
+        picked = []
+        for lease in self.recallable.values():
+            if not lease.recalled:
+                picked.append(lease)
+                need = _minus(need, lease.units)
+                if self.resources.fits(need):
+                    for chosen in picked:
+                        chosen.recalled = True
+                        actions.append(RecallLease(chosen.lease_id))
+                    return True
+        return False
+
     def _return(self, lease_id: int, disconnect: bool, now: float, actions: list[Action]) -> None:
         lease = self.leases.pop(lease_id, None)
         if lease is None:
             return
+        self.recallable.pop(lease_id, None)
         w = self.workers.get(lease.worker_id)
         self._release(lease, w)
         if w is None or w.state == DEAD:
@@ -572,6 +664,7 @@ class LocalSchedulerState:
             return
         if w.state == LEASED:
             lease = self.leases.pop(w.lease_id, None)
+            self.recallable.pop(w.lease_id, None)
             if lease is not None:
                 self._release(lease, w)
         w.state = DEAD
@@ -663,10 +756,18 @@ class LocalSchedulerState:
             w = self.workers.get(lease.worker_id)
             if w is None or w.state != LEASED or w.lease_id != lease.lease_id:
                 raise AssertionError(f"lease {lease.lease_id} points at a worker that does not hold it")
+        for lease_id, lease in self.recallable.items():
+            if self.leases.get(lease_id) is not lease or lease.bundle is not None:
+                raise AssertionError(f"recallable lease {lease_id} is not a task lease held here")
         task_workers = [k for k, w in self.workers.items() if w.actor_id is None]
         if task_workers != list(self._task_workers):
             raise AssertionError(f"{len(self._task_workers)} workers indexed as hosting no actor, "
                                  f"{len(task_workers)} are")
+
+
+def _minus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    """``a`` less ``b``, per resource, not below zero (resources ``a`` does not name stay out)."""
+    return {k: max(0, v - b.get(k, 0)) for k, v in a.items()}
 
 
 def _plus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:

@@ -394,6 +394,11 @@ class RayletServer:
             if waiter is not None and not waiter[1].done():
                 waiter[1].set_exception(PlacementGroupRemoved(action.reason) if action.group_removed
                                         else RuntimeError(action.reason))
+        elif isinstance(action, sc.RecallLease):
+            owner = self._lease_owner.get(action.lease_id)
+            if owner is not None and not owner.is_closed:
+                logger.debug("recalling lease %d: an owner on this node waits for its resources", action.lease_id)
+                owner.notify(m.LeaseRecalled(action.lease_id))
         elif isinstance(action, sc.AnswerBundles):
             self._bundle_answers[action.request_id] = [action.ok, action.reason,
                                                        [[i, ids] for i, ids in action.gpu_ids.items()]]
@@ -442,8 +447,12 @@ class RayletServer:
         self._next_request += 1
         fut: asyncio.Future[m.LeaseGrant] = asyncio.get_running_loop().create_future()
         self._lease_waiters[rid] = (conn, fut)
+        # Whose request: an owner on this node (a driver or worker registered here) may
+        # recall task leases granted to owners on other nodes (``RecallLease``).
+        here = msg.owner_worker_id in self.pool.procs
         self._sched(sc.LeaseRequested(rid, msg.job_id, msg.resources, msg.function_name, msg.actor_id,
-                                      _bundle_of(msg), msg.retry_budget))
+                                      _bundle_of(msg), msg.retry_budget, local_owner=here,
+                                      remote_owner=not here and msg.owner_worker_id != b"gcs"))
         try:
             while True:
                 done, _ = await asyncio.wait({fut}, timeout=RESPILL_AFTER_S)
