@@ -188,11 +188,20 @@ def test_what_a_recall_frees_goes_to_the_local_owner_before_earlier_spilled_in_r
     s = sched({"CPU": 1}, workers=[W1, W2])
     (g,) = s.handle(_remote(1), now=0)
     assert s.handle(_remote(2), now=0) == []  # spilled here too, waits
-    assert recalls(s.handle(_local(3), now=1)) == [g.lease_id]
-    (g3,) = grants(s.handle(sc.LeaseReturned(g.lease_id, False), now=2))
+    assert recalls(s.handle(_local(3), now=0.5)) == [g.lease_id]
+    (g3,) = grants(s.handle(sc.LeaseReturned(g.lease_id, False), now=1))
     assert g3.request_id == 3
-    (g2,) = grants(s.handle(sc.LeaseReturned(g3.lease_id, False), now=3))
+    (g2,) = grants(s.handle(sc.LeaseReturned(g3.lease_id, False), now=1.5))
     assert g2.request_id == 2
+
+
+def test_a_spilled_in_request_that_waited_long_takes_its_turn_before_later_local_ones():
+    s = sched({"CPU": 1}, workers=[W1, W2])
+    (g,) = s.handle(req(1), now=0)
+    assert s.handle(_remote(2), now=0) == []
+    assert s.handle(_local(3), now=0.5) == []
+    (g2,) = grants(s.handle(sc.LeaseReturned(g.lease_id, False), now=sc.SPILLED_IN_PATIENCE_S + 0.1))
+    assert g2.request_id == 2  # waited its patience: served in arrival order
 
 
 def test_only_task_leases_of_remote_owners_are_recalled_and_only_for_local_owners():

@@ -197,6 +197,10 @@ Action = Union[GrantLease, StartWorker, StopWorker, ReportInfeasible, FailLease,
 
 #: Waiting requests of local owners that each event considers for a recall (``RecallLease``).
 RECALL_LOOKAHEAD = 8
+#: A request that spilled here waits at most this long behind this node's own owners'
+#: requests; then it is served in its arrival turn (it cannot go elsewhere: spilled requests
+#: are served where they land).
+SPILLED_IN_PATIENCE_S = 2.0
 
 #: Arguments elsewhere worth at least this many more bytes send a request to the GCS.
 LOCALITY_MIN_BYTES = 1024 * 1024
@@ -428,7 +432,7 @@ class LocalSchedulerState:
         granted: list[int] = []
         #: The first few requests of owners on this node that wait for resources.
         short: list[_Request] = []
-        for rid, req in self._grant_order():
+        for rid, req in self._grant_order(now):
             if not idle and waiting_for_worker - starting >= self.max_workers - alive:
                 # Nothing later in the queue can be granted (no idle worker) or start one
                 # more (the cap is reached): a burst of queued actors costs each event a
@@ -492,20 +496,22 @@ class LocalSchedulerState:
         for _ in range(max(0, to_start)):
             actions.append(StartWorker())
 
-    def _grant_order(self) -> Iterator[tuple[int, _Request]]:
+    def _grant_order(self, now: float) -> Iterator[tuple[int, _Request]]:
         """The queue in the order requests are served: owners on this node first, then
-        requests that spilled here from other nodes (each group in arrival order). The
-        queue is not copied (a copy per event was quadratic); the second pass runs only
-        when the first met a spilled-in request."""
-        spilled_in = False
+        requests that spilled here from other nodes (each group in arrival order). One
+        that spilled here and waited ``SPILLED_IN_PATIENCE_S`` takes its arrival turn among
+        the first, so a node kept busy by its own owners still serves it. The queue is not
+        copied (a copy per event was quadratic); the second pass runs only when the first
+        met a spilled-in request it left for later."""
+        later = False
         for rid, req in self.queue.items():
-            if req.event.remote_owner:
-                spilled_in = True
+            if req.event.remote_owner and now - req.since < SPILLED_IN_PATIENCE_S:
+                later = True
             else:
                 yield rid, req
-        if spilled_in:
+        if later:
             for rid, req in self.queue.items():
-                if req.event.remote_owner:
+                if req.event.remote_owner and now - req.since < SPILLED_IN_PATIENCE_S:
                     yield rid, req
 
     def _waiting_local(self, reserved: dict[str, int], short: list[_Request]) -> None:
