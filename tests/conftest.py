@@ -91,6 +91,21 @@ def start(**kwargs: Any) -> lumos.LumosContext:
     return lumos.init(_system_config=config, **kwargs)
 
 
+def running_two_nodes(head_cpus: float, **node_args: Any) -> Iterator[tuple[Any, Any]]:
+    """Body of a two-node fixture: a ``lumos.testing.Cluster`` whose head has ``head_cpus``
+    and a second node of ``node_args``, this process connected; yields (cluster, the second
+    node), then shuts it down and checks for leaks."""
+    from lumos.testing import Cluster
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus, "_system_config": dict(TEST_CONFIG)})
+    try:
+        node = cluster.add_node(**node_args)
+        cluster.connect()
+        yield cluster, node
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)
+
+
 def running_cluster(**kwargs: Any) -> Iterator[lumos.LumosContext]:
     """Body of a cluster fixture: ``start(**kwargs)``, then shut down and check for leaks."""
     ctx = start(**kwargs)

@@ -15,21 +15,14 @@ import pytest
 import lumos
 from lumos.testing import Cluster
 from lumos.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from tests.conftest import TEST_CONFIG, check_no_leaks
+from tests.conftest import running_two_nodes
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
 def two_one_cpu_nodes() -> Iterator[tuple[Cluster, Any]]:
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
-    try:
-        node = cluster.add_node(num_cpus=1)
-        cluster.connect()
-        yield cluster, node
-    finally:
-        cluster.shutdown()
-        check_no_leaks(cluster.session_dir)
+    yield from running_two_nodes(1, num_cpus=1)
 
 
 @lumos.remote

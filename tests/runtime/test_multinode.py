@@ -20,20 +20,13 @@ from lumos._private.protocol import messages as m
 from lumos._private.raylet.resources import to_units
 from lumos.testing import Cluster
 from lumos.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from tests.conftest import TEST_CONFIG, check_no_leaks, wait_for
+from tests.conftest import running_two_nodes, wait_for
 
 
 @pytest.fixture(scope="module")
 def two_nodes() -> Iterator[tuple[Cluster, Any]]:
     """Head: 1 CPU. Second node: 2 CPUs and the only ``special`` resource."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
-    try:
-        node = cluster.add_node(num_cpus=2, resources={"special": 1})
-        cluster.connect()
-        yield cluster, node
-    finally:
-        cluster.shutdown()
-        check_no_leaks(cluster.session_dir)
+    yield from running_two_nodes(1, num_cpus=2, resources={"special": 1})
 
 
 @lumos.remote
