@@ -186,6 +186,14 @@ def test_kill_with_restart_kills_the_worker_and_its_death_restarts_the_actor() -
         t(ast.KillRequested(B, "killed", no_restart=True))
 
 
+def test_an_actor_out_of_scope_ends_for_good_with_a_grace_for_its_clean_up() -> None:
+    t = registered(max_restarts=3)
+    t.create(A, N1, b"w1")
+    out = t(ast.KillRequested(A, "every handle went out of scope", no_restart=True, graceful=True))
+    assert t.info().state == ast.DEAD
+    assert of(out, ast.KillWorker) == [ast.KillWorker(N1, b"w1", "its actor ended", ast.GRACEFUL_EXIT_S)]
+
+
 def test_kill_without_restart_and_exit_actor_end_it_for_good() -> None:
     t = registered(max_restarts=3)
     t.create(A, N1, b"w1")

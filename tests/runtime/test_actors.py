@@ -286,6 +286,65 @@ def test_actor_ends_when_its_handles_go_out_of_scope(cluster: lumos.LumosContext
     wait_for(lambda: process_gone(pid), 10)
 
 
+@lumos.remote
+class Tidy:
+    """Leaves a mark from each clean-up hook a graceful end runs."""
+
+    def __init__(self, marks: str) -> None:
+        import atexit
+        self.marks = marks
+        atexit.register(self._mark, "atexit")
+
+    def _mark(self, what: str) -> None:
+        with open(self.marks, "a") as f:
+            f.write(what + ";")
+
+    def __ray_shutdown__(self) -> None:
+        self._mark("shutdown")
+
+    def __del__(self) -> None:
+        self._mark("del")
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_an_actor_out_of_scope_runs_its_clean_up_before_it_ends(cluster: lumos.LumosContext, tmp_path: Any) -> None:
+    # As in Ray: the end of an actor nobody can call any more is graceful
+    # (``__ray_shutdown__``, then ``__del__`` and atexit handlers); lumos.kill is not.
+    marks = tmp_path / "marks"
+    t = Tidy.remote(str(marks))
+    pid = lumos.get(t.pid.remote(), timeout=30)
+    del t
+    wait_for(lambda: process_gone(pid), 20)
+    assert marks.read_text() == "shutdown;del;atexit;"
+
+    killed = tmp_path / "killed"
+    k = Tidy.remote(str(killed))
+    pid = lumos.get(k.pid.remote(), timeout=30)
+    lumos.kill(k)
+    wait_for(lambda: process_gone(pid), 20)
+    assert not killed.exists()
+
+
+@pytest.mark.slow
+def test_a_frozen_actor_out_of_scope_is_still_ended_after_its_grace(cluster: lumos.LumosContext,
+                                                                   tmp_path: Any) -> None:
+    # Asked to exit, a worker that cannot (stopped, or its clean-up hangs) is killed once
+    # its grace period is over: the actor's resources come back.
+    t = Tidy.remote(str(tmp_path / "marks"))
+    pid = lumos.get(t.pid.remote(), timeout=30)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        del t
+        wait_for(lambda: process_gone(pid), 40)
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
 def test_a_named_actor_ends_with_its_creators_handle(cluster: lumos.LumosContext) -> None:
     # As in Ray: a name does not keep a non-detached actor alive (it lived until the job
     # ended), and handles from get_actor do not either.

@@ -305,6 +305,19 @@ class ActorHost:
         except (ConnectionLost, TimeoutError, RemoteError) as e:
             logger.warning("could not tell the GCS the actor is exiting: %s", e)
 
+        self._leave()
+
+    def stopped(self, reason: str) -> None:
+        """Every handle went out of scope (the raylet's ``ExitWorker``; the GCS has marked
+        the actor dead): run the same clean-up as ``exiting``, off the io thread, then go.
+        The raylet kills the process if it is still there after its grace period."""
+        def run() -> None:
+            logger.info("actor exits: %s", reason)
+            _run_exit_handlers(EXIT_HANDLERS_TIMEOUT_S, self.instance)
+            self._leave()
+        threading.Thread(target=run, name="lumos-actor-exit", daemon=True).start()
+
+    def _leave(self) -> None:
         def leave() -> None:
             assert self.cw.loop is not None
             self.cw._flush_events()
@@ -318,12 +331,24 @@ EXIT_HANDLERS_TIMEOUT_S = 10.0
 
 
 def _run_exit_handlers(timeout_s: float, instance: Any = None) -> None:
-    """Run the actor instance's ``__del__``, then the ``atexit`` handlers, within
-    ``timeout_s`` (the process then ends with ``os._exit``, which skips both; one that
-    hangs must not keep the actor up). ``__del__`` is called here, once: the instance is
-    still referenced (by the frames of the call that ended the actor), and ``os._exit``
+    """Run the actor instance's ``__ray_shutdown__`` (as Ray does when an actor ends
+    gracefully; ``__lumos_shutdown__`` too) and ``__del__``, then the ``atexit`` handlers,
+    within ``timeout_s`` (the process then ends with ``os._exit``, which skips them; one
+    that hangs must not keep the actor up). ``__del__`` is called here, once: the instance
+    is still referenced (by the frames of the call that ended the actor), and ``os._exit``
     never finalizes it."""
     def run() -> None:
+        for name in ("__ray_shutdown__", "__lumos_shutdown__"):
+            shutdown = getattr(instance, name, None) if instance is not None else None
+            if callable(shutdown):
+                try:
+                    out = shutdown()
+                    if inspect.iscoroutine(out):
+                        asyncio.run(out)
+                except Exception:
+                    sys.stderr.write(f"Exception ignored in: {shutdown!r}\n")
+                    traceback.print_exc()
+                break
         finalize = getattr(type(instance), "__del__", None) if instance is not None else None
         if finalize is not None:
             try:

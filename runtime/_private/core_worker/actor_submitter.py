@@ -405,7 +405,7 @@ class ActorSubmitter:
         q.released = False
         gcs = self.cw.gcs
         if gcs is not None and not gcs.is_closed:
-            gcs.notify(m.KillActor(q.actor_id, True, "every handle to the actor went out of scope"))
+            gcs.notify(m.KillActor(q.actor_id, True, "every handle to the actor went out of scope", graceful=True))
 
     def on_failed(self, task: PendingTask) -> None:
         self._uncount(task.spec.actor_id or b"")

@@ -887,8 +887,13 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             self.executor.cancel(msg.task_id, msg.force, msg.recursive)
 
     def _handle_exit_worker(self, conn: Connection, msg: m.ExitWorker) -> None:
+        """The raylet asks this worker to go: an actor's worker runs the actor's clean-up
+        first (every handle to it went out of scope), any other leaves at once."""
         logger.info("asked to exit: %s", msg.reason)
-        if self.mode == WORKER:
+        actor = self.executor.actor if self.executor is not None else None
+        if self.mode == WORKER and actor is not None:
+            actor.stopped(msg.reason)
+        elif self.mode == WORKER:
             self._flush_events()
             self.loop.call_later(0.05, os._exit, 0)  # type: ignore[union-attr]
 

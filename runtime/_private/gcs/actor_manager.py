@@ -89,7 +89,7 @@ class ActorManager:
         elif isinstance(action, ast.ReturnWorker):
             pool.notify_nowait(action.node_id, m.ReturnWorker(action.lease_id, False))
         elif isinstance(action, ast.KillWorker):
-            pool.notify_nowait(action.node_id, m.KillWorker(action.worker_id, action.reason))
+            pool.notify_nowait(action.node_id, m.KillWorker(action.worker_id, action.reason, action.graceful_s))
         elif isinstance(action, ast.DeleteCheckpoint):
             if self.gcs.kv.pop((CHECKPOINT_NS, action.actor_id), None) is not None:
                 self.gcs.unpersist("kv", CHECKPOINT_NS.encode() + b"\0" + action.actor_id)
@@ -117,7 +117,8 @@ class ActorManager:
     def kill(self, conn: Connection, msg: m.KillActor) -> bool:
         info = self.state.info_of(msg.actor_id)
         was_alive = info is not None and info.state != DEAD
-        self._dispatch(ast.KillRequested(msg.actor_id, msg.reason or "killed by lumos.kill()", msg.no_restart))
+        self._dispatch(ast.KillRequested(msg.actor_id, msg.reason or "killed by lumos.kill()", msg.no_restart,
+                                         msg.graceful))
         return was_alive
 
     def exiting(self, conn: Connection, msg: m.ActorExiting) -> None:

@@ -118,13 +118,21 @@ class JobFinished:
     recovered: bool = False
 
 
+#: How long an actor whose handles all went out of scope gets for its clean-up
+#: (``__ray_shutdown__``, ``__del__``, ``atexit``: the worker gives them 10 s) before its
+#: worker is killed.
+GRACEFUL_EXIT_S = 12.0
+
+
 @dataclasses.dataclass(slots=True)
 class KillRequested:
-    """``lumos.kill(actor, no_restart=...)``."""
+    """``lumos.kill(actor, no_restart=...)``, or every handle gone (``graceful``)."""
 
     actor_id: ActorID
     reason: str
     no_restart: bool
+    #: The actor may run its clean-up before its worker is stopped.
+    graceful: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -178,6 +186,8 @@ class KillWorker:
     node_id: NodeID | None
     worker_id: WorkerID
     reason: str
+    #: Seconds the worker gets to exit on its own (an actor's clean-up) before the kill.
+    graceful_s: float = 0.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -376,7 +386,7 @@ class ActorManagerState:
     # ------------------------------------------------------------------ death and restarts
 
     def _mark_dead(self, a: _Actor, cause: str, error_blob: bytes | None, now: float,
-                   actions: list[Action]) -> None:
+                   actions: list[Action], graceful: bool = False) -> None:
         info = a.info
         if info.state == DEAD:
             return
@@ -390,7 +400,8 @@ class ActorManagerState:
         actions.append(DeleteCheckpoint(info.actor_id))
         if a.worker_id is not None:
             # Give the lease back: the raylet stops the worker (actors never pool).
-            actions.append(KillWorker(a.lease_node, a.worker_id, "its actor ended"))
+            actions.append(KillWorker(a.lease_node, a.worker_id, "its actor ended",
+                                      GRACEFUL_EXIT_S if graceful else 0.0))
             actions.append(ReturnWorker(a.lease_node, a.lease_id))
             self._drop_worker(a)
         logger.info("actor %s (%s) dead: %s", short(info.actor_id), info.class_name, cause)
@@ -459,7 +470,7 @@ class ActorManagerState:
         if a.info.state == DEAD:
             return
         if e.no_restart:
-            self._mark_dead(a, e.reason, None, now, actions)
+            self._mark_dead(a, e.reason, None, now, actions, graceful=e.graceful)
         elif a.worker_id is not None:
             # Its worker dies; WorkerDied then restarts the actor as its max_restarts allows.
             actions.append(KillWorker(a.lease_node, a.worker_id, e.reason))

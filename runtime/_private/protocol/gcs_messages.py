@@ -306,6 +306,9 @@ class KillActor:
     actor_id: ActorID
     no_restart: bool
     reason: str
+    #: Let it run its clean-up (``__ray_shutdown__``, ``__del__``, ``atexit``) before it
+    #: is stopped: every handle went out of scope. ``lumos.kill`` is not graceful.
+    graceful: bool = False
 
 
 @message(75)

@@ -141,6 +141,9 @@ class GetWorkerExit:
 class KillWorker:
     worker_id: WorkerID
     reason: str
+    #: Above 0: ask the worker to exit (``ExitWorker``: an actor runs its clean-up) and
+    #: kill it only if it is still there after this many seconds.
+    graceful_s: float = 0.0
 
 
 @message(52)

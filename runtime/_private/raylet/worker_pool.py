@@ -213,7 +213,7 @@ class WorkerProc:
     """One worker process (or a registered driver) of this raylet."""
 
     __slots__ = ("worker_id", "process", "pidfd", "conn", "address", "exit_info", "kill_reason",
-                 "started", "job_id", "is_driver", "pid", "forked")
+                 "started", "job_id", "is_driver", "pid", "forked", "exit_deadline")
 
     def __init__(self, worker_id: WorkerID, process: Process | None) -> None:
         self.worker_id = worker_id
@@ -225,6 +225,8 @@ class WorkerProc:
         #: "exit code N" / "signal SIGKILL" once the process is gone.
         self.exit_info: str | None = None
         self.kill_reason = ""
+        #: Asked to exit on its own (``ExitWorker``) until then (monotonic); 0: not asked.
+        self.exit_deadline = 0.0
         self.started = time.monotonic()
         self.job_id: JobID | None = None
         self.is_driver = False
@@ -574,8 +576,30 @@ class WorkerPool:
     def kill_worker_request(self, conn: Connection, msg: m.KillWorker) -> bool:
         if msg.worker_id not in self.procs:
             return False
-        self.kill_worker(msg.worker_id, msg.reason)
+        if msg.graceful_s > 0 and self.ask_to_exit(msg.worker_id, msg.reason, msg.graceful_s):
+            return True
+        self.kill_worker(msg.worker_id, msg.reason, force=True)
         return True
+
+    def ask_to_exit(self, worker_id: WorkerID, reason: str, grace_s: float) -> bool:
+        """Ask a worker to exit on its own (``ExitWorker``: an actor runs its clean-up
+        first), and kill it if it is still there after ``grace_s``. False when it cannot
+        be asked (not connected, or already going)."""
+        proc = self.procs.get(worker_id)
+        if proc is None or proc.is_driver or proc.process is None or proc.exit_info is not None \
+                or proc.conn is None or proc.conn.is_closed:
+            return False
+        if not proc.exit_deadline:
+            proc.kill_reason = reason or proc.kill_reason
+            proc.exit_deadline = time.monotonic() + grace_s
+            proc.conn.notify(m.ExitWorker(reason))
+            asyncio.get_running_loop().call_later(grace_s, self._exit_overdue, proc)
+        return True
+
+    def _exit_overdue(self, proc: WorkerProc) -> None:
+        if proc.exit_info is None and self.procs.get(proc.worker_id) is proc:
+            logger.info("worker %s did not exit within its grace period; killing it", short(proc.worker_id))
+            self.kill_worker(proc.worker_id, proc.kill_reason, force=True)
 
     async def memory_loop(self) -> None:
         """Sample memory; above the threshold kill one worker (see memory_monitor.py)."""
@@ -601,11 +625,15 @@ class WorkerPool:
                                                mm.is_retriable(kind, w.retry_budget)))
             for action in r.memory_monitor.handle(mm.MemorySampled(usage, candidates, time.monotonic())):
                 logger.warning("worker %s: %s", short(action.worker_id), action.reason)
-                self.kill_worker(action.worker_id, action.reason)
+                self.kill_worker(action.worker_id, action.reason, force=True)
 
-    def kill_worker(self, worker_id: WorkerID, reason: str, sig: int = signal.SIGKILL) -> None:
+    def kill_worker(self, worker_id: WorkerID, reason: str, sig: int = signal.SIGKILL, force: bool = False) -> None:
+        """Signal a worker. One asked to exit on its own (``ask_to_exit``) is left its grace
+        period unless ``force``."""
         proc = self.procs.get(worker_id)
         if proc is None or proc.is_driver or proc.exit_info is not None:
+            return
+        if proc.exit_deadline and not force and time.monotonic() < proc.exit_deadline:
             return
         if reason:
             proc.kill_reason = reason
