@@ -49,8 +49,10 @@ class RayletPool:
             address = self._address_of(node_id)
             return await connect(address, token=self._token, config=self._config,
                                  name=f"gcs->raylet-{short(node_id)}",
-                                 # (for a task's owner; the GCS hears of workers from ReportWorker)
-                                 handlers={m.LeasedWorkerExited: lambda conn, msg: None},
+                                 # (for a task's owner; the GCS hears of workers from ReportWorker,
+                                 # and its leases, actors', are never recalled)
+                                 handlers={m.LeasedWorkerExited: lambda conn, msg: None,
+                                           m.LeaseRecalled: lambda conn, msg: None},
                                  use_unix=bool(address.unix_path) and os.path.exists(address.unix_path))
 
         return await self._conns.get(node_id, open_conn)
