@@ -61,7 +61,7 @@ from lumos._private.core_worker.tasks import (DONE, DRIVER, WORKER, LeasedWorker
 from lumos._private.ids import ActorID, JobID, NodeID, ObjectID, TaskID, WorkerID, new_task_id, short
 from lumos._private.object_store.client import StoreClient
 from lumos._private.protocol import messages as m
-from lumos._private.protocol.vocab import PlacementGroupRemoved, TaskUnschedulable
+from lumos._private.protocol.vocab import LEASE_REFUSALS
 from lumos._private.transport.connection import (Connection, ConnectionCache, ConnectionLost, RemoteError,
                                                  RpcServer, connect, connect_with_retry)
 from lumos.generator import GeneratorStream
@@ -605,8 +605,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             elif self._closed:
                 q.requesting -= 1
                 return
-            elif isinstance(e, RemoteError) and e.type_name in (PlacementGroupRemoved.__name__,
-                                                                TaskUnschedulable.__name__):
+            elif isinstance(e, RemoteError) and e.type_name in LEASE_REFUSALS:
                 logger.info("lease request for %s failed: %s", t.function_name, e)  # (the task's error says it)
             else:
                 logger.warning("lease request for %s failed: %s", t.function_name, e)

@@ -30,7 +30,14 @@ from typing import Any, Union
 from lumos import exceptions as exc
 from lumos._private.core_worker.tasks import DONE, PUSHED, QUEUED, LeasedWorker, PendingTask, SchedulingQueue
 from lumos._private.ids import NodeID, TaskID, short
-from lumos._private.protocol.vocab import PlacementGroupRemoved, TaskUnschedulable
+from lumos._private.protocol.vocab import LEASE_REFUSALS, PlacementGroupRemoved, TaskUnschedulable
+
+#: A lease refusal (``LEASE_REFUSALS``) -> the error its waiting tasks fail with, and how
+#: the message says it.
+_REFUSED: dict[Any, tuple[type[Exception], str]] = {
+    PlacementGroupRemoved: (exc.TaskPlacementGroupRemoved, "cannot run"),
+    TaskUnschedulable: (exc.TaskUnschedulableError, "cannot be scheduled"),
+}
 from lumos._private.raylet.memory_monitor import OOM_KILL_REASON
 
 
@@ -286,15 +293,13 @@ class TaskSubmitterState:
         if elsewhere:
             return [PumpLater(q, 0.1)]
         out: list[Action] = []
-        kind = getattr(error, "type_name", None)
+        refused = LEASE_REFUSALS.get(getattr(error, "type_name", None) or "")
+        refusal = _REFUSED.get(refused) if refused is not None else None
         for task in list(q.tasks):
             q.tasks.remove(task)
-            if kind == PlacementGroupRemoved.__name__:
-                out.append(FailTask(task, exc.TaskPlacementGroupRemoved(
-                    f"{task.spec.name}() cannot run: {getattr(error, 'text', error)}")))
-            elif kind == TaskUnschedulable.__name__:
-                out.append(FailTask(task, exc.TaskUnschedulableError(
-                    f"{task.spec.name}() cannot be scheduled: {getattr(error, 'text', error)}")))
+            if refusal is not None:
+                cls, what = refusal
+                out.append(FailTask(task, cls(f"{task.spec.name}() {what}: {getattr(error, 'text', error)}")))
             else:
                 out.append(FailTask(task, exc.LumosSystemError(f"could not lease a worker: {error}")))
         return out

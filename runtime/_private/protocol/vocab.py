@@ -58,6 +58,12 @@ class TaskUnschedulable(ValueError):
     ``TaskUnschedulableError``."""
 
 
+#: The refusals of a lease request that cross the wire by name (``RemoteError.type_name``)
+#: and end the owner's waiting tasks: name -> class. The raylet re-raises them from the
+#: GCS's answer, the owner fails its tasks with the matching user error.
+LEASE_REFUSALS: dict[str, type[ValueError]] = {c.__name__: c for c in (PlacementGroupRemoved, TaskUnschedulable)}
+
+
 #: How the GCS begins the death cause of an actor no node can ever host (hard affinity to
 #: a node that is gone or too small); its callers raise ``ActorUnschedulableError``.
 ACTOR_UNSCHEDULABLE_CAUSE = "cannot be scheduled: "

@@ -38,7 +38,7 @@ from lumos._private.object_store.client import unlink_quietly
 from lumos._private.process import (check_private_dir, die_with_parent, make_private_dir, read_token, report_ready,
                                     setup_logging, tune_gc_for_service)
 from lumos._private.protocol import messages as m
-from lumos._private.protocol.vocab import PlacementGroupRemoved, TaskUnschedulable
+from lumos._private.protocol.vocab import LEASE_REFUSALS, PlacementGroupRemoved
 from lumos._private.raylet import memory_monitor as mm
 from lumos._private.raylet import node_report
 from lumos._private.raylet import scheduler as sc
@@ -436,10 +436,9 @@ class RayletServer:
                     msg.arg_bytes_by_node, msg.bundle, self.scheduler.available_floats(),
                     len(self.scheduler.queue)), None)
             except RemoteError as e:
-                if e.type_name == PlacementGroupRemoved.__name__:  # (the owner's task fails with it)
-                    raise PlacementGroupRemoved(e.text) from None
-                if e.type_name == TaskUnschedulable.__name__:
-                    raise TaskUnschedulable(e.text) from None
+                refusal = LEASE_REFUSALS.get(e.type_name)
+                if refusal is not None:  # (the owner's tasks fail with it)
+                    raise refusal(e.text) from None
                 raise
             if decision.node_id != self.node_id:
                 return decision
