@@ -96,6 +96,10 @@ class LumosMagics(Magics):
             setattr(args, key, _unquote(getattr(args, key)))
         if args.timeout is not None and not 0 < args.timeout < float("inf"):  # (nan, inf too)
             raise UsageError("--timeout must be a positive number of seconds")
+        for key in ("session", "name", "node"):  # (an empty one ran the cell as if not given)
+            value = getattr(args, key)
+            if value is not None and not value.strip():
+                raise UsageError(f"--{key} needs a non-empty value")
         args.out = _out_names(_unquote(args.out), args.no_out)
         with _short_errors():
             return self.cells.run(args, line, cell)

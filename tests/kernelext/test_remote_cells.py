@@ -167,6 +167,9 @@ def test_bad_timeout_and_unclosed_quotes_are_usage_errors(kernel: KernelSession)
     quote in %lumos showed shlex's traceback."""
     for source, message in (("%%remote --timeout nan\n1", "--timeout must be a positive number"),
                             ("%%remote --timeout inf\n1", "--timeout must be a positive number"),
+                            # an empty session ran the cell outside any session, silently
+                            ("%%remote --session ''\nx_empty = 1", "--session needs a non-empty value"),
+                            ('%%remote --name ""\n1', "--name needs a non-empty value"),
                             ("%lumos init --address 'oops", "No closing quotation")):
         cell = kernel.run(source)
         shown = stdout(cell, "stderr") + " ".join(e["evalue"] for e in errors(cell))
