@@ -86,7 +86,9 @@ def test_actors_are_forked_children_of_the_raylet_with_their_own_random_state(fr
     # The same process group and session as the raylet, as a spawned worker has.
     assert {(i["pgid"], i["sid"]) for i in infos} == {(os.getpgid(raylet.pid), os.getsid(raylet.pid))}
     # Nothing of the fork server's is inherited: not its control pipes, not its log.
-    (server,) = _fork_servers()
+    # (A worker the raylet forks to refill its pool shows the server's command line until
+    # it names itself: wait until only the server does.)
+    (server,) = wait_for(lambda: (lambda found: found if len(found) == 1 else None)(_fork_servers()), 20)
     assert len(os.listdir(f"/proc/{server.pid}/task")) == 1  # forks from one thread only
     theirs = set(_fd_targets(str(server.pid))) - {"/dev/null"}
     assert theirs and not any(theirs & set(i["fds"]) for i in infos)
