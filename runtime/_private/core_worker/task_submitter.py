@@ -31,6 +31,7 @@ from lumos import exceptions as exc
 from lumos._private.core_worker.tasks import DONE, PUSHED, QUEUED, LeasedWorker, PendingTask, SchedulingQueue
 from lumos._private.ids import NodeID, TaskID, short
 from lumos._private.protocol.vocab import LEASE_REFUSALS, PlacementGroupRemoved, TaskUnschedulable
+from lumos._private.raylet.memory_monitor import OOM_KILL_REASON
 
 #: A lease refusal (``LEASE_REFUSALS``) -> the error its waiting tasks fail with, and how
 #: the message says it.
@@ -38,7 +39,6 @@ _REFUSED: dict[Any, tuple[type[Exception], str]] = {
     PlacementGroupRemoved: (exc.TaskPlacementGroupRemoved, "cannot run"),
     TaskUnschedulable: (exc.TaskUnschedulableError, "cannot be scheduled"),
 }
-from lumos._private.raylet.memory_monitor import OOM_KILL_REASON
 
 
 # ---------------------------------------------------------------------------- actions
