@@ -33,9 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    from lumos._private.process import UnsafePathError
     try:
         return int(args.func(args) or 0)
-    except _CliError as e:
+    except (_CliError, UnsafePathError) as e:  # (a root another user made: the text says what to do)
         print(f"lumos {args.command}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -222,6 +222,11 @@ def test_session_root_not_private_to_us_is_refused(monkeypatch, shared_dir, plan
     assert not lumos.is_initialized()
     with pytest.raises(UnsafePathError):
         lumos.init(address="auto")
+    # The command line says it in one line (it printed a traceback).
+    out = subprocess.run([sys.executable, "-m", "lumos.cli", "start", "--head", "--port", "0", "--num-cpus", "1"],
+                         capture_output=True, text=True, timeout=60, env=dict(os.environ, LUMOS_TMPDIR=root))
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith("lumos start: error: lumos session root") and "will not use it" in out.stderr
 
 
 def test_another_user_cannot_plant_records_in_our_root(tmp_root):
