@@ -1,6 +1,7 @@
 """Empty-task throughput as the cluster grows (the paper's Figure 8), on one machine.
 
-    python bench/scaling.py [--nodes 1 2 4 8] [--drivers-per-node 1] [--tasks 5000] [--baseline] [--defer-events]
+    python bench/scaling.py [--nodes 1 2 4 8] [--drivers-per-node 1] [--tasks 5000] [--baseline]
+                             [--local-only] [--defer-events] [--lease-idle-ms MS]
 
 For each cluster size N: a head plus N-1 nodes of one CPU each (``lumos.testing.Cluster``,
 real raylet processes), and N x ``--drivers-per-node`` driver *processes*, driver i
