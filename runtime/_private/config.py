@@ -110,6 +110,10 @@ class Config:
     task_event_max_bytes: int = _positive(32 * 1024 * 1024)
     #: The GCS's task archive on disk (``logs/task_events.msgpack`` and its rotated ``.1``) stays under this.
     task_event_archive_max_bytes: int = _positive(1 << 30)
+    #: How long a worker idle after a task reads its owner's socket without sleeping, for
+    #: the next task of a caller making sync calls in a loop (0: sleep at once). It goes on
+    #: only while it pays: a worker whose next task came later does not spin after it.
+    worker_spin_us: int = 200
     #: How long an owner keeps an idle leased worker before returning it.
     lease_idle_timeout_ms: int = 200
     #: Tasks pushed to one leased worker before its earlier ones finish (short tasks only).

@@ -1,0 +1,104 @@
+"""A worker idle after a task reads its owner's socket without sleeping for a while
+(``worker_spin_us``), so a caller making sync calls in a loop finds it awake; and it stops
+doing so while its tasks come further apart than that (``Executor._spin_for_task``).
+
+Observed from outside, as an operator would: the worker main thread's voluntary context
+switches (each one a sleep) and its CPU time, from ``/proc``."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+import lumos
+
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")]
+
+
+@lumos.remote
+class Echo:
+    def where(self) -> tuple[int, int]:
+        return os.getpid(), threading.get_native_id()  # (the thread that runs calls)
+
+    def ping(self) -> int:
+        return 1
+
+
+@lumos.remote(num_cpus=1)
+def where() -> tuple[int, int]:
+    return os.getpid(), threading.get_native_id()  # (the thread that runs calls)
+
+
+def _sleeps(pid: int, tid: int) -> int:
+    """Voluntary context switches of thread ``tid`` of ``pid`` so far."""
+    for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no voluntary_ctxt_switches for {pid}/{tid}")
+
+
+def _cpu_s(pid: int, tid: int) -> float:
+    """CPU time of thread ``tid`` of ``pid`` so far (seconds)."""
+    return int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+
+
+def _sleeps_over(pid: int, tid: int, calls: int, call: Callable[[], Any]) -> int:
+    for _ in range(20):
+        call()
+    before = _sleeps(pid, tid)
+    for _ in range(calls):
+        call()
+    return _sleeps(pid, tid) - before
+
+
+def test_an_idle_worker_catches_the_next_sync_call_awake(fresh_cluster: Any) -> None:
+    # A generous spin, so that the test does not depend on this machine's speed: each
+    # next call comes well within it.
+    fresh_cluster(num_cpus=1, _system_config={"worker_spin_us": 50_000})
+    actor = Echo.remote()
+    pid, tid = lumos.get(actor.where.remote(), timeout=60)
+    slept = _sleeps_over(pid, tid, 200, lambda: lumos.get(actor.ping.remote(), timeout=60))
+    assert slept < 50, f"the actor's main thread slept {slept} times in 200 sync calls"
+    lumos.kill(actor)
+
+    pid, tid = lumos.get(where.remote(), timeout=60)
+    seen = set()
+
+    def call() -> None:
+        seen.add(lumos.get(where.remote(), timeout=60))
+    slept = _sleeps_over(pid, tid, 200, call)
+    assert seen == {(pid, tid)}  # (one CPU: one worker ran them all)
+    assert slept < 50, f"the worker's main thread slept {slept} times in 200 sync tasks"
+
+
+def test_without_a_spin_the_worker_sleeps_between_calls(fresh_cluster: Any) -> None:
+    fresh_cluster(num_cpus=1, _system_config={"worker_spin_us": 0})
+    actor = Echo.remote()
+    pid, tid = lumos.get(actor.where.remote(), timeout=60)
+    slept = _sleeps_over(pid, tid, 200, lambda: lumos.get(actor.ping.remote(), timeout=60))
+    assert slept >= 150, f"the actor's main thread slept only {slept} times in 200 sync calls"
+
+
+def test_a_worker_stops_spinning_while_its_calls_come_far_apart(fresh_cluster: Any) -> None:
+    fresh_cluster(num_cpus=1, _system_config={"worker_spin_us": 40_000})
+    actor = Echo.remote()
+    pid, tid = lumos.get(actor.where.remote(), timeout=60)
+    for _ in range(5):
+        lumos.get(actor.ping.remote(), timeout=60)
+    # Ten calls 150 ms apart: spinning after each would burn 10 x 40 ms of the worker's CPU;
+    # only the spin after the first of them misses.
+    cpu = _cpu_s(pid, tid)
+    for _ in range(10):
+        time.sleep(0.15)
+        lumos.get(actor.ping.remote(), timeout=60)
+    burnt = _cpu_s(pid, tid) - cpu
+    assert burnt < 0.2, f"the actor's main thread used {burnt * 1e3:.0f} ms of CPU for 10 calls far apart"
+    # Calls close together again: the first of them shows the spin would pay, and it is back.
+    slept = _sleeps_over(pid, tid, 200, lambda: lumos.get(actor.ping.remote(), timeout=60))
+    assert slept < 50, f"the actor's main thread slept {slept} times in 200 sync calls"
