@@ -688,20 +688,23 @@ HOPS = {
          "`IoLoop.post` (a wake-up of the driver's `lumos-io`), which enqueues and pushes it there"),
         ("driver user thread", "`../api.py` `get` → `core_worker/objects.py` `get` → `_wait_for` blocks on "
          "`Waiter.lock` (`core_worker/references.py`)"),
-        ("worker main thread", "(**wake-up 1**) idle between tasks, it holds the reading of its owner's "
+        ("worker main thread", "idle between tasks, it holds the reading of its owner's "
          "connection (`transport/connection.py` `SharedReader.take`) and reads the `PushTask` itself "
-         "(`core_worker/executor.py` `Executor._next_task`); it gives the reading back to the worker's "
+         "(`core_worker/executor.py` `Executor._next_task`): for up to `worker_spin_us` (200 us) "
+         "after its last reply without sleeping (`Executor._spin_for_task`), so a caller's next "
+         "sync call finds it awake and the write that sends it wakes nobody; later than that, "
+         "asleep in `poll` (**a wake-up**). It gives the reading back to the worker's "
          "`lumos-io` before the task runs, so cancels and the owner's other frames are handled during "
          "it. A burst of frames, another owner's connection, threaded or async actors take the old way: "
          "`lumos-io` reads, `Executor.push` queues and wakes the main thread"),
         ("worker main thread", "`Executor._run_one` → `execute` (arguments, the function, the "
          "`TaskReply`) → takes the reading back → `CoreWorker.send_reply` → `Connection.write_now`: "
          "the reply leaves from this thread, not through the worker's io thread"),
-        ("driver lumos-io", "(**wake-up 2**) `core_worker/results.py` `_handle_task_reply` first books the "
+        ("driver lumos-io", "(**wake-up 1**) `core_worker/results.py` `_handle_task_reply` first books the "
          "task (`IoLoop.drain_pending` → `CoreWorker._on_direct_task` → `direct_pushed`), then "
          "`TaskSubmitterState.reply_done` (the lease idles) → `_finish_task` → `ObjectTable.complete` → "
          "`Waiter.hit` "
-         "releases the lock (**wake-up 3**: the driver's user thread, which returns the value); the "
+         "releases the lock (**wake-up 2**: the driver's user thread, which returns the value); the "
          "lease's idle timer is left running (when it fires it finds the worker busy, or idle since "
          "later, and waits out the rest)"),
         ("raylet, GCS", "not on the path while a lease is held; the raylet grants a lease "
@@ -717,12 +720,13 @@ HOPS = {
          "thread without waking it (`IoLoop.append_quiet`); otherwise `IoLoop.post` (a wake-up of the "
          "driver's `lumos-io`) and `ActorSubmitter.add`/`_send` there. Then `get` blocks on "
          "`Waiter.lock`"),
-        ("actor main thread", "(**wake-up 1**) reads the call from the driver's connection itself "
-         "(`SharedReader`, as a worker does) when it is a sync actor and idle; `Executor._run_one` → "
+        ("actor main thread", "reads the call from the driver's connection itself "
+         "(`SharedReader`, as a worker does, awake for `worker_spin_us` after its last reply) when it "
+         "is a sync actor and idle; `Executor._run_one` → "
          "`execute` → `core_worker/actor_host.py` `after_call` → `send_reply` → `Connection.write_now`"),
-        ("driver lumos-io", "(**wake-up 2**) `core_worker/results.py` `_handle_task_reply` first books "
+        ("driver lumos-io", "(**wake-up 1**) `core_worker/results.py` `_handle_task_reply` first books "
          "the call (`IoLoop.drain_pending` → `ActorSubmitter._on_direct`), then `ObjectTable.complete` → "
-         "`Waiter.hit` (**wake-up 3**: the driver's user thread)"),
+         "`Waiter.hit` (**wake-up 2**: the driver's user thread)"),
     ],
 }
 
