@@ -282,13 +282,60 @@ def _better(key: str) -> bool:
     return True
 
 
+def _busy_fraction_since(prev: tuple[int, int] | None) -> tuple[float | None, tuple[int, int] | None]:
+    """The machine's busy share of CPU time since ``prev`` (``/proc/stat``'s first line:
+    (busy, total) jiffies), and the new reading; (None, None) where there is no /proc."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None, None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    now = (sum(fields) - idle, sum(fields))
+    if prev is None or now[1] == prev[1]:
+        return None, now
+    return (now[0] - prev[0]) / (now[1] - prev[1]), now
+
+
+def settle(max_s: float = 60.0, busy_below: float = 0.15, window_s: float = 0.5,
+           read: Callable[[tuple[int, int] | None], tuple[float | None, tuple[int, int] | None]]
+           = _busy_fraction_since, sleep: Callable[[float], None] = time.sleep) -> float:
+    """Wait until the machine is quiet (under ``busy_below`` of its CPU busy in two
+    ``window_s`` windows in a row), at most ``max_s``; returns the seconds waited.
+
+    Each column of a comparison starts on a quiet machine: a system's processes can go on
+    working after its ``shutdown()`` returns (exiting, unmapping gigabytes of shared
+    memory), and the next system's run, started at once, paid for it (lumos after Ray,
+    in one pair of runs: put 100 MiB 8.3 against 12.2 GB/s alone, 1 MiB ref-arg tasks
+    3,469 against 9,017/s)."""
+    waited = 0.0
+    quiet = 0
+    _, mark = read(None)
+    if mark is None:
+        return 0.0
+    while waited < max_s:
+        sleep(window_s)
+        waited += window_s
+        busy, mark = read(mark)
+        if busy is None:
+            return waited
+        quiet = quiet + 1 if busy < busy_below else 0
+        if quiet >= 2:
+            break
+    return waited
+
+
 def compare(script: str, num_cpus: int, quick: bool, timeout_s: float, first_col: str,
             floor: bool = False) -> int:
     """Run ``script --impl ray`` and ``--impl lumos`` one after the other; print the ratio table.
+    Each starts once the machine is quiet (``settle``).
 
     ``floor``: also ``--impl ppe`` (a ``ProcessPoolExecutor`` column for the rows it has)."""
     cols: dict[str, dict[str, float]] = {}
     for impl in ("ray", "lumos") + (("ppe",) if floor else ()):
+        waited = settle()
+        if waited > 1.0:
+            print(f"(waited {waited:.1f} s for the machine to be quiet before the {impl} run)", file=sys.stderr)
         cmd = [sys.executable, script, "--impl", impl, "--json", "--num-cpus", str(num_cpus)]
         if quick:
             cmd.append("--quick")
