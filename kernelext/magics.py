@@ -89,7 +89,14 @@ class LumosMagics(Magics):
         Names the cell reads are shipped from the notebook; names it assigns come
         back; the last expression is displayed; output streams into the cell.
         """
-        args = parse_argstring(self.remote, line)
+        if _asks_for_help(line):
+            # (magic_arguments' parser has no -h: "unrecognized arguments: -h" was the answer)
+            print(_cell_magic_help(self.remote.parser.format_help()))  # type: ignore[attr-defined]
+            return None
+        try:
+            args = parse_argstring(self.remote, line)
+        except UsageError as e:
+            raise UsageError(f"%%remote: {e} (%%remote -h lists the options)") from None
         if args.map:
             args.map = " ".join(args.map)  # an expression may contain spaces: --map x=[1, 2]
         for key in ("map", "resources", "memory", "node", "strategy", "placement_group", "session", "name"):
@@ -251,6 +258,30 @@ def _out_names(text: str | None, no_out: bool) -> list[str] | None:
     if bad or not names:
         raise UsageError(f"--out {text!r}: expected comma-separated names, e.g. --out model,loss")
     return list(dict.fromkeys(names))
+
+
+def _asks_for_help(line: str) -> bool:
+    """``%%remote -h`` or ``--help`` (as a word of its own, not inside a value)."""
+    try:
+        words = shlex.split(line)
+    except ValueError:  # an unclosed quote: the parser says so
+        return False
+    return "-h" in words or "--help" in words
+
+
+def _cell_magic_help(text: str) -> str:
+    """magic_arguments' help, written for a line magic's docstring (a ``::`` block,
+    ``%remote``), as a cell magic's usage text."""
+    lines = text.rstrip().split("\n")
+    if lines and lines[0].strip() == "::":
+        lines = lines[1:]
+        while lines and not lines[0].strip():
+            lines.pop(0)
+        usage_end = next((i for i, ln in enumerate(lines) if not ln.strip()), len(lines))
+        lines[:usage_end] = [ln[2:] if ln.startswith("  ") else ln for ln in lines[:usage_end]]
+    if lines and lines[0].startswith("%") and not lines[0].startswith("%%"):
+        lines[0] = "%" + lines[0]
+    return "\n".join(lines)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -310,6 +310,20 @@ def test_bad_options_give_clear_errors(kernel: KernelSession, flags: str, messag
     assert len(errs[0]["traceback"]) == 1 and "magics.py" not in errs[0]["traceback"][0], errs
 
 
+def test_help_lists_the_options_and_runs_nothing(kernel: KernelSession) -> None:
+    """``%%remote -h`` said "unrecognized arguments: -h"."""
+    for flag in ("-h", "--help"):
+        cell = kernel.run(f"%%remote {flag}\nhelp_ran = 1")
+        assert not errors(cell), cell.outputs
+        text = stdout(cell)
+        assert text.startswith("%%remote [--async]") and "--session NAME" in text and "--timeout S" in text, text
+    assert kernel.value("'help_ran' in globals()") is False
+    cell = kernel.run("%%remote --bogus\nx = 1")
+    shown = stdout(cell, "stderr") + " ".join(e["evalue"] for e in errors(cell))
+    assert "UsageError: " in shown and "unrecognized arguments: --bogus" in shown and "%%remote -h" in shown, \
+        cell.outputs
+
+
 def test_placement_group_option(kernel: KernelSession) -> None:
     kernel.run("_pg = lumos.util.placement_group([{'CPU': 1}], name='cellpg')\nlumos.get(_pg.ready(), timeout=30)")
     try:
