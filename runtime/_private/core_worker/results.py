@@ -30,6 +30,7 @@ from lumos._private.core_worker.references import FAILED, READY
 from lumos._private.core_worker.tasks import DONE, PUSHED, PendingTask
 from lumos._private.ids import WorkerID, short
 from lumos._private.protocol import messages as m
+from lumos._private.protocol.vocab import APP_ERROR_TYPE
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
 
 logger = logging.getLogger(__name__)
@@ -236,7 +237,7 @@ class ResultsMixin:
 
 
 #: A task's own exception, in the failed event's info.
-_APP_ERROR = {"error_type": "TASK_EXECUTION_EXCEPTION"}
+_APP_ERROR = {"error_type": APP_ERROR_TYPE}
 
 #: Ray's ``ErrorType`` name of each error a task fails with (most specific class first).
 _ERROR_TYPES: tuple[tuple[type[BaseException], str], ...] = (
@@ -254,7 +255,7 @@ _ERROR_TYPES: tuple[tuple[type[BaseException], str], ...] = (
     (exc.ObjectLostError, "OBJECT_LOST"),
     (exc.RuntimeEnvSetupError, "RUNTIME_ENV_SETUP_FAILED"),
     (exc.LocalRayletDiedError, "LOCAL_RAYLET_DIED"),
-    (exc.TaskError, "TASK_EXECUTION_EXCEPTION"),
+    (exc.TaskError, APP_ERROR_TYPE),
 )
 
 

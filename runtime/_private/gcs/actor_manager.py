@@ -35,6 +35,7 @@ from lumos._private.gcs.actor_state import ALIVE, DEAD, PENDING, RESTARTING  # n
 from lumos._private.gcs.global_scheduler import Unschedulable
 from lumos._private.ids import ActorID, JobID, NodeID, WorkerID, short
 from lumos._private.protocol import messages as m
+from lumos._private.protocol.vocab import APP_ERROR_TYPE
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError, connect
 from lumos._private.worker import CREATION_PRELOAD
 
@@ -267,7 +268,7 @@ class ActorManager:
             self.gcs.task_events.add([m.TaskEvent(
                 spec.task_id, spec.attempt, m.TaskState.RUNNING if reply.start_time else state,
                 reply.start_time or reply.end_time or now, spec.job_id,
-                {"error_type": "TASK_EXECUTION_EXCEPTION"} if reply.app_error else None, grant.node_id,
+                {"error_type": APP_ERROR_TYPE} if reply.app_error else None, grant.node_id,
                 grant.worker_id, "__init__ raised" if reply.app_error else None,
                 [[state, reply.end_time or now]] if reply.start_time else None)])
         return (not reply.app_error), (blob if reply.app_error else None)

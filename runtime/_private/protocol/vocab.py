@@ -106,6 +106,10 @@ PENDING_TASK_STATES = frozenset((TaskState.SUBMITTED, TaskState.PENDING_ARGS, Ta
 #: Position of each state in a task's life; a late event never moves a task back.
 TASK_STATE_RANK: dict[str, int] = {s: i for i, s in enumerate(TaskState)}
 
+#: Ray's ``ErrorType`` name of a task that failed by raising (``list_tasks``'s error_type),
+#: written by the owner (``ResultsMixin``) and, for an actor's ``__init__``, the GCS.
+APP_ERROR_TYPE = "TASK_EXECUTION_EXCEPTION"
+
 #: Enum types the codec checks and decodes, by the name used in field annotations.
 WIRE_ENUMS: dict[str, type[IntEnum] | type[StrEnum]] = {
     cls.__name__: cls for cls in (TaskKind, RetryPolicy, ErrorKind, TaskState, ObjectState)}
