@@ -81,8 +81,17 @@ def test_without_a_spin_the_worker_sleeps_between_calls(fresh_cluster: Any) -> N
     fresh_cluster(num_cpus=1, _system_config={"worker_spin_us": 0})
     actor = Echo.remote()
     pid, tid = lumos.get(actor.where.remote(), timeout=60)
-    slept = _sleeps_over(pid, tid, 200, lambda: lumos.get(actor.ping.remote(), timeout=60))
-    assert slept >= 150, f"the actor's main thread slept only {slept} times in 200 sync calls"
+    for _ in range(5):
+        lumos.get(actor.ping.remote(), timeout=60)
+    # Calls 20 ms apart: a spin of that length would catch each of them awake; without
+    # one the actor sleeps in each gap. (Calls back to back are no test of it: on a
+    # loaded machine the next call is often there before the actor looks.)
+    before = _sleeps(pid, tid)
+    for _ in range(20):
+        time.sleep(0.02)
+        lumos.get(actor.ping.remote(), timeout=60)
+    slept = _sleeps(pid, tid) - before
+    assert slept >= 15, f"the actor's main thread slept only {slept} times in 20 calls 20 ms apart"
 
 
 def test_a_worker_stops_spinning_while_its_calls_come_far_apart(fresh_cluster: Any) -> None:
