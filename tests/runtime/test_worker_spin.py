@@ -57,6 +57,23 @@ def _sleeps_over(pid: int, tid: int, calls: int, call: Callable[[], Any]) -> int
     return _sleeps(pid, tid) - before
 
 
+def _spaced_calls(fresh_cluster: Any, spin_us: int, calls: int, gap_s: float,
+                  measure: Callable[[int, int], float]) -> tuple[float, Any, int, int]:
+    """A one-CPU cluster with ``worker_spin_us=spin_us`` and a warm actor; ``calls`` sync
+    calls ``gap_s`` apart. Returns how much ``measure(pid, tid)`` of the actor's main
+    thread grew over them, the actor, and that pid and tid."""
+    fresh_cluster(num_cpus=1, _system_config={"worker_spin_us": spin_us})
+    actor = Echo.remote()
+    pid, tid = lumos.get(actor.where.remote(), timeout=60)
+    for _ in range(5):
+        lumos.get(actor.ping.remote(), timeout=60)
+    before = measure(pid, tid)
+    for _ in range(calls):
+        time.sleep(gap_s)
+        lumos.get(actor.ping.remote(), timeout=60)
+    return measure(pid, tid) - before, actor, pid, tid
+
+
 def test_an_idle_worker_catches_the_next_sync_call_awake(fresh_cluster: Any) -> None:
     # A generous spin, so that the test does not depend on this machine's speed: each
     # next call comes well within it.
@@ -78,35 +95,17 @@ def test_an_idle_worker_catches_the_next_sync_call_awake(fresh_cluster: Any) -> 
 
 
 def test_without_a_spin_the_worker_sleeps_between_calls(fresh_cluster: Any) -> None:
-    fresh_cluster(num_cpus=1, _system_config={"worker_spin_us": 0})
-    actor = Echo.remote()
-    pid, tid = lumos.get(actor.where.remote(), timeout=60)
-    for _ in range(5):
-        lumos.get(actor.ping.remote(), timeout=60)
     # Calls 20 ms apart: a spin of that length would catch each of them awake; without
     # one the actor sleeps in each gap. (Calls back to back are no test of it: on a
     # loaded machine the next call is often there before the actor looks.)
-    before = _sleeps(pid, tid)
-    for _ in range(20):
-        time.sleep(0.02)
-        lumos.get(actor.ping.remote(), timeout=60)
-    slept = _sleeps(pid, tid) - before
+    slept, _, _, _ = _spaced_calls(fresh_cluster, 0, 20, 0.02, _sleeps)
     assert slept >= 15, f"the actor's main thread slept only {slept} times in 20 calls 20 ms apart"
 
 
 def test_a_worker_stops_spinning_while_its_calls_come_far_apart(fresh_cluster: Any) -> None:
-    fresh_cluster(num_cpus=1, _system_config={"worker_spin_us": 40_000})
-    actor = Echo.remote()
-    pid, tid = lumos.get(actor.where.remote(), timeout=60)
-    for _ in range(5):
-        lumos.get(actor.ping.remote(), timeout=60)
     # Ten calls 150 ms apart: spinning after each would burn 10 x 40 ms of the worker's CPU;
     # only the spin after the first of them misses.
-    cpu = _cpu_s(pid, tid)
-    for _ in range(10):
-        time.sleep(0.15)
-        lumos.get(actor.ping.remote(), timeout=60)
-    burnt = _cpu_s(pid, tid) - cpu
+    burnt, actor, pid, tid = _spaced_calls(fresh_cluster, 40_000, 10, 0.15, _cpu_s)
     assert burnt < 0.2, f"the actor's main thread used {burnt * 1e3:.0f} ms of CPU for 10 calls far apart"
     # Calls close together again: the first of them shows the spin would pay, and it is back.
     slept = _sleeps_over(pid, tid, 200, lambda: lumos.get(actor.ping.remote(), timeout=60))
