@@ -1,6 +1,6 @@
 """A worker idle after a task reads its owner's socket without sleeping for a while
 (``worker_spin_us``), so a caller making sync calls in a loop finds it awake; and it stops
-doing so while its tasks come further apart than that (``Executor._spin_for_task``).
+doing so while its tasks come further apart than that (``Executor._read_task``).
 
 Observed from outside, as an operator would: the worker main thread's voluntary context
 switches (each one a sleep) and its CPU time, from ``/proc``."""

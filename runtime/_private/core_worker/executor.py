@@ -397,50 +397,46 @@ class Executor(ArgumentsMixin):
         call is gone). None when something else needs the queue's path: a task pushed on
         another connection, several frames with a task among them (the io thread handles
         them, in order), the connection's end. Frames without a task go to the io thread
-        while this thread reads on."""
+        while this thread reads on.
+
+        The first ``worker_spin_us`` after a reply it reads without sleeping, yielding the
+        CPU between reads (the spin). A caller in a loop of sync calls sends its next task
+        within ~100 us of its last reply; caught awake, the write that sends it wakes no
+        sleeping thread (on a virtual machine, waking a thread asleep on another core costs
+        its writer ~10 us and the round trip ~20 us more) and this thread needs no wake-up:
+        a sync round trip went from ~190 to ~120 us. After a spin that missed, it spins
+        again only once a task comes within the spin's time after all (``_spin_pays``): a
+        worker whose tasks come further apart (one of several a caller takes turns with)
+        does not burn a core on spins that miss."""
         poller = self._poller
         if self._poller_lead is not lead:
             poller = self._poller = select.poll()
             poller.register(self._wake_r, select.POLLIN)
             poller.register(lead.fd, select.POLLIN)
             self._poller_lead = lead
-        store = self.cw.store
-        wake_r = self._wake_r
         self._parked = True
         started = time.monotonic()
-        spin_s = self._spin_s if self._spin_pays else 0.0
+        spin_until = started + self._spin_s if self._spin_pays and self._spin_s else 0.0
         try:
-            if spin_s:
-                item = self._spin_for_task(lead, started + spin_s)
-                if item is not False:
-                    return item  # type: ignore[return-value]
             while True:
                 if lead.detached or not self.queue.empty():
                     return None
-                events = poller.poll(SPARE_IDLE_S * 1000 if store.has_spares() else None)
-                if not events:
-                    store.drop_spares()
-                    continue
-                readable = False
-                for fd, _ in events:
-                    if fd == wake_r:
-                        try:
-                            os.read(wake_r, 4096)
-                        except BlockingIOError:
-                            pass
-                    else:
-                        readable = True
-                if not readable:
+                if spin_until and time.monotonic() >= spin_until:
+                    spin_until = 0.0  # nothing came in time: sleep from now on
+                    self._spin_pays = False
+                if not spin_until and not self._wait_readable(poller):
                     continue
                 frames = lead.read_frames()
                 if frames is None:
                     return None
                 if not frames:
+                    if spin_until:
+                        _yield_cpu()
                     continue
                 item = self._own_task(lead.conn, frames)
                 if item is not None:
-                    # Spin after this task only if a spin would have caught this one.
-                    self._spin_pays = time.monotonic() - started <= self._spin_s
+                    if not spin_until:  # (caught asleep: would a spin have caught it?)
+                        self._spin_pays = time.monotonic() - started <= self._spin_s
                     return item
                 lead.hand_to_loop(frames)
                 if len(frames) > 1:
@@ -448,35 +444,25 @@ class Executor(ArgumentsMixin):
         finally:
             self._parked = False
 
-    def _spin_for_task(self, lead: SharedReader, until: float) -> tuple[Connection, m.PushTask] | None | bool:
-        """``_read_task``'s first wait after a reply: read the socket without sleeping until
-        ``until`` (yielding the CPU to whatever else is runnable between reads). A caller
-        in a loop of sync calls sends its next task within ~100 us of its last reply; caught
-        here, the write that sends it wakes no sleeping thread (on a virtual machine, waking
-        a thread asleep on another core costs its writer ~10 us and the round trip ~20 us
-        more) and this thread needs no wake-up: a sync round trip went from ~190 to ~120 us.
-        Returns the task, None (as ``_read_task``), or False when none came in time: sleep,
-        and spin after the next task only if it comes within the spin's time after all
-        (``_spin_pays``): a worker whose tasks come further apart (one of several a caller
-        takes turns with) does not burn a core on spins that miss."""
-        queue_ = self.queue
-        while time.monotonic() < until:
-            if lead.detached or not queue_.empty():
-                return None
-            frames = lead.read_frames()
-            if frames is None:
-                return None
-            if not frames:
-                _yield_cpu()
-                continue
-            item = self._own_task(lead.conn, frames)
-            if item is not None:
-                return item
-            lead.hand_to_loop(frames)
-            if len(frames) > 1:
-                return None  # maybe tasks among them: they come through the queue
-        self._spin_pays = False
-        return False
+    def _wait_readable(self, poller: Any) -> bool:
+        """``_read_task`` asleep: wait in ``poll`` for the lead's socket or the wake pipe
+        (emptied here); True when the socket is readable. Spare argument mappings are
+        dropped once it has waited ``SPARE_IDLE_S``."""
+        store = self.cw.store
+        events = poller.poll(SPARE_IDLE_S * 1000 if store.has_spares() else None)
+        if not events:
+            store.drop_spares()
+            return False
+        readable = False
+        for fd, _ in events:
+            if fd == self._wake_r:
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
+            else:
+                readable = True
+        return readable
 
     def _own_task(self, conn: Connection, frames: list[bytes]) -> tuple[Connection, m.PushTask] | None:
         """The task ``frames`` are, when they are exactly one this thread may run now."""
