@@ -525,21 +525,31 @@ def profile(procs: list[Proc], run: Callable[[], int], py_spy: str, native: bool
 
 # ---------------------------------------------------------------------- the workloads
 
-def workloads(ray: Any, arg_kib: int = 0) -> dict[str, Callable[[int], int]]:
+def workloads(ray: Any, arg_kib: int = 0, return_kib: int = 0) -> dict[str, Callable[[int], int]]:
     """The four loops; each runs about ``n`` calls and returns how many it made. With
-    ``arg_kib``, every call carries a numpy array of that many KiB by value."""
+    ``arg_kib``, every call carries a numpy array of that many KiB by value; with
+    ``return_kib``, every call returns one (made once, in the worker)."""
     import numpy as np
 
     args = (np.ones(arg_kib * 1024, dtype=np.uint8),) if arg_kib else ()
+    ret_bytes = return_kib * 1024
+    made: list[Any] = []
+
+    def value() -> Any:
+        if not ret_bytes:
+            return None
+        if not made:
+            made.append(np.ones(ret_bytes, dtype=np.uint8))
+        return made[0]
 
     @ray.remote
-    def noop(*a: Any) -> None:
-        return None
+    def noop(*a: Any) -> Any:
+        return value()
 
     @ray.remote
     class Echo:
-        def ping(self, *a: Any) -> None:
-            return None
+        def ping(self, *a: Any) -> Any:
+            return value()
 
     actor: list[Any] = []
 
@@ -607,7 +617,7 @@ def _for(seconds: float, loop: Callable[[int], int], step: int) -> int:
 
 def run_all(quick: bool, native: bool, top: int, use_py_spy: bool, profile_keys: list[str],
             rate: int | None = None, profile_s: float | None = None, repeat: int | None = None,
-            arg_kib: int = 0) -> dict[str, Any]:
+            arg_kib: int = 0, return_kib: int = 0) -> dict[str, Any]:
     """Run every workload on a fresh private cluster; the result that ``markdown`` prints."""
     import lumos as ray
 
@@ -619,7 +629,8 @@ def run_all(quick: bool, native: bool, top: int, use_py_spy: bool, profile_keys:
     spy_s = profile_s or spy_s
     repeat = repeat or (1 if quick else 3)
     out: dict[str, Any] = {"load_average": os.getloadavg(), "cpus": os.cpu_count(), "quick": quick, "repeat": repeat,
-                           "arg_kib": arg_kib, "scenarios": {}, "profiles": {}, "notes": notes}
+                           "arg_kib": arg_kib, "return_kib": return_kib, "scenarios": {}, "profiles": {},
+                           "notes": notes}
     # Before the cluster starts: the fork copies nothing of it.
     same, cross = wakeup_costs(False), wakeup_costs(True)
     out["wakeup"] = {"same_core_us": same[0] if same else None, "across_cores_us": cross[0] if cross else None,
@@ -628,7 +639,7 @@ def run_all(quick: bool, native: bool, top: int, use_py_spy: bool, profile_keys:
     ray.init(num_cpus=2)
     tmp = tempfile.mkdtemp(prefix="where-time-goes-")
     try:
-        loops = workloads(ray, arg_kib)
+        loops = workloads(ray, arg_kib, return_kib)
         for key, _ in SCENARIOS:
             loop = loops[key]
             n = sync_n if key.endswith("_sync") else async_n
@@ -761,6 +772,7 @@ def markdown(result: dict[str, Any]) -> str:
              f"brackets (load average {la}; {result['cpus']} CPUs; median of {result['repeat']} runs of "
              + ", ".join(f"{titles[k]} {sc[k]['calls']:,}" for k in keys)
              + (f"; every call carries a {result['arg_kib']} KiB numpy array by value" if result.get("arg_kib") else "")
+             + (f"; every call returns a {result['return_kib']} KiB numpy array" if result.get("return_kib") else "")
              + ")",
              "", "| process / thread | " + " | ".join(titles[k] for k in keys) + " |",
              "|---|" + "---:|" * len(keys)]
@@ -848,11 +860,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--top", type=int, default=8, help="functions per thread (default 8)")
     p.add_argument("--arg-kib", type=int, default=0,
                    help="every call carries a numpy array of this many KiB by value (default: none)")
+    p.add_argument("--return-kib", type=int, default=0,
+                   help="every call returns a numpy array of this many KiB (default: None)")
     p.add_argument("--profile", nargs="+", default=["task_sync", "actor_sync"],
                    choices=[k for k, _ in SCENARIOS], help="workloads to profile (default: the sync ones)")
     args = p.parse_args(argv)
     result = run_all(args.quick, not args.python_only, args.top, not args.no_py_spy, args.profile, args.rate,
-                     args.profile_s, args.repeat, args.arg_kib)
+                     args.profile_s, args.repeat, args.arg_kib, args.return_kib)
     result["hops"] = {k: [list(h) for h in v] for k, v in result["hops"].items()}
     if args.json:
         print(json.dumps(result, indent=1))

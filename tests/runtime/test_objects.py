@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import glob
 import os
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -351,6 +352,7 @@ def test_a_get_of_many_values_pins_them_in_one_message_and_dropping_them_unpins_
 def test_a_dropped_value_is_unpinned_with_its_free_without_a_wake_up_of_its_own(fresh_cluster, monkeypatch):
     """``get(f.remote())`` in a loop: the value's unpin waits for its free and goes first
     in the same turn (the raylet then reuses its slot); no io-thread wake-up of its own."""
+    from lumos._private.ids import TASK_ID_SIZE
     from lumos._private.protocol import messages as m
     from lumos.api import worker_context
     fresh_cluster(num_cpus=1)
@@ -363,27 +365,46 @@ def test_a_dropped_value_is_unpinned_with_its_free_without_a_wake_up_of_its_own(
     ref = make.remote()
     value = lumos.get(ref, timeout=30)
     oid = ref._id
-    posted, sent = [], []
-    post, notify, write_now = cw._post, cw.raylet.notify, cw.raylet.write_now
+    ref_task_id = oid[:TASK_ID_SIZE]
+    assert ref_task_id in cw.owner.lineage  # kept while its return lives (to rebuild it)
+    posted, sent, writes = [], [], []
+    post, notify, write_now, write_all_now = cw._post, cw.raylet.notify, cw.raylet.write_now, cw.raylet.write_all_now
     monkeypatch.setattr(cw, "_post", lambda fn, *args: (posted.append(getattr(fn, "__name__", "")),
                                                          post(fn, *args))[1])
 
+    def note(msg):
+        if isinstance(msg, (m.PinObjects, m.FreeObjects)) and oid in msg.object_ids:
+            sent.append((type(msg).__name__, getattr(msg, "pinned", None), getattr(msg, "recyclable", None)))
+
     def spy(send):
         def sending(msg, *args, **kwargs):
-            if isinstance(msg, (m.PinObjects, m.FreeObjects)) and oid in msg.object_ids:
-                sent.append((type(msg).__name__, getattr(msg, "pinned", None), getattr(msg, "recyclable", None)))
+            note(msg)
             return send(msg, *args, **kwargs)
         return sending
 
+    def spy_all(msgs):
+        writes.append(threading.current_thread().name)
+        for msg in msgs:
+            note(msg)
+        return write_all_now(msgs)
+
     monkeypatch.setattr(cw.raylet, "notify", spy(notify))
     monkeypatch.setattr(cw.raylet, "write_now", spy(write_now))
+    monkeypatch.setattr(cw.raylet, "write_all_now", spy_all)
     assert float(value.sum()) == 2**17
     del value
     assert "_flush_pins" not in posted
+    wait_for(cw.io.idle, 10)
     del ref
     cw.drain_refs()
     wait_for(lambda: len(sent) == 2, 10)
     assert sent == [("PinObjects", False, None), ("FreeObjects", None, [True])]
+    # Both left from this thread in one write: the io thread was not woken for them, nor
+    # for the task's lineage (dropped at its next turn), so the next call can be written
+    # straight to its worker.
+    assert writes == [threading.current_thread().name]
+    assert "_send_releases" not in posted and "_drop_lineage" not in posted
+    wait_for(lambda: ref_task_id not in cw.owner.lineage, 10)
     # An unpin with no free behind it still goes, within the flush interval.
     ref = make.remote()
     value = lumos.get(ref, timeout=30)

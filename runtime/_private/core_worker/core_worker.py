@@ -37,6 +37,7 @@ raylet, peers), registers the RPC handlers, and carries out the states' actions.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import threading
@@ -195,6 +196,9 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self._events: list[tuple[Any, ...]] = []
         #: Task id -> RUNNING event of a task executing here, until its reply or a flush.
         self._running_events: dict[bytes, tuple[Any, ...]] = {}
+        #: Tasks whose returns a user thread freed, for the io thread to drop from the
+        #: lineage at its next turn (``ReferencesMixin._release``).
+        self._lineage_drops: collections.deque[bytes] = collections.deque()
         #: The flush loop waits with nothing buffered: the next buffering wakes it
         #: (``wake_flush``).
         self._flush_idle = False
@@ -863,6 +867,16 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         left, and let their arguments go."""
         for task in self.owner.drop_lineage(task_ids):
             self._release_args(task)
+
+    def drop_deferred_lineage(self) -> None:
+        """io thread: drop from the lineage the tasks user threads found freed since the
+        last turn (at the next reply, else the flush loop's next interval)."""
+        drops = self._lineage_drops
+        ids = []
+        while drops:  # (popleft: a user thread may append meanwhile)
+            ids.append(drops.popleft())
+        if ids:
+            self._drop_lineage(ids)
 
     def _reconstruct(self, oid: ObjectID, lost_node: bytes | None) -> str | None:
         """Run again the task that made ``oid`` (owned here), lost with node ``lost_node``.

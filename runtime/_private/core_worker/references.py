@@ -340,6 +340,7 @@ class ReferencesMixin:
     #: Store frees gathered in this turn of the io loop: ``(ids, recyclable)``, sent as
     #: one ``FreeObjects`` by ``_flush_frees`` (io thread only).
     _pending_frees: tuple[list[bytes], list[bool]] | None = None
+    _lineage_drops: Any
 
     def on_ref_deserialized(self, object_id: ObjectID, owner: m.Address | None) -> ObjectRef:
         e = self.objects.ref_created(object_id, owner, self.worker_id)
@@ -398,10 +399,17 @@ class ReferencesMixin:
         if store_frees or unborrow:
             if self.io.in_io_thread():  # a task's reply released its arguments: no wake-up
                 self._send_releases(store_frees, recyclable, unborrow)
-            else:
+            elif unborrow or not self._free_now(store_frees, recyclable):
                 self._post(self._send_releases, store_frees, recyclable, unborrow)
         if dropped:
-            self._post(self._drop_lineage, dropped)
+            if self.io.in_io_thread():
+                self._post(self._drop_lineage, dropped)
+            else:
+                # Not posted: in a sync loop the next call follows at once, and a post
+                # would wake the io thread and send that call through it (the direct
+                # write needs it idle). Dropped at its next turn (a reply, a flush).
+                self._lineage_drops.extend(dropped)
+                self.wake_flush()
 
     def _send_releases(self, store_frees: list[bytes], recyclable: list[bool],
                        unborrow: dict[bytes, tuple[m.Address, list[bytes]]]) -> None:
@@ -417,6 +425,28 @@ class ReferencesMixin:
                 pending[1].extend(recyclable)
         for owner, ids in unborrow.values():
             self._spawn(self._notify_peer(owner, m.RemoveBorrowers(ids, self.worker_id)), "remove-borrower")
+
+    def _free_now(self, store_frees: list[bytes], recyclable: list[bool]) -> bool:
+        """User thread: write the frees (after the pin changes waiting, as ``_flush_frees``
+        does) straight to the raylet when nothing posted waits to leave before them. A
+        sync loop over large return values drops the last one as it submits the next
+        call: posted, the free woke the io thread and, the io thread no longer idle, sent
+        that call through it too (a second hand-over on its path). False: nothing sent."""
+        raylet = self.raylet
+        if raylet is None or not self.io.idle() or self._pending_frees is not None:
+            return False
+        msgs: list[Any] = self._pin_messages()
+        msgs.append(m.FreeObjects(store_frees, recyclable))
+        if raylet.write_all_now(msgs):
+            return True
+        if len(msgs) > 1:  # the pin changes were taken: they leave first, through the io thread
+            self._post(self._notify_all_raylet, msgs[:-1])
+        return False
+
+    def _notify_all_raylet(self, msgs: list[Any]) -> None:
+        if self.raylet is not None:
+            for msg in msgs:
+                self.raylet.notify(msg)
 
     def _flush_frees(self) -> None:
         pending, self._pending_frees = self._pending_frees, None

@@ -49,8 +49,11 @@ class ResultsMixin:
     config: Any
     worker_id: WorkerID
     _events: list[tuple[Any, ...]]
+    _lineage_drops: Any
 
     def _handle_task_reply(self, conn: Connection, reply: m.TaskReply) -> None:
+        if self._lineage_drops:
+            self.drop_deferred_lineage()
         task = self.tasks.get(reply.task_id)
         if task is None and self.io.inbox:
             self.io.drain_pending(reply.task_id)  # a call sent straight from a user thread is registered there

@@ -489,7 +489,7 @@ class SubmissionMixin:
     def _flush_pending(self) -> bool:
         ex = self.executor
         return bool(self._events or self._running_events or self.objects.decrements
-                    or (ex is not None and ex._output) or self._pin_changes)
+                    or (ex is not None and ex._output) or self._pin_changes or self._lineage_drops)
 
     async def _flush_loop(self) -> None:
         """Flush buffered task events, dead refs and worker output every interval while
@@ -512,6 +512,8 @@ class SubmissionMixin:
                 freed = self.objects.drain()
                 if freed:
                     self._release(freed)
+            if self._lineage_drops:
+                self.drop_deferred_lineage()
             if self._pin_changes:
                 self._flush_pins()  # unpins no free took along (objects.py)
             if self.executor is not None:

@@ -435,7 +435,21 @@ class Connection(asyncio.Protocol):
         if self._wfd < 0 or self._state != _READY or not self._can_write.is_set():
             return False
         data = m.encode(m.NOTIFY, 0, body)
-        frame = _pack_len(len(data)) + data
+        return self._write_frames_now(_pack_len(len(data)) + data)
+
+    def write_all_now(self, bodies: list[Any]) -> bool:
+        """``write_now`` of several one-way messages, in order, in one write: all of
+        them went (True), or none did."""
+        if self._wfd < 0 or self._state != _READY or not self._can_write.is_set():
+            return False
+        frames = []
+        for body in bodies:
+            data = m.encode(m.NOTIFY, 0, body)
+            frames.append(_pack_len(len(data)))
+            frames.append(data)
+        return self._write_frames_now(b"".join(frames))
+
+    def _write_frames_now(self, frame: bytes) -> bool:
         with self._wlock:
             t = self._transport
             if self._wfd < 0 or self._state != _READY or self._out or self._flush_scheduled \
