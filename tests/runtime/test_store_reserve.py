@@ -170,6 +170,63 @@ def test_a_put_into_a_reserved_slot_seals_without_waking_the_io_thread(
     del first
 
 
+def test_slots_running_low_are_asked_for_after_the_call_they_were_for_is_written(
+        fresh_cluster: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A by-value argument (or a return) that takes its size's reserved slots down to half
+    asks for more once its call (or reply) is written: asked before, the request woke the
+    io thread, and the write, finding it busy, went through it too (a hop more on the
+    call's path, for one call in six or seven of a sync loop)."""
+    import numpy as np
+    from lumos.api import worker_context
+    fresh_cluster(num_cpus=1, object_store_memory=256 * MiB, include_dashboard=False)
+    cw = worker_context.core_worker
+
+    @lumos.remote
+    def total(a: Any) -> int:
+        return int(a.sum())
+
+    @lumos.remote
+    def make() -> Any:
+        return np.ones(MiB, dtype=np.uint8)
+
+    @lumos.remote
+    def spy_on_posts(install: bool) -> list[str]:
+        """In the worker: log its posts and replies, in order (``install``), or return the log."""
+        import builtins
+        w = worker_context.core_worker
+        if install:
+            log: list[str] = []
+            post, reply = w._post, w.send_reply
+            w._post = lambda fn, *args: (log.append(getattr(fn, "__name__", "?")), post(fn, *args))[1]
+            w.send_reply = lambda conn, msg: (log.append("reply"), reply(conn, msg))[1]
+            builtins._lumos_test_log = log  # type: ignore[attr-defined]
+            return []
+        return list(builtins._lumos_test_log)  # type: ignore[attr-defined]
+
+    arr = np.ones(MiB, dtype=np.uint8)
+    for _ in range(12):  # slots of this size reserved, on both sides
+        assert lumos.get(total.remote(arr), timeout=30) == MiB
+        assert lumos.get(make.remote(), timeout=30).nbytes == MiB
+    wait_for(lambda: cw.store.stats()["ready_reserved_slots"] > 0, 30)
+    lumos.get(spy_on_posts.remote(True), timeout=30)
+    log: list[str] = []
+    post, write_then_book = cw._post, cw.io.write_then_book
+    monkeypatch.setattr(cw, "_post", lambda fn, *args: (log.append(getattr(fn, "__name__", "?")), post(fn, *args))[1])
+    monkeypatch.setattr(cw.io, "write_then_book", lambda *args: (log.append("push"), write_then_book(*args))[1])
+    for _ in range(40):
+        assert lumos.get(total.remote(arr), timeout=30) == MiB
+        assert lumos.get(make.remote(), timeout=30).nbytes == MiB
+    monkeypatch.undo()
+    worker_log = lumos.get(spy_on_posts.remote(False), timeout=30)
+    for side, entries in (("driver", log), ("worker", worker_log)):
+        assert "_sealed_reserved" not in entries, (side, entries)  # (nor asked for before the write)
+        top_ups = [i for i, what in enumerate(entries) if what == "_top_up_now"]
+        assert top_ups, (side, entries)  # slots are still asked for
+        # Right after the write of the call whose argument (or return) ran them low.
+        after = ("push",) if side == "driver" else ("reply", "notify")
+        assert all(entries[i - 1] in after for i in top_ups), (side, entries)
+
+
 @pytest.mark.timeout(60)
 def test_a_large_argument_by_value_is_pickled_once(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import numpy as np

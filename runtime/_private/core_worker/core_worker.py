@@ -140,6 +140,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self._put_counter = 0
         #: Sizes with a ``ReserveSlots`` request in flight (io thread).
         self._reserving: set[int] = set()
+        #: Sizes whose reserved slots ran low, asked for after the write in hand (objects.py).
+        self._top_ups: set[int] = set()
         #: The lumos-io thread, its loop and the inbox from user threads (io_loop.py).
         self.io = IoLoop()
         #: Hot-path hand-overs, bound once (``_post(fn, *args)`` runs ``fn`` on the io thread).
@@ -921,8 +923,12 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         if ex is not None and ex._output:  # the task's output leaves before its reply
             self._post(ex.flush_output)
         elif self.io.idle() and conn.write_now(reply):
+            if self._top_ups:
+                self.top_up_reserved()
             return
         self._post(conn.notify, reply)
+        if self._top_ups:
+            self.top_up_reserved()
 
     # ================================================================== pub/sub, events
 

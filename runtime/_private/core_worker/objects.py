@@ -196,7 +196,10 @@ class ObjectsMixin:
         if isinstance(value, ObjectRef):
             raise TypeError("lumos.put() of an ObjectRef is not allowed; pass the ref itself instead")
         self.drain_refs()
-        return self._put_serialized(ser.serialize(value, _kind))
+        ref = self._put_serialized(ser.serialize(value, _kind))
+        if self._top_ups:
+            self.top_up_reserved()
+        return ref
 
     def _put_serialized(self, sv: ser.SerializedValue) -> ObjectRef:
         """``put`` of a value serialized already (a by-value argument promoted to a ref)."""
@@ -245,10 +248,16 @@ class ObjectsMixin:
                     raise _store_os_error(e, size) from None
                 if done:
                     seal = m.SealObject(oid, size, True, mapping.slot, mapping.size, owner)
-                    if self.store.reservations(size) <= reserve_ahead(size) // 2:
+                    left = self.store.reservations(size)
+                    if left == 0:
                         self._post(self._sealed_reserved, seal)  # and top up: a wake-up anyway
                     else:
                         self._to_raylet(seal)
+                        if left <= reserve_ahead(size) // 2 and size not in self._reserving:
+                            # Asked for once the write this value is for has gone (the
+                            # reply, the push, the put: ``top_up_reserved``): posted now,
+                            # it woke the io thread, which then sent that write too.
+                            self._top_ups.add(size)
                     return
             elif self.store.reservations(size) < reserve_ahead(size):
                 self._post(self._reserve_slots, size)
@@ -283,6 +292,20 @@ class ObjectsMixin:
         if raylet is not None and self.io.idle() and raylet.write_now(msg):
             return
         self._post(self._notify_raylet, msg)
+
+    def top_up_reserved(self) -> None:
+        """Any thread, after the write a value just stored was for: ask for the slots of
+        the sizes that ran low (one post for all; a size lost to a race here is asked for
+        again by its next write)."""
+        sizes = list(self._top_ups)
+        self._top_ups.clear()
+        if sizes:
+            self._post(self._top_up_now, sizes)
+
+    def _top_up_now(self, sizes: list[int]) -> None:
+        for size in sizes:
+            if self.store.reservations(size) <= reserve_ahead(size) // 2:
+                self._reserve_slots(size)
 
     def _sealed_reserved(self, msg: m.SealObject) -> None:
         """io thread: tell the raylet, and reserve the next slot of that size."""

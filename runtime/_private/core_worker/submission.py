@@ -213,10 +213,14 @@ class SubmissionMixin:
         if n == -1:
             stream = self.streams[task_id] = GeneratorStream(task_id)
             self._post(self._on_submit, task)
+            if self._top_ups:
+                self.top_up_reserved()
             return [ObjectRefGenerator(stream, address, self)]  # type: ignore[list-item]
         if (dep_ids and not ready_deps) or not (
                 self.push_direct(task) if actor_fields is None else self.actor_submitter.send_direct(task)):
             self._post(self._on_submit, task)
+        if self._top_ups:  # (a by-value argument ran its size's reserved slots low)
+            self.top_up_reserved()
         return [ObjectRef(oid, address, True) for oid in return_ids]
 
     def _note_call_to_self(self, task_id: TaskID, name: str) -> None:
