@@ -155,6 +155,30 @@ def test_exception_that_cannot_be_rebuilt_keeps_its_message_and_traceback(cluste
 # ----------------------------------------------------------------------------- options
 
 
+def test_a_tasks_error_put_or_returned_raises_when_got_as_in_ray(cluster: lumos.LumosContext) -> None:
+    """Ray stores a ``RayTaskError`` value as an error: ``get`` of it raises, whether it was
+    put or returned by a task (a plain exception stays a value)."""
+    @lumos.remote
+    def boom() -> None:
+        raise ValueError("boom")
+
+    @lumos.remote
+    def give_back(e: Any) -> Any:
+        return e
+
+    with pytest.raises(TaskError) as info:
+        lumos.get(boom.remote(), timeout=30)
+    err = info.value
+    with pytest.raises(ValueError, match="boom"):
+        lumos.get(lumos.put(err), timeout=30)
+    with pytest.raises(ValueError, match="boom"):
+        lumos.get(give_back.remote(err), timeout=30)
+    plain = lumos.get(give_back.remote(KeyError("plain")), timeout=30)
+    assert type(plain) is KeyError and plain.args == ("plain",)
+    plain_put = lumos.get(lumos.put(KeyError("put")), timeout=30)
+    assert type(plain_put) is KeyError
+
+
 def test_enable_task_events_is_accepted_for_tasks_actors_and_methods(cluster: lumos.LumosContext) -> None:
     @lumos.remote(enable_task_events=False)
     def f() -> int:

@@ -270,7 +270,8 @@ class ArgumentsMixin:
         a third process are added to ``third_party`` (their owner must learn the borrower)."""
         cw = self.cw
         try:
-            sv = ser.serialize(value)
+            # A task's error returned as a value raises when got, as in Ray.
+            sv = ser.serialize(value, ser.KIND_ERROR if isinstance(value, exc.TaskError) else ser.KIND_VALUE)
         except ser.SerializationError as e:
             # (a return id is the task id and the 1-based index, big-endian)
             which = (f"return value {int.from_bytes(oid[16:], 'big')}" if spec.num_returns > 1

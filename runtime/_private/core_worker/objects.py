@@ -196,6 +196,8 @@ class ObjectsMixin:
         if isinstance(value, ObjectRef):
             raise TypeError("lumos.put() of an ObjectRef is not allowed; pass the ref itself instead")
         self.drain_refs()
+        if isinstance(value, exc.TaskError):
+            _kind = ser.KIND_ERROR  # as Ray: a task's error, put, raises again when got
         ref = self._put_serialized(ser.serialize(value, _kind))
         if self._top_ups:
             self.top_up_reserved()
