@@ -35,10 +35,10 @@ four workloads: a no-op task's sync round trip (``get(f.remote())``) and its asy
    (``pip install -e ".[bench]"``) or cannot attach (it needs ptrace rights).
 4. The hop chain of one sync call, thread by thread, with the file of each hop.
 
-Threads are named in-process for the driver (``threading``), for the others by their
-known structure (a worker's main thread runs the executor; its one other Python thread is
-``lumos-io``; ``libuv-worker`` threads are the event loop's pool), refined by
-``py-spy dump`` when it is there. Run on an otherwise idle machine for figures to quote;
+Threads are named in-process for the driver (``threading``), for the others by the
+kernel's name of the thread (lumos's io thread names itself ``lumos-io`` there) and their
+known structure (a worker's main thread runs the executor; ``libuv-worker`` threads are
+the event loop's pool), refined by ``py-spy dump`` when it is there. Run on an otherwise idle machine for figures to quote;
 the load average is printed with them.
 """
 
@@ -194,7 +194,7 @@ def row_of(proc: Proc, tid: int) -> tuple[str, str]:
     if tid == proc.pid:  # the main thread: the executor in a worker, the loop in a raylet/GCS
         return (proc.role, "executor" if proc.role == "worker" else "main loop")
     if proc.role == "worker":
-        if name == "lumos-io":
+        if name == "lumos-io" or thread_comm(proc.pid, tid) == "lumos-io":  # (it names itself in the kernel)
             return ("worker", "lumos-io")
         if name is None and _python_threads(proc) == [tid]:
             return ("worker", "lumos-io")  # by structure: its one Python thread besides main
@@ -532,24 +532,18 @@ def workloads(ray: Any, arg_kib: int = 0, return_kib: int = 0) -> dict[str, Call
     import numpy as np
 
     args = (np.ones(arg_kib * 1024, dtype=np.uint8),) if arg_kib else ()
-    ret_bytes = return_kib * 1024
-    made: list[Any] = []
-
-    def value() -> Any:
-        if not ret_bytes:
-            return None
-        if not made:
-            made.append(np.ones(ret_bytes, dtype=np.uint8))
-        return made[0]
+    # (Travels with the functions. None unless asked for: a worker that unpickles an array
+    # imports numpy, whose threads would blur which of its threads is which.)
+    value = np.ones(return_kib * 1024, dtype=np.uint8) if return_kib else None
 
     @ray.remote
     def noop(*a: Any) -> Any:
-        return value()
+        return value
 
     @ray.remote
     class Echo:
         def ping(self, *a: Any) -> Any:
-            return value()
+            return value
 
     actor: list[Any] = []
 

@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 
 @functools.cache
@@ -26,6 +27,19 @@ def libc() -> Any:
     """This process's C library (``dlopen(NULL)``), loaded once: a forked worker inherits
     the handle from its template. Raises ``OSError`` where there is none to load."""
     return ctypes.CDLL(None, use_errno=True)
+
+
+def name_os_thread(name: str) -> None:
+    """Give the calling thread ``name`` in the kernel too (``/proc/<pid>/task/<tid>/comm``,
+    15 bytes at most: what ``top -H``, ``ps -L`` and profilers show), Linux only. Python's
+    thread names stay inside the interpreter; lumos's own threads in a user's or a worker's
+    process are told apart from numpy's or the user's this way."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc().prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGKILL) -> None:

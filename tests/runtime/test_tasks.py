@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -304,3 +305,29 @@ def test_calls_with_wrong_arguments_raise_at_the_call(cluster):
     ref = lumos.put(10)
     assert lumos.get([f.remote(1), f.remote(1, 1, c=1), f.remote(a=ref), g.remote(1, 2, x=3), g.remote(),
                       h.remote(1, must=2)], timeout=60) == [6, 3, 15, 3, 0, 3]
+
+
+def _thread_names() -> list[str]:
+    import os
+    names = []
+    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
+        try:
+            with open(f"/proc/{os.getpid()}/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass  # a thread that ended meanwhile
+    return names
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="kernel thread names are Linux's")
+def test_the_io_thread_is_named_lumos_io_in_the_kernel_in_drivers_and_workers(cluster):
+    """``top -H``, ``ps -L`` and profilers see lumos's io thread by name, in the user's
+    process and in a worker (beside numpy's threads, all called like the process)."""
+
+    @lumos.remote
+    def names() -> list[str]:
+        import numpy  # noqa: F401  (its threads take the process's name)
+        return _thread_names()
+
+    assert "lumos-io" in _thread_names()
+    assert "lumos-io" in lumos.get(names.remote(), timeout=30)

@@ -25,6 +25,7 @@ import threading
 from typing import Any, Awaitable, Callable, Coroutine
 
 from lumos import exceptions as exc
+from lumos._private.process import name_os_thread
 from lumos._private.transport import eventloop
 from lumos._private.transport.connection import batch
 
@@ -85,6 +86,7 @@ class IoLoop:
 
     def _run(self, ready: concurrent.futures.Future[None], boot: Callable[[], Awaitable[None]],
              clean_up: Callable[[asyncio.AbstractEventLoop], None]) -> None:
+        name_os_thread("lumos-io")
         loop = eventloop.new_event_loop()
         self.loop = loop
         asyncio.set_event_loop(loop)
