@@ -736,7 +736,15 @@ async def connect(address: m.Address | tuple[str, int] | str, *, token: bytes, c
             _, conn = await loop.create_unix_connection(factory, address)
         else:
             _, conn = await loop.create_connection(factory, address[0], address[1])
-        await conn.ready
+        try:
+            await conn.ready
+        except BaseException:
+            # Cancelled (its caller shutting down) or out of time in the handshake: the
+            # socket is closed here, or it outlived the loop (uvloop's "unclosed resource").
+            # Its owner never had it, so it hears nothing of the close.
+            conn._on_close = None
+            conn.close()
+            raise
     return conn
 
 
