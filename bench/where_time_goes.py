@@ -38,8 +38,8 @@ four workloads: a no-op task's sync round trip (``get(f.remote())``) and its asy
 Threads are named in-process for the driver (``threading``), for the others by the
 kernel's name of the thread (lumos's io thread names itself ``lumos-io`` there) and their
 known structure (a worker's main thread runs the executor; ``libuv-worker`` threads are
-the event loop's pool), refined by ``py-spy dump`` when it is there. Run on an otherwise idle machine for figures to quote;
-the load average is printed with them.
+the event loop's pool), refined by ``py-spy dump`` when it is there. Run on an otherwise
+idle machine for figures to quote; the load average is printed with them.
 """
 
 from __future__ import annotations
@@ -193,23 +193,9 @@ def row_of(proc: Proc, tid: int) -> tuple[str, str]:
         return ("driver", "lumos-io") if name == "lumos-io" else ("driver", "other threads")
     if tid == proc.pid:  # the main thread: the executor in a worker, the loop in a raylet/GCS
         return (proc.role, "executor" if proc.role == "worker" else "main loop")
-    if proc.role == "worker":
-        if name == "lumos-io" or thread_comm(proc.pid, tid) == "lumos-io":  # (it names itself in the kernel)
-            return ("worker", "lumos-io")
-        if name is None and _python_threads(proc) == [tid]:
-            return ("worker", "lumos-io")  # by structure: its one Python thread besides main
+    if proc.role == "worker" and (name == "lumos-io" or thread_comm(proc.pid, tid) == "lumos-io"):
+        return ("worker", "lumos-io")  # (it names itself in the kernel)
     return (proc.role, "other threads")
-
-
-def _python_threads(proc: Proc) -> list[int]:
-    """The threads of ``proc`` besides its main one that kept the main thread's name
-    (those threads named by native code, such as libuv's ``libuv-worker``, did not)."""
-    try:
-        tids = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task"))
-    except OSError:
-        return []
-    main = thread_comm(proc.pid, proc.pid)
-    return [t for t in tids if t != proc.pid and thread_comm(proc.pid, t) == main]
 
 
 def py_spy_path() -> str | None:
