@@ -922,11 +922,9 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             self.reply_sent(reply)
         if ex is not None and ex._output:  # the task's output leaves before its reply
             self._post(ex.flush_output)
-        elif self.io.idle() and conn.write_now(reply):
-            if self._top_ups:
-                self.top_up_reserved()
-            return
-        self._post(conn.notify, reply)
+            self._post(conn.notify, reply)
+        elif not (self.io.idle() and conn.write_now(reply)):
+            self._post(conn.notify, reply)
         if self._top_ups:
             self.top_up_reserved()
 
