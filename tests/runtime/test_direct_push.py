@@ -145,7 +145,8 @@ def test_a_reply_is_handled_while_the_thread_that_wrote_its_task_has_not_run_sin
     """On 2 cores the worker a user thread's write wakes often takes that thread's core:
     the task's reply comes back before the writer has run again. The io thread books and
     settles it without waiting for the writer (its reply proves the write went out), for
-    a task and for an actor call alike."""
+    a task and for an actor call alike, also when a drain for something else met the
+    booking first (it used to wait there for the writer's lock)."""
     from lumos._private.core_worker.references import PENDING
     from lumos._private.ids import return_object_id
     from lumos._private.protocol import messages as m
@@ -161,7 +162,10 @@ def test_a_reply_is_handled_while_the_thread_that_wrote_its_task_has_not_run_sin
     def write_then_stall(conn: Connection, body: object) -> bool:
         ok = real(conn, body)
         if ok and type(body) is m.PushTask:
-            # The writer "loses its core" until the reply is settled (or 10 s pass).
+            # The writer "loses its core" until the reply is settled (or 10 s pass), and
+            # meanwhile the io thread drains its inbox for something else (an idle timer,
+            # another thread's post), meeting the booking of this very write.
+            cw.io.post(lambda: None)
             oid = return_object_id(body.spec.task_id, 1)
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:

@@ -117,3 +117,86 @@ def test_spawn_tracks_tasks_until_they_end_and_logs_failures(caplog: pytest.LogC
     failed = [r for r in caplog.records if r.getMessage() == "test.fail failed"]
     assert len(failed) == 1 and failed[0].exc_info is not None
     assert not any("test.wait" in r.getMessage() for r in caplog.records)  # a cancel is no failure
+
+
+class _StallingConn:
+    """``write_now`` that stays inside the write until told (the writer lost its core)."""
+
+    def __init__(self, result: bool) -> None:
+        self.result = result
+        self.entered = threading.Event()
+        self.go_on = threading.Event()
+
+    def write_now(self, body: Any) -> bool:
+        self.entered.set()
+        assert self.go_on.wait(10)
+        return self.result
+
+
+@pytest.mark.parametrize("went_out", [True, False])
+def test_a_booking_whose_write_is_under_way_waits_without_holding_up_the_io_thread(went_out: bool) -> None:
+    """A drain that reaches a ``write_then_book`` booking while its writer is still inside
+    the write puts the booking aside: the io thread goes on with other work, is not idle,
+    and the booking runs once the writer is back, with whether the write went out."""
+    io = started()
+    try:
+        conn = _StallingConn(went_out)
+        booked: list[tuple[str, bool, bool]] = []
+        done = threading.Event()
+
+        def book(tag: str, sent: bool) -> None:
+            booked.append((tag, sent, io.in_io_thread()))
+            done.set()
+
+        writer = threading.Thread(target=io.write_then_book, args=(conn, "push", b"t1", book, "t1"))
+        writer.start()
+        assert conn.entered.wait(10)
+        ran = threading.Event()
+        io.post(ran.set)  # a drain that reaches the booking mid-write
+        assert ran.wait(10)
+
+        async def answer() -> int:
+            return 7
+
+        assert io.run_sync(answer(), 5) == 7  # the io thread is not stuck behind the writer
+        assert booked == [] and b"t1" in io.deferred and not io.idle()
+        conn.go_on.set()
+        writer.join(10)
+        assert done.wait(10)
+        assert booked == [("t1", went_out, True)]
+        assert not io.deferred
+    finally:
+        conn.go_on.set()
+        io.closed = True
+        io.stop()
+
+
+def test_a_reply_runs_the_booking_put_aside_as_sent_before_its_writer_is_back() -> None:
+    io = started()
+    try:
+        conn = _StallingConn(True)
+        booked: list[bool] = []
+
+        writer = threading.Thread(target=io.write_then_book, args=(conn, "push", b"t2", booked.append))
+        writer.start()
+        assert conn.entered.wait(10)
+        ran = threading.Event()
+        io.post(ran.set)
+        assert ran.wait(10)
+
+        async def reply_comes() -> list[bool]:
+            io.drain_pending(b"t2")  # what the reply's handler does first
+            return list(booked)
+
+        assert io.run_sync(reply_comes(), 5) == [True]
+        conn.go_on.set()
+        writer.join(10)
+        again = threading.Event()
+        io.post(again.set)
+        assert again.wait(10)
+        assert booked == [True]  # run once: the writer's post found it done
+        assert io.idle()
+    finally:
+        conn.go_on.set()
+        io.closed = True
+        io.stop()

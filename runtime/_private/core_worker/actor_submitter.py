@@ -315,7 +315,7 @@ class ActorSubmitter:
         with self._direct_lock:
             if q.queue or q.conn is not conn:
                 return False
-            sent = io.write_then_book(conn, m.PushTask(spec, {}), self._on_direct, task, q, conn)
+            sent = io.write_then_book(conn, m.PushTask(spec, {}), spec.task_id, self._on_direct, task, q, conn)
         if sent:
             self.direct_sent += 1
             if spec.enable_task_events:
@@ -323,9 +323,8 @@ class ActorSubmitter:
                                 q.conn_worker)
         return True
 
-    def _on_direct(self, task: PendingTask, q: _ActorQueue, conn: Connection, sent: list[bool]) -> None:
+    def _on_direct(self, task: PendingTask, q: _ActorQueue, conn: Connection, was_sent: bool) -> None:
         """io thread: book a call ``send_direct`` took (or send it, if it could not)."""
-        was_sent = self.cw.io.was_sent(sent, task.spec.task_id, self._direct_lock)  # (it may still be writing)
         if not self.cw.register_call(task):
             return
         if not was_sent:

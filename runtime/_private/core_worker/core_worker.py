@@ -175,9 +175,6 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             max_leases_per_scheduling_key=config.max_leases_per_scheduling_key,
             task_oom_retry_delay_base_ms=config.task_oom_retry_delay_base_ms, validate=config.validate),
             self._submit_lock)
-        #: Held by a user thread while it writes a task ``push_direct`` claimed a lease for
-        #: (its booking waits on it to learn whether the write went out).
-        self._direct_write_lock = threading.Lock()
         #: Worker connections user threads may write to (each holds a duplicated fd).
         self._direct_conns = 0
         #: Tasks ``push_direct`` wrote (a statistic: not exact with several user threads).
@@ -430,7 +427,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         deadline = time.monotonic() + timeout_s
         done_at = None
         while time.monotonic() < deadline and not self._closed:
-            if self.io.inbox or self.tasks:
+            if self.io.inbox or self.io.deferred or self.tasks:
                 done_at = None
             elif done_at is None:
                 done_at = time.monotonic()  # output travels worker -> raylet -> GCS -> here
@@ -683,9 +680,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         # The write is outside the submitter's lock: a claimed lease is never returned or
         # pushed to, and the io thread's events on other leases need not wait for it.
         scheduled = time.time()  # (before the write: the task may run and end before it returns)
-        with self._direct_write_lock:
-            sent = io.write_then_book(lease.conn, m.PushTask(task.spec, lease.resource_ids), self._on_direct_task,
-                                      task, lease)
+        sent = io.write_then_book(lease.conn, m.PushTask(task.spec, lease.resource_ids), task.spec.task_id,
+                                  self._on_direct_task, task, lease)
         spec = task.spec
         if not sent:
             return True  # the booking job queues it the usual way
@@ -696,8 +692,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                                 lease.node_id, lease.worker_id, None))
         return True
 
-    def _on_direct_task(self, task: PendingTask, lease: LeasedWorker, sent: list[bool]) -> None:
-        was_sent = self.io.was_sent(sent, task.spec.task_id, self._direct_write_lock)  # (it may still be writing)
+    def _on_direct_task(self, task: PendingTask, lease: LeasedWorker, was_sent: bool) -> None:
         self.tasks[task.spec.task_id] = task
         if self.gone is not None:
             with self._submit_lock:

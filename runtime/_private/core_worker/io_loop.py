@@ -59,6 +59,10 @@ class IoLoop:
         self.inbox: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
         #: While ``drain_pending`` runs for a task's reply: that task's id.
         self.replying_to: bytes | None = None
+        #: Bookings of ``write_then_book`` whose writer had not come back from its write
+        #: when their turn came, by task id: run when it does (it posts them) or when the
+        #: task's reply comes, whichever is first (``book_deferred``).
+        self.deferred: dict[bytes, tuple[Callable[..., Any], tuple[Any, ...], list[Any]]] = {}
         #: A drain of the inbox is already scheduled: posting needs no wake-up.
         self._wake_pending = False
         #: The io thread is running posted jobs (the inbox may be empty meanwhile).
@@ -162,21 +166,46 @@ class IoLoop:
         drain, which the next ``post``, a ``wake`` or ``drain_pending`` brings."""
         self.inbox.append((fn, args))
 
-    def write_then_book(self, conn: Any, body: Any, book: Callable[..., Any], *args: Any) -> bool:
-        """User thread: write ``body`` straight to ``conn`` (``Connection.write_now``) and
-        have the io thread run ``book(*args, sent)`` at its next turn. The booking is queued
-        first (without a wake-up), so it is there before any answer to the write; if the
-        write could not go, the io thread is woken and ``book`` sees ``sent[0]`` False (it
-        sends the message the usual way). ``sent[0]`` is None while the write is under way:
-        callers hold a lock that ``book`` takes to read it then, unless ``book`` runs for
-        the answer to this very message (``replying_to``), which proves it went out.
-        Returns whether the write went out."""
-        sent: list[bool | None] = [None]
-        self.append_quiet(book, *args, sent)
+    def write_then_book(self, conn: Any, body: Any, key: bytes, book: Callable[..., Any], *args: Any) -> bool:
+        """User thread: write ``body`` (the push of task ``key``) straight to ``conn``
+        (``Connection.write_now``) and have the io thread run ``book(*args, sent)`` at its
+        next turn, ``sent`` saying whether the write went out. The booking is queued first
+        (without a wake-up), so it is there before any answer to the write; if the write
+        could not go, the io thread is woken and ``book`` sends the message the usual way.
+
+        The io thread never waits for the writer: a booking whose turn comes while the
+        write is under way (the writer lost its core inside it: on 2 cores the worker it
+        woke often takes it) is put aside (``deferred``) and run when the writer comes back,
+        which posts it, or when the task's reply comes (it proves the write went out),
+        whichever is first. Meanwhile ``idle()`` is False, so nothing else is written
+        straight past it. Returns whether the write went out."""
+        sent: list[Any] = [None, False]  # [the write went out, its booking was put aside]
+        self.append_quiet(self._book, key, book, args, sent)
         ok = sent[0] = conn.write_now(body)
-        if not ok:
+        if sent[1]:
+            self.post(self.book_deferred, key)
+        elif not ok:
             self.wake()
         return ok
+
+    def _book(self, key: bytes, book: Callable[..., Any], args: tuple[Any, ...], sent: list[Any]) -> None:
+        """io thread: a ``write_then_book`` booking's turn (see there)."""
+        ok = sent[0]
+        if ok is None and self.replying_to != key:
+            sent[1] = True  # (before the second look: a writer done after it sees this)
+            ok = sent[0]
+            if ok is None:
+                self.deferred[key] = (book, args, sent)
+                return
+        book(*args, ok is not False)  # (None: its reply is being handled, so it went out)
+
+    def book_deferred(self, key: bytes) -> None:
+        """io thread: run the booking of task ``key`` put aside by ``_book``, if it is
+        still waiting (its writer is back, or its reply came)."""
+        item = self.deferred.pop(key, None)
+        if item is not None:
+            book, args, sent = item
+            book(*args, sent[0] is not False)
 
     def wake(self) -> None:
         """Have the io thread drain its inbox soon (any thread)."""
@@ -191,29 +220,23 @@ class IoLoop:
         concern it: a reply to a call sent straight from a user thread). ``replying_to``:
         the id of the task whose reply is being handled; its booking then knows its write
         went out without waiting for the user thread that wrote it to say so (that thread,
-        back from the ``write`` that woke the worker, may not have run since: on 2 cores
-        the worker often takes its core)."""
-        if self.inbox and not self._draining:
-            self.replying_to = replying_to
-            try:
+        back from the ``write`` that woke the worker, may not have run since), and runs
+        even if it was put aside."""
+        drain = bool(self.inbox) and not self._draining
+        if not drain and replying_to not in self.deferred:
+            return
+        before, self.replying_to = self.replying_to, replying_to
+        try:
+            if drain:
                 self._drain_inbox()
-            finally:
-                self.replying_to = None
-
-    def was_sent(self, sent: list[bool | None], task_id: bytes, lock: Any) -> bool:
-        """io thread, in a booking of ``write_then_book``: whether the write of task
-        ``task_id`` went out (waiting on ``lock``, which the writer holds, while unknown)."""
-        ok = sent[0]
-        if ok is None:
-            if self.replying_to == task_id:
-                return True  # its reply is here
-            with lock:
-                ok = sent[0]
-        return bool(ok)
+            if replying_to is not None:
+                self.book_deferred(replying_to)
+        finally:
+            self.replying_to = before
 
     def idle(self) -> bool:
         """Every job posted so far has run, and what it sent is handed to its connection."""
-        return not self.inbox and not self._wake_pending and not self._draining
+        return not self.inbox and not self._wake_pending and not self._draining and not self.deferred
 
     def _drain_inbox(self) -> None:
         self._draining = True

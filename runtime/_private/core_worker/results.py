@@ -55,7 +55,7 @@ class ResultsMixin:
         if self._lineage_drops:
             self.drop_deferred_lineage()
         task = self.tasks.get(reply.task_id)
-        if task is None and self.io.inbox:
+        if task is None and (self.io.inbox or self.io.deferred):
             self.io.drain_pending(reply.task_id)  # a call sent straight from a user thread is registered there
             task = self.tasks.get(reply.task_id)
         if task is None or task.state == DONE:
