@@ -175,7 +175,8 @@ class ActorHost:
         else:
             pool = self._group_pools[group] if group is not None else self._pool
             assert pool is not None
-            pool.submit(self._run_threaded, conn, spec, method, args, kwargs)
+            # (in a list the call empties: the pool's work item would hold them to its end)
+            pool.submit(self._run_threaded, conn, spec, method, [args, kwargs])
 
     async def _run_async(self, conn: Connection, spec: m.TaskSpec, method: Any, args: Any, kwargs: Any,
                          sem: asyncio.Semaphore | None) -> None:
@@ -213,6 +214,9 @@ class ActorHost:
                      if me.cancelling() else self.ex._failed_reply(spec, e, start))
         finally:
             self._async_calls.pop(spec.task_id, None)
+        if spec.deps:
+            args = kwargs = result = None  # (the call's own references to its arguments)
+            self.ex.pin_kept_args(spec)
         self.cw.send_reply(conn, reply)
 
     async def _stream_async(self, conn: Connection, spec: m.TaskSpec, result: Any, start: float) -> m.TaskReply:
@@ -251,7 +255,10 @@ class ActorHost:
         self._loop.call_soon_threadsafe(task.cancel)
         return True
 
-    def _run_threaded(self, conn: Connection, spec: m.TaskSpec, method: Any, args: Any, kwargs: Any) -> None:
+    def _run_threaded(self, conn: Connection, spec: m.TaskSpec, method: Any, call_args: list[Any]) -> None:
+        args, kwargs = call_args
+        call_args.clear()
+        result = None
         start = time.time()
         early = self.ex.cancelled_before_start(spec)  # cancelled while it waited for a thread
         if early is not None:
@@ -274,6 +281,9 @@ class ActorHost:
         finally:
             self._thread_calls.pop(me, None)
             self._cancelled_running.discard(spec.task_id)
+        if spec.deps:
+            args = kwargs = result = None  # (the call's own references to its arguments)
+            self.ex.pin_kept_args(spec)
         self.cw.send_reply(conn, reply)
 
     def cancel_threaded(self, task_id: TaskID) -> bool:

@@ -71,6 +71,18 @@ class ArgumentsMixin:
         the reply, finds them pinned and does not reuse their store files."""
         self.cw.store.escaped_pins(self._pin_now)
 
+    def pin_kept_args(self, spec: m.TaskSpec) -> None:
+        """A concurrent actor's call, before its reply: pin again, with a round trip, the
+        store arguments it still views (an actor keeping one). Their first views pinned
+        them one way; the owner's free, which follows the reply on its own connection,
+        could overtake that pin at the raylet, which would then reuse the file under the
+        view. (A call on the main thread holds its pins back instead: ``_pin_escaped_args``.)"""
+        stored = [dep.object_id for dep in spec.deps if dep.data is None]
+        if stored:
+            kept = self.cw.store.viewed(stored)
+            if kept:
+                self._pin_now(kept)
+
     def _pin_now(self, object_ids: list[ObjectID]) -> None:
         try:
             self.cw.call_raylet(m.PinObjects(object_ids, True))

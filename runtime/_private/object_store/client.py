@@ -331,6 +331,11 @@ class StoreClient:
         self._keep(object_id, mapping, keep_mapping)
         return True
 
+    def viewed(self, object_ids: list[bytes]) -> list[bytes]:
+        """Those of ``object_ids`` this process still has live views of."""
+        with self._lock:
+            return [oid for oid in object_ids if self._pins.get(oid, 0) > 0]
+
     def _keep(self, object_id: bytes, mapping: _Mapping, keep_mapping: bool) -> None:
         if keep_mapping:
             with self._lock:

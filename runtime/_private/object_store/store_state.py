@@ -36,7 +36,11 @@ pool or free room (never by evicting or spilling), and are the first thing taken
 when a create needs room (``UnlinkFile`` + ``DropSlot``). A taken-back file that its
 client moved first lives on as the object, counted again when its seal arrives. A free
 that arrives before the seal of a reserved object (the owner's free travels on another
-connection) leaves a tombstone so the late seal frees it at once.
+connection) leaves a tombstone so the late seal frees it at once. Likewise a reader's pin
+can overtake the seal of a reserved put (the owner sealed it one way, then sent the task
+that reads it to a worker, whose pin comes on a third connection): a pin of an object
+not known yet is kept (``_early_pins``) and counted when the object appears, or it would
+be lost, and the object's slot reused under a view that outlives its task.
 
 Spilling (``spill_dir`` set). A primary is spillable when sealed and no process holds
 a live view of it (``ObjectsPinned``/``ObjectsUnpinned``, sent by each reader's
@@ -78,6 +82,9 @@ PULLED = b"object-manager"
 #: most this many.
 FREED_UNKNOWN_S = 60.0
 FREED_UNKNOWN_MAX = 65536
+
+#: Pins of objects not known yet (``_early_pins``) kept at most.
+EARLY_PINS_MAX = 65536
 
 #: After a spill failed for lack of disk, spills are tried again after this long.
 DISK_FULL_RETRY_S = 2.0
@@ -192,6 +199,9 @@ class ObjectStoreState:
         #: Ids freed while unknown here and reservations were out: id -> when (a reserved
         #: seal may still be on its way; it frees the object at once).
         self._freed_unknown: OrderedDict[ObjectID, float] = OrderedDict()
+        #: Object id -> clients that pinned it before it was known here (in their
+        #: ``pins`` too); counted when it appears, forgotten at their unpin or exit.
+        self._early_pins: OrderedDict[ObjectID, set[WorkerID]] = OrderedDict()
 
     @property
     def pool_bytes(self) -> int:
@@ -284,10 +294,19 @@ class ObjectStoreState:
         elif isinstance(event, ObjectsPinned):
             held = self.pins.setdefault(event.client, set())
             for oid in event.object_ids:
+                if oid in held:
+                    continue
                 obj = self.objects.get(oid)
-                if obj is not None and oid not in held:
+                if obj is not None:
                     held.add(oid)
                     obj.pins += 1
+                elif oid not in self._freed_unknown:  # (its seal is on its way)
+                    held.add(oid)
+                    self._early_pins.setdefault(oid, set()).add(event.client)
+                    while len(self._early_pins) > EARLY_PINS_MAX:
+                        old, clients = self._early_pins.popitem(last=False)
+                        for c in clients:
+                            self.pins.get(c, set()).discard(old)
         elif isinstance(event, ObjectsUnpinned):
             self._unpin(event.client, event.object_ids)
             self._retry_pending(now, actions)
@@ -428,8 +447,10 @@ class ObjectStoreState:
             actions.append(DropSlot(ev.client, ev.slot))
             self._retry_pending(now, actions)
             return
-        self.objects[ev.object_id] = self.resident[ev.object_id] = _Obj(
+        obj = self.objects[ev.object_id] = self.resident[ev.object_id] = _Obj(
             ev.slot, file_size, ev.size_bytes, ev.client, True, False, moved=moved)
+        if self._early_pins:
+            obj.pins += len(self._early_pins.pop(ev.object_id, ()))
         self._spill_ahead(actions)
 
     def _drop_reservation(self, slot: int, actions: list[Action], tell: bool = True) -> None:
@@ -694,6 +715,11 @@ class ObjectStoreState:
                 obj = self.objects.get(oid)
                 if obj is not None and obj.pins > 0:
                     obj.pins -= 1
+                elif obj is None and oid in self._early_pins:
+                    early = self._early_pins[oid]
+                    early.discard(client)
+                    if not early:
+                        del self._early_pins[oid]
         if not held:
             del self.pins[client]
 
@@ -805,6 +831,9 @@ class ObjectStoreState:
     def check_invariants(self) -> None:
         total = sum(o.file_size for o in self.objects.values() if o.in_shm) + self.pool.bytes \
             + self.reserved_bytes
+        for oid, clients in self._early_pins.items():
+            if oid in self.objects or not clients or any(oid not in self.pins.get(c, ()) for c in clients):
+                raise AssertionError(f"early pins of {oid.hex()} drifted")
         if sum(size for size, _ in self.reserved.values()) != self.reserved_bytes:
             raise AssertionError("reservation accounting drifted")
         if total != self.used_bytes:
