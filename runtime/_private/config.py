@@ -86,6 +86,9 @@ class Config:
     max_inline_object_bytes: int = 100 * 1024
     #: Task arguments passed by value above this size are put into the object store.
     max_inline_arg_bytes: int = 100 * 1024
+    #: Such an argument, for a worker on this node, is lent in a reserved store slot that
+    #: takes the next one once its task is done (False: each is a sealed, freed object).
+    lend_args: bool = True
     #: Largest frame a connection accepts after authentication.
     max_frame_bytes: int = _positive(256 * 1024 * 1024)
     #: Largest frame accepted before the peer has authenticated.

@@ -367,7 +367,8 @@ def test_a_message_body_is_one_flat_list_with_nested_messages_as_field_lists():
     assert raw[:3] == [m.REQUEST, 7, m.PushTask._code]
     spec = raw[3][0]
     assert spec[0] == msg.spec.task_id and spec[15] == list(m.Address._fields_of(msg.spec.owner))
-    assert spec[8] == [[d.object_id, list(m.Address._fields_of(d.owner)), d.data, d.node_id] for d in msg.spec.deps]
+    assert spec[8] == [[d.object_id, list(m.Address._fields_of(d.owner)), d.data, d.node_id, d.slot]
+                       for d in msg.spec.deps]
     # A message in an open field (here a reply's list) stays an extension type.
     reply = msgpack.unpackb(m.encode(m.REPLY, 1, [msg.spec.owner]), raw=False)
     assert reply[2][0].code == m.Address._code
@@ -391,8 +392,8 @@ def test_left_out_defaulted_fields_take_their_defaults():
     b = m.decode(_flat(m.PlacementGroupInfo._code, fields[:-3]))[2]
     assert (a.detail, a.version, a.bundle_gpu_ids) == ("", 0, [])
     assert a.bundle_gpu_ids is not b.bundle_gpu_ids  # a default_factory runs per message
-    reply = m.decode(_flat(m.TaskReply._code, _wire_fields(_instance(m.TaskReply))[:-2]))[2]
-    assert reply.system_error is None and reply.error_kind is None
+    reply = m.decode(_flat(m.TaskReply._code, _wire_fields(_instance(m.TaskReply))[:-3]))[2]
+    assert reply.system_error is None and reply.error_kind is None and reply.kept is None
 
 
 def _spec_with(i: int, value: Any) -> list[Any]:

@@ -98,8 +98,26 @@ def test_a_client_going_away_frees_its_reservations() -> None:
     reserve(s, b"w1", MiB, 2)
     reserve(s, b"w2", MiB, 1)
     actions = s.handle(st.ClientGone(b"w1"), 0)
-    assert actions == [st.UnlinkFile(f"{D}/resv-1"), st.UnlinkFile(f"{D}/resv-2")]
+    # Under whichever name the client left each file (a lent slot is ``lent-<slot>``).
+    assert actions == [st.UnlinkFile(f"{D}/resv-1"), st.UnlinkFile(f"{D}/lent-1"),
+                       st.UnlinkFile(f"{D}/resv-2"), st.UnlinkFile(f"{D}/lent-2")]
     assert s.reserved == {3: (MiB, b"w2")} and s.used_bytes == MiB
+
+
+def test_a_slot_taken_back_while_lent_keeps_its_lent_file_until_its_client_goes() -> None:
+    """Taking back a reserved slot unlinks only its resv-/pool- name: a file the client
+    lent to a running task (``lent-<slot>``) is the client's to unlink once that task is
+    done; if the client goes first, its exit unlinks it."""
+    s = state(capacity=16 * MiB)
+    reserve(s, b"w1", MiB, 2)
+    actions = s.handle(st.CreateRequested(7, b"o", 15 * MiB, b"w2"), 0)  # takes back slot 1
+    assert st.UnlinkFile(f"{D}/resv-1") in actions and st.DropSlot(b"w1", 1) in actions
+    assert st.UnlinkFile(f"{D}/lent-1") not in actions
+    assert s.used_bytes == 16 * MiB
+    gone = s.handle(st.ClientGone(b"w1"), 1)
+    assert st.UnlinkFile(f"{D}/lent-1") in gone  # taken back earlier, remembered
+    assert st.UnlinkFile(f"{D}/resv-2") in gone and st.UnlinkFile(f"{D}/lent-2") in gone
+    assert s.handle(st.ClientGone(b"w1"), 2) == []  # once
 
 
 def test_spilling_counts_reservations_as_room() -> None:
@@ -175,10 +193,12 @@ def test_slots_running_low_are_asked_for_after_the_call_they_were_for_is_written
     """A by-value argument (or a return) that takes its size's reserved slots down to half
     asks for more once its call (or reply) is written: asked before, the request woke the
     io thread, and the write, finding it busy, went through it too (a hop more on the
-    call's path, for one call in six or seven of a sync loop)."""
+    call's path, for one call in six or seven of a sync loop). Arguments are not lent here
+    (``lend_args``): a lent one's slot takes the next, so a sync loop never runs low."""
     import numpy as np
     from lumos.api import worker_context
-    fresh_cluster(num_cpus=1, object_store_memory=256 * MiB, include_dashboard=False)
+    fresh_cluster(num_cpus=1, object_store_memory=256 * MiB, include_dashboard=False,
+                  _system_config={"lend_args": False})
     cw = worker_context.core_worker
 
     @lumos.remote
@@ -269,9 +289,9 @@ def test_an_array_under_the_inline_limit_travels_inside_the_call(cluster: Any, m
     promoted: list[int] = []
     put_serialized = cw._put_serialized
 
-    def counting(sv: Any) -> Any:
+    def counting(sv: Any, *args: Any) -> Any:
         promoted.append(sv.total_size)
-        return put_serialized(sv)
+        return put_serialized(sv, *args)
 
     monkeypatch.setattr(cw, "_put_serialized", counting)
     # Under the limit (a 64 KiB observation): inline, no object of its own.

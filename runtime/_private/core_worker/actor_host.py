@@ -167,7 +167,13 @@ class ActorHost:
                                  f"(it has {sorted(self.groups) or 'none'})")
             args, kwargs = ex._resolve_args(spec)
         except Exception as e:
-            self.cw.send_reply(conn, ex._failed_reply(spec, e, start))
+            failed = ex._failed_reply(spec, e, start)
+        else:
+            failed = None
+        if failed is not None:
+            if spec.deps:
+                ex.pin_kept_args(spec, failed)  # (arguments resolved before the failure)
+            self.cw.send_reply(conn, failed)
             return
         if self._loop is not None:
             sem = self._group_sems[group] if group is not None else self._sem
@@ -216,7 +222,7 @@ class ActorHost:
             self._async_calls.pop(spec.task_id, None)
         if spec.deps:
             args = kwargs = result = None  # (the call's own references to its arguments)
-            self.ex.pin_kept_args(spec)
+            self.ex.pin_kept_args(spec, reply)
         self.cw.send_reply(conn, reply)
 
     async def _stream_async(self, conn: Connection, spec: m.TaskSpec, result: Any, start: float) -> m.TaskReply:
@@ -283,7 +289,7 @@ class ActorHost:
             self._cancelled_running.discard(spec.task_id)
         if spec.deps:
             args = kwargs = result = None  # (the call's own references to its arguments)
-            self.ex.pin_kept_args(spec)
+            self.ex.pin_kept_args(spec, reply)
         self.cw.send_reply(conn, reply)
 
     def cancel_threaded(self, task_id: TaskID) -> bool:

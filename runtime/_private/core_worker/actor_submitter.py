@@ -312,6 +312,8 @@ class ActorSubmitter:
             return False
         spec = task.spec
         scheduled = time.time()  # (before the write: the call may run and end before it returns)
+        if spec.deps:
+            cw.keep_lent_local(spec, info.node_id)
         with self._direct_lock:
             if q.queue or q.conn is not conn:
                 return False
@@ -380,6 +382,8 @@ class ActorSubmitter:
                 task.retry_why = None
             if spec.enable_task_events:
                 record(spec.task_id, spec.attempt, "SCHEDULED", time.time(), q.info.node_id, q.conn_worker)
+            if spec.deps:
+                self.cw.keep_lent_local(spec, q.info.node_id)
             conn.notify(m.PushTask(spec, {}))
 
     def on_reply(self, task: PendingTask, reply: m.TaskReply) -> None:

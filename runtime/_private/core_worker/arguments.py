@@ -71,17 +71,34 @@ class ArgumentsMixin:
         the reply, finds them pinned and does not reuse their store files."""
         self.cw.store.escaped_pins(self._pin_now)
 
-    def pin_kept_args(self, spec: m.TaskSpec) -> None:
-        """A concurrent actor's call, before its reply: pin again, with a round trip, the
-        store arguments it still views (an actor keeping one). Their first views pinned
-        them one way; the owner's free, which follows the reply on its own connection,
-        could overtake that pin at the raylet, which would then reuse the file under the
-        view. (A call on the main thread holds its pins back instead: ``_pin_escaped_args``.)"""
-        stored = [dep.object_id for dep in spec.deps if dep.data is None]
-        if stored:
-            kept = self.cw.store.viewed(stored)
+    def note_kept(self, spec: m.TaskSpec, reply: m.TaskReply) -> None:
+        """After the task, its references to its arguments gone: the lent arguments
+        (``Dep.slot``) it still views go in the reply (``kept``), so that their owner does
+        not write the next argument into those files."""
+        lent = [dep.object_id for dep in spec.deps if dep.slot >= 0]
+        if lent:
+            kept = self.cw.store.viewed(lent)
             if kept:
-                self._pin_now(kept)
+                reply.kept = kept
+
+    def pin_kept_args(self, spec: m.TaskSpec, reply: m.TaskReply) -> None:
+        """A concurrent actor's call, before its reply: the store arguments it still views
+        (an actor keeping one) are pinned again with a round trip, or, lent ones, reported
+        in the reply (``note_kept``). Their first views pinned them one way; the owner's
+        free, which follows the reply on its own connection, could overtake that pin at
+        the raylet, which would then reuse the file under the view. (A call on the main
+        thread holds its pins back instead: ``_pin_escaped_args``.)"""
+        stored = [dep for dep in spec.deps if dep.data is None]
+        if not stored:
+            return
+        kept = self.cw.store.viewed([dep.object_id for dep in stored])
+        if not kept:
+            return
+        lent = [dep.object_id for dep in stored if dep.slot >= 0 and dep.object_id in kept]
+        if lent:
+            reply.kept = lent
+        if len(lent) < len(kept):
+            self._pin_now([oid for oid in kept if oid not in lent])
 
     def _pin_now(self, object_ids: list[ObjectID]) -> None:
         try:
@@ -131,7 +148,8 @@ class ArgumentsMixin:
         node holding it, or, when that node died, a copy its owner rebuilt from lineage."""
         cw = self.cw
         oid = dep.object_id
-        view = cw.store.view(oid, restore=node_id is None or node_id == cw.node_id, hold_pin=True)
+        local = node_id is None or node_id == cw.node_id
+        view = cw.store.view(oid, restore=local, hold_pin=True, lent_slot=dep.slot if local else -1)
         if view is None and node_id is not None and node_id != cw.node_id:
             lost = None
             try:

@@ -640,6 +640,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                                  {"resource_ids": lease.resource_ids} if lease.resource_ids else None,
                                  lease.node_id, lease.worker_id, None))
         assert lease.conn is not None
+        if spec.deps:
+            self.keep_lent_local(spec, lease.node_id)
         lease.conn.notify(m.PushTask(spec, lease.resource_ids))
 
     def _idle_expired(self, lease: LeasedWorker) -> None:
@@ -680,6 +682,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         # The write is outside the submitter's lock: a claimed lease is never returned or
         # pushed to, and the io thread's events on other leases need not wait for it.
         scheduled = time.time()  # (before the write: the task may run and end before it returns)
+        if task.spec.deps:
+            self.keep_lent_local(task.spec, lease.node_id)
         sent = io.write_then_book(lease.conn, m.PushTask(task.spec, lease.resource_ids), task.spec.task_id,
                                   self._on_direct_task, task, lease)
         spec = task.spec

@@ -500,6 +500,7 @@ class Executor(ArgumentsMixin):
             reply = self.execute(msg)
             if deps:
                 self._pin_escaped_args()
+                self.note_kept(msg.spec, reply)
             if self.actor is actor:
                 self._take_lead_early(conn)
                 actor.after_call(conn, reply, not self.queue.empty())
@@ -515,6 +516,7 @@ class Executor(ArgumentsMixin):
             reply = self.execute(msg)
             if deps:
                 self._pin_escaped_args()
+                self.note_kept(msg.spec, reply)
             if reply.error_kind == m.ErrorKind.EXITING or (
                     msg.spec.max_calls > 0 and self.actor is None and self._count_call(msg.spec)):
                 reply.error_kind = m.ErrorKind.EXITING

@@ -203,8 +203,10 @@ class ObjectsMixin:
             self.top_up_reserved()
         return ref
 
-    def _put_serialized(self, sv: ser.SerializedValue) -> ObjectRef:
-        """``put`` of a value serialized already (a by-value argument promoted to a ref)."""
+    def _put_serialized(self, sv: ser.SerializedValue, lend: bool = False) -> ObjectRef:
+        """``put`` of a value serialized already (a by-value argument promoted to a ref).
+        ``lend``: a task's by-value argument, lent in a reserved slot when one fits
+        (``_write_to_store``)."""
         self._put_counter += 1
         oid = put_object_id(self.current_task_id, self._put_counter)
         nested = [(r._id, r._owner or self.address) for r in sv.nested_refs]
@@ -216,12 +218,13 @@ class ObjectsMixin:
                 e.data = data
                 e.size = len(data)
         else:
-            self._write_to_store(oid, sv, keep_mapping=True)
+            lent = self._write_to_store(oid, sv, keep_mapping=True, lend=lend)
             with self.objects.lock:
                 e = self.objects.add_owned(oid)
                 e.state = READY
                 e.node_id = self.node_id
                 e.size = sv.total_size
+                e.lent = lent
         if nested:
             self.objects.add_contained(nested, registered=True)
             with self.objects.lock:
@@ -233,16 +236,35 @@ class ObjectsMixin:
         return ObjectRef(oid, self.address, True)
 
     def _write_to_store(self, oid: ObjectID, sv: ser.SerializedValue, keep_mapping: bool,
-                        owner: bytes = b"") -> None:
+                        owner: bytes = b"", lend: bool = False) -> int:
         """Create the object in this node's store and copy the value in (user thread).
         ``owner``: the owning process's worker id when it is not this one.
 
         A slot reserved ahead (``ReserveSlots``) that fits is written, linked under the
         object's name and sealed one way: no wait on the raylet. Otherwise (none fits,
-        or the raylet took it back) the object is created with a round trip."""
+        or the raylet took it back) the object is created with a round trip.
+
+        ``lend``: a task's by-value argument. Written into a reserved slot, it stays in
+        that slot's file, lent to the task (``StoreClient.write_lent``): no seal, and once
+        the task is done no free (``_release`` reclaims the slot for the next one); it
+        becomes an object only if it must (``publish_lent``). Returns the slot, or -1
+        when the value was stored as an object."""
         size = sv.total_size
         if size <= RESERVE_MAX_BYTES:
-            mapping = self.store.take_reserved(size)
+            mapping = self.store.take_reserved(size, lend)
+            if mapping is not None and lend:
+                try:
+                    lent = self.store.write_lent(oid, mapping, size, sv.write_into)
+                except OSError as e:
+                    raise _store_os_error(e, size) from None
+                if lent:
+                    left = self.store.reservations(size)
+                    if left == 0:
+                        self._post(self._reserve_slots, size)
+                    elif left <= reserve_ahead(size) // 2 and size not in self._reserving:
+                        self._top_ups.add(size)  # asked for after the push (``top_up_reserved``)
+                    return mapping.slot
+                mapping = None  # taken back before it was lent: written the usual way
             if mapping is not None:
                 try:
                     done = self.store.write_reserved(oid, mapping, size, sv.write_into, keep_mapping)
@@ -260,7 +282,7 @@ class ObjectsMixin:
                             # reply, the push, the put: ``top_up_reserved``): posted now,
                             # it woke the io thread, which then sent that write too.
                             self._top_ups.add(size)
-                    return
+                    return -1
             elif self.store.reservations(size) < reserve_ahead(size):
                 self._post(self._reserve_slots, size)
         try:
@@ -273,7 +295,7 @@ class ObjectsMixin:
             if e.type_name == "_OutOfDisk":
                 raise exc.OutOfDiskError(e.text) from None
             if e.type_name == "_ObjectExists":
-                return  # a task run again where a copy of its result was pulled earlier
+                return -1  # a task run again where a copy of its result was pulled earlier
             raise
         try:
             self.store.write(oid, path, final_path, slot, file_size, reused, sv.total_size,
@@ -284,6 +306,41 @@ class ObjectsMixin:
                 raise _store_os_error(e, sv.total_size) from None
             raise
         self._to_raylet(m.SealObject(oid, sv.total_size))
+        return -1
+
+    def publish_lent(self, object_id: ObjectID) -> None:
+        """A lent argument must become an object the raylet serves (its task goes to a
+        worker on another node, or someone asks about it by id): linked under its name
+        and sealed as a reserved put (any thread; nothing when it is not lent)."""
+        with self.objects.lock:
+            e = self.objects.entries.get(object_id)
+            if e is None or e.lent < 0:
+                return
+            seal = self._publish_lent(object_id, e)
+        if seal is not None:
+            if self.io.in_io_thread():
+                self._notify_raylet(seal)
+            else:
+                self._to_raylet(seal)
+
+    def _publish_lent(self, object_id: ObjectID, e: Any) -> m.SealObject | None:
+        """The seal that makes lent entry ``e`` an object (its file renamed now)."""
+        e.lent = -1
+        got = self.store.publish(object_id)
+        if got is None:
+            return None
+        slot, file_size = got
+        return m.SealObject(object_id, e.size, True, slot, file_size, b"")
+
+    def keep_lent_local(self, spec: m.TaskSpec, node_id: NodeID | None) -> None:
+        """``spec`` is about to be pushed to a worker on ``node_id``: lent arguments are
+        for workers on this node only; for another, they become objects first."""
+        if node_id == self.node_id:
+            return
+        for dep in spec.deps:
+            if dep.slot >= 0:
+                dep.slot = -1
+                self.publish_lent(dep.object_id)
 
     def _to_raylet(self, msg: Any) -> None:
         """Any thread: a one-way message to the raylet, straight to its socket when
@@ -758,6 +815,8 @@ class ObjectsMixin:
         e = self.objects.entries.get(msg.object_id)
         if e is None or not e.owned:
             return m.ObjectStatus(STATUS_FREED, None, None, 0, "its owner no longer holds it")
+        if e.lent >= 0:
+            self.publish_lent(msg.object_id)  # asked for by id: it must be an object
         if msg.borrower is not None:
             e.shared = True
         lost = msg.lost_node

@@ -172,6 +172,7 @@ class OwnerState:
                 return [FailTaskWithValue(task, e.data or error_blob(exc.ObjectLostError(dep.object_id.hex())))]
             dep.data = e.data
             dep.node_id = e.node_id
+            dep.slot = e.lent
             if e.owned:
                 e.shared = True
         if self.check:

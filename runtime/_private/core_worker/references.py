@@ -76,7 +76,7 @@ class Waiter:
 class ObjectEntry:
     __slots__ = ("owned", "owner", "local", "submitted", "contained", "borrowers", "state",
                  "data", "node_id", "size", "waiters", "nested", "shared", "registered",
-                 "fetching", "callbacks")
+                 "fetching", "callbacks", "lent", "kept")
 
     def __init__(self, owned: bool, owner: m.Address | None) -> None:
         self.owned = owned
@@ -104,6 +104,11 @@ class ObjectEntry:
         self.fetching = False
         #: Functions to call (on the io thread) when the object is ready.
         self.callbacks: list[Any] | None = None
+        #: A by-value argument lent in this reserved slot's file (``StoreClient.write_lent``;
+        #: the raylet does not know it); -1: not lent.
+        self.lent = -1
+        #: A worker still viewed the lent value after its task (``TaskReply.kept``).
+        self.kept = False
 
     def alive(self) -> bool:
         return bool(self.local or self.submitted or self.contained or self.borrowers)
@@ -382,10 +387,26 @@ class ReferencesMixin:
         recyclable: list[bool] = []
         unborrow: dict[bytes, tuple[m.Address, list[bytes]]] = {}
         dropped = self.owner.lineage_hit(freed)
+        seals: list[m.SealObject] | None = None
         for f in freed:
             e = f.entry
             if e.owned:
-                if e.node_id is not None and e.data is None:
+                if e.lent >= 0:
+                    # A lent argument whose task is done: its slot takes the next one, unless
+                    # a worker still views it (then it becomes an object, freed at once: its
+                    # file is unlinked, the worker's mapping keeps the pages).
+                    if not e.kept and self.store.reclaim(f.object_id):
+                        continue
+                    seal = self._publish_lent(f.object_id, e)
+                    if seal is None:
+                        continue
+                    if seals is None:
+                        seals = []
+                    seals.append(seal)
+                    self.store.release(f.object_id, True)
+                    store_frees.append(f.object_id)
+                    recyclable.append(False)
+                elif e.node_id is not None and e.data is None:
                     # Readers elsewhere may still view it: the raylet checks their pins.
                     r = self.store.release(f.object_id, False)
                     if r is None:
@@ -396,10 +417,15 @@ class ReferencesMixin:
                 self.store.release(f.object_id, True)
                 if e.registered and e.owner is not None:
                     unborrow.setdefault(e.owner.worker_id, (e.owner, []))[1].append(f.object_id)
+        if seals:  # (before their frees, on the same connection)
+            if self.io.in_io_thread():
+                self._notify_all_raylet(seals)
+            else:
+                self._post(self._notify_all_raylet, seals)
         if store_frees or unborrow:
             if self.io.in_io_thread():  # a task's reply released its arguments: no wake-up
                 self._send_releases(store_frees, recyclable, unborrow)
-            elif unborrow or not self._free_now(store_frees, recyclable):
+            elif unborrow or seals or not self._free_now(store_frees, recyclable):
                 self._post(self._send_releases, store_frees, recyclable, unborrow)
         if dropped:
             if self.io.in_io_thread():

@@ -58,6 +58,8 @@ class ResultsMixin:
         if task is None and (self.io.inbox or self.io.deferred):
             self.io.drain_pending(reply.task_id)  # a call sent straight from a user thread is registered there
             task = self.tasks.get(reply.task_id)
+        if reply.kept:  # (a reply refused below included: its worker still views them)
+            self._kept_by_executor(reply.kept)
         if task is None or task.state == DONE:
             self._free_orphan_returns(reply)
             return
@@ -103,6 +105,15 @@ class ResultsMixin:
             self._retry(task, "the task raised a retryable exception")
         else:
             self._finish_task(task, reply)
+
+    def _kept_by_executor(self, object_ids: list[bytes]) -> None:
+        """The executor still views these lent arguments: their slots are not written
+        again (``_release`` makes them objects and frees them instead)."""
+        entries = self.objects.entries
+        for oid in object_ids:
+            e = entries.get(oid)
+            if e is not None and e.owned and e.lent >= 0:
+                e.kept = True
 
     def _executor_of(self, task: PendingTask) -> bytes | None:
         """The worker running ``task``'s current attempt (None: unknown)."""

@@ -101,9 +101,11 @@ class SubmissionMixin:
         else:
             self.gcs.notify(msg)
 
-    def _pack_args(self, args: tuple[Any, ...], kwargs: dict[str, Any], template: TaskTemplate
-                   ) -> tuple[ser.SerializedValue, list[ObjectRef]]:
-        """Serialize a call's arguments; top-level refs become placeholders listed in deps."""
+    def _pack_args(self, args: tuple[Any, ...], kwargs: dict[str, Any], template: TaskTemplate,
+                   lend: bool = False) -> tuple[ser.SerializedValue, list[ObjectRef]]:
+        """Serialize a call's arguments; top-level refs become placeholders listed in deps.
+        ``lend``: large by-value arguments may be lent in reserved slots (a task or actor
+        call this process pushes itself; not an actor's creation, which the GCS places)."""
         if not args and not kwargs:
             return _NO_ARGS, []
         deps: list[ObjectRef] = []
@@ -128,13 +130,13 @@ class SubmissionMixin:
                 # An array or bytes over the inline limit: the payload cannot be inline,
                 # so serialize each argument once, here. One under it (a 64 KiB frame)
                 # travels inside the PushTask, like any small value.
-                payload, sv, deps = self._promote_large_args(args, kwargs, deps)
+                payload, sv, deps = self._promote_large_args(args, kwargs, deps, lend)
                 return sv, deps
             sv = ser.serialize(payload)
         except ser.SerializationError as e:
             raise self._argument_error(template, args, kwargs, e) from e.__cause__
         if sv.total_size > self.config.max_inline_arg_bytes:
-            payload, sv, deps = self._promote_large_args(args, kwargs, deps)
+            payload, sv, deps = self._promote_large_args(args, kwargs, deps, lend)
         return sv, deps
 
     @staticmethod
@@ -168,7 +170,7 @@ class SubmissionMixin:
             self.drain_refs()
         if self.capture_strategy is not None and template.strategy is None and template.kind != m.TaskKind.ACTOR_TASK:
             template = self._captured(template)
-        sv, deps = self._pack_args(args, kwargs, template)
+        sv, deps = self._pack_args(args, kwargs, template, self.config.lend_args)
         task_id = new_task_id()
         n = template.num_returns
         return_ids = (return_object_id(task_id, 1),) if n == 1 else \
@@ -256,6 +258,7 @@ class SubmissionMixin:
         for dep, e in zip(deps, found):
             dep.data = e.data
             dep.node_id = e.node_id
+            dep.slot = e.lent
             e.shared = True
         return True
 
@@ -410,8 +413,10 @@ class SubmissionMixin:
         return self.current_task_id
 
     def _promote_large_args(self, args: tuple[Any, ...], kwargs: dict[str, Any],
-                            deps: list[ObjectRef]) -> tuple[Any, ser.SerializedValue, list[ObjectRef]]:
-        """Put large by-value arguments into the object store and pass them by ref."""
+                            deps: list[ObjectRef], lend: bool = False
+                            ) -> tuple[Any, ser.SerializedValue, list[ObjectRef]]:
+        """Put large by-value arguments into the object store and pass them by ref
+        (``lend``: in lent slots where they fit, ``_write_to_store``)."""
         limit = self.config.max_inline_arg_bytes // 4
         deps = list(deps)
         keep: list[ObjectRef] = []
@@ -423,7 +428,7 @@ class SubmissionMixin:
             if sv.total_size <= limit:
                 return v
             # The serialized form goes to the store as is: each argument pickled once.
-            ref = self._put_serialized(sv)
+            ref = self._put_serialized(sv, lend)
             keep.append(ref)
             deps.append(ref)
             return _ArgRef(len(deps) - 1)

@@ -37,6 +37,18 @@ open too, while at most ``SPARE_MAPPINGS`` such live values do; its mapping beco
 spare once the object is released and its last view has gone, and the ``lumos-store-spares``
 thread drops spares unused for ``SPARE_IDLE_S``, so an idle process holds no store pages.
 
+Lent slots: a task's argument passed by value, on its way to a worker on this node, is
+written into a reserved slot that stays this process's (``write_lent``): the file is
+renamed ``lent-<slot>`` once (a name the raylet never unlinks while this process lives)
+and named to the worker by its slot, with no seal, no free and no rename at the raylet.
+Once the task is done the slot is reserved again for the next argument (``reclaim``),
+unless the worker kept views of the value past its task or the argument must become an
+object the raylet serves (a worker on another node): then it is linked under the
+object's name and sealed like a reserved put (``publish``). The worker maps ``lent-<slot>``
+(``view(lent_slot=...)``); its views send no pins (the raylet does not know the value)
+and its executor reports, with the reply, the arguments it still views (``viewed``).
+A slot the raylet takes back while lent is unlinked here once its task is done.
+
 Held pins: a task's arguments stay alive while it runs (their owner releases them only
 after its reply), so the executor holds back the pins of argument views (``hold_pins``)
 and, once the task returned, pins only those whose views outlive it
@@ -81,7 +93,7 @@ SPARE_IDLE_S = 1.0
 
 class _Mapping:
     __slots__ = ("mm", "size", "live_views", "slot", "object_id", "path", "fd", "ino", "value_fd",
-                 "__weakref__")
+                 "lent", "__weakref__")
 
     def __init__(self, mm: mmap.mmap, size: int, slot: int, object_id: bytes = b"", path: str = "") -> None:
         self.mm = mm
@@ -97,6 +109,8 @@ class _Mapping:
         self.ino = -1
         #: A live read value's open file, counted in ``StoreClient._value_fds``.
         self.value_fd = False
+        #: A read mapping of another process's lent slot: its views send no pins.
+        self.lent = False
 
 
 class StoreClient:
@@ -137,8 +151,18 @@ class StoreClient:
         self._resv_sizes: dict[int, int] = {}
         #: Reserved slots mapped and ready for a put: slot -> mapping.
         self._reserved: dict[int, _Mapping] = {}
+        #: Reserved slots lent to a task (``write_lent``): slot -> mapping, from the
+        #: ``take_reserved`` that took it until ``reclaim`` or ``publish``.
+        self._lending: dict[int, _Mapping] = {}
+        #: Lent values by object id (the same mappings, once written).
+        self._lent: dict[bytes, _Mapping] = {}
+        #: Lent slots the raylet took back meanwhile: unlinked here when their task is done.
+        self._lent_dropped: set[int] = set()
         #: Puts written into reserved slots.
         self.reserved_writes = 0
+        #: Arguments written into lent slots, and slots reserved again after their task.
+        self.lent_writes = 0
+        self.lent_reclaimed = 0
         #: Reserved slots mapped as new files, and as pooled files this process had no
         #: mapping of (each page faulted in again): the costly ways to get a slot.
         self.reserved_created = 0
@@ -300,8 +324,9 @@ class StoreClient:
                 unlink_quietly(path)
             self._close(mapping)
 
-    def take_reserved(self, size: int) -> _Mapping | None:
-        """A mapped reserved slot that fits ``size`` bytes, now this caller's, or None."""
+    def take_reserved(self, size: int, lend: bool = False) -> _Mapping | None:
+        """A mapped reserved slot that fits ``size`` bytes, now this caller's, or None.
+        ``lend``: for ``write_lent`` (a take-back of the slot from now on is noted)."""
         if not self._reserved:
             return None
         with self._lock:
@@ -309,8 +334,83 @@ class StoreClient:
                 if _fits(size, mapping.size):
                     del self._reserved[slot]
                     del self._resv_sizes[slot]
+                    if lend:
+                        self._lending[slot] = mapping
                     return mapping
         return None
+
+    def lent_path(self, slot: int) -> str:
+        return f"{self._prefix}lent-{slot}"
+
+    def write_lent(self, object_id: bytes, mapping: _Mapping, size: int,
+                   fill: Callable[[memoryview, Callable[[memoryview, memoryview], None]], None]) -> bool:
+        """Write a task's by-value argument into a slot ``take_reserved(lend=True)`` gave,
+        lent under ``lent-<slot>`` until ``reclaim`` or ``publish``. False when the raylet
+        took the slot back before it was ever lent (its file is gone): write it otherwise."""
+        with memoryview(mapping.mm) as dest:
+            fill(dest[:size], self._copy)
+        lent = self.lent_path(mapping.slot)
+        if mapping.path != lent:
+            try:
+                os.rename(mapping.path, lent)  # (never over a file: lent-<slot> names only this slot)
+            except FileNotFoundError:
+                with self._lock:
+                    self._lending.pop(mapping.slot, None)
+                    self._lent_dropped.discard(mapping.slot)
+                self._close(mapping)
+                return False
+            mapping.path = lent
+        mapping.object_id = object_id
+        with self._lock:
+            self._lent[object_id] = mapping
+        self.lent_writes += 1
+        return True
+
+    def is_lent(self, object_id: bytes) -> bool:
+        return object_id in self._lent
+
+    def reclaim(self, object_id: bytes) -> bool:
+        """A lent argument's task is done and no worker views it: its slot is reserved
+        again (or, taken back meanwhile, its file unlinked). False: not lent here."""
+        with self._lock:
+            mapping = self._lent.pop(object_id, None)
+            if mapping is None:
+                return False
+            slot = mapping.slot
+            self._lending.pop(slot, None)
+            dropped = slot in self._lent_dropped
+            if dropped:
+                self._lent_dropped.discard(slot)
+            else:
+                mapping.object_id = b""
+                self._reserved[slot] = mapping
+                self._resv_sizes[slot] = mapping.size
+                self.lent_reclaimed += 1
+        if dropped:
+            unlink_quietly(mapping.path)
+            self._close(mapping)
+        return True
+
+    def publish(self, object_id: bytes) -> tuple[int, int] | None:
+        """Make a lent argument a store object: its file linked under the object's name
+        (a worker's mapping of it stays valid). Returns (slot, file size) for its reserved
+        seal; None when it is not lent here. Its mapping is kept as a put's is."""
+        with self._lock:
+            mapping = self._lent.pop(object_id, None)
+            if mapping is None:
+                return None
+            self._lending.pop(mapping.slot, None)
+            self._lent_dropped.discard(mapping.slot)
+        move_noreplace(mapping.path, self._prefix + object_id.hex())
+        mapping.path = ""
+        with self._lock:
+            self._created[object_id] = mapping
+        return mapping.slot, mapping.size
+
+    def viewed(self, object_ids: list[bytes]) -> list[bytes]:
+        """Those of ``object_ids`` this process still has live views of."""
+        with self._lock:
+            return [oid for oid in object_ids if self._pins.get(oid, 0) > 0]
 
     def write_reserved(self, object_id: bytes, mapping: _Mapping, size: int,
                        fill: Callable[[memoryview, Callable[[memoryview, memoryview], None]], None],
@@ -330,11 +430,6 @@ class StoreClient:
         self.reserved_writes += 1
         self._keep(object_id, mapping, keep_mapping)
         return True
-
-    def viewed(self, object_ids: list[bytes]) -> list[bytes]:
-        """Those of ``object_ids`` this process still has live views of."""
-        with self._lock:
-            return [oid for oid in object_ids if self._pins.get(oid, 0) > 0]
 
     def _keep(self, object_id: bytes, mapping: _Mapping, keep_mapping: bool) -> None:
         if keep_mapping:
@@ -357,25 +452,27 @@ class StoreClient:
     # ------------------------------------------------------------------ reading
 
     def view(self, object_id: bytes, restore: bool = True, hold_pin: bool = False,
-             spare: bool = False) -> memoryview | None:
+             spare: bool = False, lent_slot: int = -1) -> memoryview | None:
         """A read-only view of a sealed object in this node's store, or None if absent.
 
         A spilled object is restored first (blocks on the raylet; user threads only).
         ``restore=False``: the caller knows the object lives on another node; do not ask.
         ``hold_pin``: a task's argument; while pins are held (``hold_pins``) its pin
         waits for ``escaped_pins``. ``spare``: a value read (``get``): its mapping may
-        become a spare once the object is released and its views are gone."""
+        become a spare once the object is released and its views are gone.
+        ``lent_slot``: a task's argument its owner lent in that slot's file (no pins)."""
         with self._lock:
             mapping = self._created.get(object_id) or self._read.get(object_id)
             if mapping is not None:
                 return self._tracked_view(mapping, hold_pin)
-        path: str | None = self._prefix + object_id.hex()
+        path: str | None = self._prefix + object_id.hex() if lent_slot < 0 else self.lent_path(lent_slot)
         for _ in range(8):  # a restored copy may be spilled again before we map it
             assert path is not None
             mapping = self._map_readonly(object_id, path, hold_pin or spare)
             if mapping is not None:
+                mapping.lent = lent_slot >= 0
                 break
-            if self.restore is None or not restore:
+            if self.restore is None or not restore or lent_slot >= 0:
                 return None
             path = self.restore(object_id)
             if path is None:
@@ -445,7 +542,8 @@ class StoreClient:
         oid = mapping.object_id
         n = self._pins.get(oid, 0)
         self._pins[oid] = n + 1
-        if n == 0:
+        quiet = mapping.lent  # a lent argument: the raylet does not know it
+        if n == 0 and not quiet:
             if hold_pin and self._held is not None:
                 self._held.add(oid)
             elif self.on_pin is not None:
@@ -453,7 +551,7 @@ class StoreClient:
         lock = self._lock
         ref = weakref.ref(mapping)
 
-        def gone(w: Any, ref: Any = ref, oid: bytes = oid, mm: mmap.mmap = mapping.mm) -> None:
+        def gone(w: Any, ref: Any = ref, oid: bytes = oid, mm: mmap.mmap = mapping.mm, quiet: bool = quiet) -> None:
             self._weak.pop(id(w), None)
             m = ref()
             with lock:
@@ -467,6 +565,8 @@ class StoreClient:
                     self._pins[oid] = left
                     return
                 self._pins.pop(oid, None)
+                if quiet:
+                    return  # a lent argument: never pinned, never freed from here
                 if self._held is not None and oid in self._held:
                     self._held.discard(oid)  # never pinned: nothing to undo
                 elif oid in self._pinning:
@@ -691,8 +791,12 @@ class StoreClient:
         return recyclable
 
     def drop_slot(self, slot: int) -> None:
-        """The raylet unlinked a pooled or reserved slot: unmap it so its pages are released."""
+        """The raylet unlinked a pooled or reserved slot: unmap it so its pages are released
+        (a lent one once its task is done: ``reclaim``)."""
         with self._lock:
+            if slot in self._lending:
+                self._lent_dropped.add(slot)
+                return
             mapping = self._slots.pop(slot, None)
             if mapping is not None:
                 self._slot_bytes -= mapping.size
@@ -720,13 +824,15 @@ class StoreClient:
     def close(self) -> None:
         with self._lock:
             maps = [m.mm for m in self._created.values()] + [m.mm for m in self._slots.values()]
-            maps += [m.mm for m in self._reserved.values()]
+            maps += [m.mm for m in self._reserved.values()] + [m.mm for m in self._lending.values()]
             spares = list(self._spare.values()) + self._to_spare + list(self._read.values())
             self._spare.clear()
             self._to_spare = []
             self._spare_bytes = 0
             self._reserved.clear()
             self._resv_sizes.clear()
+            self._lending.clear()
+            self._lent.clear()
             self.on_pin = None
             self.restore = None
             self._created.clear()
@@ -758,6 +864,8 @@ class StoreClient:
                     "reserved_slots": len(self._resv_sizes), "ready_reserved_slots": len(self._reserved),
                     "spare_mappings": len(self._spare), "spare_hits": self.spare_hits,
                     "reserved_writes": self.reserved_writes, "reserved_created": self.reserved_created,
+                    "lent_slots": len(self._lending), "lent_writes": self.lent_writes,
+                    "lent_reclaimed": self.lent_reclaimed,
                     "reserved_remapped": self.reserved_remapped}
 
 

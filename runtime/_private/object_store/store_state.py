@@ -26,6 +26,7 @@ mappings keep their pages alive), and its creator is told to drop its mapping.
  n > capacity  ──► GrantCreate(on_disk): the creator writes straight into the spill dir
  reserve(n, k) ──► GrantSlots(files resv-<slot>, or pool-<slot> from the pool; counted as used)
  reserved seal ──► the file (linked to its final name by the client) becomes the object
+ client gone   ──► its reserved files go, under any of their names (resv-, pool-, lent-)
 ```
 
 Reservations take the create round trip off the put path: a process asks ahead for a
@@ -41,6 +42,15 @@ can overtake the seal of a reserved put (the owner sealed it one way, then sent 
 that reads it to a worker, whose pin comes on a third connection): a pin of an object
 not known yet is kept (``_early_pins``) and counted when the object appears, or it would
 be lost, and the object's slot reused under a view that outlives its task.
+
+Lent slots: a process may also write a task's by-value argument into one of its reserved
+files and hand that file (renamed ``lent-<slot>``, a name only it and this class use) to
+a worker on this node, then write the next argument into it once the task is done; the
+raylet never hears of those values (``core_worker/objects.py``). To this class the file
+is still a reserved slot: taking it back unlinks only its ``resv-``/``pool-`` name (the
+client unlinks a ``lent-`` file itself when told, once its task is done), and when the
+client goes every file of its reservations, and of those taken back from it, is unlinked
+under all three names.
 
 Spilling (``spill_dir`` set). A primary is spillable when sealed and no process holds
 a live view of it (``ObjectsPinned``/``ObjectsUnpinned``, sent by each reader's
@@ -93,6 +103,10 @@ DISK_FULL_RETRY_S = 2.0
 #: object in the store is viewed by some process, say) is written to the spill directory
 #: instead, as an object larger than the store is (Ray's fallback allocation).
 FALLBACK_GRACE_S = 1.0
+
+#: Reserved slots taken back from a client remembered for its exit (one it had lent
+#: keeps its ``lent-`` file until its task is done, or until the client goes).
+TAKEN_BACK_MAX = 4096
 
 #: Slots one ``SlotsReserveRequested`` grants at most (a process keeps up to 16 slots of
 #: small values reserved, asked for at its first put, then topped up by half).
@@ -202,6 +216,9 @@ class ObjectStoreState:
         #: Object id -> clients that pinned it before it was known here (in their
         #: ``pins`` too); counted when it appears, forgotten at their unpin or exit.
         self._early_pins: OrderedDict[ObjectID, set[WorkerID]] = OrderedDict()
+        #: Client -> reserved slots taken back from it (``TAKEN_BACK_MAX`` at most): a
+        #: ``lent-`` file of one is unlinked when the client goes, if it is still there.
+        self._taken_back: dict[WorkerID, OrderedDict[int, None]] = {}
 
     @property
     def pool_bytes(self) -> int:
@@ -225,6 +242,10 @@ class ObjectStoreState:
 
     def _resv_path(self, slot: int) -> str:
         return f"{self._dir_prefix}resv-{slot}"
+
+    def lent_path(self, slot: int) -> str:
+        """A reserved slot's file while its client lends it to a task (``lent-<slot>``)."""
+        return f"{self._dir_prefix}lent-{slot}"
 
     def spill_path(self, object_id: ObjectID) -> str:
         return self._spill_prefix + object_id.hex()
@@ -268,6 +289,8 @@ class ObjectStoreState:
             self.pool.forget_mapper(event.client)
             for slot in [s for s, (_, c) in self.reserved.items() if c == event.client]:
                 self._drop_reservation(slot, actions, tell=False)
+            for slot in self._taken_back.pop(event.client, ()):
+                actions.append(UnlinkFile(self.lent_path(slot)))
             self._unpin(event.client, list(self.pins.get(event.client, ())))
             self.pins.pop(event.client, None)
             self.pending = deque(p for p in self.pending if p.request.client != event.client)
@@ -454,6 +477,9 @@ class ObjectStoreState:
         self._spill_ahead(actions)
 
     def _drop_reservation(self, slot: int, actions: list[Action], tell: bool = True) -> None:
+        """Take a reserved slot back (``tell``: the client lives on and is told), or drop
+        it with its client. Its ``lent-`` file, if the client lent it to a task, is the
+        client's to unlink once that task is done: unlinked here only with the client."""
         file_size, client = self.reserved.pop(slot)
         self.reserved_bytes -= file_size
         self.used_bytes -= file_size
@@ -464,6 +490,12 @@ class ObjectStoreState:
             actions.append(UnlinkFile(self._resv_path(slot)))
         if tell:
             actions.append(DropSlot(client, slot))
+            taken = self._taken_back.setdefault(client, OrderedDict())
+            taken[slot] = None
+            if len(taken) > TAKEN_BACK_MAX:
+                taken.popitem(last=False)
+        else:
+            actions.append(UnlinkFile(self.lent_path(slot)))
 
     def _pick_slot(self, size: int, client: WorkerID) -> int | None:
         return self.pool.pick(size, client)

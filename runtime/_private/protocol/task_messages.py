@@ -41,6 +41,9 @@ class Dep:
     data: bytes | None
     #: Node whose store holds the value (None when inline or unknown).
     node_id: NodeID | None
+    #: A by-value argument the owner lent in its reserved slot's file on ``node_id``
+    #: (``lent-<slot>`` in that node's store; not an object the raylet knows); -1: none.
+    slot: int = -1
 
 
 @message(3)
@@ -129,6 +132,9 @@ class TaskReply:
     system_error: str | None = None
     #: Why it never ran or stopped (None for other errors).
     error_kind: ErrorKind | None = None
+    #: Lent arguments (``Dep.slot``) the executor still views after the task: their
+    #: owner must not write the next argument into those files.
+    kept: list[ObjectID] | None = None
 
 # --------------------------------------------------------------------------- core worker
 
