@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 import lumos
+from lumos._private import worker_context
 from lumos._private.object_store import store_state as st
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 MiB = 1024 * 1024
@@ -101,15 +103,21 @@ def _keep_and_look(k: Any) -> None:
     assert lumos.get(k.kept_values.remote(), timeout=60) == expected
 
 
+@pytest.mark.parametrize("lend", [True, False], ids=["lent", "objects"])
 @pytest.mark.parametrize("kind", ["plain", "threaded", "async"])
 def test_an_argument_an_actor_keeps_past_its_call_keeps_its_value(
-        fresh_cluster: Callable[..., Any], kind: str) -> None:
-    fresh_cluster(num_cpus=2, include_dashboard=False)
+        fresh_cluster: Callable[..., Any], kind: str, lend: bool) -> None:
+    """Arguments lent in reserved slots (the executor reports the ones it still views:
+    their slots are not written again) and arguments as objects (pinned at the raylet)."""
+    fresh_cluster(num_cpus=2, include_dashboard=False, _system_config={"lend_args": lend})
+    cw = worker_context.require()
     for _ in range(3):  # (each round gave a wrong value in about half the runs before)
         k = (_AsyncKeeper.remote() if kind == "async" else
              _Keeper.options(max_concurrency=2).remote() if kind == "threaded" else _Keeper.remote())
         _keep_and_look(k)
         lumos.kill(k)
+    assert (cw.store.stats()["lent_writes"] > 0) == lend
+    wait_for(lambda: not cw.store.stats()["lent_slots"], 10)
 
 
 @lumos.remote(num_cpus=1)
@@ -126,8 +134,11 @@ def _cached() -> list[int]:
     return [int(a[0]) for a in builtins.__dict__.get("_lumos_test_kept", [])]
 
 
-def test_an_argument_a_task_keeps_in_its_worker_keeps_its_value(fresh_cluster: Callable[..., Any]) -> None:
-    fresh_cluster(num_cpus=1, include_dashboard=False)  # one worker: every task in the same process
+@pytest.mark.parametrize("lend", [True, False], ids=["lent", "objects"])
+def test_an_argument_a_task_keeps_in_its_worker_keeps_its_value(fresh_cluster: Callable[..., Any],
+                                                                lend: bool) -> None:
+    # One worker: every task in the same process.
+    fresh_cluster(num_cpus=1, include_dashboard=False, _system_config={"lend_args": lend})
     kept = []
     for i in range(15):
         assert lumos.get(_cache.remote(_arg(100 + i), True), timeout=60) == 100 + i

@@ -1,6 +1,6 @@
 """Large by-value arguments lent in reserved store slots (``StoreClient.write_lent``):
-the raylet never hears of them, a slot takes the next argument once its task is done,
-and never while a worker still views the last one (an actor keeping it), a worker on
+the raylet never hears of them, a slot takes the next argument once its task is done
+(never while a worker still views the last one: ``test_kept_arguments.py``), a worker on
 another node gets an object, and no file outlives a slot taken back or an owner gone."""
 
 from __future__ import annotations
@@ -94,59 +94,6 @@ def test_lent_slots_never_mix_the_values_of_calls_in_flight(fresh_cluster: Calla
         assert lumos.get(calls, timeout=120) == [_expected(1000 + i) for i in range(150)]
     cw = worker_context.require()
     assert cw.store.stats()["lent_writes"] >= 100
-
-
-@lumos.remote
-class _Keeper:
-    def __init__(self) -> None:
-        self.kept: list[Any] = []
-
-    def keep(self, a: Any) -> int:
-        self.kept.append(a)  # a zero-copy view of the argument, past the call
-        return int(a[0])
-
-    def look(self, a: Any) -> int:
-        return int(a[0])
-
-    def kept_values(self) -> list[tuple[int, int]]:
-        return [(int(a[0]), int(a[-1])) for a in self.kept]
-
-
-@lumos.remote
-class _AsyncKeeper:
-    def __init__(self) -> None:
-        self.kept: list[Any] = []
-
-    async def keep(self, a: Any) -> int:
-        self.kept.append(a)
-        return int(a[0])
-
-    async def look(self, a: Any) -> int:
-        return int(a[0])
-
-    async def kept_values(self) -> list[tuple[int, int]]:
-        return [(int(a[0]), int(a[-1])) for a in self.kept]
-
-
-@pytest.mark.parametrize("kind", ["plain", "threaded", "async"])
-def test_a_value_an_actor_keeps_past_its_call_is_never_overwritten(
-        fresh_cluster: Callable[..., Any], kind: str) -> None:
-    """The executor reports the lent arguments it still views with its reply: their slots
-    are not written again (the values become objects, freed at once; the actor's mapping
-    keeps the pages). Without that, the next argument would land in a kept array."""
-    fresh_cluster(num_cpus=2, include_dashboard=False)
-    cw = worker_context.require()
-    k = (_AsyncKeeper.remote() if kind == "async" else
-         _Keeper.options(max_concurrency=2).remote() if kind == "threaded" else _Keeper.remote())
-    assert lumos.get(k.look.remote(_arg(1)), timeout=60) == 1
-    for i in range(20):
-        assert lumos.get(k.keep.remote(_arg(100 + i)), timeout=60) == 100 + i
-        assert lumos.get(k.look.remote(_arg(500 + i)), timeout=60) == 500 + i  # writes a slot again
-    assert lumos.get([k.keep.remote(_arg(200 + i)) for i in range(20)], timeout=60) == [200 + i for i in range(20)]
-    assert lumos.get([k.look.remote(_arg(700 + i)) for i in range(40)], timeout=60) == [700 + i for i in range(40)]
-    expected = [(100 + i, 100 + i) for i in range(20)] + [(200 + i, 200 + i) for i in range(20)]
-    assert lumos.get(k.kept_values.remote(), timeout=60) == expected
-    wait_for(lambda: not cw.store.stats()["lent_slots"], 10)
 
 
 @pytest.fixture
