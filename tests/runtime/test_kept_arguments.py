@@ -52,6 +52,10 @@ def test_a_pin_that_overtakes_the_seal_counts_when_the_object_appears() -> None:
     s.handle(st.ReservedSealed(b"owner", 2, b"o2", MiB, MiB), 0)
     s.handle(st.ReservedSealed(b"owner", 3, b"o3", MiB, MiB), 0)
     assert s.objects[b"o2"].pins == 0 and s.objects[b"o3"].pins == 0
+    # An object created with a round trip (not a reserved put) counts them too.
+    s.handle(st.ObjectsPinned(b"reader", [b"o4"]), 0)
+    s.handle(st.CreateRequested(9, b"o4", MiB, b"owner"), 0)
+    assert s.objects[b"o4"].pins == 1 and not s._early_pins
     # A pin of an id freed while unknown (its seal still due) is not kept.
     s.handle(st.ObjectsFreed([b"gone"], [False]), 0)
     s.handle(st.ObjectsPinned(b"reader", [b"gone"]), 0)

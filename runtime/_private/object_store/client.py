@@ -366,9 +366,6 @@ class StoreClient:
         self.lent_writes += 1
         return True
 
-    def is_lent(self, object_id: bytes) -> bool:
-        return object_id in self._lent
-
     def reclaim(self, object_id: bytes) -> bool:
         """A lent argument's task is done and no worker views it: its slot is reserved
         again (or, taken back meanwhile, its file unlinked). False: not lent here."""
@@ -401,7 +398,13 @@ class StoreClient:
                 return None
             self._lending.pop(mapping.slot, None)
             self._lent_dropped.discard(mapping.slot)
-        move_noreplace(mapping.path, self._prefix + object_id.hex())
+        try:
+            move_noreplace(mapping.path, self._prefix + object_id.hex())
+        except OSError as e:  # removed from under us: whoever needs it finds it lost
+            logger.warning("lent argument %s: %s could not become its object: %s",
+                           object_id.hex(), mapping.path, e)
+            self._close(mapping)
+            return None
         mapping.path = ""
         with self._lock:
             self._created[object_id] = mapping

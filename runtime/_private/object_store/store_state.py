@@ -374,8 +374,8 @@ class ObjectStoreState:
     def _create_on_disk(self, ev: CreateRequested, actions: list[Action]) -> None:
         """The creator writes the object straight into the spill dir; readers map that file
         (or get it restored into the store once there is room)."""
-        self.objects[ev.object_id] = _Obj(-1, ev.size_bytes, ev.size_bytes, ev.client, False, False,
-                                          in_shm=False, on_disk=True, moved=True)
+        self.objects[ev.object_id] = self._with_early_pins(ev.object_id, _Obj(
+            -1, ev.size_bytes, ev.size_bytes, ev.client, False, False, in_shm=False, on_disk=True, moved=True))
         self.disk_bytes += ev.size_bytes
         if ev.client != PULLED:
             self.spilled_bytes += ev.size_bytes
@@ -401,8 +401,8 @@ class ObjectStoreState:
                 actions.append(DropSlot(mapper, slot))  # its old mapping would only pin pages
             tmp = self._tmp_path(ev.object_id)
             actions.append(RenameFile(self._pool_path(slot), tmp))
-            self.objects[ev.object_id] = self.resident[ev.object_id] = _Obj(
-                slot, file_size, ev.size_bytes, ev.client, False, False)
+            self.objects[ev.object_id] = self.resident[ev.object_id] = self._with_early_pins(ev.object_id, _Obj(
+                slot, file_size, ev.size_bytes, ev.client, False, False))
             actions.append(GrantCreate(ev.request, ev.object_id, slot, tmp,
                                        self.final_path(ev.object_id), file_size, True))
             return True
@@ -411,8 +411,8 @@ class ObjectStoreState:
         slot = self._next_slot
         self._next_slot += 1
         self.used_bytes += ev.size_bytes
-        self.objects[ev.object_id] = self.resident[ev.object_id] = _Obj(
-            slot, ev.size_bytes, ev.size_bytes, ev.client, False, False)
+        self.objects[ev.object_id] = self.resident[ev.object_id] = self._with_early_pins(ev.object_id, _Obj(
+            slot, ev.size_bytes, ev.size_bytes, ev.client, False, False))
         actions.append(GrantCreate(ev.request, ev.object_id, slot, self._tmp_path(ev.object_id),
                                    self.final_path(ev.object_id), ev.size_bytes, False))
         return True
@@ -470,11 +470,15 @@ class ObjectStoreState:
             actions.append(DropSlot(ev.client, ev.slot))
             self._retry_pending(now, actions)
             return
-        obj = self.objects[ev.object_id] = self.resident[ev.object_id] = _Obj(
-            ev.slot, file_size, ev.size_bytes, ev.client, True, False, moved=moved)
-        if self._early_pins:
-            obj.pins += len(self._early_pins.pop(ev.object_id, ()))
+        self.objects[ev.object_id] = self.resident[ev.object_id] = self._with_early_pins(ev.object_id, _Obj(
+            ev.slot, file_size, ev.size_bytes, ev.client, True, False, moved=moved))
         self._spill_ahead(actions)
+
+    def _with_early_pins(self, oid: ObjectID, obj: _Obj) -> _Obj:
+        """``obj``, appearing now, counting the pins that came before it (``_early_pins``)."""
+        if self._early_pins:
+            obj.pins += len(self._early_pins.pop(oid, ()))
+        return obj
 
     def _drop_reservation(self, slot: int, actions: list[Action], tell: bool = True) -> None:
         """Take a reserved slot back (``tell``: the client lives on and is told), or drop
