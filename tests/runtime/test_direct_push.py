@@ -177,10 +177,19 @@ def test_a_reply_is_handled_while_the_thread_that_wrote_its_task_has_not_run_sin
             settled.append(e is not None and e.state != PENDING)
         return ok
 
+    def settle() -> None:
+        # The writer, back, posts the booking it saw put aside (run already by the reply:
+        # a no-op); until the io thread has had that turn a call is not written straight.
+        deadline = time.monotonic() + 10
+        while not cw.io.idle() and time.monotonic() < deadline:
+            time.sleep(0.002)
+
     monkeypatch.setattr(Connection, "write_now", write_then_stall)
     tasks_before, calls_before = cw.direct_tasks, _direct_sent()
     for _ in range(3):
+        settle()
         assert lumos.get(_seven.remote(), timeout=60) == 7
+        settle()
         assert lumos.get(c.incr.remote(), timeout=60) >= 2
     monkeypatch.setattr(Connection, "write_now", real)
     assert cw.direct_tasks > tasks_before and _direct_sent() > calls_before  # written straight
