@@ -9,6 +9,7 @@ import time
 import tracemalloc
 from typing import Any
 
+import msgpack
 import pytest
 
 import lumos
@@ -60,6 +61,45 @@ def test_record_bytes_tracks_the_memory_records_really_take(tmp_path: Any, args:
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
+    estimate = sum(record_bytes(r) for r in table.records.values())
+    assert estimate == table.bytes
+    assert 0.75 * held < estimate < 1.33 * held, (estimate, held)
+
+
+def _packed_rows(n: int, args: int = 0) -> list[m.PackedTaskRow]:
+    """Whole attempts as an owner packs them (``AddTaskEvents.packed``), as the GCS decodes them."""
+    node, worker = os.urandom(28), os.urandom(28)
+    out = []
+    for _ in range(n):
+        tid = os.urandom(24)
+        info = {"name": "f", "function_name": "__main__.f", "parent": os.urandom(24),
+                "args": [os.urandom(28) for _ in range(args)], "returns": [tid + b"\0\0\0\1"],
+                "resources": {"CPU": 1.0}, "type": "NORMAL_TASK"}
+        t = time.time()
+        row = msgpack.packb([tid, 0, "SUBMITTED", t, info, node, worker, None,
+                             [["SCHEDULED", t], ["RUNNING", t], ["FINISHED", t]]])
+        out.append(_decoded(m.PackedTaskRow(tid, 0, TaskState.FINISHED, JOB, row)))
+    return out
+
+
+@pytest.mark.parametrize("args", [0, 10])
+def test_a_packed_record_s_size_tracks_its_memory_too(tmp_path: Any, args: int) -> None:
+    """A whole attempt kept packed costs a fraction of a decoded record, and ``record_bytes``
+    says how much."""
+    table = TaskEventTable(10**9, str(tmp_path / "archive"), 0)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        batches = [_packed_rows(500, args) for _ in range(4)]
+        for batch in batches:
+            table.add(batch)
+        del batches, batch
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert all(r.packed is not None for r in table.records.values())
     estimate = sum(record_bytes(r) for r in table.records.values())
     assert estimate == table.bytes
     assert 0.75 * held < estimate < 1.33 * held, (estimate, held)

@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
+import msgpack
+
 from lumos._private.core_worker.submission import SubmissionMixin
-from lumos._private.gcs.task_log import TaskEventTable, events_of
+from lumos._private.gcs.task_log import TaskEventTable, events_of, read_archive, record_bytes
 from lumos._private.protocol import codec
 from lumos._private.protocol import messages as m
 
 TID = b"t" * 16
+JOB = b"j" * 4
 NODE, WORKER = b"n" * 16, b"w" * 16
 
 
@@ -27,10 +31,15 @@ class _Gcs:
 class _Owner(SubmissionMixin):
     def __init__(self) -> None:
         self.gcs = _Gcs()
-        self.job_id = b"j" * 4
+        self.job_id = JOB
         self._events: list[tuple[Any, ...]] = []
         self._running_events: dict[bytes, tuple[Any, ...]] = {}
+        self._held_events: dict[Any, list[Any]] = {}
         self._flush_idle = False
+        self.executor = None
+        self.objects = SimpleNamespace(decrements=[])
+        self._pin_changes: dict[Any, Any] = {}
+        self._lineage_drops: list[Any] = []
 
 
 def test_a_finished_task_s_running_and_end_ride_in_one_buffered_row(tmp_path) -> None:
@@ -43,11 +52,13 @@ def test_a_finished_task_s_running_and_end_ride_in_one_buffered_row(tmp_path) ->
     owner._buffer_event((TID, 1, m.TaskState.RUNNING, 5.0, None, None, WORKER, None, (m.TaskState.FINISHED, 6.0)))
     owner._flush_events()
     (msg,) = owner.gcs.sent
-    assert msg.rows == [
-        [TID, 0, m.TaskState.SUBMITTED, 1.0, {"name": "f"}, NODE, WORKER, "ValueError: no",
-         [[m.TaskState.SCHEDULED, 2.0], [m.TaskState.RUNNING, 3.0], [m.TaskState.FAILED, 4.0]]],
-        [TID, 1, m.TaskState.RUNNING, 5.0, None, None, WORKER, None, [[m.TaskState.FINISHED, 6.0]]],
-    ]
+    # The first attempt is whole (SUBMITTED with its facts ... its end): packed; the
+    # second goes as a row.
+    assert msg.rows == [[TID, 1, m.TaskState.RUNNING, 5.0, None, None, WORKER, None, [[m.TaskState.FINISHED, 6.0]]]]
+    ((tid, attempt, end, row),) = msg.packed
+    assert (tid, attempt, end) == (TID, 0, m.TaskState.FAILED)
+    assert msgpack.unpackb(row) == [TID, 0, "SUBMITTED", 1.0, {"name": "f"}, NODE, WORKER, "ValueError: no",
+                                    [["SCHEDULED", 2.0], ["RUNNING", 3.0], ["FAILED", 4.0]]]
     _kind, _rid, wire = codec.decode(codec.encode(0, 0, msg))  # as the GCS reads it
     events, bad = events_of(wire)
     assert bad == 0
@@ -58,3 +69,97 @@ def test_a_finished_task_s_running_and_end_ride_in_one_buffered_row(tmp_path) ->
     assert [e[:2] for e in record.events] == [[m.TaskState.SUBMITTED, 1.0], [m.TaskState.SCHEDULED, 2.0],
                                               [m.TaskState.RUNNING, 3.0], [m.TaskState.FAILED, 4.0],
                                               [m.TaskState.RUNNING, 5.0], [m.TaskState.FINISHED, 6.0]]
+
+
+def _whole(tid: bytes, t: float = 1.0, end: m.TaskState = m.TaskState.FINISHED,
+           info: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    """What an owner buffers for a short task: SUBMITTED with its facts, SCHEDULED, and
+    its RUNNING with its end."""
+    return [(tid, 0, m.TaskState.SUBMITTED, t, info or {"name": "f", "args": (b"a" * 20,)}, None, None, None),
+            (tid, 0, m.TaskState.SCHEDULED, t + 0.1, None, NODE, WORKER, None),
+            (tid, 0, m.TaskState.RUNNING, t + 0.2, None, None, WORKER, None, (end, t + 0.3))]
+
+
+def _gcs_reads(msg: m.AddTaskEvents) -> list[Any]:
+    events, bad = events_of(codec.decode(codec.encode(0, 0, msg))[2])
+    assert bad == 0
+    return events
+
+
+def test_the_flush_loop_holds_a_task_submitted_since_the_last_flush_until_the_next_once() -> None:
+    """A task not ended at the flush after its submission waits for the next one, where a
+    short task has ended: its whole attempt is then one packed row, not two rows. It waits
+    once; a flush that is not the loop's (``list_tasks``, shutdown) sends everything."""
+    owner = _Owner()
+    early, late, done = b"e" * 16, b"l" * 16, b"d" * 16
+    owner._buffer_event(_whole(early)[0])
+    owner._buffer_event(_whole(late)[0])
+    for ev in _whole(done):
+        owner._buffer_event(ev)
+    owner._flush_events(hold=True)
+    (first,) = owner.gcs.sent
+    assert first.rows == [] and [p[0] for p in first.packed] == [done]
+    assert set(owner._held_events) == {early, late}
+    assert owner._flush_pending()  # the loop flushes again, with nothing new buffered
+    for ev in _whole(early)[1:]:  # ``early`` ends before the next flush; ``late`` does not
+        owner._buffer_event(ev)
+    owner._flush_events(hold=True)
+    second = owner.gcs.sent[1]
+    assert [p[0] for p in second.packed] == [early]
+    assert [r[0] for r in second.rows] == [late] and second.rows[0][2] == m.TaskState.SUBMITTED
+    assert not owner._held_events and not owner._flush_pending()
+    owner._buffer_event(_whole(b"x" * 16)[0])
+    owner._flush_events()  # not the loop's: nothing held
+    assert [r[0] for r in owner.gcs.sent[2].rows] == [b"x" * 16] and not owner._held_events
+
+
+def test_a_packed_task_reads_as_its_rows_would(tmp_path) -> None:
+    """The GCS keeps a whole attempt's packed row as it came and decodes it when read: the
+    record reads the same as from plain rows, in the table, its updates and its archive,
+    and takes later events (an executor's RUNNING) as a plain record would."""
+    owner = _Owner()
+    tids = [bytes([i]) * 16 for i in range(1, 6)]
+    for i, tid in enumerate(tids):
+        for ev in _whole(tid, float(i), m.TaskState.FAILED if i == 2 else m.TaskState.FINISHED):
+            owner._buffer_event(ev)
+    owner._flush_events()
+    (msg,) = owner.gcs.sent
+    assert len(msg.packed) == 5 and not msg.rows
+    plain = m.AddTaskEvents(msg.job_id, [msgpack.unpackb(p[3]) for p in msg.packed], [])
+    as_rows = TaskEventTable(100, str(tmp_path / "rows"))
+    as_rows.add(_gcs_reads(plain))
+    packed = TaskEventTable(100, str(tmp_path / "packed"))
+    packed.add(_gcs_reads(msg))
+    assert all(r.packed is not None for r in packed.records.values())
+    assert packed.bytes == sum(record_bytes(r) for r in packed.records.values()) < as_rows.bytes / 2
+    assert packed.list(None, 100) == as_rows.list(None, 100)
+    assert packed.updates(0, 100)[1] == as_rows.updates(0, 100)[1]
+    assert packed.records[tids[2]].state == m.TaskState.FAILED
+    # A later event: decoded, then applied as to any record.
+    packed.add([m.TaskEvent(tids[0], 0, m.TaskState.RUNNING, 0.2, JOB, None, NODE, WORKER)])
+    rec = packed.records[tids[0]]
+    assert rec.packed is None and rec.info["name"] == "f" and len(rec.events) == 4
+    assert rec.size == record_bytes(rec) and packed.bytes == sum(record_bytes(r) for r in packed.records.values())
+    # Archived as it came, read back whole.
+    small = TaskEventTable(2, str(tmp_path / "small"))
+    small.add(_gcs_reads(msg))
+    small.close()
+    archived = list(read_archive(str(tmp_path / "small")))
+    assert archived and archived == as_rows.list(None, 100)[:len(archived)]
+
+
+def test_a_malformed_packed_row_costs_that_row_and_a_garbled_one_reads_as_its_state(tmp_path, caplog) -> None:
+    rows = [[TID, 0, "FINISHED", b"\x99" + b"\xc1" * 8],  # garbage inside: found when read
+            [TID, 0, "NOT_A_STATE", b""], [TID, "0", "FINISHED", b""], [TID, 0, "FINISHED"], "x",
+            [b"q" * 16, 0, "FINISHED", msgpack.packb([b"other" * 3, 0, "SUBMITTED", 1.0, {}, None, None, None,
+                                                     [["FINISHED", 2.0]]])]]
+    events, bad = events_of(m.AddTaskEvents(JOB, [], rows))
+    assert bad == 4 and len(events) == 2
+    table = TaskEventTable(100, str(tmp_path / "a"))
+    table.add(events)
+    with caplog.at_level("ERROR"):
+        out = table.list(None, 10)
+    assert [(r["state"], r["error_message"]) for r in out] == [
+        ("FINISHED", "lumos: the task's events could not be read")] * 2
+    assert "unreadable" in caplog.text
+    assert events_of(m.AddTaskEvents(JOB, [], "x"))[1] == 1

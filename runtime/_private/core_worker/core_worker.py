@@ -195,6 +195,9 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self._events: list[tuple[Any, ...]] = []
         #: Task id -> RUNNING event of a task executing here, until its reply or a flush.
         self._running_events: dict[bytes, tuple[Any, ...]] = {}
+        #: Rows of tasks submitted just before the last flush, sent at the next
+        #: (``_flush_events``), by task attempt.
+        self._held_events: dict[Any, list[Any]] = {}
         #: Tasks whose returns a user thread freed, for the io thread to drop from the
         #: lineage at its next turn (``ReferencesMixin._release``).
         self._lineage_drops: collections.deque[bytes] = collections.deque()

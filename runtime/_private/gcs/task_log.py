@@ -58,7 +58,7 @@ _LAST_TIME_STATES = frozenset((TaskState.RUNNING, TaskState.FINISHED, TaskState.
 
 class TaskRecord:
     __slots__ = ("task_id", "job_id", "info", "state", "attempt", "events", "node_id",
-                 "worker_id", "error", "retries", "seq", "size")
+                 "worker_id", "error", "retries", "seq", "size", "packed")
 
     def __init__(self, task_id: TaskID, job_id: JobID) -> None:
         self.task_id = task_id
@@ -77,8 +77,56 @@ class TaskRecord:
         self.seq = 0
         #: ``record_bytes(self)``, kept up to date by ``apply`` (not recomputed per event).
         self.size = _RECORD_BYTES
+        #: The owner's packed row of the whole attempt (``m.PackedTaskRow``) while nothing
+        #: else came for the task: then only ``task_id``, ``job_id``, ``state``,
+        #: ``attempt``, ``seq`` and ``size`` are set, and the row is decoded when the
+        #: record is read (``to_row``) or gets another event (``apply``).
+        self.packed: bytes | None = None
+
+    @classmethod
+    def from_packed(cls, p: m.PackedTaskRow) -> TaskRecord:
+        """The record of a task first heard of in a packed row: kept packed."""
+        rec = _new_record(cls)
+        rec.task_id, rec.job_id, rec.state, rec.attempt, rec.packed = p.task_id, p.job_id, p.state, p.attempt, p.row
+        rec.info = rec.events = rec.node_id = rec.worker_id = rec.error = None
+        rec.retries = rec.seq = 0
+        rec.size = _PACKED_RECORD_BYTES + len(p.row)
+        return rec
+
+    def unpacked(self) -> TaskRecord:
+        """This record with its packed row decoded: itself when it is not packed, else a
+        new record (this one stays packed)."""
+        if self.packed is None:
+            return self
+        rec = TaskRecord(self.task_id, self.job_id)
+        rec.seq = self.seq
+        rec._apply_packed(self.packed, self.state, self.attempt)
+        return rec
+
+    def _apply_packed(self, packed: bytes, state: TaskState, attempt: int) -> None:
+        ev = _packed_event(packed, self.job_id)
+        if ev is None or ev.task_id != self.task_id:
+            # (Checked at arrival only for its outline: not decoding it is what packing saves.)
+            logger.error("task %s: its owner's packed task row is unreadable; keeping its state only",
+                         self.task_id.hex())
+            ev = m.TaskEvent(self.task_id, attempt, state, 0.0, self.job_id, {"name": ""}, None, None,
+                             "lumos: the task's events could not be read")
+        self.apply(ev)
+
+    def _unpack(self) -> None:
+        """Decode the packed row into this record, before another event is applied."""
+        packed, state, attempt = self.packed, self.state, self.attempt
+        assert packed is not None
+        self.packed = None
+        self.info, self.events = {}, []
+        self.state, self.attempt, self.node_id, self.worker_id, self.error = TaskState.SUBMITTED, 0, None, None, None
+        self.retries = 0
+        self.size = _RECORD_BYTES
+        self._apply_packed(packed, state, attempt)
 
     def apply(self, ev: m.TaskEvent) -> None:
+        if self.packed is not None:
+            self._unpack()
         if ev.info:
             # SUBMITTED carries the static facts; a later event may add some (the GPU ids
             # of its lease): merge, so neither hides the other.
@@ -135,6 +183,8 @@ class TaskRecord:
 
     def to_row(self) -> list[Any]:
         """The compact form sent to pollers: values in ``ROW_FIELDS`` order, ids as bytes."""
+        if self.packed is not None:
+            return self.unpacked().to_row()
         info = self.info
         times = self._times()
         end = times.get(TaskState.FINISHED) or times.get(TaskState.FAILED) or times.get(TaskState.CANCELLED)
@@ -159,11 +209,18 @@ class TaskRecord:
 _RECORD_BYTES = 1400
 _EVENT_BYTES = 165
 _ID_BYTES = 70
+#: Of a packed record without its packed row's bytes (the record, its task id, two table
+#: entries): calibrated the same way.
+_PACKED_RECORD_BYTES = 560
+
+_new_record = object.__new__
 
 
 def record_bytes(rec: TaskRecord) -> int:
     """About how much memory ``rec`` holds in the GCS (what ``max_bytes`` counts; a
     record keeps it as ``rec.size``)."""
+    if rec.packed is not None:
+        return _PACKED_RECORD_BYTES + len(rec.packed)
     size = _RECORD_BYTES + _EVENT_BYTES * len(rec.events) + _info_bytes(rec.info)
     if rec.error:
         size += len(rec.error)
@@ -177,32 +234,66 @@ def _info_bytes(info: dict[str, Any]) -> int:
             + len(info.get("name") or "") + len(info.get("function_name") or ""))
 
 
-def events_of(msg: m.AddTaskEvents) -> tuple[list[m.TaskEvent], int]:
-    """The events of a batch as ``TaskEvent``s, and how many rows were malformed (left
-    out: one bad row from a peer costs that row, not the batch)."""
-    job, rows = msg.job_id, msg.rows
-    events: list[m.TaskEvent] = []
-    if type(rows) is not list:
+def events_of(msg: m.AddTaskEvents) -> tuple[list[Any], int]:
+    """The events of a batch as ``TaskEvent``s (``rows``) and ``PackedTaskRow``s
+    (``packed``), and how many entries were malformed (left out: one bad row from a peer
+    costs that row, not the batch). A packed row is checked for its outline here and
+    decoded when its record is read (``TaskRecord.unpacked``)."""
+    job, rows, packed = msg.job_id, msg.rows, msg.packed
+    events: list[Any] = []
+    if type(rows) is not list or type(packed) is not list:
         return events, 1
     if type(job) is not bytes:
-        return events, len(rows)
+        return events, len(rows) + len(packed)
     bad = 0
-    event = m.TaskEvent
-    state_of = _STATE_OF
     for row in rows:
-        if type(row) is not list or len(row) != 9:
+        ev = _row_event(row, job)
+        if ev is None:
+            bad += 1
+        else:
+            events.append(ev)
+    state_of = _STATE_OF
+    packed_row = m.PackedTaskRow
+    for p in packed:
+        if type(p) is not list or len(p) != 4:
             bad += 1
             continue
-        tid, attempt, state, t, info, node, worker, err, more = row
+        tid, attempt, state, row = p
         state = state_of.get(state) if type(state) is str else None
-        if (state is None or type(tid) is not bytes or type(attempt) is not int or type(t) not in (float, int)
-                or not (info is None or type(info) is dict) or not (node is None or type(node) is bytes)
-                or not (worker is None or type(worker) is bytes) or not (err is None or type(err) is str)
-                or not (more is None or type(more) is list)):
+        if (state is None or type(tid) is not bytes or type(attempt) is not int or type(row) is not bytes
+                or len(row) > MAX_PACKED_ROW_BYTES):
             bad += 1
             continue
-        events.append(event(tid, attempt, state, t, job, info, node, worker, err, more))
+        events.append(packed_row(tid, attempt, state, job, row))
     return events, bad
+
+
+#: A packed row longer than this is refused (a row is ~200 bytes; a failed task's holds
+#: its error text).
+MAX_PACKED_ROW_BYTES = 1 << 20
+
+
+def _row_event(row: Any, job: bytes) -> m.TaskEvent | None:
+    """A row of ``AddTaskEvents`` as a ``TaskEvent``, or None when it is malformed."""
+    if type(row) is not list or len(row) != 9:
+        return None
+    tid, attempt, state, t, info, node, worker, err, more = row
+    state = _STATE_OF.get(state) if type(state) is str else None
+    if (state is None or type(tid) is not bytes or type(attempt) is not int or type(t) not in (float, int)
+            or not (info is None or type(info) is dict) or not (node is None or type(node) is bytes)
+            or not (worker is None or type(worker) is bytes) or not (err is None or type(err) is str)
+            or not (more is None or type(more) is list)):
+        return None
+    return m.TaskEvent(tid, attempt, state, t, job, info, node, worker, err, more)
+
+
+def _packed_event(packed: bytes, job: bytes) -> m.TaskEvent | None:
+    """A packed row (``AddTaskEvents.packed``) as a ``TaskEvent``; None if unreadable."""
+    try:
+        row = msgpack.unpackb(packed, raw=False, strict_map_key=False)
+    except Exception:  # msgpack raises several unrelated types on garbage
+        return None
+    return _row_event(row, job)
 
 
 class TaskEventTable:
@@ -229,15 +320,31 @@ class TaskEventTable:
         #: Task ids in the order of their last change (the oldest change first).
         self._changed: OrderedDict[TaskID, None] = OrderedDict()
 
-    def add(self, events: list[m.TaskEvent]) -> int:
-        """Apply ``events``; returns how many records they created."""
+    def add(self, events: list[Any]) -> int:
+        """Apply ``events`` (``TaskEvent``s and ``PackedTaskRow``s); returns how many
+        records they created."""
         records = self.records
         changed = self._changed
         seq = self.seq
         size = self.bytes
         created = 0
+        packed_row = m.PackedTaskRow
         for ev in events:
             rec = records.get(ev.task_id)
+            if ev.__class__ is packed_row:
+                if rec is None:  # nearly always: the task's whole attempt, kept as it came
+                    rec = records[ev.task_id] = TaskRecord.from_packed(ev)
+                    created += 1
+                    size += rec.size
+                else:  # the executor's RUNNING came first, or an earlier attempt
+                    before = rec.size
+                    rec._apply_packed(ev.row, ev.state, ev.attempt)
+                    size += rec.size - before
+                seq += 1
+                rec.seq = seq
+                changed[ev.task_id] = None
+                changed.move_to_end(ev.task_id)
+                continue
             if rec is None:
                 rec = records[ev.task_id] = TaskRecord(ev.task_id, ev.job_id)
                 created += 1
@@ -278,7 +385,7 @@ class TaskEventTable:
         for task_id, rec in records.items():
             if len(victims) >= n and freed >= nbytes:
                 break
-            if rec.state not in TERMINAL or not rec.info:
+            if rec.state not in TERMINAL or not (rec.info or rec.packed):
                 live.append(task_id)  # kept, and moved behind so it is not scanned again
                 continue
             victims.append(rec)
@@ -301,7 +408,11 @@ class TaskEventTable:
         chunks = []
         changed = self._changed
         for rec in victims:
-            if archive is not None:  # the record's own fields: no row built here (read_archive does)
+            if archive is None:
+                pass
+            elif rec.packed is not None:  # as it came: (task_id, job_id, state, attempt, packed row)
+                chunks.append(packer.pack((rec.task_id, rec.job_id, rec.state, rec.attempt, rec.packed)))
+            else:  # the record's own fields: no row built here (read_archive does)
                 chunks.append(packer.pack((rec.task_id, rec.job_id, rec.info, rec.state, rec.attempt, rec.events,
                                            rec.node_id, rec.worker_id, rec.error, rec.retries)))
             del records[rec.task_id]
@@ -374,8 +485,9 @@ class TaskEventTable:
 
 
 #: An archived record: task_id, job_id, info, state, attempt, events, node_id, worker_id,
-#: error, retries.
+#: error, retries; or, one archived packed: task_id, job_id, state, attempt, packed row.
 _ARCHIVED_FIELDS = 10
+_ARCHIVED_PACKED_FIELDS = 5
 
 
 def read_archive(path: str) -> Iterator[dict[str, Any]]:
@@ -396,6 +508,13 @@ def _read_archive_file(path: str) -> Iterator[dict[str, Any]]:
                 row = unpacker.unpack()
             except msgpack.OutOfData:
                 return
+            if isinstance(row, list) and len(row) == _ARCHIVED_PACKED_FIELDS:
+                tid, job, state, attempt, packed = row
+                state = _STATE_OF.get(state) if type(state) is str else None
+                if (type(tid) is bytes and type(job) is bytes and state is not None and type(attempt) is int
+                        and type(packed) is bytes):
+                    yield TaskRecord.from_packed(m.PackedTaskRow(tid, attempt, state, job, packed)).to_dict()
+                continue
             if not (isinstance(row, list) and len(row) == _ARCHIVED_FIELDS):
                 continue
             rec = TaskRecord(row[0], row[1])

@@ -44,7 +44,7 @@ _CLIENT = b"lumos-auth-v2 client"
 #: client announces it after its nonce; a server of another version refuses it with its
 #: own (``version_refusal``), so a driver of one lumos meeting a cluster of another
 #: says so at once instead of failing on its first frame.
-WIRE_VERSION = 3
+WIRE_VERSION = 4
 _WIRE_TAG = b"lumos-wire"
 _REFUSAL_TAG = b"lumos-wire-refused"
 

@@ -33,7 +33,7 @@ from lumos._private.protocol.task_messages import (  # noqa: F401
 from lumos._private.protocol.gcs_messages import (  # noqa: F401
     NodeInfo, RegisterNode, NodeHeartbeat, GetAllNodes, RegisterJob, JobInfo,
     MarkJobFinished, GetAllJobs, KvPut, KvGet, KvDel, KvKeys,
-    TaskEvent, AddTaskEvents, GetTasks, Subscribe, Publish, WorkerInfo,
+    TaskEvent, PackedTaskRow, AddTaskEvents, GetTasks, Subscribe, Publish, WorkerInfo,
     ReportWorker, GetAllWorkers, LogBatch, PublishError, GetClusterStatus, NodeResources,
     ActorInfo, RegisterActor, GetActorInfo, GetNamedActor, KillActor, ListActors,
     ActorExiting, GetTaskUpdates)
@@ -89,6 +89,7 @@ __all__ = [
     "KvDel",
     "KvKeys",
     "TaskEvent",
+    "PackedTaskRow",
     "AddTaskEvents",
     "GetTasks",
     "Subscribe",
