@@ -30,29 +30,49 @@ def _decoded(ev: m.TaskEvent) -> m.TaskEvent:
     return m.decode(m.encode(m.NOTIFY, 0, ev))[2]  # type: ignore[no-any-return]
 
 
+def _info(tid: bytes, args: int) -> dict[str, Any]:
+    return {"name": "f", "function_name": "__main__.f", "parent": os.urandom(24),
+            "args": [os.urandom(28) for _ in range(args)], "returns": [tid + b"\0\0\0\1"],
+            "resources": {"CPU": 1.0}, "type": "NORMAL_TASK"}
+
+
 def _task_events(n: int, args: int = 0, error: int = 0) -> list[m.TaskEvent]:
     node, worker = os.urandom(28), os.urandom(28)
     out = []
     for _ in range(n):
         tid = os.urandom(24)
-        info = {"name": "f", "function_name": "__main__.f", "parent": os.urandom(24),
-                "args": [os.urandom(28) for _ in range(args)], "returns": [tid + b"\0\0\0\1"],
-                "resources": {"CPU": 1.0}, "type": "NORMAL_TASK"}
-        out.append(_decoded(m.TaskEvent(tid, 0, "SUBMITTED", time.time(), JOB, info)))
+        out.append(_decoded(m.TaskEvent(tid, 0, "SUBMITTED", time.time(), JOB, _info(tid, args))))
         out.append(_decoded(m.TaskEvent(tid, 0, "RUNNING", time.time(), JOB, None, node, worker)))
         out.append(_decoded(m.TaskEvent(tid, 0, "FAILED" if error else "FINISHED", time.time(), JOB, None,
                                         node, worker, "x" * error if error else None)))
     return out
 
 
-@pytest.mark.parametrize("args,error", [(0, 0), (10, 0), (0, 4000)])
-def test_record_bytes_tracks_the_memory_records_really_take(tmp_path: Any, args: int, error: int) -> None:
+def _packed_rows(n: int, args: int = 0, error: int = 0) -> list[m.PackedTaskRow]:
+    """Whole attempts as an owner packs them (``AddTaskEvents.packed``), as the GCS decodes them."""
+    node, worker = os.urandom(28), os.urandom(28)
+    out = []
+    for _ in range(n):
+        tid, t = os.urandom(24), time.time()
+        end = "FAILED" if error else "FINISHED"
+        row = msgpack.packb([tid, 0, "SUBMITTED", t, _info(tid, args), node, worker, "x" * error if error else None,
+                             [["SCHEDULED", t], ["RUNNING", t], [end, t]]])
+        out.append(_decoded(m.PackedTaskRow(tid, 0, TaskState(end), JOB, row)))
+    return out
+
+
+@pytest.mark.parametrize("args,error,packed", [(0, 0, False), (10, 0, False), (0, 4000, False),
+                                               (0, 0, True), (10, 0, True)])
+def test_record_bytes_tracks_the_memory_records_really_take(tmp_path: Any, args: int, error: int,
+                                                           packed: bool) -> None:
+    """Decoded records and packed ones (a whole attempt kept as its owner's bytes)."""
     table = TaskEventTable(10**9, str(tmp_path / "archive.jsonl"), 0)
+    make = _packed_rows if packed else _task_events
     gc.collect()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        batches = [_task_events(500, args, error) for _ in range(4)]
+        batches = [make(500, args, error) for _ in range(4)]
         for batch in batches:
             table.add(batch)
         del batches, batch
@@ -61,45 +81,7 @@ def test_record_bytes_tracks_the_memory_records_really_take(tmp_path: Any, args:
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    estimate = sum(record_bytes(r) for r in table.records.values())
-    assert estimate == table.bytes
-    assert 0.75 * held < estimate < 1.33 * held, (estimate, held)
-
-
-def _packed_rows(n: int, args: int = 0) -> list[m.PackedTaskRow]:
-    """Whole attempts as an owner packs them (``AddTaskEvents.packed``), as the GCS decodes them."""
-    node, worker = os.urandom(28), os.urandom(28)
-    out = []
-    for _ in range(n):
-        tid = os.urandom(24)
-        info = {"name": "f", "function_name": "__main__.f", "parent": os.urandom(24),
-                "args": [os.urandom(28) for _ in range(args)], "returns": [tid + b"\0\0\0\1"],
-                "resources": {"CPU": 1.0}, "type": "NORMAL_TASK"}
-        t = time.time()
-        row = msgpack.packb([tid, 0, "SUBMITTED", t, info, node, worker, None,
-                             [["SCHEDULED", t], ["RUNNING", t], ["FINISHED", t]]])
-        out.append(_decoded(m.PackedTaskRow(tid, 0, TaskState.FINISHED, JOB, row)))
-    return out
-
-
-@pytest.mark.parametrize("args", [0, 10])
-def test_a_packed_record_s_size_tracks_its_memory_too(tmp_path: Any, args: int) -> None:
-    """A whole attempt kept packed costs a fraction of a decoded record, and ``record_bytes``
-    says how much."""
-    table = TaskEventTable(10**9, str(tmp_path / "archive"), 0)
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        batches = [_packed_rows(500, args) for _ in range(4)]
-        for batch in batches:
-            table.add(batch)
-        del batches, batch
-        gc.collect()
-        held = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
-    assert all(r.packed is not None for r in table.records.values())
+    assert all((r.packed is not None) == packed for r in table.records.values())
     estimate = sum(record_bytes(r) for r in table.records.values())
     assert estimate == table.bytes
     assert 0.75 * held < estimate < 1.33 * held, (estimate, held)
