@@ -163,3 +163,14 @@ def test_a_malformed_packed_row_costs_that_row_and_a_garbled_one_reads_as_its_st
         ("FINISHED", "lumos: the task's events could not be read")] * 2
     assert "unreadable" in caplog.text
     assert events_of(m.AddTaskEvents(JOB, [], "x"))[1] == 1
+
+
+def test_a_whole_attempt_msgpack_cannot_take_goes_as_a_row_and_the_rest_stay_packed() -> None:
+    from lumos._private.core_worker.submission import _pack_whole_attempts
+    rows = []
+    for i, info in enumerate(({"name": "f"}, {"name": "g", "odd": object()}, {"name": "h"})):
+        tid = bytes([i + 1]) * 16
+        rows.append([tid, 0, m.TaskState.SUBMITTED, 1.0, info, NODE, WORKER, None, [[m.TaskState.FINISHED, 2.0]]])
+    plain, packed = _pack_whole_attempts(rows)
+    assert [r[4]["name"] for r in plain] == ["g"]
+    assert [msgpack.unpackb(p[3])[4] for p in packed] == [{"name": "f"}, {"name": "h"}]

@@ -612,24 +612,22 @@ class SubmissionMixin:
 
 _SUBMITTED = m.TaskState.SUBMITTED
 _ENDED = frozenset((m.TaskState.FINISHED, m.TaskState.FAILED, m.TaskState.CANCELLED))
-_row_packer = msgpack.Packer(use_bin_type=True, autoreset=True)
-
-
 def _pack_whole_attempts(rows: list[list[Any]]) -> tuple[list[list[Any]], list[list[Any]]]:
     """``rows`` split for ``m.AddTaskEvents``: those of a whole attempt (SUBMITTED with
     the task's facts ... its end) packed, ``[task_id, attempt, end_state, packed row]``,
-    which the GCS keeps as bytes, and the rest as they are. (io thread only: one packer.)"""
+    which the GCS keeps as bytes, and the rest as they are. (A packer per call: one per
+    flush, never shared between threads.)"""
     plain: list[list[Any]] = []
     packed: list[list[Any]] = []
-    pack = _row_packer.pack
+    packer = msgpack.Packer(use_bin_type=True, autoreset=True)
     for row in rows:
         more = row[8]
         if row[2] is _SUBMITTED and more and row[4] and (end := more[-1][0]) in _ENDED:
             try:
-                packed.append([row[0], row[1], end, pack(row)])
+                packed.append([row[0], row[1], end, packer.pack(row)])
                 continue
             except (TypeError, ValueError, OverflowError):  # (a value msgpack cannot take: sent plain)
-                _row_packer.reset()
+                packer = msgpack.Packer(use_bin_type=True, autoreset=True)
         plain.append(row)
     return plain, packed
 
