@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import copy
 import hashlib
+import itertools
 import threading
 import time
 from typing import Any
@@ -555,10 +556,11 @@ class SubmissionMixin:
         if hold and len(rows) > kept:
             later = self._held_events
             send = rows[:kept]
-            for row in rows[kept:]:
+            # (``held`` has every row's key, in ``rows``'s order: ``_merge_events`` adds both.)
+            for key, row in itertools.islice(held.items(), kept, None):
                 more = row[8]
                 if row[2] is _SUBMITTED and (more is None or more[-1][0] not in _ENDED):
-                    later[row[0] if not row[1] else (row[0], row[1])] = row
+                    later[key] = row
                 else:
                     send.append(row)
             rows = send

@@ -63,6 +63,17 @@ class TaskRecord:
     def __init__(self, task_id: TaskID, job_id: JobID) -> None:
         self.task_id = task_id
         self.job_id = job_id
+        #: Sequence number of the last event applied (see ``TaskEventTable.updates``).
+        self.seq = 0
+        #: The owner's packed row of the whole attempt (``m.PackedTaskRow``) while nothing
+        #: else came for the task: then only ``task_id``, ``job_id``, ``state``,
+        #: ``attempt``, ``seq`` and ``size`` are set, and the row is decoded when the
+        #: record is read (``to_row``) or gets another event (``apply``).
+        self.packed: bytes | None = None
+        self._clear()
+
+    def _clear(self) -> None:
+        """The fields events fill, as before the first."""
         #: Static facts from SUBMITTED (name, parent, args, returns, ...).
         self.info: dict[str, Any] = {}
         self.state: str = TaskState.SUBMITTED
@@ -73,15 +84,8 @@ class TaskRecord:
         self.worker_id: WorkerID | None = None
         self.error: str | None = None
         self.retries = 0
-        #: Sequence number of the last event applied (see ``TaskEventTable.updates``).
-        self.seq = 0
         #: ``record_bytes(self)``, kept up to date by ``apply`` (not recomputed per event).
         self.size = _RECORD_BYTES
-        #: The owner's packed row of the whole attempt (``m.PackedTaskRow``) while nothing
-        #: else came for the task: then only ``task_id``, ``job_id``, ``state``,
-        #: ``attempt``, ``seq`` and ``size`` are set, and the row is decoded when the
-        #: record is read (``to_row``) or gets another event (``apply``).
-        self.packed: bytes | None = None
 
     @classmethod
     def from_packed(cls, p: m.PackedTaskRow) -> TaskRecord:
@@ -118,10 +122,7 @@ class TaskRecord:
         packed, state, attempt = self.packed, self.state, self.attempt
         assert packed is not None
         self.packed = None
-        self.info, self.events = {}, []
-        self.state, self.attempt, self.node_id, self.worker_id, self.error = TaskState.SUBMITTED, 0, None, None, None
-        self.retries = 0
-        self.size = _RECORD_BYTES
+        self._clear()
         self._apply_packed(packed, state, attempt)
 
     def apply(self, ev: m.TaskEvent) -> None:
@@ -252,25 +253,31 @@ def events_of(msg: m.AddTaskEvents) -> tuple[list[Any], int]:
             bad += 1
         else:
             events.append(ev)
-    state_of = _STATE_OF
-    packed_row = m.PackedTaskRow
     for p in packed:
         if type(p) is not list or len(p) != 4:
             bad += 1
             continue
-        tid, attempt, state, row = p
-        state = state_of.get(state) if type(state) is str else None
-        if (state is None or type(tid) is not bytes or type(attempt) is not int or type(row) is not bytes
-                or len(row) > MAX_PACKED_ROW_BYTES):
+        entry = _packed_entry(p[0], p[1], p[2], job, p[3])
+        if entry is None:
             bad += 1
-            continue
-        events.append(packed_row(tid, attempt, state, job, row))
+        else:
+            events.append(entry)
     return events, bad
 
 
 #: A packed row longer than this is refused (a row is ~200 bytes; a failed task's holds
 #: its error text).
 MAX_PACKED_ROW_BYTES = 1 << 20
+
+
+def _packed_entry(tid: Any, attempt: Any, state: Any, job: bytes, row: Any) -> m.PackedTaskRow | None:
+    """A packed row's outline, from the wire or the archive, as a ``PackedTaskRow``, or
+    None when it is malformed (its inside is checked when it is read)."""
+    state = _STATE_OF.get(state) if type(state) is str else None
+    if (state is None or type(tid) is not bytes or type(attempt) is not int or type(job) is not bytes
+            or type(row) is not bytes or len(row) > MAX_PACKED_ROW_BYTES):
+        return None
+    return m.PackedTaskRow(tid, attempt, state, job, row)
 
 
 def _row_event(row: Any, job: bytes) -> m.TaskEvent | None:
@@ -510,10 +517,9 @@ def _read_archive_file(path: str) -> Iterator[dict[str, Any]]:
                 return
             if isinstance(row, list) and len(row) == _ARCHIVED_PACKED_FIELDS:
                 tid, job, state, attempt, packed = row
-                state = _STATE_OF.get(state) if type(state) is str else None
-                if (type(tid) is bytes and type(job) is bytes and state is not None and type(attempt) is int
-                        and type(packed) is bytes):
-                    yield TaskRecord.from_packed(m.PackedTaskRow(tid, attempt, state, job, packed)).to_dict()
+                entry = _packed_entry(tid, attempt, state, job, packed)
+                if entry is not None:
+                    yield TaskRecord.from_packed(entry).to_dict()
                 continue
             if not (isinstance(row, list) and len(row) == _ARCHIVED_FIELDS):
                 continue
