@@ -330,6 +330,70 @@ def test_task_events_are_buffered_and_sent_in_batches(fresh_cluster):
     assert len(finished) == 30
 
 
+def test_a_task_that_ends_before_the_flush_leaves_one_packed_row_and_no_events(fresh_cluster, tmp_path):
+    """A task's events ride on the task until it ends, and its end packs its whole attempt
+    into one row: a finished burst leaves no buffered event of its tasks, one packed row
+    each (a burst used to keep three event tuples and a dict per task until the flush). The
+    GCS reads every row whole: each state with its time, the node, the worker, the actor
+    calls' chain, a failure's type, and a retried task's two attempts."""
+    fresh_cluster(_system_config={"task_event_flush_interval_ms": 60_000})
+    cw = worker_context.require()
+    flag = str(tmp_path / "ran-once")
+
+    @lumos.remote
+    def bad():
+        raise ValueError("no")
+
+    @lumos.remote(max_retries=1, retry_exceptions=True)
+    def flaky(path):
+        if not os.path.exists(path):
+            open(path, "w").close()
+            raise RuntimeError("first attempt")
+        return "second"
+
+    @lumos.remote
+    class Counter:
+        def __init__(self):
+            self.n = 0
+
+        def incr(self):
+            self.n += 1
+            return self.n
+
+    counter = Counter.remote()
+    adds = [add.remote(i) for i in range(20)]
+    calls = [counter.incr.remote() for _ in range(10)]
+    failing, retried = bad.remote(), flaky.remote(flag)
+    assert lumos.get(adds + calls, timeout=30) == list(range(20)) + list(range(1, 11))
+    assert lumos.get(retried, timeout=30) == "second"
+    with pytest.raises(ValueError):
+        lumos.get(failing, timeout=30)
+    tids = {r._id[:16] for r in adds + calls + [failing]}
+    wait_for(lambda: tids <= {p[0] for p in cw._packed_rows}, 10)
+    assert len(cw._packed_rows) == len(tids)
+    assert not tids & ({e[0] for e in cw._events} | set(cw._held_events) | set(cw._fresh))
+
+    got = {t["task_id"]: t for t in lumos.state.list_tasks()}  # flushes this process's buffer first
+    steps = [m.TaskState.SUBMITTED, m.TaskState.SCHEDULED, m.TaskState.RUNNING]
+    for ref in adds + calls:
+        row = got[ref.task_id().hex()]
+        assert row["state"] == "FINISHED" and row["node_id"] and row["worker_id"]
+        assert [e[0] for e in row["events"]] == [*steps, m.TaskState.FINISHED]
+        assert row["submitted_time"] <= row["start_time"] <= row["end_time"]
+    chain = [got[c.task_id().hex()] for c in calls]
+    assert chain[0]["prev_call_task_id"] is None
+    assert [c["prev_call_task_id"] for c in chain[1:]] == [c["task_id"] for c in chain[:-1]]
+    assert {c["caller_id"] for c in chain} == {cw.worker_id.hex()}
+    row = got[failing.task_id().hex()]
+    assert (row["state"], row["error_type"]) == ("FAILED", "TASK_EXECUTION_EXCEPTION")
+    assert "no" in row["error_message"] and [e[0] for e in row["events"]] == [*steps, m.TaskState.FAILED]
+    row = got[retried.task_id().hex()]
+    assert (row["state"], row["attempt_number"]) == ("FINISHED", 1)
+    assert [(e[0], e[2]) for e in row["events"]] == [
+        (m.TaskState.SUBMITTED, 0), (m.TaskState.SCHEDULED, 0), (m.TaskState.RETRIED, 0),
+        (m.TaskState.SCHEDULED, 1), (m.TaskState.RUNNING, 1), (m.TaskState.FINISHED, 1)]
+
+
 # --------------------------------------------------------------------------- lumos.state
 
 

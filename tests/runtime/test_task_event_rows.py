@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 from typing import Any
 
 import msgpack
 
 from lumos._private.core_worker.submission import SubmissionMixin
+from lumos._private.core_worker.tasks import PendingTask
 from lumos._private.gcs.task_log import TaskEventTable, events_of, read_archive, record_bytes
 from lumos._private.protocol import codec
 from lumos._private.protocol import messages as m
@@ -35,6 +37,10 @@ class _Owner(SubmissionMixin):
         self._events: list[tuple[Any, ...]] = []
         self._running_events: dict[bytes, tuple[Any, ...]] = {}
         self._held_events: dict[Any, list[Any]] = {}
+        self._fresh: dict[bytes, Any] = {}
+        self._fresh_lock = threading.Lock()
+        self._packed_rows: list[Any] = []
+        self._event_packer = msgpack.Packer(use_bin_type=True, autoreset=True)
         self._flush_idle = False
         self.executor = None
         self.objects = SimpleNamespace(decrements=[])
@@ -174,3 +180,92 @@ def test_a_whole_attempt_msgpack_cannot_take_goes_as_a_row_and_the_rest_stay_pac
     plain, packed = _pack_whole_attempts(rows)
     assert [r[4]["name"] for r in plain] == ["g"]
     assert [msgpack.unpackb(p[3])[4] for p in packed] == [{"name": "f"}, {"name": "h"}]
+
+
+def _live_task(tid: bytes, submitted: float = 1.0, **info: Any) -> PendingTask:
+    """A submitted task whose events ride on it, as ``submit_task`` leaves it."""
+    spec = SimpleNamespace(task_id=tid, attempt=0, name="f", function_name="m.f", parent_task_id=b"p" * 16,
+                           resources={"CPU": 1.0}, kind=m.TaskKind.NORMAL_TASK, actor_id=None, caller_id=None)
+    template: Any = SimpleNamespace(max_retries=0)
+    task = PendingTask(spec, template, (tid + b"\0\0\0\1",), (b"a" * 20,), (), submitted)
+    task.ev_live = True
+    return task
+
+
+def _submit(owner: _Owner, task: PendingTask) -> None:
+    owner.record_scheduled(task, task.submit_time + 1, NODE, WORKER, {"GPU": [[0, 1.0]]})
+    owner._fresh[task.spec.task_id] = task
+
+
+def test_a_task_s_events_ride_on_it_until_it_ends_or_its_second_flush(tmp_path) -> None:
+    """Nothing is buffered for a task while its events ride on it: its end packs its whole
+    attempt (exactly the row its buffered events made), a task not ended at the loop's
+    flush is left once and reported at the next as a row, and its later events are then
+    buffered and folded into that row at the GCS."""
+    owner = _Owner()
+    done, slow = _live_task(b"d" * 16), _live_task(b"s" * 16)
+    for task in (done, slow):
+        _submit(owner, task)
+    owner._pack_ended(done, m.TaskState.FAILED, 4.0, 3.0, None, "ValueError: no", {"error_type": "X"})
+    assert not owner._events and not owner._held_events and list(owner._fresh) == [b"s" * 16]
+    owner._flush_events(hold=True)
+    (first,) = owner.gcs.sent
+    assert first.rows == [] and [p[:3] for p in first.packed] == [(b"d" * 16, 0, m.TaskState.FAILED)]
+    facts = {"name": "f", "function_name": "m.f", "parent": b"p" * 16, "args": [b"a" * 20],
+             "returns": [b"d" * 16 + b"\0\0\0\1"], "resources": {"CPU": 1.0}, "type": "NORMAL_TASK",
+             "resource_ids": {"GPU": [[0, 1.0]]}}
+    assert msgpack.unpackb(first.packed[0][3]) == [
+        b"d" * 16, 0, "SUBMITTED", 1.0, {**facts, "error_type": "X"}, NODE, WORKER, "ValueError: no",
+        [["SCHEDULED", 2.0], ["RUNNING", 3.0], ["FAILED", 4.0]]]
+    assert slow.ev_live and slow.ev_held and list(owner._fresh) == [b"s" * 16] and owner._flush_pending()
+    owner._flush_events(hold=True)
+    second = owner.gcs.sent[1]
+    assert second.packed == [] and not slow.ev_live and not owner._fresh
+    (row,) = second.rows
+    assert msgpack.unpackb(msgpack.packb(row)) == [b"s" * 16, 0, "SUBMITTED", 1.0,
+                                                   {**facts, "returns": [b"s" * 16 + b"\0\0\0\1"]},
+                                                   NODE, WORKER, None, [["SCHEDULED", 2.0]]]
+    # Its end, now buffered as an event (``ResultsMixin._task_done`` with ``ev_live`` off).
+    owner._buffer_event((b"s" * 16, 0, m.TaskState.RUNNING, 3.0, None, None, WORKER, None, (m.TaskState.FINISHED, 5.0)))
+    owner._flush_events(hold=True)
+    table = TaskEventTable(100, str(tmp_path / "archive"))
+    for msg in owner.gcs.sent:
+        table.add(_gcs_reads(msg))
+    rec = table.records[b"s" * 16]
+    assert rec.state == m.TaskState.FINISHED and rec.node_id == NODE and rec.worker_id == WORKER
+    assert [e[:2] for e in rec.events] == [[m.TaskState.SUBMITTED, 1.0], [m.TaskState.SCHEDULED, 2.0],
+                                           [m.TaskState.RUNNING, 3.0], [m.TaskState.FINISHED, 5.0]]
+    assert table.records[b"d" * 16].state == m.TaskState.FAILED
+
+
+def test_a_task_scheduled_twice_or_retried_shows_every_event_and_any_flush_but_the_loop_s_reports_it() -> None:
+    owner = _Owner()
+    again, retried = _live_task(b"a" * 16), _live_task(b"r" * 16)
+    for task in (again, retried):
+        _submit(owner, task)
+    owner.record_scheduled(again, 2.5, NODE, b"v" * 16)  # put back and sent again: both show
+    assert not again.ev_live and again.spec.task_id not in owner._fresh
+    owner.spill_events(retried)  # what a retry does before its RETRIED (``ResultsMixin._next_attempt``)
+    owner._buffer_event((b"r" * 16, 0, m.TaskState.RETRIED, 2.5, None, None, None, "it raised"))
+    lone = _live_task(b"l" * 16)
+    _submit(owner, lone)
+    owner._flush_events()  # list_tasks, shutdown: nothing left for later
+    (msg,) = owner.gcs.sent
+    assert not msg.packed and not owner._fresh and not owner._held_events and not lone.ev_live
+    more = {r[0]: r[8] for r in msg.rows}
+    assert more == {b"a" * 16: [[m.TaskState.SCHEDULED, 2.0], [m.TaskState.SCHEDULED, 2.5]],
+                    b"r" * 16: [[m.TaskState.SCHEDULED, 2.0], [m.TaskState.RETRIED, 2.5]],
+                    b"l" * 16: [[m.TaskState.SCHEDULED, 2.0]]}
+    assert {r[0]: r[6] for r in msg.rows}[b"a" * 16] == b"v" * 16
+
+
+def test_an_ended_task_msgpack_cannot_pack_goes_as_a_row() -> None:
+    owner = _Owner()
+    task = _live_task(b"o" * 16)
+    _submit(owner, task)
+    owner._pack_ended(task, m.TaskState.FINISHED, 4.0, 3.0, WORKER, None, {"odd": object()})
+    assert not owner._packed_rows and list(owner._held_events) == [b"o" * 16]
+    owner._flush_events(hold=True)
+    (msg,) = owner.gcs.sent
+    assert not msg.packed and [r[0] for r in msg.rows] == [b"o" * 16]
+    assert owner._event_packer.pack([1]) == msgpack.packb([1])  # (a fresh packer after the failure)

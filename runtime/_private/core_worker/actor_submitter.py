@@ -68,7 +68,8 @@ class _ActorQueue:
 
 class ActorSubmitter:
     """Actor calls of one process. Uses only the core worker's public surface: ``spawn``,
-    ``peer``, ``fail_task``, ``unpin``, ``record_event``, ``allow_direct_writes``, and the
+    ``peer``, ``fail_task``, ``unpin``, ``record_event``, ``record_scheduled``, ``spill_events``,
+    ``allow_direct_writes``, and the
     attributes ``loop``, ``gcs``, ``config``, ``dead_nodes``, ``extra_publish_handlers``."""
 
     def __init__(self, cw: "CoreWorker") -> None:
@@ -311,18 +312,16 @@ class ActorSubmitter:
         if conn is None or not conn.direct_writes or info is None or info.state != ALIVE:
             return False
         spec = task.spec
-        scheduled = time.time()  # (before the write: the call may run and end before it returns)
         if spec.deps:
             cw.keep_lent_local(spec, info.node_id)
         with self._direct_lock:
             if q.queue or q.conn is not conn:
                 return False
+            if spec.enable_task_events:  # (before the write: the call may run and end before it returns)
+                cw.record_scheduled(task, time.time(), info.node_id, q.conn_worker)
             sent = io.write_then_book(conn, m.PushTask(spec, {}), spec.task_id, self._on_direct, task, q, conn)
         if sent:
             self.direct_sent += 1
-            if spec.enable_task_events:
-                cw.record_event(spec.task_id, spec.attempt, m.TaskState.SCHEDULED, scheduled, info.node_id,
-                                q.conn_worker)
         return True
 
     def _on_direct(self, task: PendingTask, q: _ActorQueue, conn: Connection, was_sent: bool) -> None:
@@ -366,7 +365,7 @@ class ActorSubmitter:
 
     def _send_locked(self, q: _ActorQueue, conn: Connection) -> None:
         queue = q.queue
-        record = self.cw.record_event
+        cw = self.cw
         while queue and queue[0].spec.task_id in q.ready:
             task = queue.popleft()
             q.ready.discard(task.spec.task_id)
@@ -377,13 +376,14 @@ class ActorSubmitter:
             spec = task.spec
             if task.retry_why is not None:
                 if spec.enable_task_events:
-                    record(spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, task.retry_why)
+                    cw.spill_events(task)
+                    cw.record_event(spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, task.retry_why)
                 spec.attempt += 1
                 task.retry_why = None
             if spec.enable_task_events:
-                record(spec.task_id, spec.attempt, "SCHEDULED", time.time(), q.info.node_id, q.conn_worker)
+                cw.record_scheduled(task, time.time(), q.info.node_id, q.conn_worker)
             if spec.deps:
-                self.cw.keep_lent_local(spec, q.info.node_id)
+                cw.keep_lent_local(spec, q.info.node_id)
             conn.notify(m.PushTask(spec, {}))
 
     def on_reply(self, task: PendingTask, reply: m.TaskReply) -> None:

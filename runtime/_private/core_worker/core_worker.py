@@ -44,6 +44,8 @@ import threading
 import time
 from typing import Any, Callable
 
+import msgpack
+
 from lumos import exceptions as exc
 from lumos import object_ref as object_ref_mod
 from lumos._private.config import Config
@@ -198,6 +200,14 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         #: Rows of tasks submitted just before the last flush, sent at the next
         #: (``_flush_events``), by task attempt.
         self._held_events: dict[Any, list[Any]] = {}
+        #: Task id -> a task submitted here whose events ride on it (``PendingTask.ev_live``)
+        #: and that no flush has reported yet; user threads add (under ``_fresh_lock``).
+        self._fresh: dict[bytes, PendingTask] = {}
+        self._fresh_lock = threading.Lock()
+        #: Whole attempts packed at their end for the next flush (io thread), with the
+        #: packer that packs them.
+        self._packed_rows: list[tuple[Any, ...]] = []
+        self._event_packer = msgpack.Packer(use_bin_type=True, autoreset=True)
         #: Tasks whose returns a user thread freed, for the io thread to drop from the
         #: lineage at its next turn (``ReferencesMixin._release``).
         self._lineage_drops: collections.deque[bytes] = collections.deque()
@@ -639,9 +649,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         lease.idle_since = None  # busy: its idle timer, if any, finds it so (``_idle_expired``)
         spec = task.spec
         if spec.enable_task_events:
-            self._buffer_event((spec.task_id, spec.attempt, m.TaskState.SCHEDULED, time.time(),
-                                 {"resource_ids": lease.resource_ids} if lease.resource_ids else None,
-                                 lease.node_id, lease.worker_id, None))
+            self.record_scheduled(task, time.time(), lease.node_id, lease.worker_id, lease.resource_ids)
         assert lease.conn is not None
         if spec.deps:
             self.keep_lent_local(spec, lease.node_id)
@@ -684,19 +692,16 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             return False
         # The write is outside the submitter's lock: a claimed lease is never returned or
         # pushed to, and the io thread's events on other leases need not wait for it.
-        scheduled = time.time()  # (before the write: the task may run and end before it returns)
-        if task.spec.deps:
-            self.keep_lent_local(task.spec, lease.node_id)
-        sent = io.write_then_book(lease.conn, m.PushTask(task.spec, lease.resource_ids), task.spec.task_id,
-                                  self._on_direct_task, task, lease)
         spec = task.spec
+        if spec.enable_task_events:  # (before the write: the task may run and end before it returns)
+            self.record_scheduled(task, time.time(), lease.node_id, lease.worker_id, lease.resource_ids)
+        if spec.deps:
+            self.keep_lent_local(spec, lease.node_id)
+        sent = io.write_then_book(lease.conn, m.PushTask(spec, lease.resource_ids), spec.task_id,
+                                  self._on_direct_task, task, lease)
         if not sent:
-            return True  # the booking job queues it the usual way
+            return True  # the booking job queues it the usual way (and records it sent then)
         self.direct_tasks += 1
-        if spec.enable_task_events:
-            self._buffer_event((spec.task_id, spec.attempt, m.TaskState.SCHEDULED, scheduled,
-                                {"resource_ids": lease.resource_ids} if lease.resource_ids else None,
-                                lease.node_id, lease.worker_id, None))
         return True
 
     def _on_direct_task(self, task: PendingTask, lease: LeasedWorker, was_sent: bool) -> None:

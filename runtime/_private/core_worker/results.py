@@ -13,7 +13,7 @@ executor's borrowed refs are registered with their owners.
                             ├─ system error ─► _fail_task ─► entries FAILED, waiters wake
                             ├─ retryable app error, retries left ─► _retry ─► new attempt queued
                             └─ else ─► _finish_task ─► entries READY, OwnerState.keep_lineage
-                                          └─► _task_done ─► FINISHED event, borrowers, _release_args
+                                          └─► _task_done ─► FINISHED (a packed row), borrowers, _release_args
 ```
 """
 
@@ -133,6 +133,7 @@ class ResultsMixin:
         spec = task.spec
         logger.info("running %s (%s) again: %s", spec.name, short(spec.task_id), why)
         if spec.enable_task_events:
+            self.spill_events(task)
             self._buffer_event((spec.task_id, spec.attempt, m.TaskState.RETRIED, time.time(), None, None, None, why))
         spec.attempt += 1
         task.lease = None
@@ -176,7 +177,9 @@ class ResultsMixin:
             error = _error_text(reply) if reply.app_error else None
             if reply.app_error:
                 info = {**info, **_APP_ERROR} if info else _APP_ERROR
-            if reply.start_time:
+            if task.ev_live:
+                self._pack_ended(task, state, end, reply.start_time, reply.worker_id, error, info)
+            elif reply.start_time:
                 # The executor sends its own RUNNING event in its next batch, which a reader may
                 # not see yet (or ever, if it exits first): the finished row has its start time.
                 # One buffered row carries both (its 9th field: the state after RUNNING).
@@ -242,6 +245,7 @@ class ResultsMixin:
             self._end_stream(task, blob)
         spec = task.spec
         if spec.enable_task_events:
+            self.spill_events(task)
             state = m.TaskState.CANCELLED if task.cancelled else m.TaskState.FAILED
             self._buffer_event((spec.task_id, spec.attempt, state, time.time(), {"error_type": error_type}, None,
                                 None, text or "failed"))

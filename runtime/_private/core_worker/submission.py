@@ -3,10 +3,11 @@
 A user thread calls ``submit_task`` / ``create_actor``: the arguments are serialized
 (top-level refs become ``_ArgRef`` placeholders listed as ``Dep``s, large values are
 ``put`` first and passed by ref), the ``m.TaskSpec`` is built, the return ids are
-recorded as owned and the argument refs pinned, the ``SUBMITTED`` event is buffered,
-and the task is handed to the io thread in one ``_post`` (no syscall when the io
-thread is already due to drain its inbox); the refs return at once. Task events are
-buffered as tuples and turned into messages off the hot path (``_flush_loop``).
+recorded as owned and the argument refs pinned, and the task is handed to the io thread
+in one ``_post`` (no syscall when the io thread is already due to drain its inbox); the
+refs return at once. A task's events ride on it (``PendingTask.ev_live``) until its end
+packs them into one row (``_pack_ended``) or a flush reports them (``spill_events``);
+other events are buffered as tuples; both leave off the hot path (``_flush_loop``).
 
 ```
  user thread: submit_task ─► _pack_args ─► TaskSpec ─► owned returns ─► _post(_on_submit) ─► refs
@@ -213,8 +214,15 @@ class SubmissionMixin:
             if task.nested_ids:
                 objects.add_submitted(task.nested_ids)
         if events_on:
-            self._buffer_event((task_id, 0, m.TaskState.SUBMITTED, task.submit_time, self._event_info(task), None,
-                                 None, None))
+            if actor_fields is not None and spec.kind == m.TaskKind.ACTOR_TASK:
+                calls = self._last_actor_call
+                task.ev_prev = calls.get(actor_fields[0])
+                calls[actor_fields[0]] = task_id
+            if n == -1:  # (a generator's events are buffered as they come)
+                self._buffer_event((task_id, 0, m.TaskState.SUBMITTED, task.submit_time, self._event_facts(task),
+                                    None, None, None))
+            else:
+                task.ev_live = True
         if n == -1:
             stream = self.streams[task_id] = GeneratorStream(task_id)
             self._post(self._on_submit, task)
@@ -224,6 +232,13 @@ class SubmissionMixin:
         if (dep_ids and not ready_deps) or not (
                 self.push_direct(task) if actor_fields is None else self.actor_submitter.send_direct(task)):
             self._post(self._on_submit, task)
+        if task.ev_live:
+            # (After the write: no flush reports the task before its SCHEDULED is on it.)
+            with self._fresh_lock:
+                if task.ev_live:  # (not ended and packed already by the io thread)
+                    self._fresh[task_id] = task
+            if self._flush_idle:
+                self.wake_flush()
         if self._top_ups:  # (a by-value argument ran its size's reserved slots low)
             self.top_up_reserved()
         return [ObjectRef(oid, address, True) for oid in return_ids]
@@ -441,7 +456,8 @@ class SubmissionMixin:
         payload: Any = (new_args, new_kwargs) if new_kwargs else new_args
         return payload, ser.serialize(payload), deps
 
-    def _event_info(self, task: PendingTask) -> dict[str, Any]:
+    def _event_facts(self, task: PendingTask) -> dict[str, Any]:
+        """The facts of ``task`` its SUBMITTED event carries (and its SCHEDULED's resource ids)."""
         spec = task.spec
         info: dict[str, Any] = {"name": spec.name, "function_name": spec.function_name,
                                 "parent": spec.parent_task_id, "args": task.dep_ids + task.nested_ids,
@@ -450,12 +466,69 @@ class SubmissionMixin:
         if spec.actor_id:
             info["actor_id"] = spec.actor_id
             info["caller_id"] = spec.caller_id
-            if spec.kind == m.TaskKind.ACTOR_TASK:
-                prev = self._last_actor_call.get(spec.actor_id)
-                if prev is not None:
-                    info["prev_call"] = prev
-                self._last_actor_call[spec.actor_id] = spec.task_id
+            if task.ev_prev is not None:
+                info["prev_call"] = task.ev_prev
+        if task.ev_rids:
+            info["resource_ids"] = task.ev_rids
         return info
+
+    def record_scheduled(self, task: PendingTask, t: float, node_id: NodeID | None, worker_id: WorkerID | None,
+                         resource_ids: Any = None) -> None:
+        """``task`` (events on) is sent to a worker: kept on the task while its events ride
+        on it, else buffered. A user thread records it before its write, when no other
+        thread touches the task yet."""
+        if task.ev_live:
+            if task.ev_sched is None:
+                task.ev_sched, task.ev_node, task.ev_worker, task.ev_rids = t, node_id, worker_id, resource_ids
+                return
+            self.spill_events(task)  # scheduled again (put back): both show, as events
+        spec = task.spec
+        self._buffer_event((spec.task_id, spec.attempt, m.TaskState.SCHEDULED, t,
+                            {"resource_ids": resource_ids} if resource_ids else None, node_id, worker_id, None))
+
+    def spill_events(self, task: PendingTask) -> None:
+        """io thread: the events riding on ``task`` become a row for the next flush, and its
+        later events are buffered as they come (a retry, a failure, a task still running
+        at its second flush)."""
+        if not task.ev_live:
+            return
+        task.ev_live = False
+        spec = task.spec
+        self._fresh.pop(spec.task_id, None)
+        sched = task.ev_sched
+        self._held_events[spec.task_id if not spec.attempt else (spec.task_id, spec.attempt)] = [
+            spec.task_id, spec.attempt, _SUBMITTED, task.submit_time, self._event_facts(task), task.ev_node,
+            task.ev_worker, None, [[m.TaskState.SCHEDULED, sched]] if sched is not None else None]
+        if self._flush_idle:
+            self.wake_flush()
+
+    def _pack_ended(self, task: PendingTask, state: m.TaskState, end: float, start: float | None,
+                    worker_id: WorkerID | None, error: str | None, info: dict[str, Any] | None) -> None:
+        """io thread: ``task``, whose events rode on it, ended: its whole attempt (SUBMITTED
+        with its facts, SCHEDULED, RUNNING, its end) packed into one row for the next flush,
+        which the GCS keeps as bytes (``_pack_whole_attempts`` says why). Nothing of it lives
+        on until the flush but those bytes: a burst of short calls kept three event tuples
+        and a dict per call, and the collector walked them again and again."""
+        task.ev_live = False
+        spec = task.spec
+        self._fresh.pop(spec.task_id, None)
+        facts = self._event_facts(task)
+        if info:
+            facts.update(info)
+        sched = task.ev_sched
+        more = [[m.TaskState.SCHEDULED, sched]] if sched is not None else []
+        if start:
+            more.append([m.TaskState.RUNNING, start])
+        more.append([state, end])
+        row = [spec.task_id, spec.attempt, _SUBMITTED, task.submit_time, facts, task.ev_node,
+               worker_id or task.ev_worker, error, more]
+        try:
+            self._packed_rows.append((spec.task_id, spec.attempt, state, self._event_packer.pack(row)))
+        except (TypeError, ValueError, OverflowError):  # (a value msgpack cannot take: sent plain)
+            self._event_packer = msgpack.Packer(use_bin_type=True, autoreset=True)
+            self._held_events[spec.task_id if not spec.attempt else (spec.task_id, spec.attempt)] = row
+        if self._flush_idle:
+            self.wake_flush()
 
     def record_event(self, task_id: TaskID, attempt: int, state: m.TaskState, t: float,
                      node_id: NodeID | None = None, worker_id: WorkerID | None = None,
@@ -500,7 +573,8 @@ class SubmissionMixin:
 
     def _flush_pending(self) -> bool:
         ex = self.executor
-        return bool(self._events or self._running_events or self._held_events or self.objects.decrements
+        return bool(self._events or self._running_events or self._held_events or self._fresh or self._packed_rows
+                    or self.objects.decrements
                     or (ex is not None and ex._output) or self._pin_changes or self._lineage_drops)
 
     async def _flush_loop(self) -> None:
@@ -541,10 +615,19 @@ class SubmissionMixin:
         attempt then goes as one packed row (``_pack_whole_attempts``), not as two rows (an
         async burst sent 1.6 rows per task without the hold, 1.03 with it). A long task
         shows in ``list_tasks`` as before, which flushes everything first; a poller sees it
-        one interval later."""
+        one interval later.
+
+        A task submitted here (``PendingTask.ev_live``) has no buffered events until it
+        ends (``_pack_ended``) or a flush reports it: the loop's flush leaves it once, as
+        above; the next one, or any other flush, reports it (``spill_events``)."""
+        if self._fresh:
+            self._report_fresh(hold)
         held = self._held_events
-        if (not self._events and not self._running_events and not held) or self.gcs is None or self.gcs.is_closed:
+        ended = self._packed_rows
+        if (not self._events and not self._running_events and not held and not ended) or self.gcs is None \
+                or self.gcs.is_closed:
             return
+        self._packed_rows = []
         raw, self._events = self._events, []
         running = self._running_events
         while running:  # (popitem: a task starting meanwhile is kept for the next flush)
@@ -565,7 +648,29 @@ class SubmissionMixin:
                     send.append(row)
             rows = send
         if rows:
-            self.gcs.notify(m.AddTaskEvents(self.job_id, *_pack_whole_attempts(rows)))
+            plain, packed = _pack_whole_attempts(rows)
+            self.gcs.notify(m.AddTaskEvents(self.job_id, plain, ended + packed if ended else packed))
+        elif ended:
+            self.gcs.notify(m.AddTaskEvents(self.job_id, [], ended))
+
+    def _report_fresh(self, hold: bool) -> None:
+        """The flush: tasks submitted here and not ended, whose events ride on them, are
+        reported (``spill_events``), or, with ``hold``, left for the next flush once."""
+        with self._fresh_lock:
+            fresh, self._fresh = self._fresh, {}
+        keep: dict[bytes, PendingTask] = {}
+        for tid, task in fresh.items():
+            if not task.ev_live:
+                continue  # (ended while a user thread added it)
+            if hold and not task.ev_held:
+                task.ev_held = True
+                keep[tid] = task
+            else:
+                self.spill_events(task)
+        if keep:
+            with self._fresh_lock:
+                keep.update(self._fresh)
+                self._fresh = keep
 
     # ------------------------------------------------------------------ cancel
 

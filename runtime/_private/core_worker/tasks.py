@@ -62,7 +62,7 @@ class TaskTemplate:
 class PendingTask:
     __slots__ = ("spec", "template", "return_ids", "dep_ids", "nested_ids", "retries_left", "state",
                  "lease", "deps_waiting", "cancelled", "force_cancelled", "queue", "submit_time",
-                 "retry_why")
+                 "retry_why", "ev_live", "ev_held", "ev_prev", "ev_sched", "ev_node", "ev_worker", "ev_rids")
 
     def __init__(self, spec: m.TaskSpec, template: TaskTemplate, return_ids: Sequence[bytes],
                  dep_ids: tuple[bytes, ...], nested_ids: tuple[bytes, ...], submit_time: float) -> None:
@@ -87,6 +87,19 @@ class PendingTask:
         #: An actor call put back to be sent again: why (its next attempt starts when it is
         #: sent, so a call that fails before that keeps its attempt number).
         self.retry_why: str | None = None
+        # Task events (``SubmissionMixin``): while ``ev_live``, this attempt's events are
+        # kept here, not buffered; its end packs them into one row (``_pack_ended``), or a
+        # flush reports them (``_spill_events``), after which they are buffered as events.
+        self.ev_live = False
+        #: A flush found it not ended and left it for the next one (which reports it).
+        self.ev_held = False
+        #: An actor call: the caller's previous call to that actor.
+        self.ev_prev: bytes | None = None
+        #: SCHEDULED: when, on which node and worker, with which resource ids.
+        self.ev_sched: float | None = None
+        self.ev_node: bytes | None = None
+        self.ev_worker: bytes | None = None
+        self.ev_rids: Any = None
 
 
 class LeasedWorker:
