@@ -17,13 +17,21 @@ read it nor plant files in it; private files are written to a fresh temporary na
         logs/                        gcs.log, raylet-*.log, worker-*.log, worker-*.out, ...
         sockets/                     gcs.sock, raylet-*.sock, driver-*.sock, worker-*.sock
 /dev/shm/lumos-<session>-<node>/     the node's object store, made 0700 before its raylet starts
+    lumos.lock                       flock'ed by the raylet while it lives (``sweep_dead_stores``)
 ```
+
+A store outlives its node when the raylet is killed with SIGKILL (the kernel's OOM
+killer, a kernel restart that kills the driver with its processes): its files stay in
+``/dev/shm``, which is memory, until reboot. Every node start removes this user's stores
+whose lock no live process holds (``sweep_dead_stores``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -39,6 +47,8 @@ from lumos._private.ids import random_id
 from lumos._private.object_store.spill_io import node_spill_dir
 from lumos._private.process import (await_ready, check_private_dir, make_private_dir,
                                     read_private_file, write_private_file)
+
+logger = logging.getLogger(__name__)
 
 
 def _ours(path: str) -> bool:
@@ -153,6 +163,78 @@ def forget_current_cluster(node_id: str | None = None) -> None:
         pass
 
 
+#: Where the nodes' object stores are (``lumos-<session>-<node>`` each).
+SHM_DIR = "/dev/shm"
+#: The lock file in a store directory (``_lock_store``).
+STORE_LOCK = "lumos.lock"
+#: A store directory changed more recently than this is never swept: its maker may be
+#: between creating it and locking it.
+SWEEP_MIN_AGE_S = 60.0
+
+
+def _lock_store(store_dir: str) -> int:
+    """Create the lock file of the new store ``store_dir`` and lock it (``flock``): the
+    descriptor, which the raylet inherits; the lock lasts while either holds it open."""
+    fd = os.open(os.path.join(store_dir, STORE_LOCK), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                 | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def sweep_dead_stores(shm_dir: str = SHM_DIR) -> list[tuple[str, int]]:
+    """Remove this user's object store directories whose lock no live process holds (their
+    raylet and the process that started it are gone): ``[(path, bytes it held)]``.
+
+    Only directories of this user (not symlinks) named as stores, unchanged for
+    ``SWEEP_MIN_AGE_S``, holding a lock file: a store made by a lumos without the lock
+    file, or by anyone else, is left alone. A frozen (SIGSTOPped) raylet still holds its
+    lock, so its store is kept."""
+    removed: list[tuple[str, int]] = []
+    try:
+        entries = list(os.scandir(shm_dir))
+    except OSError:
+        return removed
+    uid, now = os.geteuid(), time.time()
+    for entry in entries:
+        if not entry.name.startswith("lumos-session_"):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or now - st.st_mtime < SWEEP_MIN_AGE_S:
+            continue
+        try:
+            fd = os.open(os.path.join(entry.path, STORE_LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # held: a live node's
+            size = _tree_bytes(entry.path)
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append((entry.path, size))
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _tree_bytes(path: str) -> int:
+    """Bytes the files directly in ``path`` take (a store has no subdirectories)."""
+    total = 0
+    try:
+        for entry in os.scandir(path):
+            try:
+                total += entry.stat(follow_symlinks=False).st_blocks * 512
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return total
+
+
 def new_session_dir() -> str:
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
     path = os.path.join(session_root(), f"session_{stamp}_{os.getpid()}_{secrets.token_hex(3)}")
@@ -243,6 +325,8 @@ class NodeProcesses:
         self.raylet_address: tuple[str, int] | None = None
         self.node_id = b""
         self.store_dir = ""
+        #: This process's descriptor of the store's lock file (the raylet has its own).
+        self._store_lock: int | None = None
         self.token_path = os.path.join(session_dir, "token")
         self.gcs_proc: subprocess.Popen[bytes] | None = None
         self.raylet_proc: subprocess.Popen[bytes] | None = None
@@ -250,7 +334,8 @@ class NodeProcesses:
     def write_token(self, token: bytes) -> None:
         write_private_file(self.token_path, token)
 
-    def _spawn(self, args: list[str], tie_to_parent: bool) -> tuple[subprocess.Popen[bytes], int]:
+    def _spawn(self, args: list[str], tie_to_parent: bool,
+               keep_fds: tuple[int, ...] = ()) -> tuple[subprocess.Popen[bytes], int]:
         r, w = os.pipe()
         cmd = [sys.executable, "-m", *args, "--ready-fd", str(w)]
         if tie_to_parent:
@@ -258,7 +343,7 @@ class NodeProcesses:
         log = open(os.path.join(self.session_dir, "logs", f"{args[0].rsplit('.', 2)[-2]}.out"), "ab")
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    pass_fds=(w,), close_fds=True,
+                                    pass_fds=(w, *keep_fds), close_fds=True,
                                     start_new_session=True)  # a kernel interrupt must not reach it
         finally:
             os.close(w)
@@ -328,11 +413,15 @@ class NodeProcesses:
                       head: bool, tie_to_parent: bool,
                       labels: dict[str, str] | None) -> tuple[subprocess.Popen[bytes], int]:
         self.node_id = random_id(16)
-        store_dir = f"/dev/shm/lumos-{os.path.basename(self.session_dir)}-{self.node_id.hex()[:8]}"
+        for path, size in sweep_dead_stores():
+            logger.info("removed %s, the object store of a node that died without removing it (%.1f MiB of "
+                        "shared memory)", path, size / (1 << 20))
+        store_dir = f"{SHM_DIR}/lumos-{os.path.basename(self.session_dir)}-{self.node_id.hex()[:8]}"
         # Made here, 0700, before the raylet (whose command line names it) exists: another
         # user who made it first could replace sealed objects that workers unpickle.
         make_private_dir(store_dir, "object store directory")
         self.store_dir = store_dir  # ours from here on: stop() removes it
+        self._store_lock = _lock_store(store_dir)  # the raylet inherits it (and holds it while it lives)
         args = ["lumos._private.raylet.server", "--node-id", self.node_id.hex(),
                 "--session-dir", self.session_dir, "--token-file", self.token_path,
                 "--gcs-address", gcs_address, "--resources", json.dumps(resources),
@@ -340,7 +429,7 @@ class NodeProcesses:
                 "--node-ip", host, "--labels", json.dumps(labels or {}), "--config", self.config.to_json()]
         if head:
             args.append("--head")
-        proc, fd = self._spawn(args, tie_to_parent=tie_to_parent)
+        proc, fd = self._spawn(args, tie_to_parent=tie_to_parent, keep_fds=(self._store_lock,))
         self.raylet_proc = proc
         return proc, fd
 
@@ -356,15 +445,22 @@ class NodeProcesses:
             proc.kill()
         if proc is not None:
             proc.wait(5.0)
-        if self.store_dir:
-            shutil.rmtree(self.store_dir, ignore_errors=True)
-            shutil.rmtree(node_spill_dir(self.config.object_spilling_directory, self.session_dir, self.node_id),
-                          ignore_errors=True)
+        self._remove_store()
         if self.raylet_socket:
             try:
                 os.unlink(self.raylet_socket)
             except FileNotFoundError:
                 pass
+
+    def _remove_store(self) -> None:
+        """Remove the store and spill directories of the node this object started (its raylet is gone)."""
+        if self.store_dir:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
+            shutil.rmtree(node_spill_dir(self.config.object_spilling_directory, self.session_dir, self.node_id),
+                          ignore_errors=True)
+        if self._store_lock is not None:
+            os.close(self._store_lock)
+            self._store_lock = None
 
     def stop(self, timeout_s: float = 5.0, remove_sockets: bool = True) -> None:
         """Stop what this object started: SIGTERM, then SIGKILL after ``timeout_s``."""
@@ -382,10 +478,7 @@ class NodeProcesses:
                 proc.kill()
                 proc.wait(2.0)
         self.procs.clear()
-        if self.store_dir:
-            shutil.rmtree(self.store_dir, ignore_errors=True)
-            shutil.rmtree(node_spill_dir(self.config.object_spilling_directory, self.session_dir, self.node_id),
-                          ignore_errors=True)
+        self._remove_store()
         if remove_sockets:
             shutil.rmtree(os.path.join(self.session_dir, "sockets"), ignore_errors=True)
         elif self.raylet_socket:
