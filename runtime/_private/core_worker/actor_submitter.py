@@ -377,7 +377,8 @@ class ActorSubmitter:
             if task.retry_why is not None:
                 if spec.enable_task_events:
                     cw.spill_events(task)
-                    cw.record_event(spec.task_id, spec.attempt, "RETRIED", time.time(), None, None, task.retry_why)
+                    cw.record_event(spec.task_id, spec.attempt, m.TaskState.RETRIED, time.time(), None, None,
+                                    task.retry_why)
                 spec.attempt += 1
                 task.retry_why = None
             if spec.enable_task_events:
