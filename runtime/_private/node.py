@@ -17,13 +17,14 @@ read it nor plant files in it; private files are written to a fresh temporary na
         logs/                        gcs.log, raylet-*.log, worker-*.log, worker-*.out, ...
         sockets/                     gcs.sock, raylet-*.sock, driver-*.sock, worker-*.sock
 /dev/shm/lumos-<session>-<node>/     the node's object store, made 0700 before its raylet starts
-    lumos.lock                       flock'ed by the raylet while it lives (``sweep_dead_stores``)
+    lumos.lock                       flock'ed by the raylet while it lives; names its spill directory
 ```
 
 A store outlives its node when the raylet is killed with SIGKILL (the kernel's OOM
-killer, a kernel restart that kills the driver with its processes): its files stay in
-``/dev/shm``, which is memory, until reboot. Every node start removes this user's stores
-whose lock no live process holds (``sweep_dead_stores``).
+killer, Slurm ending a job step, ``kill -9``): its files stay in ``/dev/shm``, which is
+memory, until reboot, and its spill directory on disk. Every node start removes this
+user's stores whose lock no live process holds, with the spill directories they name
+(``sweep_dead_stores``).
 """
 
 from __future__ import annotations
@@ -172,23 +173,27 @@ STORE_LOCK = "lumos.lock"
 SWEEP_MIN_AGE_S = 60.0
 
 
-def _lock_store(store_dir: str) -> int:
-    """Create the lock file of the new store ``store_dir`` and lock it (``flock``): the
-    descriptor, which the raylet inherits; the lock lasts while either holds it open."""
+def _lock_store(store_dir: str, spill_dir: str) -> int:
+    """Create the lock file of the new store ``store_dir``, naming the node's spill
+    directory, and lock it (``flock``): the descriptor, which the raylet inherits; the
+    lock lasts while either holds it open."""
     fd = os.open(os.path.join(store_dir, STORE_LOCK), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                  | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, spill_dir.encode())
     return fd
 
 
 def sweep_dead_stores(shm_dir: str = SHM_DIR) -> list[tuple[str, int]]:
     """Remove this user's object store directories whose lock no live process holds (their
-    raylet and the process that started it are gone): ``[(path, bytes it held)]``.
+    raylet and the process that started it are gone), and the spill directory each lock
+    file names: ``[(store path, bytes it held)]``.
 
     Only directories of this user (not symlinks) named as stores, unchanged for
     ``SWEEP_MIN_AGE_S``, holding a lock file: a store made by a lumos without the lock
     file, or by anyone else, is left alone. A frozen (SIGSTOPped) raylet still holds its
-    lock, so its store is kept."""
+    lock, so its store is kept. A named spill directory is removed only if it is a
+    directory of this user named as one (``node-...``), not a symlink."""
     removed: list[tuple[str, int]] = []
     try:
         entries = list(os.scandir(shm_dir))
@@ -214,8 +219,11 @@ def sweep_dead_stores(shm_dir: str = SHM_DIR) -> list[tuple[str, int]]:
             except OSError:
                 continue  # held: a live node's
             size = _tree_bytes(entry.path)
+            spill = os.read(fd, 4096).decode(errors="replace")
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append((entry.path, size))
+            if spill and os.path.basename(spill).startswith("node-") and _ours(spill):
+                shutil.rmtree(spill, ignore_errors=True)
         finally:
             os.close(fd)
     return removed
@@ -421,7 +429,9 @@ class NodeProcesses:
         # user who made it first could replace sealed objects that workers unpickle.
         make_private_dir(store_dir, "object store directory")
         self.store_dir = store_dir  # ours from here on: stop() removes it
-        self._store_lock = _lock_store(store_dir)  # the raylet inherits it (and holds it while it lives)
+        # The raylet inherits the lock (and holds it while it lives).
+        self._store_lock = _lock_store(store_dir, node_spill_dir(self.config.object_spilling_directory,
+                                                                 self.session_dir, self.node_id))
         args = ["lumos._private.raylet.server", "--node-id", self.node_id.hex(),
                 "--session-dir", self.session_dir, "--token-file", self.token_path,
                 "--gcs-address", gcs_address, "--resources", json.dumps(resources),

@@ -1,6 +1,7 @@
 """A node killed with SIGKILL leaves its object store in ``/dev/shm`` (memory, until
-reboot); the next node start removes the stores no live process holds
-(``node.sweep_dead_stores``), and never a live, frozen, young or foreign one."""
+reboot) and its spill directory; the next node start removes the stores no live process
+holds, with the spill directories they name (``node.sweep_dead_stores``), and never a
+live, frozen, young or foreign one."""
 
 from __future__ import annotations
 
@@ -26,13 +27,22 @@ pytestmark = pytest.mark.timeout(120)
 _OLD = time.time() - 2 * node_mod.SWEEP_MIN_AGE_S
 
 
-def _store(shm: str, name: str, locked: bool = True, old: bool = True) -> str:
+def _spill_dir(parent: str, name: str) -> str:
+    path = os.path.join(parent, name)
+    os.makedirs(path, 0o700)
+    with open(os.path.join(path, "spilled"), "wb") as f:
+        f.write(b"s" * 4096)
+    return path
+
+
+def _store(shm: str, name: str, locked: bool = True, old: bool = True, spill: str = "") -> str:
     path = os.path.join(shm, f"lumos-session_{name}-0123abcd")
     os.mkdir(path, 0o700)
     with open(os.path.join(path, "0" * 40), "wb") as f:
         f.write(b"x" * 65536)
     if locked:
-        os.close(os.open(os.path.join(path, node_mod.STORE_LOCK), os.O_CREAT | os.O_WRONLY, 0o600))
+        with open(os.path.join(path, node_mod.STORE_LOCK), "w") as f:
+            f.write(spill)
     if old:
         os.utime(path, (_OLD, _OLD))
     return path
@@ -71,9 +81,16 @@ def _hold(procs: list[subprocess.Popen[str]], store: str) -> subprocess.Popen[st
 
 
 def test_only_stores_no_live_process_holds_are_swept(tmp_path, holders) -> None:
-    shm = str(tmp_path)
-    dead = _store(shm, "dead")
-    live = _store(shm, "live")
+    shm = str(tmp_path / "shm")
+    os.mkdir(shm)
+    spills = str(tmp_path / "spill")
+    dead_spill, live_spill = _spill_dir(spills, "node-dead"), _spill_dir(spills, "node-live")
+    dead = _store(shm, "dead", spill=dead_spill)
+    live = _store(shm, "live", spill=live_spill)
+    # Dead too, naming a symlink and a directory not named as a spill directory: left alone.
+    linked = _store(shm, "dead-link", spill=os.path.join(spills, "node-link"))
+    os.symlink(live_spill, os.path.join(spills, "node-link"))
+    odd = _store(shm, "dead-odd", spill=_spill_dir(spills, "not-a-spill-dir"))
     frozen = _store(shm, "frozen")
     young = _store(shm, "young", old=False)  # its maker may not have locked it yet
     unlocked = _store(shm, "older-lumos", locked=False)  # no lock file: not ours to judge
@@ -93,11 +110,13 @@ def test_only_stores_no_live_process_holds_are_swept(tmp_path, holders) -> None:
     os.mkdir(not_a_store)
     os.utime(not_a_store, (_OLD, _OLD))
 
-    removed = node_mod.sweep_dead_stores(shm)
-    assert [p for p, _ in removed] == [dead] and removed[0][1] >= 65536
-    assert not os.path.exists(dead)
-    for kept in (live, frozen, young, unlocked, target, not_a_store, os.path.join(shm, "elsewhere")):
+    removed = dict(node_mod.sweep_dead_stores(shm))
+    assert set(removed) == {dead, linked, odd} and removed[dead] >= 65536
+    assert not os.path.exists(dead) and not os.path.exists(dead_spill)
+    for kept in (live, frozen, young, unlocked, target, not_a_store, os.path.join(shm, "elsewhere"), live_spill,
+                 os.path.join(spills, "node-link"), os.path.join(spills, "not-a-spill-dir")):
         assert os.path.exists(kept), kept
+    assert os.listdir(live_spill)
     assert os.listdir(os.path.join(shm, "elsewhere"))
     if other is not None:
         assert os.path.exists(other)
@@ -105,6 +124,7 @@ def test_only_stores_no_live_process_holds_are_swept(tmp_path, holders) -> None:
     holders[0].kill()
     holders[0].wait(10)
     assert [p for p, _ in node_mod.sweep_dead_stores(shm)] == [live]
+    assert not os.path.exists(live_spill)
 
 
 _DRIVER = textwrap.dedent("""
@@ -128,6 +148,8 @@ def test_a_store_a_killed_node_left_is_removed_by_the_next_init(fresh_cluster) -
         assert node_hex, "the driver did not start"
         (store,) = [os.path.join(node_mod.SHM_DIR, n) for n in os.listdir(node_mod.SHM_DIR)
                     if n.startswith("lumos-session_") and n.endswith("-" + node_hex[:8])]
+        with open(os.path.join(store, node_mod.STORE_LOCK)) as f:
+            spill = f.read()
         tree = [driver.pid] + [c.pid for c in psutil.Process(driver.pid).children(recursive=True)]
         for pid in tree:
             os.kill(pid, signal.SIGKILL)
@@ -139,7 +161,8 @@ def test_a_store_a_killed_node_left_is_removed_by_the_next_init(fresh_cluster) -
             driver.wait(10)
         driver.stdout.close()  # type: ignore[union-attr]
     assert os.path.isdir(store) and len(os.listdir(store)) > 1, "the dead node's store was not left behind"
+    assert os.path.basename(spill) == f"node-{node_hex[:12]}" and os.path.isdir(spill)
     os.utime(store, (_OLD, _OLD))
     fresh_cluster()
-    assert not os.path.exists(store)
+    assert not os.path.exists(store) and not os.path.exists(spill)
     assert lumos.get(lumos.put(b"still works")) == b"still works"
