@@ -150,9 +150,20 @@ def test_a_store_a_killed_node_left_is_removed_by_the_next_init(fresh_cluster) -
                     if n.startswith("lumos-session_") and n.endswith("-" + node_hex[:8])]
         with open(os.path.join(store, node_mod.STORE_LOCK)) as f:
             spill = f.read()
-        tree = [driver.pid] + [c.pid for c in psutil.Process(driver.pid).children(recursive=True)]
+        # Frozen first, so that no process of the tree sees another die before its own
+        # SIGKILL (the raylet would clean up on its parent-death signal).
+        os.kill(driver.pid, signal.SIGSTOP)
+        tree = [c.pid for c in psutil.Process(driver.pid).children(recursive=True)] + [driver.pid]
+        for pid in tree[:-1]:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:  # (a short-lived one: the fork server's intermediate process)
+                pass
         for pid in tree:
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # (a short-lived one: the fork server's intermediate process)
+                pass
         driver.wait(10)
         wait_for(lambda: all(process_gone(pid) for pid in tree), 20)
     finally:
