@@ -497,13 +497,22 @@ class SubmissionMixin:
         at its second flush)."""
         if not task.ev_live:
             return
+        self._hold_row(self._take_live_row(task))
+
+    def _take_live_row(self, task: PendingTask) -> list[Any]:
+        """io thread: the row of the events riding on ``task`` (SUBMITTED with its facts, and
+        SCHEDULED when it was sent), which stop riding on it."""
         task.ev_live = False
         spec = task.spec
         self._fresh.pop(spec.task_id, None)
         sched = task.ev_sched
-        self._held_events[spec.task_id if not spec.attempt else (spec.task_id, spec.attempt)] = [
-            spec.task_id, spec.attempt, _SUBMITTED, task.submit_time, self._event_facts(task), task.ev_node,
-            task.ev_worker, None, [[m.TaskState.SCHEDULED, sched]] if sched is not None else None]
+        return [spec.task_id, spec.attempt, _SUBMITTED, task.submit_time, self._event_facts(task), task.ev_node,
+                task.ev_worker, None, [[m.TaskState.SCHEDULED, sched]] if sched is not None else None]
+
+    def _hold_row(self, row: list[Any]) -> None:
+        """io thread: send ``row`` at the next flush, with the events of its attempt buffered
+        by then folded in (``_merge_events`` finds it by the same key)."""
+        self._held_events[row[0] if not row[1] else (row[0], row[1])] = row
         if self._flush_idle:
             self.wake_flush()
 
@@ -514,24 +523,23 @@ class SubmissionMixin:
         which the GCS keeps as bytes (``_pack_whole_attempts`` says why). Nothing of it lives
         on until the flush but those bytes: a burst of short calls kept three event tuples
         and a dict per call, and the collector walked them again and again."""
-        task.ev_live = False
-        spec = task.spec
-        self._fresh.pop(spec.task_id, None)
-        facts = self._event_facts(task)
+        row = self._take_live_row(task)
         if info:
-            facts.update(info)
-        sched = task.ev_sched
-        more = [[m.TaskState.SCHEDULED, sched]] if sched is not None else []
+            row[4].update(info)
+        more = row[8] or []
         if start:
             more.append([m.TaskState.RUNNING, start])
         more.append([state, end])
-        row = [spec.task_id, spec.attempt, _SUBMITTED, task.submit_time, facts, task.ev_node,
-               worker_id or task.ev_worker, error, more]
+        row[8] = more
+        if worker_id:
+            row[6] = worker_id
+        row[7] = error
         try:
-            self._packed_rows.append((spec.task_id, spec.attempt, state, self._event_packer.pack(row)))
+            self._packed_rows.append((row[0], row[1], state, self._event_packer.pack(row)))
         except (TypeError, ValueError, OverflowError):  # (a value msgpack cannot take: sent plain)
             self._event_packer = msgpack.Packer(use_bin_type=True, autoreset=True)
-            self._held_events[spec.task_id if not spec.attempt else (spec.task_id, spec.attempt)] = row
+            self._hold_row(row)
+            return
         if self._flush_idle:
             self.wake_flush()
 
@@ -652,11 +660,9 @@ class SubmissionMixin:
                 else:
                     send.append(row)
             rows = send
-        if rows:
-            plain, packed = _pack_whole_attempts(rows)
-            self.gcs.notify(m.AddTaskEvents(self.job_id, plain, ended + packed if ended else packed))
-        elif ended:
-            self.gcs.notify(m.AddTaskEvents(self.job_id, [], ended))
+        plain, packed = _pack_whole_attempts(rows) if rows else ([], [])
+        if plain or packed or ended:
+            self.gcs.notify(m.AddTaskEvents(self.job_id, plain, ended + packed))
 
     def _report_fresh(self, hold: bool) -> None:
         """The flush: tasks submitted here and not ended, whose events ride on them, are
