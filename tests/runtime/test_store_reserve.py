@@ -218,7 +218,7 @@ def test_slots_running_low_are_asked_for_after_the_call_they_were_for_is_written
             log: list[str] = []
             post, reply = w._post, w.send_reply
             w._post = lambda fn, *args: (log.append(getattr(fn, "__name__", "?")), post(fn, *args))[1]
-            w.send_reply = lambda conn, msg: (log.append("reply"), reply(conn, msg))[1]
+            w.send_reply = lambda conn, msg, *hold: (log.append("reply"), reply(conn, msg, *hold))[1]
             builtins._lumos_test_log = log  # type: ignore[attr-defined]
             return []
         return list(builtins._lumos_test_log)  # type: ignore[attr-defined]

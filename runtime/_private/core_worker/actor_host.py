@@ -103,14 +103,15 @@ class ActorHost:
             self.instance.__lumos_restore__(state)
             logger.info("actor %s restored from its checkpoint", self.actor_id.hex()[:8])
 
-    def after_call(self, conn: Connection, reply: m.TaskReply, more_waiting: bool) -> None:
-        """Main thread, sync actors: release the reply, after a checkpoint when one is due."""
+    def after_call(self, conn: Connection, reply: m.TaskReply, hold: int) -> None:
+        """Main thread, sync actors: release the reply, after a checkpoint when one is due.
+        ``hold``: more calls wait (``CoreWorker.send_reply``)."""
         if not self.checkpointing:
-            self.cw.send_reply(conn, reply)
+            self.cw.send_reply(conn, reply, hold)
             return
         self._held.append((conn, reply))
         self._since_checkpoint += 1
-        if self._since_checkpoint >= self.checkpoint_interval or not more_waiting:
+        if self._since_checkpoint >= self.checkpoint_interval or not hold:
             self.checkpoint()
 
     def checkpoint(self) -> None:

@@ -68,6 +68,9 @@ class _Cancelled(Exception):
 #: Tasks in a row pushed on other connections after which the main thread reads its
 #: next task from the newest one instead of the lead's (``Executor._maybe_lead``).
 LEAD_SWITCH_AFTER = 16
+#: Replies of a sync actor's calls that may leave together while more calls wait
+#: (``CoreWorker.send_reply``).
+ACTOR_REPLY_HOLD = 16
 #: Give the CPU to another runnable thread, if there is one (a spinning wait's pause).
 _yield_cpu = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
 
@@ -165,6 +168,12 @@ class Executor(ArgumentsMixin):
         #: run time below which owners pipeline tasks at all.
         self._queue_check: Any = None
         self._requeue_after_s = max(0.02, 10 * cw.config.pipeline_below_ms / 1000)
+        #: Replies a task's reply may wait for while more tasks are queued
+        #: (``CoreWorker.send_reply``): half the owner's pipeline depth, which is when the
+        #: owner sends more (``TaskSubmitterState.pump``), so this queue never runs dry
+        #: for want of the replies it holds. An actor's caller does not wait for replies
+        #: before sending more calls: ``ACTOR_REPLY_HOLD``.
+        self._reply_hold = cw.config.max_tasks_in_flight_per_worker // 2
 
     # ------------------------------------------------------------------ io thread side
 
@@ -503,7 +512,7 @@ class Executor(ArgumentsMixin):
                 self.note_kept(msg.spec, reply)
             if self.actor is actor:
                 self._take_lead_early(conn)
-                actor.after_call(conn, reply, not self.queue.empty())
+                actor.after_call(conn, reply, ACTOR_REPLY_HOLD if not self.queue.empty() else 0)
             else:
                 self.cw.send_reply(conn, reply)
         else:
@@ -524,7 +533,7 @@ class Executor(ArgumentsMixin):
                 self._exit_after_this_task()
                 return False
             self._take_lead_early(conn)
-            self.cw.send_reply(conn, reply)
+            self.cw.send_reply(conn, reply, self._reply_hold if not self.queue.empty() else 0)
         self.flush_output_soon()
         return True
 
