@@ -77,7 +77,7 @@ def test_a_burst_of_short_tasks_sends_several_replies_per_write(fresh_cluster: A
     assert lumos.get([echo.remote(i) for i in range(n)], timeout=60) == list(range(n))
     writes = _writes(pid) - before
     # The owner sends up to 8 tasks at once and more when half of them came back; the
-    # worker holds up to 4 replies while tasks wait in its queue. A reply per write made
+    # worker sends 4 replies in a write while tasks wait in its queue. A reply per write made
     # at least one write per task (and the wake-ups of its io thread besides).
     assert writes < 0.8 * n, writes
 

@@ -945,8 +945,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         else through the io thread, after what was posted before it.
 
         ``hold`` (the main thread, more calls waiting in its queue): the reply of a call
-        shorter than ``REPLY_HOLD_S`` may wait for the next ones, up to ``hold`` replies
-        and ``REPLY_HOLD_S`` since the first, and leave with them in one write: in a burst
+        shorter than ``REPLY_HOLD_S`` may wait for the next ones, ``hold`` of them held at
+        most and for ``REPLY_HOLD_S`` since the first, and leave with them in one write: in a burst
         a reply per write cost a ``write`` (~4-7 us) per call here and as many reads and
         frames at the owner. The io thread sends a group a longer call keeps
         (``_watch_held``): no reply waits more than ``REPLY_HOLD_S + HELD_WATCH_S``. A

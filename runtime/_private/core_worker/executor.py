@@ -68,8 +68,8 @@ class _Cancelled(Exception):
 #: Tasks in a row pushed on other connections after which the main thread reads its
 #: next task from the newest one instead of the lead's (``Executor._maybe_lead``).
 LEAD_SWITCH_AFTER = 16
-#: Replies of a sync actor's calls that may leave together while more calls wait
-#: (``CoreWorker.send_reply``).
+#: Replies of a sync actor's calls that may be held while more calls wait: they leave
+#: with the next one (``CoreWorker.send_reply``).
 ACTOR_REPLY_HOLD = 16
 #: Give the CPU to another runnable thread, if there is one (a spinning wait's pause).
 _yield_cpu = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
@@ -168,12 +168,13 @@ class Executor(ArgumentsMixin):
         #: run time below which owners pipeline tasks at all.
         self._queue_check: Any = None
         self._requeue_after_s = max(0.02, 10 * cw.config.pipeline_below_ms / 1000)
-        #: Replies a task's reply may wait for while more tasks are queued
-        #: (``CoreWorker.send_reply``): half the owner's pipeline depth, which is when the
-        #: owner sends more (``TaskSubmitterState.pump``), so this queue never runs dry
-        #: for want of the replies it holds. An actor's caller does not wait for replies
-        #: before sending more calls: ``ACTOR_REPLY_HOLD``.
-        self._reply_hold = cw.config.max_tasks_in_flight_per_worker // 2
+        #: Replies held while more tasks are queued (``CoreWorker.send_reply``): they leave
+        #: with the next one, half the owner's pipeline depth in all, which is when the
+        #: owner sends more (``TaskSubmitterState.pump``), while half of it still waits
+        #: here (holding half the depth, the owner sent more only once this queue ran
+        #: dry). An actor's caller does not wait for replies before sending more calls:
+        #: ``ACTOR_REPLY_HOLD``.
+        self._reply_hold = max(1, cw.config.max_tasks_in_flight_per_worker // 2 - 1)
 
     # ------------------------------------------------------------------ io thread side
 
