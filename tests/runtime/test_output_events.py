@@ -599,3 +599,41 @@ def test_a_forked_child_outlives_its_worker_without_blocking_on_its_output(fresh
         if not os.path.exists(marker):
             with open(marker + ".pid") as f:
                 os.kill(int(f.read()), signal.SIGKILL)
+
+
+def test_a_direct_write_that_did_not_go_shows_one_scheduled(fresh_cluster, monkeypatch):
+    """A call a user thread writes itself records SCHEDULED before its write; when the write
+    does not go (the socket full, the connection closing), the io thread sends it the usual
+    way, which records SCHEDULED again: one of them, not two, is the task's."""
+    fresh_cluster(num_cpus=1)
+    from lumos._private.transport.connection import Connection
+
+    @lumos.remote
+    class Echo:
+        def ping(self, x):
+            return x
+
+    actor = Echo.remote()
+    assert lumos.get(add.remote(1), timeout=30) == 1  # a lease held idle: the next is written directly
+    assert lumos.get(actor.ping.remote(1), timeout=30) == 1
+    cw = worker_context.require()
+    sent_before = cw.direct_tasks, cw.actor_submitter.direct_sent
+    write_now = Connection.write_now
+    refused = []
+
+    def refuse_pushes(self, body):
+        if type(body) is m.PushTask:
+            refused.append(body.spec.task_id)
+            return False
+        return write_now(self, body)
+
+    monkeypatch.setattr(Connection, "write_now", refuse_pushes)
+    task_ref = add.remote(2)
+    assert lumos.get(task_ref, timeout=30) == 2
+    call_ref = actor.ping.remote(3)
+    assert lumos.get(call_ref, timeout=30) == 3
+    monkeypatch.undo()
+    assert len(refused) == 2 and (cw.direct_tasks, cw.actor_submitter.direct_sent) == sent_before
+    for ref in (task_ref, call_ref):
+        states = _states(_task_of(ref))
+        assert states.count("SCHEDULED") == 1, states

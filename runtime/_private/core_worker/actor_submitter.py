@@ -68,9 +68,9 @@ class _ActorQueue:
 
 class ActorSubmitter:
     """Actor calls of one process. Uses only the core worker's public surface: ``spawn``,
-    ``peer``, ``fail_task``, ``unpin``, ``record_event``, ``record_scheduled``, ``spill_events``,
-    ``allow_direct_writes``, and the
-    attributes ``loop``, ``gcs``, ``config``, ``dead_nodes``, ``extra_publish_handlers``."""
+    ``peer``, ``fail_task``, ``unpin``, ``record_event``, ``record_scheduled``,
+    ``unrecord_scheduled``, ``spill_events``, ``allow_direct_writes``, and the attributes
+    ``loop``, ``gcs``, ``config``, ``dead_nodes``, ``extra_publish_handlers``."""
 
     def __init__(self, cw: "CoreWorker") -> None:
         self.cw = cw
@@ -329,6 +329,7 @@ class ActorSubmitter:
         if not self.cw.register_call(task):
             return
         if not was_sent:
+            self.cw.unrecord_scheduled(task)
             self.add(task)
             if task.state != DONE:
                 self.enqueue(task)

@@ -722,6 +722,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
 
     def _on_direct_task(self, task: PendingTask, lease: LeasedWorker, was_sent: bool) -> None:
         self.tasks[task.spec.task_id] = task
+        if not was_sent:
+            self.unrecord_scheduled(task)
         if self.gone is not None:
             with self._submit_lock:
                 lease.claimed = False

@@ -491,6 +491,12 @@ class SubmissionMixin:
         self._buffer_event((spec.task_id, spec.attempt, m.TaskState.SCHEDULED, t,
                             {"resource_ids": resource_ids} if resource_ids else None, node_id, worker_id, None))
 
+    def unrecord_scheduled(self, task: PendingTask) -> None:
+        """io thread: the write a user thread recorded ``task``'s SCHEDULED before did not
+        go (``push_direct``, ``send_direct``); it is sent the usual way, which records it."""
+        if task.ev_live:
+            task.ev_sched = task.ev_node = task.ev_worker = task.ev_rids = None
+
     def spill_events(self, task: PendingTask) -> None:
         """io thread: the events riding on ``task`` become a row for the next flush, and its
         later events are buffered as they come (a retry, a failure, a task still running
