@@ -83,8 +83,8 @@ LEASED_EXIT_GRACE_S = 1.0
 
 #: A reply held back while more calls wait (``send_reply``'s ``hold``) leaves with the next
 #: one sent after this long. Only the reply of a call shorter than a quarter of it is held:
-#: the calls after a longer one would not come back in time to share its write, and each
-#: hold starts the io thread's look (a wake-up: 17 us per 1 MiB-returning call here).
+#: the calls after a longer one would not come back in time to share its write, and a
+#: hold may start the io thread's look (a wake-up).
 REPLY_HOLD_S = 0.0005
 #: How often the io thread looks at held replies (``_watch_held``): a reply waits
 #: ``REPLY_HOLD_S + HELD_WATCH_S`` at most, whatever the calls after it do. (The loop's
