@@ -64,7 +64,7 @@ def test_queued_short_calls_share_their_reply_writes(fresh_cluster: Any) -> None
     assert lumos.get(blocker, timeout=60) == "blocked"
     writes = _writes(pid) - before
     # A reply per write made 201 writes and more (the task events' flushes besides); held
-    # replies leave up to 16 in one write.
+    # replies leave up to 17 in one write.
     assert writes < 100, writes
 
 
