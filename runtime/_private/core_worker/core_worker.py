@@ -952,10 +952,11 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         shorter than a quarter of ``REPLY_HOLD_S`` may wait for the next ones, ``hold`` of
         them held at most and for ``REPLY_HOLD_S`` since the first, and leave with them in
         one write: in a burst a reply per write cost a ``write`` (~4-7 us) per call here
-        and as many reads and frames at the owner. The io thread sends a group a longer call keeps
-        (``_watch_held``): no reply waits more than ``REPLY_HOLD_S + HELD_WATCH_S``. A
-        worker that dies meanwhile takes its held replies along: their calls were in flight
-        at its death (retried or failed as such), as a reply not yet written always was."""
+        and as many reads and frames at the owner. The io thread sends a group a longer
+        call keeps (``_watch_held``): no reply waits more than ``REPLY_HOLD_S +
+        HELD_WATCH_S``. A worker that dies meanwhile takes its held replies along: their
+        calls were in flight at its death (retried or failed as such), as a reply not yet
+        written always was."""
         ex = self.executor
         if self._running_events:
             self.reply_sent(reply)
