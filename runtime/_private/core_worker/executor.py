@@ -443,7 +443,7 @@ class Executor(ArgumentsMixin):
                     if spin_until:
                         _yield_cpu()
                     continue
-                item = self._own_task(lead.conn, frames)
+                item = self._own_tasks(lead.conn, frames)
                 if item is not None:
                     if not spin_until:  # (caught asleep: would a spin have caught it?)
                         self._spin_pays = time.monotonic() - started <= self._spin_s
@@ -474,15 +474,30 @@ class Executor(ArgumentsMixin):
                 readable = True
         return readable
 
-    def _own_task(self, conn: Connection, frames: list[bytes]) -> tuple[Connection, m.PushTask] | None:
-        """The task ``frames`` are, when they are exactly one this thread may run now."""
-        if len(frames) != 1:
+    def _own_tasks(self, conn: Connection, frames: list[bytes]) -> tuple[Connection, m.PushTask] | None:
+        """The first of the tasks ``frames`` are, when every one is a task this thread may
+        run; the others it queues itself (``_queue_read``). None when any frame is not:
+        then the io thread handles them all, in order, as it does what it reads."""
+        if self._exiting:
             return None
+        tasks = []
+        for frame in frames:
+            task = self._runnable(frame)
+            if task is None:
+                return None
+            tasks.append((conn, task))
+        self._elsewhere = 0
+        if len(tasks) > 1:
+            self._queue_read(tasks[1:])
+        return tasks[0]
+
+    def _runnable(self, frame: bytes) -> m.PushTask | None:
+        """The task ``frame`` is, when it is one this thread may run."""
         try:
-            kind, _rid, body = m.decode(frames[0])
+            kind, _rid, body = m.decode(frame)
         except Exception:  # malformed: the io thread decodes it again, logs and drops the connection
             return None
-        if kind != m.NOTIFY or type(body) is not m.PushTask or not well_formed_push(body) or self._exiting:
+        if kind != m.NOTIFY or type(body) is not m.PushTask or not well_formed_push(body):
             return None
         actor = self.actor
         task_kind = body.spec.kind
@@ -491,8 +506,28 @@ class Executor(ArgumentsMixin):
                 return None
         elif task_kind != m.TaskKind.ACTOR_TASK or actor.concurrent:
             return None
-        self._elsewhere = 0
-        return conn, body
+        return body
+
+    def _queue_read(self, items: list[tuple[Connection, m.PushTask]]) -> None:
+        """Main thread: queue tasks it read behind the one it runs now, as ``push`` does
+        for the io thread's. A burst comes a few pushes to a write; handed to the io
+        thread, each write cost two wake-ups across threads (the io thread's, then this
+        thread's in ``queue.get``). The queue's watch (``_watch_queue``) is armed on the io
+        thread, woken for it only while none is pending (straight to the loop: through
+        the inbox the io thread would look busy, and replies would take its path)."""
+        put = self.queue.put
+        for item in items:
+            put(item)
+        # (after the puts: a look that found the queue empty and ended sees them)
+        if self._queue_check is None and self.actor is None:
+            try:
+                self.cw.loop.call_soon_threadsafe(self._arm_queue_watch)  # type: ignore[union-attr]
+            except (AttributeError, RuntimeError):  # no loop any more: the process is ending
+                pass
+
+    def _arm_queue_watch(self) -> None:
+        if self._queue_check is None and not self.queue.empty():
+            self._watch_queue()
 
     def _run_one(self, conn: Connection, msg: m.PushTask) -> bool:
         """Run one pushed task and send its reply; False once this worker must exit. Store
