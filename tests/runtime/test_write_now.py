@@ -80,3 +80,52 @@ def test_write_now_from_another_thread_keeps_frames_whole_and_in_order(tmp_path)
 
 async def _notify(conn, body) -> None:
     conn.notify(body)
+
+
+@pytest.mark.timeout(60)
+def test_the_loops_own_big_frame_on_a_direct_connection_arrives_whole_before_later_ones(tmp_path):
+    """With ``allow_write_now`` the loop writes its own sends through the same duplicated
+    fd (``os.write`` lets the other threads run meanwhile); a frame the socket takes only
+    in part is finished through the transport, and neither the loop's next sends nor
+    another thread's ``write_now`` pass it."""
+    received: list[tuple[str, int, int]] = []
+    total = 2 + 50 + 1
+
+    async def go() -> None:
+        config = Config()
+        server = RpcServer(token=TOKEN, config=config, handlers={}, name="test-server")
+        await server.start(unix_path=str(tmp_path / "s.sock"))
+        done = asyncio.get_running_loop().create_future()
+
+        def on_publish(conn, msg) -> None:
+            received.append((msg.channel, msg.key[0] if msg.key else 0, len(msg.data)))
+            if len(received) == total and not done.done():
+                done.set_result(None)
+
+        client = await connect(str(tmp_path / "s.sock"), token=TOKEN, config=config,
+                               handlers={m.Publish: on_publish}, name="test-client", timeout_s=10)
+        try:
+            for _ in range(100):
+                if server.connections:
+                    break
+                await asyncio.sleep(0.01)
+            (conn,) = server.connections
+            conn.allow_write_now()
+            big = 32 * 1024 * 1024
+            conn.notify(m.Publish("big", b"\1", b"x" * big))
+            await asyncio.sleep(0)  # flushed: the socket took a part, the transport holds the rest
+            assert not conn.write_now(m.Publish("thread", b"\0", b"")), "written past the big frame's rest"
+            conn.notify(m.Publish("big", b"\2", b""))
+            for i in range(50):
+                conn.notify(m.Publish("loop", bytes([i]), b"z" * (i * 997 % 9000)))
+                await asyncio.sleep(0)
+            conn.notify(m.Publish("after", b"\3", b""))
+            await asyncio.wait_for(done, 30)
+        finally:
+            client.close()
+            await server.stop()
+
+    eventloop.run(go())
+    assert received[:2] == [("big", 1, 32 * 1024 * 1024), ("big", 2, 0)]
+    assert received[2:-1] == [("loop", i, i * 997 % 9000) for i in range(50)]
+    assert received[-1] == ("after", 3, 0)

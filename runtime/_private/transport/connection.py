@@ -408,10 +408,21 @@ class Connection(asyncio.Protocol):
             self._direct_rest = None
             if self._transport is not None and self._state != _CLOSED:
                 self._transport.write(rest)
-        if self._out and self._transport is not None and self._state != _CLOSED:
+        t = self._transport
+        if self._out and t is not None and self._state != _CLOSED:
             data = b"".join(self._out)
             self._out.clear()
-            self._transport.write(data)
+            if self._wfd >= 0 and not t.get_write_buffer_size():
+                try:
+                    n = os.write(self._wfd, data)
+                except (BlockingIOError, InterruptedError):
+                    n = 0
+                except OSError:
+                    n = 0  # (closing: the transport finds out itself)
+                if n == len(data):
+                    return
+                data = data[n:]
+            t.write(data)
 
     @property
     def direct_writes(self) -> bool:
