@@ -402,6 +402,10 @@ class Connection(asyncio.Protocol):
             self._flush_locked()
 
     def _flush_locked(self) -> None:
+        """Write what was sent. Through the duplicated fd when there is one and the
+        transport holds nothing: ``os.write`` lets the process's other threads run during
+        the call, where uvloop's ``write`` keeps the GIL (the driver's io thread, preempted
+        inside its write by the worker that write woke, held up the calling thread)."""
         self._flush_scheduled = False
         rest = self._direct_rest
         if rest is not None:
