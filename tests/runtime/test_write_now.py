@@ -5,6 +5,7 @@ writes, keeps its order, and a frame the socket takes only in part is finished b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import pytest
@@ -23,24 +24,7 @@ def test_write_now_from_another_thread_keeps_frames_whole_and_in_order(tmp_path)
     total = 2 * 300 + 3
 
     async def go() -> None:
-        config = Config()
-        server = RpcServer(token=TOKEN, config=config, handlers={}, name="test-server")
-        await server.start(unix_path=str(tmp_path / "s.sock"))
-        done = asyncio.get_running_loop().create_future()
-
-        def on_publish(conn, msg) -> None:
-            received.append((msg.channel, msg.key[0] if msg.key else 0, len(msg.data)))
-            if len(received) == total and not done.done():
-                done.set_result(None)
-
-        client = await connect(str(tmp_path / "s.sock"), token=TOKEN, config=config,
-                               handlers={m.Publish: on_publish}, name="test-client", timeout_s=10)
-        try:
-            for _ in range(100):
-                if server.connections:
-                    break
-                await asyncio.sleep(0.01)
-            (conn,) = server.connections
+        async with _served(tmp_path, received, total) as (conn, done):
             assert not conn.write_now(m.Publish("thread", b"\0", b"")), "written before allow_write_now"
             conn.allow_write_now()
             big = b"x" * (16 * 1024 * 1024)  # more than the socket takes at once: the loop finishes it
@@ -64,9 +48,6 @@ def test_write_now_from_another_thread_keeps_frames_whole_and_in_order(tmp_path)
             conn.notify(m.Publish("after", b"\3", b""))
             await asyncio.wait_for(done, 30)
             assert written == [True]
-        finally:
-            client.close()
-            await server.stop()
 
     eventloop.run(go())
     by_channel: dict[str, list[tuple[int, int]]] = {}
@@ -82,6 +63,35 @@ async def _notify(conn, body) -> None:
     conn.notify(body)
 
 
+@contextlib.asynccontextmanager
+async def _served(tmp_path, received: list[tuple[str, int, int]], total: int):
+    """A server and a client over a Unix socket: the server's side of the connection, and
+    a future done once the client received ``total`` ``Publish`` messages (appended to
+    ``received`` as channel, first key byte, data length)."""
+    config = Config()
+    server = RpcServer(token=TOKEN, config=config, handlers={}, name="test-server")
+    await server.start(unix_path=str(tmp_path / "s.sock"))
+    done = asyncio.get_running_loop().create_future()
+
+    def on_publish(conn, msg) -> None:
+        received.append((msg.channel, msg.key[0] if msg.key else 0, len(msg.data)))
+        if len(received) == total and not done.done():
+            done.set_result(None)
+
+    client = await connect(str(tmp_path / "s.sock"), token=TOKEN, config=config,
+                           handlers={m.Publish: on_publish}, name="test-client", timeout_s=10)
+    try:
+        for _ in range(100):
+            if server.connections:
+                break
+            await asyncio.sleep(0.01)
+        (conn,) = server.connections
+        yield conn, done
+    finally:
+        client.close()
+        await server.stop()
+
+
 @pytest.mark.timeout(60)
 def test_the_loops_own_big_frame_on_a_direct_connection_arrives_whole_before_later_ones(tmp_path):
     """With ``allow_write_now`` the loop writes its own sends through the same duplicated
@@ -92,24 +102,7 @@ def test_the_loops_own_big_frame_on_a_direct_connection_arrives_whole_before_lat
     total = 2 + 50 + 1
 
     async def go() -> None:
-        config = Config()
-        server = RpcServer(token=TOKEN, config=config, handlers={}, name="test-server")
-        await server.start(unix_path=str(tmp_path / "s.sock"))
-        done = asyncio.get_running_loop().create_future()
-
-        def on_publish(conn, msg) -> None:
-            received.append((msg.channel, msg.key[0] if msg.key else 0, len(msg.data)))
-            if len(received) == total and not done.done():
-                done.set_result(None)
-
-        client = await connect(str(tmp_path / "s.sock"), token=TOKEN, config=config,
-                               handlers={m.Publish: on_publish}, name="test-client", timeout_s=10)
-        try:
-            for _ in range(100):
-                if server.connections:
-                    break
-                await asyncio.sleep(0.01)
-            (conn,) = server.connections
+        async with _served(tmp_path, received, total) as (conn, done):
             conn.allow_write_now()
             big = 32 * 1024 * 1024
             conn.notify(m.Publish("big", b"\1", b"x" * big))
@@ -121,9 +114,6 @@ def test_the_loops_own_big_frame_on_a_direct_connection_arrives_whole_before_lat
                 await asyncio.sleep(0)
             conn.notify(m.Publish("after", b"\3", b""))
             await asyncio.wait_for(done, 30)
-        finally:
-            client.close()
-            await server.stop()
 
     eventloop.run(go())
     assert received[:2] == [("big", 1, 32 * 1024 * 1024), ("big", 2, 0)]
