@@ -419,13 +419,13 @@ class Connection(asyncio.Protocol):
             if self._wfd >= 0 and not t.get_write_buffer_size():
                 try:
                     n = os.write(self._wfd, data)
-                except (BlockingIOError, InterruptedError):
+                except OSError:  # full, or closing: the transport writes it, or finds out
                     n = 0
-                except OSError:
-                    n = 0  # (closing: the transport finds out itself)
                 if n == len(data):
                     return
-                data = data[n:]
+                if n:
+                    t.write(memoryview(data)[n:])  # (the rest, not copied)
+                    return
             t.write(data)
 
     @property
