@@ -40,6 +40,7 @@ def count_tasks_handed_to_the_io_thread() -> int:
         spy = counting
     return spy.counted[0]  # type: ignore[attr-defined, no-any-return]
 
+
 def test_tasks_read_in_a_burst_stay_with_the_main_thread(fresh_cluster: Any) -> None:
     fresh_cluster(num_cpus=1)
     assert lumos.get(count_tasks_handed_to_the_io_thread.remote(), timeout=60) == 0

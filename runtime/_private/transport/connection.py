@@ -414,7 +414,7 @@ class Connection(asyncio.Protocol):
                 self._transport.write(rest)
         t = self._transport
         if self._out and t is not None and self._state != _CLOSED:
-            data = b"".join(self._out)
+            data: bytes | memoryview = b"".join(self._out)
             self._out.clear()
             if self._wfd >= 0 and not t.get_write_buffer_size():
                 try:
@@ -424,8 +424,7 @@ class Connection(asyncio.Protocol):
                 if n == len(data):
                     return
                 if n:
-                    t.write(memoryview(data)[n:])  # (the rest, not copied)
-                    return
+                    data = memoryview(data)[n:]  # (the rest, not copied)
             t.write(data)
 
     @property
