@@ -206,21 +206,21 @@ def test_a_lent_slot_is_renamed_once_reserved_again_after_its_task_and_published
     client = _client(tmp_path, [1, 2])
     try:
         mapping = client.take_reserved(MiB, lend=True)
-        assert mapping is not None and mapping.slot == 1
+        assert mapping is not None and mapping.slot == 2  # (the one that came last first)
         assert client.write_lent(b"a" * 16, mapping, MiB, _fill(7))
-        assert sorted(os.listdir(tmp_path)) == ["lent-1", "resv-2"]
+        assert sorted(os.listdir(tmp_path)) == ["lent-2", "resv-1"]
         assert client.reservations(MiB) == 1 and client.stats()["lent_slots"] == 1
-        with open(tmp_path / "lent-1", "rb") as f:
+        with open(tmp_path / "lent-2", "rb") as f:
             assert f.read(4) == b"\x07" * 4
         assert client.reclaim(b"a" * 16)
         assert client.reservations(MiB) == 2 and not client.stats()["lent_slots"]
         again = client.take_reserved(MiB, lend=True)
-        assert again is not None and again.slot == 2  # (the oldest first)
+        assert again is not None and again.slot == 2 and again.path.endswith("lent-2")  # back last: lent next
         assert client.write_lent(b"b" * 16, again, MiB, _fill(8))
         third = client.take_reserved(MiB, lend=True)
-        assert third is not None and third.slot == 1 and third.path.endswith("lent-1")
+        assert third is not None and third.slot == 1
         assert client.write_lent(b"c" * 16, third, MiB, _fill(9))
-        assert sorted(os.listdir(tmp_path)) == ["lent-1", "lent-2"]  # no rename the second time
+        assert sorted(os.listdir(tmp_path)) == ["lent-1", "lent-2"]  # no rename of lent-2 the second time
         assert client.publish(b"b" * 16) == (2, MiB)
         assert sorted(os.listdir(tmp_path)) == [(b"b" * 16).hex(), "lent-1"]
         assert not client.reclaim(b"b" * 16)  # an object now: freed as one
@@ -232,17 +232,17 @@ def test_a_slot_taken_back_while_lent_is_unlinked_when_reclaimed(tmp_path: Any) 
     client = _client(tmp_path, [1, 2])
     try:
         mapping = client.take_reserved(MiB, lend=True)
-        assert mapping is not None
+        assert mapping is not None and mapping.slot == 2
         assert client.write_lent(b"a" * 16, mapping, MiB, _fill(1))
-        client.drop_slot(1)  # the raylet took it back: its resv- name was gone already
-        assert os.path.exists(tmp_path / "lent-1")  # the task may still open it
+        client.drop_slot(2)  # the raylet took it back: its resv- name was gone already
+        assert os.path.exists(tmp_path / "lent-2")  # the task may still open it
         assert client.reclaim(b"a" * 16)
-        assert not os.path.exists(tmp_path / "lent-1") and client.reservations(MiB) == 1
+        assert not os.path.exists(tmp_path / "lent-2") and client.reservations(MiB) == 1
         # Taken back before it was ever lent: the write finds its file gone and says so.
         other = client.take_reserved(MiB, lend=True)
-        assert other is not None and other.slot == 2
-        os.unlink(tmp_path / "resv-2")
-        client.drop_slot(2)
+        assert other is not None and other.slot == 1
+        os.unlink(tmp_path / "resv-1")
+        client.drop_slot(1)
         assert not client.write_lent(b"b" * 16, other, MiB, _fill(2))
         assert not client.stats()["lent_slots"] and not os.listdir(tmp_path)
     finally:

@@ -113,6 +113,67 @@ class _Mapping:
         self.lent = False
 
 
+class SlotsBySize:
+    """Slot -> value (a file size, or a mapping of it), grouped by file size as well:
+    counting the slots that fit a size, or taking one, costs a step per distinct file
+    size, not per slot. A burst of 1 MiB by-value arguments leaves hundreds of slots of
+    one size reserved in the driver (its lent slots come back as the tasks end), and a
+    count that walked them all took a quarter of the caller's time per call."""
+
+    __slots__ = ("_by_slot", "_by_size", "_size_of")
+
+    def __init__(self, size_of: Callable[[Any], int]) -> None:
+        self._by_slot: dict[int, Any] = {}
+        #: File size -> {slot: value}, in the order the slots came.
+        self._by_size: dict[int, dict[int, Any]] = {}
+        self._size_of = size_of
+
+    def __len__(self) -> int:
+        return len(self._by_slot)
+
+    def __contains__(self, slot: int) -> bool:
+        return slot in self._by_slot
+
+    def __setitem__(self, slot: int, value: Any) -> None:
+        self.pop(slot)
+        self._by_slot[slot] = value
+        self._by_size.setdefault(self._size_of(value), {})[slot] = value
+
+    def pop(self, slot: int, default: Any = None) -> Any:
+        value = self._by_slot.pop(slot, _MISSING)
+        if value is _MISSING:
+            return default
+        size = self._size_of(value)
+        group = self._by_size[size]
+        del group[slot]
+        if not group:
+            del self._by_size[size]
+        return value
+
+    def values(self) -> list[Any]:
+        return list(self._by_slot.values())
+
+    def clear(self) -> None:
+        self._by_slot.clear()
+        self._by_size.clear()
+
+    def count_fitting(self, size: int) -> int:
+        """How many slots fit ``size`` bytes (``_fits``)."""
+        return sum(len(group) for file_size, group in self._by_size.items() if _fits(size, file_size))
+
+    def last_fitting(self, size: int) -> tuple[int, Any] | None:
+        """The slot that came last among those of the first file size that fits ``size``,
+        with its value: a slot back from a lent argument is the next one lent (see
+        ``StoreClient.take_reserved``)."""
+        for file_size, group in self._by_size.items():
+            if _fits(size, file_size):
+                return next(reversed(group.items()))
+        return None
+
+
+_MISSING = object()
+
+
 class StoreClient:
     """Creates and maps object files in one node's store directory."""
 
@@ -148,9 +209,9 @@ class StoreClient:
         self._slots: dict[int, _Mapping] = {}
         self._slot_bytes = 0
         #: Reserved slots granted by the raylet -> file size (mapped or being mapped).
-        self._resv_sizes: dict[int, int] = {}
+        self._resv_sizes = SlotsBySize(int)
         #: Reserved slots mapped and ready for a put: slot -> mapping.
-        self._reserved: dict[int, _Mapping] = {}
+        self._reserved = SlotsBySize(_file_size)
         #: Reserved slots lent to a task (``write_lent``): slot -> mapping, from the
         #: ``take_reserved`` that took it until ``reclaim`` or ``publish``.
         self._lending: dict[int, _Mapping] = {}
@@ -241,7 +302,7 @@ class StoreClient:
     def reservations(self, size: int) -> int:
         """Reserved slots (ready or being mapped) that fit ``size`` bytes."""
         with self._lock:
-            return sum(1 for fs in self._resv_sizes.values() if _fits(size, fs))
+            return self._resv_sizes.count_fitting(size)
 
     def reserved_granted(self, grants: list[Any]) -> None:
         """The raylet granted these slots (io thread, in message order, so a later
@@ -326,18 +387,26 @@ class StoreClient:
 
     def take_reserved(self, size: int, lend: bool = False) -> _Mapping | None:
         """A mapped reserved slot that fits ``size`` bytes, now this caller's, or None.
-        ``lend``: for ``write_lent`` (a take-back of the slot from now on is noted)."""
+        ``lend``: for ``write_lent`` (a take-back of the slot from now on is noted).
+
+        The slot that came back last goes first: a loop of calls with a by-value argument
+        writes the same few slots, whose pages are in the cache, and the worker reads
+        them through the mapping it kept of that file (its spare), where taking the
+        oldest first went round every slot the bursts had left reserved (hundreds, for
+        1 MiB arguments), a fresh mmap and munmap in the worker per call (by-value
+        bursts ran 10-30% slower)."""
         if not self._reserved:
             return None
         with self._lock:
-            for slot, mapping in self._reserved.items():
-                if _fits(size, mapping.size):
-                    del self._reserved[slot]
-                    del self._resv_sizes[slot]
-                    if lend:
-                        self._lending[slot] = mapping
-                    return mapping
-        return None
+            found = self._reserved.last_fitting(size)
+            if found is None:
+                return None
+            slot, mapping = found
+            self._reserved.pop(slot)
+            self._resv_sizes.pop(slot)
+            if lend:
+                self._lending[slot] = mapping
+            return mapping
 
     def lent_path(self, slot: int) -> str:
         return f"{self._prefix}lent-{slot}"
@@ -870,6 +939,10 @@ class StoreClient:
                     "lent_slots": len(self._lending), "lent_writes": self.lent_writes,
                     "lent_reclaimed": self.lent_reclaimed,
                     "reserved_remapped": self.reserved_remapped}
+
+
+def _file_size(mapping: _Mapping) -> int:
+    return mapping.size
 
 
 def _fits(size: int, file_size: int) -> bool:
