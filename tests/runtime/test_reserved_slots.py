@@ -45,9 +45,14 @@ def test_counting_reserved_slots_looks_at_each_file_size_once(tmp_path: Any,
         store.reserved_granted([(slot, str(tmp_path / f"resv-{slot}"), MiB, False) for slot in range(300)]
                                + [(300, str(tmp_path / "resv-300"), 4096, False),
                                   (301, str(tmp_path / "resv-301"), 8 * MiB, False)])
-        calls = []
+        calls: list[int] = []
         fits = client_mod._fits
-        monkeypatch.setattr(client_mod, "_fits", lambda size, file_size: (calls.append(file_size), fits(size, file_size))[1])
+
+        def counted(size: int, file_size: int) -> bool:
+            calls.append(file_size)
+            return fits(size, file_size)
+
+        monkeypatch.setattr(client_mod, "_fits", counted)
         assert store.reservations(MiB) == 300 and store.reservations(4096) == 1
         assert store.reservations(5 * MiB) == 1 and store.reservations(64 * MiB) == 0
         assert len(calls) <= 4 * 3, len(calls)  # three file sizes, four counts

@@ -118,7 +118,7 @@ class SlotsBySize:
     counting the slots that fit a size, or taking one, costs a step per distinct file
     size, not per slot. A burst of 1 MiB by-value arguments leaves hundreds of slots of
     one size reserved in the driver (its lent slots come back as the tasks end), and a
-    count that walked them all took a quarter of the caller's time per call."""
+    count that walked them all took a quarter of the caller's GIL time in such a burst."""
 
     __slots__ = ("_by_slot", "_by_size", "_size_of")
 
