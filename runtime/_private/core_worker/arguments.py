@@ -22,7 +22,7 @@ from typing import Any
 
 from lumos import exceptions as exc
 from lumos._private import serialization as ser
-from lumos._private.core_worker.submission import _ArgRef
+from lumos._private.core_worker.submission import REFS_ONLY_ARGS, _ArgRef
 from lumos._private.ids import NodeID, ObjectID, return_object_id, short
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
@@ -109,6 +109,10 @@ class ArgumentsMixin:
 
     def _resolve_args(self, spec: m.TaskSpec) -> tuple[tuple[Any, ...], dict[str, Any]]:
         values = [self._dep_value(spec, dep) for dep in spec.deps]
+        if values:
+            refs_only = REFS_ONLY_ARGS.get(spec.args)
+            if refs_only is not None and len(refs_only) == len(values):
+                return tuple(values), {}  # (``f.remote(ref)``: nothing to unpickle)
         self._in_args = True
         try:
             kind, payload = ser.deserialize(spec.args)

@@ -85,6 +85,14 @@ class _ArgRef(int):
 
 ser._PLAIN_SCALARS = ser._PLAIN_SCALARS | {_ArgRef}  # pickles by reference: safe on the fast path
 
+#: The arguments of a call that passes refs and nothing else (``f.remote(ref)``), by how
+#: many: pickled once and shared (never changed), where every such call pickled its
+#: placeholders anew (~4.6 us; the executor's unpickling of them, ~3 us, is skipped too:
+#: ``REFS_ONLY_ARGS``).
+_REFS_ONLY = [ser.serialize(tuple(_ArgRef(i) for i in range(n))) for n in range(9)]
+#: Those arguments' bytes -> the placeholders they hold (the executor's look-up).
+REFS_ONLY_ARGS = {sv.to_bytes(): tuple(_ArgRef(i) for i in range(n)) for n, sv in enumerate(_REFS_ONLY) if n}
+
 
 def function_id_of(pickled: bytes) -> bytes:
     return hashlib.sha256(pickled).digest()[:16]
@@ -126,6 +134,8 @@ class SubmissionMixin:
                     deps.append(a)
                 else:
                     new_args.append(a)
+            if not kwargs and len(deps) == len(args) < len(_REFS_ONLY):
+                return _REFS_ONLY[len(deps)], deps
             args = tuple(new_args)
         if kwargs and any(type(v) is ObjectRef for v in kwargs.values()):
             kwargs = dict(kwargs)
