@@ -153,6 +153,12 @@ class Config:
     #: Free memory at the top of a worker's heap kept for reuse up to this much (glibc's
     #: ``M_TRIM_THRESHOLD``; used with the threshold above).
     worker_malloc_trim_threshold_bytes: int = _positive(32 * 1024 * 1024)
+    #: glibc's ``memcpy`` in worker processes writes copies of at least this many bytes
+    #: with non-temporal stores (x86-64 Linux; 0: glibc's own choice, from the cache size
+    #: the machine reports). Large returns and puts are copied into store files that no
+    #: cache holds; a VM that reports its host's whole cache makes glibc's own threshold
+    #: ~190 MiB, and a 1 MiB copy there took twice as long (``process.worker_exec_env``).
+    worker_nontemporal_copy_bytes: int = 1024 * 1024
     #: Deadline for a new worker process to register with its raylet.
     worker_register_timeout_s: float = _positive(30.0)
     #: Object store capacity per node in bytes (0: 30% of RAM, capped by /dev/shm).

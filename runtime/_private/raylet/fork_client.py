@@ -124,8 +124,10 @@ class ForkServerClient:
 
     def __init__(self, cmd: list[str], log_path: str, on_ready: Callable[[], None],
                  on_forked: Callable[[WorkerID, int | None, str], None],
-                 on_exit: Callable[[list[WorkerID]], None]) -> None:
+                 on_exit: Callable[[list[WorkerID]], None], env: dict[str, str] | None = None) -> None:
         self.cmd = cmd
+        #: The server's environment (None: the raylet's own).
+        self.env = env
         self.log_path = log_path
         self._on_ready = on_ready
         self._on_forked = on_forked
@@ -140,7 +142,7 @@ class ForkServerClient:
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                          close_fds=True, start_new_session=False)
+                                          close_fds=True, start_new_session=False, env=self.env)
         assert self.popen.stdin is not None and self.popen.stdout is not None
         self._wfd = self.popen.stdin.fileno()
         self._rfd = self.popen.stdout.fileno()

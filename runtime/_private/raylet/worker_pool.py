@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Union
 
 from lumos._private.ids import JobID, WorkerID, random_id, short
 from lumos._private.object_store.client import unlink_quietly
+from lumos._private.process import worker_exec_env
 from lumos._private.protocol import messages as m
 from lumos._private.raylet import memory_monitor as mm
 from lumos._private.raylet.fork_client import (FORK_REPLY_TIMEOUT_S, ForkedProcess, ForkServerClient, Process,
@@ -330,13 +331,18 @@ class WorkerPool:
         cmd = [sys.executable, "-m", "lumos._private.worker.fork_server", str(os.getpid()), "--", *args]
         log = os.path.join(r.session_dir, "logs", f"forkserver-{r.node_id.hex()[:12]}.out")
         self.fork_server = ForkServerClient(cmd, log, self._fork_server_ready, self._forked,
-                                            self._fork_server_died)
+                                            self._fork_server_died, self._exec_env())
         try:
             self.fork_server.start()
         except OSError as e:
             logger.error("could not start the fork server: %s", e)
             self.fork_server = None
             self._apply(self.state.handle(ForkServerDied(), time.monotonic()))
+
+    def _exec_env(self) -> dict[str, str] | None:
+        """A worker's (and the fork server's) environment: the raylet's, with glibc's
+        non-temporal copy size set (``process.worker_exec_env``)."""
+        return worker_exec_env(self.raylet.config.worker_nontemporal_copy_bytes)
 
     def _worker_args(self) -> list[str]:
         r = self.raylet
@@ -420,7 +426,7 @@ class WorkerPool:
         try:
             with open(self._log_path(proc.worker_id), "ab") as out:
                 popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                         close_fds=True, start_new_session=False)
+                                         close_fds=True, start_new_session=False, env=self._exec_env())
         except OSError as e:
             logger.error("could not start worker %s: %s", short(proc.worker_id), e)
             self._exited(proc, 1, f"could not start: {e}")

@@ -20,7 +20,7 @@ import sys
 from lumos._private.config import Config
 from lumos._private.core_worker.core_worker import WORKER, CoreWorker
 from lumos._private.core_worker.executor import Executor, TaskOutput
-from lumos._private.process import die_with_parent, read_token, setup_logging, tune_malloc
+from lumos._private.process import die_with_parent, read_token, restore_user_env, setup_logging, tune_malloc
 from lumos._private.transport.connection import parse_address
 
 logger = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ def run(args: argparse.Namespace, config: Config | None = None) -> None:
     config, once in its template: ~2 ms less per forked worker)."""
     if args.parent_pid:
         die_with_parent(args.parent_pid)
+    restore_user_env()  # (a forked worker's template did it already)
     setup_logging(os.path.join(args.session_dir, "logs"), f"worker-{args.worker_id[:12]}")
     signal.signal(signal.SIGINT, signal.default_int_handler)  # cancel() interrupts user code
     if config is None:
