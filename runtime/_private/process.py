@@ -113,8 +113,8 @@ def worker_exec_env(nontemporal_bytes: int) -> dict[str, str] | None:
     process's own: with ``nontemporal_bytes`` > 0 on x86-64 Linux, glibc's ``memcpy``
     in the worker writes copies of at least that many bytes with non-temporal stores.
 
-    glibc picks that size from the last-level cache each core's share of it: ~1 MiB on
-    most servers, but a VM that reports the host's whole cache (480 MiB on 2 vCPUs here)
+    glibc derives that size from each core's share of the last-level cache: ~1 MiB on
+    most servers, but a VM that reports its host's whole cache (480 MiB for 2 vCPUs, say)
     gets ~190 MiB, and every large copy into the store (a task's return, a worker's
     ``put``) then reads each destination line from memory before overwriting it: a
     1 MiB copy into a store file no cache holds took 175 us, 84 us non-temporal. The
