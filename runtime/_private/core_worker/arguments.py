@@ -109,10 +109,8 @@ class ArgumentsMixin:
 
     def _resolve_args(self, spec: m.TaskSpec) -> tuple[tuple[Any, ...], dict[str, Any]]:
         values = [self._dep_value(spec, dep) for dep in spec.deps]
-        if values and type(spec.args) is bytes:
-            refs_only = REFS_ONLY_ARGS.get(spec.args)
-            if refs_only is not None and len(refs_only) == len(values):
-                return tuple(values), {}  # (``f.remote(ref)``: nothing to unpickle)
+        if values and type(spec.args) is bytes and REFS_ONLY_ARGS.get(spec.args) == len(values):
+            return tuple(values), {}  # (``f.remote(ref)``: nothing to unpickle)
         self._in_args = True
         try:
             kind, payload = ser.deserialize(spec.args)

@@ -90,8 +90,8 @@ ser._PLAIN_SCALARS = ser._PLAIN_SCALARS | {_ArgRef}  # pickles by reference: saf
 #: placeholders anew (~4.6 us; the executor's unpickling of them, ~3 us, is skipped too:
 #: ``REFS_ONLY_ARGS``).
 _REFS_ONLY = [ser.serialize(tuple(_ArgRef(i) for i in range(n))) for n in range(9)]
-#: Those arguments' bytes -> the placeholders they hold (the executor's look-up).
-REFS_ONLY_ARGS = {sv.to_bytes(): tuple(_ArgRef(i) for i in range(n)) for n, sv in enumerate(_REFS_ONLY) if n}
+#: Those arguments' bytes -> how many refs they stand for (the executor's look-up).
+REFS_ONLY_ARGS = {sv.to_bytes(): n for n, sv in enumerate(_REFS_ONLY) if n}
 
 
 def function_id_of(pickled: bytes) -> bytes:
