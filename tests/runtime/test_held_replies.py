@@ -3,7 +3,9 @@ sends the replies of several calls in one write (``CoreWorker.send_reply``); a r
 waits for a long call that follows it (``_watch_held``).
 
 Observed from outside, as an operator would: the write system calls of the worker's
-process (``/proc/<pid>/io``'s ``syscw``), and when the caller gets each value."""
+process (``/proc/<pid>/io``'s ``syscw``), and when the caller gets each value; the io
+thread's watch over held replies in the driver's own core worker, whose ``send_reply``
+is the workers'."""
 
 from __future__ import annotations
 
@@ -130,3 +132,52 @@ def test_held_replies_around_a_failure_and_a_generator_all_arrive(fresh_cluster:
         lumos.get(failing, timeout=30)
     assert [lumos.get(r, timeout=30) for r in gen] == list(range(5))
     assert lumos.get(after, timeout=30) == list(range(10, 20))
+
+
+class _Recorder:
+    """A connection that keeps what is written to it (``send_reply``'s three ways)."""
+
+    def __init__(self) -> None:
+        self.replies: list[Any] = []
+
+    def write_now(self, msg: Any) -> bool:
+        self.replies.append(msg)
+        return True
+
+    def write_all_now(self, msgs: list[Any]) -> bool:
+        self.replies.extend(msgs)
+        return True
+
+    def notify(self, msg: Any) -> None:
+        self.replies.append(msg)
+
+
+def test_the_held_reply_watch_stays_armed_through_a_burst_of_groups(fresh_cluster: Any) -> None:
+    """In a burst of short tasks the owner sends a few at a time: the worker holds a
+    reply while the next runs, sends both when its queue runs dry, and waits a fraction of
+    a millisecond for the next few. The io thread's watch over held replies stopped at
+    each look that fell in such a wait (most of them), and the next group woke the io
+    thread to start it again: a wake-up per group or two, ~1,000 a second on a busy
+    worker. It stops now only at a look that found no group held since the one before."""
+    fresh_cluster(num_cpus=1)
+    from lumos._private import worker_context
+    from lumos._private.protocol import messages as m
+    cw = worker_context.require()  # the driver's core worker: its held-reply path is the workers'
+    conn = _Recorder()
+    starts = cw.held_watches
+    groups = 300
+    for i in range(groups):
+        now = time.time()
+        cw.send_reply(conn, m.TaskReply(b"h%d" % i, [], False, False, [], cw.worker_id, now, now), hold=4)
+        now = time.time()  # the next call ran; its reply sends the held one (the queue ran dry)
+        cw.send_reply(conn, m.TaskReply(b"s%d" % i, [], False, False, [], cw.worker_id, now, now))
+        time.sleep(0.0004)  # the owner's next few calls are on their way
+    # Every reply arrived once, each held one before the one that sent it.
+    assert [r.task_id for r in conn.replies] == [t for i in range(groups) for t in (b"h%d" % i, b"s%d" % i)]
+    # One start for the burst (a few more where this thread was off its core for a
+    # millisecond); stopping at every look that found none held made one per group.
+    assert cw.held_watches - starts <= 15, cw.held_watches - starts
+    deadline = time.monotonic() + 5
+    while cw._held_watched and time.monotonic() < deadline:  # and it stops after the burst
+        time.sleep(0.01)
+    assert not cw._held_watched

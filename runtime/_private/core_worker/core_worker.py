@@ -162,6 +162,12 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self._held_lock = threading.Lock()
         #: The io thread looks at the held group when it is due (``_watch_held``).
         self._held_watched = False
+        #: Replies were held since the watch's last look: it looks again even when it finds
+        #: none held (``_watch_held``).
+        self._held_since_look = False
+        #: Times the watch was started (a statistic: one per burst of held groups, not one
+        #: per group; each start wakes the io thread).
+        self.held_watches = 0
         #: The lumos-io thread, its loop and the inbox from user threads (io_loop.py).
         self.io = IoLoop()
         #: Hot-path hand-overs, bound once (``_post(fn, *args)`` runs ``fn`` on the io thread).
@@ -1006,21 +1012,28 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                 except (AttributeError, RuntimeError):  # no loop (any more): send it now
                     return False
                 self._held_watched = True
+                self.held_watches += 1
             self._held = [reply]
             self._held_conn = conn
             self._held_since = now
+            self._held_since_look = True
         return True
 
     def _watch_held(self) -> None:
         """io thread, every ``HELD_WATCH_S`` while replies are held: send a group held
-        ``REPLY_HOLD_S`` already (the executor is inside a longer call); stop once none
-        is held (a burst costs a look per ``HELD_WATCH_S``, not a wake-up per group)."""
+        ``REPLY_HOLD_S`` already (the executor is inside a longer call); stop at a look
+        that finds none held and none held since the last. A burst costs a look per
+        ``HELD_WATCH_S``, not a wake-up per group: the executor sends each group itself,
+        so most looks find none held, and a watch that stopped at such a look had the
+        executor wake this thread again for the next group."""
         with self._held_lock:
-            if not self._held:
+            held_since, self._held_since_look = self._held_since_look, False
+            if self._held:
+                if time.monotonic() - self._held_since >= REPLY_HOLD_S:
+                    self._send_held()
+            elif not held_since:
                 self._held_watched = False
                 return
-            if time.monotonic() - self._held_since >= REPLY_HOLD_S:
-                self._send_held()
         self.loop.call_later(HELD_WATCH_S, self._watch_held)  # type: ignore[union-attr]
 
     def _send_held(self) -> None:
