@@ -176,6 +176,15 @@ class Executor(ArgumentsMixin):
         #: ``ACTOR_REPLY_HOLD``.
         self._reply_hold = max(1, cw.config.max_tasks_in_flight_per_worker // 2 - 1)
 
+    def close_wake_pipe(self) -> None:
+        """Close the wake pipe of an executor that will never run (the fork server's
+        rehearsal, ``worker.main.rehearse``)."""
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
     # ------------------------------------------------------------------ io thread side
 
     def push(self, conn: Connection, msg: m.PushTask) -> None:

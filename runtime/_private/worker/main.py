@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 from lumos._private.config import Config
 from lumos._private.core_worker.core_worker import WORKER, CoreWorker
@@ -81,6 +82,65 @@ def run(args: argparse.Namespace, config: Config | None = None) -> None:
     finally:
         cw.shutdown()
         os._exit(0)
+
+
+def rehearse(args: argparse.Namespace, config: Config) -> None:
+    """Run once, in the fork server before it forks workers, the code each worker runs as
+    it starts: build a core worker and its executor, serve and call a connection over a
+    Unix socket, start a thread, and take it all down again.
+
+    A forked worker is charged a page copy for every page of the template it writes, and
+    code the template never ran writes a good many: the interpreter specializes each
+    function the first times it runs (rewriting its code object's bytecode), fills
+    type and attribute caches and sets up modules' lazy state. Run once here, a child
+    finds that work done. Nothing of it is left: the objects are dropped, the socket's
+    directory removed, the thread joined (the server forks only while single-threaded)."""
+    import asyncio
+    import shutil
+    import tempfile
+    from lumos._private.protocol import messages as m
+    from lumos._private.transport.connection import RpcServer, connect
+    tmp = tempfile.mkdtemp(prefix="rehearsal-", dir=args.session_dir)
+    token = os.urandom(32)
+    cw = CoreWorker(mode=WORKER, config=config, token=token, gcs_address=("127.0.0.1", 0),
+                    raylet_socket=os.path.join(tmp, "none.sock"), session_dir=tmp, node_id=os.urandom(16),
+                    store_dir=tmp, worker_id=os.urandom(16), node_ip="127.0.0.1", gcs_durable=False)
+    executor = Executor(cw)
+    try:
+        async def boot() -> None:
+            server = RpcServer(token=token, config=config, name="rehearsal",
+                               handlers={m.GetCoreWorkerStats: lambda conn, msg: {"rehearsal": True}})
+            await server.start(unix_path=os.path.join(tmp, "r.sock"), host="127.0.0.1", port=0)
+            try:
+                conn = await connect(os.path.join(tmp, "r.sock"), token=token, config=config, name="rehearsal")
+                try:
+                    await conn.call(m.GetCoreWorkerStats(), 5.0)
+                finally:
+                    conn.close()
+            finally:
+                await asyncio.wait_for(server.stop(), 2.0)
+
+        # (asyncio's own loop: a first uvloop loop sets up libuv's process-wide state, a
+        # signal pipe among it, which children close with the other inherited fds and
+        # would then take for set up; each worker's first loop sets it up for itself.)
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(boot())
+        finally:
+            loop.close()
+        # The messages a worker's start-up and first task send and read, through their codecs.
+        address = m.Address(cw.node_id, cw.worker_id, os.path.join(tmp, "w.sock"), "127.0.0.1", 1)
+        for msg in (m.RegisterClient(cw.worker_id, os.getpid(), address, False, None),
+                    m.Subscribe("nodes", None), m.KvGet("job", b"j", 5.0),
+                    m.TaskReply(b"t" * 24, [], False, False, [], cw.worker_id, 0.0, 0.0)):
+            m.decode(m.encode(m.NOTIFY, 0, msg))
+        thread = threading.Thread(target=lambda: None, name="lumos-io")
+        thread.start()
+        thread.join()
+    finally:
+        executor.close_wake_pipe()
+        cw.store.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
