@@ -157,6 +157,24 @@ def test_password_from_the_url_is_used_and_checked(redis_server_factory: Callabl
         with_storage(f"redis://{server.address}", lambda st: st.get_all("kv"))
 
 
+def test_a_wrong_password_is_reported_as_such_within_the_storages_timeout(
+        redis_server_factory: Callable[..., RedisServer]) -> None:
+    # redis-py counts a refused password as a connection error and (since 8.0) tries a
+    # command ten times, up to a second apart: the storage's own deadline came first and
+    # a wrong password read as a timeout (the test above failed so under load).
+    server = redis_server_factory(password="s3cret")
+
+    async def go() -> None:
+        st = RedisStorage(f"redis://:wrong@{server.address}", timeout_s=1.0)
+        try:
+            await st.start()
+        finally:
+            await st.aclose()
+
+    with pytest.raises(StorageUnavailable, match="check the user and password"):
+        run(go())
+
+
 def test_unreachable_redis_is_a_clear_error() -> None:
     import socket
     with socket.socket() as s:

@@ -93,14 +93,21 @@ def shard_of(name: bytes, shards: int) -> int:
 class RedisStorage(GcsStorage):
     def __init__(self, url: str, timeout_s: float = 5.0) -> None:
         import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import ExponentialBackoff
         self.url = parse_redis_url(url)
         self.description = redact_url(url)
         self.timeout_s = timeout_s
         self._prefix = self.url.prefix.encode()
-        #: One client (its own connection pool) per server, in the URL's order.
+        #: One client (its own connection pool) per server, in the URL's order. A command
+        #: is tried again at most three times, within ~0.1 s: redis-py counts a refused
+        #: password as a connection error, and its own default (ten tries, up to a second
+        #: apart, since 8.0) let a wrong password run into ``timeout_s`` and be reported as
+        #: a timeout instead of as the credentials' fault.
         self.shards = [aioredis.Redis(host=h, port=p, username=self.url.username, password=self.url.password,
                                       db=self.url.db, ssl=self.url.ssl, socket_timeout=timeout_s,
-                                      socket_connect_timeout=timeout_s)
+                                      socket_connect_timeout=timeout_s,
+                                      retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 3))
                        for h, p in self.url.hosts]
 
     # ------------------------------------------------------------------ keys
