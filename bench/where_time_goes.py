@@ -691,11 +691,13 @@ HOPS = {
         ("worker main thread", "`Executor._run_one` → `execute` (arguments, the function, the "
          "`TaskReply`) → takes the reading back → `CoreWorker.send_reply` → `Connection.write_now`: "
          "the reply leaves from this thread, not through the worker's io thread"),
-        ("driver lumos-io", "(**wake-up 1**) `core_worker/results.py` `_handle_task_reply` first books the "
+        ("driver lumos-io", "awake when the call follows the reply before it within `owner_spin_us` "
+         "(300 us: `core_worker/results.py` `_spin_after_reply` keeps it polling, yielding the CPU "
+         "between loop turns; else asleep in `epoll`, **a wake-up**): `_handle_task_reply` first books the "
          "task (`IoLoop.drain_pending` → `CoreWorker._on_direct_task` → `direct_pushed`), then "
          "`TaskSubmitterState.reply_done` (the lease idles) → `_finish_task` → `ObjectTable.complete` → "
          "`Waiter.hit` "
-         "releases the lock (**wake-up 2**: the driver's user thread, which returns the value); the "
+         "releases the lock (**a wake-up**: the driver's user thread, which returns the value); the "
          "lease's idle timer is left running (when it fires it finds the worker busy, or idle since "
          "later, and waits out the rest)"),
         ("raylet, GCS", "not on the path while a lease is held; the raylet grants a lease "
@@ -715,9 +717,10 @@ HOPS = {
          "(`SharedReader`, as a worker does, awake for `worker_spin_us` after its last reply) when it "
          "is a sync actor and idle; `Executor._run_one` → "
          "`execute` → `core_worker/actor_host.py` `after_call` → `send_reply` → `Connection.write_now`"),
-        ("driver lumos-io", "(**wake-up 1**) `core_worker/results.py` `_handle_task_reply` first books "
+        ("driver lumos-io", "awake within `owner_spin_us` of the reply before (as for a task; else "
+         "**a wake-up**): `core_worker/results.py` `_handle_task_reply` first books "
          "the call (`IoLoop.drain_pending` → `ActorSubmitter._on_direct`), then `ObjectTable.complete` → "
-         "`Waiter.hit` (**wake-up 2**: the driver's user thread)"),
+         "`Waiter.hit` (**a wake-up**: the driver's user thread)"),
     ],
 }
 

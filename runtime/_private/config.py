@@ -117,6 +117,11 @@ class Config:
     #: the next task of a caller making sync calls in a loop (0: sleep at once). It goes on
     #: only while it pays: a worker whose next task came later does not spin after it.
     worker_spin_us: int = 200
+    #: How long an owner's io thread, after a task's reply came while a user thread waited
+    #: in get or wait, goes on polling its sockets without sleeping, for the reply to that
+    #: thread's next call (0: sleep at once). It goes on only while replies come that
+    #: close together: an owner whose replies come further apart does not spin after them.
+    owner_spin_us: int = 300
     #: How long an owner keeps an idle leased worker before returning it.
     lease_idle_timeout_ms: int = 200
     #: Tasks pushed to one leased worker before its earlier ones finish (short tasks only).

@@ -17,6 +17,7 @@ import platform
 import signal
 import stat
 import sys
+import time
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
@@ -28,6 +29,11 @@ def libc() -> Any:
     """This process's C library (``dlopen(NULL)``), loaded once: a forked worker inherits
     the handle from its template. Raises ``OSError`` where there is none to load."""
     return ctypes.CDLL(None, use_errno=True)
+
+
+#: Gives the CPU to another runnable thread, if there is one (the GIL released meanwhile):
+#: the spins of an idle worker and of an owner's io thread call it between looks.
+yield_cpu = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
 
 
 def name_os_thread(name: str) -> None:

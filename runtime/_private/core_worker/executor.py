@@ -45,6 +45,7 @@ from typing import Any
 from lumos import exceptions as exc
 from lumos._private import serialization as ser
 from lumos._private import thread_limits
+from lumos._private.process import yield_cpu
 from lumos._private.core_worker.actor_host import ActorHost
 from lumos._private.core_worker.core_worker import CoreWorker, well_formed_push
 from lumos._private.core_worker.arguments import ArgumentsMixin, _TaskFailed
@@ -71,8 +72,6 @@ LEAD_SWITCH_AFTER = 16
 #: Replies of a sync actor's calls that may be held while more calls wait: they leave
 #: with the next one (``CoreWorker.send_reply``).
 ACTOR_REPLY_HOLD = 16
-#: Give the CPU to another runnable thread, if there is one (a spinning wait's pause).
-_yield_cpu = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
 
 
 class Executor(ArgumentsMixin):
@@ -450,7 +449,7 @@ class Executor(ArgumentsMixin):
                     return None
                 if not frames:
                     if spin_until:
-                        _yield_cpu()
+                        yield_cpu()
                     continue
                 item = self._own_tasks(lead.conn, frames)
                 if item is not None:

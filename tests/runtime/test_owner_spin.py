@@ -1,0 +1,131 @@
+"""An owner's io thread, after a task's reply came while a user thread waited in get for
+one object, polls its sockets without sleeping for a while (``owner_spin_us``), so the
+reply to that thread's next sync call finds it awake; it does not spin after replies that
+come further apart, nor for a get of many objects (``ResultsMixin._spin_after_reply``).
+
+Observed from outside, as an operator would: the driver's ``lumos-io`` thread's voluntary
+context switches (each one a sleep in ``epoll``) and its CPU time, from ``/proc``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+import lumos
+
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")]
+
+
+@lumos.remote
+def noop() -> int:
+    return 1
+
+
+@lumos.remote
+def nap(seconds: float) -> int:
+    time.sleep(seconds)
+    return 1
+
+
+@lumos.remote
+class Echo:
+    def ping(self) -> int:
+        return 1
+
+
+def _io_thread(cw: Any) -> int:
+    tid = cw.io.thread.native_id
+    assert tid is not None
+    return int(tid)
+
+
+def _sleeps(tid: int) -> int:
+    """Voluntary context switches of this process's thread ``tid`` so far."""
+    for line in Path(f"/proc/self/task/{tid}/status").read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no voluntary_ctxt_switches for thread {tid}")
+
+
+def _cpu_s(tid: int) -> float:
+    """CPU time of this process's thread ``tid`` so far (seconds)."""
+    return int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+
+
+def _sleeps_over(tid: int, calls: int, call: Callable[[], Any]) -> int:
+    for _ in range(20):
+        call()
+    before = _sleeps(tid)
+    for _ in range(calls):
+        call()
+    return _sleeps(tid) - before
+
+
+def _start(fresh_cluster: Any, spin_us: int) -> Any:
+    # A generous spin where one is wanted, so that the test does not depend on this
+    # machine's speed: each next reply comes well within it.
+    fresh_cluster(num_cpus=1, _system_config={"owner_spin_us": spin_us})
+    from lumos._private import worker_context
+    return worker_context.require()
+
+
+def test_the_owner_catches_the_reply_to_its_next_sync_call_awake(fresh_cluster: Any) -> None:
+    cw = _start(fresh_cluster, 50_000)
+    tid = _io_thread(cw)
+    slept = _sleeps_over(tid, 300, lambda: lumos.get(noop.remote(), timeout=60))
+    assert slept < 75, f"the driver's io thread slept {slept} times in 300 sync tasks"
+    actor = Echo.remote()
+    slept = _sleeps_over(tid, 300, lambda: lumos.get(actor.ping.remote(), timeout=60))
+    assert slept < 75, f"the driver's io thread slept {slept} times in 300 sync actor calls"
+    assert cw.single_waits == 0
+
+
+def test_without_a_spin_the_owner_sleeps_until_each_reply(fresh_cluster: Any) -> None:
+    # The control for the test above: the same loop, the spin off.
+    cw = _start(fresh_cluster, 0)
+    tid = _io_thread(cw)
+    slept = _sleeps_over(tid, 300, lambda: lumos.get(noop.remote(), timeout=60))
+    assert slept >= 225, f"the driver's io thread slept only {slept} times in 300 sync tasks"
+    assert cw.spins == 0
+
+
+def test_the_owner_does_not_spin_after_replies_that_come_far_apart(fresh_cluster: Any) -> None:
+    # Tasks of 60 ms, one after the other: a spin of 40 ms after each reply would miss the
+    # next and burn 40 ms of the io thread's CPU each time.
+    cw = _start(fresh_cluster, 40_000)
+    tid = _io_thread(cw)
+    lumos.get(nap.remote(0.06), timeout=60)
+    spins, before = cw.spins, _cpu_s(tid)
+    for _ in range(10):
+        lumos.get(nap.remote(0.06), timeout=60)
+    burnt = _cpu_s(tid) - before
+    assert cw.spins - spins <= 1, cw.spins - spins
+    assert burnt < 0.15, f"the driver's io thread used {burnt * 1e3:.0f} ms of CPU for 10 replies far apart"
+    # Sync calls close together again: the spin is back from the second reply on.
+    slept = _sleeps_over(tid, 300, lambda: lumos.get(noop.remote(), timeout=60))
+    assert slept < 75, f"the driver's io thread slept {slept} times in 300 sync tasks"
+
+
+def test_a_get_of_many_objects_starts_no_spin(fresh_cluster: Any) -> None:
+    # A burst's get waits for all of them: its replies come in batches the io thread
+    # handles awake anyway, and a spin between them would take a core from the workers.
+    cw = _start(fresh_cluster, 50_000)
+    lumos.get([noop.remote() for _ in range(50)], timeout=60)
+    spins = cw.spins
+    for _ in range(5):
+        assert lumos.get([noop.remote() for _ in range(200)], timeout=60) == [1] * 200
+    assert cw.spins == spins
+    assert cw.single_waits == 0
+
+
+def test_a_get_that_times_out_or_is_interrupted_is_no_longer_counted(fresh_cluster: Any) -> None:
+    cw = _start(fresh_cluster, 50_000)
+    ref = nap.remote(5)
+    with pytest.raises(lumos.exceptions.GetTimeoutError):
+        lumos.get(ref, timeout=0.05)
+    assert cw.single_waits == 0
+    lumos.cancel(ref, force=True)
