@@ -174,6 +174,9 @@ class Config:
     object_store_recycle_bytes: int = 4 * 1024 * 1024 * 1024
     #: How long a create waits for space (frees, spilling) before failing.
     object_store_full_timeout_s: float = 10.0
+    #: Session directories (logs, spill files) of clusters that ended that a node start
+    #: keeps, the newest; it removes older ones (0: keep them all).
+    session_dirs_kept: int = 50
     #: Where a node spills primary copies when its store is full ("": ``spill/`` in the
     #: session directory); each node uses a private (0700) subdirectory of it.
     object_spilling_directory: str = ""

@@ -24,7 +24,9 @@ A store outlives its node when the raylet is killed with SIGKILL (the kernel's O
 killer, Slurm ending a job step, ``kill -9``): its files stay in ``/dev/shm``, which is
 memory, until reboot, and its spill directory on disk. Every node start removes this
 user's stores whose lock no live process holds, with the spill directories they name
-(``sweep_dead_stores``).
+(``sweep_dead_stores``). Session directories of clusters that ended are removed by each
+raylet a few seconds after it starts, all but the newest ``session_dirs_kept``
+(``sweep_old_sessions``).
 """
 
 from __future__ import annotations
@@ -240,6 +242,99 @@ def _tree_bytes(path: str) -> int:
                 pass
     except OSError:
         pass
+    return total
+
+
+def sweep_old_sessions(root: str, keep: int, now: float | None = None) -> list[tuple[str, int]]:
+    """Remove the session directories in ``root`` of clusters that ended, all but the
+    newest ``keep`` of them: ``[(path, bytes it held)]``, oldest first. Each start makes a
+    session directory (logs, spill files), and nothing else removes them: a user's root
+    grew past a gigabyte in a day of notebooks and scripts, and under
+    ``$XDG_RUNTIME_DIR`` (a small tmpfs, memory) that is felt.
+
+    A session counts as ended when nothing listens on its sockets: a cleanly stopped
+    cluster removed them, a killed one left files no process accepts on. A live
+    cluster's session (a frozen one too: the kernel still accepts its connections), one
+    changed within ``SWEEP_MIN_AGE_S`` (its node may be starting), the one
+    ``current_cluster.json`` names, and anything that is not a plain directory of this
+    user named ``session_*`` stay. ``keep`` <= 0 keeps them all."""
+    removed: list[tuple[str, int]] = []
+    if keep <= 0:
+        return removed
+    now = time.time() if now is None else now
+    uid = os.geteuid()
+    named = None
+    try:
+        with open(os.path.join(root, "current_cluster.json"), "rb") as f:
+            named = json.loads(f.read()).get("session_dir")
+    except (OSError, ValueError, AttributeError):
+        pass
+    ended: list[tuple[float, str]] = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith("session_") or entry.path == named:
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or now - st.st_mtime < SWEEP_MIN_AGE_S:
+            continue
+        if not _session_listens(entry.path):
+            ended.append((st.st_mtime, entry.path))
+    ended.sort(reverse=True)
+    for _, path in reversed(ended[keep:]):
+        size = _tree_size(path)
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            removed.append((path, size))
+    return removed
+
+
+def _session_listens(session: str) -> bool:
+    """Some socket in ``session``'s ``sockets`` directory accepts connections (when it
+    cannot tell, it says so: the session is kept)."""
+    import socket
+    import errno
+    sockets = os.path.join(session, "sockets")
+    try:
+        names = os.listdir(sockets)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    for name in names:
+        path = os.path.join(sockets, name)
+        try:
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                continue
+        except OSError:
+            continue
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.setblocking(False)
+        try:
+            probe.connect(path)
+            return True
+        except OSError as e:
+            if e.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+                return True  # (EAGAIN: a listener with a full backlog)
+        finally:
+            probe.close()
+    return False
+
+
+def _tree_size(path: str) -> int:
+    """Bytes the files under ``path`` take (symlinks not followed)."""
+    total = 0
+    for top, dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(top, name)).st_blocks * 512
+            except OSError:
+                pass
     return total
 
 

@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable
@@ -815,7 +816,34 @@ async def _amain(args: argparse.Namespace) -> None:
     report_ready(args.ready_fd, {"unix_path": raylet.unix_path, "host": raylet.server.host,
                                  "port": raylet.server.port, "pid": os.getpid(),
                                  "node_id": raylet.node_id.hex()})
+    stopped = threading.Event()
+    if config.session_dirs_kept > 0:
+        threading.Thread(target=_sweep_sessions, args=(os.path.dirname(os.path.abspath(args.session_dir)),
+                                                       config.session_dirs_kept, stopped),
+                         name="lumos-session-sweep", daemon=True).start()
     await raylet.stopped.wait()
+    stopped.set()
+
+
+#: How long after its start a raylet sweeps old session directories (off the start's path).
+SESSION_SWEEP_DELAY_S = 5.0
+
+
+def _sweep_sessions(root: str, keep: int, stopped: threading.Event) -> None:
+    """A raylet's background thread, once: remove the session directories of this
+    user's clusters that ended, all but the newest ``keep`` (``node.sweep_old_sessions``)."""
+    if stopped.wait(SESSION_SWEEP_DELAY_S):
+        return
+    from lumos._private.node import sweep_old_sessions
+    try:
+        removed = sweep_old_sessions(root, keep)
+    except Exception:  # (a background chore: logged, never fatal)
+        logger.exception("sweeping old session directories in %s failed", root)
+        return
+    if removed:
+        logger.info("removed %d session directories of clusters that ended (%.1f MiB), keeping the newest %d: "
+                    "%s ... %s", len(removed), sum(size for _, size in removed) / (1 << 20), keep,
+                    os.path.basename(removed[0][0]), os.path.basename(removed[-1][0]))
 
 
 def main() -> None:
