@@ -245,9 +245,15 @@ def _tree_bytes(path: str) -> int:
     return total
 
 
+#: Session directories one sweep removes at most (the oldest): a first sweep of a root
+#: that held thousands stays short, and later starts take the rest.
+SWEEP_MAX_SESSIONS = 200
+
+
 def sweep_old_sessions(root: str, keep: int, now: float | None = None) -> list[tuple[str, int]]:
     """Remove the session directories in ``root`` of clusters that ended, all but the
-    newest ``keep`` of them: ``[(path, bytes it held)]``, oldest first. Each start makes a
+    newest ``keep`` of them and at most ``SWEEP_MAX_SESSIONS``: ``[(path, bytes it held)]``,
+    oldest first. Each start makes a
     session directory (logs, spill files), and nothing else removes them: a user's root
     grew past a gigabyte in a day of notebooks and scripts, and under
     ``$XDG_RUNTIME_DIR`` (a small tmpfs, memory) that is felt.
@@ -286,7 +292,7 @@ def sweep_old_sessions(root: str, keep: int, now: float | None = None) -> list[t
         if not _session_listens(entry.path):
             ended.append((st.st_mtime, entry.path))
     ended.sort(reverse=True)
-    for _, path in reversed(ended[keep:]):
+    for _, path in reversed(ended[keep:][-SWEEP_MAX_SESSIONS:]):
         size = _tree_size(path)
         shutil.rmtree(path, ignore_errors=True)
         if not os.path.lexists(path):

@@ -82,6 +82,14 @@ def test_only_ended_sessions_beyond_the_newest_are_removed(root: Path) -> None:
     assert s4.is_dir() and stale.is_dir() and elsewhere.is_dir()
 
 
+def test_one_sweep_removes_at_most_its_share_the_oldest(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(node_mod, "SWEEP_MAX_SESSIONS", 2)
+    made = [_session(root, str(i), 1000 * (6 - i)) for i in range(6)]  # made[0] the oldest
+    assert [p for p, _ in node_mod.sweep_old_sessions(str(root), keep=1, now=NOW)] == [str(made[0]), str(made[1])]
+    assert [p for p, _ in node_mod.sweep_old_sessions(str(root), keep=1, now=NOW)] == [str(made[2]), str(made[3])]
+    assert [p.name for p in sorted(root.iterdir())] == ["session_4", "session_5"]
+
+
 def test_zero_keeps_every_session(root: Path) -> None:
     for i in range(3):
         _session(root, str(i), 1000 * (i + 1))

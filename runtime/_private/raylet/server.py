@@ -835,15 +835,17 @@ def _sweep_sessions(root: str, keep: int, stopped: threading.Event) -> None:
     if stopped.wait(SESSION_SWEEP_DELAY_S):
         return
     from lumos._private.node import sweep_old_sessions
+    started = time.monotonic()
     try:
         removed = sweep_old_sessions(root, keep)
     except Exception:  # (a background chore: logged, never fatal)
         logger.exception("sweeping old session directories in %s failed", root)
         return
     if removed:
-        logger.info("removed %d session directories of clusters that ended (%.1f MiB), keeping the newest %d: "
-                    "%s ... %s", len(removed), sum(size for _, size in removed) / (1 << 20), keep,
-                    os.path.basename(removed[0][0]), os.path.basename(removed[-1][0]))
+        logger.info("removed %d session directories of clusters that ended (%.1f MiB) in %.2f s, keeping the "
+                    "newest %d: %s ... %s", len(removed), sum(size for _, size in removed) / (1 << 20),
+                    time.monotonic() - started, keep, os.path.basename(removed[0][0]),
+                    os.path.basename(removed[-1][0]))
 
 
 def main() -> None:
