@@ -691,9 +691,10 @@ HOPS = {
         ("worker main thread", "`Executor._run_one` → `execute` (arguments, the function, the "
          "`TaskReply`) → takes the reading back → `CoreWorker.send_reply` → `Connection.write_now`: "
          "the reply leaves from this thread, not through the worker's io thread"),
-        ("driver lumos-io", "awake when the call follows the reply before it within `owner_spin_us` "
-         "(300 us: `core_worker/results.py` `_spin_after_reply` keeps it polling, yielding the CPU "
-         "between loop turns; else asleep in `epoll`, **a wake-up**): `_handle_task_reply` first books the "
+        ("driver lumos-io", "awake when the reply to the call before released the caller's get within "
+         "`owner_spin_us` of the one before that (300 us: `core_worker/results.py` `_spin_after_reply` keeps "
+         "it polling, yielding the CPU between loop turns; else asleep in `epoll`, **a wake-up**): "
+         "`_handle_task_reply` first books the "
          "task (`IoLoop.drain_pending` → `CoreWorker._on_direct_task` → `direct_pushed`), then "
          "`TaskSubmitterState.reply_done` (the lease idles) → `_finish_task` → `ObjectTable.complete` → "
          "`Waiter.hit` "

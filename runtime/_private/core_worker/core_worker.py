@@ -249,16 +249,14 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self.error_handler: Callable[[str, str], None] = print_cluster_error
         self._closed = False
         self._blocked_depth = 0
-        #: User threads waiting in get or wait for one object now (a sync call's get;
-        #: under the object table's lock).
-        self.single_waits = 0
         #: The io thread's spin after a reply (``ResultsMixin._spin_after_reply``): its
-        #: length, its end (monotonic), whether it runs, and when the last reply came.
+        #: length, its end (monotonic), whether it runs, and when the last reply that
+        #: released a user thread's wait for one object came.
         self._spin_s = config.owner_spin_us / 1e6
         self._spin_until = 0.0
         self._spinning = False
-        self._last_reply_at = 0.0
-        #: Spins the io thread started (a statistic, for tests).
+        self._last_release_at = 0.0
+        #: Replies that started or stretched the io thread's spin (a statistic, for tests).
         self.spins = 0
         #: Hooks the executor (workers) installs.
         self.executor: Any = None

@@ -499,18 +499,13 @@ class ObjectsMixin:
                         to_fetch.append((oid, e.owner))
                 if waiter.remaining <= 0 or (fail_fast and waiter.failed is not None):
                     break
-            done = waiter.remaining <= 0 or (fail_fast and waiter.failed is not None)
-            if not done and num == 1:
-                self.single_waits += 1  # (the io thread's spin after replies looks at it)
-        if done:
+        if waiter.remaining <= 0 or (fail_fast and waiter.failed is not None):
             return waiter.failed if fail_fast else waiter.order
+        for oid, owner in to_fetch:
+            self._post(self._start_fetch, oid, owner)
         deadline = None if timeout is None else time.monotonic() + timeout
-        blocked = False
+        self._set_blocked(True)
         try:
-            self._set_blocked(True)
-            blocked = True
-            for oid, owner in to_fetch:
-                self._post(self._start_fetch, oid, owner)
             while True:
                 slice_s = self.config.wait_slice_s
                 if deadline is not None:
@@ -523,12 +518,9 @@ class ObjectsMixin:
             self._cancel_refs_on_interrupt(refs)
             raise
         finally:
-            if blocked:
-                self._set_blocked(False)
-            with self.objects.lock:
-                if num == 1:
-                    self.single_waits -= 1
-                if waiter.remaining > 0:
+            self._set_blocked(False)
+            if waiter.remaining > 0:
+                with self.objects.lock:
                     for ref in refs:
                         e = self.objects.entries.get(ref._id)
                         if e is not None and e.waiters and waiter in e.waiters:

@@ -50,7 +50,11 @@ class Waiter:
     """A user thread waiting for ``remaining`` objects; released when it reaches zero, or,
     with ``fail_fast`` (a get), at the first of them that failed (``failed`` names it)."""
 
-    __slots__ = ("lock", "remaining", "order", "fail_fast", "failed", "_released")
+    __slots__ = ("lock", "remaining", "order", "fail_fast", "failed", "_released", "_single")
+
+    #: Waits for one object released so far, in this process (a sync call's get; the
+    #: io thread spins after a reply that released one: ``ResultsMixin._spin_after_reply``).
+    single_releases = 0
 
     def __init__(self, remaining: int, fail_fast: bool = False) -> None:
         self.lock = threading.Lock()
@@ -61,6 +65,7 @@ class Waiter:
         self.fail_fast = fail_fast
         self.failed: bytes | None = None
         self._released = False
+        self._single = remaining == 1
 
     def hit(self, object_id: ObjectID, failed: bool = False) -> None:
         """One of them is done (under the object table's lock)."""
@@ -70,6 +75,8 @@ class Waiter:
             self.failed = object_id
         if not self._released and (self.remaining == 0 or (self.fail_fast and self.failed is not None)):
             self._released = True
+            if self._single:
+                Waiter.single_releases += 1  # (under the object table's lock, as every hit)
             self.lock.release()
 
 

@@ -27,7 +27,7 @@ from lumos import exceptions as exc
 from lumos._private import serialization as ser
 from lumos._private.process import yield_cpu
 from lumos._private.core_worker.objects import error_blob
-from lumos._private.core_worker.references import FAILED, READY
+from lumos._private.core_worker.references import FAILED, READY, Waiter
 from lumos._private.core_worker.tasks import DONE, PUSHED, PendingTask
 from lumos._private.ids import WorkerID, short
 from lumos._private.protocol import messages as m
@@ -51,16 +51,22 @@ class ResultsMixin:
     worker_id: WorkerID
     _events: list[tuple[Any, ...]]
     _lineage_drops: Any
-    single_waits: int
     _spin_s: float
     _spin_until: float
     _spinning: bool
-    _last_reply_at: float
+    _last_release_at: float
     spins: int
 
     def _handle_task_reply(self, conn: Connection, reply: m.TaskReply) -> None:
-        if self._spin_s:
+        if not self._spin_s:
+            self._handle_reply(conn, reply)
+            return
+        released = Waiter.single_releases
+        self._handle_reply(conn, reply)
+        if Waiter.single_releases != released:
             self._spin_after_reply()
+
+    def _handle_reply(self, conn: Connection, reply: m.TaskReply) -> None:
         if self._lineage_drops:
             self.drop_deferred_lineage()
         task = self.tasks.get(reply.task_id)
@@ -116,23 +122,24 @@ class ResultsMixin:
             self._finish_task(task, reply)
 
     def _spin_after_reply(self) -> None:
-        """A reply came: while a user thread waits here for one object (a sync call's get),
-        keep the io thread awake for ``owner_spin_us``, polling its sockets between yields
-        of the CPU instead of sleeping in ``epoll``. The reply to that thread's next call
+        """A reply released a user thread's wait for one object (a sync call's get): keep
+        the io thread awake for ``owner_spin_us``, polling its sockets between yields of
+        the CPU instead of sleeping in ``epoll``. The reply to that thread's next call
         then wakes no thread: on a virtual machine, waking one asleep on another core cost
         the worker's ``write`` ~15 us and the reply ~30 us more before this thread read it;
-        a sync round trip went from ~120 to ~70 us here. A reply that comes later than a spin's
-        length after the one before starts none (a caller that waits longer between calls
-        gets no spin that would miss)."""
+        a sync round trip went from ~120 to ~70 us here. Only while such replies come
+        within a spin's length of each other (a caller that takes longer between calls
+        gets no spin that would miss), and never for replies that released no such wait
+        (a burst's, or others' while a thread waits for a long task)."""
         now = time.monotonic()
-        close = now - self._last_reply_at <= self._spin_s
-        self._last_reply_at = now
-        if not (close and self.single_waits):
+        close = now - self._last_release_at <= self._spin_s
+        self._last_release_at = now
+        if not close:
             return
         self._spin_until = now + self._spin_s
+        self.spins += 1
         if not self._spinning:
             self._spinning = True
-            self.spins += 1
             self.io.loop.call_soon(self._spin)
 
     def _spin(self) -> None:
