@@ -31,6 +31,7 @@ raylet a few seconds after it starts, all but the newest ``session_dirs_kept``
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import glob
 import json
@@ -39,6 +40,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -197,20 +199,7 @@ def sweep_dead_stores(shm_dir: str = SHM_DIR) -> list[tuple[str, int]]:
     lock, so its store is kept. A named spill directory is removed only if it is a
     directory of this user named as one (``node-...``), not a symlink."""
     removed: list[tuple[str, int]] = []
-    try:
-        entries = list(os.scandir(shm_dir))
-    except OSError:
-        return removed
-    uid, now = os.geteuid(), time.time()
-    for entry in entries:
-        if not entry.name.startswith("lumos-session_"):
-            continue
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or now - st.st_mtime < SWEEP_MIN_AGE_S:
-            continue
+    for entry, _ in _settled_dirs(shm_dir, "lumos-session_", time.time()):
         try:
             fd = os.open(os.path.join(entry.path, STORE_LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
@@ -231,17 +220,36 @@ def sweep_dead_stores(shm_dir: str = SHM_DIR) -> list[tuple[str, int]]:
     return removed
 
 
-def _tree_bytes(path: str) -> int:
-    """Bytes the files directly in ``path`` take (a store has no subdirectories)."""
-    total = 0
+def _settled_dirs(parent: str, prefix: str, now: float) -> list[tuple[os.DirEntry[str], os.stat_result]]:
+    """The directories in ``parent`` named ``prefix...`` that are this user's, not
+    symlinks, and unchanged for ``SWEEP_MIN_AGE_S`` (what a sweep may look at)."""
+    found = []
     try:
-        for entry in os.scandir(path):
+        entries = list(os.scandir(parent))
+    except OSError:
+        return found
+    uid = os.geteuid()
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and now - st.st_mtime >= SWEEP_MIN_AGE_S:
+            found.append((entry, st))
+    return found
+
+
+def _tree_bytes(path: str) -> int:
+    """Bytes the files under ``path`` take (symlinks not followed)."""
+    total = 0
+    for top, _, files in os.walk(path):
+        for name in files:
             try:
-                total += entry.stat(follow_symlinks=False).st_blocks * 512
+                total += os.lstat(os.path.join(top, name)).st_blocks * 512
             except OSError:
                 pass
-    except OSError:
-        pass
     return total
 
 
@@ -268,32 +276,17 @@ def sweep_old_sessions(root: str, keep: int, now: float | None = None) -> list[t
     if keep <= 0:
         return removed
     now = time.time() if now is None else now
-    uid = os.geteuid()
     named = None
     try:
         with open(os.path.join(root, "current_cluster.json"), "rb") as f:
             named = json.loads(f.read()).get("session_dir")
     except (OSError, ValueError, AttributeError):
         pass
-    ended: list[tuple[float, str]] = []
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return removed
-    for entry in entries:
-        if not entry.name.startswith("session_") or entry.path == named:
-            continue
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or now - st.st_mtime < SWEEP_MIN_AGE_S:
-            continue
-        if not _session_listens(entry.path):
-            ended.append((st.st_mtime, entry.path))
+    ended = [(st.st_mtime, entry.path) for entry, st in _settled_dirs(root, "session_", now)
+             if entry.path != named and not _session_listens(entry.path)]
     ended.sort(reverse=True)
     for _, path in reversed(ended[keep:][-SWEEP_MAX_SESSIONS:]):
-        size = _tree_size(path)
+        size = _tree_bytes(path)
         shutil.rmtree(path, ignore_errors=True)
         if not os.path.lexists(path):
             removed.append((path, size))
@@ -303,8 +296,6 @@ def sweep_old_sessions(root: str, keep: int, now: float | None = None) -> list[t
 def _session_listens(session: str) -> bool:
     """Some socket in ``session``'s ``sockets`` directory accepts connections (when it
     cannot tell, it says so: the session is kept)."""
-    import socket
-    import errno
     sockets = os.path.join(session, "sockets")
     try:
         names = os.listdir(sockets)
@@ -330,18 +321,6 @@ def _session_listens(session: str) -> bool:
         finally:
             probe.close()
     return False
-
-
-def _tree_size(path: str) -> int:
-    """Bytes the files under ``path`` take (symlinks not followed)."""
-    total = 0
-    for top, dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(top, name)).st_blocks * 512
-            except OSError:
-                pass
-    return total
 
 
 def new_session_dir() -> str:
