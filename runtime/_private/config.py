@@ -117,10 +117,10 @@ class Config:
     #: the next task of a caller making sync calls in a loop (0: sleep at once). It goes on
     #: only while it pays: a worker whose next task came later does not spin after it.
     worker_spin_us: int = 200
-    #: How long an owner's io thread, after a task's reply came while a user thread waited
-    #: in get or wait, goes on polling its sockets without sleeping, for the reply to that
-    #: thread's next call (0: sleep at once). It goes on only while replies come that
-    #: close together: an owner whose replies come further apart does not spin after them.
+    #: How long an owner's io thread, after a task's reply released a user thread's wait
+    #: for one object (a sync call's get), goes on polling its sockets without sleeping,
+    #: for the reply to that thread's next call (0: sleep at once). Only while such replies
+    #: come that close together: a caller that takes longer between calls gets no spin.
     owner_spin_us: int = 300
     #: How long an owner keeps an idle leased worker before returning it.
     lease_idle_timeout_ms: int = 200

@@ -45,11 +45,11 @@ from typing import Any
 from lumos import exceptions as exc
 from lumos._private import serialization as ser
 from lumos._private import thread_limits
-from lumos._private.process import yield_cpu
 from lumos._private.core_worker.actor_host import ActorHost
 from lumos._private.core_worker.core_worker import CoreWorker, well_formed_push
 from lumos._private.core_worker.arguments import ArgumentsMixin, _TaskFailed
 from lumos._private.object_store.client import SPARE_IDLE_S  # an idle worker keeps spares this long
+from lumos._private.process import yield_cpu
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError, SharedReader
 from lumos._private.worker import CREATION_PRELOAD
