@@ -261,10 +261,9 @@ SWEEP_MAX_SESSIONS = 200
 def sweep_old_sessions(root: str, keep: int, now: float | None = None) -> list[tuple[str, int]]:
     """Remove the session directories in ``root`` of clusters that ended, all but the
     newest ``keep`` of them and at most ``SWEEP_MAX_SESSIONS``: ``[(path, bytes it held)]``,
-    oldest first. Each start makes a
-    session directory (logs, spill files), and nothing else removes them: a user's root
-    grew past a gigabyte in a day of notebooks and scripts, and under
-    ``$XDG_RUNTIME_DIR`` (a small tmpfs, memory) that is felt.
+    oldest first. Each start makes a session directory (logs, spill files), and nothing
+    else removes them: a user's root grew past a gigabyte in a day of notebooks and
+    scripts, and under ``$XDG_RUNTIME_DIR`` (a small tmpfs, memory) that is felt.
 
     A session counts as ended when nothing listens on its sockets: a cleanly stopped
     cluster removed them, a killed one left files no process accepts on. A live
