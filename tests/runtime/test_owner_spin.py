@@ -68,10 +68,10 @@ def _sleeps_over(tid: int, calls: int, call: Callable[[], Any]) -> int:
     return _sleeps(tid) - before
 
 
-def _start(fresh_cluster: Any, spin_us: int) -> Any:
+def _start(fresh_cluster: Any, spin_us: int, num_cpus: int = 1) -> Any:
     # A generous spin where one is wanted, so that the test does not depend on this
     # machine's speed: each next reply comes well within it.
-    fresh_cluster(num_cpus=1, _system_config={"owner_spin_us": spin_us})
+    fresh_cluster(num_cpus=num_cpus, _system_config={"owner_spin_us": spin_us})
     from lumos._private import worker_context
     return worker_context.require()
 
@@ -124,18 +124,21 @@ def test_a_get_of_many_objects_starts_no_spin(fresh_cluster: Any) -> None:
 
 
 def test_replies_that_release_no_wait_for_one_object_start_no_spin(fresh_cluster: Any) -> None:
-    # One thread waits for a long task while another gets bursts of short ones: their
-    # replies come close together, and none of them is what a waiting thread waits for.
-    cw = _start(fresh_cluster, 50_000)
+    # One thread waits for a long task (on one CPU) while another gets bursts of short
+    # ones (on the other): their replies come close together, and none of them is what
+    # a waiting thread waits for.
+    cw = _start(fresh_cluster, 50_000, num_cpus=2)
     lumos.get([noop.remote() for _ in range(50)], timeout=60)
     spins = cw.spins
     long = nap.remote(3)
     done = threading.Event()
+    bursts_done = []
 
     def bursts() -> None:
         try:
             while not done.is_set():
                 assert lumos.get([noop.remote() for _ in range(50)], timeout=60) == [1] * 50
+                bursts_done.append(1)
         finally:
             done.set()
     t = threading.Thread(target=bursts)
@@ -145,4 +148,5 @@ def test_replies_that_release_no_wait_for_one_object_start_no_spin(fresh_cluster
     finally:
         done.set()
         t.join(60)
+    assert len(bursts_done) >= 10, len(bursts_done)  # (they ran while the long task did)
     assert cw.spins - spins <= 1, cw.spins - spins  # (the long task's own reply may stretch one)
