@@ -277,8 +277,7 @@ def sweep_old_sessions(root: str, keep: int, now: float | None = None) -> list[t
     now = time.time() if now is None else now
     named = None
     try:
-        with open(os.path.join(root, "current_cluster.json"), "rb") as f:
-            named = json.loads(f.read()).get("session_dir")
+        named = json.loads(read_private_file(os.path.join(root, "current_cluster.json"))).get("session_dir")
     except (OSError, ValueError, AttributeError):
         pass
     ended = [(st.st_mtime, entry.path) for entry, st in _settled_dirs(root, "session_", now)

@@ -58,12 +58,9 @@ class ResultsMixin:
     spins: int
 
     def _handle_task_reply(self, conn: Connection, reply: m.TaskReply) -> None:
-        if not self._spin_s:
-            self._handle_reply(conn, reply)
-            return
         released = Waiter.single_releases
         self._handle_reply(conn, reply)
-        if Waiter.single_releases != released:
+        if self._spin_s and Waiter.single_releases != released:
             self._spin_after_reply()
 
     def _handle_reply(self, conn: Connection, reply: m.TaskReply) -> None:
