@@ -120,9 +120,7 @@ class Config:
     #: How long an owner's io thread, after a task's reply released a user thread's wait
     #: for one object (a sync call's get), goes on polling its sockets without sleeping,
     #: for the reply to that thread's next call (0: sleep at once). Only while such replies
-    #: come that close together (a caller that takes longer between calls gets no spin),
-    #: and while the spin is seen to shorten the gaps between them (measured against no
-    #: spin every 1,024 such replies).
+    #: come that close together: a caller that takes longer between calls gets no spin.
     owner_spin_us: int = 300
     #: How long an owner keeps an idle leased worker before returning it.
     lease_idle_timeout_ms: int = 200

@@ -256,15 +256,6 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self._spin_until = 0.0
         self._spinning = False
         self._last_release_at = 0.0
-        #: The check that the spin pays (``ResultsMixin._spin_pays``): where in its cycle
-        #: of releases it is, whether it runs (tests turn it off), its verdict, and the
-        #: gaps between releases it measured with and without the spin.
-        self._spin_n = 0
-        self._spin_check = True
-        self._spin_on = True
-        self._gaps_spun: list[float] = []
-        self._gaps_unspun: list[float] = []
-        self._unspun_median = 0.0
         #: Replies that started or stretched the io thread's spin, and replies that came
         #: while it spun (statistics, for tests).
         self.spins = 0

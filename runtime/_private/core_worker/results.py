@@ -36,18 +36,6 @@ from lumos._private.transport.connection import Connection, ConnectionLost, Remo
 
 logger = logging.getLogger(__name__)
 
-#: The owner's spin is measured against no spin in cycles of this many releases
-#: (``ResultsMixin._spin_pays``): the first ``SPIN_SAMPLE`` with it, as many without, and
-#: for the rest it stays on only if it made the median gap between them ``SPIN_GAIN``
-#: shorter (a spin that misses its cycle's checks costs ~3% of them ~50 us each).
-SPIN_CYCLE = 1024
-SPIN_SAMPLE = 32
-SPIN_GAIN = 0.05
-
-
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
-
 
 class ResultsMixin:
     """``CoreWorker``'s reply handling, result recording, retries and failures (io thread)."""
@@ -67,12 +55,6 @@ class ResultsMixin:
     _spin_until: float
     _spinning: bool
     _last_release_at: float
-    _spin_n: int
-    _spin_check: bool
-    _spin_on: bool
-    _gaps_spun: list[float]
-    _gaps_unspun: list[float]
-    _unspun_median: float
     spins: int
     spin_catches: int
 
@@ -147,59 +129,18 @@ class ResultsMixin:
         the worker's ``write`` ~15 us and the reply ~30 us more before this thread read it;
         a sync round trip went from ~120 to ~70 us here. Only while such replies come
         within a spin's length of each other (a caller that takes longer between calls
-        gets no spin that would miss), never for replies that released no such wait (a
-        burst's, or others' while a thread waits for a long task), and only while the
-        spin is seen to pay (``_spin_pays``)."""
+        gets no spin that would miss), and never for replies that released no such wait
+        (a burst's, or others' while a thread waits for a long task)."""
         now = time.monotonic()
-        gap = now - self._last_release_at
+        close = now - self._last_release_at <= self._spin_s
         self._last_release_at = now
-        if not self._spin_pays(gap) or gap > self._spin_s:
-            self._spin_until = 0.0  # (a spin armed before stops at its next turn)
+        if not close:
             return
         self._spin_until = now + self._spin_s
         self.spins += 1
         if not self._spinning:
             self._spinning = True
             self.io.loop.call_soon(self._spin)
-
-    def _spin_pays(self, gap: float) -> bool:
-        """Whether the spin goes on after this release, ``gap`` after the one before it.
-
-        The spin is measured against no spin, in cycles of ``SPIN_CYCLE`` releases: over
-        the first ``SPIN_SAMPLE`` it spins, over the next as many it does not, and for the
-        rest of the cycle it spins only if the median gap between releases was at least
-        ``SPIN_GAIN`` shorter with it; while it spins, each next ``SPIN_SAMPLE`` gaps are
-        held to that too, and a spin that stopped paying is measured again at once. A
-        spin can cost more than it saves: on 2 cores the scheduler now and then puts the
-        caller and the worker on one core and the spinning io thread alone on the other
-        (for a few hundred ms at a time), and a sync round trip then took 150-260 us with
-        the spin against 120-190 without; and a caller that works a while between calls
-        gains too little for the core it takes."""
-        n = self._spin_n
-        self._spin_n = (n + 1) % SPIN_CYCLE
-        if not self._spin_check:
-            return True
-        spun = self._gaps_spun
-        if n >= 2 * SPIN_SAMPLE:
-            if self._spin_on:
-                spun.append(gap)
-                if len(spun) == SPIN_SAMPLE:
-                    if _median(spun) > (1.0 - SPIN_GAIN) * self._unspun_median:
-                        self._spin_n = SPIN_SAMPLE + 1  # (these are its sample with the spin)
-                        return False
-                    spun.clear()
-            return self._spin_on
-        if n:  # (the first gap of a cycle follows a release of the cycle before)
-            (spun if n <= SPIN_SAMPLE else self._gaps_unspun).append(gap)
-        if n < SPIN_SAMPLE:
-            return True
-        if n < 2 * SPIN_SAMPLE - 1:
-            return False
-        self._unspun_median = _median(self._gaps_unspun)
-        self._spin_on = _median(spun) <= (1.0 - SPIN_GAIN) * self._unspun_median
-        spun.clear()
-        self._gaps_unspun.clear()
-        return self._spin_on
 
     def _spin(self) -> None:
         """io thread: one turn of the spin (a loop turn that polls without waiting)."""
