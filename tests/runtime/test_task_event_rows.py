@@ -39,6 +39,7 @@ class _Owner(SubmissionMixin):
         self._held_events: dict[Any, list[Any]] = {}
         self._fresh: dict[bytes, Any] = {}
         self._fresh_lock = threading.Lock()
+        self._event_holds = 1
         self._packed_rows: list[Any] = []
         self._event_packer = msgpack.Packer(use_bin_type=True, autoreset=True)
         self._flush_idle = False
@@ -257,6 +258,38 @@ def test_a_task_scheduled_twice_or_retried_shows_every_event_and_any_flush_but_t
                     b"r" * 16: [[m.TaskState.SCHEDULED, 2.0], [m.TaskState.RETRIED, 2.5]],
                     b"l" * 16: [[m.TaskState.SCHEDULED, 2.0]]}
     assert {r[0]: r[6] for r in msg.rows}[b"a" * 16] == b"v" * 16
+
+
+def test_the_flush_loop_leaves_a_fresh_task_for_as_many_flushes_as_the_hold_spans() -> None:
+    """``task_event_hold_ms`` of four flush intervals: a task not ended is left by the loop's
+    first four flushes and reported by the fifth; one that ends before goes as one packed
+    row; any flush that is not the loop's reports it at once."""
+    owner = _Owner()
+    owner._event_holds = 4
+    slow, quick = _live_task(b"s" * 16), _live_task(b"q" * 16)
+    for task in (slow, quick):
+        _submit(owner, task)
+    for _ in range(3):
+        owner._flush_events(hold=True)
+    assert not owner.gcs.sent and set(owner._fresh) == {b"s" * 16, b"q" * 16}
+    owner._pack_ended(quick, m.TaskState.FINISHED, 4.0, 3.0, None, None, None)
+    owner._flush_events(hold=True)
+    (first,) = owner.gcs.sent
+    assert first.rows == [] and [p[0] for p in first.packed] == [b"q" * 16]
+    assert slow.ev_live and slow.ev_held == 4 and list(owner._fresh) == [b"s" * 16]
+    owner._flush_events(hold=True)
+    assert [r[0] for r in owner.gcs.sent[1].rows] == [b"s" * 16] and not slow.ev_live and not owner._fresh
+    late = _live_task(b"l" * 16)
+    _submit(owner, late)
+    owner._flush_events()  # (``list_tasks``'s, shutdown's)
+    assert [r[0] for r in owner.gcs.sent[2].rows] == [b"l" * 16] and not owner._fresh
+
+
+def test_the_hold_spans_the_configured_time_in_flushes() -> None:
+    from lumos._private.core_worker.submission import flushes_held
+    for hold_ms, interval_ms, holds in ((400, 100, 4), (450, 100, 5), (100, 100, 1), (50, 100, 1), (0, 100, 0),
+                                        (-1, 100, 0), (400, 60_000, 1)):
+        assert flushes_held(hold_ms, interval_ms) == holds, (hold_ms, interval_ms)
 
 
 def test_an_ended_task_msgpack_cannot_pack_goes_as_a_row() -> None:

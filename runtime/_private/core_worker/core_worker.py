@@ -58,7 +58,7 @@ from lumos._private.core_worker.objects import ObjectsMixin, error_blob
 from lumos._private.core_worker.references import ReferencesMixin
 from lumos._private.core_worker.results import ResultsMixin
 from lumos._private.core_worker.streams import StreamsMixin
-from lumos._private.core_worker.submission import SubmissionMixin, function_id_of  # noqa: F401 (re-exported)
+from lumos._private.core_worker.submission import SubmissionMixin, flushes_held, function_id_of  # noqa: F401 (re-exported)
 from lumos._private.core_worker.tasks import (DONE, DRIVER, WORKER, LeasedWorker, PendingTask, SchedulingQueue,
                                               TaskTemplate)
 from lumos._private.ids import ActorID, JobID, NodeID, ObjectID, TaskID, WorkerID, new_task_id, short
@@ -228,6 +228,9 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         #: and that no flush has reported yet; user threads add (under ``_fresh_lock``).
         self._fresh: dict[bytes, PendingTask] = {}
         self._fresh_lock = threading.Lock()
+        #: Flushes of the flush loop a fresh task not ended is left for before one reports
+        #: it (``task_event_hold_ms``; ``_report_fresh``).
+        self._event_holds = flushes_held(config.task_event_hold_ms, config.task_event_flush_interval_ms)
         #: Whole attempts packed at their end for the next flush (io thread), with the
         #: packer that packs them.
         self._packed_rows: list[tuple[Any, ...]] = []

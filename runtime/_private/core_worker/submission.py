@@ -647,8 +647,9 @@ class SubmissionMixin:
         one interval later.
 
         A task submitted here (``PendingTask.ev_live``) has no buffered events until it
-        ends (``_pack_ended``) or a flush reports it: the loop's flush leaves it once, as
-        above; the next one, or any other flush, reports it (``spill_events``)."""
+        ends (``_pack_ended``) or a flush reports it: the loop's flushes leave it for
+        ``task_event_hold_ms`` (``_report_fresh``); the next one, or any other flush,
+        reports it (``spill_events``)."""
         if self._fresh:
             self._report_fresh(hold)
         held = self._held_events
@@ -682,15 +683,24 @@ class SubmissionMixin:
 
     def _report_fresh(self, hold: bool) -> None:
         """The flush: tasks submitted here and not ended, whose events ride on them, are
-        reported (``spill_events``), or, with ``hold``, left for the next flush once."""
+        reported (``spill_events``), or, with ``hold`` (the flush loop's), left for a later
+        flush until ``_event_holds`` flushes have left them (``task_event_hold_ms``).
+
+        Left once (the hold of one interval it was), a burst longer than two flushes (an
+        async one of 20,000 calls takes ~1 s here) had most of its calls reported before
+        their end: two plain rows each, which the GCS applies field by field, against one
+        packed row it keeps as it came. Held for 400 ms: 20,000-task bursts of no-op tasks
+        15.7-18.3k -> 17.2-20.9k/s (three alternating pairs), the GCS's CPU per task 12-19
+        -> 7-12 us, the driver's 42-48 -> 39-45 us."""
         with self._fresh_lock:
             fresh, self._fresh = self._fresh, {}
         keep: dict[bytes, PendingTask] = {}
+        holds = self._event_holds if hold else 0
         for tid, task in fresh.items():
             if not task.ev_live:
                 continue  # (ended while a user thread added it)
-            if hold and not task.ev_held:
-                task.ev_held = True
+            if task.ev_held < holds:
+                task.ev_held += 1
                 keep[tid] = task
             else:
                 self.spill_events(task)
@@ -746,6 +756,14 @@ class SubmissionMixin:
 
 _SUBMITTED = m.TaskState.SUBMITTED
 _ENDED = frozenset((m.TaskState.FINISHED, m.TaskState.FAILED, m.TaskState.CANCELLED))
+
+
+def flushes_held(hold_ms: int, interval_ms: int) -> int:
+    """Flushes of the flush loop a fresh task not ended is left for: enough to span
+    ``hold_ms`` (``task_event_hold_ms``) at one every ``interval_ms``."""
+    return -(-hold_ms // interval_ms) if hold_ms > 0 else 0
+
+
 def _pack_whole_attempts(rows: list[list[Any]]) -> tuple[list[list[Any]], list[list[Any]]]:
     """``rows`` split for ``m.AddTaskEvents``: those of a whole attempt (SUBMITTED with
     the task's facts ... its end) packed, ``[task_id, attempt, end_state, packed row]``,

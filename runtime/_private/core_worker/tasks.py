@@ -91,8 +91,8 @@ class PendingTask:
         # kept here, not buffered; its end packs them into one row (``_pack_ended``), or a
         # flush reports them (``_spill_events``), after which they are buffered as events.
         self.ev_live = False
-        #: A flush found it not ended and left it for the next one (which reports it).
-        self.ev_held = False
+        #: Flushes that found it not ended and left it for a later one (``_report_fresh``).
+        self.ev_held = 0
         #: An actor call: the caller's previous call to that actor.
         self.ev_prev: bytes | None = None
         #: SCHEDULED: when, on which node and worker, with which resource ids.
