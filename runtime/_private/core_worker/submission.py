@@ -639,12 +639,13 @@ class SubmissionMixin:
         states ride along in ``more``: a no-op call's SUBMITTED, SCHEDULED, RUNNING and
         FINISHED are one row, not four).
 
-        ``hold`` (the flush loop): a task submitted since the last flush and not ended yet
-        waits for the next one (once), where it has most often ended: a short task's whole
-        attempt then goes as one packed row (``_pack_whole_attempts``), not as two rows (an
-        async burst sent 1.6 rows per task without the hold, 1.03 with it). A long task
-        shows in ``list_tasks`` as before, which flushes everything first; a poller sees it
-        one interval later.
+        ``hold`` (the flush loop): a row of buffered events whose task has not ended yet
+        waits for the next flush (once), where it has most often ended: a short task's
+        whole attempt then goes as one packed row (``_pack_whole_attempts``), not as two
+        rows (an async burst sent 1.6 rows per task without the hold, 1.03 with it). A
+        long task shows in ``list_tasks`` as before, which flushes everything first; a
+        poller sees it one interval later (a task submitted here: ``task_event_hold_ms``
+        later, below).
 
         A task submitted here (``PendingTask.ev_live``) has no buffered events until it
         ends (``_pack_ended``) or a flush reports it: the loop's flushes leave it for
