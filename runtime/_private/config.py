@@ -112,7 +112,7 @@ class Config:
     #: packed row; one reported before its end as two rows, which cost the GCS twice the
     #: CPU: in a burst longer than a few flushes, most of its calls. A poller (the
     #: dashboard) sees a pending task up to this much, and one flush, later;
-    #: ``list_tasks`` and ``get_task`` flush first.
+    #: ``lumos.state.list_tasks`` and ``get_task`` send this process's events first.
     task_event_hold_ms: int = 400
     #: Task records the GCS keeps in memory (and in its Redis stream) before the oldest finished go to its archive.
     task_event_max_records: int = 100_000

@@ -687,8 +687,8 @@ class SubmissionMixin:
         reported (``spill_events``), or, with ``hold`` (the flush loop's), left for a later
         flush until ``_event_holds`` flushes have left them (``task_event_hold_ms``).
 
-        Left once (the hold of one interval it was), a burst longer than two flushes (an
-        async one of 20,000 calls takes ~1 s here) had most of its calls reported before
+        Left for one flush only (as it was), a burst longer than two flushes (an async
+        one of 20,000 calls takes ~1 s here) had most of its calls reported before
         their end: two plain rows each, which the GCS applies field by field, against one
         packed row it keeps as it came. Held for 400 ms: 20,000-task bursts of no-op tasks
         15.7-18.3k -> 17.2-20.9k/s (three alternating pairs), the GCS's CPU per task 12-19
