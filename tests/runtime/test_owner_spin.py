@@ -63,13 +63,18 @@ def _cpu_s(tid: int) -> float:
     return int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0]) / 1e9
 
 
-def _sleeps_over(tid: int, calls: int, call: Callable[[], Any]) -> int:
+def _growth_over(count: Callable[[], int], calls: int, call: Callable[[], Any]) -> int:
+    """How much ``count()`` grew over ``calls`` calls of ``call``, after 20 to warm up."""
     for _ in range(20):
         call()
-    before = _sleeps(tid)
+    before = count()
     for _ in range(calls):
         call()
-    return _sleeps(tid) - before
+    return count() - before
+
+
+def _sleeps_over(tid: int, calls: int, call: Callable[[], Any]) -> int:
+    return _growth_over(lambda: _sleeps(tid), calls, call)
 
 
 def _start(fresh_cluster: Any, spin_us: int, num_cpus: int = 1) -> Any:
@@ -81,12 +86,7 @@ def _start(fresh_cluster: Any, spin_us: int, num_cpus: int = 1) -> Any:
 
 
 def _caught_over(cw: Any, calls: int, call: Callable[[], Any]) -> int:
-    for _ in range(20):
-        call()
-    before = cw.spin_catches
-    for _ in range(calls):
-        call()
-    return int(cw.spin_catches - before)
+    return _growth_over(lambda: int(cw.spin_catches), calls, call)
 
 
 def test_the_owner_catches_the_reply_to_its_next_sync_call_awake(fresh_cluster: Any) -> None:
