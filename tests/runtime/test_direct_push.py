@@ -81,6 +81,33 @@ def test_a_call_sent_straight_is_retried_on_the_restarted_actor(cluster: lumos.L
     assert lumos.get(c.incr.remote(), timeout=60) == 1  # the restarted instance
 
 
+def test_a_sync_fan_out_to_several_actors_goes_straight_to_each(cluster: lumos.LumosContext) -> None:
+    """``[a.f.remote() for a in actors]`` then a get of them all: every call is written by
+    the user thread, not only the first (the others waited for the io thread's turn), and
+    each actor sees its calls in order."""
+    counters = [Counter.remote() for _ in range(3)]
+    assert lumos.get([c.incr.remote() for c in counters], timeout=60) == [1, 1, 1]
+    before = _direct_sent()
+    rounds = 40
+    for i in range(rounds):
+        assert lumos.get([c.incr.remote() for c in counters], timeout=60) == [i + 2] * 3
+    assert _direct_sent() - before >= 2 * rounds  # (the first call of each round alone was)
+
+
+def test_a_fan_out_sent_straight_fails_only_the_call_of_the_killed_actor(cluster: lumos.LumosContext) -> None:
+    counters = [Counter.remote() for _ in range(3)]
+    lumos.get([c.pid.remote() for c in counters], timeout=60)
+    before = _direct_sent()
+    refs = [c.slow_pid.remote() for c in counters]
+    assert _direct_sent() - before >= 2  # (a post from elsewhere meanwhile sends the rest through the io thread)
+    time.sleep(0.3)
+    lumos.kill(counters[1])
+    assert isinstance(lumos.get(refs[0], timeout=30), int) and isinstance(lumos.get(refs[2], timeout=30), int)
+    with pytest.raises(ActorDiedError):
+        lumos.get(refs[1], timeout=30)
+    assert lumos.get([counters[0].incr.remote(), counters[2].incr.remote()], timeout=30) == [1, 1]
+
+
 @lumos.remote
 def _where(marker: str = "", sleep_s: float = 0.0) -> int:
     if marker:
@@ -103,6 +130,17 @@ def test_sync_tasks_go_straight_to_an_idle_leased_worker(cluster: lumos.LumosCon
     assert all(isinstance(p, int) for p in pids)
     bursts = lumos.get([_where.remote() for _ in range(100)], timeout=60)  # the io thread's path between
     assert len(bursts) == 100 and lumos.get(_where.remote(), timeout=60) in set(pids) | set(bursts)
+
+
+def test_a_sync_fan_out_of_tasks_goes_straight_to_each_idle_leased_worker(cluster: lumos.LumosContext) -> None:
+    """Two tasks, then a get of both, on a 2-CPU node: with two idle leases of their shape
+    both are written by the user thread."""
+    lumos.get([_where.remote("", 0.2) for _ in range(2)], timeout=60)  # two leases, idle after
+    before = _direct_tasks()
+    rounds = 40
+    for _ in range(rounds):
+        assert len(set(lumos.get([_where.remote() for _ in range(2)], timeout=60))) >= 1
+    assert _direct_tasks() - before >= rounds * 3 // 2  # (the first task of each round alone was)
 
 
 def test_a_task_sent_straight_is_retried_when_its_worker_dies(cluster: lumos.LumosContext, tmp_path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -198,5 +199,91 @@ def test_a_reply_runs_the_booking_put_aside_as_sent_before_its_writer_is_back() 
         assert io.idle()
     finally:
         conn.go_on.set()
+        io.closed = True
+        io.stop()
+
+
+def _turn(io: IoLoop) -> None:
+    """Have the io thread run what waits in its inbox, and wait until that turn is over."""
+    io.wake()
+    deadline = time.monotonic() + 10
+    while not io.idle() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert io.idle()
+
+
+class _Conn:
+    """``write_now`` that returns at once with ``result``."""
+
+    def __init__(self, result: bool = True) -> None:
+        self.result = result
+        self.written: list[Any] = []
+
+    def write_now(self, body: Any) -> bool:
+        self.written.append(body)
+        return self.result
+
+
+def test_a_user_thread_may_write_to_another_connection_past_bookings_of_writes_that_went_out() -> None:
+    """``clear_for``: bookings of straight writes that went out leave nothing unsent, so a
+    write to another connection may go straight too (a fan-out to several actors); one to
+    the same connection, anything posted, a write that did not go out, or more than
+    ``MAX_QUIET_BOOKINGS`` bookings waiting send it through the io thread. The bookings
+    still run in order at the io thread's next turn."""
+    from lumos._private.core_worker import io_loop
+
+    io = started()
+    try:
+        booked: list[tuple[str, bool]] = []
+        a, b, c = _Conn(), _Conn(), _Conn()
+        assert io.clear_for(a) and io.idle()
+        assert io.write_then_book(a, "push-1", b"t1", lambda sent: booked.append(("t1", sent)))
+        assert not io.idle()  # (the booking waits, without a wake-up)
+        assert io.clear_for(b) and io.clear_for(c) and io.clear_for(None)
+        assert not io.clear_for(a)  # the same connection: through the io thread
+        assert io.write_then_book(b, "push-2", b"t2", lambda sent: booked.append(("t2", sent)))
+        assert io.clear_for(c) and not io.clear_for(b)
+        assert booked == []
+
+        quiet = [_Conn() for _ in range(io_loop.MAX_QUIET_BOOKINGS - 2)]
+        for i, conn in enumerate(quiet):
+            assert io.clear_for(conn)
+            io.write_then_book(conn, "push", b"q%d" % i, lambda sent: None)
+        assert len(io.inbox) == io_loop.MAX_QUIET_BOOKINGS and not io.clear_for(c)  # at most so many
+
+        _turn(io)  # the io thread's next turn runs them all, in order
+        assert booked == [("t1", True), ("t2", True)]
+        assert io.clear_for(a)
+
+        hold, busy = threading.Event(), threading.Event()
+
+        def block() -> None:
+            busy.set()
+            hold.wait(10)
+
+        io.write_then_book(a, "push-3", b"t3", lambda sent: None)
+        io.post(block)  # something posted (not a booking): nothing is written past it
+        assert busy.wait(10)
+        assert not io.clear_for(b)
+        hold.set()
+        _turn(io)
+        assert io.clear_for(b)
+
+        failed: list[bool] = []
+        loop = io.loop
+        assert loop is not None
+        real = loop.call_soon_threadsafe
+        wakes: list[Any] = []
+        loop.call_soon_threadsafe = lambda cb, *args: wakes.append((cb, args))  # type: ignore[method-assign]
+        try:
+            assert not io.write_then_book(_Conn(False), "push-4", b"t4", failed.append)
+            assert len(wakes) == 1  # it woke the io thread: its booking sends the call the usual way
+            assert not io.clear_for(b)  # and nothing is written straight before that
+        finally:
+            loop.call_soon_threadsafe = real  # type: ignore[method-assign]
+        real(wakes[0][0], *wakes[0][1])
+        _turn(io)
+        assert failed == [False] and io.clear_for(b)
+    finally:
         io.closed = True
         io.stop()

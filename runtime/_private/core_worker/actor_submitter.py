@@ -297,19 +297,21 @@ class ActorSubmitter:
     def send_direct(self, task: PendingTask) -> bool:
         """User thread: write a call without arguments to wait for straight to its actor's
         connection, saving the io thread's wake-up (a sync call's round trip has one hop
-        fewer). Only when nothing is ahead of it: the io thread has nothing in hand, the
-        actor is alive and connected and none of its calls wait to be sent. The io thread
+        fewer). Only when nothing is ahead of it: the io thread has nothing in hand but
+        bookings of such writes to other actors (``IoLoop.clear_for``: a fan-out goes
+        straight to each), the actor is alive and connected and none of its calls wait to
+        be sent. The io thread
         books the call at its next turn, before any reply is handled (``_on_direct``).
         False: not sent this way; post it as usual."""
         cw = self.cw
         io = cw.io
-        if not io.idle():
-            return False
         q = self.actors.get(task.spec.actor_id or b"")
         if q is None or q.queue or q.lost or q.connecting:
             return False
         conn, info = q.conn, q.info
         if conn is None or not conn.direct_writes or info is None or info.state != ALIVE:
+            return False
+        if not io.clear_for(conn):
             return False
         spec = task.spec
         if spec.deps:

@@ -31,6 +31,11 @@ from lumos._private.transport.connection import batch
 
 logger = logging.getLogger(__name__)
 
+#: ``clear_for``: the most bookings of straight writes left waiting for the io thread's
+#: next turn before a user thread's next write goes through it (a fan-out to more
+#: workers than this has the io thread send the rest).
+MAX_QUIET_BOOKINGS = 8
+
 
 def spawn(tasks: set[asyncio.Task[Any]], coro: Coroutine[Any, Any, Any], name: str,
           loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Task[Any]:
@@ -179,7 +184,8 @@ class IoLoop:
         which posts it, or when the task's reply comes (it proves the write went out),
         whichever is first. Meanwhile ``idle()`` is False, so nothing else is written
         straight past it. Returns whether the write went out."""
-        sent: list[Any] = [None, False]  # [the write went out, its booking was put aside]
+        # [the write went out, its booking was put aside, the connection] (``clear_for``)
+        sent: list[Any] = [None, False, conn]
         self.append_quiet(self._book, key, book, args, sent)
         ok = sent[0] = conn.write_now(body)
         if sent[1]:
@@ -237,6 +243,34 @@ class IoLoop:
     def idle(self) -> bool:
         """Every job posted so far has run, and what it sent is handed to its connection."""
         return not self.inbox and not self._wake_pending and not self._draining and not self.deferred
+
+    def clear_for(self, conn: Any) -> bool:
+        """``idle()``, except that bookings of straight writes to other connections than
+        ``conn`` that went out may wait in the inbox: nothing posted has yet to be sent,
+        so a user thread may write to ``conn`` itself. A sync fan-out (a call to each of
+        several actors, then a get of them all) writes every call itself: with only the
+        first written so, the others waited for the io thread's wake-up, on 2 cores often
+        until the first worker's task was done. A second write to the same connection
+        goes through the io thread, which sends a burst's calls to one worker in one write.
+        At most ``MAX_QUIET_BOOKINGS`` bookings wait so."""
+        if self._wake_pending or self._draining or self.deferred:
+            return False
+        inbox = self.inbox
+        if not inbox:
+            return True
+        if len(inbox) >= MAX_QUIET_BOOKINGS:
+            return False
+        try:
+            jobs = tuple(inbox)  # (the io thread may pop meanwhile)
+        except RuntimeError:
+            return False
+        for fn, args in jobs:
+            if getattr(fn, "__func__", None) is not IoLoop._book:
+                return False
+            sent = args[3]
+            if sent[0] is not True or sent[2] is conn:
+                return False
+        return True
 
     def _drain_inbox(self) -> None:
         self._draining = True
