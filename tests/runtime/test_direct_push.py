@@ -197,8 +197,8 @@ def test_a_reply_is_handled_while_the_thread_that_wrote_its_task_has_not_run_sin
     real = Connection.write_now
     settled: list[bool] = []
 
-    def write_then_stall(conn: Connection, body: object) -> bool:
-        ok = real(conn, body)
+    def write_then_stall(conn: Connection, body: object, went: list[object] | None = None) -> bool:
+        ok = real(conn, body, went)
         if ok and type(body) is m.PushTask:
             # The writer "loses its core" until the reply is settled (or 10 s pass), and
             # meanwhile the io thread drains its inbox for something else (an idle timer,
@@ -232,3 +232,72 @@ def test_a_reply_is_handled_while_the_thread_that_wrote_its_task_has_not_run_sin
     monkeypatch.setattr(Connection, "write_now", real)
     assert cw.direct_tasks > tasks_before and _direct_sent() > calls_before  # written straight
     assert settled and all(settled)
+
+
+@lumos.remote
+def _mark(path: str) -> int:
+    with open(path, "a") as f:
+        f.write("ran\n")
+    return os.getpid()
+
+
+@lumos.remote
+class _Marker:
+    def mark(self, path: str) -> int:
+        with open(path, "a") as f:
+            f.write("ran\n")
+        return os.getpid()
+
+
+@pytest.mark.parametrize("kind", ["task", "actor call"])
+@pytest.mark.parametrize("when", ["before the write", "after the write"])
+def test_the_stop_button_inside_a_straight_write_loses_nothing(
+        cluster: lumos.LumosContext, monkeypatch: pytest.MonkeyPatch, tmp_path, kind: str, when: str) -> None:
+    """A KeyboardInterrupt (the stop button) raised in the user thread while it writes a
+    task or call straight to the worker leaves nothing waiting for ever: the io thread
+    learns whether the message went out, sends it itself if not, and the call runs once
+    either way; the lease goes back, and later calls are written straight again."""
+    from lumos._private.protocol import messages as m
+    from lumos._private.transport.connection import Connection
+
+    cw = worker_context.require()
+    marker = _Marker.remote()
+    lumos.get(marker.mark.remote(str(tmp_path / "warm")), timeout=60)
+    lumos.get(_mark.remote(str(tmp_path / "warm")), timeout=60)  # a lease of this shape, idle
+    wait_for_idle = time.monotonic() + 10
+    while not cw.io.idle() and time.monotonic() < wait_for_idle:
+        time.sleep(0.005)
+    real = Connection.write_now
+    armed = [True]
+
+    def interrupted(conn: Connection, body: object, went: list[object] | None = None) -> bool:
+        if armed[0] and type(body) is m.PushTask:
+            armed[0] = False
+            if when == "after the write":
+                real(conn, body, went)
+            raise KeyboardInterrupt
+        return real(conn, body, went)
+
+    path = str(tmp_path / "ran")
+    monkeypatch.setattr(Connection, "write_now", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        if kind == "task":
+            _mark.remote(path)
+        else:
+            marker.mark.remote(path)
+    monkeypatch.setattr(Connection, "write_now", real)
+    assert not armed[0]  # it was written straight (and interrupted)
+    deadline = time.monotonic() + 30
+    while not (os.path.exists(path) and cw.io.idle()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.path.exists(path) and cw.io.idle() and not cw.io.deferred
+    time.sleep(0.3)
+    with open(path) as f:
+        assert f.read() == "ran\n"  # once
+    tasks, calls = cw.direct_tasks, _direct_sent()
+    for _ in range(5):
+        lumos.get(_mark.remote(str(tmp_path / "after")), timeout=30)
+        lumos.get(marker.mark.remote(str(tmp_path / "after")), timeout=30)
+    assert cw.direct_tasks > tasks and _direct_sent() > calls  # straight writes again
+    # Both CPUs' worth of tasks run at once: no lease was left claimed.
+    assert len(set(lumos.get([_where.remote("", 0.5) for _ in range(2)], timeout=30))) == 2

@@ -128,7 +128,7 @@ class _StallingConn:
         self.entered = threading.Event()
         self.go_on = threading.Event()
 
-    def write_now(self, body: Any) -> bool:
+    def write_now(self, body: Any, went: list[Any] | None = None) -> bool:
         self.entered.set()
         assert self.go_on.wait(10)
         return self.result
@@ -219,8 +219,10 @@ class _Conn:
         self.result = result
         self.written: list[Any] = []
 
-    def write_now(self, body: Any) -> bool:
+    def write_now(self, body: Any, went: list[Any] | None = None) -> bool:
         self.written.append(body)
+        if self.result and went is not None:
+            went[0] = True
         return self.result
 
 

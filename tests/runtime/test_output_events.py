@@ -621,11 +621,11 @@ def test_a_direct_write_that_did_not_go_shows_one_scheduled(fresh_cluster, monke
     write_now = Connection.write_now
     refused = []
 
-    def refuse_pushes(self, body):
+    def refuse_pushes(self, body, went=None):
         if type(body) is m.PushTask:
             refused.append(body.spec.task_id)
             return False
-        return write_now(self, body)
+        return write_now(self, body, went)
 
     monkeypatch.setattr(Connection, "write_now", refuse_pushes)
     task_ref = add.remote(2)

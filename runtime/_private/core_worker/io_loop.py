@@ -186,8 +186,22 @@ class IoLoop:
         straight past it. Returns whether the write went out."""
         # [the write went out, its booking was put aside, the connection] (``clear_for``)
         sent: list[Any] = [None, False, conn]
-        self.append_quiet(self._book, key, book, args, sent)
-        ok = sent[0] = conn.write_now(body)
+        try:
+            self.append_quiet(self._book, key, book, args, sent)
+            ok = conn.write_now(body, sent)  # (sets sent[0] the moment it is written)
+            sent[0] = ok
+        except BaseException:
+            # The stop button: a KeyboardInterrupt raised in this thread anywhere in here.
+            # Whether the message went out is known (``write_now`` marked it as it wrote);
+            # if it did not, its booking sends it the usual way, as for a write that could
+            # not go. Left unknown, the booking waited for ever (a task's lease with it).
+            if sent[0] is None:
+                sent[0] = False
+            if sent[1]:
+                self.post(self.book_deferred, key)
+            elif sent[0] is False:
+                self.wake()
+            raise
         if sent[1]:
             self.post(self.book_deferred, key)
         elif not ok:

@@ -441,15 +441,17 @@ class Connection(asyncio.Protocol):
             with self._wlock:
                 self._wfd = os.dup(sock.fileno())
 
-    def write_now(self, body: Any) -> bool:
+    def write_now(self, body: Any, went: list[Any] | None = None) -> bool:
         """Any thread: send a one-way message straight to the socket, saving the loop a
         wake-up, when nothing of this connection waits to be written before it (nothing
         queued, the transport's buffer empty). False: nothing was sent; use ``notify``
-        on the loop. A frame the socket takes only part of is finished by the loop."""
+        on the loop. A frame the socket takes only part of is finished by the loop.
+        ``went[0]`` is set True the moment the message is written, also when an exception
+        (the stop button's ``KeyboardInterrupt``) leaves this call right after the write."""
         if self._wfd < 0 or self._state != _READY or not self._can_write.is_set():
             return False
         data = m.encode(m.NOTIFY, 0, body)
-        return self._write_frames_now(_pack_len(len(data)) + data)
+        return self._write_frames_now(_pack_len(len(data)) + data, went)
 
     def write_all_now(self, bodies: list[Any]) -> bool:
         """``write_now`` of several one-way messages, in order, in one write: all of
@@ -463,20 +465,32 @@ class Connection(asyncio.Protocol):
             frames.append(data)
         return self._write_frames_now(b"".join(frames))
 
-    def _write_frames_now(self, frame: bytes) -> bool:
+    def _write_frames_now(self, frame: bytes, went: list[Any] | None = None) -> bool:
         with self._wlock:
             t = self._transport
             if self._wfd < 0 or self._state != _READY or self._out or self._flush_scheduled \
                     or self._direct_rest is not None or t is None or t.get_write_buffer_size():
                 return False
+            size = len(frame)
+            written: list[int] = []
             try:
-                n = os.write(self._wfd, frame)
+                # The count lands in ``written`` inside C: a KeyboardInterrupt (the stop
+                # button, in the main thread) is raised only once the call returns, so
+                # ``finally`` knows whether, and how much of, the frame went out. With
+                # ``n = os.write(...)`` it could be raised between the write and the
+                # assignment, and the rest of a partial write would never be sent.
+                written.extend(map(os.write, (self._wfd,), (frame,)))
             except OSError:  # full (BlockingIOError) or closing: the loop's path handles it
                 return False
-            if n < len(frame):
-                self._direct_rest = frame[n:]
-                self._flush_scheduled = True
-                self._loop.call_soon_threadsafe(self._flush)
+            finally:
+                if written:  # (nothing below calls into Python before the state is set)
+                    if went is not None:
+                        went[0] = True
+                    n = written[0]
+                    if n < size:
+                        self._direct_rest = frame[n:]
+                        self._flush_scheduled = True
+                        self._loop.call_soon_threadsafe(self._flush)
         return True
 
     def _close_wfd(self) -> None:
