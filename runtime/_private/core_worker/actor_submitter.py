@@ -300,9 +300,8 @@ class ActorSubmitter:
         fewer). Only when nothing is ahead of it: the io thread has nothing in hand but
         bookings of such writes to other actors (``IoLoop.clear_for``: a fan-out goes
         straight to each), the actor is alive and connected and none of its calls wait to
-        be sent. The io thread
-        books the call at its next turn, before any reply is handled (``_on_direct``).
-        False: not sent this way; post it as usual."""
+        be sent. The io thread books the call at its next turn, before any reply is
+        handled (``_on_direct``). False: not sent this way; post it as usual."""
         cw = self.cw
         io = cw.io
         q = self.actors.get(task.spec.actor_id or b"")

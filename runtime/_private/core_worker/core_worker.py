@@ -716,9 +716,9 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         saving the io thread's wake-up (a sync task's round trip has one hop fewer). Only
         when the io thread has nothing in hand but bookings of such writes to other
         workers (``IoLoop.clear_for``: tasks a get waits for together go straight to each
-        idle worker) and no task of that shape is queued; the io
-        thread books it at its next turn (``_on_direct_task``), which a reply, a worker's
-        close, a node's death or an idle timer makes happen first. False: post it as usual."""
+        idle worker) and no task of that shape is queued; the io thread books it at its
+        next turn (``_on_direct_task``), which a reply, a worker's close, a node's death or
+        an idle timer makes happen first. False: post it as usual."""
         io = self.io
         if not io.clear_for(None):  # (a claimed lease's connection has no booking waiting)
             return False
