@@ -301,3 +301,46 @@ def test_the_stop_button_inside_a_straight_write_loses_nothing(
     assert cw.direct_tasks > tasks and _direct_sent() > calls  # straight writes again
     # Both CPUs' worth of tasks run at once: no lease was left claimed.
     assert len(set(lumos.get([_where.remote("", 0.5) for _ in range(2)], timeout=30))) == 2
+
+
+@pytest.mark.parametrize("where", ["record_scheduled", "write_then_book"])
+def test_the_stop_button_between_a_lease_claim_and_the_booking_gives_the_lease_back(
+        cluster: lumos.LumosContext, monkeypatch: pytest.MonkeyPatch, tmp_path, where: str) -> None:
+    """A KeyboardInterrupt after ``push_direct`` claimed an idle worker's lease and before
+    the task's booking was queued: the io thread books the task as not sent (it is queued
+    the usual way and runs once) and the lease is free again."""
+    from lumos._private.core_worker.core_worker import CoreWorker
+    from lumos._private.core_worker.io_loop import IoLoop
+
+    cw = worker_context.require()
+    lumos.get(_mark.remote(str(tmp_path / "warm")), timeout=60)  # a lease of this shape, idle
+    deadline = time.monotonic() + 10
+    while not cw.io.idle() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    owner = CoreWorker if where == "record_scheduled" else IoLoop
+    real = getattr(owner, where)
+    armed = [True]
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    path = str(tmp_path / "ran")
+    monkeypatch.setattr(owner, where, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _mark.remote(path)
+    monkeypatch.setattr(owner, where, real)
+    assert not armed[0]
+    deadline = time.monotonic() + 30
+    while not (os.path.exists(path) and cw.io.idle()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.path.exists(path) and cw.io.idle()
+    time.sleep(0.3)
+    with open(path) as f:
+        assert f.read() == "ran\n"  # once
+    assert len(set(lumos.get([_where.remote("", 0.5) for _ in range(2)], timeout=30))) == 2
+    tasks = cw.direct_tasks
+    lumos.get(_mark.remote(str(tmp_path / "after")), timeout=30)
+    assert cw.direct_tasks > tasks

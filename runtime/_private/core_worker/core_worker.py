@@ -726,23 +726,42 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         if q is None or q.tasks:
             return False
         state = self.submitter.state
-        with self._submit_lock:
-            lease = state.claim_idle(q, task)
-        if lease is None:
-            return False
-        # The write is outside the submitter's lock: a claimed lease is never returned or
-        # pushed to, and the io thread's events on other leases need not wait for it.
-        spec = task.spec
-        if spec.enable_task_events:  # (before the write: the task may run and end before it returns)
-            self.record_scheduled(task, time.time(), lease.node_id, lease.worker_id, lease.resource_ids)
-        if spec.deps:
-            self.keep_lent_local(spec, lease.node_id)
-        sent = io.write_then_book(lease.conn, m.PushTask(spec, lease.resource_ids), spec.task_id,
-                                  self._on_direct_task, task, lease)
+        try:
+            with self._submit_lock:
+                lease = state.claim_idle(q, task)
+            if lease is None:
+                return False
+            # The write is outside the submitter's lock: a claimed lease is never returned or
+            # pushed to, and the io thread's events on other leases need not wait for it.
+            spec = task.spec
+            if spec.enable_task_events:  # (before the write: the task may run and end before it returns)
+                self.record_scheduled(task, time.time(), lease.node_id, lease.worker_id, lease.resource_ids)
+            if spec.deps:
+                self.keep_lent_local(spec, lease.node_id)
+            sent = io.write_then_book(lease.conn, m.PushTask(spec, lease.resource_ids), spec.task_id,
+                                      self._on_direct_task, task, lease)
+        except BaseException:
+            # The stop button (a KeyboardInterrupt in this thread) between the claim and
+            # the booking's queueing: nothing would ever give the lease back. The io thread
+            # settles it after whatever of this task's booking was queued before.
+            try:
+                io.post(self._settle_claim, task, q)
+            except exc.LumosSystemError:  # (shut down meanwhile: the lease goes with the rest)
+                pass
+            raise
         if not sent:
             return True  # the booking job queues it the usual way (and records it sent then)
         self.direct_tasks += 1
         return True
+
+    def _settle_claim(self, task: PendingTask, q: SchedulingQueue) -> None:
+        """io thread: ``push_direct`` was interrupted. A lease of ``q`` still claimed for
+        ``task`` got no booking (any booking queued before ran first): the task is
+        booked as not sent, so it is queued the usual way and the lease is free again."""
+        for lease in q.leases:
+            if lease.claimed and lease.claimed_for is task:
+                self._on_direct_task(task, lease, False)
+                return
 
     def _on_direct_task(self, task: PendingTask, lease: LeasedWorker, was_sent: bool) -> None:
         self.tasks[task.spec.task_id] = task

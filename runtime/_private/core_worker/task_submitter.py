@@ -350,6 +350,7 @@ class TaskSubmitterState:
             if lease.direct and not lease.tasks and not lease.claimed and lease.conn is not None \
                     and not lease.dead and not lease.blocked and not lease.exiting and not lease.recalled:
                 lease.claimed = True
+                lease.claimed_for = task
                 return lease
         if self.idle_leases and task is not None:
             # An idle worker of another function of this shape (calls alternating between
@@ -364,6 +365,7 @@ class TaskSubmitterState:
                         return None
                     self._move(lease, q)
                     lease.claimed = True
+                    lease.claimed_for = task
                     return lease
         return None
 

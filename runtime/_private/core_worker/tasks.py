@@ -105,7 +105,7 @@ class PendingTask:
 class LeasedWorker:
     __slots__ = ("lease_id", "worker_id", "address", "node_id", "resource_ids", "conn", "tasks",
                  "idle_timer", "idle_since", "queue", "raylet", "dead", "blocked", "exiting", "direct", "claimed",
-                 "recalled")
+                 "claimed_for", "recalled")
 
     def __init__(self, grant: m.LeaseGrant, queue: "SchedulingQueue", raylet: Connection) -> None:
         self.lease_id = grant.lease_id
@@ -137,6 +137,8 @@ class LeasedWorker:
         #: A user thread wrote a task to this worker that the io thread has not booked yet
         #: (``TaskSubmitterState.claim_idle``): the lease is not idle.
         self.claimed = False
+        #: The task of the latest claim (``CoreWorker._settle_claim``).
+        self.claimed_for: Any = None
 
 
 class SchedulingQueue:
