@@ -770,6 +770,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         if self.gone is not None:
             with self._submit_lock:
                 lease.claimed = False
+                lease.claimed_for = None
             self._fail_task(task, self._gone_error(task))
             return
         self.export_function(task.template)

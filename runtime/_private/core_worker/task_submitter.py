@@ -373,6 +373,7 @@ class TaskSubmitterState:
         """Book a task a user thread claimed ``lease`` for: in flight on it if the write went
         out, else queued as usual."""
         lease.claimed = False
+        lease.claimed_for = None
         q = lease.queue
         task.queue = q
         if not sent:
