@@ -188,25 +188,20 @@ class IoLoop:
         sent: list[Any] = [None, False, conn]
         try:
             self.append_quiet(self._book, key, book, args, sent)
-            ok = conn.write_now(body, sent)  # (sets sent[0] the moment it is written)
-            sent[0] = ok
-        except BaseException:
-            # The stop button: a KeyboardInterrupt raised in this thread anywhere in here.
-            # Whether the message went out is known (``write_now`` marked it as it wrote);
-            # if it did not, its booking sends it the usual way, as for a write that could
-            # not go. Left unknown, the booking waited for ever (a task's lease with it).
+            sent[0] = conn.write_now(body, sent)  # (it sets sent[0] the moment it writes)
+        finally:
+            # Also when the stop button's KeyboardInterrupt is raised in this thread
+            # anywhere in here: whether the message went out is known (``write_now``
+            # marked it as it wrote); if it did not, its booking sends it the usual way,
+            # as for a write that could not go. Left unknown, the booking waited for ever
+            # (a task's lease with it).
             if sent[0] is None:
                 sent[0] = False
             if sent[1]:
                 self.post(self.book_deferred, key)
             elif sent[0] is False:
                 self.wake()
-            raise
-        if sent[1]:
-            self.post(self.book_deferred, key)
-        elif not ok:
-            self.wake()
-        return ok
+        return sent[0]  # type: ignore[no-any-return]
 
     def _book(self, key: bytes, book: Callable[..., Any], args: tuple[Any, ...], sent: list[Any]) -> None:
         """io thread: a ``write_then_book`` booking's turn (see there)."""
