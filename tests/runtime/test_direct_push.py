@@ -13,6 +13,7 @@ import pytest
 import lumos
 from lumos._private import worker_context
 from lumos.exceptions import ActorDiedError, TaskCancelledError, WorkerCrashedError
+from tests.conftest import wait_for
 
 
 pytestmark = pytest.mark.timeout(120)
@@ -249,6 +250,15 @@ class _Marker:
         return os.getpid()
 
 
+def _ran_once_and_settled(cw: object, path: str) -> None:
+    """The interrupted call ran, once, and the io thread has nothing left in hand (no
+    booking waiting or put aside)."""
+    wait_for(lambda: os.path.exists(path) and cw.io.idle(), 30)  # type: ignore[attr-defined]
+    time.sleep(0.3)  # (a second run would have written by now)
+    with open(path) as f:
+        assert f.read() == "ran\n"
+
+
 @pytest.mark.parametrize("kind", ["task", "actor call"])
 @pytest.mark.parametrize("when", ["before the write", "after the write"])
 def test_the_stop_button_inside_a_straight_write_loses_nothing(
@@ -264,9 +274,7 @@ def test_the_stop_button_inside_a_straight_write_loses_nothing(
     marker = _Marker.remote()
     lumos.get(marker.mark.remote(str(tmp_path / "warm")), timeout=60)
     lumos.get(_mark.remote(str(tmp_path / "warm")), timeout=60)  # a lease of this shape, idle
-    wait_for_idle = time.monotonic() + 10
-    while not cw.io.idle() and time.monotonic() < wait_for_idle:
-        time.sleep(0.005)
+    wait_for(cw.io.idle, 10)
     real = Connection.write_now
     armed = [True]
 
@@ -287,13 +295,7 @@ def test_the_stop_button_inside_a_straight_write_loses_nothing(
             marker.mark.remote(path)
     monkeypatch.setattr(Connection, "write_now", real)
     assert not armed[0]  # it was written straight (and interrupted)
-    deadline = time.monotonic() + 30
-    while not (os.path.exists(path) and cw.io.idle()) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert os.path.exists(path) and cw.io.idle() and not cw.io.deferred
-    time.sleep(0.3)
-    with open(path) as f:
-        assert f.read() == "ran\n"  # once
+    _ran_once_and_settled(cw, path)
     tasks, calls = cw.direct_tasks, _direct_sent()
     for _ in range(5):
         lumos.get(_mark.remote(str(tmp_path / "after")), timeout=30)
@@ -314,9 +316,7 @@ def test_the_stop_button_between_a_lease_claim_and_the_booking_gives_the_lease_b
 
     cw = worker_context.require()
     lumos.get(_mark.remote(str(tmp_path / "warm")), timeout=60)  # a lease of this shape, idle
-    deadline = time.monotonic() + 10
-    while not cw.io.idle() and time.monotonic() < deadline:
-        time.sleep(0.005)
+    wait_for(cw.io.idle, 10)
     owner = CoreWorker if where == "record_scheduled" else IoLoop
     real = getattr(owner, where)
     armed = [True]
@@ -333,13 +333,7 @@ def test_the_stop_button_between_a_lease_claim_and_the_booking_gives_the_lease_b
         _mark.remote(path)
     monkeypatch.setattr(owner, where, real)
     assert not armed[0]
-    deadline = time.monotonic() + 30
-    while not (os.path.exists(path) and cw.io.idle()) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert os.path.exists(path) and cw.io.idle()
-    time.sleep(0.3)
-    with open(path) as f:
-        assert f.read() == "ran\n"  # once
+    _ran_once_and_settled(cw, path)
     assert len(set(lumos.get([_where.remote("", 0.5) for _ in range(2)], timeout=30))) == 2
     tasks = cw.direct_tasks
     lumos.get(_mark.remote(str(tmp_path / "after")), timeout=30)

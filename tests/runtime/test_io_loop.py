@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from typing import Any
 
 import pytest
 
 from lumos import exceptions as exc
 from lumos._private.core_worker.io_loop import IoLoop, spawn
+from tests.conftest import wait_for
 
 
 def started() -> IoLoop:
@@ -206,10 +206,7 @@ def test_a_reply_runs_the_booking_put_aside_as_sent_before_its_writer_is_back() 
 def _turn(io: IoLoop) -> None:
     """Have the io thread run what waits in its inbox, and wait until that turn is over."""
     io.wake()
-    deadline = time.monotonic() + 10
-    while not io.idle() and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert io.idle()
+    wait_for(io.idle, 10, 0.001)
 
 
 class _Conn:
