@@ -177,6 +177,70 @@ def test_a_cancel_as_a_long_task_starts_is_never_lost(fresh_cluster) -> None:
         assert time.monotonic() - t0 < 10
 
 
+@lumos.remote
+def slow_in_lumos_part(where: str, marker: str) -> int:
+    """Make this worker's own part around its next task slow (``where``: ``"start"``, as
+    it records the task running; ``"end"``, as it packs the error of a task that raised),
+    and write ``marker`` when it gets there: a cancel's SIGINT then lands there for
+    certain."""
+    from lumos._private import worker_context
+    cw = worker_context.require()
+    target, name = (cw, "record_running") if where == "start" else (cw.executor, "_error_returns")
+    original = getattr(target, name)
+
+    def slow(*args: object, **kwargs: object) -> object:
+        setattr(target, name, original)  # (once)
+        Path(marker).write_text(str(os.getpid()))
+        time.sleep(0.5)
+        return original(*args, **kwargs)
+
+    setattr(target, name, slow)
+    return os.getpid()
+
+
+def test_a_cancel_landing_as_the_worker_sets_a_task_up_cancels_it(fresh_cluster, tmp_path: Path) -> None:
+    """The window the stress test above hits by chance, made certain: the cancel's SIGINT
+    lands after the task is marked running and before its own code starts (lumos's part:
+    its task event, its GPUs). It used to escape the worker's ``execute``, and the reply
+    was never sent."""
+    fresh_cluster(num_cpus=1)
+
+    @lumos.remote
+    def long() -> int:
+        time.sleep(60)
+        return 0
+
+    marker = tmp_path / "in"
+    worker = lumos.get(slow_in_lumos_part.remote("start", str(marker)), timeout=30)
+    ref = long.remote()
+    assert _wait_file(marker) == str(worker)
+    lumos.cancel(ref)
+    t0 = time.monotonic()
+    with pytest.raises(TaskCancelledError):
+        lumos.get(ref, timeout=20)
+    assert time.monotonic() - t0 < 10
+    assert lumos.get(pid.remote(), timeout=20) == worker  # the same worker goes on
+
+
+def test_a_cancel_landing_as_the_worker_packs_a_tasks_error_is_moot(fresh_cluster, tmp_path: Path) -> None:
+    """The cancel's SIGINT lands after the task's code ended (it raised), while the
+    worker packs its error: the task is over, its error is the answer."""
+    fresh_cluster(num_cpus=1)
+
+    @lumos.remote(max_retries=0)
+    def fails() -> None:
+        raise ValueError("its own error")
+
+    marker = tmp_path / "in"
+    worker = lumos.get(slow_in_lumos_part.remote("end", str(marker)), timeout=30)
+    ref = fails.remote()
+    assert _wait_file(marker) == str(worker)
+    lumos.cancel(ref)
+    with pytest.raises(TaskError, match="its own error"):
+        lumos.get(ref, timeout=20)
+    assert lumos.get(pid.remote(), timeout=20) == worker
+
+
 class _Stop(BaseException):
     """A user's own BaseException subclass."""
 

@@ -101,6 +101,13 @@ class Executor(ArgumentsMixin):
         #: The task id ``cancel`` last sent SIGINT for; the task the handler raised in.
         self._signalled: bytes | None = None
         self._interrupted: bytes | None = None
+        #: The main thread runs the task's own part (its arguments, its code, its returns):
+        #: only there does SIGINT raise. Landing in lumos's part around it (the task set up
+        #: or taken down), it is held in ``_held_sigint`` and raised as the task's part
+        #: begins; raised there, the ``KeyboardInterrupt`` escaped ``execute`` and the
+        #: task's reply was never sent (its ``get`` waited for ever).
+        self._armed = False
+        self._held_sigint: bytes | None = None
         self._in_args = False
         #: Borrowed refs deserialized from this task's arguments.
         self._arg_borrowed: list[tuple[bytes, m.Address]] = []
@@ -342,7 +349,19 @@ class Executor(ArgumentsMixin):
         if target is not None and target != running.task_id:
             return
         self._interrupted = running.task_id
+        if not self._armed:
+            self._held_sigint = running.task_id  # (raised by _arm, or moot: the task's part is over)
+            return
         raise KeyboardInterrupt
+
+    def _arm(self, task_id: bytes) -> None:
+        """Main thread, as the task's own part begins: SIGINT raises from now on, and one
+        that landed since the task was marked running raises now."""
+        self._armed = True
+        if self._held_sigint is not None:
+            held, self._held_sigint = self._held_sigint, None
+            if held == task_id:
+                raise KeyboardInterrupt
 
     def run(self) -> None:
         if threading.get_ident() == self._main_ident and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
@@ -639,7 +658,7 @@ class Executor(ArgumentsMixin):
             if early is not None:
                 return early
             self._cancel_requested = None
-            self._interrupted = None  # (a retry runs under the same task id)
+            self._interrupted = self._held_sigint = None  # (a retry runs under the same task id)
             self._running = spec
         self._running_root = spec.root_task_id
         cw.current_task_id = spec.task_id
@@ -658,6 +677,7 @@ class Executor(ArgumentsMixin):
         saved_env = None
         try:
             try:
+                self._arm(spec.task_id)
                 if spec.kind != m.TaskKind.ACTOR_TASK and (spec.runtime_env or spec.job_id in self._job_env):
                     saved_env = self._apply_env(spec)
                 fn = self._function(spec)
@@ -679,6 +699,8 @@ class Executor(ArgumentsMixin):
                 # Not a cancel: the task raised it, or someone sent the worker SIGINT. It fails
                 # like any task that raised (below: its reply must go out, the owner waits for it).
                 raise
+            finally:
+                self._armed = False
         except _NotHere as e:
             return self._system_reply(spec, str(e), m.ErrorKind.ACTOR_DIED, start)
         except SystemExit as e:
