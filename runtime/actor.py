@@ -366,9 +366,16 @@ class ActorHandle:
         if limit > 0 and not cw.actor_submitter.reserve_call(self._actor_id, limit):
             raise exc.PendingCallsLimitExceeded(
                 f"actor {self._class_name} has {limit} calls pending (max_pending_calls={limit})")
-        template = self._templates_get(name, options)
-        refs = cw.submit_task(template, args, kwargs, (self._actor_id, next(self._seq), cw.worker_id,
-                                                       options.get("concurrency_group")))
+        try:
+            template = self._templates_get(name, options)
+            refs = cw.submit_task(template, args, kwargs, (self._actor_id, next(self._seq), cw.worker_id,
+                                                           options.get("concurrency_group")))
+        except Exception:
+            # Not made (an argument that cannot be pickled, a bad option): its place is
+            # free again. Kept, two such calls locked a max_pending_calls=2 actor out.
+            if limit > 0:
+                cw.actor_submitter.unreserve_call(self._actor_id)
+            raise
         n = template.num_returns
         if n == 1 or n == -1:  # -1: an ObjectRefGenerator
             return refs[0]

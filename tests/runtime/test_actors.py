@@ -852,6 +852,23 @@ def test_max_pending_calls(cluster: lumos.LumosContext) -> None:
     lumos.get(s.work.remote())  # room again once they are answered
 
 
+def test_a_call_that_could_not_be_made_frees_its_max_pending_calls_place(cluster: lumos.LumosContext) -> None:
+    import threading
+
+    @lumos.remote(max_pending_calls=2)
+    class Echo:
+        def echo(self, x: object = None) -> object:
+            return x
+
+    e = Echo.remote()
+    for _ in range(3):
+        with pytest.raises(TypeError, match="cannot be pickled"):
+            e.echo.remote(threading.Lock())
+    with pytest.raises(TypeError):
+        e.echo.remote(1, 2, 3)  # (a wrong call: refused before it is counted)
+    assert lumos.get([e.echo.remote(1), e.echo.remote(2)], timeout=20) == [1, 2]
+
+
 def test_actor_keeps_a_ref_it_was_passed_after_the_caller_drops_it(cluster: lumos.LumosContext) -> None:
     import gc
 

@@ -510,6 +510,10 @@ class ActorSubmitter:
             self._counted[actor_id] = n + 1
             return True
 
+    def unreserve_call(self, actor_id: ActorID) -> None:
+        """User thread: a call ``reserve_call`` counted was not made after all."""
+        self._uncount(actor_id)
+
     def _uncount(self, actor_id: ActorID) -> None:
         if actor_id in self._counted:
             with self._count_lock:
