@@ -110,3 +110,42 @@ def test_a_remote_cell_reading_a_ref_of_an_ended_session_says_so(direct_kernel: 
     assert [e["ename"] for e in out.errors] == ["ValueError"], out
     assert "old_res" in out.errors[0]["evalue"] and "earlier lumos session" in out.errors[0]["evalue"]
     assert "remote.py" not in out.traceback()
+
+
+def test_stop_pressed_in_a_loop_of_puts_and_calls_leaves_the_store_as_it_was(
+        direct_kernel: tuple[DirectKernel, str]) -> None:
+    """The stop button, pressed again and again at random moments in a cell that puts
+    large values and passes them to tasks by value: each press ends the cell with one
+    KeyboardInterrupt, and once the cell's refs are gone the store holds what it held
+    before (a press inside a put or a ``.remote()`` used to leave its object behind)."""
+    import random
+    k, _ = direct_kernel
+    k.ok("import numpy as np\n"
+         "from lumos._private import worker_context\n"
+         "from lumos._private.protocol import messages as m\n"
+         "def store_objects():\n"
+         "    st = worker_context.require().call_raylet(m.GetNodeStats())['store']\n"
+         "    return st['num_objects'], st['used_bytes'] - st['pool_bytes'] - st['reserved_bytes']\n"
+         "@lumos.remote\n"
+         "def nbytes(a):\n"
+         "    return a.nbytes\n"
+         "arr = np.ones((2 << 20) // 8)\n"
+         "lumos.get(nbytes.remote(arr), timeout=30)\n"
+         "before = store_objects()")
+    rng = random.Random(5)
+    for _ in range(16):
+        out = k.run("print('looping', flush=True)\n"
+                    "while True:\n"
+                    "    r = lumos.put(arr)\n"
+                    "    n = nbytes.remote(arr)\n",
+                    interrupt_on="looping", interrupt_after_s=0.05 + rng.random() * 0.2)
+        assert [e["ename"] for e in out.errors] == ["KeyboardInterrupt"], out
+    out = k.ok("del r, n\n"
+               "import gc, time\n"
+               "gc.collect()\n"
+               "settled = lambda: all(now <= then for now, then in zip(store_objects(), before))\n"
+               "deadline = time.monotonic() + 20\n"
+               "while not settled() and time.monotonic() < deadline:\n"
+               "    time.sleep(0.05)\n"
+               "print('settled', settled(), before, store_objects())")
+    assert "settled True" in out.stdout, out.stdout

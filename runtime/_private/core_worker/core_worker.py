@@ -505,15 +505,17 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         except (ConnectionLost, OSError) as e:
             raise self._unavailable("the GCS", msg, e) from None
 
-    def call_raylet(self, msg: Any, timeout_s: float | None = None) -> Any:
+    def call_raylet(self, msg: Any, timeout_s: float | None = None,
+                    on_abandoned: Callable[[Any], None] | None = None) -> Any:
         """One request to this node's raylet from a user thread. Raises
-        ``ClusterUnavailableError`` when the raylet cannot be reached."""
+        ``ClusterUnavailableError`` when the raylet cannot be reached. ``on_abandoned``:
+        see ``IoLoop.run_sync``."""
         raylet = self.raylet
         if raylet is None:
             raise exc.LumosSystemError("not connected to the raylet")
         try:
             return self.run_sync(raylet.call(msg, timeout_s or self.config.rpc_timeout_s),
-                                 (timeout_s or self.config.rpc_timeout_s) + 1)
+                                 (timeout_s or self.config.rpc_timeout_s) + 1, on_abandoned)
         except (ConnectionLost, OSError) as e:
             raise self._unavailable("this node's raylet", msg, e) from None
 

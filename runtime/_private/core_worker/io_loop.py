@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import functools
 import logging
 import threading
 from typing import Any, Awaitable, Callable, Coroutine
@@ -35,6 +36,15 @@ logger = logging.getLogger(__name__)
 #: next turn before a user thread's next write goes through it (a fan-out to more
 #: workers than this has the io thread send the rest).
 MAX_QUIET_BOOKINGS = 8
+
+
+def _abandoned(on_abandoned: Callable[[Any], None], fut: concurrent.futures.Future[Any]) -> None:
+    """``run_sync``'s wait was left without the result: hand a success to ``on_abandoned``."""
+    if not fut.cancelled() and fut.exception() is None:
+        try:
+            on_abandoned(fut.result())
+        except Exception:
+            logger.exception("could not give back what an interrupted call got")
 
 
 def spawn(tasks: set[asyncio.Task[Any]], coro: Coroutine[Any, Any, Any], name: str,
@@ -296,8 +306,12 @@ class IoLoop:
         finally:
             self._draining = False
 
-    def run_sync(self, coro: Coroutine[Any, Any, Any], timeout_s: float | None = None) -> Any:
-        """Run a coroutine on the io thread and wait for it (from a user thread)."""
+    def run_sync(self, coro: Coroutine[Any, Any, Any], timeout_s: float | None = None,
+                 on_abandoned: Callable[[Any], None] | None = None) -> Any:
+        """Run a coroutine on the io thread and wait for it (from a user thread).
+        ``on_abandoned(result)``: called (on the io thread, or here if it is done) when the
+        coroutine succeeds but the wait was left without its result (the stop button's
+        ``KeyboardInterrupt``): what the result holds (a store slot) is given back."""
         if threading.current_thread() is self.thread:
             coro.close()
             raise RuntimeError("a blocking lumos call was made from the lumos-io thread; "
@@ -313,6 +327,10 @@ class IoLoop:
                 raise  # the coroutine's own timeout (a GetTimeoutError, say), not this wait's
             fut.cancel()
             raise TimeoutError(f"lumos control call timed out after {timeout_s}s") from None
+        except BaseException:
+            if on_abandoned is not None:
+                fut.add_done_callback(functools.partial(_abandoned, on_abandoned))
+            raise
         finally:
             # A raised error's traceback holds this frame; the future holds the error. Left
             # alone, that cycle keeps every caller's frame (and the ObjectRefs in them)

@@ -29,6 +29,7 @@ import time
 from typing import Any, Callable
 
 from lumos import exceptions as exc
+from lumos._private import interrupts
 from lumos._private import serialization as ser
 from lumos._private.core_worker.references import FAILED, PENDING, READY, Waiter, holds_error
 from lumos._private.core_worker.tasks import DRIVER, WORKER
@@ -210,30 +211,35 @@ class ObjectsMixin:
         self._put_counter += 1
         oid = put_object_id(self.current_task_id, self._put_counter)
         nested = [(r._id, r._owner or self.address) for r in sv.nested_refs]
-        if sv.total_size < self.config.max_inline_object_bytes:
-            data = sv.to_bytes()
-            with self.objects.lock:
-                e = self.objects.add_owned(oid)
-                e.state = READY
-                e.data = data
-                e.size = len(data)
-        else:
-            lent = self._write_to_store(oid, sv, keep_mapping=True, lend=lend)
-            with self.objects.lock:
-                e = self.objects.add_owned(oid)
-                e.state = READY
-                e.node_id = self.node_id
-                e.size = sv.total_size
-                e.lent = lent
-        if nested:
-            self.objects.add_contained(nested, registered=True)
-            with self.objects.lock:
-                e.nested = nested
-                for noid, _ in nested:
-                    ne = self.objects.entries.get(noid)
-                    if ne is not None:
-                        ne.shared = True
-        return ObjectRef(oid, self.address, True)
+        held = interrupts.hold()  # (the stop button: the put is made whole, or not begun)
+        try:
+            if sv.total_size < self.config.max_inline_object_bytes:
+                data = sv.to_bytes()
+                with self.objects.lock:
+                    e = self.objects.add_owned(oid)
+                    e.state = READY
+                    e.data = data
+                    e.size = len(data)
+            else:
+                lent = self._write_to_store(oid, sv, keep_mapping=True, lend=lend)
+                with self.objects.lock:
+                    e = self.objects.add_owned(oid)
+                    e.state = READY
+                    e.node_id = self.node_id
+                    e.size = sv.total_size
+                    e.lent = lent
+            if nested:
+                self.objects.add_contained(nested, registered=True)
+                with self.objects.lock:
+                    e.nested = nested
+                    for noid, _ in nested:
+                        ne = self.objects.entries.get(noid)
+                        if ne is not None:
+                            ne.shared = True
+            return ObjectRef(oid, self.address, True)
+        finally:
+            if held:
+                interrupts.release()  # (a stop pressed meanwhile raises here: the ref, dropped, frees it)
 
     def _write_to_store(self, oid: ObjectID, sv: ser.SerializedValue, keep_mapping: bool,
                         owner: bytes = b"", lend: bool = False) -> int:
@@ -286,9 +292,11 @@ class ObjectsMixin:
             elif self.store.reservations(size) < reserve_ahead(size):
                 self._post(self._reserve_slots, size)
         try:
-            slot, path, final_path, file_size, reused = self.call_raylet(
-                m.CreateObject(oid, sv.total_size, self.worker_id, owner),
-                self.config.object_store_full_timeout_s + self.config.rpc_timeout_s)
+            with interrupts.Window():  # (it may wait for room: the stop button works here)
+                slot, path, final_path, file_size, reused = self.call_raylet(
+                    m.CreateObject(oid, sv.total_size, self.worker_id, owner),
+                    self.config.object_store_full_timeout_s + self.config.rpc_timeout_s,
+                    on_abandoned=lambda _grant: self._abandon_created(oid))
         except RemoteError as e:
             if e.type_name == "_StoreFull":
                 raise exc.ObjectStoreFullError(e.text) from None
@@ -307,6 +315,14 @@ class ObjectsMixin:
             raise
         self._to_raylet(m.SealObject(oid, sv.total_size))
         return -1
+
+    def _abandon_created(self, oid: ObjectID) -> None:
+        """Any thread: the store created ``oid`` for a put whose caller was interrupted
+        while it waited (the stop button): its slot is given back."""
+        try:
+            self._post(self._send_releases, [oid], [False], {})
+        except exc.LumosSystemError:
+            pass  # shut down meanwhile: the store goes with the session
 
     def publish_lent(self, object_id: ObjectID) -> None:
         """A lent argument must become an object the raylet serves (its task goes to a
