@@ -89,7 +89,8 @@ def test_actors_are_forked_children_of_the_raylet_with_their_own_random_state(fr
     # (A worker the raylet forks to refill its pool shows the server's command line until
     # it names itself: wait until only the server does.)
     (server,) = wait_for(lambda: (lambda found: found if len(found) == 1 else None)(_fork_servers()), 20)
-    assert len(os.listdir(f"/proc/{server.pid}/task")) == 1  # forks from one thread only
+    # Forks from one thread only (numpy's BLAS threads, started as it warms up, are stopped).
+    wait_for(lambda: len(os.listdir(f"/proc/{server.pid}/task")) == 1, 20)
     theirs = set(_fd_targets(str(server.pid))) - {"/dev/null"}
     assert theirs and not any(theirs & set(i["fds"]) for i in infos)
     # No resolver thread pool: the worker's TCP listener is bound without getaddrinfo.
@@ -393,3 +394,51 @@ def test_a_rehearsed_fork_server_spares_its_children_the_pages_of_a_first_start(
     cold, rehearsed = child_kib("cold"), child_kib("rehearsed")
     assert rehearsed <= cold - 256, (cold, rehearsed)
     assert not [p for p in os.listdir(tmp_path) if p.startswith("rehearsal-")]
+
+
+@lumos.remote(num_cpus=0)
+class _PreloadProbe:
+    def seen(self) -> tuple[int, bool]:
+        return os.getpid(), "lumos_preload_probe" in sys.modules
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_worker_preload_modules_are_imported_before_any_task_asks(
+        fresh_cluster, tmp_path, monkeypatch, start: str) -> None:  # type: ignore[no-untyped-def]
+    """``worker_preload_modules``: with the fork server, imported once, in the server
+    before its first fork (no worker imports it); spawned, by each worker as it starts.
+    A module that fails to import is reported in the raylet's log and skipped."""
+    log = tmp_path / "imported-by"
+    (tmp_path / "lumos_preload_probe.py").write_text(
+        f"import os\nwith open({str(log)!r}, 'a') as f:\n    f.write(f'{{os.getpid()}}\\n')\n")
+    (tmp_path / "lumos_preload_broken.py").write_text("raise RuntimeError('broken on purpose')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    ctx = fresh_cluster(num_cpus=1, include_dashboard=False, _system_config={
+        "worker_start": start, "worker_preload_modules": "lumos_preload_broken, lumos_preload_probe"})
+    logs = os.path.join(ctx.address_info["session_dir"], "logs")
+
+    def raylet_log() -> str:
+        text = ""
+        for name in os.listdir(logs):
+            if name.startswith("raylet"):
+                with open(os.path.join(logs, name), errors="replace") as f:
+                    text += f.read()
+        return text
+
+    if start == "fork":
+        wait_for(lambda: "lumos_preload_probe imported" in raylet_log(), 30)
+        assert "could not import lumos_preload_broken (RuntimeError: broken on purpose)" in raylet_log()
+    seen = lumos.get([a.seen.remote() for a in [_PreloadProbe.remote() for _ in range(3)]], timeout=60)
+    assert all(loaded for _, loaded in seen), seen
+    importers = log.read_text().split()
+    if start == "fork":
+        server = [str(p.pid) for p in _fork_servers()]
+        assert importers == server, (importers, server)
+    else:
+        assert sorted(importers) == sorted(str(pid) for pid, _ in seen)
+
+
+def test_worker_preload_modules_must_be_module_names() -> None:
+    with pytest.raises(ValueError, match="not a module name"):
+        Config.resolve({"worker_preload_modules": "torch transformers"})
+    assert Config.resolve({"worker_preload_modules": " numpy , json"}).worker_preload_modules == " numpy , json"

@@ -199,8 +199,12 @@ class ForkServerClient:
             try:
                 msg = json.loads(line)
                 if "ready" in msg:
-                    logger.info("fork server ready (workers %s)",
-                                "cloned as this raylet's children" if msg.get("clone") else "double-forked")
+                    logger.info("fork server ready (workers %s)%s",
+                                "cloned as this raylet's children" if msg.get("clone") else "double-forked",
+                                f", {', '.join(msg['preloaded'])} imported" if msg.get("preloaded") else "")
+                    if msg.get("failed"):
+                        logger.warning("fork server could not import %s (worker_preload_modules)",
+                                       "; ".join(map(str, msg["failed"])))
                     self._on_ready()
                     continue
                 if "warmed" in msg:

@@ -91,18 +91,29 @@ def serve(raylet_pid: int, worker_args: list[str], rfd: int = 0, wfd: int = 1) -
     ``WARM_AFTER_IDLE_S`` (``{"warmed": [modules]}`` once done); a worker forked before
     imports them itself if it needs them."""
     preimport()
-    from lumos._private.config import Config
+    from lumos._private.config import Config, preload_modules
     from lumos._private.worker import main as worker_main
     # Parsed once here; each child fills in its worker id.
     args = worker_main.parse_args([*worker_args, "--worker-id", ""])
     config = Config.from_json(args.config) if args.config else Config.resolve()
     template = (args, config)
+    # The user's modules before the first fork: every worker would import them itself,
+    # the first ones too (a cluster's first task waits for them either way).
+    preloaded, failed = [], []
+    for name in preload_modules(config.worker_preload_modules):
+        try:
+            __import__(name)
+            preloaded.append(name)
+        except Exception as e:  # (a user's module may raise anything as it loads)
+            failed.append(f"{name} ({type(e).__name__}: {e})")
+    if preloaded:
+        _stop_native_threads()
     global _CLONE
     _CLONE = CloneParent.probe() if os.getppid() == raylet_pid and config.worker_fork_clone else None
     gc.collect()
     gc.freeze()
     gc.disable()
-    _write(wfd, {"ready": os.getpid(), "clone": _CLONE is not None})
+    _write(wfd, {"ready": os.getpid(), "clone": _CLONE is not None, "preloaded": preloaded, "failed": failed})
     optional: list[str | None] = [*OPTIONAL_MODULES, None]  # None: the rehearsal
     present: list[str] = []
     buf = b""

@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 
-from lumos._private.config import Config
+from lumos._private.config import Config, preload_modules
 from lumos._private.core_worker.core_worker import WORKER, CoreWorker
 from lumos._private.core_worker.executor import Executor, TaskOutput
 from lumos._private.process import die_with_parent, read_token, restore_user_env, setup_logging, tune_malloc
@@ -77,11 +77,23 @@ def run(args: argparse.Namespace, config: Config | None = None) -> None:
     executor.open_child_output()
     import lumos._private.worker_context as ctx
     ctx.set_worker_mode(cw)
+    _preload(config.worker_preload_modules)
     try:
         executor.run()
     finally:
         cw.shutdown()
         os._exit(0)
+
+
+def _preload(names: str) -> None:
+    """Import the ``worker_preload_modules`` this worker does not have yet (it was
+    spawned, or the fork server could not import one)."""
+    for name in preload_modules(names):
+        if name not in sys.modules:
+            try:
+                __import__(name)
+            except Exception as e:  # (a user's module may raise anything as it loads)
+                logger.warning("could not pre-import %s (worker_preload_modules): %s: %s", name, type(e).__name__, e)
 
 
 def rehearse(args: argparse.Namespace, config: Config) -> None:
