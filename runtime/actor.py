@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from lumos import exceptions as exc
 from lumos import options as opts_mod
-from lumos._private import arity
+from lumos._private import arity, interrupts
 from lumos._private import serialization as ser
 from lumos._private import worker_context
 from lumos._private.core_worker.core_worker import function_id_of
@@ -250,15 +250,24 @@ class ActorClass:
             "class_name": cls.__name__, "handle_meta": pickle.dumps(meta),
         }
         actor_id = random_id(16)
-        # An actor without a name: nothing at the GCS can refuse it, so its registration
-        # goes on in the background (its calls queue behind it, a failure fails them).
-        info = cw.create_actor(template, args, kwargs, actor_id, actor_options, wait=bool(name))
-        if info is not None and info.actor_id != actor_id:
-            return _handle_from_info(info)
-        # A named actor ends with its creator's handle too, as in Ray (handles that get_actor
-        # returns do not keep it alive); a detached one outlives the job.
-        owned = not detached
-        return ActorHandle(actor_id, cls.__name__, methods, max_task_retries, owned, max_pending, self._arity)
+        # The stop button: once the actor is asked for, its handle is made (dropped with the
+        # KeyboardInterrupt, it ends the actor); without one, the actor lived until the job
+        # ended. (Its arguments' pickling and a named actor's wait for the GCS stay
+        # interruptible: ``create_actor`` opens ``interrupts.Window``s for them.)
+        held = interrupts.hold()
+        try:
+            # An actor without a name: nothing at the GCS can refuse it, so its registration
+            # goes on in the background (its calls queue behind it, a failure fails them).
+            info = cw.create_actor(template, args, kwargs, actor_id, actor_options, wait=bool(name))
+            if info is not None and info.actor_id != actor_id:
+                return _handle_from_info(info)
+            # A named actor ends with its creator's handle too, as in Ray (handles that get_actor
+            # returns do not keep it alive); a detached one outlives the job.
+            owned = not detached
+            return ActorHandle(actor_id, cls.__name__, methods, max_task_retries, owned, max_pending, self._arity)
+        finally:
+            if held:
+                interrupts.release()
 
 
 def _rebuild_actor_class(cls: type, options: dict[str, Any], qualname: str, module: str,

@@ -151,3 +151,36 @@ def test_a_stop_held_off_by_lumos_is_raised_once_its_step_is_whole() -> None:
     t.start()
     t.join()
     assert out == [False]
+
+
+@lumos.remote(num_cpus=0)
+class _Kept:
+    def ok(self) -> int:
+        return 1
+
+
+def test_an_actor_asked_for_as_the_stop_button_is_pressed_ends_with_its_dropped_handle(
+        fresh_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The press lands just after the actor was asked for, before its handle was made:
+    the handle is made, dropped with the KeyboardInterrupt, and ends the actor (without
+    one, the actor lived, unreachable, until the job ended)."""
+    from lumos._private.core_worker.core_worker import CoreWorker
+    fresh_cluster(num_cpus=1)
+    real = CoreWorker.create_actor
+
+    def pressed_after(self: CoreWorker, *args: Any, **kwargs: Any) -> Any:
+        info = real(self, *args, **kwargs)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
+        time.sleep(0.05)  # (the handler runs in here)
+        return info
+
+    monkeypatch.setattr(CoreWorker, "create_actor", pressed_after)
+    with pytest.raises(KeyboardInterrupt):
+        _Kept.remote()
+    monkeypatch.setattr(CoreWorker, "create_actor", real)
+
+    def states() -> list[str]:
+        return [a["state"] for a in lumos.state.list_actors() if a["class_name"] == "_Kept"]
+
+    wait_for(lambda: states() == ["DEAD"], 30)  # (it was created: PENDING_CREATION or ALIVE first)
+    assert lumos.get(_Kept.remote().ok.remote(), timeout=30) == 1

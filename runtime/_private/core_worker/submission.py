@@ -317,7 +317,8 @@ class SubmissionMixin:
             self.drain_refs()
         if self.capture_strategy is not None and template.strategy is None:
             template = self._captured(template)
-        sv, deps = self._pack_args(args, kwargs, template)
+        with interrupts.Window():  # (nothing is under way yet: the stop button works here)
+            sv, deps = self._pack_args(args, kwargs, template)
         nested = sv.nested_refs
         task_id = new_task_id()
         spec = new_task_spec(
@@ -345,8 +346,9 @@ class SubmissionMixin:
             return await self._gcs_call(m.RegisterActor(spec), None)  # type: ignore[no-any-return]
 
         try:
-            info: m.ActorInfo = self.run_sync(
-                register(), self.config.gcs_reconnect_timeout_s + self.config.rpc_timeout_s + 1)
+            with interrupts.Window():  # (it may wait for a GCS being restarted)
+                info: m.ActorInfo = self.run_sync(
+                    register(), self.config.gcs_reconnect_timeout_s + self.config.rpc_timeout_s + 1)
         except BaseException as e:
             self._post(self._unpin, pinned)
             if isinstance(e, RemoteError) and e.type_name == ActorNameTaken.__name__:
