@@ -13,8 +13,10 @@ that comes meanwhile is noted and raised by ``release()``, once the stretch is w
 The hold works through lumos's own SIGINT handler, which behaves exactly as Python's
 ``signal.default_int_handler`` outside a stretch. It is put in place by the first hold
 that finds Python's default handler there (a kernel puts that back before each cell it
-runs: one ``sigaction`` per cell); where something else handles SIGINT (a user's handler,
-a lumos worker's own), nothing is held. Only the main thread is ever interrupted so.
+runs: one ``sigaction`` per cell). A worker's handler (a cancel's SIGINT) takes part
+too (``cooperate``): a task cancelled inside a put left the object to its worker for
+the worker's life. Where something else handles SIGINT (a user's own handler), nothing
+is held. Only the main thread is ever interrupted so.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ _SIGINT = int(signal.SIGINT)
 _DEFAULT = signal.default_int_handler
 _depth = 0
 _pending = False
+#: A process's own SIGINT handler that honours holds (``cooperate``).
+_coop: Any = None
 
 
 def _on_sigint(signum: int, frame: Any) -> None:
@@ -47,12 +51,35 @@ def hold() -> bool:
     if threading.get_ident() != _MAIN:
         return False
     handler = _signal.getsignal(_SIGINT)
-    if handler is not _on_sigint:
+    if handler is not _on_sigint and handler is not _coop:
         if handler is not _DEFAULT:
             return False
         signal.signal(signal.SIGINT, _on_sigint)
     _depth += 1
     return True
+
+
+def cooperate(handler: Any) -> None:
+    """``handler``, this process's SIGINT handler from now on, honours holds: where it
+    would raise ``KeyboardInterrupt`` while ``held()``, it calls ``defer()`` instead."""
+    global _coop
+    _coop = handler
+
+
+def held() -> bool:
+    """A stretch is held now (for a cooperating handler, in the main thread)."""
+    return _depth > 0
+
+
+def defer() -> None:
+    """A cooperating handler's ``KeyboardInterrupt``, raised by ``release()`` instead."""
+    global _pending
+    _pending = True
+
+
+def is_ours(handler: Any) -> bool:
+    """``handler`` is the handler ``hold()`` installs (Python's default, with holds)."""
+    return handler is _on_sigint
 
 
 def release() -> None:

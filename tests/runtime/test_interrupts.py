@@ -17,6 +17,7 @@ import pytest
 
 import lumos
 from lumos.exceptions import TaskCancelledError, TaskError
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -239,6 +240,41 @@ def test_a_cancel_landing_as_the_worker_packs_a_tasks_error_is_moot(fresh_cluste
     with pytest.raises(TaskError, match="its own error"):
         lumos.get(ref, timeout=20)
     assert lumos.get(pid.remote(), timeout=20) == worker
+
+
+@lumos.remote(max_retries=0)
+def puts_for_ever() -> None:
+    import numpy as np
+    value = np.ones((1 << 20) // 8)
+    kept = []
+    while True:
+        kept.append(lumos.put(value))
+        if len(kept) > 20:
+            kept.clear()
+
+
+def test_tasks_cancelled_at_random_moments_of_their_puts_leave_no_object_behind(fresh_cluster) -> None:
+    """A cancel's SIGINT landing inside a task's put (a store slot taken, the object not
+    yet sealed or counted) is raised once the put is whole: the task ends cancelled and
+    its worker frees what it put. It used to leave the object to the worker for its life."""
+    from lumos._private import worker_context
+    from lumos._private.protocol import messages as m
+
+    fresh_cluster(num_cpus=1, object_store_memory=1 << 30)
+
+    def objects_in_store() -> int:
+        return int(worker_context.require().call_raylet(m.GetNodeStats())["store"]["num_objects"])
+
+    lumos.get(pid.remote(), timeout=30)
+    before = objects_in_store()
+    rng = random.Random(3)
+    for _ in range(20):
+        ref = puts_for_ever.remote()
+        time.sleep(0.05 + rng.random() * 0.05)
+        lumos.cancel(ref)
+        with pytest.raises(TaskCancelledError):
+            lumos.get(ref, timeout=20)
+    wait_for(lambda: objects_in_store() <= before, 10)
 
 
 class _Stop(BaseException):

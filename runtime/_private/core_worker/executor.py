@@ -43,6 +43,7 @@ import zipfile
 from typing import Any
 
 from lumos import exceptions as exc
+from lumos._private import interrupts
 from lumos._private import serialization as ser
 from lumos._private import thread_limits
 from lumos._private.core_worker.actor_host import ActorHost
@@ -352,6 +353,9 @@ class Executor(ArgumentsMixin):
         if not self._armed:
             self._held_sigint = running.task_id  # (raised by _arm, or moot: the task's part is over)
             return
+        if interrupts.held():  # the task is inside a put or a .remote(): raised once that is whole
+            interrupts.defer()
+            return
         raise KeyboardInterrupt
 
     def _arm(self, task_id: bytes) -> None:
@@ -364,8 +368,12 @@ class Executor(ArgumentsMixin):
                 raise KeyboardInterrupt
 
     def run(self) -> None:
-        if threading.get_ident() == self._main_ident and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, self._on_sigint)
+        if threading.get_ident() == self._main_ident and (
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler
+                or interrupts.is_ours(signal.getsignal(signal.SIGINT))):  # (a hold installed it first)
+            handler = self._on_sigint  # (one bound method: holds know it by identity)
+            signal.signal(signal.SIGINT, handler)
+            interrupts.cooperate(handler)
         while True:
             item = None  # (an error in _next_task must not answer the previous task again)
             try:
