@@ -1,4 +1,4 @@
-"""The stop button held off while lumos changes its own state in a driver's main thread.
+"""SIGINT held off while lumos changes its own state in a process's main thread.
 
 Jupyter's stop button (and Ctrl-C) sends SIGINT; Python raises ``KeyboardInterrupt`` in
 the main thread at whatever bytecode it is running. Landing inside ``put`` or a
