@@ -28,6 +28,7 @@ import threading
 from collections import deque
 from typing import Any, Callable, Iterable
 
+from lumos._private import interrupts
 from lumos._private.ids import NodeID, ObjectID, WorkerID, short
 from lumos._private.protocol import messages as m
 from lumos._private.serialization import KIND_ERROR, kind_of
@@ -382,11 +383,18 @@ class ReferencesMixin:
         conn.notify(msg)
 
     def drain_refs(self) -> None:
-        """Apply dropped ObjectRefs (user threads call this at API entry)."""
+        """Apply dropped ObjectRefs (user threads call this at API entry). The stop button
+        is held off meanwhile: between the entries' removal and their frees, it left the
+        values in the store for the driver's life."""
         if self.objects.decrements:
-            freed = self.objects.drain()
-            if freed:
-                self._release(freed)
+            held = interrupts.hold()
+            try:
+                freed = self.objects.drain()
+                if freed:
+                    self._release(freed)
+            finally:
+                if held:
+                    interrupts.release()
 
     def _release(self, freed: list[Freed]) -> None:
         """Entries went away: free owned values, release borrowed ones (any thread)."""
