@@ -45,44 +45,44 @@ def _interrupted_often(op: Callable[[], Any], ops: int, seed: int, every_s: floa
     that finished returned, and how many were interrupted. (What finished is kept until
     the end: a ref dropped here would be dropped under fire too, which is not what is
     tested; ``keep=False`` drops each before the next op, outside the fire, so that the
-    next op frees it under fire.) The loop's own steps are held off with lumos's
-    ``interrupts.hold``, each op
-    run in an ``interrupts.Window`` (as it runs in a user's cell): a signal landing in
-    the loop is raised as the next op begins, never out of this function."""
+    next op frees it under fire.) No signal is sent once an op is over (``gate``), and
+    one sent just before lands in the loop's own ``try``."""
     busy = threading.Event()
     stop = threading.Event()
+    gate = threading.Lock()
 
     def shoot() -> None:
         rng = random.Random(seed)
         while not stop.is_set():
             time.sleep(rng.random() * every_s)
-            if busy.is_set():
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
+            with gate:
+                if busy.is_set():
+                    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
 
     got: list[Any] = []
     interrupted = 0
     shooter = threading.Thread(target=shoot, daemon=True)
-    assert interrupts.hold()
+    shooter.start()
     try:
-        shooter.start()
         for _ in range(ops):
             if not keep:
                 got.clear()
-            busy.set()
             try:
-                with interrupts.Window():
-                    got.append(op())
+                busy.set()
+                got.append(op())
             except KeyboardInterrupt:
                 interrupted += 1
-            busy.clear()
-        stop.set()
-        shooter.join(5)
+            while True:
+                try:
+                    with gate:
+                        busy.clear()
+                    time.sleep(0.001)  # (a signal sent before the clear is handled in here)
+                    break
+                except KeyboardInterrupt:
+                    interrupted += 1
     finally:
         stop.set()
-        try:
-            interrupts.release()
-        except KeyboardInterrupt:
-            pass
+        shooter.join(5)
     return got, interrupted
 
 
