@@ -86,7 +86,9 @@ def release() -> None:
     """End a stretch ``hold()`` began; the outermost raises the ``KeyboardInterrupt``
     held off meanwhile."""
     global _depth, _pending
-    _depth -= 1
+    # (Never below 0: a SIGINT landing as a ``Window``'s ``__exit__`` began left the depth
+    # at the window's 0, and the stretch's release came next.)
+    _depth = _depth - 1 if _depth > 0 else 0
     if not _depth and _pending:
         _pending = False
         raise KeyboardInterrupt

@@ -152,6 +152,16 @@ def test_a_stop_held_off_by_lumos_is_raised_once_its_step_is_whole() -> None:
     with pytest.raises(KeyboardInterrupt):
         signal.pthread_kill(main, signal.SIGINT)  # type: ignore[arg-type]
         time.sleep(1)
+    # A window whose __exit__ was stopped before its first line left the depth at 0: the
+    # stretch's release does not take it below, and holds work on.
+    assert interrupts.hold()
+    interrupts._depth = 0
+    interrupts.release()
+    assert interrupts._depth == 0 and interrupts.hold()
+    signal.pthread_kill(main, signal.SIGINT)  # type: ignore[arg-type]
+    time.sleep(0.01)
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.release()
     # Off the main thread nothing is held (SIGINT never raises there).
     out: list[bool] = []
     t = threading.Thread(target=lambda: out.append(interrupts.hold()))
