@@ -368,9 +368,9 @@ class Executor(ArgumentsMixin):
                 raise KeyboardInterrupt
 
     def run(self) -> None:
+        current = signal.getsignal(signal.SIGINT)
         if threading.get_ident() == self._main_ident and (
-                signal.getsignal(signal.SIGINT) is signal.default_int_handler
-                or interrupts.is_ours(signal.getsignal(signal.SIGINT))):  # (a hold installed it first)
+                current is signal.default_int_handler or interrupts.is_ours(current)):  # (a hold installed it first)
             handler = self._on_sigint  # (one bound method: holds know it by identity)
             signal.signal(signal.SIGINT, handler)
             interrupts.cooperate(handler)

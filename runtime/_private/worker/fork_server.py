@@ -91,7 +91,7 @@ def serve(raylet_pid: int, worker_args: list[str], rfd: int = 0, wfd: int = 1) -
     ``WARM_AFTER_IDLE_S`` (``{"warmed": [modules]}`` once done); a worker forked before
     imports them itself if it needs them."""
     preimport()
-    from lumos._private.config import Config, preload_modules
+    from lumos._private.config import Config
     from lumos._private.worker import main as worker_main
     # Parsed once here; each child fills in its worker id.
     args = worker_main.parse_args([*worker_args, "--worker-id", ""])
@@ -99,13 +99,7 @@ def serve(raylet_pid: int, worker_args: list[str], rfd: int = 0, wfd: int = 1) -
     template = (args, config)
     # The user's modules before the first fork: every worker would import them itself,
     # the first ones too (a cluster's first task waits for them either way).
-    preloaded, failed = [], []
-    for name in preload_modules(config.worker_preload_modules):
-        try:
-            __import__(name)
-            preloaded.append(name)
-        except Exception as e:  # (a user's module may raise anything as it loads)
-            failed.append(f"{name} ({type(e).__name__}: {e})")
+    preloaded, failed = worker_main.preload(config.worker_preload_modules)
     if preloaded:
         _stop_native_threads()
     global _CLONE

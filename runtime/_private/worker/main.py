@@ -77,7 +77,8 @@ def run(args: argparse.Namespace, config: Config | None = None) -> None:
     executor.open_child_output()
     import lumos._private.worker_context as ctx
     ctx.set_worker_mode(cw)
-    _preload(config.worker_preload_modules)
+    for failure in preload(config.worker_preload_modules)[1]:
+        logger.warning("could not import %s (worker_preload_modules)", failure)
     try:
         executor.run()
     finally:
@@ -85,15 +86,22 @@ def run(args: argparse.Namespace, config: Config | None = None) -> None:
         os._exit(0)
 
 
-def _preload(names: str) -> None:
-    """Import the ``worker_preload_modules`` this worker does not have yet (it was
-    spawned, or the fork server could not import one)."""
+def preload(names: str) -> tuple[list[str], list[str]]:
+    """Import the ``worker_preload_modules`` this process does not have yet (the fork
+    server before its first fork; a worker that was spawned, or whose fork server could
+    not import one). Returns the modules imported and, for each that failed, "name
+    (Error: text)"."""
+    imported: list[str] = []
+    failed: list[str] = []
     for name in preload_modules(names):
-        if name not in sys.modules:
-            try:
-                __import__(name)
-            except Exception as e:  # (a user's module may raise anything as it loads)
-                logger.warning("could not pre-import %s (worker_preload_modules): %s: %s", name, type(e).__name__, e)
+        if name in sys.modules:
+            continue
+        try:
+            __import__(name)
+            imported.append(name)
+        except Exception as e:  # (a user's module may raise anything as it loads)
+            failed.append(f"{name} ({type(e).__name__}: {e})")
+    return imported, failed
 
 
 def rehearse(args: argparse.Namespace, config: Config) -> None:
