@@ -91,7 +91,8 @@ def _settles_to(store: tuple[int, int], entries: int) -> None:
 
     def settled() -> bool:
         cw.drain_refs()
-        return _store_used() <= store and len(cw.objects.entries) <= entries
+        now = _store_used()
+        return now[0] <= store[0] and now[1] <= store[1] and len(cw.objects.entries) <= entries
 
     try:
         wait_for(settled, 20)
