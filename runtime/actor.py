@@ -349,6 +349,7 @@ class ActorHandle:
         return (_rebuild_handle, (self._actor_id, self._class_name, self._methods, self._max_task_retries,
                                   self._max_pending_calls, self._arity))
 
+    @interrupts.finalizer  # (a stop pressed while it runs: sent again after it)
     def __del__(self) -> None:
         if not self._owned or self._escaped:
             return

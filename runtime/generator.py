@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Any
 
+from lumos._private import interrupts
 from lumos._private.ids import TaskID, return_object_id
 from lumos.exceptions import GetTimeoutError, LumosSystemError
 from lumos.object_ref import ObjectRef
@@ -115,6 +116,7 @@ class ObjectRefGenerator:
         # The entry's count held for the stream becomes this ref's.
         return ObjectRef(return_object_id(s.task_id, index + 1), self._owner, True)
 
+    @interrupts.finalizer  # (a stop pressed while it runs: sent again after it)
     def __del__(self) -> None:
         s = self._stream
         cw = self._cw

@@ -12,7 +12,7 @@ import asyncio
 import concurrent.futures
 from typing import Any, Generator
 
-from lumos._private import serialization
+from lumos._private import interrupts, serialization
 from lumos._private.protocol import messages as m
 from lumos._private.ids import ObjectID, TaskID
 
@@ -31,6 +31,7 @@ class ObjectRef:
         #: This instance was added to its entry's ``local`` count.
         self._counted = _counted
 
+    @interrupts.finalizer  # (a stop pressed while it runs: sent again after it)
     def __del__(self) -> None:
         if self._counted:
             cw = _core_worker

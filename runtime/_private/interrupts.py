@@ -17,14 +17,25 @@ runs: one ``sigaction`` per cell). A worker's handler (a cancel's SIGINT) takes 
 too (``cooperate``): a task cancelled inside a put left the object to its worker for
 the worker's life. Where something else handles SIGINT (a user's own handler), nothing
 is held. Only the main thread is ever interrupted so.
+
+A finalizer (an ``ObjectRef``'s ``__del__``, the weakref callback that gives a store
+view's pin back) runs wherever the last reference went, in the user's code or in
+lumos's, and Python only prints an exception raised in one, its work left half done: a
+press landing there lost a ref's decrement or left a value pinned in the store, and the
+press itself. lumos's handler finds such a frame (``finalizer``) on the interrupted
+stack and, outside a held stretch, sends the signal again a moment later
+(``RESEND_AFTER_S``, from the io thread: ``set_later``), once the finalizer is over.
 """
 
 from __future__ import annotations
 
 import _signal  # (signal's own getsignal turns the number into an enum first: 2 us, this 20 ns)
+import functools
 import signal
 import threading
-from typing import Any
+from typing import Any, Callable, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _MAIN = threading.main_thread().ident
 _SIGINT = int(signal.SIGINT)
@@ -33,14 +44,87 @@ _depth = 0
 _pending = False
 #: A process's own SIGINT handler that honours holds (``cooperate``).
 _coop: Any = None
+#: The code of lumos's finalizers (``finalizer``).
+_FINALIZERS: set[Any] = set()
+#: Seconds after which a SIGINT that landed in a finalizer is sent again.
+RESEND_AFTER_S = 0.002
+#: ``later(fn)``: run ``fn`` on another thread ``RESEND_AFTER_S`` from now; False where
+#: it cannot (``set_later``: the core worker's io thread).
+_later: Callable[[Callable[[], None]], bool] | None = None
+
+
+#: SIGINTs lumos's handlers have been called for (``noted``).
+_handled = 0
+#: Times a SIGINT that landed in a finalizer is sent again while none is handled (one
+#: sent as the main thread goes to wait, after its last look for signals and before
+#: its system call, is only handled once the wait ends: the next one ends the wait).
+RESEND_TRIES = 10
 
 
 def _on_sigint(signum: int, frame: Any) -> None:
-    global _pending
+    global _pending, _handled
+    _handled += 1
     if _depth:
         _pending = True
         return
+    if in_finalizer(frame) and resend_later(_send_again):
+        return
     _DEFAULT(signum, frame)
+
+
+def _send_again() -> bool:
+    """The SIGINT that landed in a finalizer, again, where lumos's handler still has it
+    (a kernel between cells has its own)."""
+    if _signal.getsignal(_SIGINT) is not _on_sigint:
+        return False
+    signal.pthread_kill(_MAIN, _SIGINT)
+    return True
+
+
+def noted() -> None:
+    """A cooperating handler (``cooperate``) was called for a SIGINT."""
+    global _handled
+    _handled += 1
+
+
+def resend_later(send: Callable[[], bool]) -> bool:
+    """(A handler, for a SIGINT that landed in a finalizer.) ``send()`` it again, on
+    another thread, ``RESEND_AFTER_S`` from now, and again after each such time while
+    no SIGINT is handled (``RESEND_TRIES`` times at most), until ``send`` says no (False:
+    nothing to send it to any more). False where nothing can send it (no io thread)."""
+    later = _later
+    return later is not None and later(functools.partial(_resend, later, send, _handled, RESEND_TRIES))
+
+
+def _resend(later: Callable[[Callable[[], None]], bool], send: Callable[[], bool], seen: int, tries: int) -> None:
+    if _handled != seen:
+        return  # (handled meanwhile: raised, held, or in a finalizer again, which resends it)
+    if send() and tries > 1:
+        later(functools.partial(_resend, later, send, seen, tries - 1))
+
+
+def finalizer(fn: F) -> F:
+    """Mark ``fn`` (a ``__del__``, a weakref callback; every closure a ``def`` makes
+    shares its code) as a finalizer of lumos's: a SIGINT that lands while it runs is
+    sent again once it is over (see the module's docstring)."""
+    _FINALIZERS.add(fn.__code__)
+    return fn
+
+
+def in_finalizer(frame: Any) -> bool:
+    """``frame`` (a signal handler's) or a frame that called it runs a finalizer's code."""
+    while frame is not None:
+        if frame.f_code in _FINALIZERS:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def set_later(later: Callable[[Callable[[], None]], bool] | None) -> Callable[[Callable[[], None]], bool] | None:
+    """Install ``later`` (None: none), returning the one it replaces."""
+    global _later
+    old, _later = _later, later
+    return old
 
 
 def hold() -> bool:

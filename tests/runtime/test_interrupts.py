@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import lumos
+from lumos._private import interrupts
 from lumos.exceptions import TaskCancelledError, TaskError
 from tests.conftest import wait_for
 
@@ -320,3 +321,49 @@ def test_a_task_raising_a_base_exception_of_its_own_fails_with_it(fresh_cluster)
     with pytest.raises(TaskError, match="a BaseException subclass"):
         lumos.get(stops.remote(), timeout=20)
     assert lumos.get(pid.remote(), timeout=20) == before  # the worker goes on
+
+
+class _SlowToGo:
+    """A finalizer of lumos's stand-in: ``__del__`` takes 0.2 s, and notes in ``path``
+    that it began and that it ended."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @interrupts.finalizer
+    def __del__(self) -> None:
+        with open(self.path, "a") as f:
+            f.write("began\n")
+        t = time.perf_counter() + 0.2
+        while time.perf_counter() < t:
+            pass
+        with open(self.path, "a") as f:
+            f.write("ended\n")
+
+
+@lumos.remote
+def drops_slow_finalizers(path: str, log: str) -> str:
+    Path(path).write_text(str(os.getpid()))
+    for _ in range(50):
+        obj = _SlowToGo(log)
+        del obj
+        time.sleep(0.01)
+    return "finished"
+
+
+def test_a_cancel_landing_in_a_finalizer_cancels_the_task_once_it_ended(fresh_cluster, tmp_path: Path) -> None:
+    """The cancel's SIGINT lands while one of lumos's finalizers runs in the task (Python
+    would only print a KeyboardInterrupt raised there: the finalizer half done, the cancel
+    lost and the task run to its end): the finalizer ends, then the task is cancelled."""
+    fresh_cluster(num_cpus=1)
+    marker, log = tmp_path / "pid", tmp_path / "finalizers"
+    ref = drops_slow_finalizers.remote(str(marker), str(log))
+    _wait_file(marker)
+    time.sleep(0.1)  # (inside the first finalizer, ~0.1 s of its 0.2 left)
+    t0 = time.monotonic()
+    lumos.cancel(ref)
+    with pytest.raises(TaskCancelledError):
+        lumos.get(ref, timeout=20)
+    assert time.monotonic() - t0 < 5
+    lines = log.read_text().split()
+    assert lines and lines.count("began") == lines.count("ended"), lines

@@ -46,7 +46,9 @@ def _interrupted_often(op: Callable[[], Any], ops: int, seed: int, every_s: floa
     the end: a ref dropped here would be dropped under fire too, which is not what is
     tested; ``keep=False`` drops each before the next op, outside the fire, so that the
     next op frees it under fire.) No signal is sent once an op is over (``gate``), and
-    one sent just before lands in the loop's own ``try``."""
+    one sent just before lands in the loop's own ``try``. One that landed in a finalizer
+    comes again a moment later (``interrupts.RESEND_AFTER_S``), wherever the loop is
+    then: the whole loop is in a ``try``, and it ends with a pause for it."""
     busy = threading.Event()
     stop = threading.Event()
     gate = threading.Lock()
@@ -64,11 +66,13 @@ def _interrupted_often(op: Callable[[], Any], ops: int, seed: int, every_s: floa
     shooter = threading.Thread(target=shoot, daemon=True)
     shooter.start()
     try:
-        for _ in range(ops):
-            if not keep:
-                got.clear()
+        done = 0
+        while done < ops:
             try:
+                if not keep:
+                    got.clear()
                 busy.set()
+                done += 1
                 got.append(op())
             except KeyboardInterrupt:
                 interrupted += 1
@@ -77,6 +81,8 @@ def _interrupted_often(op: Callable[[], Any], ops: int, seed: int, every_s: floa
                     with gate:
                         busy.clear()
                     time.sleep(0.001)  # (a signal sent before the clear is handled in here)
+                    if done == ops:
+                        time.sleep(20 * interrupts.RESEND_AFTER_S)  # (and one sent again)
                     break
                 except KeyboardInterrupt:
                     interrupted += 1
@@ -234,3 +240,71 @@ def test_a_stop_pressed_as_dropped_refs_are_freed_loses_no_free(fresh_cluster, m
     monkeypatch.setattr(CoreWorker, "_release", real)
     assert not armed[0]
     _settles_to(store0, entries0)
+
+
+@lumos.remote
+def _filled(i: int) -> Any:
+    return np.full((1 << 20) // 8, float(i))
+
+
+def test_gets_stopped_at_random_moments_leave_nothing_pinned(fresh_cluster) -> None:
+    """Presses while ``get`` maps values out of the store (between the pin a view counts
+    and the weakref that gives it back), and while the previous value's view goes (its
+    weakref callback): every value is unpinned once dropped, and freed with its ref. (The
+    value stayed pinned, in the store, for the driver's life.)"""
+    fresh_cluster(num_cpus=1, object_store_memory=1 << 30)
+    lumos.get(_filled.remote(0), timeout=30)
+    cw = worker_context.require()
+    time.sleep(0.5)
+    cw.drain_refs()
+    store0, entries0 = _store_used(), len(cw.objects.entries)
+    refs = [_filled.remote(i) for i in range(50)]
+    lumos.wait(refs, num_returns=len(refs), timeout=60)
+    order = iter(range(10**9))
+    got, interrupted = _interrupted_often(lambda: lumos.get(refs[next(order) % 50]), 3000, 4, 0.0002, keep=False)
+    assert interrupted >= 3, interrupted
+    assert not cw.store.viewed([r.binary() for r in refs]) or got  # (only the last value is viewed)
+    del got, refs
+    _settles_to(store0, entries0)
+
+
+class _SlowToGo:
+    """A finalizer of lumos's stand-in: ``__del__`` takes ``seconds`` and notes that it
+    ran to its end."""
+
+    ended: list[int] = []
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    @interrupts.finalizer
+    def __del__(self) -> None:
+        t = time.perf_counter() + self.seconds
+        while time.perf_counter() < t:
+            pass
+        _SlowToGo.ended.append(1)
+
+
+def test_a_stop_pressed_in_a_finalizer_is_raised_after_it(fresh_cluster) -> None:
+    """A SIGINT that lands while one of lumos's finalizers runs (Python would only print
+    a KeyboardInterrupt raised there, the finalizer half done and the press lost) lets
+    the finalizer end, then raises in the code that dropped the object."""
+    fresh_cluster(num_cpus=1)
+    lumos.get(lumos.put(1), timeout=30)  # (lumos's handler in place, the io thread up)
+    assert signal.getsignal(signal.SIGINT) is interrupts._on_sigint
+    main = threading.main_thread().ident
+    _SlowToGo.ended.clear()
+    timer = threading.Timer(0.05, signal.pthread_kill, (main, signal.SIGINT))
+    obj = _SlowToGo(0.3)
+    timer.start()
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        del obj  # (the press lands in __del__, 50 ms into its 300)
+        time.sleep(5)
+    assert _SlowToGo.ended == [1]
+    assert 0.3 <= time.perf_counter() - t0 < 4
+    timer.join()
+    # Outside a finalizer, a press raises at once, as always.
+    with pytest.raises(KeyboardInterrupt):
+        signal.pthread_kill(main, signal.SIGINT)  # type: ignore[arg-type]
+        time.sleep(1)

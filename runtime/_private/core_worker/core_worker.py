@@ -48,6 +48,7 @@ import msgpack
 
 from lumos import exceptions as exc
 from lumos import object_ref as object_ref_mod
+from lumos._private import interrupts
 from lumos._private.config import Config
 from lumos._private.core_worker import gcs_link
 from lumos._private.core_worker import owner as ow
@@ -288,6 +289,19 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         """Start the io thread, connect, register. Returns when ready to submit."""
         self.io.start(self._connect, self._close_leftovers, self.config.connect_timeout_s + 5)
         object_ref_mod._core_worker = self
+        interrupts.set_later(self._later)
+
+    def _later(self, fn: Callable[[], None]) -> bool:
+        """``fn`` on the io thread ``interrupts.RESEND_AFTER_S`` from now (any thread; a
+        SIGINT handler's, for a press that landed in a finalizer); False once closed."""
+        loop = self.loop
+        if self._closed or loop is None:
+            return False
+        try:
+            self.io.post(loop.call_later, interrupts.RESEND_AFTER_S, fn)
+        except exc.LumosSystemError:
+            return False
+        return True
 
     def _close_leftovers(self, loop: asyncio.AbstractEventLoop) -> None:
         """Whatever an interrupted close left open is closed here, so the loop can go (io thread)."""
@@ -370,6 +384,9 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self.io.closed = True
         if object_ref_mod._core_worker is self:
             object_ref_mod._core_worker = None
+        later = interrupts.set_later(None)
+        if later != self._later:
+            interrupts.set_later(later)  # (another core worker's)
         loop = self.loop
         if loop is not None and self.io.is_alive():
             fut = asyncio.run_coroutine_threadsafe(self._aclose(), loop)

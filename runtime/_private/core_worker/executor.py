@@ -26,6 +26,7 @@ and sent to the raylet in batches; the driver prints it with a ``(name pid=N)`` 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import io
 import json
@@ -343,12 +344,16 @@ class Executor(ArgumentsMixin):
         frame or sending a reply, and a cancel's signal for a task that ended meanwhile
         must not interrupt the next one. A SIGINT nobody's ``cancel`` sent (``kill -INT``)
         interrupts the running task, which fails with ``KeyboardInterrupt``."""
+        interrupts.noted()
         running = self._running
         if running is None or self._interrupted == running.task_id:
             return
         target, self._signalled = self._signalled, None
         if target is not None and target != running.task_id:
             return
+        if self._armed and not interrupts.held() and interrupts.in_finalizer(frame) \
+                and interrupts.resend_later(functools.partial(self._send_sigint_again, running.task_id)):
+            return  # (raised in a finalizer, it would only be printed: sent again after it)
         self._interrupted = running.task_id
         if not self._armed:
             self._held_sigint = running.task_id  # (raised by _arm, or moot: the task's part is over)
@@ -357,6 +362,17 @@ class Executor(ArgumentsMixin):
             interrupts.defer()
             return
         raise KeyboardInterrupt
+
+    def _send_sigint_again(self, task_id: bytes) -> bool:
+        """(io thread) The SIGINT that landed in a finalizer during task ``task_id``,
+        again, while that task still runs and was not interrupted since."""
+        with self._start_lock:
+            running = self._running
+            if running is None or running.task_id != task_id or self._interrupted == task_id:
+                return False
+            self._signalled = task_id
+            signal.pthread_kill(self._main_ident, signal.SIGINT)
+            return True
 
     def _arm(self, task_id: bytes) -> None:
         """Main thread, as the task's own part begins: SIGINT raises from now on, and one

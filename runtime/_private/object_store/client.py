@@ -73,6 +73,7 @@ import time
 import weakref
 from typing import Any, Callable
 
+from lumos._private import interrupts
 from lumos._private.process import libc
 
 from .memcpy import ParallelCopier
@@ -532,7 +533,20 @@ class StoreClient:
         ``hold_pin``: a task's argument; while pins are held (``hold_pins``) its pin
         waits for ``escaped_pins``. ``spare``: a value read (``get``): its mapping may
         become a spare once the object is released and its views are gone.
-        ``lent_slot``: a task's argument its owner lent in that slot's file (no pins)."""
+        ``lent_slot``: a task's argument its owner lent in that slot's file (no pins).
+
+        The stop button is held off meanwhile (``interrupts.hold``), but for the wait
+        on a restore: landing between the pin the view counts and the weakref that gives
+        it back, it left the object pinned in the store for the process's life."""
+        held = interrupts.hold()
+        try:
+            return self._view(object_id, restore, hold_pin, spare, lent_slot)
+        finally:
+            if held:
+                interrupts.release()
+
+    def _view(self, object_id: bytes, restore: bool, hold_pin: bool, spare: bool,
+              lent_slot: int) -> memoryview | None:
         with self._lock:
             mapping = self._created.get(object_id) or self._read.get(object_id)
             if mapping is not None:
@@ -546,7 +560,8 @@ class StoreClient:
                 break
             if self.restore is None or not restore or lent_slot >= 0:
                 return None
-            path = self.restore(object_id)
+            with interrupts.Window():  # (a wait on the raylet, nothing half done: the stop button works)
+                path = self.restore(object_id)
             if path is None:
                 return None
             if not path:
@@ -660,7 +675,7 @@ class StoreClient:
                 if self.on_free_later is not None:
                     self.on_free_later(oid)
 
-        w = weakref.ref(arr, gone)
+        w = weakref.ref(arr, interrupts.finalizer(gone))
         self._weak[id(w)] = w
         return memoryview(arr).cast("B").toreadonly()
 
