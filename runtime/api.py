@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from lumos import exceptions as exc
-from lumos._private import worker_context, working_dir
+from lumos._private import interrupts, worker_context, working_dir
 from lumos._private.config import Config
 from lumos._private.core_worker.core_worker import DRIVER, CoreWorker
 from lumos._private.ids import NodeID, random_id, return_object_id
@@ -29,6 +29,7 @@ from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import parse_address
 from lumos.object_ref import ObjectRef
 from lumos.options import env_vars_of
+from lumos.progress import kernel_shell
 
 logger = logging.getLogger(__name__)
 
@@ -260,6 +261,9 @@ def _start_core_worker(config: Config, token: bytes, gcs_address: Any, raylet_so
                     namespace=namespace or random_id(8).hex(), entrypoint=entry, job_env_vars=job_env,
                     job_package=job_package)
     cw.start()
+    shell = kernel_shell()
+    if shell is not None:
+        interrupts.watch_cells(shell)
     return cw
 
 
@@ -436,6 +440,9 @@ def shutdown(wait_for_processes: bool = True) -> None:
         if cw is not None:
             worker_context.retired_worker_ids.add(cw.worker_id)
             cw.shutdown()
+            shell = kernel_shell()
+            if shell is not None:
+                interrupts.watch_cells(shell, on=False)
         node = worker_context.local_node
         worker_context.local_node = None
         if node is not None:

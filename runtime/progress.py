@@ -18,7 +18,7 @@ from lumos.object_ref import ObjectRef
 __all__ = ["progress", "Progress"]
 
 
-def _kernel_shell() -> Any:
+def kernel_shell() -> Any:
     """The IPython kernel shell of this process, or None (never imports IPython)."""
     if "ipykernel" not in sys.modules or "IPython" not in sys.modules:
         return None
@@ -44,7 +44,7 @@ class Progress:
         self._widget: Any = None
         self._shown_in: int | None = None
         self._stream = stream if stream is not None else sys.stderr
-        shell = _kernel_shell()
+        shell = kernel_shell()
         use_widget = shell is not None if widget is None else widget
         if use_widget:
             self._make_widget()
@@ -109,7 +109,7 @@ class Progress:
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
-        shell = _kernel_shell()
+        shell = kernel_shell()
         count = getattr(shell, "execution_count", None)
         if self._widget is not None:
             if count is None or count != self._shown_in:

@@ -25,6 +25,8 @@ press landing there lost a ref's decrement or left a value pinned in the store, 
 press itself. lumos's handler finds such a frame (``finalizer``) on the interrupted
 stack and, outside a held stretch, sends the signal again a moment later
 (``RESEND_AFTER_S``, from the io thread: ``set_later``), once the finalizer is over.
+In a kernel lumos's handler is put in place as each cell starts (``watch_cells``), so a
+finalizer is covered before the cell's first hold.
 """
 
 from __future__ import annotations
@@ -141,6 +143,28 @@ def hold() -> bool:
         signal.signal(signal.SIGINT, _on_sigint)
     _depth += 1
     return True
+
+
+def install(*_: Any) -> None:
+    """lumos's handler in place of Python's default now (main thread; a kernel's
+    ``pre_run_cell``: ``watch_cells``), so the finalizers are covered from a cell's start,
+    where the first hold would install it only at the cell's first put, call or get."""
+    if threading.get_ident() == _MAIN and _signal.getsignal(_SIGINT) is _DEFAULT:
+        signal.signal(signal.SIGINT, _on_sigint)
+
+
+def watch_cells(shell: Any, on: bool = True) -> None:
+    """Have an IPython ``shell`` ``install`` lumos's handler as each cell starts (a
+    kernel puts Python's default back before each); ``on=False``: no longer."""
+    try:
+        if on:
+            if install not in shell.events.callbacks["pre_run_cell"]:
+                shell.events.register("pre_run_cell", install)
+            install()
+        else:
+            shell.events.unregister("pre_run_cell", install)
+    except (AttributeError, KeyError, ValueError):
+        pass  # (an IPython without these events, or not registered)
 
 
 def cooperate(handler: Any) -> None:

@@ -115,9 +115,12 @@ def test_a_remote_cell_reading_a_ref_of_an_ended_session_says_so(direct_kernel: 
 def test_stop_pressed_in_a_loop_of_puts_and_calls_leaves_the_store_as_it_was(
         direct_kernel: tuple[DirectKernel, str]) -> None:
     """The stop button, pressed again and again at random moments in a cell that puts
-    large values and passes them to tasks by value: each press ends the cell with one
-    KeyboardInterrupt, and once the cell's refs are gone the store holds what it held
-    before (a press inside a put or a ``.remote()`` used to leave its object behind)."""
+    large values, reads them back and passes them to tasks by value: each press ends the
+    cell with one KeyboardInterrupt, and once the cell's refs and values are gone the
+    store holds what it held before (a press inside a put or a ``.remote()`` used to leave
+    its object behind, and one as a get mapped its value, or as the last value's view
+    went, left that value pinned). lumos's SIGINT handler is in place from each cell's
+    first line (the kernel puts Python's default back before each cell)."""
     import random
     k, _ = direct_kernel
     k.ok("import numpy as np\n"
@@ -131,16 +134,20 @@ def test_stop_pressed_in_a_loop_of_puts_and_calls_leaves_the_store_as_it_was(
          "    return a.nbytes\n"
          "arr = np.ones((2 << 20) // 8)\n"
          "lumos.get(nbytes.remote(arr), timeout=30)\n"
-         "before = store_objects()")
+         "before = store_objects()\n"
+         "import signal\n"
+         "from lumos._private import interrupts")
+    assert "ours True" in k.ok("print('ours', signal.getsignal(signal.SIGINT) is interrupts._on_sigint)").stdout
     rng = random.Random(5)
     for _ in range(16):
         out = k.run("print('looping', flush=True)\n"
                     "while True:\n"
                     "    r = lumos.put(arr)\n"
+                    "    x = lumos.get(r)\n"
                     "    n = nbytes.remote(arr)\n",
                     interrupt_on="looping", interrupt_after_s=0.05 + rng.random() * 0.2)
         assert [e["ename"] for e in out.errors] == ["KeyboardInterrupt"], out
-    out = k.ok("del r, n\n"
+    out = k.ok("del r, n, x\n"
                "import gc, time\n"
                "gc.collect()\n"
                "settled = lambda: all(now <= then for now, then in zip(store_objects(), before))\n"
