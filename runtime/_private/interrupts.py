@@ -113,6 +113,11 @@ def finalizer(fn: F) -> F:
     return fn
 
 
+def finalizer_code(code: Any) -> None:
+    """``finalizer`` for a nested function, by its code (shared by every closure of it)."""
+    _FINALIZERS.add(code)
+
+
 def in_finalizer(frame: Any) -> bool:
     """``frame`` (a signal handler's) or a frame that called it runs a finalizer's code."""
     while frame is not None:

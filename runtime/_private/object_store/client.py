@@ -538,48 +538,44 @@ class StoreClient:
         The stop button is held off meanwhile (``interrupts.hold``), but for the wait
         on a restore: landing between the pin the view counts and the weakref that gives
         it back, it left the object pinned in the store for the process's life."""
-        held = interrupts.hold()
+        stretch = interrupts.hold()
         try:
-            return self._view(object_id, restore, hold_pin, spare, lent_slot)
+            with self._lock:
+                mapping = self._created.get(object_id) or self._read.get(object_id)
+                if mapping is not None:
+                    return self._tracked_view(mapping, hold_pin)
+            path: str | None = self._prefix + object_id.hex() if lent_slot < 0 else self.lent_path(lent_slot)
+            for _ in range(8):  # a restored copy may be spilled again before we map it
+                assert path is not None
+                mapping = self._map_readonly(object_id, path, hold_pin or spare)
+                if mapping is not None:
+                    mapping.lent = lent_slot >= 0
+                    break
+                if self.restore is None or not restore or lent_slot >= 0:
+                    return None
+                with interrupts.Window():  # (a wait on the raylet, nothing half done: the stop button works)
+                    path = self.restore(object_id)
+                if path is None:
+                    return None
+                if not path:
+                    path = self._prefix + object_id.hex()
+            else:
+                return None
+            with self._lock:
+                held = self._read.setdefault(object_id, mapping)
+                if held is not mapping:  # another thread mapped it meanwhile
+                    self._close(mapping)
+                elif spare and mapping.fd >= 0:
+                    if self._value_fds < SPARE_MAPPINGS:
+                        mapping.value_fd = True
+                        self._value_fds += 1
+                    else:  # fds stay bounded: this one never becomes a spare
+                        fd, mapping.fd = mapping.fd, -1
+                        os.close(fd)
+                return self._tracked_view(held, hold_pin)
         finally:
-            if held:
+            if stretch:
                 interrupts.release()
-
-    def _view(self, object_id: bytes, restore: bool, hold_pin: bool, spare: bool,
-              lent_slot: int) -> memoryview | None:
-        with self._lock:
-            mapping = self._created.get(object_id) or self._read.get(object_id)
-            if mapping is not None:
-                return self._tracked_view(mapping, hold_pin)
-        path: str | None = self._prefix + object_id.hex() if lent_slot < 0 else self.lent_path(lent_slot)
-        for _ in range(8):  # a restored copy may be spilled again before we map it
-            assert path is not None
-            mapping = self._map_readonly(object_id, path, hold_pin or spare)
-            if mapping is not None:
-                mapping.lent = lent_slot >= 0
-                break
-            if self.restore is None or not restore or lent_slot >= 0:
-                return None
-            with interrupts.Window():  # (a wait on the raylet, nothing half done: the stop button works)
-                path = self.restore(object_id)
-            if path is None:
-                return None
-            if not path:
-                path = self._prefix + object_id.hex()
-        else:
-            return None
-        with self._lock:
-            held = self._read.setdefault(object_id, mapping)
-            if held is not mapping:  # another thread mapped it meanwhile
-                self._close(mapping)
-            elif spare and mapping.fd >= 0:
-                if self._value_fds < SPARE_MAPPINGS:
-                    mapping.value_fd = True
-                    self._value_fds += 1
-                else:  # fds stay bounded: this one never becomes a spare
-                    fd, mapping.fd = mapping.fd, -1
-                    os.close(fd)
-            return self._tracked_view(held, hold_pin)
 
     def _map_readonly(self, object_id: bytes, path: str, spare: bool = False) -> _Mapping | None:
         """Map a sealed object file read-only. ``spare``: a task's argument in the store
@@ -675,7 +671,7 @@ class StoreClient:
                 if self.on_free_later is not None:
                     self.on_free_later(oid)
 
-        w = weakref.ref(arr, interrupts.finalizer(gone))
+        w = weakref.ref(arr, gone)
         self._weak[id(w)] = w
         return memoryview(arr).cast("B").toreadonly()
 
@@ -1031,3 +1027,8 @@ def unlink_quietly(path: str) -> None:
     except OSError as e:
         if e.errno != errno.ENOENT:
             logger.warning("could not remove %s: %s", path, e)
+
+
+# Every view's ``gone`` shares one code object: a finalizer (``interrupts.finalizer``).
+interrupts.finalizer_code(next(c for c in StoreClient._tracked_view.__code__.co_consts
+                               if getattr(c, "co_name", None) == "gone"))
