@@ -380,10 +380,12 @@ class ActorHandle:
             template = self._templates_get(name, options)
             refs = cw.submit_task(template, args, kwargs, (self._actor_id, next(self._seq), cw.worker_id,
                                                            options.get("concurrency_group")))
-        except Exception:
-            # Not made (an argument that cannot be pickled, a bad option): its place is
-            # free again. Kept, two such calls locked a max_pending_calls=2 actor out.
-            if limit > 0:
+        except BaseException as e:
+            # Not made (an argument that cannot be pickled, a bad option, the stop button
+            # as the arguments were pickled): its place is free again. Kept, two such
+            # calls locked a max_pending_calls=2 actor out. (A stop pressed as the call
+            # was handed over raises once it is made: that one keeps its place.)
+            if limit > 0 and not getattr(e, "lumos_submitted", False):
                 cw.actor_submitter.unreserve_call(self._actor_id)
             raise
         n = template.num_returns

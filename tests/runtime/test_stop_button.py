@@ -308,3 +308,57 @@ def test_a_stop_pressed_in_a_finalizer_is_raised_after_it(fresh_cluster) -> None
     with pytest.raises(KeyboardInterrupt):
         signal.pthread_kill(main, signal.SIGINT)  # type: ignore[arg-type]
         time.sleep(1)
+
+
+class _StopsWhenPickled:
+    """An argument whose pickling is stopped (a press landing as the call's arguments
+    are pickled, made certain)."""
+
+    def __reduce__(self) -> Any:
+        raise KeyboardInterrupt
+
+
+@lumos.remote(num_cpus=0, max_pending_calls=1)
+class _OneAtATime:
+    def work(self, x: Any = None, seconds: float = 0.0) -> Any:
+        time.sleep(seconds)
+        return x
+
+
+def test_an_actor_call_stopped_before_it_is_made_gives_back_its_max_pending_calls_place(
+        fresh_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A press as the arguments are pickled: the call is not made and its place is free
+    again (kept, one such press locked a ``max_pending_calls=1`` actor out for good). A
+    press as the call is handed over raises once it is made: that call runs and keeps its
+    place until it is answered."""
+    from lumos._private.core_worker.actor_submitter import ActorSubmitter
+    fresh_cluster(num_cpus=1)
+    a = _OneAtATime.remote()
+    assert lumos.get(a.work.remote(1), timeout=30) == 1
+    for _ in range(3):
+        with pytest.raises(KeyboardInterrupt):
+            a.work.remote(_StopsWhenPickled())
+    assert lumos.get(a.work.remote(2), timeout=30) == 2
+
+    real = ActorSubmitter.send_direct
+    main = threading.main_thread().ident
+
+    def pressed(self: ActorSubmitter, task: Any) -> Any:
+        signal.pthread_kill(main, signal.SIGINT)  # type: ignore[arg-type]
+        time.sleep(0.05)  # (the handler runs in here, held)
+        return real(self, task)
+
+    monkeypatch.setattr(ActorSubmitter, "send_direct", pressed)
+    with pytest.raises(KeyboardInterrupt):
+        a.work.remote(3, 1.0)
+    monkeypatch.setattr(ActorSubmitter, "send_direct", real)
+    with pytest.raises(lumos.exceptions.PendingCallsLimitExceeded):
+        a.work.remote(4)  # (the call made above is still running)
+    wait_for(lambda: _answers(a), 20)
+
+
+def _answers(a: Any) -> bool:
+    try:
+        return bool(lumos.get(a.work.remote(5), timeout=20) == 5)
+    except lumos.exceptions.PendingCallsLimitExceeded:
+        return False

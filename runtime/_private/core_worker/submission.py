@@ -264,7 +264,11 @@ class SubmissionMixin:
             return [ObjectRef(oid, address, True) for oid in return_ids]
         finally:
             if held:
-                interrupts.release()  # (a stop pressed meanwhile raises here: the refs, dropped, free the returns)
+                try:
+                    interrupts.release()  # (a stop pressed meanwhile raises here: the refs, dropped, free the returns)
+                except KeyboardInterrupt as e:
+                    e.lumos_submitted = True  # type: ignore[attr-defined]  (the call was made)
+                    raise
 
     def _note_call_to_self(self, task_id: TaskID, name: str) -> None:
         """An actor calls one of its own methods (user thread): remembered (the latest
