@@ -309,3 +309,31 @@ def test_a_failing_error_handler_does_not_end_the_link(client: lumos.LumosContex
     wait_for(lambda: seen, 30)
     assert lumos.get(lumos.put("still here"), timeout=30) == "still here"
     lumos.cancel(ref)
+
+
+def test_the_stop_button_in_client_puts_and_calls_leaves_nothing_on_the_cluster(client: lumos.LumosContext) -> None:
+    """Presses at random moments of puts and calls with a 1 MiB argument: each stops its
+    call, the link goes on (a press midway through a message left half a frame on it,
+    and the session dropped the link), and once the client's refs are gone the cluster's
+    store is back where it was (a press while a reply was awaited left the objects it
+    gave, with nobody to release them, for the session's life)."""
+    from tests.runtime.test_stop_button import _interrupted_often, _store_used as store_objects
+
+    @lumos.remote
+    def nbytes(a: Any) -> int:
+        return int(a.nbytes)
+
+    value = np.ones((1 << 20) // 8)
+    assert lumos.get(nbytes.remote(value), timeout=30) == value.nbytes
+    time.sleep(1.0)
+    base = store_objects()  # (bytes and count of objects: slots reserved ahead are not counted)
+    cw = lumos._private.worker_context.require()
+    reconnects = cw._lost_why
+    for i, op in enumerate((lambda: lumos.put(value), lambda: nbytes.remote(value))):
+        got, interrupted = _interrupted_often(op, 150, 10 + i, 0.004)
+        assert interrupted >= 5 and got, (interrupted, len(got))
+        assert lumos.get(got[-1], timeout=30) is not None
+        del got
+    assert cw._lost_why == reconnects  # (the link was never dropped)
+    wait_for(lambda: all(now <= then for now, then in zip(store_objects(), base)), 30)
+    assert lumos.get(lumos.put(7), timeout=30) == 7

@@ -7,12 +7,20 @@ client's session on the head (``session.py``), which runs it on a real driver.
 
 Threads: the caller's (requests wait for their reply in short slices, so Ctrl-C
 works), ``lumos-client.reader`` (replies, worker output), ``lumos-client.heartbeat``
-(pings; sends the ref releases that ``ObjectRef.__del__`` queued) and, after a broken
-link, ``lumos-client.reconnect``.
+(pings; sends the ref releases that ``ObjectRef.__del__`` queued; sends again a press
+that landed in a finalizer, ``interrupts.set_later``) and, after a broken link,
+``lumos-client.reconnect``.
+
+The stop button (a ``KeyboardInterrupt`` in the caller's thread) gets through only
+while a request waits for its reply (``_call``): a message is always sent whole (a
+press midway left half a frame on the link, and the session dropped it), and what the
+reply of a request its caller left gives (refs, an actor) is let go when it comes
+(``_abandon``).
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import itertools
 import logging
@@ -23,6 +31,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from lumos._private import interrupts
 from lumos._private import serialization as ser
 from lumos._private.client import wire
 from lumos._private.config import Config
@@ -170,6 +179,8 @@ class ClientWorker:
         self._template_ids = itertools.count(1)
         self._stop = threading.Event()
         self.welcome: dict[str, Any] = {}
+        #: Jobs for the heartbeat thread's next turn (``_later``).
+        self._later_jobs: collections.deque[Callable[[], None]] = collections.deque()
 
     # ------------------------------------------------------------------ link
 
@@ -189,6 +200,15 @@ class ClientWorker:
         self.grace_s = float(w["grace_s"])
         object_ref_mod._core_worker = self
         threading.Thread(target=self._heartbeat, name="lumos-client.heartbeat", daemon=True).start()
+        interrupts.set_later(self._later)
+
+    def _later(self, fn: Callable[[], None]) -> bool:
+        """``fn`` on the heartbeat thread at its next turn (within 50 ms: ``interrupts``'
+        resend of a press that landed in a finalizer); False once closed."""
+        if self._closed:
+            return False
+        self._later_jobs.append(fn)
+        return True
 
     def _open(self, resume: bool) -> dict[str, Any]:
         """Connect, authenticate, say hello, read the welcome; starts the reader."""
@@ -315,7 +335,13 @@ class ClientWorker:
     def _heartbeat(self) -> None:
         interval = self.config.client_heartbeat_interval_s
         next_ping = 0.0
+        jobs = self._later_jobs
         while not self._stop.wait(0.05):
+            while jobs:
+                try:
+                    jobs.popleft()()
+                except Exception:
+                    logger.exception("client job failed")
             sock = self._sock
             if sock is None:
                 continue
@@ -377,27 +403,75 @@ class ClientWorker:
         self._pending[rid] = fut
         if control["op"] in _GIVING:
             self._giving.add(rid)
+        # The stop button waits for the whole message (stopped midway, it left half a
+        # frame on the link, which the session took for garbage and dropped).
+        held = interrupts.hold()
         try:
             self._send(control, payload)
         except BaseException:
             self._pending.pop(rid, None)
+            self._giving.discard(rid)
+            if held:
+                interrupts.release()
             raise
+        if held:
+            try:
+                interrupts.release()
+            except KeyboardInterrupt:
+                self._abandon(fut, control)  # (sent: its reply comes all the same)
+                raise
         return fut
 
-    def _call(self, control: dict[str, Any], payload: wire.Payload | None = None) -> tuple[dict[str, Any], Any]:
+    def _abandon(self, fut: concurrent.futures.Future[Any], control: dict[str, Any]) -> None:
+        """The caller left before the reply (the stop button): what the reply gives (refs,
+        an actor) is let go when it comes; kept, it lived as long as the session."""
+        op = control["op"]
+        if op not in _GIVING:
+            return
+
+        def let_go(f: concurrent.futures.Future[Any]) -> None:
+            try:
+                reply, _ = f.result()
+            except BaseException:
+                return  # (the link broke first: the session hears of it as it reconnects)
+            if "error" in reply:
+                return
+            if op == "create_actor":
+                self._one_way({"op": "actor_release", "actor_id": control["actor_id"]})
+            else:
+                self._refs_of(reply)  # made and dropped: released as any dropped ref
+
+        fut.add_done_callback(let_go)
+
+    def _call(self, control: dict[str, Any], payload: wire.Payload | None = None,
+              make: Callable[[dict[str, Any]], Any] | None = None) -> tuple[dict[str, Any], Any]:
+        """Send a request and wait for its reply: (reply, its payload), or (reply,
+        ``make(reply)``) where ``make`` makes what the reply gives (refs)."""
         if threading.current_thread().name == _READER:
             raise RuntimeError("a blocking lumos call from a done-callback or output handler would wait for "
                                "the thread that delivers its own reply; hand the work to another thread")
-        fut = self._call_async(control, payload)
-        while True:
+        # The stop button: only the wait for the reply lets it through, and what the reply
+        # gives is then let go when it comes (``_abandon``); else ``make`` makes the refs.
+        held = interrupts.hold()
+        try:
+            fut = self._call_async(control, payload)
             try:
-                reply, data = fut.result(0.1)
-                break
-            except concurrent.futures.TimeoutError:
-                continue
-        if "error" in reply:
-            raise pickle.loads(reply["error"])
-        return reply, data
+                with interrupts.Window():
+                    while True:
+                        try:
+                            reply, data = fut.result(0.1)
+                            break
+                        except concurrent.futures.TimeoutError:
+                            continue
+            except BaseException:
+                self._abandon(fut, control)
+                raise
+            if "error" in reply:
+                raise pickle.loads(reply["error"])
+            return reply, data if make is None else make(reply)
+        finally:
+            if held:
+                interrupts.release()
 
     # ------------------------------------------------------------------ core worker surface
 
@@ -409,8 +483,8 @@ class ClientWorker:
         self._templates[id(template)] = (template, tid)
         return {"tpl": tid, "tpl_blob": pickle.dumps(template)}
 
-    def _refs(self, ids: list[bytes]) -> list[ObjectRef]:
-        return [ObjectRef(oid, self.address, True) for oid in ids]
+    def _refs_of(self, reply: dict[str, Any]) -> list[ObjectRef]:
+        return [ObjectRef(oid, self.address, True) for oid in reply["ids"]]
 
     def submit_task(self, template: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                     actor_fields: Any = None) -> list[Any]:
@@ -423,8 +497,7 @@ class ClientWorker:
         control = {"op": "submit", **self._template_fields(template)}
         if actor_fields is not None:
             control["actor"] = [actor_fields[0], actor_fields[1], actor_fields[3]]
-        reply, _ = self._call(control, payload)
-        return self._refs(reply["ids"])
+        return self._call(control, payload, self._refs_of)[1]  # type: ignore[no-any-return]
 
     #: No registration runs in the background here: the server's create_actor waits for it.
     _registering: dict[bytes, Any] = {}
@@ -446,8 +519,7 @@ class ClientWorker:
             raise TypeError("put() of an ObjectRef is not allowed; pass the ref itself")
         payload = wire.Payload()
         payload.add(ser.serialize(value))
-        reply, _ = self._call({"op": "put"}, payload)
-        return self._refs(reply["ids"])[0]
+        return self._call({"op": "put"}, payload, self._refs_of)[1][0]  # type: ignore[no-any-return]
 
     def get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         reply, data = self._call({"op": "get", "ids": [r._id for r in refs], "timeout": timeout})
@@ -562,6 +634,9 @@ class ClientWorker:
                 fut.set_exception(ConnectionError("lumos was shut down in this process"))
         if object_ref_mod._core_worker is self:
             object_ref_mod._core_worker = None
+        later = interrupts.set_later(None)
+        if later != self._later:
+            interrupts.set_later(later)  # (another worker's)
 
 
 def connect(config: Config, address: str, namespace: str, token_arg: str | None,
