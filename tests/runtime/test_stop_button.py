@@ -8,6 +8,7 @@ The signals are real (``pthread_kill`` of the main thread, where Python raises
 
 from __future__ import annotations
 
+import asyncio
 import random
 import signal
 import threading
@@ -362,3 +363,47 @@ def _answers(a: Any) -> bool:
         return bool(lumos.get(a.work.remote(5), timeout=20) == 5)
     except lumos.exceptions.PendingCallsLimitExceeded:
         return False
+
+
+@lumos.remote(num_cpus=0)
+class _Named:
+    def __init__(self, arr: Any) -> None:
+        self.total = float(arr.sum())
+
+    def sum(self) -> float:
+        return self.total
+
+
+def test_a_named_actor_whose_registration_the_stop_button_left_ends_unless_detached(
+        fresh_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The press lands while a named actor's creation waits for the GCS: the creation
+    raises KeyboardInterrupt, and the registration, which goes on, makes an actor that
+    no handle holds. It ends as a dropped handle would end it (it lived until the job
+    ended); a detached one stays, its arguments intact, for ``get_actor``."""
+    from lumos._private.core_worker.core_worker import CoreWorker
+    fresh_cluster(num_cpus=1)
+    real = CoreWorker._gcs_call
+    main = threading.main_thread().ident
+
+    async def slow_register(self: CoreWorker, msg: Any, timeout_s: Any) -> Any:
+        if type(msg).__name__ == "RegisterActor":
+            signal.pthread_kill(main, signal.SIGINT)  # type: ignore[arg-type]
+            await asyncio.sleep(0.3)  # (the press stops the wait meanwhile)
+        return await real(self, msg, timeout_s)
+
+    monkeypatch.setattr(CoreWorker, "_gcs_call", slow_register)
+    arr = np.ones((1 << 20) // 8)  # (by value: its pin must go to the actor, not be dropped)
+    for name, detached in (("left", False), ("kept", True)):
+        made: list[Any] = []
+        with pytest.raises(KeyboardInterrupt):
+            made.append(_Named.options(name=name, lifetime="detached" if detached else None).remote(arr))
+        assert not made  # (the press landed in the wait for the GCS)
+    monkeypatch.setattr(CoreWorker, "_gcs_call", real)
+
+    def state(name: str) -> list[str]:
+        return [a["state"] for a in lumos.state.list_actors() if a.get("name") == name]
+
+    wait_for(lambda: state("left") == ["DEAD"], 30)
+    kept = lumos.get_actor("kept")
+    assert lumos.get(kept.sum.remote(), timeout=30) == arr.sum()
+    lumos.kill(kept)

@@ -38,13 +38,17 @@ logger = logging.getLogger(__name__)
 MAX_QUIET_BOOKINGS = 8
 
 
-def _abandoned(on_abandoned: Callable[[Any], None], fut: concurrent.futures.Future[Any]) -> None:
-    """``run_sync``'s wait was left without the result: hand a success to ``on_abandoned``."""
-    if not fut.cancelled() and fut.exception() is None:
-        try:
+def _abandoned(on_abandoned: Callable[[Any], None], on_failed: Callable[[BaseException | None], None] | None,
+               fut: concurrent.futures.Future[Any]) -> None:
+    """``run_sync``'s wait was left without the result: hand a success to
+    ``on_abandoned``, a failure (None: cancelled) to ``on_failed``."""
+    try:
+        if not fut.cancelled() and fut.exception() is None:
             on_abandoned(fut.result())
-        except Exception:
-            logger.exception("could not give back what an interrupted call got")
+        elif on_failed is not None:
+            on_failed(None if fut.cancelled() else fut.exception())
+    except Exception:
+        logger.exception("could not give back what an interrupted call got")
 
 
 def spawn(tasks: set[asyncio.Task[Any]], coro: Coroutine[Any, Any, Any], name: str,
@@ -307,11 +311,14 @@ class IoLoop:
             self._draining = False
 
     def run_sync(self, coro: Coroutine[Any, Any, Any], timeout_s: float | None = None,
-                 on_abandoned: Callable[[Any], None] | None = None) -> Any:
+                 on_abandoned: Callable[[Any], None] | None = None,
+                 on_abandoned_failure: Callable[[BaseException | None], None] | None = None) -> Any:
         """Run a coroutine on the io thread and wait for it (from a user thread).
         ``on_abandoned(result)``: called (on the io thread, or here if it is done) when the
         coroutine succeeds but the wait was left without its result (the stop button's
-        ``KeyboardInterrupt``): what the result holds (a store slot) is given back."""
+        ``KeyboardInterrupt``): what the result holds (a store slot) is given back;
+        ``on_abandoned_failure(error)`` likewise when it fails. The exception that left
+        the wait is marked (``lumos_abandoned``): the coroutine runs on, and those settle it."""
         if threading.current_thread() is self.thread:
             coro.close()
             raise RuntimeError("a blocking lumos call was made from the lumos-io thread; "
@@ -327,9 +334,11 @@ class IoLoop:
                 raise  # the coroutine's own timeout (a GetTimeoutError, say), not this wait's
             fut.cancel()
             raise TimeoutError(f"lumos control call timed out after {timeout_s}s") from None
-        except BaseException:
-            if on_abandoned is not None:
-                fut.add_done_callback(functools.partial(_abandoned, on_abandoned))
+        except BaseException as e:
+            own = fut.done() and not fut.cancelled() and fut.exception() is e  # (the coroutine's own error)
+            if on_abandoned is not None and not own:
+                fut.add_done_callback(functools.partial(_abandoned, on_abandoned, on_abandoned_failure))
+                e.lumos_abandoned = True  # type: ignore[attr-defined]
             raise
         finally:
             # A raised error's traceback holds this frame; the future holds the error. Left

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import functools
 import hashlib
 import itertools
 import threading
@@ -352,8 +353,12 @@ class SubmissionMixin:
         try:
             with interrupts.Window():  # (it may wait for a GCS being restarted)
                 info: m.ActorInfo = self.run_sync(
-                    register(), self.config.gcs_reconnect_timeout_s + self.config.rpc_timeout_s + 1)
+                    register(), self.config.gcs_reconnect_timeout_s + self.config.rpc_timeout_s + 1,
+                    functools.partial(self._post, self._registered_unawaited, template, spec, pinned),
+                    lambda _error: self._post(self._unpin, pinned))
         except BaseException as e:
+            if getattr(e, "lumos_abandoned", False):
+                raise  # (the stop button: the registration goes on, and what it makes is settled then)
             self._post(self._unpin, pinned)
             if isinstance(e, RemoteError) and e.type_name == ActorNameTaken.__name__:
                 raise exc.ActorAlreadyExistsError(e.text) from None
@@ -370,6 +375,20 @@ class SubmissionMixin:
             self._creation_submitted(template, spec, pinned)
         self._post(self.actor_submitter.track, info.actor_id, info)
         return info
+
+    def _registered_unawaited(self, template: TaskTemplate, spec: m.TaskSpec, pinned: list[Any],
+                              info: m.ActorInfo) -> None:
+        """(io thread) A named actor's registration whose caller the stop button took
+        away went through: no handle was made, so the actor ends as one dropped would end
+        it (a detached one stays, for ``get_actor``); before, it lived until the job
+        ended. Another actor that ``get_if_exists`` found is left alone."""
+        if info.actor_id != spec.actor_id:
+            self._unpin(pinned)
+            return
+        self._creation_submitted(template, spec, pinned)
+        self.actor_submitter.track(info.actor_id, info)
+        if not spec.actor_options.get("detached"):
+            self.actor_submitter.release_handle(info.actor_id)
 
     def _creation_submitted(self, template: TaskTemplate, spec: m.TaskSpec, pinned: list[Any]) -> None:
         """The creation task's pinned arguments go to the actor's line (released with the
