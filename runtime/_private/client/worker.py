@@ -377,7 +377,8 @@ class ClientWorker:
             left = self._reconnect_until - time.monotonic()
             if left <= 0 and self.gone is None:
                 left = 1.0  # the reconnect thread is about to give its verdict
-            self._connected.wait(min(left, 0.1))
+            with interrupts.Window():  # (nothing sent yet: the stop button works while a reconnect goes on)
+                self._connected.wait(min(left, 0.1))
 
     def _send(self, control: dict[str, Any], payload: wire.Payload | None = None) -> None:
         sock = self._link()
