@@ -261,10 +261,16 @@ def _start_core_worker(config: Config, token: bytes, gcs_address: Any, raylet_so
                     namespace=namespace or random_id(8).hex(), entrypoint=entry, job_env_vars=job_env,
                     job_package=job_package)
     cw.start()
+    _watch_cells()
+    return cw
+
+
+def _watch_cells(on: bool = True) -> None:
+    """In a kernel, lumos's SIGINT handler is in place from each cell's start while a
+    driver is connected (``interrupts.watch_cells``)."""
     shell = kernel_shell()
     if shell is not None:
-        interrupts.watch_cells(shell)
-    return cw
+        interrupts.watch_cells(shell, on)
 
 
 def _connect(config: Config, address: str, namespace: str, token_arg: str | None,
@@ -335,6 +341,7 @@ def _connect_client(config: Config, address: str, namespace: str, token_arg: str
     from lumos._private.client import worker as client
     cw = client.connect(config, address, namespace, token_arg, runtime_env)
     worker_context.core_worker = cw  # type: ignore[assignment]
+    _watch_cells()
     _register_exit_handler()
     w = cw.welcome
     return LumosContext({"gcs_address": w["gcs_address"], "address": address, "client_address": address,
@@ -440,9 +447,7 @@ def shutdown(wait_for_processes: bool = True) -> None:
         if cw is not None:
             worker_context.retired_worker_ids.add(cw.worker_id)
             cw.shutdown()
-            shell = kernel_shell()
-            if shell is not None:
-                interrupts.watch_cells(shell, on=False)
+            _watch_cells(on=False)
         node = worker_context.local_node
         worker_context.local_node = None
         if node is not None:

@@ -53,8 +53,6 @@ RESEND_AFTER_S = 0.002
 #: ``later(fn)``: run ``fn`` on another thread ``RESEND_AFTER_S`` from now; False where
 #: it cannot (``set_later``: the core worker's io thread).
 _later: Callable[[Callable[[], None]], bool] | None = None
-
-
 #: SIGINTs lumos's handlers have been called for (``noted``).
 _handled = 0
 #: Times a SIGINT that landed in a finalizer is sent again while none is handled (one
