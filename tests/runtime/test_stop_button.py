@@ -48,8 +48,8 @@ def _interrupted_often(op: Callable[[], Any], ops: int, seed: int, every_s: floa
     tested; ``keep=False`` drops each before the next op, outside the fire, so that the
     next op frees it under fire.) No signal is sent once an op is over (``gate``), and
     one sent just before lands in the loop's own ``try``. One that landed in a finalizer
-    comes again a moment later (``interrupts.RESEND_AFTER_S``), wherever the loop is
-    then: the whole loop is in a ``try``, and it ends with a pause for it."""
+    comes again a moment later (``interrupts.resend_later``), wherever the loop is then:
+    the whole loop is in a ``try``, and it ends with a pause for it."""
     busy = threading.Event()
     stop = threading.Event()
     gate = threading.Lock()
@@ -83,7 +83,7 @@ def _interrupted_often(op: Callable[[], Any], ops: int, seed: int, every_s: floa
                         busy.clear()
                     time.sleep(0.001)  # (a signal sent before the clear is handled in here)
                     if done == ops:
-                        time.sleep(20 * interrupts.RESEND_AFTER_S)  # (and one sent again)
+                        time.sleep(0.6)  # (and one sent again: up to 10 tries, 50 ms apart in client mode)
                     break
                 except KeyboardInterrupt:
                     interrupted += 1
@@ -262,9 +262,8 @@ def test_gets_stopped_at_random_moments_leave_nothing_pinned(fresh_cluster) -> N
     refs = [_filled.remote(i) for i in range(50)]
     lumos.wait(refs, num_returns=len(refs), timeout=60)
     order = iter(range(10**9))
-    got, interrupted = _interrupted_often(lambda: lumos.get(refs[next(order) % 50]), 3000, 4, 0.0002, keep=False)
+    got, interrupted = _interrupted_often(lambda: lumos.get(refs[next(order) % 50]), 5000, 4, 0.0002, keep=False)
     assert interrupted >= 3, interrupted
-    assert not cw.store.viewed([r.binary() for r in refs]) or got  # (only the last value is viewed)
     del got, refs
     _settles_to(store0, entries0)
 
@@ -404,6 +403,7 @@ def test_a_named_actor_whose_registration_the_stop_button_left_ends_unless_detac
         return [a["state"] for a in lumos.state.list_actors() if a.get("name") == name]
 
     wait_for(lambda: state("left") == ["DEAD"], 30)
+    wait_for(lambda: state("kept") == ["ALIVE"], 30)  # (its registration goes on after the press)
     kept = lumos.get_actor("kept")
     assert lumos.get(kept.sum.remote(), timeout=30) == arr.sum()
     lumos.kill(kept)
