@@ -61,15 +61,30 @@ _handled = 0
 RESEND_TRIES = 10
 
 
+#: The depths that the open ``Window``s will put back (innermost last).
+_windows: list[int] = []
+
+
 def _on_sigint(signum: int, frame: Any) -> None:
-    global _pending, _handled
+    global _pending, _handled, _depth
     _handled += 1
     if _depth:
         _pending = True
         return
     if in_finalizer(frame) and resend_later(_send_again):
         return
+    leaving()
     _DEFAULT(signum, frame)
+
+
+def leaving() -> None:
+    """A ``KeyboardInterrupt`` is about to be raised where nothing is held (main thread):
+    inside a ``Window``, it leaves it, and the stretch around the window is held again
+    now. (Landing as the window's ``__exit__`` began, it left the rest of that stretch
+    unheld: a second press there could stop it half done.)"""
+    global _depth
+    if _windows:
+        _depth = _windows.pop()
 
 
 def _send_again() -> bool:
@@ -197,11 +212,11 @@ def release() -> None:
     """End a stretch ``hold()`` began; the outermost raises the ``KeyboardInterrupt``
     held off meanwhile."""
     global _depth, _pending
-    # (Never below 0: a SIGINT landing as a ``Window``'s ``__exit__`` began left the depth
-    # at the window's 0, and the stretch's release came next.)
+    # (Never below 0, whatever goes wrong.)
     _depth = _depth - 1 if _depth > 0 else 0
     if not _depth and _pending:
         _pending = False
+        leaving()
         raise KeyboardInterrupt
 
 
@@ -210,19 +225,22 @@ class Window:
     again (a held one at once) for a wait that may be long (a put waiting for room in a
     full store), then hold it off again. Nothing off the main thread."""
 
-    __slots__ = ("depth",)
+    __slots__ = ("level",)
 
     def __enter__(self) -> None:
         global _depth, _pending
         if threading.get_ident() != _MAIN:
-            self.depth = -1
+            self.level = -1
             return
         if _pending:  # (raised before the window opens: ``__exit__`` is not run then)
             _pending = False
             raise KeyboardInterrupt
-        self.depth, _depth = _depth, 0
+        self.level = len(_windows)
+        _windows.append(_depth)
+        _depth = 0
 
     def __exit__(self, *exc_info: Any) -> None:
         global _depth
-        if self.depth >= 0:
-            _depth = self.depth
+        if 0 <= self.level < len(_windows):  # (else the KeyboardInterrupt that left it closed it)
+            _depth = _windows[self.level]
+            del _windows[self.level:]

@@ -361,6 +361,7 @@ class Executor(ArgumentsMixin):
         if interrupts.held():  # the task is inside a put or a .remote(): raised once that is whole
             interrupts.defer()
             return
+        interrupts.leaving()
         raise KeyboardInterrupt
 
     def _send_sigint_again(self, task_id: bytes) -> bool:
