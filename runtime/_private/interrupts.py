@@ -59,14 +59,12 @@ _handled = 0
 #: sent as the main thread goes to wait, after its last look for signals and before
 #: its system call, is only handled once the wait ends: the next one ends the wait).
 RESEND_TRIES = 10
-
-
 #: The depths that the open ``Window``s will put back (innermost last).
 _windows: list[int] = []
 
 
 def _on_sigint(signum: int, frame: Any) -> None:
-    global _pending, _handled, _depth
+    global _pending, _handled
     _handled += 1
     if _depth:
         _pending = True
@@ -140,11 +138,17 @@ def in_finalizer(frame: Any) -> bool:
     return False
 
 
-def set_later(later: Callable[[Callable[[], None]], bool] | None) -> Callable[[Callable[[], None]], bool] | None:
-    """Install ``later`` (None: none), returning the one it replaces."""
+def set_later(later: Callable[[Callable[[], None]], bool]) -> None:
+    """Install ``later`` (a core worker's, as it starts)."""
     global _later
-    old, _later = _later, later
-    return old
+    _later = later
+
+
+def unset_later(later: Callable[[Callable[[], None]], bool]) -> None:
+    """Remove ``later`` (as its core worker shuts down), unless another one replaced it."""
+    global _later
+    if _later == later:
+        _later = None
 
 
 def hold() -> bool:

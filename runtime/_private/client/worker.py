@@ -635,9 +635,7 @@ class ClientWorker:
                 fut.set_exception(ConnectionError("lumos was shut down in this process"))
         if object_ref_mod._core_worker is self:
             object_ref_mod._core_worker = None
-        later = interrupts.set_later(None)
-        if later != self._later:
-            interrupts.set_later(later)  # (another worker's)
+        interrupts.unset_later(self._later)
 
 
 def connect(config: Config, address: str, namespace: str, token_arg: str | None,

@@ -384,9 +384,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self.io.closed = True
         if object_ref_mod._core_worker is self:
             object_ref_mod._core_worker = None
-        later = interrupts.set_later(None)
-        if later != self._later:
-            interrupts.set_later(later)  # (another core worker's)
+        interrupts.unset_later(self._later)
         loop = self.loop
         if loop is not None and self.io.is_alive():
             fut = asyncio.run_coroutine_threadsafe(self._aclose(), loop)
