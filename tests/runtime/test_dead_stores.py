@@ -152,14 +152,22 @@ def test_a_store_a_killed_node_left_is_removed_by_the_next_init(fresh_cluster) -
             spill = f.read()
         # Frozen first, so that no process of the tree sees another die before its own
         # SIGKILL (the raylet would clean up on its parent-death signal).
+        # Until a pass finds no new process: a worker forked as a pass listed the tree is
+        # listed by the next (once every process is frozen, nothing forks).
         os.kill(driver.pid, signal.SIGSTOP)
-        tree = [c.pid for c in psutil.Process(driver.pid).children(recursive=True)] + [driver.pid]
-        for pid in tree[:-1]:
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except ProcessLookupError:  # (a short-lived one: the fork server's intermediate process)
-                pass
-        for pid in tree:
+        tree = [driver.pid]
+        while True:
+            new = [c.pid for c in psutil.Process(driver.pid).children(recursive=True)
+                   if c.pid not in tree]
+            if not new:
+                break
+            for pid in new:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except ProcessLookupError:  # (a short-lived one: the fork server's intermediate process)
+                    pass
+            tree += new
+        for pid in tree[1:] + tree[:1]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:  # (a short-lived one: the fork server's intermediate process)
