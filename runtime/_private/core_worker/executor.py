@@ -247,8 +247,7 @@ class Executor(ArgumentsMixin):
             if running is not None and running.task_id == task_id:
                 self._cancel_requested = task_id
                 if running.kind == m.TaskKind.NORMAL_TASK:
-                    self._signalled = task_id
-                    signal.pthread_kill(self._main_ident, signal.SIGINT)
+                    self._signal(task_id)
                 # An actor's running method is not interrupted (as in Ray: it would leave the
                 # actor's state half-changed); it can poll get_runtime_context().is_canceled().
             elif self.actor is not None and (self.actor.cancel_call(task_id) or self.actor.cancel_threaded(task_id)):
@@ -371,9 +370,14 @@ class Executor(ArgumentsMixin):
             running = self._running
             if running is None or running.task_id != task_id or self._interrupted == task_id:
                 return False
-            self._signalled = task_id
-            signal.pthread_kill(self._main_ident, signal.SIGINT)
+            self._signal(task_id)
             return True
+
+    def _signal(self, task_id: bytes) -> None:
+        """(under ``_start_lock``, ``task_id`` running) SIGINT to the main thread, marked
+        as meant for ``task_id``."""
+        self._signalled = task_id
+        signal.pthread_kill(self._main_ident, signal.SIGINT)
 
     def _arm(self, task_id: bytes) -> None:
         """Main thread, as the task's own part begins: SIGINT raises from now on, and one
