@@ -183,8 +183,7 @@ class Sessions:
         except lumos.exceptions.LumosError as e:
             run.sink.drain(time.monotonic() + 1.0, lambda: -1 in run.sink.ended)
             run.sink.go_late(None, ROUTER.print_fallback)
-            if isinstance(e, lumos.exceptions.ActorDiedError) and \
-                    not isinstance(e, lumos.exceptions.ActorUnavailableError):
+            if isinstance(e, (lumos.exceptions.ActorDiedError, lumos.exceptions.ActorUnschedulableError)):
                 sys.stderr.write(f"lumos: session {session.name!r} is dead: its worker is gone, and its "
                                  f"variables with it; %lumos close {session.name} lets the next "
                                  f"--session {session.name} cell start it anew\n")

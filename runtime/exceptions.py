@@ -241,8 +241,9 @@ class ObjectReconstructionFailedError(ObjectLostError):
     """The object was lost and re-running its lineage failed."""
 
 
-class ActorDiedError(LumosError):
-    """The actor is dead: killed, crashed beyond ``max_restarts``, or its ``__init__`` failed."""
+class _ActorError(LumosError):
+    """What an actor's error carries: the actor, what happened, and (an ``__init__`` that
+    raised) the cause."""
 
     def __init__(self, actor_id_hex: str = "", detail: str = "", cause: BaseException | None = None) -> None:
         self.actor_id_hex = actor_id_hex
@@ -251,32 +252,60 @@ class ActorDiedError(LumosError):
         super().__init__(actor_id_hex, detail, cause)
 
     def __str__(self) -> str:
+        return f"actor {self.actor_id_hex[:16]}: {self.detail}"
+
+    @property
+    def actor_id(self) -> str:
+        """(Ray's name) The actor's id, in hex."""
+        return self.actor_id_hex
+
+
+class RayActorError(_ActorError):
+    """An actor could not answer a call: it is dead for good (``ActorDiedError``) or, for
+    now, being restarted (``ActorUnavailableError``). As in Ray, the two are siblings:
+    ``except ActorDiedError`` does not catch a restart in progress."""
+
+    # Ray's attribute names.
+
+    @property
+    def error_msg(self) -> str:
+        return str(self)
+
+    @property
+    def actor_init_failed(self) -> bool:
+        """The actor's ``__init__`` raised (``cause`` is that error)."""
+        return self.cause is not None
+
+    @property
+    def preempted(self) -> bool:
+        """(Ray: its node was preempted; lumos does not tell that apart.)"""
+        return False
+
+
+class ActorDiedError(RayActorError):
+    """The actor is dead: killed, crashed beyond ``max_restarts``, or its ``__init__`` failed."""
+
+    def __str__(self) -> str:
         return f"actor {self.actor_id_hex[:16]} died: {self.detail}"
-
-
-RayActorError = ActorDiedError
 
 
 class ActorExitRequest(SystemExit):
     """Raised by ``lumos.actor.exit_actor()``: ends the actor on purpose (no restart)."""
 
 
-class ActorUnavailableError(ActorDiedError):
+class ActorUnavailableError(RayActorError):
     """The actor's process failed while a call was on its way or running, and the actor is
     being restarted: the call was not retried (``max_task_retries``) and may or may not
-    have run; later calls reach the restarted actor. A ``RayActorError``, as in Ray."""
+    have run; later calls reach the restarted actor. Not an ``ActorDiedError``, as in Ray."""
 
     def __str__(self) -> str:
         return f"actor {self.actor_id_hex[:16]} is unavailable: {self.detail}"
 
 
-class ActorUnschedulableError(ActorDiedError):
+class ActorUnschedulableError(_ActorError):
     """No node can ever host the actor (``NodeAffinitySchedulingStrategy(soft=False)`` to a
-    node that is gone or too small): its calls raise this. An ``ActorDiedError`` too, so
-    existing except clauses still catch it."""
-
-    def __str__(self) -> str:
-        return f"actor {self.actor_id_hex[:16]}: {self.detail}"
+    node that is gone or too small): its calls raise this. As in Ray, not a
+    ``RayActorError``."""
 
 
 class TaskUnschedulableError(LumosError):

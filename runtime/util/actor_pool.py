@@ -6,7 +6,7 @@ from collections import deque
 from typing import Any, Callable, Iterable, Iterator
 
 from lumos import api
-from lumos.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError
+from lumos.exceptions import ActorUnavailableError, ActorUnschedulableError, GetTimeoutError, RayActorError
 from lumos.object_ref import ObjectRef
 
 
@@ -123,7 +123,7 @@ class ActorPool:
         One that is restarting (ActorUnavailableError) stays."""
         try:
             value = api.get(ref)
-        except ActorDiedError as e:
+        except (RayActorError, ActorUnschedulableError) as e:
             if isinstance(e, ActorUnavailableError):
                 self._return_actor(actor)
             else:

@@ -229,7 +229,7 @@ def test_kill_with_restart_restarts(cluster: lumos.LumosContext) -> None:
 def _pid_or_none(c: lumos.ActorHandle, old: int) -> int | None:
     try:
         p = lumos.get(c.pid.remote(), timeout=5)
-    except ActorDiedError:
+    except lumos.exceptions.RayActorError:  # (restarting: ActorUnavailableError)
         return None
     return p if p != old else None
 
@@ -403,9 +403,12 @@ def test_process_death_without_restarts_is_actor_died(cluster: lumos.LumosContex
 def test_restart_reruns_init_and_retries_calls(cluster: lumos.LumosContext) -> None:
     c = Counter.options(max_restarts=2, max_task_retries=0).remote(1)
     pid = lumos.get(c.pid.remote())
-    # In flight at the crash, no retries: ActorUnavailableError (a RayActorError), as in Ray.
-    with pytest.raises(lumos.exceptions.ActorUnavailableError, match="is unavailable: .*being restarted"):
+    # In flight at the crash, no retries: ActorUnavailableError (a RayActorError, and not an
+    # ActorDiedError: the actor lives on), as in Ray.
+    with pytest.raises(lumos.exceptions.RayActorError, match="is unavailable: .*being restarted") as info:
         lumos.get(c.die.remote(), timeout=15)
+    assert type(info.value) is lumos.exceptions.ActorUnavailableError
+    assert not isinstance(info.value, ActorDiedError)
     assert lumos.get(c.incr.remote(), timeout=15) == 2  # queued behind it: runs on the new instance
     assert lumos.get(c.pid.remote()) != pid
 

@@ -965,7 +965,16 @@ def test_builtin_bases_and_ray_names():
     assert issubclass(exc.GetTimeoutError, TimeoutError)
     assert issubclass(exc.ObjectStoreFullError, MemoryError)
     assert issubclass(exc.OwnerDiedError, exc.ObjectLostError)
-    assert exc.RayError is exc.LumosError and exc.RayActorError is exc.ActorDiedError
+    assert exc.RayError is exc.LumosError
+    # As in Ray: a restart in progress is not a death, and an unschedulable actor is neither.
+    assert issubclass(exc.ActorDiedError, exc.RayActorError) and issubclass(exc.ActorUnavailableError, exc.RayActorError)
+    assert not issubclass(exc.ActorUnavailableError, exc.ActorDiedError)
+    assert not issubclass(exc.ActorUnschedulableError, exc.RayActorError)
+    err = exc.ActorDiedError("ab" * 8, "its __init__ raised", ValueError("no"))
+    assert (err.actor_id, err.actor_init_failed, err.preempted) == ("ab" * 8, True, False)
+    assert err.error_msg == str(err) and not exc.ActorUnavailableError("ab" * 8, "restarting").actor_init_failed
+    back = pickle.loads(pickle.dumps(exc.ActorUnschedulableError("cd" * 8, "no node")))
+    assert type(back) is exc.ActorUnschedulableError and back.actor_id == "cd" * 8 and "no node" in str(back)
     assert exc.RaySystemError is exc.LumosSystemError
     for name in exc.__all__:
         assert hasattr(exc, name), name
