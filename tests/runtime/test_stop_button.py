@@ -416,6 +416,53 @@ def test_a_named_actor_whose_registration_the_stop_button_left_ends_unless_detac
     lumos.kill(kept)
 
 
+def test_a_named_actor_whose_registration_the_stop_button_left_and_the_gcs_refused_unpins_its_arguments(
+        fresh_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The press lands while a named actor's creation waits for the GCS, which then
+    refuses it (the name is taken by a live actor): the creation raises
+    KeyboardInterrupt, not ActorAlreadyExistsError, and the by-value argument put into
+    the store for it is unpinned and freed (with no one to hear the refusal, it stayed
+    pinned, in the store, for the driver's life)."""
+    from lumos._private.core_worker.core_worker import CoreWorker
+    from lumos._private.transport.connection import RemoteError
+    fresh_cluster(num_cpus=1, object_store_memory=1 << 30)
+    arr = np.ones((1 << 20) // 8)  # (by value: put into the store, pinned for the creation task)
+    first = _Named.options(name="taken").remote(arr)
+    assert lumos.get(first.sum.remote(), timeout=30) == arr.sum()
+    cw = worker_context.require()
+    cw.drain_refs()
+    store0, entries0 = _store_used(), len(cw.objects.entries)
+    real = CoreWorker._gcs_call
+    main = threading.main_thread().ident
+    entries_in_wait: list[int] = []
+    refused: list[str] = []
+
+    async def slow_register(self: CoreWorker, msg: Any, timeout_s: Any) -> Any:
+        if type(msg).__name__ != "RegisterActor":
+            return await real(self, msg, timeout_s)
+        entries_in_wait.append(len(self.objects.entries))
+        signal.pthread_kill(main, signal.SIGINT)  # type: ignore[arg-type]
+        await asyncio.sleep(0.3)  # (the press stops the wait meanwhile)
+        try:
+            return await real(self, msg, timeout_s)
+        except RemoteError as e:
+            refused.append(e.type_name)
+            raise
+
+    monkeypatch.setattr(CoreWorker, "_gcs_call", slow_register)
+    made: list[Any] = []
+    with pytest.raises(KeyboardInterrupt) as raised:
+        made.append(_Named.options(name="taken").remote(arr))
+    assert raised.type is KeyboardInterrupt and not made  # (the press landed in the wait for the GCS)
+    del raised  # (its traceback holds create_actor's frame, and the argument's ref in it)
+    assert entries_in_wait and entries_in_wait[0] > entries0  # (the argument was pinned meanwhile)
+    wait_for(lambda: bool(refused), 20)
+    monkeypatch.setattr(CoreWorker, "_gcs_call", real)
+    assert refused == ["ActorNameTaken"]
+    _settles_to(store0, entries0)
+    assert lumos.get(first.sum.remote(), timeout=30) == arr.sum()  # (the name's owner lives on)
+
+
 def test_a_press_that_leaves_a_window_holds_the_stretch_around_it_again() -> None:
     """A press raised inside an ``interrupts.Window`` (a wait inside a held stretch)
     holds the stretch around the window again at once: landing as the window's
