@@ -26,7 +26,10 @@ press itself. lumos's handler finds such a frame (``finalizer``) on the interrup
 stack and, outside a held stretch, sends the signal again a moment later
 (``RESEND_AFTER_S``, from the io thread: ``set_later``), once the finalizer is over.
 In a kernel lumos's handler is put in place as each cell starts (``watch_cells``), so a
-finalizer is covered before the cell's first hold.
+finalizer is covered before the cell's first hold. An ``asyncio.run`` started after
+lumos's handler is in place leaves SIGINT to it (it installs its own only over Python's
+default); lumos's handler then cancels the runner's main task as the runner's own would
+(``_asyncio_runner``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from __future__ import annotations
 import _signal  # (signal's own getsignal turns the number into an enum first: 2 us, this 20 ns)
 import functools
 import signal
+import sys
 import threading
 from typing import Any, Callable, TypeVar
 
@@ -71,8 +75,38 @@ def _on_sigint(signum: int, frame: Any) -> None:
         return
     if in_finalizer(frame) and resend_later(_send_again):
         return
+    runner = _asyncio_runner(frame)
+    if runner is not None:  # as asyncio's own handler: its main task is cancelled
+        try:
+            runner[0]._on_sigint(signum, frame, runner[1])
+            return
+        except KeyboardInterrupt:  # (a second press, or the main task done)
+            leaving()
+            raise
     leaving()
     _DEFAULT(signum, frame)
+
+
+def _asyncio_runner(frame: Any) -> tuple[Any, Any] | None:
+    """The ``asyncio.Runner`` (``asyncio.run``) whose loop runs the interrupted code, and
+    its main task, where that runner left SIGINT to lumos's handler: a runner puts its
+    own in place only over Python's default, so one started after lumos's first hold
+    found lumos's. Its own would cancel the main task (the coroutine sees
+    ``CancelledError``, ``asyncio.run`` raises ``KeyboardInterrupt``); this one then does
+    the same through the runner, not a ``KeyboardInterrupt`` raised inside the loop."""
+    runners = sys.modules.get("asyncio.runners")
+    run = getattr(getattr(runners, "Runner", None), "run", None)
+    code = getattr(run, "__code__", None)
+    while frame is not None and code is not None:
+        if frame.f_code is code:
+            local = frame.f_locals
+            runner, task = local.get("self"), local.get("task")
+            if local.get("sigint_handler", 0) is None and task is not None \
+                    and hasattr(runner, "_on_sigint"):
+                return runner, task
+            return None
+        frame = frame.f_back
+    return None
 
 
 def leaving() -> None:

@@ -482,3 +482,37 @@ def test_a_press_that_leaves_a_window_holds_the_stretch_around_it_again() -> Non
     finally:
         interrupts.release()
     assert interrupts._depth == 0
+
+
+def test_asyncio_run_after_lumos_handler_cancels_its_main_task_as_python_does() -> None:
+    """``asyncio.run`` puts its own SIGINT handler in place only over Python's default; one
+    started after lumos's first hold (a script's first put or call) found lumos's. A press
+    then raised ``KeyboardInterrupt`` wherever the loop was, inside the coroutine's own
+    code; as with Python's default, the main task is cancelled instead (the coroutine sees
+    ``CancelledError`` at its next await) and ``asyncio.run`` raises ``KeyboardInterrupt``."""
+    main = threading.main_thread().ident
+    interrupts.install()
+    assert interrupts.is_ours(signal.getsignal(signal.SIGINT))
+    seen: list[str] = []
+
+    async def busy() -> None:
+        try:
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end:  # (no await: the press lands in this loop)
+                pass
+            seen.append("loop ended")
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    timer = threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT))
+    timer.start()
+    t = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(busy())
+    finally:
+        timer.cancel()
+    assert seen == ["loop ended", "cancelled"] and time.monotonic() - t < 10
+    assert interrupts.is_ours(signal.getsignal(signal.SIGINT))  # (asyncio.run left it in place)
