@@ -75,16 +75,25 @@ def _on_sigint(signum: int, frame: Any) -> None:
         return
     if in_finalizer(frame) and resend_later(_send_again):
         return
+    _press(frame)
+
+
+def _press(frame: Any, leave: bool = True) -> None:
+    """A press, where nothing holds it off: ``KeyboardInterrupt`` (main thread), or under an
+    ``asyncio.run`` that left SIGINT to lumos, its main task cancelled, as asyncio's own
+    handler would. ``leave``: it leaves the innermost open window (``leaving``)."""
     runner = _asyncio_runner(frame)
-    if runner is not None:  # as asyncio's own handler: its main task is cancelled
+    if runner is not None:
         try:
-            runner[0]._on_sigint(signum, frame, runner[1])
+            runner[0]._on_sigint(_SIGINT, frame, runner[1])
             return
         except KeyboardInterrupt:  # (a second press, or the main task done)
-            leaving()
+            if leave:
+                leaving()
             raise
-    leaving()
-    _DEFAULT(signum, frame)
+    if leave:
+        leaving()
+    raise KeyboardInterrupt
 
 
 def _asyncio_runner(frame: Any) -> tuple[Any, Any] | None:
@@ -254,8 +263,7 @@ def release() -> None:
     _depth = _depth - 1 if _depth > 0 else 0
     if not _depth and _pending:
         _pending = False
-        leaving()
-        raise KeyboardInterrupt
+        _press(sys._getframe(1))
 
 
 class Window:
@@ -272,7 +280,7 @@ class Window:
             return
         if _pending:  # (raised before the window opens: ``__exit__`` is not run then)
             _pending = False
-            raise KeyboardInterrupt
+            _press(sys._getframe(1), leave=False)
         self.level = len(_windows)
         _windows.append(_depth)
         _depth = 0

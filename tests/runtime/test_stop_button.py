@@ -516,3 +516,28 @@ def test_asyncio_run_after_lumos_handler_cancels_its_main_task_as_python_does() 
         timer.cancel()
     assert seen == ["loop ended", "cancelled"] and time.monotonic() - t < 10
     assert interrupts.is_ours(signal.getsignal(signal.SIGINT))  # (asyncio.run left it in place)
+
+
+def test_a_press_held_inside_asyncio_run_cancels_its_main_task_at_the_release() -> None:
+    """A press held off inside an ``asyncio.run`` that left SIGINT to lumos (a put in the
+    coroutine) comes at the stretch's end as that runner's handler would have it: the
+    main task cancelled, ``asyncio.run`` raising ``KeyboardInterrupt``."""
+    main = threading.main_thread().ident
+    interrupts.install()
+    seen: list[str] = []
+
+    async def putting() -> None:
+        try:
+            assert interrupts.hold()
+            signal.pthread_kill(main, signal.SIGINT)  # type: ignore[arg-type]
+            time.sleep(0.01)  # (handled meanwhile, and held)
+            interrupts.release()  # (the task is cancelled: nothing raised here)
+            seen.append("released")
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(putting())
+    assert seen == ["released", "cancelled"] and interrupts._depth == 0
