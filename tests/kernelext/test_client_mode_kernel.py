@@ -7,11 +7,12 @@ progress bar, the status card with the dashboard link.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -21,13 +22,15 @@ from tests.kernelext.kernel_client import DirectKernel, lumos_cli
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 
-def test_kernel_in_client_mode_runs_remote_cells_of_every_kind(tmp_path: Any) -> None:
+@contextlib.contextmanager
+def _client_kernel(tmp_path: Any, *start: str) -> Iterator[tuple[DirectKernel, dict[str, Any]]]:
+    """A head of its own (``lumos start --head`` with ``start``'s options) and a kernel
+    connected to it with ``%lumos init --address lumos://…``; the head's record."""
     root = tempfile.mkdtemp(prefix="lumos-kcm-")
     elsewhere = tempfile.mkdtemp(prefix="lumos-kcm-client-")
     k: DirectKernel | None = None
     try:
-        out = lumos_cli(root, "start", "--head", "--port", "0", "--client-server-port", "0", "--num-cpus", "3",
-                         "--dashboard-port", "0", "--object-store-memory", str(200 << 20),
+        out = lumos_cli(root, "start", "--head", "--port", "0", "--client-server-port", "0", *start,
                          "--system-config", json.dumps(TEST_CONFIG))
         address = next(line.split("client address:", 1)[1].strip() for line in out.splitlines()
                        if "client address:" in line)
@@ -41,8 +44,26 @@ def test_kernel_in_client_mode_runs_remote_cells_of_every_kind(tmp_path: Any) ->
         k = DirectKernel(str(tmp_path), env={"LUMOS_TMPDIR": elsewhere})
         k.ok("%load_ext lumos\nimport lumos")
         ctx = k.ok(f"%lumos init --address {address} --token-file {token_file}")
-        assert record["dashboard_url"] and record["dashboard_url"] in json.dumps(ctx.results), ctx
+        if record["dashboard_url"]:
+            assert record["dashboard_url"] in json.dumps(ctx.results), ctx
+        yield k, record
+    finally:
+        try:
+            if k is not None:
+                try:
+                    k.run("lumos.shutdown()", timeout_s=30)
+                finally:
+                    k.close()
+        finally:
+            lumos_cli(root, "stop")
+            shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(elsewhere, ignore_errors=True)
 
+
+def test_kernel_in_client_mode_runs_remote_cells_of_every_kind(tmp_path: Any) -> None:
+    with _client_kernel(tmp_path, "--num-cpus", "3", "--dashboard-port", "0",
+                        "--object-store-memory", str(200 << 20)) as (k, record):
+        assert record["dashboard_url"]
         out = k.ok("%%remote\nimport os, lumos\nnode = lumos.get_runtime_context().get_node_id()\n"
                    "print('on', node)\nbig = bytes(3 << 20)")
         assert f"on {record['node_id']}" in out.stdout, out
@@ -70,14 +91,22 @@ def test_kernel_in_client_mode_runs_remote_cells_of_every_kind(tmp_path: Any) ->
         status = k.ok("%lumos status")
         assert record["dashboard_url"] in json.dumps(status.results + status.displays), status
         k.ok("%lumos shutdown")
-    finally:
-        try:
-            if k is not None:
-                try:
-                    k.run("lumos.shutdown()", timeout_s=30)
-                finally:
-                    k.close()
-        finally:
-            lumos_cli(root, "stop")
-            shutil.rmtree(root, ignore_errors=True)
-            shutil.rmtree(elsewhere, ignore_errors=True)
+
+
+def test_a_cell_in_client_mode_finds_lumos_sigint_handler_on_its_first_line(tmp_path: Any) -> None:
+    """The kernel puts Python's default SIGINT handler back before each cell; while a
+    ``lumos://`` driver is connected, lumos's own is back in place from the cell's first
+    line (else a press landing in a finalizer before the cell's first put, call or get
+    left the finalizer's work half done), as for a local driver; after ``%lumos shutdown``
+    no longer."""
+    with _client_kernel(tmp_path, "--num-cpus", "1", "--no-dashboard",
+                        "--object-store-memory", str(100 << 20)) as (k, _):
+        k.ok("import signal\nfrom lumos._private import interrupts\n"
+             "ours = lambda: signal.getsignal(signal.SIGINT) is interrupts._on_sigint\n"
+             "assert lumos.get(lumos.put(1), timeout=30) == 1")
+        for _ in range(2):
+            assert "ours True" in k.ok("print('ours', ours())").stdout
+        k.ok("assert lumos.get(lumos.put(2), timeout=30) == 2")
+        assert "ours True" in k.ok("print('ours', ours())").stdout
+        k.ok("%lumos shutdown")
+        assert "ours False" in k.ok("print('ours', ours())").stdout

@@ -337,3 +337,60 @@ def test_the_stop_button_in_client_puts_and_calls_leaves_nothing_on_the_cluster(
     assert cw._lost_why == reconnects  # (the link was never dropped)
     wait_for(lambda: all(now <= then for now, then in zip(store_objects(), base)), 30)
     assert lumos.get(lumos.put(7), timeout=30) == 7
+
+
+def _client_server_pid(token_file: str) -> int:
+    """The pid of the head's client server (``lumos._private.client.server``), by its session dir."""
+    import psutil
+    session_dir = os.path.dirname(token_file)
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "lumos._private.client.server" in cmd and session_dir in cmd:
+            return p.pid
+    raise AssertionError(f"no client server runs for {session_dir}")
+
+
+def test_the_stop_button_stops_a_call_waiting_for_a_reconnect(head: tuple[str, str],
+                                                               client: lumos.LumosContext) -> None:
+    """A put made while the link is down waits for the reconnect before it sends anything;
+    a press meanwhile raises ``KeyboardInterrupt`` at once, the link still down (the wait
+    was held with the send, so the press came only once the link was back, or after the
+    grace, the session gone), and the client goes on once it is back. The head's client
+    server is frozen, so the reconnect hangs in its handshake until it is thawed."""
+    import signal
+    import socket
+    cw = lumos._private.worker_context.require()
+    assert lumos.get(lumos.put(1), timeout=30) == 1
+    server = _client_server_pid(head[1])
+    value = np.ones((1 << 20) // 8)
+    # (Thawed after 5 s whatever happens, so a press held until the reconnect shows as a late one.)
+    thaw = threading.Timer(5.0, os.kill, (server, signal.SIGCONT))
+    press = threading.Timer(0.5, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+    os.kill(server, signal.SIGSTOP)
+    try:
+        sock = cw._sock
+        assert sock is not None
+        sock.shutdown(socket.SHUT_RDWR)  # the link breaks; the reader sees it end and reconnects
+        wait_for(lambda: cw._sock is None, 10)
+        thaw.start()
+        started = time.monotonic()
+        press.start()
+        with pytest.raises(KeyboardInterrupt):
+            lumos.put(value)
+        took, link = time.monotonic() - started, "down" if cw._sock is None else "back"
+        assert took < 2.5 and link == "down", f"the press (at 0.5s) came {took:.1f}s into the put, the link {link}"
+    finally:
+        press.cancel()
+        thaw.cancel()
+        os.kill(server, signal.SIGCONT)
+        for timer in (press, thaw):
+            if timer.ident is not None:
+                timer.join(10)
+    wait_for(lambda: cw._sock is not None, 30)
+    assert lumos.get(lumos.put(value), timeout=30).nbytes == value.nbytes
+
+    @lumos.remote
+    def nbytes(a: Any) -> int:
+        return int(a.nbytes)
+
+    assert lumos.get(nbytes.remote(value), timeout=30) == value.nbytes
