@@ -111,3 +111,20 @@ class DirectKernel:
             self.kc.stop_channels()
         finally:
             self.km.shutdown_kernel(now=False)
+
+    def shut_down(self) -> None:
+        """``lumos.shutdown()`` in the kernel (30 s at most), then ``close``, whatever happens."""
+        try:
+            self.run("lumos.shutdown()", timeout_s=30)
+        finally:
+            self.close()
+
+
+def shut_down_all(k: "DirectKernel | None", root: str) -> None:
+    """``k.shut_down()`` (when there is a kernel), then ``lumos stop`` of the cluster at
+    ``root``, whatever happens."""
+    try:
+        if k is not None:
+            k.shut_down()
+    finally:
+        lumos_cli(root, "stop")

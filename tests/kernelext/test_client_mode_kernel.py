@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import pytest
 
 from tests.conftest import TEST_CONFIG
-from tests.kernelext.kernel_client import DirectKernel, lumos_cli
+from tests.kernelext.kernel_client import DirectKernel, lumos_cli, shut_down_all
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -49,13 +49,8 @@ def _client_kernel(tmp_path: Any, *start: str) -> Iterator[tuple[DirectKernel, d
         yield k, record
     finally:
         try:
-            if k is not None:
-                try:
-                    k.run("lumos.shutdown()", timeout_s=30)
-                finally:
-                    k.close()
+            shut_down_all(k, root)
         finally:
-            lumos_cli(root, "stop")
             shutil.rmtree(root, ignore_errors=True)
             shutil.rmtree(elsewhere, ignore_errors=True)
 

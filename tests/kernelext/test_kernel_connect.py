@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import TEST_CONFIG, check_no_leaks, process_gone, wait_for
-from tests.kernelext.kernel_client import DirectKernel, lumos_cli
+from tests.kernelext.kernel_client import DirectKernel, lumos_cli, shut_down_all
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -59,13 +59,6 @@ def _run_against_cli_cluster(root: str, tmp_path: Any) -> None:
         out = k.ok("print(lumos.is_initialized())")
         assert out.stdout.strip() == "False"
     finally:
-        try:
-            if k is not None:
-                try:
-                    k.run("lumos.shutdown()", timeout_s=30)
-                finally:
-                    k.close()
-        finally:
-            lumos_cli(root, "stop")
+        shut_down_all(k, root)
     wait_for(lambda: all(process_gone(pid) for pid in record.get("pids", [])), timeout_s=20)
     check_no_leaks(record.get("session_dir"))

@@ -29,10 +29,7 @@ def direct_kernel(tmp_path: Any) -> Iterator[tuple[DirectKernel, str]]:
         session_dir = out.stdout.strip().splitlines()[-1]
         yield k, session_dir
     finally:
-        try:
-            k.run("lumos.shutdown()", timeout_s=30)
-        finally:
-            k.close()
+        k.shut_down()
     check_no_leaks(session_dir)
 
 
