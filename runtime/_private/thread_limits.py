@@ -40,6 +40,32 @@ _PRECEDENCE: dict[str, tuple[str, ...]] = {
 }
 
 
+#: This worker process set ``OMP_NUM_THREADS`` itself (``default_for_worker``): the user
+#: left it unset, and a task that asks for more CPUs gets as many threads (``for_task``).
+defaulted = False
+
+
+def default_for_worker() -> None:
+    """In a worker process (or the fork server, whose children inherit it), before numpy or
+    torch loads: ``OMP_NUM_THREADS=1`` unless the user set it, as Ray does. Without it
+    each of a node's N workers ran a BLAS pool of N threads on its N CPUs: two workers'
+    numpy on 2 cores ran 1.4-2.6x slower than one thread each (the pools' threads also
+    spin between calls, taking the other worker's CPU)."""
+    global defaulted
+    if "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = "1"
+        defaulted = True
+
+
+def for_task(cpus: float) -> dict[str, str] | None:
+    """The thread variables a task or actor asking for ``cpus`` CPUs runs under when the
+    user set none (``defaulted``): as many threads as whole CPUs, as in Ray; None where
+    the worker's default of one stands."""
+    if not defaulted or cpus < 2:
+        return None
+    return {"OMP_NUM_THREADS": str(int(cpus))}
+
+
 def wanted(api: str, environ: Mapping[str, str]) -> int | None:
     """The pool size ``environ`` asks of a library of ``api``; None when it asks nothing.
     ``OMP_NUM_THREADS=4,2`` (nested levels) counts its first level; a value that is not

@@ -1,5 +1,7 @@
-"""runtime_env env_vars that size native thread pools (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS…)
-limit numpy's already-loaded BLAS pool in a worker: per task, for an actor's lifetime, per job."""
+"""Native thread pools in workers: one BLAS thread per worker unless the user set
+``OMP_NUM_THREADS`` (as Ray), as many as a task's or actor's whole CPUs, and runtime_env
+env_vars that size the pools (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS…) applied to numpy's
+already-loaded BLAS pool: per task, for an actor's lifetime, per job."""
 
 from __future__ import annotations
 
@@ -12,12 +14,18 @@ import lumos
 from lumos._private import thread_limits
 
 ONE = {"env_vars": {"OMP_NUM_THREADS": "1"}}
+TWO = {"env_vars": {"OMP_NUM_THREADS": "2"}}
 
 
 @lumos.remote
 def blas_threads() -> tuple[int, int | None]:
     """(pid, the BLAS pool's size) as threadpoolctl sees it in the worker."""
     return os.getpid(), _local_blas()
+
+
+@lumos.remote
+def omp_and_blas() -> tuple[str | None, int | None]:
+    return os.environ.get("OMP_NUM_THREADS"), _local_blas()
 
 
 @lumos.remote
@@ -33,14 +41,13 @@ def _local_blas() -> int | None:
     return sizes[0] if sizes else None
 
 
-def _default_or_skip() -> int:
-    """The BLAS pool's size in a task that sets nothing; skips where it cannot show a limit."""
-    _pid, default = lumos.get(blas_threads.remote(), timeout=60)
-    if default is None:
+def _controllable_or_skip() -> None:
+    """Skips where numpy's BLAS reports no thread control to threadpoolctl, or the
+    machine has one CPU (a pool of 2 would not show)."""
+    if _local_blas() is None:
         pytest.skip("numpy's BLAS reports no thread control to threadpoolctl on this machine")
-    if default <= 1:
-        pytest.skip(f"numpy's BLAS runs {default} thread by default here: a limit of 1 would not show")
-    return default
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: a pool larger than one thread would not show")
 
 
 def test_wanted_follows_each_library_precedence() -> None:
@@ -52,34 +59,54 @@ def test_wanted_follows_each_library_precedence() -> None:
     assert thread_limits.wanted("numexpr", {"OMP_NUM_THREADS": "1"}) is None
 
 
+def test_a_worker_runs_one_blas_thread_and_a_task_as_many_as_its_cpus(fresh_cluster: Any) -> None:
+    """As in Ray: a worker's OMP_NUM_THREADS is 1 unless the user set it (each of a node's
+    workers ran a pool of as many threads as the node's CPUs, all on those CPUs), a task
+    or actor asking for N whole CPUs runs N threads, and the next task one again."""
+    _controllable_or_skip()
+    fresh_cluster(num_cpus=2, include_dashboard=False)
+    assert lumos.get(omp_and_blas.remote(), timeout=60) == ("1", 1)
+    assert lumos.get(omp_and_blas.options(num_cpus=2).remote(), timeout=60) == ("2", 2)
+    assert lumos.get(omp_and_blas.options(num_cpus=1.5).remote(), timeout=60) == ("1", 1)
+    assert lumos.get([omp_and_blas.remote() for _ in range(4)], timeout=60) == [("1", 1)] * 4
+    assert lumos.get(Holder.remote().threads.remote(), timeout=60) == 1
+    wide = Holder.options(num_cpus=2).remote()
+    assert lumos.get([wide.threads.remote() for _ in range(3)], timeout=60) == [2, 2, 2]
+
+
+def test_the_users_omp_num_threads_stands(fresh_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    _controllable_or_skip()
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the node's processes inherit the driver's environment
+    fresh_cluster(num_cpus=2, include_dashboard=False)
+    assert lumos.get([omp_and_blas.remote() for _ in range(2)], timeout=60) == [("2", 2)] * 2
+
+
 def test_forked_worker_task_and_actor_limits(fresh_cluster: Any) -> None:
+    _controllable_or_skip()
     fresh_cluster(num_cpus=1, include_dashboard=False)
-    default = _default_or_skip()
     pids = set()
-    for env in (ONE, {"env_vars": {"OPENBLAS_NUM_THREADS": "1"}}):
+    for env in (TWO, {"env_vars": {"OPENBLAS_NUM_THREADS": "2"}}):
         pid, n = lumos.get(blas_threads.options(runtime_env=env).remote(), timeout=60)
-        assert n == 1, env
+        assert n == 2, env
         pids.add(pid)
         pid, n = lumos.get(blas_threads.remote(), timeout=60)  # the next task sees the default again
-        assert n == default
+        assert n == 1
         pids.add(pid)
     assert len(pids) == 1, "one CPU: every task ran in the same forked worker"
-    actor = Holder.options(runtime_env=ONE).remote()
-    assert lumos.get([actor.threads.remote() for _ in range(3)], timeout=60) == [1, 1, 1]
-    assert lumos.get(blas_threads.remote(), timeout=60)[1] == default
+    actor = Holder.options(runtime_env=TWO).remote()
+    assert lumos.get([actor.threads.remote() for _ in range(3)], timeout=60) == [2, 2, 2]
+    assert lumos.get(blas_threads.remote(), timeout=60)[1] == 1
 
 
 @pytest.mark.slow
 def test_spawned_worker_loads_numpy_under_the_limit_and_drops_it(fresh_cluster: Any) -> None:
+    _controllable_or_skip()
     fresh_cluster(num_cpus=1, include_dashboard=False, _system_config={"worker_start": "spawn"})
-    default = _local_blas()  # the driver's: workers inherit its environment
-    if default is None or default <= 1:
-        pytest.skip(f"numpy's BLAS here has no thread control or runs {default} thread: a limit would not show")
-    pid, n = lumos.get(blas_threads.options(runtime_env=ONE).remote(), timeout=60)  # numpy loads in this task
-    assert n == 1
-    assert lumos.get(blas_threads.options(runtime_env=ONE).remote(), timeout=60)[1] == 1
+    pid, n = lumos.get(blas_threads.options(runtime_env=TWO).remote(), timeout=60)  # numpy loads in this task
+    assert n == 2
+    assert lumos.get(blas_threads.options(runtime_env=TWO).remote(), timeout=60)[1] == 2
     pid2, n = lumos.get(blas_threads.remote(), timeout=60)
-    assert (pid2, n) == (pid, default)
+    assert (pid2, n) == (pid, 1)
 
 
 def test_job_env_limits_every_task_and_a_task_may_raise_it(fresh_cluster: Any) -> None:

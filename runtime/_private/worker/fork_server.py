@@ -414,12 +414,14 @@ def _write(fd: int, msg: dict[str, Any]) -> None:
 
 def main() -> None:
     """``python -m lumos._private.worker.fork_server RAYLET_PID -- WORKER ARGS...``"""
+    from lumos._private import thread_limits
     from lumos._private.process import die_with_parent, restore_user_env
     if len(sys.argv) < 3 or sys.argv[2] != "--":
         raise SystemExit("usage: python -m lumos._private.worker.fork_server RAYLET_PID -- WORKER_ARGS...")
     raylet_pid = int(sys.argv[1])
     die_with_parent(raylet_pid, signal.SIGKILL)
     restore_user_env()  # the workers it forks inherit the user's environment
+    thread_limits.default_for_worker()  # before numpy loads: one BLAS thread unless the user set more
     # Ctrl-C in a terminal reaches the raylet's whole group; the raylet stops us itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,

@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 
+from lumos._private import thread_limits
 from lumos._private.config import Config, preload_modules
 from lumos._private.core_worker.core_worker import WORKER, CoreWorker
 from lumos._private.core_worker.executor import Executor, TaskOutput
@@ -55,6 +56,7 @@ def run(args: argparse.Namespace, config: Config | None = None) -> None:
     if args.parent_pid:
         die_with_parent(args.parent_pid)
     restore_user_env()  # (a forked worker's template did it already)
+    thread_limits.default_for_worker()  # before numpy loads: one BLAS thread unless the user set more
     setup_logging(os.path.join(args.session_dir, "logs"), f"worker-{args.worker_id[:12]}")
     signal.signal(signal.SIGINT, signal.default_int_handler)  # cancel() interrupts user code
     if config is None:
