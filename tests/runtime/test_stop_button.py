@@ -541,3 +541,25 @@ def test_a_press_held_inside_asyncio_run_cancels_its_main_task_at_the_release() 
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(putting())
     assert seen == ["released", "cancelled"] and interrupts._depth == 0
+
+
+def test_a_second_press_inside_asyncio_run_raises_at_once_as_asyncio_does() -> None:
+    """The first press under such an ``asyncio.run`` cancels its main task; a second,
+    before the task has ended, raises ``KeyboardInterrupt`` where it lands (asyncio's
+    own handler does the same for a coroutine that does not stop)."""
+    import sys
+    interrupts.install()
+    seen: list[str] = []
+
+    async def stubborn() -> None:
+        interrupts._on_sigint(signal.SIGINT, sys._getframe())  # (as lumos's handler runs for a press)
+        seen.append("first: cancelled, nothing raised")
+        try:
+            interrupts._on_sigint(signal.SIGINT, sys._getframe())
+        except KeyboardInterrupt:
+            seen.append("second: raised")
+            raise
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(stubborn())
+    assert seen == ["first: cancelled, nothing raised", "second: raised"] and interrupts._depth == 0
