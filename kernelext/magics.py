@@ -71,7 +71,8 @@ class LumosMagics(Magics):
     @argument("--session", metavar="NAME", help="run in a persistent remote namespace (an actor)")
     @argument("--pull", nargs="+", metavar="VAR", help="with --session: bring these names back")
     @argument("--push", nargs="+", metavar="VAR", help="with --session: send these names first")
-    @argument("--num-cpus", type=_float, metavar="N", help="CPUs reserved (default 1)")
+    @argument("--num-cpus", type=_float, metavar="N",
+              help="CPUs reserved (default 1); numpy's BLAS runs one thread per whole CPU")
     @argument("--num-gpus", type=_float, metavar="N", help="GPUs reserved; fractions below 1 share a GPU")
     @argument("--memory", metavar="BYTES", help="memory reserved, e.g. 2GB")
     @argument("--resources", metavar="JSON", help="custom resources, e.g. '{\"TPU\": 1}'")
