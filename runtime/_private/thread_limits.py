@@ -57,13 +57,14 @@ def default_for_worker() -> None:
         defaulted = True
 
 
-def for_task(cpus: float) -> dict[str, str] | None:
-    """The thread variables a task or actor asking for ``cpus`` CPUs runs under when the
+def for_task(resources: Mapping[str, float]) -> dict[str, str] | None:
+    """The thread variables a task or actor asking for ``resources`` runs under when the
     user set none (``defaulted``): as many threads as whole CPUs, as in Ray; None where
     the worker's default of one stands."""
-    if not defaulted or cpus < 2:
+    if not defaulted:
         return None
-    return {"OMP_NUM_THREADS": str(int(cpus))}
+    cpus = resources.get("CPU", 0)
+    return {"OMP_NUM_THREADS": str(int(cpus))} if cpus >= 2 else None
 
 
 def wanted(api: str, environ: Mapping[str, str]) -> int | None:

@@ -708,8 +708,7 @@ class Executor(ArgumentsMixin):
             try:
                 self._arm(spec.task_id)
                 if spec.kind != m.TaskKind.ACTOR_TASK and (spec.runtime_env or spec.job_id in self._job_env
-                                                           or thread_limits.defaulted
-                                                           and spec.resources.get("CPU", 0) >= 2):
+                                                           or thread_limits.for_task(spec.resources)):
                     saved_env = self._apply_env(spec)
                 fn = self._function(spec)
                 args, kwargs = self._resolve_args(spec)
@@ -1002,7 +1001,7 @@ class Executor(ArgumentsMixin):
         job_env = self._job_env.get(spec.job_id)
         env = {**job_env, **own} if job_env and own else (own or job_env or {})
         if "OMP_NUM_THREADS" not in env:
-            threads = thread_limits.for_task(spec.resources.get("CPU", 0))
+            threads = thread_limits.for_task(spec.resources)
             if threads is not None:
                 env = {**env, **threads}
         environ = os.environ
