@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -468,7 +469,6 @@ def test_a_press_that_leaves_a_window_holds_the_stretch_around_it_again() -> Non
     holds the stretch around the window again at once: landing as the window's
     ``__exit__`` began, before its first line, it left the rest of the stretch unheld,
     and a second press could stop it half done."""
-    import sys
     assert interrupts.hold()
     try:
         window = interrupts.Window()
@@ -547,7 +547,6 @@ def test_a_second_press_inside_asyncio_run_raises_at_once_as_asyncio_does() -> N
     """The first press under such an ``asyncio.run`` cancels its main task; a second,
     before the task has ended, raises ``KeyboardInterrupt`` where it lands (asyncio's
     own handler does the same for a coroutine that does not stop)."""
-    import sys
     interrupts.install()
     seen: list[str] = []
 
