@@ -333,15 +333,90 @@ fork_server.serve(os.getppid(), sys.argv[1:])
 """
 
 
-def test_fork_server_is_ready_before_its_optional_imports(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    # The first workers of a new cluster must not wait for numpy: the server says ready
-    # with only what a worker needs, and imports the optional modules once idle.
+def _serve_in_subprocess(tmp_path: Any) -> Any:
     import subprocess
     args = ["--raylet-socket", str(tmp_path / "r.sock"), "--gcs-address", "127.0.0.1:1",
             "--token-file", str(tmp_path / "token"), "--session-dir", str(tmp_path), "--node-id", "00",
             "--store-dir", str(tmp_path)]
-    with subprocess.Popen([sys.executable, "-c", _SERVE_SCRIPT, *args], stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, text=True) as proc:
+    # Unbuffered: a line read ahead into a buffer would be invisible to ``select``.
+    return subprocess.Popen([sys.executable, "-c", _SERVE_SCRIPT, *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+
+
+def _refused(tag: str) -> bytes:
+    """A request the server answers without forking: its error names ``tag``."""
+    import json
+    return json.dumps({"worker_id": "ab", "log": os.devnull, "gcs_durable": tag}).encode() + b"\n"
+
+
+def _send(proc: Any, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[proc.stdin.write(view):]
+
+
+def _answers(proc: Any, n: int, timeout_s: float = 30.0) -> list[str]:
+    """The errors of the server's next ``n`` answers (its ready and warmed-up lines skipped)."""
+    import json
+    import select
+    import time
+    out: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while len(out) < n:
+        assert select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0], out
+        line = proc.stdout.readline()
+        assert line, out  # (the server exited)
+        msg = json.loads(line)
+        if "error" in msg:
+            out.append(msg["error"])
+    return out
+
+
+def test_fork_server_answers_requests_however_the_pipe_cuts_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Reads return what the pipe holds: a request in two reads, and one read ending two
+    # requests and starting a third. Each is answered once, in order.
+    import time
+    reqs = [_refused(f"r{i}") for i in range(3)]
+    data = b"".join(reqs)
+    cuts = [0, 10, len(reqs[0]) + 5, len(data)]
+    with _serve_in_subprocess(tmp_path) as proc:
+        try:
+            for a, b in zip(cuts, cuts[1:]):
+                _send(proc, data[a:b])
+                time.sleep(0.1)
+            answers = _answers(proc, 3)
+            assert [a.rsplit(" ", 1)[1] for a in answers] == ["'r0'", "'r1'", "'r2'"]
+        finally:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_fork_server_drops_a_line_too_long_to_be_a_request_and_goes_on(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # A line over the request limit is dropped whole (logged), not answered piecemeal: its
+    # tail, after the part that went over, is no request either. The requests on either
+    # side of it are answered.
+    from lumos._private.worker import fork_server
+    long_line = b"x" * (3 * fork_server._MAX_REQUEST_BYTES) + b"\n"
+    with _serve_in_subprocess(tmp_path) as proc:
+        try:
+            _send(proc, _refused("before") + long_line + _refused("after"))
+            answers = _answers(proc, 2)
+            assert [a.rsplit(" ", 1)[1] for a in answers] == ["'before'", "'after'"], answers
+            _send(proc, _refused("last"))
+            proc.stdin.close()  # (the server returns at the end of its pipe)
+            assert [a.rsplit(" ", 1)[1] for a in _answers(proc, 1)] == ["'last'"]
+            assert proc.wait(30) == 0
+            assert b"fork request longer than" in proc.stderr.read()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+def test_fork_server_is_ready_before_its_optional_imports(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The first workers of a new cluster must not wait for numpy: the server says ready
+    # with only what a worker needs, and imports the optional modules once idle.
+    with _serve_in_subprocess(tmp_path) as proc:
         _check_ready_then_warmed(proc, tmp_path)
 
 

@@ -117,6 +117,7 @@ def serve(raylet_pid: int, worker_args: list[str], rfd: int = 0, wfd: int = 1) -
     forked = 0
     present: list[str] = []
     buf = b""
+    skipping = False  # inside a line too long to be a request, dropped up to its newline
     while True:
         pending = b"\n" in buf  # (a request read with others, not served yet)
         if optional and (forked >= WARM_AFTER_FORKS
@@ -147,11 +148,16 @@ def serve(raylet_pid: int, worker_args: list[str], rfd: int = 0, wfd: int = 1) -
             continue
         if not chunk:
             return
+        if skipping:
+            end = chunk.find(b"\n")
+            if end < 0:
+                continue
+            chunk, skipping = chunk[end + 1:], False
         buf += chunk
         whole = buf.rfind(b"\n") + 1  # (the requests complete so far are served first)
         if len(buf) - whole > _MAX_REQUEST_BYTES:
             logger.error("fork request longer than %d bytes; dropped", _MAX_REQUEST_BYTES)
-            buf = buf[:whole]
+            buf, skipping = buf[:whole], True
 
 
 def _rehearse(args: Any, config: Any) -> None:
