@@ -44,6 +44,9 @@ class RuntimeContext:
         cw = worker_context.require()
         if not worker_context.is_worker or cw.executor is None:
             return {}
+        host = cw.executor.actor
+        if host is not None:  # an actor's method: what the actor holds, as in Ray
+            return dict(host.resources)
         spec = cw.executor._running
         return dict(spec.resources) if spec is not None else {}
 

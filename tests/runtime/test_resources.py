@@ -378,6 +378,33 @@ def test_runtime_context_in_driver_and_tasks(fresh_cluster):
     assert child["task"] not in (parent_id, a["task"], b["task"])
 
 
+def test_an_actors_methods_are_assigned_what_the_actor_holds(fresh_cluster):
+    # As in Ray: a call asks for no resources of its own, and get_assigned_resources()
+    # in any method of an actor, sync or async, gives what the actor holds for its life.
+    fresh_cluster(num_cpus=4, resources={"thing": 2})
+
+    @lumos.remote
+    class Holder:
+        def __init__(self) -> None:
+            self.at_init = lumos.get_runtime_context().get_assigned_resources()
+
+        def assigned(self) -> tuple[dict, dict]:
+            return self.at_init, lumos.get_runtime_context().get_assigned_resources()
+
+    @lumos.remote
+    class AsyncHolder:
+        async def assigned(self) -> dict:
+            return lumos.get_runtime_context().get_assigned_resources()
+
+    held = {"CPU": 2.0, "thing": 1.0}
+    a = Holder.options(num_cpus=2, resources={"thing": 1}).remote()
+    assert lumos.get(a.assigned.remote(), timeout=30) == (held, held)
+    b = AsyncHolder.options(num_cpus=1).remote()
+    assert lumos.get(b.assigned.remote(), timeout=30) == {"CPU": 1.0}
+    # The default actor holds nothing while it lives (its CPU is for placing it).
+    assert lumos.get(Holder.remote().assigned.remote(), timeout=30) == ({}, {})
+
+
 def test_runtime_context_needs_init():
     assert not lumos.is_initialized()
     with pytest.raises(RuntimeError, match="init"):

@@ -54,6 +54,8 @@ class ActorHost:
         self.actor_id: ActorID = spec.actor_id or b""
         self.instance = instance
         self.resource_ids = resource_ids
+        #: What the actor holds for its life (its calls ask for nothing of their own).
+        self.resources: dict[str, float] = dict(spec.resources)
         opts: dict[str, Any] = spec.actor_options or {}
         self.class_name: str = opts.get("class_name", spec.function_name)
         self.name: str = opts.get("name") or ""
