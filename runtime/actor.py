@@ -332,6 +332,11 @@ class ActorHandle:
         # Not cached on the handle: a cycle would keep the handle (and its actor) alive.
         return ActorMethod(self, name, self._methods.get(name, {}))
 
+    def __dir__(self) -> list[str]:
+        # The actor's methods, as Ray's handle lists them: ``handle.<Tab>`` in a notebook
+        # completes them.
+        return sorted({*object.__dir__(self), *(n for n in self._methods if not n.startswith("_"))})
+
     def __repr__(self) -> str:
         return f"ActorHandle({self._class_name}, {self._actor_id.hex()[:16]})"
 

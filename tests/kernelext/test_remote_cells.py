@@ -412,3 +412,23 @@ def test_interrupt_cancels_the_remote_cell(kernel: KernelSession, tmp_path: obje
     assert errs and errs[0]["ename"] == "KeyboardInterrupt", cell.outputs
     time.sleep(7)
     assert not os.path.exists(marker), "the remote cell kept running after Ctrl-C"
+
+
+def test_tab_completes_an_actor_handles_methods(kernel: KernelSession) -> None:
+    # The notebook's Tab after ``handle.`` sends a complete_request; the kernel's
+    # completer lists what ``dir(handle)`` gives, so the handle must list its methods.
+    from nbclient.util import run_sync
+    cell = kernel.run("@lumos.remote\nclass Tally:\n    def increment(self):\n        return 1\n"
+                      "    def reset(self):\n        pass\n_tally = Tally.remote()")
+    assert not errors(cell), errors(cell)
+    kc = kernel.client.kc
+    code = "_tally.inc"
+    msg_id = kc.complete(code, len(code))
+    deadline = time.monotonic() + 30
+    while True:
+        reply = run_sync(kc._async_get_shell_msg)(timeout=max(0.1, deadline - time.monotonic()))
+        if reply["parent_header"].get("msg_id") == msg_id:
+            break
+    assert reply["content"]["status"] == "ok"
+    assert "_tally.increment" in [code[:reply["content"]["cursor_start"]] + m
+                                  for m in reply["content"]["matches"]], reply["content"]
