@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from lumos import exceptions as exc
+from lumos import job_config as job_config_mod
 from lumos._private import interrupts, worker_context, working_dir
 from lumos._private.config import Config
 from lumos._private.core_worker.core_worker import DRIVER, CoreWorker
@@ -73,7 +74,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
          ignore_reinit_error: bool = False, include_dashboard: bool | None = None,
          dashboard_host: str = "127.0.0.1", dashboard_port: int | None = None,
          log_to_driver: bool = True, runtime_env: dict[str, Any] | None = None,
-         _system_config: dict[str, Any] | None = None, _token: str | None = None,
+         job_config: Any = None, _system_config: dict[str, Any] | None = None, _token: str | None = None,
          _node_ip_address: str = "127.0.0.1", **kwargs: Any) -> LumosContext:
     """Start a private local cluster, or connect to a running one.
 
@@ -87,6 +88,9 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
         num_cpus, num_gpus, resources, memory, object_store_memory: the private
             cluster's node (GPUs are detected when ``num_gpus`` is None).
         namespace: namespace for named actors.
+        runtime_env: the job's ``env_vars`` (and ``working_dir``, ``excludes``).
+        job_config: a ``JobConfig`` (lumos's or Ray's): its runtime_env and
+            namespace apply where ``runtime_env``/``namespace`` are not given.
         ignore_reinit_error: return quietly if already initialized.
         _system_config: overrides of ``Config`` fields.
 
@@ -115,6 +119,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
         unknown = set(kwargs) - _IGNORED_INIT_ARGS - set(_REFUSED_INIT_ARGS)
         if unknown:
             raise TypeError(f"init() got unexpected arguments {sorted(unknown)}")
+        runtime_env, namespace = job_config_mod.applied(job_config, runtime_env, namespace)
         _check_number("num_cpus", num_cpus)
         _check_number("num_gpus", num_gpus)
         _check_number("object_store_memory", object_store_memory)
@@ -162,7 +167,7 @@ failed_connect: str | None = None
 
 
 _IGNORED_INIT_ARGS = {"logging_level", "logging_format", "configure_logging", "local_mode",
-                      "_temp_dir", "job_config", "_plasma_directory", "_enable_object_reconstruction",
+                      "_temp_dir", "_plasma_directory", "_enable_object_reconstruction",
                       "log_to_driver", "_metrics_export_port", "storage", "logging_config"}
 
 _NO_CGROUPS = "lumos does not isolate its processes in cgroups"

@@ -89,3 +89,22 @@ def test_bad_runtime_env_is_refused_clearly(job_env_cluster: Any) -> None:
     with pytest.raises(ValueError, match="'='"):
         env_of.options(runtime_env={"env_vars": {"A=B": "1"}})
 
+
+
+def test_a_runtime_env_object_is_a_checked_runtime_env_dict(job_env_cluster: Any) -> None:
+    # Ray's typed form: a dict, so it goes wherever a runtime_env dict goes.
+    env = lumos.runtime_env.RuntimeEnv(env_vars={"TASK_VAR": "typed"})
+    assert env == {"env_vars": {"TASK_VAR": "typed"}} and env.env_vars() == {"TASK_VAR": "typed"}
+    assert lumos.runtime_env.RuntimeEnv.deserialize(env.serialize()) == env
+    _, seen = lumos.get(env_of.options(runtime_env=env).remote(), timeout=30)
+    assert seen["TASK_VAR"] == "typed" and seen["JOB_VAR"] == "job"
+    config = lumos.runtime_env.RuntimeEnvConfig(setup_timeout_seconds=30)
+    assert lumos.runtime_env.RuntimeEnv(env_vars={"A": "1"}, config=config)["config"]["setup_timeout_seconds"] == 30
+    # What lumos cannot honour is refused as the object is made, as the dict would be.
+    with pytest.raises(ValueError, match=r"\['pip'\] are not supported"):
+        lumos.runtime_env.RuntimeEnv(pip=["requests"])
+    with pytest.raises(TypeError, match="str -> str"):
+        lumos.runtime_env.RuntimeEnv(env_vars={"A": 1})
+    with pytest.raises(ValueError, match="setup_timeout_seconds"):
+        lumos.runtime_env.RuntimeEnvConfig(setup_timeout_seconds=0)
+

@@ -1,0 +1,81 @@
+"""Ray's ``ray.job_config.JobConfig``, for ``init(job_config=...)``.
+
+What lumos applies from a job config (its own or Ray's, read by attribute): the
+``runtime_env`` and the ``ray_namespace``, unless ``init`` is given its own
+``runtime_env=`` or ``namespace=`` (those win, as in Ray). ``metadata`` is kept on the
+object only. A job config asking for what lumos does not do (every actor detached by
+default, Java options, a code search path) is refused by ``init``, not ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lumos.runtime_env import RuntimeEnv
+
+_LIFETIMES = ("non_detached", "detached")
+
+
+class JobConfig:
+    """A job's configuration (Ray's ``JobConfig``)."""
+
+    def __init__(self, jvm_options: list[str] | None = None, code_search_path: list[str] | None = None,
+                 runtime_env: dict[str, Any] | None = None, _client_job: bool = False,
+                 metadata: dict[str, str] | None = None, ray_namespace: str | None = None,
+                 default_actor_lifetime: str = "non_detached", **_private: Any) -> None:
+        if code_search_path is not None and not isinstance(code_search_path, (list, tuple)):
+            raise TypeError(f"code_search_path must be a list, not {type(code_search_path).__name__}")
+        self.jvm_options = list(jvm_options or [])
+        self.code_search_path = list(code_search_path or [])
+        self.metadata: dict[str, str] = dict(metadata or {})
+        self.ray_namespace = ray_namespace
+        self.set_runtime_env(runtime_env)
+        self.set_default_actor_lifetime(default_actor_lifetime)
+
+    def set_metadata(self, key: str, value: str) -> None:
+        self.metadata[key] = value
+
+    def set_runtime_env(self, runtime_env: dict[str, Any] | RuntimeEnv | None, validate: bool = False) -> None:
+        self.runtime_env: dict[str, Any] = dict(runtime_env) if runtime_env is not None else {}
+        if validate:
+            RuntimeEnv(**self.runtime_env)
+
+    def set_ray_namespace(self, ray_namespace: str) -> None:
+        self.ray_namespace = ray_namespace
+
+    def set_default_actor_lifetime(self, default_actor_lifetime: str) -> None:
+        if default_actor_lifetime not in _LIFETIMES:
+            raise ValueError(f"default_actor_lifetime must be one of {list(_LIFETIMES)}, "
+                             f"not {default_actor_lifetime!r}")
+        self.default_actor_lifetime = default_actor_lifetime
+
+    def __repr__(self) -> str:
+        return (f"JobConfig(runtime_env={self.runtime_env!r}, ray_namespace={self.ray_namespace!r}, "
+                f"metadata={self.metadata!r})")
+
+
+def applied(job_config: Any, runtime_env: dict[str, Any] | None,
+            namespace: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """``init``'s runtime_env and namespace once ``job_config`` (lumos's or Ray's) is taken
+    into account; raises for what lumos would otherwise silently not do."""
+    if job_config is None:
+        return runtime_env, namespace
+    lifetime = getattr(job_config, "default_actor_lifetime", None)
+    if lifetime is None:  # Ray's JobConfig keeps it as its protobuf enum: DETACHED 0, NON_DETACHED 1
+        lifetime = "detached" if getattr(job_config, "_default_actor_lifetime", 1) == 0 else "non_detached"
+    if lifetime != "non_detached":
+        raise NotImplementedError("JobConfig(default_actor_lifetime='detached') is not implemented in "
+                                  "lumos; create the actors that must outlive the job with "
+                                  ".options(lifetime='detached')")
+    for name, instead in (("jvm_options", "lumos runs Python workers only"),
+                          ("code_search_path", "ship Python code with runtime_env={'working_dir': ...}")):
+        if getattr(job_config, name, None):
+            raise NotImplementedError(f"JobConfig({name}=...) is not implemented in lumos; {instead}")
+    if runtime_env is None:
+        runtime_env = dict(getattr(job_config, "runtime_env", None) or {}) or None
+    if namespace is None:
+        namespace = getattr(job_config, "ray_namespace", None)
+    return runtime_env, namespace
+
+
+__all__ = ["JobConfig"]
