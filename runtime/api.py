@@ -482,12 +482,16 @@ def put(value: Any, *, _owner: Any = None) -> ObjectRef:
 def get(object_refs: ObjectRef | Sequence[ObjectRef], *, timeout: float | None = None) -> Any:
     """Wait for and return the value(s) of one ref or a list of refs.
 
+    ``timeout``: seconds, or None (or Ray's ``-1``) to wait as long as it takes.
+
     Raises:
         GetTimeoutError: not ready within ``timeout`` seconds.
         TaskError: the task raised (also an instance of the user's exception class).
         WorkerCrashedError, ObjectLostError, OwnerDiedError, TaskCancelledError.
     """
     cw = worker_context.require_or_init()
+    if timeout == -1 and not isinstance(timeout, bool):  # Ray's get() reads -1 as no timeout
+        timeout = None
     _check_timeout(timeout)
     if isinstance(object_refs, ObjectRef):
         return cw.get([object_refs], timeout)[0]

@@ -107,6 +107,16 @@ def test_get_timeout_raises_get_timeout_error(cluster):
     lumos.cancel(ref, force=True)
 
 
+def test_get_reads_rays_minus_one_as_no_timeout(cluster):
+    # Ray's get() passes timeout=-1 on as "wait as long as it takes"; Ray code uses it.
+    assert lumos.get(sleep_then.remote(0.2, "done"), timeout=-1) == "done"
+    assert lumos.get([lumos.put(1)], timeout=-1) == [1]
+    with pytest.raises(ValueError, match=">= 0"):
+        lumos.get(lumos.put(1), timeout=-2)
+    with pytest.raises(ValueError, match=">= 0"):
+        lumos.wait([lumos.put(1)], timeout=-1)  # (Ray's wait refuses it too)
+
+
 def test_wait_ready_keeps_the_input_order(cluster):
     """As Ray documents: ready lists the refs in the order given, not as they finished."""
     refs = [sleep_then.remote(0.9, "slow"), sleep_then.remote(0.05, "fast")]
