@@ -1,7 +1,10 @@
 """Ray's ``ray.util.state`` API (list, get, summarize) over ``lumos.state``.
 
 Same names and parameters as Ray. Rows are dicts that also read as attributes
-(``row["state"]`` or ``row.state``), as Ray's state objects do. lumos's state API reads
+(``row["state"]`` or ``row.state``), as Ray's state objects do. They carry Ray's field
+names beside lumos's where lumos has the value (an object's ``object_size``,
+``reference_type``, ``pid``, ``ip`` and ``type``; a task's ``worker_pid``; a node's
+``node_name``; ``*_time_ms``; …), and filters may name either. lumos's state API reads
 the cluster this process is connected to: ``address`` must be None (or that cluster's
 address); ``timeout`` and ``detail`` are accepted (rows always hold every field).
 
@@ -67,9 +70,11 @@ def _ray_task(r: dict[str, Any]) -> dict[str, Any]:
             "end_time_ms": _ms(r["end_time"])}
 
 
-def _ray_worker(r: dict[str, Any]) -> dict[str, Any]:
+def _ray_worker(r: dict[str, Any], ips: dict[str, str]) -> dict[str, Any]:
+    start_ms = _ms(r["start_time"])
     return {**r, "worker_type": "DRIVER" if r["is_driver"] else "WORKER", "is_alive": r["state"] == "ALIVE",
-            "start_time_ms": _ms(r["start_time"]), "end_time_ms": _ms(r["end_time"])}
+            "start_time_ms": start_ms, "end_time_ms": _ms(r["end_time"]), "ip": ips.get(r["node_id"], ""),
+            "worker_launch_time_ms": start_ms, "worker_launched_time_ms": start_ms}
 
 
 def _ray_job(r: dict[str, Any]) -> dict[str, Any]:
@@ -80,10 +85,57 @@ def _ray_group(r: dict[str, Any]) -> dict[str, Any]:
     return {**r, "creator_job_id": r.get("job_id")}
 
 
+def _ray_node(r: dict[str, Any]) -> dict[str, Any]:
+    # (Ray names a node by its address unless started with another name.)
+    return {**r, "node_name": r["node_ip"], "state_message": r["death_reason"],
+            "start_time_ms": _ms(r["start_time"]), "end_time_ms": _ms(r["end_time"])}
+
+
+class _Workers:
+    """Each worker's pid, kind and address, for rows that name a worker by id: read once
+    per listing, and only if a row needs it."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, tuple[int, bool, str]] | None = None
+
+    def get(self, worker_id: str | None) -> tuple[int | None, bool | None, str | None]:
+        if self._by_id is None:
+            ips = {n["node_id"]: n["node_ip"] for n in _state.list_nodes()}
+            self._by_id = {w["worker_id"]: (w["pid"], w["is_driver"], ips.get(w["node_id"], ""))
+                           for w in _state.list_workers()}
+        return self._by_id.get(worker_id or "", (None, None, None))
+
+
+def _ray_object(r: dict[str, Any], workers: _Workers) -> dict[str, Any]:
+    pid, is_driver, ip = workers.get(r["reporter_worker_id"])
+    # Ray's reference types, from what holds the reference in the reporting process.
+    if r["local_refs"]:
+        kind = "LOCAL_REFERENCE"
+    elif r["submitted_refs"]:
+        kind = "USED_BY_PENDING_TASK"
+    elif r["contained_refs"]:
+        kind = "CAPTURED_IN_OBJECT"
+    elif r["in_store"]:
+        kind = "PINNED_IN_MEMORY"
+    else:
+        kind = "UNKNOWN_STATUS"
+    return {**r, "object_size": r["size_bytes"], "reference_type": kind, "pid": pid, "ip": ip,
+            "type": None if is_driver is None else ("DRIVER" if is_driver else "WORKER")}
+
+
+def _ray_task_with_pid(r: dict[str, Any], workers: _Workers) -> dict[str, Any]:
+    return {**_ray_task(r), "worker_pid": workers.get(r["worker_id"])[0] if r["worker_id"] else None,
+            "language": "PYTHON"}
+
+
 _RAY_ACTOR_FIELDS = (*_state.ACTOR_FIELDS, "ray_namespace", "start_time_ms", "end_time_ms")
-_RAY_TASK_FIELDS = (*_state.TASK_FIELDS, "creation_time_ms", "start_time_ms", "end_time_ms")
-_RAY_WORKER_FIELDS = (*_state.WORKER_FIELDS, "worker_type", "is_alive", "start_time_ms", "end_time_ms")
+_RAY_TASK_FIELDS = (*_state.TASK_FIELDS, "creation_time_ms", "start_time_ms", "end_time_ms", "worker_pid",
+                    "language")
+_RAY_WORKER_FIELDS = (*_state.WORKER_FIELDS, "worker_type", "is_alive", "start_time_ms", "end_time_ms", "ip",
+                      "worker_launch_time_ms", "worker_launched_time_ms")
 _RAY_JOB_FIELDS = (*_state.JOB_FIELDS, "status", "start_time_ms", "end_time_ms")
+_RAY_NODE_FIELDS = (*_state.NODE_FIELDS, "node_name", "state_message", "start_time_ms", "end_time_ms")
+_RAY_OBJECT_FIELDS = (*_state.OBJECT_FIELDS, "object_size", "reference_type", "pid", "ip", "type")
 
 
 def list_actors(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
@@ -104,7 +156,8 @@ def list_tasks(address: str | None = None, filters: Iterable[Filter] | None = No
     _check_address(address)
     flt = _state._check_filters(filters, _RAY_TASK_FIELDS, "tasks")
     want = limit if limit >= 0 else 1_000_000
-    rows = [_ray_task(r) for r in _state.list_tasks(limit=1_000_000 if flt else want, all_jobs=True)]
+    workers = _Workers()
+    rows = [_ray_task_with_pid(r, workers) for r in _state.list_tasks(limit=1_000_000 if flt else want, all_jobs=True)]
     rows = [r for r in rows if _state._match(r, flt)]
     return _rows(rows[-want:] if want else [])
 
@@ -113,15 +166,16 @@ def list_nodes(address: str | None = None, filters: Iterable[Filter] | None = No
                timeout: int = 30, detail: bool = False, raise_on_missing_output: bool = True,
                _explain: bool = False) -> list[StateRow]:
     _check_address(address)
-    return _rows(_state.list_nodes(filters), limit)
+    return _rows(_filter([_ray_node(r) for r in _state.list_nodes()], filters, _RAY_NODE_FIELDS, "nodes"), limit)
 
 
 def list_workers(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
                  timeout: int = 30, detail: bool = False, raise_on_missing_output: bool = True,
                  _explain: bool = False) -> list[StateRow]:
     _check_address(address)
-    return _rows(_filter([_ray_worker(r) for r in _state.list_workers()], filters, _RAY_WORKER_FIELDS, "workers"),
-                 limit)
+    ips = {n["node_id"]: n["node_ip"] for n in _state.list_nodes()}
+    return _rows(_filter([_ray_worker(r, ips) for r in _state.list_workers()], filters, _RAY_WORKER_FIELDS,
+                         "workers"), limit)
 
 
 def list_jobs(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
@@ -135,7 +189,11 @@ def list_objects(address: str | None = None, filters: Iterable[Filter] | None = 
                  timeout: int = 30, detail: bool = False, raise_on_missing_output: bool = True,
                  _explain: bool = False) -> list[StateRow]:
     _check_address(address)
-    return _rows(_state.list_objects(filters, limit=limit if limit >= 0 else 10_000))
+    flt = _state._check_filters(filters, _RAY_OBJECT_FIELDS, "objects")
+    want = limit if limit >= 0 else 10_000
+    workers = _Workers()
+    rows = [_ray_object(r, workers) for r in _state.list_objects(limit=10_000 if flt else want)]
+    return _rows([r for r in rows if _state._match(r, flt)], want)
 
 
 def list_placement_groups(address: str | None = None, filters: Iterable[Filter] | None = None, limit: int = 100,
@@ -162,7 +220,7 @@ def get_task(id: Any, address: str | None = None, timeout: int = 30, _explain: b
     from lumos.object_ref import ObjectRef
     task_id = id.task_id().hex() if isinstance(id, ObjectRef) else str(id)
     row = _state.get_task(task_id)
-    return StateRow(_ray_task(row)) if row is not None else None
+    return StateRow(_ray_task_with_pid(row, _Workers())) if row is not None else None
 
 
 def get_node(id: str, address: str | None = None, timeout: int = 30, _explain: bool = False) -> StateRow | None:

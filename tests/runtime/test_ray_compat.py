@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import subprocess
 import sys
 import textwrap
@@ -507,6 +508,19 @@ def test_util_state_rows_carry_rays_field_names(cluster: lumos.LumosContext) -> 
     assert tasks and all(t.creation_time_ms > 0 for t in tasks)
     task = state.get_task(tasks[-1].task_id)
     assert task is not None and task.creation_time_ms == tasks[-1].creation_time_ms
+    # Ray's fields lumos's rows lacked: an object's size, reference type and holder
+    # (pid, ip, driver or worker), a task's worker pid, a node's name, a worker's address.
+    pids = {w.worker_id: w.pid for w in state.list_workers(limit=1000)}
+    assert task.language == "PYTHON" and task.worker_pid == pids[task.worker_id]
+    held = lumos.put(b"x" * 200_000)
+    rows = state.list_objects(filters=[("object_id", "=", held.hex()), ("type", "=", "DRIVER")])
+    assert len(rows) == 1 and rows[0].object_size == rows[0].size_bytes >= 200_000
+    assert rows[0].reference_type == "LOCAL_REFERENCE" and rows[0].pid == os.getpid()
+    assert rows[0].ip == "127.0.0.1"
+    node = state.list_nodes(filters=[("node_name", "=", "127.0.0.1")])
+    assert node and node[0].start_time_ms > 0 and node[0].state_message is None
+    worker = state.list_workers(filters=[("ip", "=", "127.0.0.1"), ("worker_type", "=", "WORKER")], limit=1000)
+    assert worker and all(w.worker_launch_time_ms == w.start_time_ms > 0 for w in worker)
 
 
 def test_state_filters_name_real_fields_and_limits_hold(cluster: lumos.LumosContext) -> None:
