@@ -578,7 +578,10 @@ class ClientWorker:
         fn(*args)
 
     def _flush_events(self) -> None:
-        self._one_way({"op": "flush_events"})
+        # A request, not a one-way message: the session runs it after the submits sent
+        # before it, and the GCS query that follows (``state.list_tasks``) runs on another
+        # of its threads, which could otherwise overtake both.
+        self._call({"op": "flush_events"})
 
     def drain_refs(self) -> None:
         sock = self._sock
