@@ -490,7 +490,7 @@ def get(object_refs: ObjectRef | Sequence[ObjectRef], *, timeout: float | None =
         WorkerCrashedError, ObjectLostError, OwnerDiedError, TaskCancelledError.
     """
     cw = worker_context.require_or_init()
-    if timeout == -1 and not isinstance(timeout, bool):  # Ray's get() reads -1 as no timeout
+    if timeout == -1:  # Ray's get() reads -1 as no timeout
         timeout = None
     _check_timeout(timeout)
     if isinstance(object_refs, ObjectRef):

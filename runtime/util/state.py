@@ -65,9 +65,9 @@ def _ray_actor(r: dict[str, Any]) -> dict[str, Any]:
             "end_time_ms": _ms(r["end_time"])}
 
 
-def _ray_task(r: dict[str, Any]) -> dict[str, Any]:
+def _ray_task(r: dict[str, Any], workers: "_Workers") -> dict[str, Any]:
     return {**r, "creation_time_ms": _ms(r["submitted_time"]), "start_time_ms": _ms(r["start_time"]),
-            "end_time_ms": _ms(r["end_time"])}
+            "end_time_ms": _ms(r["end_time"]), "worker_pid": workers.get(r["worker_id"])[0], "language": "PYTHON"}
 
 
 def _ray_worker(r: dict[str, Any], ips: dict[str, str]) -> dict[str, Any]:
@@ -91,19 +91,25 @@ def _ray_node(r: dict[str, Any]) -> dict[str, Any]:
             "start_time_ms": _ms(r["start_time"]), "end_time_ms": _ms(r["end_time"])}
 
 
+def _node_ips() -> dict[str, str]:
+    return {n["node_id"]: n["node_ip"] for n in _state.list_nodes()}
+
+
 class _Workers:
     """Each worker's pid, kind and address, for rows that name a worker by id: read once
-    per listing, and only if a row needs it."""
+    per listing, and only if a row names one."""
 
     def __init__(self) -> None:
         self._by_id: dict[str, tuple[int, bool, str]] | None = None
 
     def get(self, worker_id: str | None) -> tuple[int | None, bool | None, str | None]:
+        if not worker_id:
+            return None, None, None
         if self._by_id is None:
-            ips = {n["node_id"]: n["node_ip"] for n in _state.list_nodes()}
+            ips = _node_ips()
             self._by_id = {w["worker_id"]: (w["pid"], w["is_driver"], ips.get(w["node_id"], ""))
                            for w in _state.list_workers()}
-        return self._by_id.get(worker_id or "", (None, None, None))
+        return self._by_id.get(worker_id, (None, None, None))
 
 
 def _ray_object(r: dict[str, Any], workers: _Workers) -> dict[str, Any]:
@@ -121,11 +127,6 @@ def _ray_object(r: dict[str, Any], workers: _Workers) -> dict[str, Any]:
         kind = "UNKNOWN_STATUS"
     return {**r, "object_size": r["size_bytes"], "reference_type": kind, "pid": pid, "ip": ip,
             "type": None if is_driver is None else ("DRIVER" if is_driver else "WORKER")}
-
-
-def _ray_task_with_pid(r: dict[str, Any], workers: _Workers) -> dict[str, Any]:
-    return {**_ray_task(r), "worker_pid": workers.get(r["worker_id"])[0] if r["worker_id"] else None,
-            "language": "PYTHON"}
 
 
 _RAY_ACTOR_FIELDS = (*_state.ACTOR_FIELDS, "ray_namespace", "start_time_ms", "end_time_ms")
@@ -157,7 +158,7 @@ def list_tasks(address: str | None = None, filters: Iterable[Filter] | None = No
     flt = _state._check_filters(filters, _RAY_TASK_FIELDS, "tasks")
     want = limit if limit >= 0 else 1_000_000
     workers = _Workers()
-    rows = [_ray_task_with_pid(r, workers) for r in _state.list_tasks(limit=1_000_000 if flt else want, all_jobs=True)]
+    rows = [_ray_task(r, workers) for r in _state.list_tasks(limit=1_000_000 if flt else want, all_jobs=True)]
     rows = [r for r in rows if _state._match(r, flt)]
     return _rows(rows[-want:] if want else [])
 
@@ -173,7 +174,7 @@ def list_workers(address: str | None = None, filters: Iterable[Filter] | None = 
                  timeout: int = 30, detail: bool = False, raise_on_missing_output: bool = True,
                  _explain: bool = False) -> list[StateRow]:
     _check_address(address)
-    ips = {n["node_id"]: n["node_ip"] for n in _state.list_nodes()}
+    ips = _node_ips()
     return _rows(_filter([_ray_worker(r, ips) for r in _state.list_workers()], filters, _RAY_WORKER_FIELDS,
                          "workers"), limit)
 
@@ -220,7 +221,7 @@ def get_task(id: Any, address: str | None = None, timeout: int = 30, _explain: b
     from lumos.object_ref import ObjectRef
     task_id = id.task_id().hex() if isinstance(id, ObjectRef) else str(id)
     row = _state.get_task(task_id)
-    return StateRow(_ray_task_with_pid(row, _Workers())) if row is not None else None
+    return StateRow(_ray_task(row, _Workers())) if row is not None else None
 
 
 def get_node(id: str, address: str | None = None, timeout: int = 30, _explain: bool = False) -> StateRow | None:

@@ -426,7 +426,7 @@ def test_tab_completes_an_actor_handles_methods(kernel: KernelSession) -> None:
     msg_id = kc.complete(code, len(code))
     deadline = time.monotonic() + 30
     while True:
-        reply = run_sync(kc._async_get_shell_msg)(timeout=max(0.1, deadline - time.monotonic()))
+        reply = run_sync(kc.get_shell_msg)(timeout=max(0.1, deadline - time.monotonic()))
         if reply["parent_header"].get("msg_id") == msg_id:
             break
     assert reply["content"]["status"] == "ok"
