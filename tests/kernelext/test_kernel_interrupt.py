@@ -154,3 +154,44 @@ def test_stop_pressed_in_a_loop_of_puts_and_calls_leaves_the_store_as_it_was(
                "    time.sleep(0.05)\n"
                "print('settled', settled(), before, store_objects())")
     assert "settled True" in out.stdout, out.stdout
+
+
+def test_a_get_stopped_by_the_button_keeps_no_ref_once_the_user_drops_it(
+        direct_kernel: tuple[DirectKernel, str]) -> None:
+    """IPython keeps the last error's traceback, and through ``run_code``'s frame every
+    frame it passed, lumos's among them: the stop button pressed in
+    ``lumos.get([big, slow])`` kept the list, and ``big``'s 8 MiB in the store, after
+    ``del big`` for as long as no other error came. lumos's frames now let go of their
+    locals once the interrupt is shown; the user's frames keep theirs (``%debug``)."""
+    k, _ = direct_kernel
+    k.ok("import numpy as np, weakref\n"
+         "from lumos._private import worker_context\n"
+         "from lumos._private.protocol import messages as m\n"
+         "def store_objects():\n"
+         "    return worker_context.require().call_raylet(m.GetNodeStats())['store']['num_objects']\n"
+         "@lumos.remote\n"
+         "def slow():\n"
+         "    import time\n"
+         "    time.sleep(30)\n"
+         "class Token:\n"
+         "    pass\n"
+         "token = Token()\n"
+         "alive = weakref.ref(token)\n"
+         "before = store_objects()\n"
+         "big = lumos.put(np.ones(1 << 20))\n"
+         "slow_ref = slow.remote()\n"
+         "def user_frame(token):\n"
+         "    mine = token\n"
+         "    return lumos.get([big, slow_ref])")
+    out = k.run("print('waiting', flush=True)\nuser_frame(token)", interrupt_on="waiting", interrupt_after_s=0.5)
+    assert [e["ename"] for e in out.errors] == ["KeyboardInterrupt"], out
+    out = k.ok("del big, slow_ref, token\n"
+               "import gc, time\n"
+               "gc.collect()\n"
+               "deadline = time.monotonic() + 20\n"
+               "while store_objects() > before and time.monotonic() < deadline:\n"
+               "    time.sleep(0.05)\n"
+               "print('objects', store_objects() - before)\n"
+               "print('user frame keeps its locals', alive() is not None)")
+    assert "objects 0" in out.stdout, out.stdout
+    assert "user frame keeps its locals True" in out.stdout, out.stdout
