@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -34,20 +35,39 @@ def enable_periodic_logging() -> None:
         _seen.clear()
 
 
-def inspect_serializability(base_obj: Any, name: str | None = None, depth: int = 3,
-                            print_file: Any = None) -> tuple[bool, set[Any]]:
-    """Whether ``base_obj`` pickles as lumos sends it (cloudpickle), and the members that
-    do not: ``(ok, {(name, type_name), ...})``, looking ``depth`` levels into attributes,
-    closures and containers. Prints a short report to ``print_file`` when given."""
-    import cloudpickle
-    failures: set[tuple[str, str]] = set()
+class FailTuple:
+    """A member of the object ``inspect_serializability`` was given that does not pickle
+    while none of its own members is found failing (Ray's ``FailTuple``): its ``name``
+    (attribute, global, closure cell or container index), the object ``obj`` itself and
+    the ``parent`` it was found in."""
 
-    def fails(obj: Any) -> bool:
+    __slots__ = ("name", "obj", "parent")
+
+    def __init__(self, obj: Any, name: str, parent: Any) -> None:
+        self.obj = obj
+        self.name = name
+        self.parent = parent
+
+    def __repr__(self) -> str:
+        return f"FailTuple({self.name} [obj={self.obj!r}, parent={self.parent!r}])"
+
+
+def inspect_serializability(base_obj: Any, name: str | None = None, depth: int = 3,
+                            print_file: Any = None) -> tuple[bool, set[FailTuple]]:
+    """Whether ``base_obj`` pickles as lumos sends it (cloudpickle), and the members that
+    do not: ``(ok, {FailTuple, ...})``, looking ``depth`` levels into attributes,
+    closures and containers. Prints a report, as Ray's does, to ``print_file`` (a file;
+    stdout when None)."""
+    import cloudpickle
+    failures: set[FailTuple] = set()
+    lines: list[str] = []
+
+    def why(obj: Any) -> str | None:
         try:
             cloudpickle.dumps(obj)
-        except Exception:
-            return True
-        return False
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+        return None
 
     def children(obj: Any) -> list[tuple[str, Any]]:
         out: list[tuple[str, Any]] = []
@@ -66,20 +86,22 @@ def inspect_serializability(base_obj: Any, name: str | None = None, depth: int =
             out += list(vars(obj).items())
         return out
 
-    def walk(obj: Any, label: str, level: int) -> None:
-        if not fails(obj):
+    def walk(obj: Any, path: list[str], parent: Any, level: int) -> None:
+        error = why(obj)
+        if error is None:
             return
-        bad_children = [(n, c) for n, c in children(obj) if fails(c)] if level < depth else []
+        lines.append(f"{'  ' * level}{' -> '.join(path)} ({type(obj).__name__}) does not pickle: {error}")
+        bad_children = [(n, c) for n, c in children(obj) if why(c) is not None] if level < depth else []
         if not bad_children:
-            failures.add((label, type(obj).__name__))
+            failures.add(FailTuple(obj, path[-1], parent))
         for n, c in bad_children:
-            walk(c, n, level + 1)
+            walk(c, path + [n], obj, level + 1)
 
     label = name or getattr(base_obj, "__name__", type(base_obj).__name__)
-    walk(base_obj, label, 0)
-    if print_file is not None:
-        print(f"{label}: {'serializable' if not failures else 'not serializable'}"
-              + "".join(f"\n  cannot pickle {n} ({t})" for n, t in sorted(failures)), file=print_file)
+    walk(base_obj, [label], None, 0)
+    out = sys.stdout if print_file is None else print_file
+    print(f"Checking serializability of {label}: {'serializable' if not failures else 'not serializable'}"
+          + "".join(f"\n  {line}" for line in lines), file=out)
     return not failures, failures
 
 
@@ -91,4 +113,4 @@ def _filled(cell: Any) -> bool:
     return True
 
 
-__all__ = ["log_once", "disable_log_once_globally", "enable_periodic_logging", "inspect_serializability"]
+__all__ = ["log_once", "disable_log_once_globally", "enable_periodic_logging", "inspect_serializability", "FailTuple"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import os
 import subprocess
 import sys
@@ -575,9 +576,21 @@ def test_log_once_and_inspect_serializability() -> None:
         with lock:
             pass
 
-    ok, failures = lumos.util.inspect_serializability(uses_lock, name="uses_lock")
-    assert not ok and any(name == "lock" for name, _ in failures)
-    assert lumos.util.inspect_serializability(plain)[0]
+    report = io.StringIO()
+    ok, failures = lumos.util.inspect_serializability(uses_lock, name="uses_lock", print_file=report)
+    # As Ray's: each failure names the member, holds it and the object it was found in.
+    assert not ok and [(f.name, f.obj, f.parent) for f in failures] == [("lock", lock, uses_lock)]
+    assert "uses_lock -> lock (lock) does not pickle" in report.getvalue(), report.getvalue()
+    assert lumos.util.inspect_serializability(plain, print_file=report)[0]
+    assert report.getvalue().splitlines()[-1] == "Checking serializability of plain: serializable"
+
+
+def test_inspect_serializability_prints_its_report_to_stdout_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+    import threading
+    lock = threading.Lock()
+    ok, _ = lumos.util.inspect_serializability({"held": lock}, name="config")
+    assert not ok
+    assert "config -> 'held' (lock) does not pickle" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("named", [False, True])
