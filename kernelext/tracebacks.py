@@ -8,7 +8,7 @@ IPython's magic dispatch before IPython renders the traceback as usual, so Ctrl-
 line instead of thirty lines of the core worker. Errors that render themselves
 (``_render_traceback_``: a remote ``TaskError``, an interrupted ``%%remote`` cell) are
 left to that. Any other exception is shown exactly as IPython would. Once shown, lumos's
-frames in the error's traceback let go of their locals (``let_go_of_locals``): IPython
+frames in the error's traceback let go of their locals (``lumos._private.frames``): IPython
 keeps the last error's frames, and a ref in one kept its value in the store.
 """
 
@@ -19,18 +19,10 @@ import types
 from typing import Any
 
 import lumos
-
-
-
-def _package_dirs() -> tuple[str, ...]:
-    import importlib.util
-    dash = importlib.util.find_spec("lumos.dashboard")
-    files = [lumos.__file__, __file__] + ([dash.origin] if dash is not None and dash.origin else [])
-    return tuple(os.path.dirname(os.path.abspath(f)) + os.sep for f in files if f)
-
+from lumos._private import frames
 
 #: Files under these directories are lumos's own frames.
-_LUMOS_DIRS = _package_dirs()
+_LUMOS_DIRS = frames.lumos_dirs()
 
 _MAGIC_DISPATCH = ("run_cell_magic", "run_line_magic")
 
@@ -131,52 +123,12 @@ def message_only(e: BaseException) -> None:
 MAGIC_ERRORS = (ValueError, TypeError, NameError, KeyError, ImportError, RuntimeError)
 
 
-def let_go_of_locals(value: BaseException, tb: types.TracebackType | None) -> None:
-    """lumos's frames on the call chain ``tb`` records (all returned by now) let go of
-    their locals, and so do those of the exceptions ``value`` was raised while handling.
-
-    IPython keeps the last error's traceback (``sys.last_traceback``, the cell's result,
-    through ``run_code``'s own frame the whole one), and with it every frame the error
-    passed through: a press of the stop button inside ``lumos.get(ref)`` kept ``ref``,
-    and its value in the store, after ``del ref``, until the next error. Those frames are
-    not shown, so nothing is lost to ``%debug``. A frame is cleared only where the
-    traceback links it to its caller: the part of a traceback that an exception brought
-    from elsewhere (raised again, from another thread or a coroutine that may still run)
-    is left as it is."""
-    chain: set[types.FrameType] = set()
-    _clear_callees(tb, chain)
-    seen = {id(value)}
-    e = value.__cause__ or value.__context__
-    while e is not None and id(e) not in seen:  # (a context's catching frame is on the chain)
-        seen.add(id(e))
-        if e.__traceback__ is not None and e.__traceback__.tb_frame in chain:
-            _clear_callees(e.__traceback__, chain)
-        e = e.__cause__ or e.__context__
-
-
-def _clear_callees(tb: types.TracebackType | None, chain: set[types.FrameType]) -> None:
-    t = tb
-    if t is not None:
-        chain.add(t.tb_frame)
-    while t is not None and t.tb_next is not None:
-        frame = t.tb_next.tb_frame
-        if frame.f_back is not t.tb_frame:
-            return
-        chain.add(frame)
-        if frame.f_code.co_filename.startswith(_LUMOS_DIRS):
-            try:
-                frame.clear()
-            except RuntimeError:  # (still running: not one that returned)
-                return
-        t = t.tb_next
-
-
 def _handler(shell: Any, etype: type[BaseException], value: BaseException, tb: Any,
              tb_offset: int | None = None) -> None:
     try:
         _show(shell, etype, value, tb, tb_offset)
     finally:
-        let_go_of_locals(value, tb)
+        frames.let_go_of_locals(value, tb)
 
 
 def _show(shell: Any, etype: type[BaseException], value: BaseException, tb: Any,

@@ -156,14 +156,10 @@ def test_stop_pressed_in_a_loop_of_puts_and_calls_leaves_the_store_as_it_was(
     assert "settled True" in out.stdout, out.stdout
 
 
-def test_a_get_stopped_by_the_button_keeps_no_ref_once_the_user_drops_it(
-        direct_kernel: tuple[DirectKernel, str]) -> None:
-    """IPython keeps the last error's traceback, and through ``run_code``'s frame every
-    frame it passed, lumos's among them: the stop button pressed in
-    ``lumos.get([big, slow])`` kept the list, and ``big``'s 8 MiB in the store, after
-    ``del big`` for as long as no other error came. lumos's frames now let go of their
-    locals once the interrupt is shown; the user's frames keep theirs (``%debug``)."""
-    k, _ = direct_kernel
+def _stop_a_get_then_drop_its_refs(k: DirectKernel) -> str:
+    """Press stop in ``lumos.get([big, slow])`` called from a user's function, ``del``
+    the refs; what the next cell prints: the store's objects above what it held before,
+    and whether the user's frame still holds its local."""
     k.ok("import numpy as np, weakref\n"
          "from lumos._private import worker_context\n"
          "from lumos._private.protocol import messages as m\n"
@@ -185,13 +181,44 @@ def test_a_get_stopped_by_the_button_keeps_no_ref_once_the_user_drops_it(
          "    return lumos.get([big, slow_ref])")
     out = k.run("print('waiting', flush=True)\nuser_frame(token)", interrupt_on="waiting", interrupt_after_s=0.5)
     assert [e["ename"] for e in out.errors] == ["KeyboardInterrupt"], out
-    out = k.ok("del big, slow_ref, token\n"
-               "import gc, time\n"
-               "gc.collect()\n"
-               "deadline = time.monotonic() + 20\n"
-               "while store_objects() > before and time.monotonic() < deadline:\n"
-               "    time.sleep(0.05)\n"
-               "print('objects', store_objects() - before)\n"
-               "print('user frame keeps its locals', alive() is not None)")
-    assert "objects 0" in out.stdout, out.stdout
-    assert "user frame keeps its locals True" in out.stdout, out.stdout
+    return k.ok("del big, slow_ref, token\n"
+                "import gc, time\n"
+                "gc.collect()\n"
+                "deadline = time.monotonic() + 20\n"
+                "while store_objects() > before and time.monotonic() < deadline:\n"
+                "    time.sleep(0.05)\n"
+                "print('objects', store_objects() - before)\n"
+                "print('user frame keeps its locals', alive() is not None)").stdout
+
+
+def test_a_get_stopped_by_the_button_keeps_no_ref_once_the_user_drops_it(
+        direct_kernel: tuple[DirectKernel, str]) -> None:
+    """IPython keeps the last error's traceback, and through ``run_code``'s frame every
+    frame it passed, lumos's among them: the stop button pressed in
+    ``lumos.get([big, slow])`` kept the list, and ``big``'s 8 MiB in the store, after
+    ``del big`` for as long as no other error came. lumos's frames now let go of their
+    locals once the interrupt is shown; the user's frames keep theirs (``%debug``)."""
+    k, _ = direct_kernel
+    out = _stop_a_get_then_drop_its_refs(k)
+    assert "objects 0" in out, out
+    assert "user frame keeps its locals True" in out, out
+
+
+def test_without_the_extension_a_stopped_get_keeps_no_ref_either(tmp_path: Any) -> None:
+    """``import lumos`` in a notebook without ``%load_ext lumos``: IPython shows the whole
+    traceback and keeps it; lumos's frames on it let go once the cell is over."""
+    k = DirectKernel(str(tmp_path))
+    session_dir = None
+    try:
+        out = k.ok("import lumos\n"
+                   f"_ctx = lumos.init(num_cpus=2, object_store_memory=200 * 1024 * 1024, "
+                   f"_system_config={TEST_CONFIG!r})\nprint(_ctx.address_info['session_dir'])")
+        session_dir = out.stdout.strip().splitlines()[-1]
+        out = k.ok("print('custom', bool(get_ipython().custom_exceptions))")
+        assert "custom False" in out.stdout, out.stdout
+        out = _stop_a_get_then_drop_its_refs(k)
+        assert "objects 0" in out, out
+        assert "user frame keeps its locals True" in out, out
+    finally:
+        k.shut_down()
+    check_no_leaks(session_dir)
