@@ -272,12 +272,12 @@ def _start_core_worker(config: Config, token: bytes, gcs_address: Any, raylet_so
 
 def _watch_cells(on: bool = True) -> None:
     """In a kernel, lumos's SIGINT handler is in place from each cell's start while a
-    driver is connected (``interrupts.watch_cells``), and a failed cell's error lets go
-    of what lumos's frames held (``frames.watch_cells``)."""
+    driver is connected (``interrupts.watch_cells``); in IPython or at Python's prompt, a
+    shown error lets go of what lumos's frames held (``frames.watch``)."""
     shell = kernel_shell()
     if shell is not None:
         interrupts.watch_cells(shell, on)
-        frames.watch_cells(shell, on)
+    frames.watch(on)
 
 
 def _connect(config: Config, address: str, namespace: str, token_arg: str | None,

@@ -7,14 +7,15 @@ error or a press of the stop button inside ``lumos.get(ref)`` kept ``ref``, and 
 in the store, after the user's ``del ref``, for as long as no other error came. The
 frames of lumos (``lumos``, ``lumos.kernelext``, ``lumos.dashboard``) are never what
 the user inspects, so once the error is shown they are cleared (``let_go_of_locals``):
-by the extension's exception handler, and in a kernel after each cell that failed
-(``watch_cells``, with or without the extension loaded). The user's frames keep theirs
-for ``%debug``.
+by the extension's exception handler, in IPython after each cell that failed (with or
+without the extension loaded), and at Python's own prompt after its ``sys.excepthook``
+(``watch``). The user's frames keep theirs for ``%debug`` and ``pdb.pm()``.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import types
 from typing import Any
 
@@ -84,6 +85,45 @@ def after_cell(result: Any) -> None:
     error = getattr(result, "error_in_exec", None)
     if isinstance(error, BaseException):
         let_go_of_locals(error, error.__traceback__)
+
+
+def watch(on: bool = True) -> None:
+    """Where this process shows errors to a person, have each shown error let go
+    (``after_cell``): in IPython, a kernel's or a terminal's, after each cell; at
+    Python's own interactive prompt (``python``, ``python -i``), through
+    ``sys.excepthook``. ``on=False``: no longer."""
+    shell = _ipython_shell()
+    if shell is not None:
+        watch_cells(shell, on)
+    elif on:
+        if (hasattr(sys, "ps1") or sys.flags.interactive) and not isinstance(sys.excepthook, _ShownError):
+            sys.excepthook = _ShownError(sys.excepthook)
+    elif isinstance(sys.excepthook, _ShownError):
+        sys.excepthook = sys.excepthook.previous
+
+
+class _ShownError:
+    """``sys.excepthook`` at the interactive prompt: the previous hook shows the error
+    (the prompt has kept it in ``sys.last_traceback``), then lumos's frames let go."""
+
+    __slots__ = ("previous",)
+
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+
+    def __call__(self, etype: Any, value: Any, tb: Any) -> None:
+        try:
+            self.previous(etype, value, tb)
+        finally:
+            if isinstance(value, BaseException):
+                let_go_of_locals(value, tb)
+
+
+def _ipython_shell() -> Any:
+    """This process's IPython shell, or None (never imports IPython)."""
+    ipython = sys.modules.get("IPython")
+    get_ipython = getattr(ipython, "get_ipython", None)
+    return get_ipython() if get_ipython is not None else None
 
 
 def watch_cells(shell: Any, on: bool = True) -> None:

@@ -562,3 +562,55 @@ def test_a_second_press_inside_asyncio_run_raises_at_once_as_asyncio_does() -> N
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(stubborn())
     assert seen == ["first: cancelled, nothing raised", "second: raised"] and interrupts._depth == 0
+
+
+_PROMPT_SESSION = r'''
+import lumos, numpy as np, time
+from lumos._private import worker_context
+from lumos._private.protocol import messages as m
+_ = lumos.init(num_cpus=2, object_store_memory=200 * 1024 * 1024, _system_config=CONFIG)
+objects = lambda: worker_context.require().call_raylet(m.GetNodeStats())["store"]["num_objects"]
+slow = lumos.remote(lambda: time.sleep(30))
+before = objects()
+big = lumos.put(np.ones(1 << 20))
+slow_ref = slow.remote()
+print("waiting", flush=True); lumos.get([big, slow_ref])
+'''
+
+_AFTER_THE_PRESS = r'''
+del big, slow_ref
+deadline = time.monotonic() + 20
+while objects() > before and time.monotonic() < deadline: time.sleep(0.05)
+
+print("objects", objects() - before, flush=True)
+lumos.shutdown()
+'''
+
+
+@pytest.mark.slow
+def test_at_pythons_prompt_a_stopped_get_keeps_no_ref_once_the_user_drops_it(tmp_path: Any) -> None:
+    """``python -i``: Ctrl-C in ``lumos.get([big, slow])``, then ``del big``. The prompt
+    keeps the last error (``sys.last_traceback``) and every frame on it: lumos.get's held
+    the list, and ``big``'s value in the store, until the next error. lumos's hook clears
+    lumos's frames once the error is shown."""
+    import os
+    import subprocess
+    from tests.conftest import TEST_CONFIG
+    env = dict(os.environ)
+    env.pop("LUMOS_ADDRESS", None)
+    proc = subprocess.Popen([sys.executable, "-i", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path))
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(f"CONFIG = {TEST_CONFIG!r}\n" + _PROMPT_SESSION)
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "waiting"
+        time.sleep(0.5)  # (the get is waiting on slow by then)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(_AFTER_THE_PRESS, timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert "KeyboardInterrupt" in err, err
+    assert "objects 0" in out, out + err
