@@ -81,7 +81,7 @@ def _clear_callees(tb: types.TracebackType | None, chain: set[types.FrameType], 
 
 
 def after_cell(result: Any) -> None:
-    """A kernel's ``post_run_cell``: the cell's error, if any, lets go (``let_go_of_locals``)."""
+    """IPython's ``post_run_cell``: the cell's error, if any, lets go (``let_go_of_locals``)."""
     error = getattr(result, "error_in_exec", None)
     if isinstance(error, BaseException):
         let_go_of_locals(error, error.__traceback__)
