@@ -8,7 +8,7 @@ IPython's magic dispatch before IPython renders the traceback as usual, so Ctrl-
 line instead of thirty lines of the core worker. Errors that render themselves
 (``_render_traceback_``: a remote ``TaskError``, an interrupted ``%%remote`` cell) are
 left to that. Any other exception is shown exactly as IPython would. Once shown, lumos's
-frames in the error's traceback let go of their locals (``lumos._private.frames``): IPython
+frames in the error's traceback let go of their locals (``lumos.util.tracebacks``): IPython
 keeps the last error's frames, and a ref in one kept its value in the store.
 """
 
@@ -19,10 +19,10 @@ import types
 from typing import Any
 
 import lumos
-from lumos._private import frames
+from lumos.util import tracebacks as shown
 
 #: Files under these directories are lumos's own frames.
-_LUMOS_DIRS = frames.lumos_dirs()
+_LUMOS_DIRS = shown.lumos_dirs()
 
 _MAGIC_DISPATCH = ("run_cell_magic", "run_line_magic")
 
@@ -128,7 +128,7 @@ def _handler(shell: Any, etype: type[BaseException], value: BaseException, tb: A
     try:
         _show(shell, etype, value, tb, tb_offset)
     finally:
-        frames.let_go_of_locals(value, tb)
+        shown.let_go_of_locals(value, tb)
 
 
 def _show(shell: Any, etype: type[BaseException], value: BaseException, tb: Any,

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 from lumos import exceptions as exc
 from lumos import job_config as job_config_mod
-from lumos._private import frames, interrupts, worker_context, working_dir
+from lumos._private import interrupts, worker_context, working_dir
 from lumos._private.config import Config
 from lumos._private.core_worker.core_worker import DRIVER, CoreWorker
 from lumos._private.ids import NodeID, random_id, return_object_id
@@ -31,6 +31,7 @@ from lumos._private.transport.connection import parse_address
 from lumos.object_ref import ObjectRef
 from lumos.options import env_vars_of
 from lumos.progress import kernel_shell
+from lumos.util import tracebacks
 
 logger = logging.getLogger(__name__)
 
@@ -273,11 +274,11 @@ def _start_core_worker(config: Config, token: bytes, gcs_address: Any, raylet_so
 def _watch_cells(on: bool = True) -> None:
     """In a kernel, lumos's SIGINT handler is in place from each cell's start while a
     driver is connected (``interrupts.watch_cells``); in IPython or at Python's prompt, a
-    shown error lets go of what lumos's frames held (``frames.watch``)."""
+    shown error lets go of what lumos's frames held (``lumos.util.tracebacks.watch``)."""
     shell = kernel_shell()
     if shell is not None:
         interrupts.watch_cells(shell, on)
-    frames.watch(on)
+    tracebacks.watch(on)
 
 
 def _connect(config: Config, address: str, namespace: str, token_arg: str | None,

@@ -1,5 +1,9 @@
 """lumos's frames in a shown error's traceback let go of their locals.
 
+A front end that shows errors to a person and keeps them (a shell, a notebook kernel)
+calls ``let_go_of_locals(error, traceback)`` once an error is shown; lumos does so itself
+where it knows the front end (``watch``, from ``lumos.init``).
+
 IPython keeps the last error: ``sys.last_traceback`` until the next one, the cell's
 ``ExecutionResult``, and (where lumos's notebook extension shortened the traceback) the
 whole one through ``run_code``'s own frame. Each frame on it keeps its locals, so an
@@ -136,3 +140,6 @@ def watch_cells(shell: Any, on: bool = True) -> None:
             shell.events.unregister("post_run_cell", after_cell)
     except (AttributeError, KeyError, ValueError):
         pass  # (an IPython without these events, or not registered)
+
+
+__all__ = ["let_go_of_locals", "lumos_dirs"]
