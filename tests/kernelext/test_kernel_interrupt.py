@@ -18,15 +18,21 @@ from tests.kernelext.kernel_client import DirectKernel
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 
+def _start_lumos(k: DirectKernel, extension: bool = True) -> str:
+    """``lumos.init()`` of a private cluster in the kernel, after ``%load_ext lumos``
+    unless ``extension`` is False; returns its session directory."""
+    out = k.ok(("%load_ext lumos\n" if extension else "") + "import lumos, time\n"
+               f"_ctx = lumos.init(num_cpus=2, object_store_memory=300 * 1024 * 1024, "
+               f"_system_config={TEST_CONFIG!r})\nprint(_ctx.address_info['session_dir'])")
+    return out.stdout.strip().splitlines()[-1]
+
+
 @pytest.fixture
 def direct_kernel(tmp_path: Any) -> Iterator[tuple[DirectKernel, str]]:
     k = DirectKernel(str(tmp_path))
     session_dir = None
     try:
-        out = k.ok("%load_ext lumos\nimport lumos, time\n"
-                   f"_ctx = lumos.init(num_cpus=2, object_store_memory=300 * 1024 * 1024, "
-                   f"_system_config={TEST_CONFIG!r})\nprint(_ctx.address_info['session_dir'])")
-        session_dir = out.stdout.strip().splitlines()[-1]
+        session_dir = _start_lumos(k)
         yield k, session_dir
     finally:
         k.shut_down()
@@ -210,10 +216,7 @@ def test_without_the_extension_a_stopped_get_keeps_no_ref_either(tmp_path: Any) 
     k = DirectKernel(str(tmp_path))
     session_dir = None
     try:
-        out = k.ok("import lumos\n"
-                   f"_ctx = lumos.init(num_cpus=2, object_store_memory=200 * 1024 * 1024, "
-                   f"_system_config={TEST_CONFIG!r})\nprint(_ctx.address_info['session_dir'])")
-        session_dir = out.stdout.strip().splitlines()[-1]
+        session_dir = _start_lumos(k, extension=False)
         out = k.ok("print('custom', bool(get_ipython().custom_exceptions))")
         assert "custom False" in out.stdout, out.stdout
         out = _stop_a_get_then_drop_its_refs(k)
