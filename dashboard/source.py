@@ -69,6 +69,7 @@ class Task:
     resource_ids: dict[str, list[Any]] | None
     events: list[list[Any]]
     error_type: str | None
+    placement_group_id: str | None
     first_seen: int
 
     def __init__(self, row: list[Any], tick: int) -> None:

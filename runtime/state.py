@@ -140,7 +140,8 @@ def list_tasks(filters: Iterable[Filter] | None = None, limit: int = 10_000,
     arg_object_ids, return_object_ids, node_id, worker_id, error_message,
     submitted_time, start_time, end_time, required_resources, resource_ids, events,
     error_type (Ray's ``ErrorType`` name of why a failed task failed: TASK_EXECUTION_EXCEPTION,
-    WORKER_DIED, ACTOR_DIED, TASK_CANCELLED, ...; None otherwise).
+    WORKER_DIED, ACTOR_DIED, TASK_CANCELLED, ...; None otherwise), placement_group_id (the
+    placement group it was scheduled into, or None).
     """
     flt = _check_filters(filters, TASK_FIELDS, "tasks")
     _check_limit(limit)

@@ -158,6 +158,45 @@ def one_node() -> Iterator[Cluster]:
 
 @pytest.mark.usefixtures("one_node")
 class TestOneNode:
+    def test_task_rows_name_the_placement_group_they_ran_in(self) -> None:
+        """``util.state.list_tasks`` rows carry Ray's ``placement_group_id``: the group a
+        task or an actor's creation was scheduled into, None outside one; filters take it."""
+        from lumos.util import state as ray_state
+        pg = placement_group([{"CPU": 2}], strategy="PACK")
+        assert lumos.get(pg.ready(), timeout=30) == pg
+        try:
+            strategy = PlacementGroupSchedulingStrategy(pg)
+
+            @lumos.remote
+            def in_or_out() -> int:
+                return 1
+
+            @lumos.remote
+            class Holder:
+                def ping(self) -> int:
+                    return 1
+
+            holder = Holder.options(scheduling_strategy=strategy).remote()
+            refs = [in_or_out.options(scheduling_strategy=strategy).remote(), in_or_out.remote(),
+                    holder.ping.remote()]
+            assert lumos.get(refs, timeout=60) == [1, 1, 1]
+            inside, outside = refs[0].task_id().hex(), refs[1].task_id().hex()
+
+            def rows() -> dict[str, Any]:
+                return {r["task_id"]: r for r in ray_state.list_tasks(limit=10_000)}
+            wait_for(lambda: {inside, outside} <= set(rows()), 20)
+            got = rows()
+            assert got[inside]["placement_group_id"] == pg.id.hex()
+            assert got[outside]["placement_group_id"] is None
+            grouped = ray_state.list_tasks(filters=[("placement_group_id", "=", pg.id.hex())], limit=10_000)
+            # (pg.ready() is a task in the group, as in Ray)
+            assert sorted((r["type"], r["func_or_class_name"].split(".")[-1]) for r in grouped) == [
+                ("ACTOR_CREATION_TASK", "Holder"), ("NORMAL_TASK", "bundle_reservation_check"),
+                ("NORMAL_TASK", "in_or_out")], grouped
+            lumos.kill(holder)
+        finally:
+            remove_placement_group(pg)
+
     def test_ready_resolves_and_removal_frees_the_resources(self) -> None:
         pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="PACK")
         assert lumos.get(pg.ready(), timeout=30) == pg

@@ -186,7 +186,8 @@ def test_a_whole_attempt_msgpack_cannot_take_goes_as_a_row_and_the_rest_stay_pac
 def _live_task(tid: bytes, submitted: float = 1.0, **info: Any) -> PendingTask:
     """A submitted task whose events ride on it, as ``submit_task`` leaves it."""
     spec = SimpleNamespace(task_id=tid, attempt=0, name="f", function_name="m.f", parent_task_id=b"p" * 16,
-                           resources={"CPU": 1.0}, kind=m.TaskKind.NORMAL_TASK, actor_id=None, caller_id=None)
+                           resources={"CPU": 1.0}, kind=m.TaskKind.NORMAL_TASK, actor_id=None, caller_id=None,
+                           strategy=None)
     template: Any = SimpleNamespace(max_retries=0)
     task = PendingTask(spec, template, (tid + b"\0\0\0\1",), (b"a" * 20,), (), submitted)
     task.ev_live = True

@@ -197,7 +197,7 @@ class TaskRecord:
                 info.get("prev_call") or None, list(info.get("args", ())), list(info.get("returns", ())),
                 self.node_id, self.worker_id, self.error, times.get(TaskState.SUBMITTED),
                 times.get(TaskState.RUNNING), end, info.get("resources") or {}, info.get("resource_ids") or None,
-                events, info.get("error_type")]
+                events, info.get("error_type"), info.get("placement_group_id") or None]
 
     def to_dict(self) -> dict[str, Any]:
         """The row as ``lumos.state.list_tasks`` returns it (``PUBLIC_FIELDS``, ids in hex)."""

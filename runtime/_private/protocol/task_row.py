@@ -82,6 +82,8 @@ TASK_ROW: tuple[RowField, ...] = (
     #: WORKER_DIED, ACTOR_DIED, TASK_CANCELLED, ...), or None. Its owner says so in the
     #: failure's event info.
     RowField("error_type", "error_type"),
+    #: The placement group the task (or actor) was scheduled into, or None.
+    RowField("placement_group_id", "placement_group_id", _ID),
 )
 
 #: Names of the compact row's values, in order (the dashboard's ``Task`` attributes).
