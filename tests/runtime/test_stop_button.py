@@ -9,8 +9,10 @@ The signals are real (``pthread_kill`` of the main thread, where Python raises
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -23,7 +25,7 @@ import lumos
 from lumos._private import interrupts, worker_context
 from lumos._private.core_worker.objects import RESERVE_MAX_BYTES
 from lumos._private.protocol import messages as m
-from tests.conftest import wait_for
+from tests.conftest import TEST_CONFIG, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -593,9 +595,6 @@ def test_at_pythons_prompt_a_stopped_get_keeps_no_ref_once_the_user_drops_it(tmp
     keeps the last error (``sys.last_traceback``) and every frame on it: lumos.get's held
     the list, and ``big``'s value in the store, until the next error. lumos's hook clears
     lumos's frames once the error is shown."""
-    import os
-    import subprocess
-    from tests.conftest import TEST_CONFIG
     env = dict(os.environ)
     env.pop("LUMOS_ADDRESS", None)
     proc = subprocess.Popen([sys.executable, "-i", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -518,9 +518,9 @@ class SubmissionMixin:
                 info["prev_call"] = task.ev_prev
         if task.ev_rids:
             info["resource_ids"] = task.ev_rids
-        strategy = spec.strategy
-        if strategy and strategy[0] == "PG":  # (_group_of, inline: every task passes here)
-            info["placement_group_id"] = strategy[1]
+        group = _group_of(spec.strategy)
+        if group is not None:
+            info["placement_group_id"] = group
         return info
 
     def record_scheduled(self, task: PendingTask, t: float, node_id: NodeID | None, worker_id: WorkerID | None,
