@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import pickle
 import struct
+import sys
 import threading
 import types
 from collections import ChainMap
@@ -58,15 +59,21 @@ def _code_reduce_keeping_file(code: types.CodeType) -> tuple:
     return ctor, args
 
 
+#: Reductions of lumos's own, ahead of cloudpickle's; torch's tensor joins it once torch
+#: has been imported (``_note_torch``).
+_own_reductions: dict[type, Callable[[Any], tuple]] = {types.CodeType: _code_reduce_keeping_file}
+
+
 class _Pickler(cloudpickle.Pickler):
-    dispatch_table = ChainMap({types.CodeType: _code_reduce_keeping_file},
-                              cloudpickle.Pickler.dispatch_table)
+    dispatch_table = ChainMap(_own_reductions, cloudpickle.Pickler.dispatch_table)
 
 
 def cloudpickle_dumps(value: Any, protocol: int = 5,
                       buffer_callback: Callable[[pickle.PickleBuffer], Any] | None = None
                       ) -> bytes:
     """``cloudpickle.dumps``, keeping the file names of code pickled by value."""
+    if _torch_pending and "torch" in sys.modules:
+        _note_torch()
     with io.BytesIO() as f:
         _Pickler(f, protocol=protocol, buffer_callback=buffer_callback).dump(value)
         return f.getvalue()
@@ -77,12 +84,106 @@ _np_ndarray: type | None = None
 def _ndarray_type() -> type | None:
     global _np_ndarray
     if _np_ndarray is None:
-        import sys
         np = sys.modules.get("numpy")
         if np is None:
             return None
         _np_ndarray = np.ndarray
     return _np_ndarray
+
+
+# --- torch tensors ------------------------------------------------------------------
+#
+# torch pickles a tensor's storage in band, through ``torch.save`` into a bytes object:
+# two copies and a zip writer per storage. A dense CPU tensor is written here as its
+# storage's bytes (one out-of-band buffer, which the store copies once) and its dtype,
+# offset, shape, stride and ``requires_grad``, and rebuilt on a fresh storage holding a
+# copy of those bytes: torch has no read-only tensor, and a write to the store's
+# read-only mapping would crash the process; a storage read from another process's
+# object is rebuilt on the store's pages copy-on-write instead (``IN_PLACE_MIN_BYTES``).
+# As in torch's pickling, the whole storage goes (a slice carries its base's bytes);
+# tensors of one value that share a storage share it when rebuilt, as ``torch.save``
+# keeps them (torch's pickle gives each its own). ``nn.Parameter`` reduces to its
+# ``.data``, a plain tensor, so it takes this path too.
+# Anything else (another device, sparse, quantized, nested, a subclass, a tensor with
+# Python attributes or hooks, conjugate or negative bits) is left to torch.
+
+_torch_pending = True
+
+
+def _note_torch() -> None:
+    """Registers the tensor reduction once torch is imported (lumos never imports it)."""
+    global _torch_pending
+    torch = sys.modules.get("torch")
+    tensor = getattr(torch, "Tensor", None)
+    if tensor is None or not hasattr(torch, "strided"):
+        return   # not imported, or still importing
+    _torch_pending = False
+    _own_reductions[tensor] = _reduce_tensor
+
+
+class _Storage:
+    """One storage of the value being pickled; the pickler's memo writes it once."""
+
+    __slots__ = ("storage",)
+
+    def __init__(self, storage: Any) -> None:
+        self.storage = storage
+
+    def __reduce__(self) -> tuple:
+        import torch
+        storage = self.storage
+        raw = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()   # a view, no copy
+        return _rebuild_storage, (pickle.PickleBuffer(raw),)
+
+
+def _reduce_tensor(t: Any) -> tuple:
+    torch = sys.modules["torch"]
+    if (t.layout is not torch.strided or t.device.type != "cpu" or t.is_quantized
+            or t.is_nested or t.is_conj() or t.is_neg() or t.__dict__
+            or t._backward_hooks):
+        return t.__reduce_ex__(5)  # type: ignore[no-any-return]
+    storage = t.untyped_storage()
+    memo = getattr(_local, "storages", None)
+    key = storage.data_ptr()
+    box = memo.get(key) if memo is not None and key else None
+    if box is None:
+        box = _Storage(storage)
+        if memo is not None and key:
+            memo[key] = box
+    return _rebuild_tensor, (box, t.dtype, t.storage_offset(), tuple(t.shape), t.stride(),
+                             t.requires_grad)
+
+
+#: A storage at least this large is rebuilt on the store's pages (copy-on-write) where the
+#: store can give them (``StoreClient.writable``); a smaller one is copied, so that it does
+#: not keep the whole object pinned in the store.
+IN_PLACE_MIN_BYTES = 64 * 1024
+
+
+def _rebuild_storage(buf: Any) -> Any:
+    import numpy as np
+    import torch
+    if type(buf) is memoryview and buf.nbytes >= IN_PLACE_MIN_BYTES:
+        exporter = buf.obj
+        store = getattr(exporter, "_lumos_store", None)
+        if store is not None:
+            writable = store[0].writable(buf, exporter)
+            if writable is not None:
+                return torch.frombuffer(writable, dtype=torch.uint8).untyped_storage()
+    src = np.frombuffer(buf, dtype=np.uint8)
+    dst = torch.empty(src.nbytes, dtype=torch.uint8)
+    if src.nbytes:
+        dst.numpy()[:] = src
+    return dst.untyped_storage()
+
+
+def _rebuild_tensor(storage: Any, dtype: Any, offset: int, shape: tuple[int, ...],
+                    stride: tuple[int, ...], requires_grad: bool) -> Any:
+    import torch
+    t = torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
 
 
 class SerializationError(TypeError):
@@ -266,8 +367,10 @@ def serialize(value: Any, kind: int = KIND_VALUE) -> SerializedValue:
         return False
 
     prev = getattr(_local, "refs", None)
+    prev_storages = getattr(_local, "storages", None)
     refs: list[Any] = []
     _local.refs = refs
+    _local.storages = {}
     try:
         pickled = cloudpickle_dumps(value, protocol=5, buffer_callback=on_buffer)
     except SerializationError:
@@ -276,6 +379,7 @@ def serialize(value: Any, kind: int = KIND_VALUE) -> SerializedValue:
         raise SerializationError(_describe_failure(value, e)) from e
     finally:
         _local.refs = prev
+        _local.storages = prev_storages
     return SerializedValue(kind, pickled, buffers, refs)
 
 

@@ -94,7 +94,7 @@ SPARE_IDLE_S = 1.0
 
 class _Mapping:
     __slots__ = ("mm", "size", "live_views", "slot", "object_id", "path", "fd", "ino", "value_fd",
-                 "lent", "__weakref__")
+                 "lent", "private", "given", "__weakref__")
 
     def __init__(self, mm: mmap.mmap, size: int, slot: int, object_id: bytes = b"", path: str = "") -> None:
         self.mm = mm
@@ -112,6 +112,11 @@ class _Mapping:
         self.value_fd = False
         #: A read mapping of another process's lent slot: its views send no pins.
         self.lent = False
+        #: A copy-on-write read mapping (``_map_readonly``): writes stay in this process.
+        self.private = False
+        #: Given to one value for writing in place (``writable``): out of ``_read``, never
+        #: a spare, gone with its last view.
+        self.given = False
 
 
 class SlotsBySize:
@@ -610,6 +615,7 @@ class StoreClient:
             # Copy-on-write (never written: pages stay shared) because the view tracker's
             # ctypes exporter needs a writable buffer; what users get is read-only.
             mapping = _Mapping(mmap.mmap(fd, st.st_size, access=mmap.ACCESS_COPY), st.st_size, 0, object_id)
+            mapping.private = True
             if spare:
                 mapping.fd, mapping.ino, fd = fd, st.st_ino, -1
             return mapping
@@ -673,7 +679,37 @@ class StoreClient:
 
         w = weakref.ref(arr, gone)
         self._weak[id(w)] = w
+        if mapping.private:
+            arr._lumos_store = (self, ref)   # for ``writable``
         return memoryview(arr).cast("B").toreadonly()
+
+    def writable(self, view: memoryview, exporter: Any) -> memoryview | None:
+        """A writable view of the bytes of ``view`` (part of a read-only view from
+        ``view()``, whose exporter is ``exporter``), for a value rebuilt to be changed in
+        place without a copy (a torch tensor); None when the caller must copy.
+
+        Only a copy-on-write mapping that no other live view shares qualifies: its pages
+        are the store's until written, and a write copies the page into this process
+        alone. The mapping leaves ``_read``, so a later read of the object maps the file
+        afresh and never sees those writes, and it never becomes a spare. Its views keep
+        the object pinned as before: the store's pages under it stay as they are."""
+        ref = exporter._lumos_store[1]
+        with self._lock:
+            mapping = ref()
+            if mapping is None:
+                return None
+            if not mapping.given:
+                oid = mapping.object_id
+                if mapping.live_views != 1 or self._read.get(oid) is not mapping:
+                    return None
+                del self._read[oid]
+                self._uncount(mapping)
+                mapping.given = True
+                if mapping.fd >= 0:
+                    fd, mapping.fd = mapping.fd, -1
+                    os.close(fd)
+        start = _address(view) - ctypes.addressof(exporter)
+        return memoryview(exporter).cast("B")[start:start + view.nbytes]
 
     def hold_pins(self) -> None:
         """Until ``escaped_pins``, views made with ``hold_pin`` send no pin (a task's
@@ -950,6 +986,12 @@ class StoreClient:
                     "lent_slots": len(self._lending), "lent_writes": self.lent_writes,
                     "lent_reclaimed": self.lent_reclaimed,
                     "reserved_remapped": self.reserved_remapped}
+
+
+def _address(view: memoryview) -> int:
+    """The address of a view's first byte."""
+    import numpy as np
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
 
 
 def _file_size(mapping: _Mapping) -> int:
