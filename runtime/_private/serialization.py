@@ -99,7 +99,7 @@ def _ndarray_type() -> type | None:
 # offset, shape, stride and ``requires_grad``, and rebuilt on a fresh storage holding a
 # copy of those bytes: torch has no read-only tensor, and a write to the store's
 # read-only mapping would crash the process; a storage read from another process's
-# object is rebuilt on the store's pages copy-on-write instead (``IN_PLACE_MIN_BYTES``).
+# object is rebuilt on the store's pages copy-on-write instead (``StoreClient.writable``).
 # As in torch's pickling, the whole storage goes (a slice carries its base's bytes);
 # tensors of one value that share a storage share it when rebuilt, as ``torch.save``
 # keeps them (torch's pickle gives each its own). ``nn.Parameter`` reduces to its
@@ -154,16 +154,10 @@ def _reduce_tensor(t: Any) -> tuple:
                              t.requires_grad)
 
 
-#: A storage at least this large is rebuilt on the store's pages (copy-on-write) where the
-#: store can give them (``StoreClient.writable``); a smaller one is copied, so that it does
-#: not keep the whole object pinned in the store.
-IN_PLACE_MIN_BYTES = 64 * 1024
-
-
 def _rebuild_storage(buf: Any) -> Any:
     import numpy as np
     import torch
-    if type(buf) is memoryview and buf.nbytes >= IN_PLACE_MIN_BYTES:
+    if type(buf) is memoryview:   # (a view of a store object or of an inline blob)
         exporter = buf.obj
         store = getattr(exporter, "_lumos_store", None)
         if store is not None:

@@ -189,3 +189,13 @@ def test_tensors_an_actor_keeps_and_changes_keep_their_values(fresh_cluster: Any
         assert lumos.get(h.keep.remote(torch.full((MiB // 4,), float(i))), timeout=60) == i + 1
         assert lumos.get(h.look.remote(torch.full((MiB // 4,), 100.0 + i)), timeout=60) == 100 + i
     assert lumos.get(h.firsts.remote(), timeout=60) == [i + 1.0 for i in range(12)]
+
+
+def test_in_place_reads_can_be_turned_off(fresh_cluster: Any) -> None:
+    fresh_cluster(num_cpus=1, include_dashboard=False, _system_config={"torch_in_place_min_bytes": 0})
+    store_dir = worker_context.require().store.directory
+    ref = _ones.remote(MiB // 4)
+    t = lumos.get(ref, timeout=60)
+    assert not _store_path_of(t).startswith(store_dir)
+    t.add_(1)
+    assert float(lumos.get(ref, timeout=60).sum()) == MiB // 4

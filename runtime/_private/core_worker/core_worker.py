@@ -138,6 +138,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self.store.on_pin = self._store_pin_changed
         self.store.restore = self._restore_spilled
         self.store.on_free_later = self._free_after_views
+        self.store.in_place_min_bytes = config.torch_in_place_min_bytes
         self.address: m.Address = m.Address(node_id, worker_id, "", "", 0)
         #: The driver's own task id (parent of what it submits); in workers the running task's.
         self.current_task_id: TaskID = new_task_id()

@@ -266,6 +266,9 @@ class StoreClient:
         #: The thread waits with no deadline (no spares then): a new spare wakes it.
         self._spare_idle_waiting = False
         self._closed = False
+        #: Smallest view ``writable`` gives (0: none): a smaller one is copied, so that it
+        #: does not keep its whole object pinned in the store.
+        self.in_place_min_bytes = 64 * 1024
 
     # ------------------------------------------------------------------ writing
 
@@ -693,6 +696,8 @@ class StoreClient:
         alone. The mapping leaves ``_read``, so a later read of the object maps the file
         afresh and never sees those writes, and it never becomes a spare. Its views keep
         the object pinned as before: the store's pages under it stay as they are."""
+        if not 0 < self.in_place_min_bytes <= view.nbytes:
+            return None
         ref = exporter._lumos_store[1]
         with self._lock:
             mapping = ref()
