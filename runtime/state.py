@@ -102,7 +102,7 @@ OBJECT_FIELDS = ("object_id", "owned", "state", "size_bytes", "local_refs", "sub
                  "borrowers", "in_store", "node_id", "reporter_worker_id", "owner_worker_id")
 ACTOR_FIELDS = ("actor_id", "class_name", "state", "name", "namespace", "job_id", "node_id", "pid",
                 "num_restarts", "max_restarts", "is_detached", "death_cause", "required_resources",
-                "start_time", "end_time", "pending_calls")
+                "start_time", "end_time", "pending_calls", "placement_group_id")
 
 
 def _check_filters(filters: Iterable[Filter] | None, fields: Iterable[str] | None = None,
@@ -353,7 +353,8 @@ def list_objects(filters: Iterable[Filter] | None = None, limit: int = 10_000) -
 
 def list_actors(filters: Iterable[Filter] | None = None, all_jobs: bool = True,
                 timeout: float | None = None) -> list[dict[str, Any]]:
-    """Actors the GCS knows: state, class, name, node, pid, restarts, death cause."""
+    """Actors the GCS knows: state, class, name, node, pid, restarts, death cause, and the
+    placement group its creation was scheduled into (placement_group_id, None if none)."""
     flt = _check_filters(filters, ACTOR_FIELDS, "actors")
     cw = worker_context.require()
     infos = _Deadline(cw, timeout).call(m.ListActors(None if all_jobs else cw.job_id))
@@ -368,6 +369,7 @@ def list_actors(filters: Iterable[Filter] | None = None, all_jobs: bool = True,
             "required_resources": dict(a.resources), "start_time": a.start_time,
             "end_time": a.end_time or None,
             "pending_calls": cw.actor_submitter.pending_calls(a.actor_id),
+            "placement_group_id": a.placement_group_id.hex() if a.placement_group_id else None,
         })
     return [r for r in rows if _match(r, flt)]
 

@@ -315,3 +315,21 @@ def test_invariants_catch_drift() -> None:
     t.s.named[("", "other")] = A
     with pytest.raises(AssertionError, match="name /other"):
         t.s.check_invariants()
+
+
+def test_an_actor_row_written_before_placement_group_id_gets_it_from_its_spec() -> None:
+    import dataclasses
+    from lumos._private.protocol import codec
+    group = b"g" * 18
+    t = Actors()
+    t(ast.ActorRegistered(dataclasses.replace(spec(A), strategy=["PG", group, -1, True])))
+    t(ast.ActorRegistered(spec(B)))
+    assert t.info(A).placement_group_id == group and t.info(B).placement_group_id is None
+    # A stored row from before the field: its ActorInfo one field short.
+    (info, row_spec, *rest) = t.s.row(A)
+    old_fields = codec._ENCODERS[m.ActorInfo](info)[:-1]
+    old = codec._DECODERS[m.ActorInfo._code](old_fields)
+    assert old.placement_group_id is None
+    t2 = Actors()
+    t2(ast.ActorRestored(old, row_spec, *rest))
+    assert t2.info(A).placement_group_id == group

@@ -160,7 +160,8 @@ def one_node() -> Iterator[Cluster]:
 class TestOneNode:
     def test_task_rows_name_the_placement_group_they_ran_in(self) -> None:
         """``util.state.list_tasks`` rows carry Ray's ``placement_group_id``: the group a
-        task or an actor's creation was scheduled into, None outside one; filters take it."""
+        task or an actor's creation was scheduled into, None outside one; filters take it.
+        So do ``list_actors`` rows."""
         from lumos.util import state as ray_state
         pg = placement_group([{"CPU": 2}], strategy="PACK")
         assert lumos.get(pg.ready(), timeout=30) == pg
@@ -193,6 +194,15 @@ class TestOneNode:
             assert sorted((r["type"], r["func_or_class_name"].split(".")[-1]) for r in grouped) == [
                 ("ACTOR_CREATION_TASK", "Holder"), ("NORMAL_TASK", "bundle_reservation_check"),
                 ("NORMAL_TASK", "in_or_out")], grouped
+            # Actor rows too; an actor outside a group has None.
+            free = Holder.remote()
+            assert lumos.get(free.ping.remote(), timeout=60) == 1
+            actors = {r["actor_id"]: r for r in ray_state.list_actors(limit=-1)}
+            assert actors[holder._actor_id.hex()]["placement_group_id"] == pg.id.hex()
+            assert actors[free._actor_id.hex()]["placement_group_id"] is None
+            in_group = ray_state.list_actors(filters=[("placement_group_id", "=", pg.id.hex())], limit=-1)
+            assert [r["actor_id"] for r in in_group] == [holder._actor_id.hex()]
+            lumos.kill(free)
             lumos.kill(holder)
         finally:
             remove_placement_group(pg)

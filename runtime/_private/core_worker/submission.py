@@ -398,7 +398,7 @@ class SubmissionMixin:
                 "name": template.name, "function_name": template.function_name,
                 "parent": self.current_task_id, "args": pinned, "returns": [],
                 "resources": template.resources, "type": m.TaskKind.ACTOR_CREATION_TASK.name,
-                "actor_id": spec.actor_id, "placement_group_id": _group_of(spec.strategy)}, None, None, None))
+                "actor_id": spec.actor_id, "placement_group_id": m.placement_group_of(spec.strategy)}, None, None, None))
         if pinned:
             self._post(self.actor_submitter.pin_creation_args, spec.actor_id, pinned)
 
@@ -518,7 +518,7 @@ class SubmissionMixin:
                 info["prev_call"] = task.ev_prev
         if task.ev_rids:
             info["resource_ids"] = task.ev_rids
-        group = _group_of(spec.strategy)
+        group = m.placement_group_of(spec.strategy)
         if group is not None:
             info["placement_group_id"] = group
         return info
@@ -871,6 +871,3 @@ def _parameter_names(template: TaskTemplate) -> list[str]:
     return names
 
 
-def _group_of(strategy: Any) -> bytes | None:
-    """The placement group a task spec's strategy schedules it into (``["PG", id, ...]``)."""
-    return strategy[1] if strategy and strategy[0] == "PG" else None

@@ -331,7 +331,8 @@ class ActorManagerState:
         info = m.ActorInfo(
             spec.actor_id, spec.job_id, PENDING, opts.get("class_name", spec.function_name), name, namespace,
             bool(opts.get("detached")), None, None, 0, 0, int(opts.get("max_restarts", 0)), "", None, 1,
-            now, 0.0, dict(spec.resources), opts.get("handle_meta", b""), spec.owner.worker_id)
+            now, 0.0, dict(spec.resources), opts.get("handle_meta", b""), spec.owner.worker_id,
+            placement_group_id=m.placement_group_of(spec.strategy))
         self.actors[spec.actor_id] = _Actor(info, spec)
         if name:
             self.named[(namespace, name)] = spec.actor_id
@@ -340,6 +341,8 @@ class ActorManagerState:
 
     def _restore(self, e: ActorRestored, actions: list[Action]) -> None:
         info = e.info
+        if info.placement_group_id is None:  # (a record from before the field)
+            info.placement_group_id = m.placement_group_of(e.spec.strategy)
         a = _Actor(info, e.spec)
         self.actors[info.actor_id] = a
         if info.state == DEAD:

@@ -296,6 +296,9 @@ class ActorInfo:
     owner_worker_id: WorkerID
     #: Calls not yet answered, as last reported (dashboard only).
     pending_calls: int = 0
+    #: The placement group its creation was scheduled into (None: none); records written
+    #: before this field decode with None, filled from their spec when restored.
+    placement_group_id: bytes | None = None
 
 
 @message(71)

@@ -46,6 +46,11 @@ class Dep:
     slot: int = -1
 
 
+def placement_group_of(strategy: Any) -> bytes | None:
+    """The placement group a spec's strategy schedules it into (``["PG", id, ...]``), or None."""
+    return strategy[1] if strategy and strategy[0] == "PG" else None
+
+
 @message(3)
 class TaskSpec:
     task_id: TaskID
