@@ -20,6 +20,9 @@ import lumos
 # pytest (~0.15 s each: 200 actors, 30 s): the fork server imports it once for all. (Set
 # here, it reaches every cluster the tests start: with init, the CLI, a kernel.)
 os.environ.setdefault("LUMOS_WORKER_PRELOAD_MODULES", "pytest")
+# The torch tests import torch into this process, where "auto" would have every later
+# test cluster's fork server import it too (~1 s of CPU each).
+os.environ.setdefault("LUMOS_WORKER_WARM_MODULES", "")
 
 #: Short timeouts and invariant checks for every test cluster.
 TEST_CONFIG: dict[str, Any] = {

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import reprlib
+import sys
 import types
 import typing
 from typing import Any, Mapping, TypeVar
@@ -63,8 +64,23 @@ def _knob(default: _T, rng: _Range) -> _T:
 
 
 def preload_modules(value: str) -> list[str]:
-    """The module names of ``worker_preload_modules``."""
+    """The module names of ``worker_preload_modules`` (or ``worker_warm_modules``)."""
     return [name.strip() for name in value.split(",") if name.strip()]
+
+
+#: Heavy libraries whose import a node's workers skip when the process starting the node
+#: has imported them (``worker_warm_modules="auto"``); each is imported and forked by
+#: many programs already (torch's DataLoader forks its workers).
+WARM_IF_IMPORTED = ("torch", "pandas")
+
+
+def warm_modules_for_node(config: "Config") -> "Config":
+    """``config`` with ``worker_warm_modules="auto"`` made concrete for a node this process
+    starts: the ``WARM_IF_IMPORTED`` modules it has imported."""
+    if config.worker_warm_modules != "auto":
+        return config
+    found = [name for name in WARM_IF_IMPORTED if name in sys.modules]
+    return dataclasses.replace(config, worker_warm_modules=",".join(found))
 
 
 def _positive(default: _T) -> _T:
@@ -168,6 +184,12 @@ class Config:
     #: worker started with "spawn" imports them as it starts. One that cannot be imported
     #: is logged (the raylet's log) and skipped.
     worker_preload_modules: str = ""
+    #: Modules the fork server imports once it is idle, after numpy, comma-separated:
+    #: workers forked later share them; one forked before imports what it uses itself.
+    #: "auto": those of ``WARM_IF_IMPORTED`` that the process starting the node has
+    #: imported (a notebook that imported torch: its workers skip torch's ~1 s import
+    #: each). "": none.
+    worker_warm_modules: str = "auto"
     #: A fork server makes each worker the raylet's own child with ``clone(CLONE_PARENT)``
     #: where the platform allows (glibc on x86-64/arm64); False: always the double fork.
     worker_fork_clone: bool = True
@@ -274,10 +296,11 @@ class Config:
             values[name] = _check(fields[name], value, f"_system_config[{name!r}]")
         if values.get("worker_start", "fork") not in ("fork", "spawn"):
             raise ValueError(f"worker_start must be 'fork' or 'spawn', got {values['worker_start']!r}")
-        for name in preload_modules(values.get("worker_preload_modules", "")):
-            if not all(part.isidentifier() for part in name.split(".")):
-                raise ValueError(f"worker_preload_modules: {name!r} is not a module name "
-                                 "(give them comma-separated: 'torch,transformers')")
+        for key in ("worker_preload_modules", "worker_warm_modules"):
+            for name in preload_modules(values.get(key, "")):
+                if not all(part.isidentifier() for part in name.split(".")):
+                    raise ValueError(f"{key}: {name!r} is not a module name "
+                                     "(give them comma-separated: 'torch,transformers')")
         if "gcs_storage" in values:
             from lumos._private.gcs.storage import check_storage_url
             check_storage_url(values["gcs_storage"])

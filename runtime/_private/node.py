@@ -47,7 +47,7 @@ import sys
 import time
 from typing import Any
 
-from lumos._private.config import Config
+from lumos._private.config import Config, warm_modules_for_node
 from lumos._private.ids import random_id
 from lumos._private.object_store.spill_io import node_spill_dir
 from lumos._private.process import (await_ready, check_private_dir, make_private_dir,
@@ -403,7 +403,7 @@ class NodeProcesses:
 
     def __init__(self, session_dir: str, config: Config) -> None:
         self.session_dir = session_dir
-        self.config = config
+        self.config = warm_modules_for_node(config)
         self.procs: list[subprocess.Popen[bytes]] = []
         self.gcs_address: tuple[str, int] | None = None
         self.gcs_unix = os.path.join(session_dir, "sockets", "gcs.sock")

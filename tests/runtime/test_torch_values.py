@@ -6,6 +6,7 @@ the tensor and never reaches the object or a later read of it."""
 
 from __future__ import annotations
 
+import os
 import pickle
 from typing import Any
 
@@ -199,3 +200,37 @@ def test_in_place_reads_can_be_turned_off(fresh_cluster: Any) -> None:
     assert not _store_path_of(t).startswith(store_dir)
     t.add_(1)
     assert float(lumos.get(ref, timeout=60).sum()) == MiB // 4
+
+
+def _raylet_log(ctx: Any) -> str:
+    logs = os.path.join(ctx.address_info["session_dir"], "logs")
+    text = ""
+    for name in os.listdir(logs):
+        if name.startswith("raylet"):
+            with open(os.path.join(logs, name), errors="replace") as f:
+                text += f.read()
+    return text
+
+
+# A probe defined outside any module a worker could import (this one imports torch): its
+# class travels by value, so "torch" in a worker's sys.modules says what the worker had.
+_PROBE: dict[str, Any] = {"__name__": "lumos_probe"}
+exec("class Probe:\n"
+     "    def has_torch(self):\n"
+     "        import sys\n"
+     "        return 'torch' in sys.modules\n", _PROBE)
+
+
+@pytest.mark.parametrize("warm", ["auto", ""])
+def test_a_driver_that_imported_torch_gets_workers_that_have_it(fresh_cluster: Any, warm: str) -> None:
+    """``worker_warm_modules="auto"``: the fork server imports torch once it is idle, since
+    the process that started the node had it; workers forked after that skip the import.
+    With "" it does not (the test suite's default: most test clusters need no torch)."""
+    # (No prestarted workers: the actor's is forked after the warm-up.)
+    ctx = fresh_cluster(num_cpus=1, include_dashboard=False,
+                        _system_config={"worker_warm_modules": warm, "num_prestart_workers": 0})
+    probe = lumos.remote(num_cpus=0)(_PROBE["Probe"])
+    wait_for(lambda: "fork server pre-imported" in _raylet_log(ctx), 30)
+    assert ("psutil, torch" in _raylet_log(ctx)) == (warm == "auto")
+    actor = probe.remote()
+    assert lumos.get(actor.has_torch.remote(), timeout=60) == (warm == "auto")

@@ -60,7 +60,7 @@ _MAX_REQUEST_BYTES = 64 * 1024
 
 #: Modules a worker may well use, imported once the server has been idle a moment (see
 #: ``serve``): workers forked later share them, and the first workers of a new cluster
-#: are not held up by them.
+#: are not held up by them. ``worker_warm_modules`` adds the user's (torch, say).
 OPTIONAL_MODULES = ("numpy", "numpy.random", "psutil")
 #: Quiet time on the control pipe after which the server imports the next optional module.
 WARM_AFTER_IDLE_S = 0.2
@@ -96,7 +96,7 @@ def serve(raylet_pid: int, worker_args: list[str], rfd: int = 0, wfd: int = 1) -
     right after ``init`` leaves no quiet time) (``{"warmed": [modules]}`` once done); a
     worker forked before imports them itself if it needs them."""
     preimport()
-    from lumos._private.config import Config
+    from lumos._private.config import Config, preload_modules
     from lumos._private.worker import main as worker_main
     # Parsed once here; each child fills in its worker id.
     args = worker_main.parse_args([*worker_args, "--worker-id", ""])
@@ -113,16 +113,21 @@ def serve(raylet_pid: int, worker_args: list[str], rfd: int = 0, wfd: int = 1) -
     gc.freeze()
     gc.disable()
     _write(wfd, {"ready": os.getpid(), "clone": _CLONE is not None, "preloaded": preloaded, "failed": failed})
-    optional: list[str | None] = [*OPTIONAL_MODULES, None]  # None: the rehearsal
+    # The user's warm modules (``worker_warm_modules``) come last and only in quiet time:
+    # a burst of plain tasks right after ``init`` never waits for torch's import.
+    warm = [] if config.worker_warm_modules == "auto" else preload_modules(config.worker_warm_modules)
+    optional: list[str | None] = [*OPTIONAL_MODULES, None, *warm]  # None: the rehearsal
     forked = 0
     present: list[str] = []
     buf = b""
     skipping = False  # inside a line too long to be a request, dropped up to its newline
     while True:
         pending = b"\n" in buf  # (a request read with others, not served yet)
-        if optional and (forked >= WARM_AFTER_FORKS
+        if optional and (forked >= WARM_AFTER_FORKS and len(optional) > len(warm)
                          or not pending and not select.select([rfd], [], [], WARM_AFTER_IDLE_S)[0]):
             name = optional.pop(0)
+            if len(optional) < len(warm):
+                warm.pop(0)
             if name is None:
                 _rehearse(args, config)
             else:
