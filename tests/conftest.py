@@ -73,6 +73,17 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float = 10.0, interval_s: 
         time.sleep(interval_s)
 
 
+def raylet_log(ctx: Any) -> str:
+    """What the raylets of ``ctx``'s session (a ``LumosContext``) have logged so far."""
+    logs = os.path.join(ctx.address_info["session_dir"], "logs")
+    text = ""
+    for name in sorted(os.listdir(logs)):
+        if name.startswith("raylet"):
+            with open(os.path.join(logs, name), errors="replace") as f:
+                text += f.read()
+    return text
+
+
 def check_no_leaks(session_dir: str | None, timeout_s: float = 10.0) -> None:
     def clean() -> bool:
         return not lumos_children()

@@ -13,7 +13,7 @@ import pytest
 import lumos
 from lumos._private.config import Config
 from lumos.exceptions import ActorDiedError
-from tests.conftest import lumos_children, process_gone, wait_for
+from tests.conftest import lumos_children, process_gone, raylet_log, wait_for
 
 
 @lumos.remote(num_cpus=0)
@@ -112,13 +112,7 @@ def test_the_double_fork_path_makes_workers_children_of_the_raylet_too(fresh_clu
     assert {i["ppid"] for i in infos} == {raylet.pid}
     with pytest.raises(ActorDiedError, match="exit code 7"):
         lumos.get(actors[0].exit.remote(7), timeout=60)
-    logs = os.path.join(ctx.address_info["session_dir"], "logs")
-    text = ""
-    for name in os.listdir(logs):
-        if name.startswith("raylet"):
-            with open(os.path.join(logs, name)) as f:
-                text += f.read()
-    assert "double-forked" in text
+    assert "double-forked" in raylet_log(ctx)
 
 
 def test_forked_worker_exit_code_is_reported(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
@@ -514,19 +508,9 @@ def test_worker_preload_modules_are_imported_before_any_task_asks(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     ctx = fresh_cluster(num_cpus=1, include_dashboard=False, _system_config={
         "worker_start": start, "worker_preload_modules": "lumos_preload_broken, lumos_preload_probe"})
-    logs = os.path.join(ctx.address_info["session_dir"], "logs")
-
-    def raylet_log() -> str:
-        text = ""
-        for name in os.listdir(logs):
-            if name.startswith("raylet"):
-                with open(os.path.join(logs, name), errors="replace") as f:
-                    text += f.read()
-        return text
-
     if start == "fork":
-        wait_for(lambda: "lumos_preload_probe imported" in raylet_log(), 30)
-        assert "could not import lumos_preload_broken (RuntimeError: broken on purpose)" in raylet_log()
+        wait_for(lambda: "lumos_preload_probe imported" in raylet_log(ctx), 30)
+        assert "could not import lumos_preload_broken (RuntimeError: broken on purpose)" in raylet_log(ctx)
     seen = lumos.get([a.seen.remote() for a in [_PreloadProbe.remote() for _ in range(3)]], timeout=60)
     assert all(loaded for _, loaded in seen), seen
     importers = log.read_text().split()

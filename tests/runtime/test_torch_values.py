@@ -6,7 +6,6 @@ the tensor and never reaches the object or a later read of it."""
 
 from __future__ import annotations
 
-import os
 import pickle
 from typing import Any
 
@@ -17,7 +16,7 @@ import lumos
 from lumos._private import serialization as ser
 from lumos._private import worker_context
 from lumos._private.protocol import messages as m
-from tests.conftest import wait_for
+from tests.conftest import raylet_log, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 MiB = 1024 * 1024
@@ -202,16 +201,6 @@ def test_in_place_reads_can_be_turned_off(fresh_cluster: Any) -> None:
     assert float(lumos.get(ref, timeout=60).sum()) == MiB // 4
 
 
-def _raylet_log(ctx: Any) -> str:
-    logs = os.path.join(ctx.address_info["session_dir"], "logs")
-    text = ""
-    for name in os.listdir(logs):
-        if name.startswith("raylet"):
-            with open(os.path.join(logs, name), errors="replace") as f:
-                text += f.read()
-    return text
-
-
 # A probe defined outside any module a worker could import (this one imports torch): its
 # class travels by value, so "torch" in a worker's sys.modules says what the worker had.
 _PROBE: dict[str, Any] = {"__name__": "lumos_probe"}
@@ -230,7 +219,7 @@ def test_a_driver_that_imported_torch_gets_workers_that_have_it(fresh_cluster: A
     ctx = fresh_cluster(num_cpus=1, include_dashboard=False,
                         _system_config={"worker_warm_modules": warm, "num_prestart_workers": 0})
     probe = lumos.remote(num_cpus=0)(_PROBE["Probe"])
-    wait_for(lambda: "fork server pre-imported" in _raylet_log(ctx), 30)
-    assert ("psutil, torch" in _raylet_log(ctx)) == (warm == "auto")
+    wait_for(lambda: "fork server pre-imported" in raylet_log(ctx), 30)
+    assert ("psutil, torch" in raylet_log(ctx)) == (warm == "auto")
     actor = probe.remote()
     assert lumos.get(actor.has_torch.remote(), timeout=60) == (warm == "auto")
