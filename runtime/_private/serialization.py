@@ -64,8 +64,40 @@ def _code_reduce_keeping_file(code: types.CodeType) -> tuple:
 _own_reductions: dict[type, Callable[[Any], tuple]] = {types.CodeType: _code_reduce_keeping_file}
 
 
+#: The user's reductions (``register_reduction``), ahead of lumos's own.
+_user_reductions: dict[type, Callable[[Any], tuple]] = {}
+
+
 class _Pickler(cloudpickle.Pickler):
-    dispatch_table = ChainMap(_own_reductions, cloudpickle.Pickler.dispatch_table)
+    dispatch_table = ChainMap(_user_reductions, _own_reductions, cloudpickle.Pickler.dispatch_table)
+
+
+#: False while a user's reduction is registered for a type ``serialize`` otherwise
+#: pickles with the plain C pickler (a scalar, None, tuple, list, dict, ndarray): every
+#: value then goes through ``_Pickler``, which applies it.
+_plain_ok = True
+
+
+def _plain_types() -> tuple[type, ...]:
+    return (*_PLAIN_SCALARS, tuple, list, dict, type(None), _ndarray_type() or tuple)
+
+
+def register_reduction(cls: type, reduce: Callable[[Any], tuple]) -> None:
+    """Pickle instances of exactly ``cls`` with ``reduce`` in this process, ahead of
+    lumos's and cloudpickle's own (``ray.util.register_serializer``)."""
+    global _plain_ok
+    if not isinstance(cls, type):
+        raise TypeError(f"a serializer is registered for a class, got {type(cls).__name__} {cls!r}")
+    _user_reductions[cls] = reduce
+    if cls in _plain_types():
+        _plain_ok = False
+
+
+def unregister_reduction(cls: type) -> None:
+    """Undo ``register_reduction``: ``cls`` pickles as before (nothing if it has none)."""
+    global _plain_ok
+    _user_reductions.pop(cls, None)
+    _plain_ok = not any(c in _user_reductions for c in _plain_types())
 
 
 def cloudpickle_dumps(value: Any, protocol: int = 5,
@@ -336,12 +368,15 @@ def serialize(value: Any, kind: int = KIND_VALUE) -> SerializedValue:
 
     The result for ``None`` and ``()`` is shared (its fields must not be changed).
     """
-    if kind == KIND_VALUE:
-        if value is None:
-            return _NONE
-        if type(value) is tuple and not value:
-            return _EMPTY_TUPLE
-    plain = _plainness(value)
+    if not _plain_ok:
+        plain = _NOT_PLAIN
+    else:
+        if kind == KIND_VALUE:
+            if value is None:
+                return _NONE
+            if type(value) is tuple and not value:
+                return _EMPTY_TUPLE
+        plain = _plainness(value)
     if plain != _NOT_PLAIN:
         # No refs to record and no code to pickle by value: the C pickler suffices.
         pickled_buffers: list[pickle.PickleBuffer] = []

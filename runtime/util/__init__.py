@@ -20,17 +20,13 @@ from lumos.util import multiprocessing, output, queue, scheduling_strategies, se
 from lumos.util.actor_pool import ActorPool
 from lumos.util.completion import as_completed, map_unordered
 from lumos.util.debug import disable_log_once_globally, enable_periodic_logging, inspect_serializability, log_once
+from lumos.util.pickling import deregister_serializer, register_serializer
 from lumos.util.placement_group import (PlacementGroup, get_current_placement_group, get_placement_group,
                                         placement_group, placement_group_table, remove_placement_group)
 
 _CLIENT = "Ray Client is not part of lumos; join a cluster with lumos.init(address='lumos://HOST:PORT')"
 connect = missing_function("ray.util.connect", _CLIENT)
 disconnect = missing_function("ray.util.disconnect", _CLIENT + " and leave it with lumos.shutdown()")
-register_serializer = missing_function("ray.util.register_serializer",
-                                       "lumos pickles with cloudpickle: give the class __reduce__, or register "
-                                       "it with copyreg in a module every worker imports")
-deregister_serializer = missing_function("ray.util.deregister_serializer",
-                                         "lumos has no serializer registry (see register_serializer)")
 get_node_instance_id = missing_function("ray.util.get_node_instance_id",
                                         "lumos has no cloud instance ids; use get_runtime_context().get_node_id()")
 

@@ -223,3 +223,15 @@ def test_a_driver_that_imported_torch_gets_workers_that_have_it(fresh_cluster: A
     assert ("psutil, torch" in raylet_log(ctx)) == (warm == "auto")
     actor = probe.remote()
     assert lumos.get(actor.has_torch.remote(), timeout=60) == (warm == "auto")
+
+
+def test_a_users_serializer_for_tensors_wins_and_goes() -> None:
+    t = torch.arange(4.0)
+    lumos.util.register_serializer(torch.Tensor, serializer=lambda x: x.tolist(),
+                                   deserializer=lambda values: ("mine", values))
+    try:
+        assert _round_trip(t) == ("mine", [0.0, 1.0, 2.0, 3.0])
+    finally:
+        lumos.util.deregister_serializer(torch.Tensor)
+    assert len(ser.serialize(t).buffers) == 1   # lumos's own way again
+    _same(t, _round_trip(t))
