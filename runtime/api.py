@@ -121,6 +121,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
         if unknown:
             raise TypeError(f"init() got unexpected arguments {sorted(unknown)}")
         runtime_env, namespace = job_config_mod.applied(job_config, runtime_env, namespace)
+        job_metadata = job_config_mod.metadata_of(job_config)
         _check_number("num_cpus", num_cpus)
         _check_number("num_gpus", num_gpus)
         _check_number("object_store_memory", object_store_memory)
@@ -142,7 +143,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
             ctx = _start_private(config, num_cpus, num_gpus, resources, memory, object_store_memory,
                                  namespace or "", _node_ip_address,
                                  (dashboard_host, 8265 if dashboard_port is None else dashboard_port)
-                                 if dashboard else None, job_env, job_package)
+                                 if dashboard else None, job_env, job_package, job_metadata)
         else:
             if any(v is not None for v in (num_cpus, num_gpus, resources, object_store_memory)):
                 raise ValueError("num_cpus, num_gpus, resources and object_store_memory describe a new "
@@ -151,9 +152,9 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
                 if isinstance(address, str) and address.startswith("ray://"):  # Ray Client's scheme
                     address = "lumos://" + address[len("ray://"):]
                 if isinstance(address, str) and address.startswith("lumos://"):
-                    ctx = _connect_client(config, address, namespace or "", _token, runtime_env)
+                    ctx = _connect_client(config, address, namespace or "", _token, runtime_env, job_metadata)
                 else:
-                    ctx = _connect(config, address, namespace or "", _token, job_env, job_package)
+                    ctx = _connect(config, address, namespace or "", _token, job_env, job_package, job_metadata)
             except BaseException as e:
                 failed_connect = f"lumos.init(address={address!r}) failed: {type(e).__name__}: {e}"
                 raise
@@ -214,7 +215,8 @@ def _start_private(config: Config, num_cpus: float | None, num_gpus: float | Non
                    resources: dict[str, float] | None, memory: int | None, store_bytes: int | None,
                    namespace: str, node_ip: str, dashboard: tuple[str, int] | None = None,
                    job_env: dict[str, str] | None = None,
-                   job_package: tuple[str, bytes] | None = None) -> LumosContext:
+                   job_package: tuple[str, bytes] | None = None,
+                   job_metadata: dict[str, str] | None = None) -> LumosContext:
     session_dir = new_session_dir()
     node = NodeProcesses(session_dir, config)
     token = auth.new_token().hex().encode()
@@ -233,7 +235,8 @@ def _start_private(config: Config, num_cpus: float | None, num_gpus: float | Non
         node.start_gcs_and_raylet(resources=res, store_bytes=store, host=node_ip, gcs_port=0, private=True)
         assert node.gcs_address is not None
         cw = _start_core_worker(config, token, node.gcs_unix, node.raylet_socket, session_dir,
-                                node.node_id, node.store_dir, node_ip, namespace, job_env, job_package)
+                                node.node_id, node.store_dir, node_ip, namespace, job_env, job_package,
+                                job_metadata)
     except BaseException:
         if dash is not None:
             os.close(dash[1])
@@ -258,14 +261,15 @@ def _start_private(config: Config, num_cpus: float | None, num_gpus: float | Non
 def _start_core_worker(config: Config, token: bytes, gcs_address: Any, raylet_socket: str, session_dir: str,
                        node_id: NodeID, store_dir: str, node_ip: str, namespace: str,
                        job_env: dict[str, str] | None = None,
-                       job_package: tuple[str, bytes] | None = None) -> CoreWorker:
+                       job_package: tuple[str, bytes] | None = None,
+                       job_metadata: dict[str, str] | None = None) -> CoreWorker:
     main = sys.modules.get("__main__")
     entry = getattr(main, "__file__", None) or "interactive"
     cw = CoreWorker(mode=DRIVER, config=config, token=token, gcs_address=gcs_address,
                     raylet_socket=raylet_socket, session_dir=session_dir, node_id=node_id,
                     store_dir=store_dir, worker_id=random_id(16), node_ip=node_ip,
                     namespace=namespace or random_id(8).hex(), entrypoint=entry, job_env_vars=job_env,
-                    job_package=job_package)
+                    job_package=job_package, job_metadata=job_metadata)
     cw.start()
     _watch_cells()
     return cw
@@ -283,7 +287,8 @@ def _watch_cells(on: bool = True) -> None:
 
 def _connect(config: Config, address: str, namespace: str, token_arg: str | None,
              job_env: dict[str, str] | None = None,
-             job_package: tuple[str, bytes] | None = None) -> LumosContext:
+             job_package: tuple[str, bytes] | None = None,
+             job_metadata: dict[str, str] | None = None) -> LumosContext:
     token_text = token_arg or os.environ.get("LUMOS_CLUSTER_TOKEN")
     session_hint = None
     if address == "auto":
@@ -326,7 +331,7 @@ def _connect(config: Config, address: str, namespace: str, token_arg: str | None
     node = local[0]
     cw = _start_core_worker(config, token, gcs_address, node.address.unix_path, node.session_dir,
                             node.node_id, node.object_store_dir, node.address.host, namespace, job_env,
-                            job_package)
+                            job_package, job_metadata)
     worker_context.core_worker = cw
     _register_exit_handler()
     return LumosContext({"gcs_address": address, "address": address, "node_id": node.node_id.hex(),
@@ -344,10 +349,11 @@ def _head_dashboard_url(node: m.NodeInfo) -> str:
 
 
 def _connect_client(config: Config, address: str, namespace: str, token_arg: str | None,
-                    runtime_env: dict[str, Any] | None) -> LumosContext:
+                    runtime_env: dict[str, Any] | None,
+                    job_metadata: dict[str, str] | None = None) -> LumosContext:
     """Client mode: this process runs no node; its session on the head does the work."""
     from lumos._private.client import worker as client
-    cw = client.connect(config, address, namespace, token_arg, runtime_env)
+    cw = client.connect(config, address, namespace, token_arg, runtime_env, job_metadata)
     worker_context.core_worker = cw  # type: ignore[assignment]
     _watch_cells()
     _register_exit_handler()

@@ -2,9 +2,10 @@
 
 What lumos applies from a job config (its own or Ray's, read by attribute): the
 ``runtime_env`` and the ``ray_namespace``, unless ``init`` is given its own
-``runtime_env=`` or ``namespace=`` (those win, as in Ray). ``metadata`` is kept on the
-object only. A job config asking for what lumos does not do (every actor detached by
-default, Java options, a code search path) is refused by ``init``, not ignored.
+``runtime_env=`` or ``namespace=`` (those win, as in Ray), and the ``metadata``, which
+the job's row carries (``list_jobs``). A job config asking for what lumos does not do
+(every actor detached by default, Java options, a code search path) is refused by
+``init``, not ignored.
 """
 
 from __future__ import annotations
@@ -76,6 +77,20 @@ def applied(job_config: Any, runtime_env: dict[str, Any] | None,
     if namespace is None:
         namespace = getattr(job_config, "ray_namespace", None)
     return runtime_env, namespace
+
+
+def metadata_of(job_config: Any) -> dict[str, str] | None:
+    """A job config's ``metadata`` (lumos's or Ray's), checked: str -> str; None: none."""
+    metadata = getattr(job_config, "metadata", None) if job_config is not None else None
+    if not metadata:
+        return None
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in metadata.items()):
+        raise TypeError(f"JobConfig metadata must map str to str, got {metadata!r}")
+    from lumos._private.protocol.messages import MAX_JOB_METADATA_BYTES
+    if sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items()) > MAX_JOB_METADATA_BYTES:
+        raise ValueError(f"JobConfig metadata holds at most {MAX_JOB_METADATA_BYTES} bytes")
+    return {str(k): str(v) for k, v in metadata.items()}
 
 
 __all__ = ["JobConfig"]

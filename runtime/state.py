@@ -97,7 +97,8 @@ NODE_FIELDS = ("node_id", "state", "node_ip", "hostname", "is_head_node", "resou
                "memory_used_bytes", "lumos_rss_bytes", "cpu_percent")
 WORKER_FIELDS = ("worker_id", "node_id", "pid", "job_id", "is_driver", "state", "start_time", "end_time",
                  "exit_detail")
-JOB_FIELDS = ("job_id", "driver_pid", "namespace", "entrypoint", "state", "start_time", "end_time")
+JOB_FIELDS = ("job_id", "driver_pid", "namespace", "entrypoint", "state", "start_time", "end_time",
+              "driver_node_id", "driver_ip", "metadata")
 OBJECT_FIELDS = ("object_id", "owned", "state", "size_bytes", "local_refs", "submitted_refs", "contained_refs",
                  "borrowers", "in_store", "node_id", "reporter_worker_id", "owner_worker_id")
 ACTOR_FIELDS = ("actor_id", "class_name", "state", "name", "namespace", "job_id", "node_id", "pid",
@@ -304,10 +305,15 @@ def list_workers(filters: Iterable[Filter] | None = None, timeout: float | None 
 
 
 def list_jobs(timeout: float | None = None) -> list[dict[str, Any]]:
+    """Jobs the GCS knows, one per driver: job_id, driver_pid, namespace, entrypoint,
+    state (RUNNING, FINISHED), start_time, end_time, driver_node_id, driver_ip, and the
+    driver's ``JobConfig(metadata=...)`` ({} without)."""
     cw = worker_context.require()
     return [{"job_id": j.job_id.hex(), "driver_pid": j.pid, "namespace": j.namespace,
              "entrypoint": j.entrypoint, "state": j.state, "start_time": j.start_time,
-             "end_time": j.end_time or None} for j in _Deadline(cw, timeout).call(m.GetAllJobs())]
+             "end_time": j.end_time or None, "driver_node_id": j.driver.node_id.hex(),
+             "driver_ip": j.driver.host, "metadata": dict(j.metadata or {})}
+            for j in _Deadline(cw, timeout).call(m.GetAllJobs())]
 
 
 def list_objects(filters: Iterable[Filter] | None = None, limit: int = 10_000) -> list[dict[str, Any]]:

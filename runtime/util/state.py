@@ -78,7 +78,12 @@ def _ray_worker(r: dict[str, Any], ips: dict[str, str]) -> dict[str, Any]:
 
 
 def _ray_job(r: dict[str, Any]) -> dict[str, Any]:
-    return {**r, "status": r["state"], "start_time_ms": _ms(r["start_time"]), "end_time_ms": _ms(r["end_time"])}
+    # Ray's row of a driver's job: its status is SUCCEEDED once the driver is gone.
+    return {**r, "status": "SUCCEEDED" if r["state"] == "FINISHED" else r["state"],
+            "start_time_ms": _ms(r["start_time"]), "end_time_ms": _ms(r["end_time"]), "type": "DRIVER",
+            "submission_id": None, "driver_info": {"id": r["job_id"], "node_ip_address": r["driver_ip"],
+                                                   "pid": str(r["driver_pid"])},
+            "message": None, "error_type": None, "driver_exit_code": None}
 
 
 def _ray_group(r: dict[str, Any]) -> dict[str, Any]:
@@ -134,7 +139,8 @@ _RAY_TASK_FIELDS = (*_state.TASK_FIELDS, "creation_time_ms", "start_time_ms", "e
                     "language")
 _RAY_WORKER_FIELDS = (*_state.WORKER_FIELDS, "worker_type", "is_alive", "start_time_ms", "end_time_ms", "ip",
                       "worker_launch_time_ms", "worker_launched_time_ms")
-_RAY_JOB_FIELDS = (*_state.JOB_FIELDS, "status", "start_time_ms", "end_time_ms")
+_RAY_JOB_FIELDS = (*_state.JOB_FIELDS, "status", "start_time_ms", "end_time_ms", "type", "submission_id",
+                   "driver_info", "message", "error_type", "driver_exit_code")
 _RAY_NODE_FIELDS = (*_state.NODE_FIELDS, "node_name", "state_message", "start_time_ms", "end_time_ms")
 _RAY_OBJECT_FIELDS = (*_state.OBJECT_FIELDS, "object_size", "reference_type", "pid", "ip", "type")
 

@@ -179,6 +179,16 @@ def test_ray_client_addresses_connect_too(head: tuple[str, str]) -> None:
         lumos.shutdown()
 
 
+def test_a_client_jobs_metadata_is_its_jobs(head: tuple[str, str]) -> None:
+    lumos.init(head[0], _token=head[1], job_config=lumos.job_config.JobConfig(metadata={"run": "client-7"}))
+    try:
+        me = lumos.get_runtime_context().get_job_id()
+        (row,) = [j for j in lumos.state.list_jobs() if j["job_id"] == me]
+        assert row["metadata"] == {"run": "client-7"}
+    finally:
+        lumos.shutdown()
+
+
 def test_client_server_survives_garbage_and_half_handshakes(head: tuple[str, str]) -> None:
     import socket
     host, port = head[0][len("lumos://"):].rsplit(":", 1)

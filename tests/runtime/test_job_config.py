@@ -23,6 +23,12 @@ def test_init_applies_a_job_configs_runtime_env_and_namespace(fresh_cluster: Any
     fresh_cluster(job_config=job)
     assert lumos.get(env_of.remote(), timeout=30) == "jc"
     assert lumos.get_runtime_context().namespace == "from-job-config"
+    # Its metadata is the job's row's, in lumos's state API and Ray's.
+    me = lumos.get_runtime_context().get_job_id()
+    (row,) = [j for j in lumos.state.list_jobs() if j["job_id"] == me]
+    assert row["metadata"] == {"who": "test"} and row["driver_pid"] == os.getpid()
+    (ray_row,) = lumos.util.state.list_jobs(filters=[("job_id", "=", me)])
+    assert ray_row.metadata == {"who": "test"} and ray_row.type == "DRIVER"
     lumos.shutdown()
     fresh_cluster(job_config=job, runtime_env={"env_vars": {"JOB_VAR": "init"}}, namespace="own")
     assert lumos.get(env_of.remote(), timeout=30) == "init" and lumos.get_runtime_context().namespace == "own"
@@ -37,3 +43,20 @@ def test_init_refuses_what_a_job_config_asks_and_lumos_does_not_do() -> None:
     with pytest.raises(ValueError, match="default_actor_lifetime"):
         JobConfig(default_actor_lifetime="forever")
     assert not lumos.is_initialized()
+
+
+def test_metadata_that_is_not_str_to_str_is_refused(fresh_cluster: Any) -> None:
+    JobConfig = lumos.job_config.JobConfig
+    with pytest.raises(TypeError, match="metadata must map str to str"):
+        lumos.init(job_config=JobConfig(metadata={"epochs": 3}))
+    with pytest.raises(ValueError, match="at most"):
+        lumos.init(job_config=JobConfig(metadata={"big": "x" * 70_000}))
+    assert not lumos.is_initialized()
+    # A peer sending such a registration gets an error; the GCS goes on.
+    from lumos._private import worker_context
+    from lumos._private.protocol import messages as m
+    fresh_cluster(num_cpus=1, include_dashboard=False)
+    cw = worker_context.require()
+    with pytest.raises(Exception, match="metadata must map str to str"):
+        cw.call_gcs(m.RegisterJob(cw.address, os.getpid(), "ns", "x", metadata={"a": 1}))  # type: ignore[dict-item]
+    assert lumos.get(env_of.remote(), timeout=30) is None

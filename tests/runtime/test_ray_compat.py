@@ -503,6 +503,9 @@ def test_util_state_rows_carry_rays_field_names(cluster: lumos.LumosContext) -> 
     assert actors and actors[0].ray_namespace == actors[0].namespace and actors[0].start_time_ms > 0
     job = state.list_jobs(filters=[("status", "=", "RUNNING")])
     assert job and job[0].status == job[0].state
+    assert job[0].type == "DRIVER" and job[0].submission_id is None
+    assert job[0].driver_info == {"id": job[0].job_id, "node_ip_address": job[0].driver_ip,
+                                  "pid": str(job[0].driver_pid)}
     workers = state.list_workers(filters=[("worker_type", "=", "DRIVER"), ("is_alive", "=", True)], limit=1000)
     assert workers and all(w.is_driver and w.state == "ALIVE" for w in workers)
     tasks = state.list_tasks(filters=[("func_or_class_name", "!=", "")], limit=5)

@@ -459,9 +459,10 @@ def main() -> None:
     import lumos
     try:
         runtime_env = pickle.loads(hello["runtime_env"]) if hello.get("runtime_env") else None
+        job_config = lumos.job_config.JobConfig(metadata=hello["job_metadata"]) if hello.get("job_metadata") else None
         lumos.init(address=args.gcs_address, _token=read_token(args.token_file).decode(),
                    namespace=hello.get("namespace") or None, runtime_env=runtime_env,
-                   _system_config=overrides, include_dashboard=False)
+                   job_config=job_config, _system_config=overrides, include_dashboard=False)
     except BaseException as e:
         logger.exception("client %s: the session's driver did not start", args.client_id[:8])
         try:

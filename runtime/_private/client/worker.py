@@ -131,7 +131,7 @@ class ClientWorker:
     _flush_idle = False
 
     def __init__(self, config: Config, address: str, token: bytes, namespace: str,
-                 runtime_env: dict[str, Any] | None) -> None:
+                 runtime_env: dict[str, Any] | None, job_metadata: dict[str, str] | None = None) -> None:
         self.config = config
         self.client_address = address
         self.host, self.port = parse_client_address(address)
@@ -140,6 +140,8 @@ class ClientWorker:
         self.token = token
         self._namespace_wanted = namespace
         self._runtime_env = runtime_env
+        #: ``JobConfig(metadata=...)``: the session's driver registers its job with it.
+        self._job_metadata = job_metadata
         self.client_id = random_id(16).hex()
         self.objects = _Refs()
         self.actor_submitter = _ActorCalls(self)
@@ -224,7 +226,8 @@ class ClientWorker:
             hello = {"op": "hello", "client_id": self.client_id, "resume": resume, "unanswered": unanswered,
                      "wire": auth.WIRE_VERSION,
                      "namespace": self._namespace_wanted,
-                     "runtime_env": pickle.dumps(self._runtime_env) if self._runtime_env else None}
+                     "runtime_env": pickle.dumps(self._runtime_env) if self._runtime_env else None,
+                     "job_metadata": self._job_metadata}
             sock.settimeout(timeout_s + 60)  # a new session starts a driver first
             wire.send(sock, hello)
             welcome, _ = wire.recv(sock)
@@ -642,7 +645,7 @@ class ClientWorker:
 
 
 def connect(config: Config, address: str, namespace: str, token_arg: str | None,
-            runtime_env: dict[str, Any] | None) -> ClientWorker:
+            runtime_env: dict[str, Any] | None, job_metadata: dict[str, str] | None = None) -> ClientWorker:
     """Connect to the head at ``lumos://HOST:PORT``; returns the started ``ClientWorker``.
 
     Raises:
@@ -654,6 +657,6 @@ def connect(config: Config, address: str, namespace: str, token_arg: str | None,
         raise ValueError(f"client mode (lumos://) ships runtime_env env_vars only, got "
                          f"{sorted(set(runtime_env) - {'env_vars'})}; put the code the tasks need on the "
                          "cluster's nodes")
-    cw = ClientWorker(config, address, client_token(token_arg), namespace, runtime_env)
+    cw = ClientWorker(config, address, client_token(token_arg), namespace, runtime_env, job_metadata)
     cw.start()
     return cw

@@ -98,7 +98,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                  raylet_socket: str, session_dir: str, node_id: NodeID, store_dir: str,
                  worker_id: WorkerID, node_ip: str = "127.0.0.1", namespace: str = "",
                  entrypoint: str = "", job_env_vars: dict[str, str] | None = None,
-                 job_package: tuple[str, bytes] | None = None, gcs_durable: bool | None = None) -> None:
+                 job_package: tuple[str, bytes] | None = None, gcs_durable: bool | None = None,
+                 job_metadata: dict[str, str] | None = None) -> None:
         self.mode = mode
         self.config = config
         self.token = token
@@ -114,6 +115,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self.job_env_vars = job_env_vars
         #: Drivers: the job's working_dir, zipped: (content hash, bytes); see working_dir.py.
         self.job_package = job_package
+        #: Drivers: ``JobConfig(metadata=...)``, for the job's row.
+        self.job_metadata = job_metadata
         #: The running task's or actor's own environment variables, inherited by what it
         #: submits (Ray's runtime_env inheritance); None in drivers and plain tasks.
         self.inherited_env: dict[str, str] | None = None
@@ -353,8 +356,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                                     name="core-worker->raylet", on_close=self._raylet_lost)
         self.raylet.allow_write_now()  # seals and pins may leave from user threads (objects.py)
         if self.mode == DRIVER:
-            job = await self.gcs.call(m.RegisterJob(self.address, os.getpid(), self.namespace, self.entrypoint),
-                                      cfg.rpc_timeout_s)
+            job = await self.gcs.call(m.RegisterJob(self.address, os.getpid(), self.namespace, self.entrypoint,
+                                                    metadata=self.job_metadata), cfg.rpc_timeout_s)
             self.job_id = job.job_id
             self.gcs.notify(m.Subscribe("logs", self.job_id))
             self.gcs.notify(m.Subscribe("errors", self.job_id))

@@ -38,7 +38,7 @@ async def reconnect(cw: CoreWorker) -> None:
                                                timeout_s=max(0.1, deadline - time.monotonic()))
                 if cw.mode == DRIVER:
                     await gcs.call(m.RegisterJob(cw.address, os.getpid(), cw.namespace, cw.entrypoint,
-                                                 cw.job_id), cfg.rpc_timeout_s)
+                                                 cw.job_id, cw.job_metadata), cfg.rpc_timeout_s)
                     gcs.notify(m.Subscribe("logs", cw.job_id))
                     gcs.notify(m.Subscribe("errors", cw.job_id))
                 if cw.follows_deaths:

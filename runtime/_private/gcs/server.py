@@ -511,11 +511,18 @@ class GcsServer:
             conn.peer_info = ("job", known.job_id)
             logger.info("job %s: its driver reconnected", known.job_id.hex())
             return known
+        metadata = msg.metadata
+        if metadata is not None:
+            if type(metadata) is not dict or not all(type(k) is str and type(v) is str
+                                                     for k, v in metadata.items()):
+                raise ValueError("RegisterJob's metadata must map str to str")
+            if sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items()) > m.MAX_JOB_METADATA_BYTES:
+                raise ValueError(f"a job's metadata holds at most {m.MAX_JOB_METADATA_BYTES} bytes")
         job_id = new_job_id()
         while job_id in self.jobs:
             job_id = new_job_id()
         info = m.JobInfo(job_id, msg.driver, msg.pid, msg.namespace, msg.entrypoint, "RUNNING",
-                         time.time(), 0.0)
+                         time.time(), 0.0, metadata or None)
         self.jobs[job_id] = info
         self._job_conns[conn] = job_id
         if self._owner_job is None:

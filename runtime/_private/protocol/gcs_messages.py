@@ -80,6 +80,8 @@ class RegisterJob:
     entrypoint: str
     #: A driver reconnecting to a restarted GCS: the job it already has.
     job_id: JobID = JobID(b"")
+    #: ``JobConfig(metadata=...)``: str -> str, at most ``MAX_JOB_METADATA_BYTES`` in all.
+    metadata: dict[str, str] | None = None
 
 
 @message(15)
@@ -92,6 +94,12 @@ class JobInfo:
     state: str
     start_time: float
     end_time: float
+    #: Its driver's ``JobConfig(metadata=...)`` (None: none; rows stored before it too).
+    metadata: dict[str, str] | None = None
+
+
+#: The most a job's metadata may hold, keys and values together (bytes of UTF-8).
+MAX_JOB_METADATA_BYTES = 64 * 1024
 
 
 @message(16)
