@@ -86,7 +86,8 @@ def metadata_of(job_config: Any) -> dict[str, str] | None:
         return None
     if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                  for k, v in metadata.items()):
-        raise TypeError(f"JobConfig metadata must map str to str, got {metadata!r}")
+        import reprlib
+        raise TypeError(f"JobConfig metadata must map str to str, got {reprlib.repr(metadata)}")
     from lumos._private.protocol.messages import MAX_JOB_METADATA_BYTES
     if sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items()) > MAX_JOB_METADATA_BYTES:
         raise ValueError(f"JobConfig metadata holds at most {MAX_JOB_METADATA_BYTES} bytes")
