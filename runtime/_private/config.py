@@ -110,9 +110,9 @@ class Config:
     #: Such an argument, for a worker on this node, is lent in a reserved store slot that
     #: takes the next one once its task is done (False: each is a sealed, freed object).
     lend_args: bool = True
-    #: A torch tensor's storage of at least this many bytes, read from an object another
-    #: process wrote, is rebuilt on the store's pages, copy-on-write, instead of copied
-    #: (0: every tensor is copied, as Ray does).
+    #: A torch tensor's storage of at least this many bytes, read from the store, is
+    #: rebuilt on the object's pages, copy-on-write, instead of copied (0: every tensor
+    #: is copied, as Ray does).
     torch_in_place_min_bytes: int = 64 * 1024
     #: Largest frame a connection accepts after authentication.
     max_frame_bytes: int = _positive(256 * 1024 * 1024)

@@ -130,8 +130,8 @@ def _ndarray_type() -> type | None:
 # storage's bytes (one out-of-band buffer, which the store copies once) and its dtype,
 # offset, shape, stride and ``requires_grad``, and rebuilt on a fresh storage holding a
 # copy of those bytes: torch has no read-only tensor, and a write to the store's
-# read-only mapping would crash the process; a storage read from another process's
-# object is rebuilt on the store's pages copy-on-write instead (``StoreClient.writable``).
+# read-only mapping would crash the process; a large storage read from the store is
+# rebuilt on the object's pages copy-on-write instead (``StoreClient.writable``).
 # As in torch's pickling, the whole storage goes (a slice carries its base's bytes);
 # tensors of one value that share a storage share it when rebuilt, as ``torch.save``
 # keeps them (torch's pickle gives each its own). ``nn.Parameter`` reduces to its

@@ -117,6 +117,11 @@ def _total(t: torch.Tensor) -> float:
 
 
 @lumos.remote
+def _first_w(d: dict[str, torch.Tensor]) -> float:
+    return float(d["w"][0])
+
+
+@lumos.remote
 def _scale_in_place(t: torch.Tensor) -> float:
     t.mul_(3)   # the task's own argument, changed in place
     return float(t.sum())
@@ -169,14 +174,27 @@ def test_a_tensor_from_the_store_is_written_in_place_and_the_object_stays(fresh_
     assert ctx is not None
 
 
-def test_a_tensor_this_process_put_comes_back_as_a_copy(fresh_cluster: Any) -> None:
+def test_a_tensor_this_process_put_is_read_on_a_private_mapping_of_its_file(fresh_cluster: Any) -> None:
+    """The put's own mapping is shared and writable (the store's bytes): the tensor gets a
+    copy-on-write mapping of the object's file of its own. Put, read, change and free in
+    a loop: every value stays what it was, and the freed slots are reused safely."""
     fresh_cluster(num_cpus=1, include_dashboard=False)
-    ref = lumos.put(torch.zeros(MiB // 4))
-    t = lumos.get(ref, timeout=60)
-    t.add_(5)   # its own memory: the object (written by this process, shared) is untouched
-    assert _store_path_of(t) == "" or "lumos" not in _store_path_of(t)
-    assert float(lumos.get(ref, timeout=60).sum()) == 0
-    assert lumos.get(_total.remote(ref), timeout=60) == 0
+    store_dir = worker_context.require().store.directory
+    n = MiB // 4
+    before = _objects_in_store()
+    for i in range(20):
+        ref = lumos.put({"w": torch.full((n,), float(i)), "b": torch.full((n,), -float(i))})
+        got = lumos.get(ref, timeout=60)
+        assert _store_path_of(got["w"]).startswith(store_dir)
+        assert got["w"].untyped_storage().data_ptr() != got["b"].untyped_storage().data_ptr()
+        got["w"].add_(5)
+        got["b"].zero_()
+        again = lumos.get(ref, timeout=60)
+        assert float(again["w"][0]) == i and float(again["b"][-1]) == -i
+        assert lumos.get(_first_w.remote(ref), timeout=60) == i   # (another process reads it)
+        assert float(got["w"][0]) == i + 5 and float(got["b"].sum()) == 0
+        del ref, got, again
+    wait_for(lambda: _objects_in_store() <= before, 10)
 
 
 @pytest.mark.parametrize("lend", [True, False], ids=["lent", "objects"])

@@ -682,8 +682,7 @@ class StoreClient:
 
         w = weakref.ref(arr, gone)
         self._weak[id(w)] = w
-        if mapping.private:
-            arr._lumos_store = (self, ref)   # for ``writable``
+        arr._lumos_store = (self, ref)   # for ``writable``
         return memoryview(arr).cast("B").toreadonly()
 
     def writable(self, view: memoryview, exporter: Any) -> memoryview | None:
@@ -691,18 +690,30 @@ class StoreClient:
         ``view()``, whose exporter is ``exporter``), for a value rebuilt to be changed in
         place without a copy (a torch tensor); None when the caller must copy.
 
-        Only a copy-on-write mapping that no other live view shares qualifies: its pages
-        are the store's until written, and a write copies the page into this process
-        alone. The mapping leaves ``_read``, so a later read of the object maps the file
-        afresh and never sees those writes, and it never becomes a spare. Its views keep
-        the object pinned as before: the store's pages under it stay as they are."""
+        A copy-on-write read mapping that no other live view shares is given to the
+        value: its pages are the store's until written, and a write copies the page into
+        this process alone. The mapping leaves ``_read``, so a later read of the object
+        maps the file afresh and never sees those writes, and it never becomes a spare.
+        An object this process wrote (a shared, writable mapping) gets a private mapping
+        of its file for the value instead (one per read: the other views of the read use
+        it too). Either way the views keep the object pinned as before: the store's pages
+        under them stay as they are."""
         if not 0 < self.in_place_min_bytes <= view.nbytes:
             return None
+        start = _address(view) - ctypes.addressof(exporter)
         ref = exporter._lumos_store[1]
         with self._lock:
             mapping = ref()
             if mapping is None:
                 return None
+            if not mapping.private:
+                own = getattr(exporter, "_lumos_private", None)
+                if own is None:
+                    own = self._private_copy_of(mapping)
+                    if own is None:
+                        return None
+                    exporter._lumos_private = own
+                return memoryview(own).cast("B")[start:start + view.nbytes]
             if not mapping.given:
                 oid = mapping.object_id
                 if mapping.live_views != 1 or self._read.get(oid) is not mapping:
@@ -713,8 +724,26 @@ class StoreClient:
                 if mapping.fd >= 0:
                     fd, mapping.fd = mapping.fd, -1
                     os.close(fd)
-        start = _address(view) - ctypes.addressof(exporter)
         return memoryview(exporter).cast("B")[start:start + view.nbytes]
+
+    def _private_copy_of(self, mapping: _Mapping) -> Any:
+        """A tracked (pinning) copy-on-write mapping of the file of an object this process
+        wrote, given to a value alone; its ctypes exporter, or None (lock held)."""
+        oid = mapping.object_id
+        if not oid or self._created.get(oid) is not mapping:
+            return None
+        try:
+            fd = os.open(self._prefix + oid.hex(), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            if os.fstat(fd).st_size != mapping.size:
+                return None
+            private = _Mapping(mmap.mmap(fd, mapping.size, access=mmap.ACCESS_COPY), mapping.size, 0, oid)
+        finally:
+            os.close(fd)
+        private.private = private.given = True
+        return self._tracked_view(private).obj
 
     def hold_pins(self) -> None:
         """Until ``escaped_pins``, views made with ``hold_pin`` send no pin (a task's
