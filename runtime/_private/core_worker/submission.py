@@ -869,5 +869,3 @@ def _parameter_names(template: TaskTemplate) -> list[str]:
     except (ValueError, TypeError, ser.DeserializationError):
         return []
     return names
-
-
