@@ -84,13 +84,8 @@ def metadata_of(job_config: Any) -> dict[str, str] | None:
     metadata = getattr(job_config, "metadata", None) if job_config is not None else None
     if not metadata:
         return None
-    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                 for k, v in metadata.items()):
-        import reprlib
-        raise TypeError(f"JobConfig metadata must map str to str, got {reprlib.repr(metadata)}")
-    from lumos._private.protocol.messages import MAX_JOB_METADATA_BYTES
-    if sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items()) > MAX_JOB_METADATA_BYTES:
-        raise ValueError(f"JobConfig metadata holds at most {MAX_JOB_METADATA_BYTES} bytes")
+    from lumos._private.protocol.messages import check_job_metadata
+    check_job_metadata(metadata)
     return {str(k): str(v) for k, v in metadata.items()}
 
 

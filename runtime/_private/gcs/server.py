@@ -513,11 +513,7 @@ class GcsServer:
             return known
         metadata = msg.metadata
         if metadata is not None:
-            if type(metadata) is not dict or not all(type(k) is str and type(v) is str
-                                                     for k, v in metadata.items()):
-                raise ValueError("RegisterJob's metadata must map str to str")
-            if sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items()) > m.MAX_JOB_METADATA_BYTES:
-                raise ValueError(f"a job's metadata holds at most {m.MAX_JOB_METADATA_BYTES} bytes")
+            m.check_job_metadata(metadata)
         job_id = new_job_id()
         while job_id in self.jobs:
             job_id = new_job_id()

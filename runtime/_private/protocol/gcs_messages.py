@@ -102,6 +102,22 @@ class JobInfo:
 MAX_JOB_METADATA_BYTES = 64 * 1024
 
 
+def check_job_metadata(metadata: Any) -> None:
+    """Refuse a job's metadata (``JobConfig(metadata=...)``, a ``RegisterJob``'s) that is
+    not str -> str or holds more than ``MAX_JOB_METADATA_BYTES``.
+
+    Raises:
+        TypeError: not a dict of str to str.
+        ValueError: too large.
+    """
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in metadata.items()):
+        import reprlib
+        raise TypeError(f"job metadata must map str to str, got {reprlib.repr(metadata)}")
+    if sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items()) > MAX_JOB_METADATA_BYTES:
+        raise ValueError(f"a job's metadata holds at most {MAX_JOB_METADATA_BYTES} bytes")
+
+
 @message(16)
 class MarkJobFinished:
     job_id: JobID
