@@ -18,12 +18,18 @@ from lumos.object_ref import ObjectRef
 __all__ = ["progress", "Progress"]
 
 
+def ipython_shell() -> Any:
+    """This process's IPython shell (a kernel's or a terminal's), or None (never imports
+    IPython)."""
+    get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
+    return get_ipython() if get_ipython is not None else None
+
+
 def kernel_shell() -> Any:
     """The IPython kernel shell of this process, or None (never imports IPython)."""
-    if "ipykernel" not in sys.modules or "IPython" not in sys.modules:
+    if "ipykernel" not in sys.modules:
         return None
-    get_ipython = getattr(sys.modules["IPython"], "get_ipython", None)
-    shell = get_ipython() if get_ipython is not None else None
+    shell = ipython_shell()
     return shell if getattr(shell, "kernel", None) is not None else None
 
 

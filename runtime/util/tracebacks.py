@@ -23,6 +23,8 @@ import sys
 import types
 from typing import Any
 
+from lumos.progress import ipython_shell
+
 _dirs: tuple[str, ...] | None = None
 
 
@@ -96,7 +98,7 @@ def watch(on: bool = True) -> None:
     (``after_cell``): in IPython, a kernel's or a terminal's, after each cell; at
     Python's own interactive prompt (``python``, ``python -i``), through
     ``sys.excepthook``. ``on=False``: no longer."""
-    shell = _ipython_shell()
+    shell = ipython_shell()
     if shell is not None:
         watch_cells(shell, on)
     elif on:
@@ -121,13 +123,6 @@ class _ShownError:
         finally:
             if isinstance(value, BaseException):
                 let_go_of_locals(value, tb)
-
-
-def _ipython_shell() -> Any:
-    """This process's IPython shell, or None (never imports IPython)."""
-    ipython = sys.modules.get("IPython")
-    get_ipython = getattr(ipython, "get_ipython", None)
-    return get_ipython() if get_ipython is not None else None
 
 
 def watch_cells(shell: Any, on: bool = True) -> None:
