@@ -54,20 +54,17 @@ class FailTuple:
 
 def inspect_serializability(base_obj: Any, name: str | None = None, depth: int = 3,
                             print_file: Any = None) -> tuple[bool, set[FailTuple]]:
-    """Whether ``base_obj`` pickles as lumos sends it (cloudpickle), and the members that
-    do not: ``(ok, {FailTuple, ...})``, looking ``depth`` levels into attributes,
-    closures and containers. Prints a report, as Ray's does, to ``print_file`` (a file;
-    stdout when None)."""
-    import cloudpickle
+    """Whether ``base_obj`` pickles as lumos sends it (cloudpickle, with the serializers
+    ``register_serializer`` added), and the members that do not: ``(ok, {FailTuple,
+    ...})``, looking ``depth`` levels into attributes, closures and containers. Prints a
+    report, as Ray's does, to ``print_file`` (a file; stdout when None)."""
+    from lumos._private.serialization import _pickles
     failures: set[FailTuple] = set()
     lines: list[str] = []
 
     def why(obj: Any) -> str | None:
-        try:
-            cloudpickle.dumps(obj)
-        except Exception as e:
-            return f"{type(e).__name__}: {e}"
-        return None
+        e = _pickles(obj)
+        return None if e is None else f"{type(e).__name__}: {e}"
 
     def children(obj: Any) -> list[tuple[str, Any]]:
         out: list[tuple[str, Any]] = []

@@ -4,6 +4,7 @@ nothing; ``deregister_serializer`` undoes it, also for types lumos pickles on a 
 
 from __future__ import annotations
 
+import io
 import threading
 from typing import Any
 
@@ -45,6 +46,14 @@ def test_an_unpicklable_class_travels_through_its_serializer(cluster: Any, regis
     assert type(got) is Guarded and got.n == 21 and got.lock is not None
     assert lumos.get(_double.remote(Guarded(21)), timeout=60) == 42
     assert lumos.get(_double.remote([Guarded(5)][0]), timeout=60) == 10
+
+
+def test_inspect_serializability_judges_as_lumos_sends(registered: None) -> None:
+    ok, failures = lumos.util.inspect_serializability({"g": Guarded(1)}, print_file=io.StringIO())
+    assert ok and not failures
+    lumos.util.deregister_serializer(Guarded)
+    ok, failures = lumos.util.inspect_serializability({"g": Guarded(1)}, print_file=io.StringIO())
+    assert not ok and {f.name for f in failures} == {"lock"}
 
 
 def test_deregistered_it_fails_as_before(cluster: Any) -> None:
