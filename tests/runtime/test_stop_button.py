@@ -71,6 +71,7 @@ def _interrupted_often(op: Callable[[], Any], ops: int, seed: int, every_s: floa
     interrupted = 0
     shooter = threading.Thread(target=shoot, daemon=True)
     shooter.start()
+
     def finished() -> bool:
         return done >= ops and (interrupted >= at_least or done >= 4 * ops)
 
