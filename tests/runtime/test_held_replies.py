@@ -84,6 +84,47 @@ def test_a_burst_of_short_tasks_sends_several_replies_per_write(fresh_cluster: A
     assert writes < 0.8 * n, writes
 
 
+@lumos.remote
+class AsyncWorker:
+    def pid(self) -> int:
+        return os.getpid()
+
+    async def hog(self, s: float) -> str:
+        time.sleep(s)  # (keeps the actor's event loop busy, as a CPU-bound coroutine does)
+        return "hogged"
+
+    async def ping(self, i: int) -> int:
+        return i
+
+    def wakes(self) -> int:
+        """How many times the main thread woke the event loop for calls."""
+        from lumos._private import worker_context
+        return worker_context.require().executor.actor.inbox_wakes
+
+
+def test_an_async_actors_queued_calls_share_their_loop_wake_ups_and_reply_writes(fresh_cluster: Any) -> None:
+    """An async actor's main thread hands the calls it dispatches to the event loop with
+    one wake-up for all that wait (``ActorHost._take_calls``), and the replies of the
+    calls that finish in one turn of the loop leave in one write (``_send_finished``).
+    Each call cost a wake-up of the loop (a send on its self-pipe) and a reply write."""
+    fresh_cluster(num_cpus=1)
+    actor = AsyncWorker.remote()
+    pid = lumos.get(actor.pid.remote(), timeout=60)
+    lumos.get([actor.ping.remote(i) for i in range(20)], timeout=60)
+    before, wakes = _writes(pid), lumos.get(actor.wakes.remote(), timeout=60)
+    hog = actor.hog.remote(0.5)
+    n = 300
+    pings = [actor.ping.remote(i) for i in range(n)]  # they wait while the loop is busy
+    assert lumos.get(hog, timeout=60) == "hogged"
+    assert lumos.get(pings, timeout=60) == list(range(n))
+    writes = _writes(pid) - before
+    # A write per reply made 303 here (4 now: the replies leave together, as the
+    # calls ran in one turn of the loop).
+    assert writes < n // 10, writes
+    # One wake-up for the calls that came while the loop was busy, a few for the rest.
+    assert lumos.get(actor.wakes.remote(), timeout=60) - wakes < n // 10
+
+
 def test_a_long_call_does_not_keep_the_reply_before_it(fresh_cluster: Any) -> None:
     fresh_cluster(num_cpus=1)
     actor = Worker.remote()

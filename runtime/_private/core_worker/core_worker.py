@@ -1043,6 +1043,33 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         if self._top_ups:
             self.top_up_reserved()
 
+    def send_replies(self, conn: Connection, replies: list[m.TaskReply]) -> None:
+        """``send_reply`` of several replies on one connection, in one write where it can
+        (an async actor's calls that finished in one turn of its loop)."""
+        if len(replies) == 1:
+            self.send_reply(conn, replies[0])
+            return
+        ex = self.executor
+        if self._running_events:
+            for r in replies:
+                self.reply_sent(r)
+        if self._held:
+            with self._held_lock:
+                held, held_conn = self._held, self._held_conn
+                self._held, self._held_conn = [], None
+            if held_conn is conn:
+                replies = held + replies
+            elif held:
+                self._send_replies(held_conn, held)  # type: ignore[arg-type]
+        if ex is not None and ex._output:  # the tasks' output leaves before their replies
+            self._post(ex.flush_output)
+            for r in replies:
+                self._post(conn.notify, r)
+        else:
+            self._send_replies(conn, replies)
+        if self._top_ups:
+            self.top_up_reserved()
+
     def _send_replies(self, conn: Connection, replies: list[Any]) -> None:
         if not (self.io.idle() and (conn.write_now(replies[0]) if len(replies) == 1
                                     else conn.write_all_now(replies))):
