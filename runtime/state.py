@@ -96,7 +96,7 @@ NODE_FIELDS = ("node_id", "state", "node_ip", "hostname", "is_head_node", "resou
                "death_reason", "dashboard_url", "memory_total_bytes", "memory_available_bytes",
                "memory_used_bytes", "lumos_rss_bytes", "cpu_percent")
 WORKER_FIELDS = ("worker_id", "node_id", "pid", "job_id", "is_driver", "state", "start_time", "end_time",
-                 "exit_detail")
+                 "exit_detail", "exit_type")
 JOB_FIELDS = ("job_id", "driver_pid", "namespace", "entrypoint", "state", "start_time", "end_time",
               "driver_node_id", "driver_ip", "metadata")
 OBJECT_FIELDS = ("object_id", "owned", "state", "size_bytes", "local_refs", "submitted_refs", "contained_refs",
@@ -290,7 +290,12 @@ def get_log(node_id: str, worker_id: str | None = None, tail: int = 100, suffix:
 
 
 def list_workers(filters: Iterable[Filter] | None = None, timeout: float | None = None) -> list[dict[str, Any]]:
-    """Worker and driver processes the GCS knows, alive and dead."""
+    """Worker and driver processes the GCS knows, alive and dead. A dead one's
+    ``exit_type`` says why it ended, as Ray's rows do: SYSTEM_ERROR (it crashed, was killed
+    from outside, or its node died), INTENDED_SYSTEM_EXIT (lumos stopped it: idle, its job
+    or actor ended), USER_ERROR (its actor's ``__init__`` raised), INTENDED_USER_EXIT
+    (``kill``, ``exit_actor``, ``sys.exit()``, a forced ``cancel``, a driver's ``shutdown``)
+    or NODE_OUT_OF_MEMORY (the memory monitor killed it)."""
     flt = _check_filters(filters, WORKER_FIELDS, "workers")
     cw = worker_context.require()
     rows = []
@@ -300,6 +305,7 @@ def list_workers(filters: Iterable[Filter] | None = None, timeout: float | None 
             "job_id": w.job_id.hex() if w.job_id else None, "is_driver": w.is_driver,
             "state": w.state, "start_time": w.start_time, "end_time": w.end_time or None,
             "exit_detail": w.exit_detail or None,
+            "exit_type": str(w.exit_type) if w.exit_type is not None else None,
         })
     return [r for r in rows if _match(r, flt)]
 
@@ -600,7 +606,12 @@ class StateClient:
         return await self._client.call(m.GetAllJobs())  # type: ignore[no-any-return]
 
     async def workers(self) -> list[m.WorkerInfo]:
-        """Worker and driver processes the GCS knows, alive and dead."""
+        """Worker and driver processes the GCS knows, alive and dead. A dead one's
+    ``exit_type`` says why it ended, as Ray's rows do: SYSTEM_ERROR (it crashed, was killed
+    from outside, or its node died), INTENDED_SYSTEM_EXIT (lumos stopped it: idle, its job
+    or actor ended), USER_ERROR (its actor's ``__init__`` raised), INTENDED_USER_EXIT
+    (``kill``, ``exit_actor``, ``sys.exit()``, a forced ``cancel``, a driver's ``shutdown``)
+    or NODE_OUT_OF_MEMORY (the memory monitor killed it)."""
         return await self._client.call(m.GetAllWorkers())  # type: ignore[no-any-return]
 
     async def actors(self) -> list[m.ActorInfo]:

@@ -12,6 +12,11 @@ import pytest
 from lumos._private.gcs import actor_state as ast
 from lumos._private.gcs.storage import pack_value, unpack_value
 from lumos._private.protocol import messages as m
+from lumos._private.protocol.vocab import WorkerExitType
+
+USER_ERROR = WorkerExitType.USER_ERROR
+INTENDED_USER_EXIT = WorkerExitType.INTENDED_USER_EXIT
+INTENDED_SYSTEM_EXIT = WorkerExitType.INTENDED_SYSTEM_EXIT
 
 JOB, JOB2 = b"j" * 4, b"k" * 4
 N1, N2 = b"1" * 20, b"2" * 20
@@ -99,7 +104,8 @@ def test_init_that_raised_kills_the_actor_with_its_error_and_frees_the_name() ->
     out = t(ast.CreationFinished(A, b"w1", False, b"err", None, 0))
     info = t.info()
     assert info.state == ast.DEAD and info.death_error == b"err" and "__init__ raised" in info.death_cause
-    assert of(out, ast.KillWorker) == [ast.KillWorker(N1, b"w1", "its actor ended")]
+    # (its worker's row: the user's code failed)
+    assert of(out, ast.KillWorker) == [ast.KillWorker(N1, b"w1", "its actor ended", exit_type=USER_ERROR)]
     assert of(out, ast.DeleteCheckpoint) == [ast.DeleteCheckpoint(A)]
     assert t.s.named_info("", "c") is None
     # The name can be taken again by a new actor.
@@ -178,7 +184,8 @@ def test_unlimited_restarts_never_run_out() -> None:
 def test_kill_with_restart_kills_the_worker_and_its_death_restarts_the_actor() -> None:
     t = registered(max_restarts=1)
     t.create(A, N1, b"w1")
-    assert t(ast.KillRequested(A, "killed", no_restart=False)) == [ast.KillWorker(N1, b"w1", "killed")]
+    assert t(ast.KillRequested(A, "killed", no_restart=False)) == [
+        ast.KillWorker(N1, b"w1", "killed", exit_type=INTENDED_USER_EXIT)]
     assert t.info().state == ast.ALIVE
     t(ast.WorkerDied(b"w1", "SIGKILL"))
     assert t.info().state == ast.RESTARTING
@@ -191,7 +198,9 @@ def test_an_actor_out_of_scope_ends_for_good_with_a_grace_for_its_clean_up() -> 
     t.create(A, N1, b"w1")
     out = t(ast.KillRequested(A, "every handle went out of scope", no_restart=True, graceful=True))
     assert t.info().state == ast.DEAD
-    assert of(out, ast.KillWorker) == [ast.KillWorker(N1, b"w1", "its actor ended", ast.GRACEFUL_EXIT_S)]
+    # (lumos's own stop: the default exit type)
+    assert of(out, ast.KillWorker) == [ast.KillWorker(N1, b"w1", "its actor ended", ast.GRACEFUL_EXIT_S,
+                                                      INTENDED_SYSTEM_EXIT)]
 
 
 def test_kill_without_restart_and_exit_actor_end_it_for_good() -> None:
@@ -199,7 +208,7 @@ def test_kill_without_restart_and_exit_actor_end_it_for_good() -> None:
     t.create(A, N1, b"w1")
     out = t(ast.KillRequested(A, "bye", no_restart=True))
     assert t.info().state == ast.DEAD and t.info().death_cause == "bye"
-    assert of(out, ast.KillWorker) == [ast.KillWorker(N1, b"w1", "its actor ended")]
+    assert of(out, ast.KillWorker) == [ast.KillWorker(N1, b"w1", "its actor ended", exit_type=INTENDED_USER_EXIT)]
     assert of(out, ast.ReturnWorker) == [ast.ReturnWorker(N1, t.next_lease)]
     assert t(ast.KillRequested(A, "again", no_restart=True)) == []
 
@@ -207,7 +216,8 @@ def test_kill_without_restart_and_exit_actor_end_it_for_good() -> None:
     t2.create(A, N1, b"w1")
     out = t2(ast.ActorExited(A, "exit_actor() was called"))
     assert t2.info().state == ast.DEAD and not of(out, ast.KillWorker)
-    assert of(out, ast.ReturnWorker) == [ast.ReturnWorker(N1, t2.next_lease)]
+    # (the raylet stops the worker the lease comes back with: the user ended it)
+    assert of(out, ast.ReturnWorker) == [ast.ReturnWorker(N1, t2.next_lease, INTENDED_USER_EXIT)]
     assert t2(ast.WorkerDied(b"w1", "exited")) == []  # no restart after an exit
 
 

@@ -85,6 +85,10 @@ def test_task_running_on_a_killed_node_is_retried_on_another(tmp_path: Any) -> N
         # The task's record shows the retry.
         rows = [t for t in lumos.state.list_tasks() if t["name"].endswith("long_job")]
         assert rows and max(r["attempt_number"] for r in rows) >= 1, rows
+        # The workers of the killed node are dead, a system error, for the node's death.
+        there = [w for w in lumos.state.list_workers() if w["node_id"] == first]
+        assert there and all(w["state"] == "DEAD" and w["exit_type"] == "SYSTEM_ERROR"
+                             and w["exit_detail"].startswith("node died") for w in there), there
     finally:
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)

@@ -239,7 +239,9 @@ def test_the_wire_enums_are_declared_on_their_fields():
     assert {(cls.__name__, name, e.__name__) for cls, name, e, _o in ENUM_FIELDS} == {
         ("TaskSpec", "kind", "TaskKind"), ("TaskSpec", "retry_exceptions", "RetryPolicy"),
         ("TaskReply", "error_kind", "ErrorKind"), ("TaskEvent", "state", "TaskState"),
-        ("PackedTaskRow", "state", "TaskState"), ("ObjectStatus", "status", "ObjectState")}
+        ("PackedTaskRow", "state", "TaskState"), ("ObjectStatus", "status", "ObjectState"),
+        ("WorkerInfo", "exit_type", "WorkerExitType"), ("KillWorker", "exit_type", "WorkerExitType"),
+        ("ReturnWorker", "exit_type", "WorkerExitType")}
 
 
 def test_enum_members_are_their_wire_values():

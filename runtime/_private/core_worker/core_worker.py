@@ -615,7 +615,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                     lease.idle_timer.cancel()
                     lease.idle_timer = None
                 if not lease.raylet.is_closed:
-                    lease.raylet.notify(m.ReturnWorker(lease.lease_id, a.disconnect))  # type: ignore[union-attr]
+                    lease.raylet.notify(m.ReturnWorker(lease.lease_id, a.disconnect,  # type: ignore[union-attr]
+                                                       lease.exit_type))
             elif t is ts.StartIdleTimer:
                 lease = a.lease  # type: ignore[union-attr]
                 loop = self.loop

@@ -94,7 +94,7 @@ class ResultsMixin:
             # take of the submitter's lock per reply (the pushes it decides leave at the end
             # of this io turn, with the rest of what the turn sends).
             self._run(submitter.reply_done(lease, reply.task_id, reply.end_time - reply.start_time,
-                                           reply.error_kind == m.ErrorKind.EXITING))
+                                           _exit_type(reply) if reply.error_kind == m.ErrorKind.EXITING else None))
         if task.spec.kind == m.TaskKind.ACTOR_TASK:
             self.actor_submitter.on_reply(task, reply)
         if reply.system_error is not None:
@@ -341,3 +341,11 @@ def _error_text(reply: m.TaskReply) -> str:
         return (lines[-1] if lines else type(err).__name__)[:500]
     except Exception:
         return "application error"
+
+
+def _exit_type(reply: m.TaskReply) -> m.WorkerExitType:
+    """What the row of a worker that exits after ``reply`` (``ErrorKind.EXITING``) is to
+    say: the user's exit when its task called ``sys.exit()`` (a system error says so),
+    else lumos's (the function's ``max_calls`` was reached)."""
+    return (m.WorkerExitType.INTENDED_USER_EXIT if reply.system_error is not None
+            else m.WorkerExitType.INTENDED_SYSTEM_EXIT)

@@ -780,7 +780,8 @@ class SubmissionMixin:
             return
         if force:
             task.force_cancelled = True
-            lease.raylet.notify(m.KillWorker(lease.worker_id, f"force-cancelled task {task.spec.name}"))
+            lease.raylet.notify(m.KillWorker(lease.worker_id, f"force-cancelled task {task.spec.name}",
+                                             exit_type=m.WorkerExitType.INTENDED_USER_EXIT))
         else:
             lease.conn.notify(m.CancelTask(task_id, False, recursive))
 

@@ -433,18 +433,20 @@ class TaskSubmitterState:
         lease.blocked = blocked
         return self.pump(lease.queue)
 
-    def reply_arrived(self, lease: LeasedWorker, task_id: TaskID, took_s: float, exiting: bool) -> None:
+    def reply_arrived(self, lease: LeasedWorker, task_id: TaskID, took_s: float, exiting: str | None) -> None:
         """The worker of ``lease`` answered ``task_id`` after running it ``took_s``.
-        ``exiting``: it reached max_calls and exits after this reply: push nothing more to
-        it (tasks already pushed come back requeued, or are requeued when it closes)."""
+        ``exiting`` (the ``m.WorkerExitType`` its row is to say): it exits after this reply
+        (max_calls, or the task called ``sys.exit()``): push nothing more to it (tasks
+        already pushed come back requeued, or are requeued when it closes)."""
         lease.tasks.pop(task_id, None)
         lease.blocked = False
         q = lease.queue
         q.mean_exec_s = took_s if q.mean_exec_s is None else 0.8 * q.mean_exec_s + 0.2 * took_s
         if exiting:
             lease.exiting = True
+            lease.exit_type = exiting
 
-    def reply_done(self, lease: LeasedWorker, task_id: TaskID, took_s: float, exiting: bool) -> list[Action]:
+    def reply_done(self, lease: LeasedWorker, task_id: TaskID, took_s: float, exiting: str | None) -> list[Action]:
         """``reply_arrived`` then ``after_reply``: one event (one take of the lock the io
         thread's events run under) per reply. The worker is kept busy (or idled) before the
         owner settles the reply's task: nothing here reads that task."""

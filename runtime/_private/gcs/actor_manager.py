@@ -88,9 +88,10 @@ class ActorManager:
         elif isinstance(action, ast.PlaceActor):
             self.gcs._spawn_task(self._place(action.actor_id), f"actor.create.{short(action.actor_id)}")
         elif isinstance(action, ast.ReturnWorker):
-            pool.notify_nowait(action.node_id, m.ReturnWorker(action.lease_id, False))
+            pool.notify_nowait(action.node_id, m.ReturnWorker(action.lease_id, False, action.exit_type))
         elif isinstance(action, ast.KillWorker):
-            pool.notify_nowait(action.node_id, m.KillWorker(action.worker_id, action.reason, action.graceful_s))
+            pool.notify_nowait(action.node_id, m.KillWorker(action.worker_id, action.reason, action.graceful_s,
+                                                            action.exit_type))
         elif isinstance(action, ast.DeleteCheckpoint):
             if self.gcs.kv.pop((CHECKPOINT_NS, action.actor_id), None) is not None:
                 self.gcs.unpersist("kv", CHECKPOINT_NS.encode() + b"\0" + action.actor_id)

@@ -35,7 +35,7 @@ from typing import Any, Union
 
 from lumos._private.ids import ActorID, JobID, NodeID, WorkerID, short
 from lumos._private.protocol import messages as m
-from lumos._private.protocol.vocab import ACTOR_UNSCHEDULABLE_CAUSE, ActorNameTaken
+from lumos._private.protocol.vocab import ACTOR_UNSCHEDULABLE_CAUSE, ActorNameTaken, WorkerExitType
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +179,8 @@ class ReturnWorker:
 
     node_id: NodeID | None
     lease_id: int
+    #: What the stopped worker's row says of its end.
+    exit_type: WorkerExitType = WorkerExitType.INTENDED_SYSTEM_EXIT
 
 
 @dataclasses.dataclass(slots=True)
@@ -188,6 +190,8 @@ class KillWorker:
     reason: str
     #: Seconds the worker gets to exit on its own (an actor's clean-up) before the kill.
     graceful_s: float = 0.0
+    #: What the worker's row says of its end.
+    exit_type: WorkerExitType = WorkerExitType.INTENDED_SYSTEM_EXIT
 
 
 @dataclasses.dataclass(slots=True)
@@ -304,7 +308,7 @@ class ActorManagerState:
                 node, lease = a.lease_node, a.lease_id
                 self._drop_worker(a)
                 self._mark_dead(a, event.reason, None, now, actions)
-                actions.append(ReturnWorker(node, lease))
+                actions.append(ReturnWorker(node, lease, WorkerExitType.INTENDED_USER_EXIT))
         if self.validate:
             self.check_invariants()
         return actions
@@ -377,7 +381,8 @@ class ActorManagerState:
             return  # from before its node was declared dead: a restart took over (issue 12)
         info = a.info
         if not e.ok:
-            self._mark_dead(a, f"{info.class_name}.__init__ raised an exception", e.error_blob, now, actions)
+            self._mark_dead(a, f"{info.class_name}.__init__ raised an exception", e.error_blob, now, actions,
+                            exit_type=WorkerExitType.USER_ERROR)
             return
         info.state = ALIVE
         info.address = e.address
@@ -389,7 +394,9 @@ class ActorManagerState:
     # ------------------------------------------------------------------ death and restarts
 
     def _mark_dead(self, a: _Actor, cause: str, error_blob: bytes | None, now: float,
-                   actions: list[Action], graceful: bool = False) -> None:
+                   actions: list[Action], graceful: bool = False,
+                   exit_type: WorkerExitType = WorkerExitType.INTENDED_SYSTEM_EXIT) -> None:
+        """``exit_type``: what its worker's row says, when that worker is stopped here."""
         info = a.info
         if info.state == DEAD:
             return
@@ -404,7 +411,7 @@ class ActorManagerState:
         if a.worker_id is not None:
             # Give the lease back: the raylet stops the worker (actors never pool).
             actions.append(KillWorker(a.lease_node, a.worker_id, "its actor ended",
-                                      GRACEFUL_EXIT_S if graceful else 0.0))
+                                      GRACEFUL_EXIT_S if graceful else 0.0, exit_type))
             actions.append(ReturnWorker(a.lease_node, a.lease_id))
             self._drop_worker(a)
         logger.info("actor %s (%s) dead: %s", short(info.actor_id), info.class_name, cause)
@@ -472,11 +479,13 @@ class ActorManagerState:
             raise ValueError(f"no actor {e.actor_id.hex()}")
         if a.info.state == DEAD:
             return
+        # (graceful: every handle went out of scope, lumos's stop; else the user's kill)
+        exit_type = WorkerExitType.INTENDED_SYSTEM_EXIT if e.graceful else WorkerExitType.INTENDED_USER_EXIT
         if e.no_restart:
-            self._mark_dead(a, e.reason, None, now, actions, graceful=e.graceful)
+            self._mark_dead(a, e.reason, None, now, actions, graceful=e.graceful, exit_type=exit_type)
         elif a.worker_id is not None:
             # Its worker dies; WorkerDied then restarts the actor as its max_restarts allows.
-            actions.append(KillWorker(a.lease_node, a.worker_id, e.reason))
+            actions.append(KillWorker(a.lease_node, a.worker_id, e.reason, exit_type=exit_type))
 
     def _publish(self, actor_id: ActorID, actions: list[Action]) -> None:
         self.actors[actor_id].info.version += 1

@@ -77,6 +77,9 @@ class GcsServer:
         #: Job id -> JobInfo.
         self.jobs: OrderedDict[bytes, m.JobInfo] = OrderedDict()
         self._job_conns: dict[Connection, bytes] = {}
+        #: Jobs whose driver said they finished (``MarkJobFinished``), the newest 10,000:
+        #: their driver's row says it exited as its user meant.
+        self._jobs_ended_by_driver: dict[bytes, None] = {}
         #: Private clusters: the job whose driver started the cluster (the first one).
         self._owner_job: bytes | None = None
         #: Worker id -> WorkerInfo.
@@ -434,6 +437,7 @@ class GcsServer:
                 w.state = "DEAD"
                 w.end_time = time.time()
                 w.exit_detail = f"node died: {reason}"
+                w.exit_type = m.WorkerExitType.SYSTEM_ERROR
                 gone.append(w)
         self.publish("nodes", node_id, info)
         for w in gone:  # borrowers drop them, raylets free what they owned
@@ -530,6 +534,9 @@ class GcsServer:
         return info
 
     def _mark_job_finished(self, conn: Connection, msg: m.MarkJobFinished) -> None:
+        self._jobs_ended_by_driver[msg.job_id] = None
+        while len(self._jobs_ended_by_driver) > 10_000:
+            del self._jobs_ended_by_driver[next(iter(self._jobs_ended_by_driver))]
         self._finish_job(msg.job_id)
 
     def _finish_job(self, job_id: JobID) -> None:
@@ -551,6 +558,14 @@ class GcsServer:
         node = self.nodes.get(info.node_id)
         if node is not None and node.state == "DEAD" and info.state == "ALIVE":
             return  # from a fenced node: its workers count as dead
+        before = self.workers.get(info.worker_id)
+        if before is not None and before.start_time:
+            info.start_time = before.start_time  # (the raylet stamps each report with its time)
+        if info.state == "DEAD" and info.is_driver and info.exit_type is None:
+            # A driver that said its job finished (``shutdown``, its interpreter's exit)
+            # ended as its user meant; one that only disconnected was killed or crashed.
+            info.exit_type = (m.WorkerExitType.INTENDED_USER_EXIT if info.job_id in self._jobs_ended_by_driver
+                              else m.WorkerExitType.SYSTEM_ERROR)
         self.workers[info.worker_id] = info
         if len(self.workers) > 20_000:  # keep the dead ones bounded
             for wid in [w for w, i in self.workers.items() if i.state != "ALIVE"][:5_000]:

@@ -16,7 +16,7 @@ from typing import Any
 from lumos._private.ids import ActorID, JobID, NodeID, TaskID, WorkerID
 from lumos._private.protocol.codec import message
 from lumos._private.protocol.task_messages import Address, TaskSpec
-from lumos._private.protocol.vocab import TaskState
+from lumos._private.protocol.vocab import TaskState, WorkerExitType
 
 
 # --------------------------------------------------------------------------- GCS
@@ -238,6 +238,8 @@ class WorkerInfo:
     start_time: float
     end_time: float = 0.0
     exit_detail: str = ""
+    #: Why it ended, once dead (None while alive, and in a row from before the field).
+    exit_type: WorkerExitType | None = None
 
 
 @message(28)

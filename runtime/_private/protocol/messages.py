@@ -48,7 +48,7 @@ from lumos._private.protocol.cluster_messages import (  # noqa: F401
     GetPlacementGroup, ListPlacementGroups, WaitPlacementGroupReady, GetNodeLog, NodeLog)
 from lumos._private.protocol.vocab import (  # noqa: F401
     PENDING_TASK_STATES, TASK_STATE_RANK, TERMINAL_TASK_STATES, ErrorKind, ObjectState, RetryPolicy, TaskKind,
-    TaskState)
+    TaskState, WorkerExitType)
 
 __all__ = [
     "_REGISTRY",
@@ -154,5 +154,6 @@ __all__ = [
     "RetryPolicy",
     "TaskKind",
     "TaskState",
+    "WorkerExitType",
     "ObjectState",
 ]

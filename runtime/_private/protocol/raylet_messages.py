@@ -15,6 +15,7 @@ from typing import Any
 from lumos._private.ids import ActorID, JobID, NodeID, ObjectID, WorkerID
 from lumos._private.protocol.codec import message
 from lumos._private.protocol.task_messages import Address
+from lumos._private.protocol.vocab import WorkerExitType
 
 
 # --------------------------------------------------------------------------- raylet
@@ -67,6 +68,9 @@ class ReturnWorker:
     lease_id: int
     #: The owner saw the worker fail; do not reuse it.
     disconnect: bool
+    #: An actor's lease (from the GCS): what its worker's row says of the end that
+    #: follows (None: lumos's own stop).
+    exit_type: WorkerExitType | None = None
 
 
 @message(45)
@@ -144,6 +148,8 @@ class KillWorker:
     #: Above 0: ask the worker to exit (``ExitWorker``: an actor runs its clean-up) and
     #: kill it only if it is still there after this many seconds.
     graceful_s: float = 0.0
+    #: What the worker's row says of its end (None: lumos's own stop, INTENDED_SYSTEM_EXIT).
+    exit_type: WorkerExitType | None = None
 
 
 @message(52)

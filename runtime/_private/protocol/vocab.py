@@ -1,5 +1,5 @@
 """The closed sets of values that travel in messages: task kinds, retry policies, error
-kinds, task states and object states.
+kinds, task states, object states and worker exit types.
 
 Each is an ``IntEnum`` or ``StrEnum`` whose values are the wire values, so a member is
 encoded as the plain int or string it stands for and compares equal to it. The codec
@@ -87,6 +87,21 @@ class TaskState(StrEnum):
     CANCELLED = "CANCELLED"
 
 
+class WorkerExitType(StrEnum):
+    """Why a worker process ended (Ray's ``exit_type`` of a worker row)."""
+
+    #: It crashed, or was killed from outside lumos, or its node died.
+    SYSTEM_ERROR = "SYSTEM_ERROR"
+    #: lumos stopped it on purpose: idle, its job or actor ended, a shutdown.
+    INTENDED_SYSTEM_EXIT = "INTENDED_SYSTEM_EXIT"
+    #: The user's code failed where that ends the worker (an actor's ``__init__``).
+    USER_ERROR = "USER_ERROR"
+    #: The user ended it: ``kill``, ``exit_actor``, a forced ``cancel``, a driver's exit.
+    INTENDED_USER_EXIT = "INTENDED_USER_EXIT"
+    #: The node's memory monitor killed it.
+    NODE_OUT_OF_MEMORY = "NODE_OUT_OF_MEMORY"
+
+
 class ObjectState(IntEnum):
     """An owner's answer about one of its objects (``ObjectStatus.status``)."""
 
@@ -112,4 +127,4 @@ APP_ERROR_TYPE = "TASK_EXECUTION_EXCEPTION"
 
 #: Enum types the codec checks and decodes, by the name used in field annotations.
 WIRE_ENUMS: dict[str, type[IntEnum] | type[StrEnum]] = {
-    cls.__name__: cls for cls in (TaskKind, RetryPolicy, ErrorKind, TaskState, ObjectState)}
+    cls.__name__: cls for cls in (TaskKind, RetryPolicy, ErrorKind, TaskState, ObjectState, WorkerExitType)}

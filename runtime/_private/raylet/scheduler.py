@@ -73,6 +73,8 @@ class LeaseReturned:
     lease_id: int
     #: The worker failed or must not be reused.
     disconnect: bool
+    #: What the row of a worker stopped for it says of its end (None: lumos's own stop).
+    exit_type: str | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -165,6 +167,8 @@ class StopWorker:
     reason: str
     #: The process may already be exiting on its own; do not blame the kill for it.
     quiet: bool = False
+    #: What its row says of its end (None: lumos's own stop, INTENDED_SYSTEM_EXIT).
+    exit_type: str | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -356,7 +360,7 @@ class LocalSchedulerState:
         elif isinstance(event, LeaseCancelled):
             self.queue.pop(event.request_id, None)
         elif isinstance(event, LeaseReturned):
-            self._return(event.lease_id, event.disconnect, now, actions)
+            self._return(event.lease_id, event.disconnect, now, actions, event.exit_type)
         elif isinstance(event, WorkerRegistered):
             w = self.workers.get(event.worker_id)
             if w is not None and w.state == STARTING:
@@ -547,7 +551,8 @@ class LocalSchedulerState:
                     return True
         return False
 
-    def _return(self, lease_id: int, disconnect: bool, now: float, actions: list[Action]) -> None:
+    def _return(self, lease_id: int, disconnect: bool, now: float, actions: list[Action],
+                exit_type: str | None = None) -> None:
         lease = self.leases.pop(lease_id, None)
         if lease is None:
             return
@@ -558,7 +563,7 @@ class LocalSchedulerState:
             return
         if disconnect or w.actor_id is not None:
             actions.append(StopWorker(w.worker_id, "returned as failed" if disconnect else "its actor ended",
-                                      quiet=disconnect))
+                                      quiet=disconnect, exit_type=exit_type))
             w.state = DEAD
             return
         w.state = IDLE

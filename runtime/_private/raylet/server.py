@@ -387,7 +387,8 @@ class RayletServer:
         elif isinstance(action, sc.StartWorker):
             self.pool.start_worker()
         elif isinstance(action, sc.StopWorker):
-            self.pool.kill_worker(action.worker_id, "" if action.quiet else action.reason)
+            self.pool.kill_worker(action.worker_id, "" if action.quiet else action.reason,
+                                  exit_type=action.exit_type)
         elif isinstance(action, sc.ReportInfeasible):
             logger.info("lease request %d for %s is infeasible here", action.request_id, action.resources)
         elif isinstance(action, sc.FailLease):
@@ -498,7 +499,7 @@ class RayletServer:
 
     def _return_worker(self, conn: Connection, msg: m.ReturnWorker) -> None:
         self._lease_owner.pop(msg.lease_id, None)
-        self._sched(sc.LeaseReturned(msg.lease_id, msg.disconnect))
+        self._sched(sc.LeaseReturned(msg.lease_id, msg.disconnect, msg.exit_type))
 
     def _create_object(self, conn: Connection, msg: m.CreateObject) -> list[Any] | Awaitable[list[Any]]:
         """The grant itself when the store has room now (the reply leaves in this loop

@@ -214,7 +214,7 @@ class WorkerProc:
     """One worker process (or a registered driver) of this raylet."""
 
     __slots__ = ("worker_id", "process", "pidfd", "conn", "address", "exit_info", "kill_reason",
-                 "started", "job_id", "is_driver", "pid", "forked", "exit_deadline")
+                 "started", "job_id", "is_driver", "pid", "forked", "exit_deadline", "exit_type")
 
     def __init__(self, worker_id: WorkerID, process: Process | None) -> None:
         self.worker_id = worker_id
@@ -226,6 +226,8 @@ class WorkerProc:
         #: "exit code N" / "signal SIGKILL" once the process is gone.
         self.exit_info: str | None = None
         self.kill_reason = ""
+        #: Why it was stopped, as its row will say (``_exit_type_of``), when a stop said so.
+        self.exit_type: str | None = None
         #: Asked to exit on its own (``ExitWorker``) until then (monotonic); 0: not asked.
         self.exit_deadline = 0.0
         self.started = time.monotonic()
@@ -552,7 +554,7 @@ class WorkerPool:
             unlink_quietly(proc.address.unix_path)  # a killed worker cannot remove its own socket
         level = logging.INFO if proc.kill_reason else logging.WARNING
         logger.log(level, "worker %s pid %d exited: %s", short(worker_id), proc.pid, desc)
-        self.report_worker(proc, "DEAD", desc)
+        self.report_worker(proc, "DEAD", desc, self._exit_type_of(proc, code))
         for action in self.state.handle(WorkerExited(proc.address is not None,
                                                      bool(proc.kill_reason) or self._stopping, code),
                                         time.monotonic()):
@@ -582,12 +584,12 @@ class WorkerPool:
     def kill_worker_request(self, conn: Connection, msg: m.KillWorker) -> bool:
         if msg.worker_id not in self.procs:
             return False
-        if msg.graceful_s > 0 and self.ask_to_exit(msg.worker_id, msg.reason, msg.graceful_s):
+        if msg.graceful_s > 0 and self.ask_to_exit(msg.worker_id, msg.reason, msg.graceful_s, msg.exit_type):
             return True
-        self.kill_worker(msg.worker_id, msg.reason, force=True)
+        self.kill_worker(msg.worker_id, msg.reason, force=True, exit_type=msg.exit_type)
         return True
 
-    def ask_to_exit(self, worker_id: WorkerID, reason: str, grace_s: float) -> bool:
+    def ask_to_exit(self, worker_id: WorkerID, reason: str, grace_s: float, exit_type: str | None = None) -> bool:
         """Ask a worker to exit on its own (``ExitWorker``: an actor runs its clean-up
         first), and kill it if it is still there after ``grace_s``. False when it cannot
         be asked (not connected, or already going)."""
@@ -597,6 +599,7 @@ class WorkerPool:
             return False
         if not proc.exit_deadline:
             proc.kill_reason = reason or proc.kill_reason
+            proc.exit_type = proc.exit_type or exit_type
             proc.exit_deadline = time.monotonic() + grace_s
             proc.conn.notify(m.ExitWorker(reason))
             asyncio.get_running_loop().call_later(grace_s, self._exit_overdue, proc)
@@ -631,11 +634,14 @@ class WorkerPool:
                                                mm.is_retriable(kind, w.retry_budget)))
             for action in r.memory_monitor.handle(mm.MemorySampled(usage, candidates, time.monotonic())):
                 logger.warning("worker %s: %s", short(action.worker_id), action.reason)
-                self.kill_worker(action.worker_id, action.reason, force=True)
+                self.kill_worker(action.worker_id, action.reason, force=True,
+                                 exit_type=m.WorkerExitType.NODE_OUT_OF_MEMORY)
 
-    def kill_worker(self, worker_id: WorkerID, reason: str, sig: int = signal.SIGKILL, force: bool = False) -> None:
+    def kill_worker(self, worker_id: WorkerID, reason: str, sig: int = signal.SIGKILL, force: bool = False,
+                    exit_type: str | None = None) -> None:
         """Signal a worker. One asked to exit on its own (``ask_to_exit``) is left its grace
-        period unless ``force``."""
+        period unless ``force``. ``exit_type``: what its row is to say of its end, when the
+        first stop that says one (None: ``_exit_type_of`` decides)."""
         proc = self.procs.get(worker_id)
         if proc is None or proc.is_driver or proc.exit_info is not None:
             return
@@ -643,6 +649,7 @@ class WorkerPool:
             return
         if reason:
             proc.kill_reason = reason
+        proc.exit_type = proc.exit_type or exit_type
         if proc.process is None:
             proc.kill_reason = proc.kill_reason or "stopped"
             return  # its fork is pending: killed when it arrives
@@ -653,13 +660,24 @@ class WorkerPool:
         except ProcessLookupError:
             pass
 
-    def report_worker(self, proc: WorkerProc, state: str, detail: str = "") -> None:
+    def _exit_type_of(self, proc: WorkerProc, code: int) -> m.WorkerExitType:
+        """What an exited worker's row says of its end: what the stop that ended it said;
+        else lumos's own stop when this raylet stopped it (or is stopping); else the
+        user's when it ended itself with code 0 (``sys.exit()``); else a crash."""
+        if proc.exit_type:
+            return m.WorkerExitType(proc.exit_type)
+        if proc.kill_reason or self._stopping:
+            return m.WorkerExitType.INTENDED_SYSTEM_EXIT
+        return m.WorkerExitType.INTENDED_USER_EXIT if code == 0 else m.WorkerExitType.SYSTEM_ERROR
+
+    def report_worker(self, proc: WorkerProc, state: str, detail: str = "",
+                      exit_type: m.WorkerExitType | None = None) -> None:
         r = self.raylet
         if r.gcs is None or proc.address is None:
             return
         r.gcs.notify(m.ReportWorker(m.WorkerInfo(
             proc.worker_id, r.node_id, proc.pid, proc.address, proc.job_id, proc.is_driver, state,
-            time.time(), time.time() if state == "DEAD" else 0.0, detail)))
+            time.time(), time.time() if state == "DEAD" else 0.0, detail, exit_type)))
 
     def reap_orphans(self) -> None:
         """As a child subreaper this raylet inherits every orphaned descendant (a task's
