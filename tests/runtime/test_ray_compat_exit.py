@@ -81,6 +81,46 @@ def test_worker_output_printed_just_before_exit_is_not_lost(tmp_path: Any) -> No
     assert len(printed) == 4 * 500, f"{len(printed)} of {4 * 500} lines printed"
 
 
+
+def test_what_an_actor_prints_as_it_ends_itself_is_not_lost(tmp_path: Any) -> None:
+    """An actor that ends itself (``exit_actor()``, ``sys.exit()``, sync or async): its last
+    lines, and those of its ``__del__``, reach the driver. They were lost: the GCS, told of
+    the exit, gave the lease back, and the raylet killed the worker before they left."""
+    proc = _run(tmp_path, """
+        class Leaving:
+            def __init__(self, name):
+                self.name = name
+            def __del__(self):
+                print(f"{self.name}: __del__ ran")
+            def leave(self):
+                print(f"{self.name}: goodbye")
+                lumos.actor.exit_actor()
+            def quit(self):
+                print(f"{self.name}: goodbye")
+                sys.exit()
+
+        Leaver = lumos.remote(Leaving)
+
+        @lumos.remote
+        class AsyncLeaver(Leaving):
+            async def leave_async(self):
+                print(f"{self.name}: goodbye")
+                lumos.actor.exit_actor()
+
+        calls = [Leaver.remote(f"plain{i}").leave.remote() for i in range(3)]
+        calls += [Leaver.remote("quit").quit.remote(), AsyncLeaver.remote("async").leave_async.remote()]
+        for call in calls:
+            try:
+                lumos.get(call, timeout=60)
+            except lumos.exceptions.ActorDiedError:
+                pass
+        time.sleep(1.0)  # (the output is forwarded by the raylet as it comes)
+    """)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("plain0", "plain1", "plain2", "quit", "async"):
+        for line in (f"{name}: goodbye", f"{name}: __del__ ran"):
+            assert line in proc.stdout, (line, proc.stdout, proc.stderr)
+
 def test_exit_waits_for_unfinished_tasks_only_up_to_its_bound(tmp_path: Any) -> None:
     proc = _run(tmp_path, """
         @lumos.remote

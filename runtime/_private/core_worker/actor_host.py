@@ -368,14 +368,36 @@ class ActorHost:
     def exiting(self, reason: str) -> None:
         """Tell the GCS the actor ends on purpose (no restart), run the instance's
         ``__del__`` and the process's ``atexit`` handlers (the user's clean-up, as in Ray
-        and a Python exit), then let the process go."""
+        and a Python exit), then let the process go.
+
+        What the actor printed and its task events leave before the GCS hears of it: the
+        GCS then gives the worker's lease back, and its raylet kills the worker at once.
+        Sent after, its last lines (a goodbye, what ``__del__`` printed) were lost."""
         _run_exit_handlers(EXIT_HANDLERS_TIMEOUT_S, self.instance)
+        self._flush_and_wait(5.0)
         try:
             self.cw.call_gcs(m.ActorExiting(self.actor_id, reason), 5.0)
         except (ConnectionLost, TimeoutError, RemoteError) as e:
             logger.warning("could not tell the GCS the actor is exiting: %s", e)
 
         self._leave()
+
+    def _flush_and_wait(self, timeout_s: float) -> None:
+        """Send the buffered output and task events (io thread) and wait until they are
+        handed to their connections, ahead of anything posted after this call."""
+        done = threading.Event()
+
+        def flush() -> None:
+            try:
+                self.cw._flush_events()
+                self.ex.flush_output()
+            finally:
+                done.set()
+        try:
+            self.cw._post(flush)
+        except RuntimeError:  # no io loop any more
+            return
+        done.wait(timeout_s)
 
     def stopped(self, reason: str) -> None:
         """Every handle went out of scope (the raylet's ``ExitWorker``; the GCS has marked
