@@ -100,7 +100,8 @@ WORKER_FIELDS = ("worker_id", "node_id", "pid", "job_id", "is_driver", "state", 
 JOB_FIELDS = ("job_id", "driver_pid", "namespace", "entrypoint", "state", "start_time", "end_time",
               "driver_node_id", "driver_ip", "metadata")
 OBJECT_FIELDS = ("object_id", "owned", "state", "size_bytes", "local_refs", "submitted_refs", "contained_refs",
-                 "borrowers", "in_store", "node_id", "reporter_worker_id", "owner_worker_id")
+                 "borrowers", "in_store", "node_id", "reporter_worker_id", "owner_worker_id", "task_status",
+                 "attempt_number")
 ACTOR_FIELDS = ("actor_id", "class_name", "state", "name", "namespace", "job_id", "node_id", "pid",
                 "num_restarts", "max_restarts", "is_detached", "death_cause", "required_resources",
                 "start_time", "end_time", "pending_calls", "placement_group_id")
@@ -326,7 +327,12 @@ def list_objects(filters: Iterable[Filter] | None = None, limit: int = 10_000) -
     """Objects referenced anywhere: asks every live driver and worker for its table.
 
     Each row: object_id, owner_worker_id, reporter_worker_id, owned, state, size_bytes,
-    local_refs, submitted_refs, contained_refs, borrowers, in_store, node_id.
+    local_refs, submitted_refs, contained_refs, borrowers, in_store, node_id, and Ray's
+    task_status (where the task that creates it stands, as its owner sees it:
+    PENDING_ARGS_AVAIL, PENDING_NODE_ASSIGNMENT, SUBMITTED_TO_WORKER, FINISHED, FAILED;
+    NIL for a ``put``, a borrowed object, or a value whose task its owner has forgotten)
+    and attempt_number (that task's attempt while its owner knows the task: pending, or
+    kept to rebuild a value in the store; else 0).
     """
     flt = _check_filters(filters, OBJECT_FIELDS, "objects")
     if not _check_limit(limit):

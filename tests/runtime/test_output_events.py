@@ -445,6 +445,64 @@ def test_list_objects_shows_owned_objects(fresh_cluster):
     assert len(lumos.state.list_objects(limit=1)) == 1
 
 
+
+@lumos.remote
+def _wait_for_file(path: str) -> str:
+    while not os.path.exists(path):
+        time.sleep(0.02)
+    return "done"
+
+
+@lumos.remote
+def _after(value: str) -> str:
+    return value
+
+
+@lumos.remote(max_retries=2)
+def _crash_once(path: str) -> Any:
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write("crashed")
+        os._exit(1)
+    return np.ones(300_000)  # (in the store: its owner keeps the task, as lineage)
+
+
+@lumos.remote(max_retries=0)
+def _raise() -> None:
+    raise ValueError("failed on purpose")
+
+
+def test_object_rows_say_where_the_task_that_creates_them_stands(fresh_cluster, tmp_path):
+    """Ray's task_status and attempt_number of an object, as its owner sees the task."""
+    fresh_cluster(num_cpus=1)
+    retried = _crash_once.remote(str(tmp_path / "crashed"))
+    assert lumos.get(retried, timeout=60).sum() == 300_000
+    failed = _raise.remote()
+    with pytest.raises(ValueError):
+        lumos.get(failed, timeout=60)
+    put = lumos.put(np.zeros(1000))
+    release = tmp_path / "release"
+    running = _wait_for_file.remote(str(release))
+    waiting = _after.remote(running)
+    unplaced = _after.options(resources={"nowhere": 1}).remote("x")
+    try:
+        wait_for(lambda: any(t["state"] == "RUNNING" for t in lumos.state.list_tasks()
+                             if t["name"].endswith("_wait_for_file")), 30, 0.05)
+        rows = {r["object_id"]: r for r in lumos.state.list_objects() if r["owned"]}
+        seen = {name: (rows[ref.hex()]["task_status"], rows[ref.hex()]["attempt_number"])
+                for name, ref in [("retried", retried), ("failed", failed), ("put", put), ("running", running),
+                                  ("waiting", waiting), ("unplaced", unplaced)]}
+        assert seen == {"retried": ("FINISHED", 1), "failed": ("FAILED", 0), "put": ("NIL", 0),
+                        "running": ("SUBMITTED_TO_WORKER", 0), "waiting": ("PENDING_ARGS_AVAIL", 0),
+                        "unplaced": ("PENDING_NODE_ASSIGNMENT", 0)}, seen
+        from lumos.util import state as ray_state
+        assert [o.object_id for o in ray_state.list_objects(filters=[("task_status", "=", "FAILED")])] \
+            == [failed.hex()]
+    finally:
+        release.write_text("go")
+        lumos.cancel(unplaced)
+    assert lumos.get(waiting, timeout=60) == "done"
+
 def test_list_workers_nodes_and_jobs(fresh_cluster):
     ctx = fresh_cluster(num_cpus=2)
     pids = set(lumos.get([_pid.remote() for _ in range(4)], timeout=30))

@@ -32,8 +32,8 @@ from lumos import exceptions as exc
 from lumos._private import interrupts
 from lumos._private import serialization as ser
 from lumos._private.core_worker.references import FAILED, PENDING, READY, Waiter, holds_error
-from lumos._private.core_worker.tasks import DRIVER, WORKER
-from lumos._private.ids import NodeID, ObjectID, WorkerID, put_object_id, short, task_id_of
+from lumos._private.core_worker.tasks import DONE, DRIVER, PUSHED, QUEUED, WAITING_ARGS, WORKER
+from lumos._private.ids import NodeID, ObjectID, WorkerID, is_put_object, put_object_id, short, task_id_of
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
 from lumos.object_ref import ObjectRef
@@ -80,6 +80,11 @@ def error_blob(error: BaseException) -> bytes:
     except ser.SerializationError:
         fallback = exc.LumosSystemError(f"{type(error).__name__}: {error}")
         return ser.serialize(fallback, ser.KIND_ERROR).to_bytes()
+
+
+#: Ray's ``task_status`` of a pending task's return, from the owner's state of the task.
+_OWNER_TASK_STATUS = {WAITING_ARGS: "PENDING_ARGS_AVAIL", QUEUED: "PENDING_NODE_ASSIGNMENT",
+                      PUSHED: "SUBMITTED_TO_WORKER"}
 
 
 class ObjectsMixin:
@@ -912,6 +917,22 @@ class ObjectsMixin:
         self._post(on_io)
         return fut
 
+    def _creating_task_status(self, oid: ObjectID, owned: bool, state: str, failed: bool) -> tuple[str, int]:
+        """Ray's ``task_status`` and ``attempt_number`` of an object's row: where the task
+        that creates it stands, as its owner sees it, and its attempt (of a task this
+        process owns, pending or kept as lineage). NIL for a ``put``, a borrowed object, or
+        a returned value whose task this owner no longer knows."""
+        if not owned or is_put_object(oid):
+            return "NIL", 0
+        tid = task_id_of(oid)
+        task = self.tasks.get(tid) or self.lineage.get(tid)  # type: ignore[attr-defined]
+        attempt = task.spec.attempt if task is not None else 0
+        if state != "PENDING":
+            return ("FAILED" if failed else "FINISHED"), attempt
+        if task is None or task.state == DONE:
+            return "NIL", attempt
+        return _OWNER_TASK_STATUS[task.state], attempt
+
     def describe_object(self, oid: ObjectID) -> dict[str, Any]:
         e = self.objects.entries.get(oid)
         if e is None:
@@ -926,13 +947,15 @@ class ObjectsMixin:
         objects = []
         with self.objects.lock:
             for oid, e in list(self.objects.entries.items())[:10_000]:
+                state = {PENDING: "PENDING", READY: "READY", FAILED: "FAILED"}[e.state]
+                task_status, attempt = self._creating_task_status(oid, e.owned, state, holds_error(e))
                 objects.append({
-                    "object_id": oid.hex(), "owned": e.owned,
-                    "state": {PENDING: "PENDING", READY: "READY", FAILED: "FAILED"}[e.state],
+                    "object_id": oid.hex(), "owned": e.owned, "state": state,
                     "size_bytes": e.size, "local_refs": e.local, "submitted_refs": e.submitted,
                     "contained_refs": e.contained, "borrowers": len(e.borrowers or ()),
                     "in_store": e.data is None and e.node_id is not None,
                     "node_id": (e.node_id or b"").hex() or None,
+                    "task_status": task_status, "attempt_number": attempt,
                 })
         return {"worker_id": self.worker_id.hex(), "pid": os.getpid(), "job_id": self.job_id.hex(),
                 "node_id": self.node_id.hex(), "is_driver": self.mode == DRIVER,
