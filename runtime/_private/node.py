@@ -335,16 +335,56 @@ def detect_gpus() -> int:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return len([x for x in visible.split(",") if x.strip() and x.strip() != "-1"])
+    return len(_nvidia_gpu_names())
+
+
+def _nvidia_gpu_names() -> list[str]:
+    """The names ``nvidia-smi -L`` gives this machine's GPUs ("NVIDIA A100-SXM4-40GB"), in
+    index order; [] without nvidia-smi or when it fails."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return 0
+        return []
     try:
         out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
-        return 0
+        return []
     if out.returncode != 0:
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+        return []
+    names = []
+    for line in out.stdout.splitlines():  # "GPU 0: NVIDIA H200 (UUID: GPU-...)"
+        if line.startswith("GPU ") and ":" in line:
+            names.append(line.split(":", 1)[1].split(" (UUID", 1)[0].strip())
+    return names
+
+
+def accelerator_type_of(gpu_name: str) -> str | None:
+    """The accelerator type Ray names a GPU model by (``accelerator_type=`` and the node
+    resource ``accelerator_type:<type>``): the model token after the vendor word, without
+    its SKU suffix ("Tesla V100-SXM2-16GB" -> "V100", "NVIDIA A100-SXM4-40GB" -> "A100"),
+    with the all-capital words before it ("NVIDIA RTX PRO 6000 Blackwell" -> "RTX-PRO-6000");
+    a name without such a token is the product name, hyphen-joined ("NVIDIA GeForce RTX
+    4090" -> "GeForce-RTX-4090"). None for an empty name."""
+    words = gpu_name.split()
+    lead: list[str] = []
+    for word in words[1:]:
+        model = word.split("-", 1)[0]
+        if model.isalnum() and model.upper() == model and any(c.isdigit() for c in model):
+            found = "-".join(lead + [model])
+            if len(found) > 1:  # (a lone digit names nothing)
+                return found
+            break
+        if not (word.isalpha() and word.isupper()):
+            break
+        lead.append(word)
+    rest = words[1:] if words and words[0] == "NVIDIA" else words
+    return "-".join(rest) or None
+
+
+def detect_accelerator_type() -> str | None:
+    """The accelerator type of this machine's first NVIDIA GPU (``accelerator_type_of``),
+    None without one."""
+    names = _nvidia_gpu_names()
+    return accelerator_type_of(names[0]) if names else None
 
 
 def default_store_bytes() -> int:
@@ -367,6 +407,10 @@ def node_resources(num_cpus: float | None, num_gpus: float | None, resources: di
     gpus = detect_gpus() if num_gpus is None else num_gpus
     if gpus:
         out["GPU"] = float(gpus)
+        # As Ray's nodes do: a task or actor asks for a model with ``accelerator_type=``.
+        model = detect_accelerator_type()
+        if model and not any(name.startswith("accelerator_type:") for name in resources or {}):
+            out[f"accelerator_type:{model}"] = 1.0
     out["memory"] = float(memory if memory is not None else int(psutil.virtual_memory().available * 0.7))
     for name, amount in (resources or {}).items():
         if name in ("CPU", "GPU"):

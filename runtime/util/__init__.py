@@ -1,4 +1,5 @@
-"""Ray's ``ray.util`` helpers: scheduling strategies, placement groups, ActorPool, Queue,
+"""Ray's ``ray.util`` helpers: scheduling strategies, placement groups, accelerator
+model names, ActorPool, Queue,
 multiprocessing Pool, named-actor listing, the node's IP address, the state API, results
 as they complete; and lumos's own public hooks for front ends: ``output`` (where worker
 output goes on the driver) and ``session`` (session directories on this machine, and
@@ -16,7 +17,7 @@ from typing import Any
 from lumos._private.compat import missing_function
 from lumos.api import get_node_ip_address
 from lumos.actor import list_named_actors
-from lumos.util import multiprocessing, output, queue, scheduling_strategies, session, state
+from lumos.util import accelerators, multiprocessing, output, queue, scheduling_strategies, session, state
 from lumos.util.actor_pool import ActorPool
 from lumos.util.completion import as_completed, map_unordered
 from lumos.util.debug import disable_log_once_globally, enable_periodic_logging, inspect_serializability, log_once
@@ -32,7 +33,6 @@ get_node_instance_id = missing_function("ray.util.get_node_instance_id",
 
 #: Ray's ``ray.util`` submodules lumos does not have, and what to use instead.
 _NOT_IN_LUMOS = {
-    "accelerators": "accelerator types are the accelerator_type option; GPUs are num_gpus",
     "collective": "lumos has no collective communication library; pass arrays through the object store "
                   "(lumos.put) or use torch.distributed inside actors",
     "pdb": "the Ray debugger is not part of lumos; errors carry the remote traceback",
@@ -48,7 +48,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'lumos.util' has no attribute {name!r}")
 
 
-__all__ = ["scheduling_strategies", "ActorPool", "list_named_actors", "PlacementGroup", "placement_group",
+__all__ = ["accelerators", "scheduling_strategies", "ActorPool", "list_named_actors", "PlacementGroup", "placement_group",
            "remove_placement_group", "get_placement_group", "placement_group_table",
            "get_current_placement_group", "queue", "multiprocessing", "state", "get_node_ip_address",
            "as_completed", "map_unordered", "log_once", "disable_log_once_globally", "enable_periodic_logging",

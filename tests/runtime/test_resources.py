@@ -231,6 +231,47 @@ def test_gpus_are_detected_with_nvidia_smi(fresh_cluster):
     assert len(seen["gpus"]) == 1 and seen["cuda"]
 
 
+
+@pytest.mark.parametrize("name, model", [
+    ("Tesla V100-SXM2-16GB", "V100"), ("NVIDIA A100-SXM4-40GB", "A100"), ("NVIDIA H100 80GB HBM3", "H100"),
+    ("NVIDIA H200", "H200"), ("NVIDIA A10G", "A10G"), ("Tesla T4", "T4"), ("NVIDIA L40S", "L40S"),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX-PRO-6000"), ("Quadro RTX 8000", "RTX-8000"),
+    ("NVIDIA GeForce RTX 4090", "GeForce-RTX-4090"), ("", None)])
+def test_gpu_models_are_named_as_ray_names_accelerator_types(name, model):
+    from lumos._private.node import accelerator_type_of
+    assert accelerator_type_of(name) == model
+
+
+def test_a_node_with_nvidia_gpus_offers_its_model_as_accelerator_type(fresh_cluster, tmp_path, monkeypatch):
+    """As Ray's nodes do: ``accelerator_type:<model>`` of its first GPU, which
+    ``accelerator_type=`` (and ``lumos.util.accelerators``' names) ask for. The GPUs are
+    those of an ``nvidia-smi`` on PATH that lists two A100s (CI has no GPU)."""
+    from lumos.util.accelerators import NVIDIA_A100, NVIDIA_H100
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n"
+                   "[ \"$1\" = -L ] || exit 9\n"
+                   "echo 'GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-0a)'\n"
+                   "echo 'GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-1b)'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fresh_cluster(num_cpus=2)
+    resources = lumos.cluster_resources()
+    assert resources["GPU"] == 2 and resources["accelerator_type:A100"] == 1, resources
+    on_a100 = hold_until.options(num_gpus=1, accelerator_type=NVIDIA_A100).remote("/")
+    assert len(lumos.get(on_a100, timeout=60)["gpus"]) == 1
+    on_h100 = hold_until.options(num_gpus=1, accelerator_type=NVIDIA_H100).remote("/")
+    ready, _ = lumos.wait([on_h100], timeout=1.0)
+    assert ready == []  # no such node
+    lumos.cancel(on_h100)
+    # Declared GPUs of another model: the node says what it was told.
+    lumos.shutdown()
+    fresh_cluster(num_cpus=2, num_gpus=1, resources={"accelerator_type:H100": 1})
+    resources = lumos.cluster_resources()
+    assert resources["accelerator_type:H100"] == 1 and "accelerator_type:A100" not in resources
+    assert len(lumos.get(hold_until.options(num_gpus=1, accelerator_type=NVIDIA_H100).remote("/"),
+                         timeout=60)["gpus"]) == 1
+
 # --------------------------------------------------------------------------- infeasible
 
 
