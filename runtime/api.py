@@ -75,7 +75,8 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
          ignore_reinit_error: bool = False, include_dashboard: bool | None = None,
          dashboard_host: str = "127.0.0.1", dashboard_port: int | None = None,
          log_to_driver: bool = True, runtime_env: dict[str, Any] | None = None,
-         job_config: Any = None, _system_config: dict[str, Any] | None = None, _token: str | None = None,
+         job_config: Any = None, labels: dict[str, str] | None = None,
+         _system_config: dict[str, Any] | None = None, _token: str | None = None,
          _node_ip_address: str = "127.0.0.1", **kwargs: Any) -> LumosContext:
     """Start a private local cluster, or connect to a running one.
 
@@ -86,8 +87,10 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
             cluster token comes from ``_token`` or ``LUMOS_CLUSTER_TOKEN``).
             "lumos://HOST:PORT" connects in client mode from a machine with no lumos
             node (``_token``: the token or its file; or ``LUMOS_CLUSTER_TOKEN[_FILE]``).
-        num_cpus, num_gpus, resources, memory, object_store_memory: the private
-            cluster's node (GPUs are detected when ``num_gpus`` is None).
+        num_cpus, num_gpus, resources, memory, object_store_memory, labels: the
+            private cluster's node (GPUs are detected when ``num_gpus`` is None; labels,
+            str -> str, describe the node: ``get_runtime_context().get_node_labels()``,
+            ``lumos.nodes()``; lumos does not schedule by them).
         namespace: namespace for named actors.
         runtime_env: the job's ``env_vars`` (and ``working_dir``, ``excludes``).
         job_config: a ``JobConfig`` (lumos's or Ray's): its runtime_env and
@@ -128,6 +131,9 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
         _check_number("memory", memory)
         if resources is not None and not isinstance(resources, dict):
             raise TypeError("resources must be a dict of name -> amount")
+        if labels is not None and not (isinstance(labels, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in labels.items())):
+            raise TypeError("labels must be a dict of str -> str")
         job_env = env_vars_of(runtime_env, job=True)
         job_package = None
         if runtime_env and runtime_env.get("working_dir") is not None:
@@ -143,11 +149,11 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
             ctx = _start_private(config, num_cpus, num_gpus, resources, memory, object_store_memory,
                                  namespace or "", _node_ip_address,
                                  (dashboard_host, 8265 if dashboard_port is None else dashboard_port)
-                                 if dashboard else None, job_env, job_package, job_metadata)
+                                 if dashboard else None, job_env, job_package, job_metadata, labels)
         else:
-            if any(v is not None for v in (num_cpus, num_gpus, resources, object_store_memory)):
-                raise ValueError("num_cpus, num_gpus, resources and object_store_memory describe a new "
-                                 "cluster; they cannot be given when connecting to an existing one")
+            if any(v is not None for v in (num_cpus, num_gpus, resources, object_store_memory, labels)):
+                raise ValueError("num_cpus, num_gpus, resources, object_store_memory and labels describe a "
+                                 "new cluster; they cannot be given when connecting to an existing one")
             try:
                 if isinstance(address, str) and address.startswith("ray://"):  # Ray Client's scheme
                     address = "lumos://" + address[len("ray://"):]
@@ -179,8 +185,6 @@ _REFUSED_INIT_ARGS = {
     "enable_resource_isolation": f"{_NO_CGROUPS}; give the node fewer num_cpus or less memory",
     "system_reserved_cpu": f"{_NO_CGROUPS}; start the node with fewer num_cpus",
     "system_reserved_memory": f"{_NO_CGROUPS}; start the node with a smaller memory=",
-    "labels": "lumos nodes have no labels; give the node a custom resource (resources={'name': 1}) "
-              "and ask for it",
     "proxy_server_url": "Ray Client proxies are not part of lumos; connect to the head's client server with "
                         "lumos.init('lumos://HEAD:10001') (client mode)",
 }
@@ -216,7 +220,8 @@ def _start_private(config: Config, num_cpus: float | None, num_gpus: float | Non
                    namespace: str, node_ip: str, dashboard: tuple[str, int] | None = None,
                    job_env: dict[str, str] | None = None,
                    job_package: tuple[str, bytes] | None = None,
-                   job_metadata: dict[str, str] | None = None) -> LumosContext:
+                   job_metadata: dict[str, str] | None = None,
+                   labels: dict[str, str] | None = None) -> LumosContext:
     session_dir = new_session_dir()
     node = NodeProcesses(session_dir, config)
     token = auth.new_token().hex().encode()
@@ -232,7 +237,8 @@ def _start_private(config: Config, num_cpus: float | None, num_gpus: float | Non
             from lumos._private.dashboard_process import spawn_dashboard
             dash = spawn_dashboard(session_dir, f"unix:{node.gcs_unix}", node.token_path, *dashboard)
             node.procs.append(dash[0])  # node.stop() (shutdown) stops it with the others
-        node.start_gcs_and_raylet(resources=res, store_bytes=store, host=node_ip, gcs_port=0, private=True)
+        node.start_gcs_and_raylet(resources=res, store_bytes=store, host=node_ip, gcs_port=0, private=True,
+                                  labels=labels)
         assert node.gcs_address is not None
         cw = _start_core_worker(config, token, node.gcs_unix, node.raylet_socket, session_dir,
                                 node.node_id, node.store_dir, node_ip, namespace, job_env, job_package,

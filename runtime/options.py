@@ -214,8 +214,9 @@ OPTIONS: dict[str, Option] = {
     "placement_group_bundle_index": Option(_int_at_least(-1), None, None, _BOTH, "legacy"),
     "placement_group_capture_child_tasks": Option(_anything, None, None, _BOTH, "legacy"),
     "_metadata": Option(_anything, None, None, _BOTH, "ignored"),
-    "label_selector": Option(_unsupported("lumos nodes have no labels; ask for a custom resource "
-                                          "(resources={'name': amount}) or use NodeAffinitySchedulingStrategy"),
+    "label_selector": Option(_unsupported("lumos does not schedule by node labels; ask for a custom "
+                                          "resource (resources={'name': amount}) or use "
+                                          "NodeAffinitySchedulingStrategy"),
                              None, None, _BOTH, "node labels (not implemented: raises unless empty)"),
     "fallback_strategy": Option(_unsupported("give a soft NodeAffinitySchedulingStrategy (soft=True), which falls "
                                              "back to other nodes"), None, None, _BOTH,

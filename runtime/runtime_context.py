@@ -80,8 +80,13 @@ class RuntimeContext:
         return str(worker_context.require().session_dir)
 
     def get_node_labels(self) -> dict[str, str]:
-        """Node labels: lumos nodes have none (``{}``); select nodes with custom resources."""
-        worker_context.require()
+        """The labels of this process's node (``init(labels=...)``, ``lumos start
+        --labels``; ``{}`` without): they describe the node, lumos does not schedule by
+        them (select nodes with custom resources)."""
+        cw = worker_context.require()
+        for node in cw.call_gcs(m.GetAllNodes()):
+            if node.node_id == cw.node_id:
+                return dict(node.labels)
         return {}
 
     def get_runtime_env_string(self) -> str:

@@ -61,7 +61,7 @@ class PlacementGroupSchedulingStrategy:
                 bool(self.placement_group_capture_child_tasks)]
 
 
-_NO_LABELS = ("lumos nodes have no labels; ask for a custom resource (resources={'name': amount}) "
+_NO_LABELS = ("lumos does not schedule by node labels; ask for a custom resource (resources={'name': amount}) "
               "or use NodeAffinitySchedulingStrategy")
 NodeLabelSchedulingStrategy = _missing_class("ray.util.scheduling_strategies.NodeLabelSchedulingStrategy", _NO_LABELS)
 In = _missing_class("ray.util.scheduling_strategies.In", _NO_LABELS)

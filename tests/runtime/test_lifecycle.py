@@ -104,6 +104,26 @@ def test_init_shutdown_init_again_in_one_process(fresh_cluster):
     assert _nothing_left(s2, pids2), _leftovers(s2, pids2)
 
 
+@lumos.remote
+def _node_labels():
+    return lumos.get_runtime_context().get_node_labels()
+
+
+def test_init_labels_describe_the_node_to_tasks_and_state(fresh_cluster):
+    labels = {"zone": "us-east-1a", "owner": "rl-team"}
+    fresh_cluster(num_cpus=1, labels=labels)
+    assert lumos.get_runtime_context().get_node_labels() == labels
+    assert lumos.get(_node_labels.remote(), timeout=30) == labels
+    assert lumos.nodes()[0]["Labels"] == labels and lumos.state.list_nodes()[0]["labels"] == labels
+    address = lumos.get_runtime_context().gcs_address
+    lumos.shutdown()
+    with pytest.raises(TypeError, match="str -> str"):
+        lumos.init(num_cpus=1, labels={"zone": 1})
+    with pytest.raises(ValueError, match="labels"):
+        lumos.init(address=address, labels={"zone": "b"})
+    assert not lumos.is_initialized()
+
+
 def test_ref_from_a_previous_cluster_fails_clearly(fresh_cluster):
     fresh_cluster()
     ref = lumos.put(np.ones(1_000_000))
