@@ -89,8 +89,8 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
             node (``_token``: the token or its file; or ``LUMOS_CLUSTER_TOKEN[_FILE]``).
         num_cpus, num_gpus, resources, memory, object_store_memory, labels: the
             private cluster's node (GPUs are detected when ``num_gpus`` is None; labels,
-            str -> str, describe the node: ``get_runtime_context().get_node_labels()``,
-            ``lumos.nodes()``; lumos does not schedule by them).
+            str -> str, describe the node: ``label_selector`` selects by them, and
+            ``get_runtime_context().get_node_labels()`` and ``lumos.nodes()`` show them).
         namespace: namespace for named actors.
         runtime_env: the job's ``env_vars`` (and ``working_dir``, ``excludes``).
         job_config: a ``JobConfig`` (lumos's or Ray's): its runtime_env and

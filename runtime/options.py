@@ -88,6 +88,11 @@ def _strategy(name: str, v: Any) -> None:
     strategy_to_wire(v)
 
 
+def _label_selector(name: str, v: Any) -> None:
+    from lumos.util.scheduling_strategies import label_selector_to_wire
+    label_selector_to_wire(v)
+
+
 def _lifetime(name: str, v: Any) -> None:
     if v not in (None, "detached", "non_detached"):
         raise ValueError(f"lifetime must be None, 'detached' or 'non_detached', got {v!r}")
@@ -214,10 +219,8 @@ OPTIONS: dict[str, Option] = {
     "placement_group_bundle_index": Option(_int_at_least(-1), None, None, _BOTH, "legacy"),
     "placement_group_capture_child_tasks": Option(_anything, None, None, _BOTH, "legacy"),
     "_metadata": Option(_anything, None, None, _BOTH, "ignored"),
-    "label_selector": Option(_unsupported("lumos does not schedule by node labels; ask for a custom "
-                                          "resource (resources={'name': amount}) or use "
-                                          "NodeAffinitySchedulingStrategy"),
-                             None, None, _BOTH, "node labels (not implemented: raises unless empty)"),
+    "label_selector": Option(_label_selector, None, None, _BOTH,
+                             "node labels: label -> 'value', '!value', 'in(a, b)', '!in(a, b)'"),
     "fallback_strategy": Option(_unsupported("give a soft NodeAffinitySchedulingStrategy (soft=True), which falls "
                                              "back to other nodes"), None, None, _BOTH,
                                 "label fallbacks (not implemented: raises unless empty)"),
@@ -318,8 +321,15 @@ def check_group_request(opts: dict[str, Any], resources: dict[str, float], what:
 
 
 def strategy_of(opts: dict[str, Any]) -> Any:
-    from lumos.util.scheduling_strategies import PlacementGroupSchedulingStrategy, strategy_to_wire
+    from lumos.util.scheduling_strategies import (PlacementGroupSchedulingStrategy, label_selector_to_wire,
+                                                  strategy_to_wire)
     strategy = opts.get("scheduling_strategy")
+    labels = label_selector_to_wire(opts.get("label_selector"))
+    if labels is not None:
+        if strategy not in (None, "DEFAULT") or opts.get("placement_group") not in (None, "default"):
+            raise ValueError(f"label_selector with scheduling_strategy={strategy!r} is not implemented in lumos: "
+                             "labels choose among nodes with the default strategy (drop one of the two)")
+        return labels
     if strategy is None and opts.get("placement_group") not in (None, "default"):
         strategy = PlacementGroupSchedulingStrategy(
             opts["placement_group"], -1 if opts.get("placement_group_bundle_index") is None

@@ -81,8 +81,7 @@ class RuntimeContext:
 
     def get_node_labels(self) -> dict[str, str]:
         """The labels of this process's node (``init(labels=...)``, ``lumos start
-        --labels``; ``{}`` without): they describe the node, lumos does not schedule by
-        them (select nodes with custom resources)."""
+        --labels``; ``{}`` without), which ``label_selector`` selects nodes by."""
         cw = worker_context.require()
         for node in cw.call_gcs(m.GetAllNodes()):
             if node.node_id == cw.node_id:

@@ -166,8 +166,9 @@ def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK", nam
     from lumos._private.protocol import messages as m
     from lumos._private.compat import not_implemented_error
     if bundle_label_selector and any(bundle_label_selector):
-        raise not_implemented_error("placement_group(bundle_label_selector=...)", "lumos does not place by node labels; "
-                                    "put a custom resource in the bundles (e.g. {'CPU': 1, 'rack_a': 0.01})")
+        raise not_implemented_error("placement_group(bundle_label_selector=...)", "lumos places bundles without node "
+                                    "labels (tasks and actors take label_selector); put a custom resource in the "
+                                    "bundles (e.g. {'CPU': 1, 'rack_a': 0.01})")
     if topology_strategy is not None:
         raise not_implemented_error("placement_group(topology_strategy=...)", "use strategy='PACK', 'SPREAD', "
                                     "'STRICT_PACK' or 'STRICT_SPREAD'")

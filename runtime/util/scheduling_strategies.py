@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from lumos._private.compat import missing_class as _missing_class
@@ -61,13 +62,46 @@ class PlacementGroupSchedulingStrategy:
                 bool(self.placement_group_capture_child_tasks)]
 
 
-_NO_LABELS = ("lumos does not schedule by node labels; ask for a custom resource (resources={'name': amount}) "
-              "or use NodeAffinitySchedulingStrategy")
+_NO_LABELS = ("lumos schedules by node labels with the label_selector option only (label -> 'value', "
+              "'!value', 'in(a, b)' or '!in(a, b)'); or ask for a custom resource (resources={'name': amount})")
 NodeLabelSchedulingStrategy = _missing_class("ray.util.scheduling_strategies.NodeLabelSchedulingStrategy", _NO_LABELS)
 In = _missing_class("ray.util.scheduling_strategies.In", _NO_LABELS)
 NotIn = _missing_class("ray.util.scheduling_strategies.NotIn", _NO_LABELS)
 Exists = _missing_class("ray.util.scheduling_strategies.Exists", _NO_LABELS)
 DoesNotExist = _missing_class("ray.util.scheduling_strategies.DoesNotExist", _NO_LABELS)
+
+
+def label_selector_to_wire(selector: Any) -> list[Any] | None:
+    """``label_selector`` (Ray's: node label -> ``"value"``, ``"!value"``, ``"in(a, b)"`` or
+    ``"!in(a, b)"``) as the strategy sent in task specs: ``["LABELS", [[key, negated,
+    [values]], ...]]``; None for an empty one.
+
+    Raises:
+        TypeError: not a dict of str -> str.
+        ValueError: a condition lumos cannot read.
+    """
+    if not selector:
+        return None
+    if not isinstance(selector, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in selector.items()):
+        raise TypeError(f"label_selector must be a dict of label -> condition (str -> str), got {selector!r}")
+    conditions = []
+    for key, text in selector.items():
+        cond = text.strip()
+        negated = cond.startswith("!")
+        cond = cond[1:].strip() if negated else cond
+        if cond.startswith("in(") and cond.endswith(")"):
+            values = [v.strip() for v in cond[3:-1].split(",")]
+        else:
+            values = [cond]
+        if not key.strip() or not all(_LABEL_VALUE.fullmatch(v) for v in values):
+            raise ValueError(f"label_selector {{{key!r}: {text!r}}}: a condition is 'value', '!value', "
+                             "'in(a, b)' or '!in(a, b)', each value letters, digits, '-', '_' and '.'")
+        conditions.append([key, negated, values])
+    return ["LABELS", conditions]
+
+
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
 
 
 def strategy_to_wire(strategy: Any) -> Any:

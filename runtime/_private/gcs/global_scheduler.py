@@ -65,6 +65,8 @@ class NodeView:
     queue_length: int
     #: When its latest heartbeat arrived (monotonic seconds); placements after it are not in it yet.
     heartbeat_at: float = 0.0
+    #: Its labels (``init(labels=)``, ``lumos start --labels``).
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 class GlobalSchedulerState:
@@ -99,6 +101,9 @@ class GlobalSchedulerState:
                                         "(soft=False) is not alive; use soft=True to run elsewhere")
                 raise Unschedulable(f"node {target.node_id.hex()[:8]} named by NodeAffinitySchedulingStrategy"
                                     f"(soft=False) has {_floats(target.total)}, less than {req.resources}")
+        conditions = m.label_conditions_of(strategy)
+        if conditions is not None:  # ``label_selector``: only nodes whose labels meet it
+            nodes = [n for n in nodes if m.labels_match(n.labels, conditions)]
         feasible = [n for n in nodes if _fits(n.total, units)]
         if not feasible:
             return None
@@ -191,7 +196,7 @@ class GlobalScheduler:
             avail = ({k: to_units(v) for k, v in hb.resources_available.items()} if hb is not None
                      else dict(total))
             out.append(NodeView(node_id, info.address, total, avail, hb.queue_length if hb is not None else 0,
-                                self.gcs._last_heartbeat.get(node_id, 0.0)))
+                                self.gcs._last_heartbeat.get(node_id, 0.0), dict(info.labels)))
         return out
 
     async def _schedule_lease(self, conn: Any, msg: m.ScheduleLease) -> m.SpillbackReply:

@@ -51,6 +51,21 @@ def placement_group_of(strategy: Any) -> bytes | None:
     return strategy[1] if strategy and strategy[0] == "PG" else None
 
 
+def label_conditions_of(strategy: Any) -> Any:
+    """The node-label conditions of a spec's strategy (``["LABELS", [[key, negated,
+    [values]], ...]]``, from ``label_selector``), or None."""
+    return strategy[1] if strategy and strategy[0] == "LABELS" else None
+
+
+def labels_match(labels: dict[str, str], conditions: Any) -> bool:
+    """Whether a node with ``labels`` meets every condition: its label ``key`` is one of
+    ``values`` (a negated condition: it is not, or the node has no such label)."""
+    for key, negated, values in conditions:
+        if (labels.get(key) in values) == bool(negated):
+            return False
+    return True
+
+
 @message(3)
 class TaskSpec:
     task_id: TaskID

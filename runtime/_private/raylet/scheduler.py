@@ -232,6 +232,8 @@ class SpillQuery:
     #: Alive nodes this raylet knows of, and whether it counts itself among them.
     alive_nodes: int = 1
     self_alive: bool = True
+    #: This node's labels meet the request's ``label_selector`` (True without one).
+    labels_ok: bool = True
 
 IDLE, LEASED, STARTING, DEAD = "IDLE", "LEASED", "STARTING", "DEAD"
 
@@ -706,6 +708,8 @@ class LocalSchedulerState:
         """
         if q.hops > 0 or q.from_gcs or not q.gcs_connected:
             return False
+        if not q.labels_ok:  # the GCS knows which nodes' labels meet the request's selector
+            return True
         strategy = q.strategy
         if strategy and strategy[0] == "NODE":
             # Affinity to this node that it can never fit goes to the GCS too: a soft one
