@@ -11,7 +11,7 @@ import pytest
 
 import lumos
 from lumos.testing import Cluster
-from tests.conftest import TEST_CONFIG, check_no_leaks
+from tests.conftest import TEST_CONFIG, check_no_leaks, wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
@@ -66,11 +66,19 @@ def test_an_actor_is_placed_where_its_selector_is_met(three_nodes: dict[str, str
     lumos.kill(actor)
 
 
-def test_a_selector_no_node_meets_waits_and_others_go_on(three_nodes: dict[str, str]) -> None:
+def test_a_selector_no_node_meets_waits_and_others_go_on(three_nodes: dict[str, str], capfd: Any) -> None:
     stuck = where.options(label_selector={"zone": "nowhere"}).remote()
     ready, _ = lumos.wait([stuck], timeout=1.0)
     assert ready == []
     assert _nodes_of({"zone": "a"}, 2) == {three_nodes["a"]}
+    # The warning says what the request waits for: a node with such labels, not resources.
+    seen = ""
+
+    def warned() -> bool:
+        nonlocal seen
+        seen += capfd.readouterr().err
+        return "label_selector={'zone': 'nowhere'}, but no node does" in seen
+    wait_for(warned, 30, 0.1)
     lumos.cancel(stuck)
     with pytest.raises(lumos.exceptions.TaskCancelledError):
         lumos.get(stuck, timeout=30)

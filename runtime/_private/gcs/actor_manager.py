@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from lumos._private.gcs import actor_state as ast
 from lumos._private.gcs.actor_state import ALIVE, DEAD, PENDING, RESTARTING  # noqa: F401  (re-exported)
-from lumos._private.gcs.global_scheduler import Unschedulable
+from lumos._private.gcs.global_scheduler import Unschedulable, infeasible_text
 from lumos._private.ids import ActorID, JobID, NodeID, WorkerID, short
 from lumos._private.protocol import messages as m
 from lumos._private.protocol.vocab import APP_ERROR_TYPE
@@ -179,11 +179,9 @@ class ActorManager:
                     # As for tasks: the job hears that its actor waits for a node that fits
                     # (its calls waited in silence).
                     warned = True
-                    totals = [{k: v for k, v in n.resources_total.items()} for n in self.gcs.nodes.values()
-                              if n.state == "ALIVE"]
-                    text = (f"actor {info.class_name} needs {dict(spec.resources)}, but no node has that much "
-                            f"(cluster nodes: {totals}); it stays pending until a node that fits joins "
-                            "the cluster")
+                    nodes = [(dict(n.resources_total), dict(n.labels)) for n in self.gcs.nodes.values()
+                             if n.state == "ALIVE"]
+                    text = infeasible_text(f"actor {info.class_name}", dict(spec.resources), spec.strategy, nodes)
                     logger.warning("%s", text)
                     self.gcs.publish("errors", info.job_id, ["infeasible", text])
                 self._nodes_changed.clear()

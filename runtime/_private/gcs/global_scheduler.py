@@ -175,6 +175,21 @@ def _floats(units: dict[str, int]) -> dict[str, float]:
     return {k: from_units(v) for k, v in units.items() if not k.startswith("node:")}
 
 
+def infeasible_text(what: str, resources: dict[str, float], strategy: Any,
+                    nodes: list[tuple[dict[str, float], dict[str, str]]]) -> str:
+    """The warning for a request no alive node can run (``nodes``: each one's total
+    resources and labels): what it needs, and what the nodes have."""
+    conditions = m.label_conditions_of(strategy)
+    if conditions is None:
+        return (f"{what} needs {resources}, but no node has that much (cluster nodes: "
+                f"{[total for total, _ in nodes]}); it stays pending until a node that fits joins the cluster")
+    selector = {key: ("!" if negated else "") + (values[0] if len(values) == 1 else f"in({', '.join(values)})")
+                for key, negated, values in conditions}
+    return (f"{what} needs {resources} on a node whose labels meet label_selector={selector}, but no node "
+            f"does (cluster nodes: {[{'resources': total, 'labels': labels} for total, labels in nodes]}); it "
+            "stays pending until such a node joins the cluster")
+
+
 class GlobalScheduler:
     """Serves ``ScheduleLease`` in the GCS process from its node table and heartbeats."""
 
@@ -216,9 +231,8 @@ class GlobalScheduler:
                 return m.SpillbackReply(info.address, node_id)
             if not warned and time.monotonic() - started >= self.gcs.config.infeasible_warning_s:
                 warned = True
-                text = (f"task {msg.function_name or '?'} needs {msg.resources}, but no node has that much "
-                        f"(cluster nodes: {[_floats(n.total) for n in self.node_views()]}); it stays pending "
-                        "until a node that fits joins the cluster")
+                text = infeasible_text(f"task {msg.function_name or '?'}", msg.resources, msg.strategy,
+                                       [(_floats(n.total), n.labels) for n in self.node_views()])
                 logger.warning("%s", text)
                 self.gcs.publish("errors", msg.job_id, ["infeasible", text])
             await asyncio.sleep(self._poll_s)
