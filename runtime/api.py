@@ -22,8 +22,8 @@ from lumos._private import interrupts, worker_context, working_dir
 from lumos._private.config import Config
 from lumos._private.core_worker.core_worker import DRIVER, CoreWorker
 from lumos._private.ids import NodeID, random_id, return_object_id
-from lumos._private.node import (NodeProcesses, default_store_bytes, find_local_token, new_session_dir,
-                                 node_resources, read_current_cluster)
+from lumos._private.node import (NodeProcesses, check_node_labels, default_store_bytes, find_local_token,
+                                 new_session_dir, node_resources, read_current_cluster)
 from lumos._private.process import read_private_file
 from lumos._private.protocol import auth
 from lumos._private.protocol import messages as m
@@ -134,6 +134,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
         if labels is not None and not (isinstance(labels, dict) and all(
                 isinstance(k, str) and isinstance(v, str) for k, v in labels.items())):
             raise TypeError("labels must be a dict of str -> str")
+        check_node_labels(labels)
         job_env = env_vars_of(runtime_env, job=True)
         job_package = None
         if runtime_env and runtime_env.get("working_dir") is not None:

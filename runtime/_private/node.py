@@ -330,6 +330,17 @@ def new_session_dir() -> str:
     return path
 
 
+def check_node_labels(labels: dict[str, str] | None) -> None:
+    """Refuse labels a node cannot be started with: not str -> str, or a key under Ray's
+    reserved prefix (the labels every node has: ray.io/node-id, ray.io/accelerator-type)."""
+    for key, value in (labels or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"node labels must be str -> str, got {key!r}: {value!r}")
+        if key.startswith("ray.io/"):
+            raise ValueError(f"node label {key!r}: keys beginning 'ray.io/' are the labels every node has "
+                             "(ray.io/node-id, ray.io/accelerator-type); choose another key")
+
+
 def detect_gpus() -> int:
     """GPUs visible to this process: ``CUDA_VISIBLE_DEVICES`` if set, else ``nvidia-smi``."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -506,6 +517,7 @@ class NodeProcesses:
         ``tie_to_parent`` (default: ``private``): the processes die with this process.
         ``storage``: the GCS storage URL (default: the config's ``gcs_storage``).
         """
+        check_node_labels(labels)
         tie = private if tie_to_parent is None else tie_to_parent
         cfg = self.config.to_json()
         # The URL may hold a Redis password: it goes in a private file, not on a command line.
@@ -535,6 +547,7 @@ class NodeProcesses:
 
     def start_raylet(self, gcs_address: str, *, resources: dict[str, float], store_bytes: int, host: str,
                      tie_to_parent: bool, labels: dict[str, str] | None = None) -> None:
+        check_node_labels(labels)
         raylet, fd = self._start_raylet(gcs_address, resources, store_bytes, host, head=False,
                                         tie_to_parent=tie_to_parent, labels=labels)
         self._finish_raylet(raylet, fd)

@@ -62,8 +62,10 @@ def test_tasks_run_only_where_the_labels_meet_the_selector(three_nodes: dict[str
 def test_an_actor_is_placed_where_its_selector_is_met(three_nodes: dict[str, str]) -> None:
     actor = Resident.options(label_selector={"zone": "b"}).remote()
     assert lumos.get(actor.where.remote(), timeout=60) == three_nodes["b"]
-    assert lumos.get(actor.labels.remote(), timeout=60) == {"zone": "b"}
+    assert lumos.get(actor.labels.remote(), timeout=60) == {"zone": "b", "ray.io/node-id": three_nodes["b"]}
     lumos.kill(actor)
+    # Ray's default label of every node: its id.
+    assert _nodes_of({"ray.io/node-id": three_nodes["head"]}, 2) == {three_nodes["head"]}
 
 
 def test_a_selector_no_node_meets_waits_and_others_go_on(three_nodes: dict[str, str], capfd: Any) -> None:

@@ -110,8 +110,9 @@ def _node_labels():
 
 
 def test_init_labels_describe_the_node_to_tasks_and_state(fresh_cluster):
-    labels = {"zone": "us-east-1a", "owner": "rl-team"}
-    fresh_cluster(num_cpus=1, labels=labels)
+    ctx = fresh_cluster(num_cpus=1, labels={"zone": "us-east-1a", "owner": "rl-team"})
+    # (with Ray's default label of every node)
+    labels = {"zone": "us-east-1a", "owner": "rl-team", "ray.io/node-id": ctx.address_info["node_id"]}
     assert lumos.get_runtime_context().get_node_labels() == labels
     assert lumos.get(_node_labels.remote(), timeout=30) == labels
     assert lumos.nodes()[0]["Labels"] == labels and lumos.state.list_nodes()[0]["labels"] == labels
@@ -119,6 +120,8 @@ def test_init_labels_describe_the_node_to_tasks_and_state(fresh_cluster):
     lumos.shutdown()
     with pytest.raises(TypeError, match="str -> str"):
         lumos.init(num_cpus=1, labels={"zone": 1})
+    with pytest.raises(ValueError, match="ray.io/"):
+        lumos.init(num_cpus=1, labels={"ray.io/node-id": "mine"})
     with pytest.raises(ValueError, match="labels"):
         lumos.init(address=address, labels={"zone": "b"})
     assert not lumos.is_initialized()

@@ -258,6 +258,7 @@ def test_a_node_with_nvidia_gpus_offers_its_model_as_accelerator_type(fresh_clus
     fresh_cluster(num_cpus=2)
     resources = lumos.cluster_resources()
     assert resources["GPU"] == 2 and resources["accelerator_type:A100"] == 1, resources
+    assert lumos.get_runtime_context().get_node_labels()["ray.io/accelerator-type"] == "A100"
     on_a100 = hold_until.options(num_gpus=1, accelerator_type=NVIDIA_A100).remote("/")
     assert len(lumos.get(on_a100, timeout=60)["gpus"]) == 1
     on_h100 = hold_until.options(num_gpus=1, accelerator_type=NVIDIA_H100).remote("/")

@@ -54,6 +54,24 @@ logger = logging.getLogger(__name__)
 _TICK_S = 0.1
 
 
+#: The labels every node has, under Ray's reserved prefix: its id, and the model of its
+#: GPUs when they were detected (``accelerator_type:<model>``).
+DEFAULT_LABEL_PREFIX = "ray.io/"
+
+
+def node_labels(labels: dict[str, str], node_id: NodeID, resources: dict[str, float]) -> dict[str, str]:
+    """A node's labels: the ones it was started with, and Ray's default ones
+    (``ray.io/node-id``, ``ray.io/accelerator-type``), which ``label_selector`` reads as
+    in Ray."""
+    out = dict(labels)
+    out[DEFAULT_LABEL_PREFIX + "node-id"] = node_id.hex()
+    for name in resources:
+        if name.startswith("accelerator_type:"):
+            out[DEFAULT_LABEL_PREFIX + "accelerator-type"] = name.split(":", 1)[1]
+            break
+    return out
+
+
 class RayletServer:
     def __init__(self, config: Config, token: bytes, *, node_id: NodeID, session_dir: str,
                  gcs_address: str, resources: dict[str, float], store_dir: str,
@@ -65,7 +83,7 @@ class RayletServer:
         self.gcs_address = gcs_address
         self.node_ip = node_ip
         self.is_head = is_head
-        self.labels = labels
+        self.labels = node_labels(labels, node_id, resources)
         self.resources_total = resources
         self.store_dir = store_dir
         cpus = int(resources.get("CPU", 1))
