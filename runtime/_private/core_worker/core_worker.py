@@ -1026,34 +1026,25 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             self.reply_sent(reply)
         output = ex is not None and ex._output
         if not (hold and not output and self._hold_reply(conn, reply, hold)):
-            replies = [reply]
-            if self._held:
-                with self._held_lock:
-                    held, held_conn = self._held, self._held_conn
-                    self._held, self._held_conn = [], None
-                if held_conn is conn:
-                    replies = held + replies
-                elif held:
-                    self._send_replies(held_conn, held)  # type: ignore[arg-type]
-            if output:  # the task's output leaves before its reply
-                self._post(ex.flush_output)
-                for r in replies:
-                    self._post(conn.notify, r)
-            else:
-                self._send_replies(conn, replies)
+            self._release_replies(conn, [reply], output)
         if self._top_ups:
             self.top_up_reserved()
 
     def send_replies(self, conn: Connection, replies: list[m.TaskReply]) -> None:
         """``send_reply`` of several replies on one connection, in one write where it can
         (an async actor's calls that finished in one turn of its loop)."""
-        if len(replies) == 1:
-            self.send_reply(conn, replies[0])
-            return
-        ex = self.executor
         if self._running_events:
             for r in replies:
                 self.reply_sent(r)
+        ex = self.executor
+        self._release_replies(conn, replies, ex is not None and bool(ex._output))
+        if self._top_ups:
+            self.top_up_reserved()
+
+    def _release_replies(self, conn: Connection, replies: list[Any], output: Any) -> None:
+        """Send ``replies`` on ``conn``, after the held group when it is held for ``conn``
+        (else the group goes first, on its own connection); through the io thread, after
+        the executor's output, when there is ``output``."""
         if self._held:
             with self._held_lock:
                 held, held_conn = self._held, self._held_conn
@@ -1062,14 +1053,12 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                 replies = held + replies
             elif held:
                 self._send_replies(held_conn, held)  # type: ignore[arg-type]
-        if ex is not None and ex._output:  # the tasks' output leaves before their replies
-            self._post(ex.flush_output)
+        if output:  # the tasks' output leaves before their replies
+            self._post(self.executor.flush_output)  # type: ignore[union-attr]
             for r in replies:
                 self._post(conn.notify, r)
         else:
             self._send_replies(conn, replies)
-        if self._top_ups:
-            self.top_up_reserved()
 
     def _send_replies(self, conn: Connection, replies: list[Any]) -> None:
         if not (self.io.idle() and (conn.write_now(replies[0]) if len(replies) == 1
