@@ -64,7 +64,8 @@ def of(actions: list[ts.Action], kind: type) -> list[Any]:
     return [a for a in actions if isinstance(a, kind)]
 
 
-def reply(s: ts.TaskSubmitterState, t: PendingTask, took_s: float = 0.0001, exiting: bool = False) -> list[ts.Action]:
+def reply(s: ts.TaskSubmitterState, t: PendingTask, took_s: float = 0.0001,
+          exiting: str | None = None) -> list[ts.Action]:
     """The worker answers ``t`` and the owner settles it (records its values)."""
     lease = t.lease
     assert lease is not None
@@ -255,7 +256,8 @@ def test_exiting_worker_gets_nothing_more_and_its_unrun_tasks_requeue_without_a_
     a, b, c = task(t), task(t), task(t)
     for x in (a, b):
         s.enqueue(x)
-    out = reply(s, a, exiting=True)  # max_calls reached: it exits after this reply
+    # max_calls reached: it exits after this reply
+    out = reply(s, a, exiting=m.WorkerExitType.INTENDED_SYSTEM_EXIT)
     assert lease.exiting and of(out, ts.StartIdleTimer) == []
     out = s.enqueue(c)
     assert of(out, ts.PushTask) == [] and len(of(out, ts.RequestLease)) == 1

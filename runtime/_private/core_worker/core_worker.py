@@ -616,7 +616,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                     lease.idle_timer = None
                 if not lease.raylet.is_closed:
                     lease.raylet.notify(m.ReturnWorker(lease.lease_id, a.disconnect,  # type: ignore[union-attr]
-                                                       lease.exit_type))
+                                                       lease.exiting))
             elif t is ts.StartIdleTimer:
                 lease = a.lease  # type: ignore[union-attr]
                 loop = self.loop

@@ -443,8 +443,7 @@ class TaskSubmitterState:
         q = lease.queue
         q.mean_exec_s = took_s if q.mean_exec_s is None else 0.8 * q.mean_exec_s + 0.2 * took_s
         if exiting:
-            lease.exiting = True
-            lease.exit_type = exiting
+            lease.exiting = exiting
 
     def reply_done(self, lease: LeasedWorker, task_id: TaskID, took_s: float, exiting: str | None) -> list[Action]:
         """``reply_arrived`` then ``after_reply``: one event (one take of the lock the io

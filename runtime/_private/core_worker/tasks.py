@@ -104,7 +104,7 @@ class PendingTask:
 
 class LeasedWorker:
     __slots__ = ("lease_id", "worker_id", "address", "node_id", "resource_ids", "conn", "tasks",
-                 "idle_timer", "idle_since", "queue", "raylet", "dead", "blocked", "exiting", "exit_type", "direct", "claimed",
+                 "idle_timer", "idle_since", "queue", "raylet", "dead", "blocked", "exiting", "direct", "claimed",
                  "claimed_for", "recalled")
 
     def __init__(self, grant: m.LeaseGrant, queue: "SchedulingQueue", raylet: Connection) -> None:
@@ -126,12 +126,10 @@ class LeasedWorker:
         self.dead = False
         #: The worker's running task waits in get(): push nothing more until it answers.
         self.blocked = False
-        #: The worker reached a function's max_calls and exits: push nothing more; it runs
-        #: nothing it receives after saying so.
-        self.exiting = False
-        #: What the worker's row is to say of that exit (``m.WorkerExitType``): the
-        #: user's (the task called ``sys.exit()``) or lumos's (``max_calls``).
-        self.exit_type: str | None = None
+        #: The worker said it exits (a function's max_calls, or its task called
+        #: ``sys.exit()``): push nothing more; it runs nothing it receives after saying so.
+        #: What its row is to say of that exit (``m.WorkerExitType``); None while it does not.
+        self.exiting: str | None = None
         #: User threads may write to ``conn`` (``Connection.write_now``).
         self.direct = False
         #: Its raylet asked for it back (``LeaseRecalled``): push nothing more; it is
