@@ -341,12 +341,16 @@ def check_node_labels(labels: dict[str, str] | None) -> None:
                              "(ray.io/node-id, ray.io/accelerator-type); choose another key")
 
 
-def detect_gpus() -> int:
-    """GPUs visible to this process: ``CUDA_VISIBLE_DEVICES`` if set, else ``nvidia-smi``."""
+def detect_gpus() -> tuple[int, str | None]:
+    """GPUs visible to this process (``CUDA_VISIBLE_DEVICES`` if set, else ``nvidia-smi``)
+    and the accelerator type of the first (``accelerator_type_of``; None without a GPU).
+    ``nvidia-smi`` runs at most once."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return len([x for x in visible.split(",") if x.strip() and x.strip() != "-1"])
-    return len(_nvidia_gpu_names())
+        count = len([x for x in visible.split(",") if x.strip() and x.strip() != "-1"])
+        return count, detect_accelerator_type() if count else None
+    names = _nvidia_gpu_names()
+    return len(names), accelerator_type_of(names[0]) if names else None
 
 
 def _nvidia_gpu_names() -> list[str]:
@@ -415,11 +419,10 @@ def node_resources(num_cpus: float | None, num_gpus: float | None, resources: di
     import psutil
     out: dict[str, float] = {}
     out["CPU"] = float(os.cpu_count() or 1) if num_cpus is None else float(num_cpus)
-    gpus = detect_gpus() if num_gpus is None else num_gpus
+    gpus, model = detect_gpus() if num_gpus is None else (num_gpus, detect_accelerator_type() if num_gpus else None)
     if gpus:
         out["GPU"] = float(gpus)
         # As Ray's nodes do: a task or actor asks for a model with ``accelerator_type=``.
-        model = detect_accelerator_type()
         if model and not any(name.startswith("accelerator_type:") for name in resources or {}):
             out[f"accelerator_type:{model}"] = 1.0
     out["memory"] = float(memory if memory is not None else int(psutil.virtual_memory().available * 0.7))

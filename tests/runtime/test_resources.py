@@ -247,8 +247,9 @@ def test_a_node_with_nvidia_gpus_offers_its_model_as_accelerator_type(fresh_clus
     ``accelerator_type=`` (and ``lumos.util.accelerators``' names) ask for. The GPUs are
     those of an ``nvidia-smi`` on PATH that lists two A100s (CI has no GPU)."""
     from lumos.util.accelerators import NVIDIA_A100, NVIDIA_H100
-    smi = tmp_path / "nvidia-smi"
+    smi, calls = tmp_path / "nvidia-smi", tmp_path / "calls"
     smi.write_text("#!/bin/sh\n"
+                   f"echo \"$@\" >> '{calls}'\n"
                    "[ \"$1\" = -L ] || exit 9\n"
                    "echo 'GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-0a)'\n"
                    "echo 'GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-1b)'\n")
@@ -258,6 +259,7 @@ def test_a_node_with_nvidia_gpus_offers_its_model_as_accelerator_type(fresh_clus
     fresh_cluster(num_cpus=2)
     resources = lumos.cluster_resources()
     assert resources["GPU"] == 2 and resources["accelerator_type:A100"] == 1, resources
+    assert calls.read_text().splitlines() == ["-L"]  # (one look gave the count and the model)
     assert lumos.get_runtime_context().get_node_labels()["ray.io/accelerator-type"] == "A100"
     on_a100 = hold_until.options(num_gpus=1, accelerator_type=NVIDIA_A100).remote("/")
     assert len(lumos.get(on_a100, timeout=60)["gpus"]) == 1
