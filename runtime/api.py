@@ -131,9 +131,6 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
         _check_number("memory", memory)
         if resources is not None and not isinstance(resources, dict):
             raise TypeError("resources must be a dict of name -> amount")
-        if labels is not None and not (isinstance(labels, dict) and all(
-                isinstance(k, str) and isinstance(v, str) for k, v in labels.items())):
-            raise TypeError("labels must be a dict of str -> str")
         check_node_labels(labels)
         job_env = env_vars_of(runtime_env, job=True)
         job_package = None

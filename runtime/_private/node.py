@@ -330,15 +330,36 @@ def new_session_dir() -> str:
     return path
 
 
-def check_node_labels(labels: dict[str, str] | None) -> None:
-    """Refuse labels a node cannot be started with: not str -> str, or a key under Ray's
-    reserved prefix (the labels every node has: ray.io/node-id, ray.io/accelerator-type)."""
-    for key, value in (labels or {}).items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(f"node labels must be str -> str, got {key!r}: {value!r}")
-        if key.startswith("ray.io/"):
-            raise ValueError(f"node label {key!r}: keys beginning 'ray.io/' are the labels every node has "
-                             "(ray.io/node-id, ray.io/accelerator-type); choose another key")
+#: The prefix of the labels every node has (Ray's reserved one): its id, and the model of
+#: its GPUs when they were detected (``node_labels``).
+DEFAULT_LABEL_PREFIX = "ray.io/"
+
+
+def check_node_labels(labels: Any) -> None:
+    """Refuse labels a node cannot be started with: not a dict of str -> str, or a key
+    under ``DEFAULT_LABEL_PREFIX``."""
+    if labels is None:
+        return
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                               for k, v in labels.items()):
+        raise TypeError(f"node labels must be a dict of str -> str, got {labels!r}")
+    for key in labels:
+        if key.startswith(DEFAULT_LABEL_PREFIX):
+            raise ValueError(f"node label {key!r}: keys beginning {DEFAULT_LABEL_PREFIX!r} are the labels every "
+                             "node has (ray.io/node-id, ray.io/accelerator-type); choose another key")
+
+
+def node_labels(labels: dict[str, str], node_id: bytes, resources: dict[str, float]) -> dict[str, str]:
+    """A node's labels: the ones it was started with, and Ray's default ones
+    (``ray.io/node-id``, ``ray.io/accelerator-type``), which ``label_selector`` reads as
+    in Ray."""
+    out = dict(labels)
+    out[DEFAULT_LABEL_PREFIX + "node-id"] = node_id.hex()
+    for name in resources:
+        if name.startswith("accelerator_type:"):
+            out[DEFAULT_LABEL_PREFIX + "accelerator-type"] = name.split(":", 1)[1]
+            break
+    return out
 
 
 def detect_gpus() -> tuple[int, str | None]:

@@ -35,6 +35,7 @@ from lumos._private.core_worker.io_loop import spawn
 from lumos._private.ids import NodeID, ObjectID, WorkerID, short
 from lumos._private.object_store import store_state as st
 from lumos._private.object_store import spill_io
+from lumos._private.node import node_labels
 from lumos._private.object_store.client import unlink_quietly
 from lumos._private.process import (check_private_dir, die_with_parent, make_private_dir, read_token, report_ready,
                                     setup_logging, tune_gc_for_service)
@@ -52,24 +53,6 @@ from lumos._private.transport.connection import (Connection, ConnectionLost, Rem
 logger = logging.getLogger(__name__)
 
 _TICK_S = 0.1
-
-
-#: The labels every node has, under Ray's reserved prefix: its id, and the model of its
-#: GPUs when they were detected (``accelerator_type:<model>``).
-DEFAULT_LABEL_PREFIX = "ray.io/"
-
-
-def node_labels(labels: dict[str, str], node_id: NodeID, resources: dict[str, float]) -> dict[str, str]:
-    """A node's labels: the ones it was started with, and Ray's default ones
-    (``ray.io/node-id``, ``ray.io/accelerator-type``), which ``label_selector`` reads as
-    in Ray."""
-    out = dict(labels)
-    out[DEFAULT_LABEL_PREFIX + "node-id"] = node_id.hex()
-    for name in resources:
-        if name.startswith("accelerator_type:"):
-            out[DEFAULT_LABEL_PREFIX + "accelerator-type"] = name.split(":", 1)[1]
-            break
-    return out
 
 
 class RayletServer:
