@@ -220,8 +220,9 @@ def _json_arg(text: str | None, what: str) -> dict[str, Any]:
 
 def cmd_start(args: argparse.Namespace) -> int:
     from lumos._private.config import Config
-    from lumos._private.node import (NodeProcesses, default_store_bytes, new_session_dir, node_resources,
-                                     process_identity, record_started_node, write_current_cluster)
+    from lumos._private.node import (NodeProcesses, check_node_labels, default_store_bytes, new_session_dir,
+                                     node_resources, process_identity, record_started_node,
+                                     write_current_cluster)
     from lumos._private.protocol import auth
 
     if args.head == bool(args.address):
@@ -231,6 +232,10 @@ def cmd_start(args: argparse.Namespace) -> int:
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
             raise _CliError(f"--resources: amount of {k!r} must be a number >= 0, got {v!r}")
     labels = {str(k): str(v) for k, v in _json_arg(args.labels, "--labels").items()}
+    try:
+        check_node_labels(labels)
+    except ValueError as e:
+        raise _CliError(f"--labels: {e}") from None
     for name, value in (("--num-cpus", args.num_cpus), ("--num-gpus", args.num_gpus),
                         ("--object-store-memory", args.object_store_memory), ("--memory", args.memory)):
         if value is not None and value < 0:

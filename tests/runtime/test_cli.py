@@ -215,6 +215,9 @@ def test_bad_arguments_get_clear_errors(cli: CliEnv) -> None:
     assert out.returncode == 1 and "--resources is not valid JSON" in out.stderr
     out = cli.lumos("start", "--num-cpus", "1", check=False)
     assert out.returncode == 1 and "either --head" in out.stderr
+    out = cli.lumos("start", "--head", "--labels", '{"ray.io/node-id": "mine"}', check=False)
+    assert out.returncode == 1 and "--labels: node label 'ray.io/node-id'" in out.stderr
+    assert "Traceback" not in out.stderr
     out = cli.lumos("start", "--head", "--gcs-storage", "etcd://127.0.0.1:2379", check=False)
     assert out.returncode == 1 and "--gcs-storage: unknown GCS storage" in out.stderr
     out = cli.lumos("start", "--address", "127.0.0.1:1", "--num-cpus", "1", check=False)
