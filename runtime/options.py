@@ -93,6 +93,11 @@ def _label_selector(name: str, v: Any) -> None:
     label_selector_to_wire(v)
 
 
+def _fallback_strategy(name: str, v: Any) -> None:
+    from lumos.util.scheduling_strategies import label_selector_to_wire
+    label_selector_to_wire(None, v)
+
+
 def _lifetime(name: str, v: Any) -> None:
     if v not in (None, "detached", "non_detached"):
         raise ValueError(f"lifetime must be None, 'detached' or 'non_detached', got {v!r}")
@@ -221,9 +226,9 @@ OPTIONS: dict[str, Option] = {
     "_metadata": Option(_anything, None, None, _BOTH, "ignored"),
     "label_selector": Option(_label_selector, None, None, _BOTH,
                              "node labels: label -> 'value', '!value', 'in(a, b)', '!in(a, b)'"),
-    "fallback_strategy": Option(_unsupported("give a soft NodeAffinitySchedulingStrategy (soft=True), which falls "
-                                             "back to other nodes"), None, None, _BOTH,
-                                "label fallbacks (not implemented: raises unless empty)"),
+    "fallback_strategy": Option(_fallback_strategy, None, None, _BOTH,
+                                "label selectors tried in order when no node meets label_selector: "
+                                "[{'label_selector': {...}}, ...]"),
     "object_store_memory": Option(_unsupported("lumos does not reserve object store memory per task or actor; "
                                                "size the store with lumos.init(object_store_memory=...)"),
                                   None, None, _BOTH, "per-task store memory (not implemented: raises)"),
@@ -324,11 +329,12 @@ def strategy_of(opts: dict[str, Any]) -> Any:
     from lumos.util.scheduling_strategies import (PlacementGroupSchedulingStrategy, label_selector_to_wire,
                                                   strategy_to_wire)
     strategy = opts.get("scheduling_strategy")
-    labels = label_selector_to_wire(opts.get("label_selector"))
+    labels = label_selector_to_wire(opts.get("label_selector"), opts.get("fallback_strategy"))
     if labels is not None:
         if strategy not in (None, "DEFAULT") or opts.get("placement_group") not in (None, "default"):
-            raise ValueError(f"label_selector with scheduling_strategy={strategy!r} is not implemented in lumos: "
-                             "labels choose among nodes with the default strategy (drop one of the two)")
+            raise ValueError(f"label_selector or fallback_strategy with scheduling_strategy={strategy!r} is not "
+                             "implemented in lumos: labels choose among nodes with the default strategy (drop one "
+                             "of the two)")
         return labels
     if strategy is None and opts.get("placement_group") not in (None, "default"):
         strategy = PlacementGroupSchedulingStrategy(

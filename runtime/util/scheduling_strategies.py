@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from lumos._private.compat import missing_class as _missing_class
 
 
 class NodeAffinitySchedulingStrategy:
@@ -62,29 +61,120 @@ class PlacementGroupSchedulingStrategy:
                 bool(self.placement_group_capture_child_tasks)]
 
 
-_NO_LABELS = ("lumos schedules by node labels with the label_selector option only (label -> 'value', "
-              "'!value', 'in(a, b)' or '!in(a, b)'); or ask for a custom resource (resources={'name': amount})")
-NodeLabelSchedulingStrategy = _missing_class("ray.util.scheduling_strategies.NodeLabelSchedulingStrategy", _NO_LABELS)
-In = _missing_class("ray.util.scheduling_strategies.In", _NO_LABELS)
-NotIn = _missing_class("ray.util.scheduling_strategies.NotIn", _NO_LABELS)
-Exists = _missing_class("ray.util.scheduling_strategies.Exists", _NO_LABELS)
-DoesNotExist = _missing_class("ray.util.scheduling_strategies.DoesNotExist", _NO_LABELS)
+def _operator_values(values: tuple[Any, ...], operator: str) -> list[str]:
+    if not values:
+        raise ValueError(f"{operator}() needs at least one value: e.g. {operator}(\"value1\", \"value2\")")
+    for i, v in enumerate(values):
+        if not isinstance(v, str):
+            raise ValueError(f"value {i} of {operator}() must be a str (e.g. {operator}(\"value1\")), "
+                             f"got {v!r} of type {type(v).__name__}")
+    return list(values)
 
 
-def label_selector_to_wire(selector: Any) -> list[Any] | None:
+class In:
+    """A node label condition: the label is one of ``values``."""
+
+    def __init__(self, *values: str) -> None:
+        self.values = _operator_values(values, "In")
+
+    def __repr__(self) -> str:
+        return f"In({', '.join(map(repr, self.values))})"
+
+
+class NotIn:
+    """A node label condition: the label is none of ``values`` (or the node has no such label)."""
+
+    def __init__(self, *values: str) -> None:
+        self.values = _operator_values(values, "NotIn")
+
+    def __repr__(self) -> str:
+        return f"NotIn({', '.join(map(repr, self.values))})"
+
+
+class Exists:
+    """A node label condition: the node has the label, whatever its value."""
+
+    def __repr__(self) -> str:
+        return "Exists()"
+
+
+class DoesNotExist:
+    """A node label condition: the node does not have the label."""
+
+    def __repr__(self) -> str:
+        return "DoesNotExist()"
+
+
+def _expressions_to_wire(expressions: Any, param: str) -> list[list[Any]]:
+    """``{label: In(...) | NotIn(...) | Exists() | DoesNotExist()}`` as wire conditions
+    ``[key, negated, values]`` (``values`` None: the label exists)."""
+    if expressions is None:
+        return []
+    if not isinstance(expressions, dict):
+        raise ValueError(f"the {param} parameter must be a dict (e.g. {{\"key1\": In(\"value1\")}}), "
+                         f"got {type(expressions).__name__}")
+    out: list[list[Any]] = []
+    for key, op in expressions.items():
+        if not isinstance(key, str):
+            raise ValueError(f"the keys of the {param} parameter must be str (label names), got {key!r}")
+        if isinstance(op, (In, NotIn)):
+            out.append([key, isinstance(op, NotIn), list(op.values)])
+        elif isinstance(op, (Exists, DoesNotExist)):
+            out.append([key, isinstance(op, DoesNotExist), None])
+        else:
+            raise ValueError(f"the value for label {key!r} of the {param} parameter must be In, NotIn, Exists "
+                             f"or DoesNotExist (e.g. {{\"key1\": In(\"value1\")}}), got {op!r}")
+    return out
+
+
+class NodeLabelSchedulingStrategy:
+    """Run on a node whose labels meet every ``hard`` condition, preferring one that also
+    meets the ``soft`` ones (any node meeting ``hard`` when none of those can run it now).
+
+        NodeLabelSchedulingStrategy({"region": In("us-east", "us-west"), "gpu": Exists()},
+                                    soft={"zone": NotIn("busy")})
+    """
+
+    def __init__(self, hard: dict[str, Any], *, soft: dict[str, Any] | None = None) -> None:
+        self.hard = hard
+        self.soft = soft
+        self._hard = _expressions_to_wire(hard, "hard")
+        self._soft = _expressions_to_wire(soft, "soft")
+        if not (self._hard or self._soft):
+            raise ValueError("the hard and soft parameters of NodeLabelSchedulingStrategy cannot both be empty")
+
+    def __repr__(self) -> str:
+        # Also a cache key of ``.options()`` templates: every condition is in it.
+        return f"NodeLabelSchedulingStrategy(hard={self.hard!r}, soft={self.soft!r})"
+
+    def to_wire(self) -> list[Any]:
+        return ["LABELS", self._hard, self._soft, []]
+
+
+def label_selector_to_wire(selector: Any, fallback_strategy: Any = None) -> list[Any] | None:
     """``label_selector`` (Ray's: node label -> ``"value"``, ``"!value"``, ``"in(a, b)"`` or
     ``"!in(a, b)"``) as the strategy sent in task specs: ``["LABELS", [[key, negated,
-    [values]], ...]]``; None for an empty one.
+    [values]], ...]]``; None for an empty one. With ``fallback_strategy`` (Ray's: a list
+    of ``{"label_selector": {...}}``, tried in order when no node meets the ones before):
+    ``["LABELS", conditions, [], [fallback conditions, ...]]``.
 
     Raises:
         TypeError: not a dict of str -> str.
-        ValueError: a condition lumos cannot read.
+        ValueError: a condition lumos cannot read; a fallback that is not ``{"label_selector": ...}``.
     """
-    if not selector:
+    fallbacks = _fallbacks_to_wire(fallback_strategy)
+    if not selector and not fallbacks:
         return None
+    conditions = _selector_conditions(selector, "label_selector")
+    return ["LABELS", conditions, [], fallbacks] if fallbacks else ["LABELS", conditions]
+
+
+def _selector_conditions(selector: Any, what: str) -> list[list[Any]]:
+    if not selector:
+        return []
     if not isinstance(selector, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                  for k, v in selector.items()):
-        raise TypeError(f"label_selector must be a dict of label -> condition (str -> str), got {selector!r}")
+        raise TypeError(f"{what} must be a dict of label -> condition (str -> str), got {selector!r}")
     conditions = []
     for key, text in selector.items():
         cond = text.strip()
@@ -95,18 +185,38 @@ def label_selector_to_wire(selector: Any) -> list[Any] | None:
         else:
             values = [cond]
         if not key.strip() or not all(_LABEL_VALUE.fullmatch(v) for v in values):
-            raise ValueError(f"label_selector {{{key!r}: {text!r}}}: a condition is 'value', '!value', "
+            raise ValueError(f"{what} {{{key!r}: {text!r}}}: a condition is 'value', '!value', "
                              "'in(a, b)' or '!in(a, b)', each value letters, digits, '-', '_' and '.'")
         conditions.append([key, negated, values])
-    return ["LABELS", conditions]
+    return conditions
+
+
+def _fallbacks_to_wire(fallback_strategy: Any) -> list[list[list[Any]]]:
+    if fallback_strategy is None:
+        return []
+    if not isinstance(fallback_strategy, list):
+        raise TypeError(f"fallback_strategy must be a list of dicts such as {{'label_selector': {{...}}}}, "
+                        f"got {fallback_strategy!r}")
+    out = []
+    for i, entry in enumerate(fallback_strategy):
+        if not isinstance(entry, dict) or not entry:
+            raise ValueError(f"fallback_strategy[{i}] must be a non-empty dict such as "
+                             f"{{'label_selector': {{...}}}}, got {entry!r}")
+        for option in entry:
+            if option != "label_selector":
+                raise ValueError(f"fallback_strategy[{i}] has option {option!r}: only 'label_selector' is "
+                                 "supported there (as in Ray)")
+        out.append(_selector_conditions(entry["label_selector"], f"fallback_strategy[{i}]['label_selector']"))
+    return out
 
 
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
 
 
 def strategy_to_wire(strategy: Any) -> Any:
-    """The strategy as sent in task specs: None, ["SPREAD"], ["NODE", ...], ["PG", ...], or
-    ["DEFAULT"] (default placement, never captured into a parent's placement group)."""
+    """The strategy as sent in task specs: None, ["SPREAD"], ["NODE", ...], ["PG", ...],
+    ["LABELS", ...] or ["DEFAULT"] (default placement, never captured into a parent's
+    placement group)."""
     if strategy is None:
         return None
     if strategy == "DEFAULT":  # as in Ray: said outright, a capturing parent's group does not apply
@@ -115,8 +225,11 @@ def strategy_to_wire(strategy: Any) -> Any:
         return ["SPREAD"]
     if isinstance(strategy, (NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy)):
         return strategy.to_wire()
+    if isinstance(strategy, NodeLabelSchedulingStrategy):
+        return strategy.to_wire()
     raise ValueError(f"unknown scheduling_strategy {strategy!r}; use 'DEFAULT', 'SPREAD', "
-                     "NodeAffinitySchedulingStrategy or PlacementGroupSchedulingStrategy")
+                     "NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy or "
+                     "NodeLabelSchedulingStrategy")
 
 
 __all__ = ["NodeAffinitySchedulingStrategy", "PlacementGroupSchedulingStrategy", "NodeLabelSchedulingStrategy",

@@ -1,16 +1,20 @@
 """``label_selector`` (Ray's option) places tasks and actors on the nodes whose labels
-meet it: ``"value"``, ``"!value"``, ``"in(a, b)"``, ``"!in(a, b)"``. A request no node
-meets waits, as an infeasible one does. Three real nodes: a head without labels, and two
+meet it: ``"value"``, ``"!value"``, ``"in(a, b)"``, ``"!in(a, b)"``; ``fallback_strategy``
+names the selectors to try next, and ``NodeLabelSchedulingStrategy`` says the same with
+``In``/``NotIn``/``Exists``/``DoesNotExist``, hard and soft. A request no node meets
+waits, as an infeasible one does. Three real nodes: a head without labels, and two
 labelled ones."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterator
 
 import pytest
 
 import lumos
 from lumos.testing import Cluster
+from lumos.util.scheduling_strategies import DoesNotExist, Exists, In, NodeLabelSchedulingStrategy, NotIn
 from tests.conftest import TEST_CONFIG, check_no_leaks, wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
@@ -43,8 +47,15 @@ class Resident:
         return lumos.get_runtime_context().get_node_labels()
 
 
-def _nodes_of(selector: dict[str, str], n: int = 6) -> set[str]:
-    return set(lumos.get([where.options(label_selector=selector).remote() for _ in range(n)], timeout=60))
+def _nodes_of(selector: dict[str, str], n: int = 6, **options: Any) -> set[str]:
+    return set(lumos.get([where.options(label_selector=selector, **options).remote() for _ in range(n)],
+                         timeout=60))
+
+
+def _nodes_by_strategy(hard: dict[str, Any], soft: dict[str, Any] | None = None, n: int = 6,
+                       num_cpus: float = 0.1) -> set[str]:
+    f = where.options(scheduling_strategy=NodeLabelSchedulingStrategy(hard, soft=soft), num_cpus=num_cpus)
+    return set(lumos.get([f.remote() for _ in range(n)], timeout=60))
 
 
 def test_tasks_run_only_where_the_labels_meet_the_selector(three_nodes: dict[str, str]) -> None:
@@ -97,6 +108,85 @@ def test_selectors_lumos_cannot_read_are_refused_at_once() -> None:
         where.options(label_selector={"zone": "a"}, scheduling_strategy="SPREAD").remote()
 
 
+def test_fallback_selectors_are_tried_in_order(three_nodes: dict[str, str]) -> None:
+    # No node is in zone c: the first fallback some node meets is taken.
+    fallbacks = [{"label_selector": {"zone": "c"}}, {"label_selector": {"zone": "b"}},
+                 {"label_selector": {"zone": "a"}}]
+    assert _nodes_of({"zone": "c"}, fallback_strategy=fallbacks) == {three_nodes["b"]}
+    # The selector itself wins when a node meets it.
+    assert _nodes_of({"zone": "a"}, fallback_strategy=fallbacks) == {three_nodes["a"]}
+    # A fallback whose nodes are too small for the request does not count as met.
+    assert _nodes_of({"zone": "c"}, 2, num_cpus=1,
+                     fallback_strategy=[{"label_selector": {"zone": "b", "nothing": "here"}},
+                                        {"label_selector": {"accelerator": "h100"}}]) == {three_nodes["a"]}
+    actor = Resident.options(label_selector={"zone": "nowhere"},
+                             fallback_strategy=[{"label_selector": {"accelerator": "h100"}}]).remote()
+    assert lumos.get(actor.where.remote(), timeout=60) == three_nodes["a"]
+    lumos.kill(actor)
+
+
+def test_node_label_strategy_hard_conditions(three_nodes: dict[str, str]) -> None:
+    assert _nodes_by_strategy({"zone": In("a", "b")}, n=12) <= {three_nodes["a"], three_nodes["b"]}
+    assert _nodes_by_strategy({"accelerator": Exists()}) == {three_nodes["a"]}
+    assert _nodes_by_strategy({"zone": DoesNotExist()}) == {three_nodes["head"]}
+    assert _nodes_by_strategy({"zone": NotIn("a")}, n=12) <= {three_nodes["head"], three_nodes["b"]}
+    assert _nodes_by_strategy({"zone": Exists(), "accelerator": DoesNotExist()}) == {three_nodes["b"]}
+    actor = Resident.options(scheduling_strategy=NodeLabelSchedulingStrategy({"zone": In("b")})).remote()
+    assert lumos.get(actor.where.remote(), timeout=60) == three_nodes["b"]
+    lumos.kill(actor)
+
+
+def _settle(three_nodes: dict[str, str], b_cpu: float = 1) -> None:
+    """Wait until the labelled nodes report what the next placement is to see: a's CPU
+    free, b's ``b_cpu``, no lease request waiting (the GCS places by those reports)."""
+    def settled() -> bool:
+        rows = {r["node_id"]: r for r in lumos.state.list_nodes()}
+        a, b = rows[three_nodes["a"]], rows[three_nodes["b"]]
+        return (a["resources_available"].get("CPU") == 1 and b["resources_available"].get("CPU") == b_cpu
+                and a["pending_leases"] == 0 and b["pending_leases"] == 0)
+    wait_for(settled, 30, 0.05)
+    # The GCS counts its placements of the last 50 ms before a node's report as not yet
+    # in it; the next reports (every 200 ms here) take them in.
+    time.sleep(3 * TEST_CONFIG["heartbeat_interval_ms"] / 1000)
+
+
+def test_node_label_strategy_prefers_soft_conditions(three_nodes: dict[str, str]) -> None:
+    _settle(three_nodes)
+    assert _nodes_by_strategy({"zone": Exists()}, soft={"zone": In("b")}) == {three_nodes["b"]}
+    assert _nodes_by_strategy({}, soft={"accelerator": Exists()}) == {three_nodes["a"]}
+    # Soft conditions no node meets: any node meeting the hard ones.
+    assert _nodes_by_strategy({"zone": In("a")}, soft={"zone": In("b")}) == {three_nodes["a"]}
+    # The soft-preferred node has no room now while another meeting the hard conditions
+    # has: the task runs there instead of waiting (as in Ray).
+    holder = Resident.options(num_cpus=1, label_selector={"zone": "b"}).remote()
+    assert lumos.get(holder.where.remote(), timeout=60) == three_nodes["b"]
+    try:
+        _settle(three_nodes, b_cpu=0)
+        assert _nodes_by_strategy({"zone": Exists()}, soft={"zone": In("b")}, n=1, num_cpus=1) == {three_nodes["a"]}
+    finally:
+        lumos.kill(holder)
+
+
+def test_node_label_strategy_refusals() -> None:
+    with pytest.raises(ValueError, match="cannot both be empty"):
+        NodeLabelSchedulingStrategy({})
+    with pytest.raises(ValueError, match="must be In, NotIn, Exists or DoesNotExist"):
+        NodeLabelSchedulingStrategy({"zone": "a"})
+    with pytest.raises(ValueError, match="at least one value"):
+        In()
+    with pytest.raises(ValueError, match="must be a str"):
+        NotIn("a", 1)
+    with pytest.raises(ValueError, match="only 'label_selector'"):
+        where.options(fallback_strategy=[{"num_cpus": 1}])
+    with pytest.raises(TypeError, match="fallback_strategy must be a list"):
+        where.options(fallback_strategy={"label_selector": {"zone": "a"}})
+    with pytest.raises(ValueError, match="a condition is"):
+        where.options(fallback_strategy=[{"label_selector": {"zone": "in()"}}])
+    with pytest.raises(ValueError, match="default strategy"):
+        where.options(label_selector={"zone": "a"},
+                      scheduling_strategy=NodeLabelSchedulingStrategy({"zone": In("a")})).remote()
+
+
 def test_label_conditions_as_the_schedulers_read_them() -> None:
     from lumos._private.protocol import messages as m
     from lumos.util.scheduling_strategies import label_selector_to_wire
@@ -108,3 +198,14 @@ def test_label_conditions_as_the_schedulers_read_them() -> None:
     assert not m.labels_match({"tier": "gpu", "zone": "a"}, conditions)
     assert not m.labels_match({"zone": "c"}, conditions)
     assert label_selector_to_wire({}) is None and label_selector_to_wire(None) is None
+    # Exists / DoesNotExist: values None.
+    strategy = NodeLabelSchedulingStrategy({"gpu": Exists(), "old": DoesNotExist()}, soft={"zone": In("a")})
+    wire = strategy.to_wire()
+    assert wire == ["LABELS", [["gpu", False, None], ["old", True, None]], [["zone", False, ["a"]]], []]
+    assert m.labels_match({"gpu": "x"}, wire[1]) and not m.labels_match({"gpu": "x", "old": "1"}, wire[1])
+    assert not m.labels_match({}, wire[1])
+    assert m.label_soft_of(wire) == [["zone", False, ["a"]]]
+    assert m.label_soft_of(label_selector_to_wire({"a": "b"})) == []
+    fb = label_selector_to_wire({"zone": "c"}, [{"label_selector": {"zone": "b"}}])
+    assert m.label_choices_of(fb) == [[["zone", False, ["c"]]], [["zone", False, ["b"]]]]
+    assert m.label_choices_of(["SPREAD"]) is None

@@ -23,7 +23,7 @@ TABLE = ray_surface.read_table()
 
 #: A value other than the default for each option lumos refuses.
 _REFUSED_OPTION_VALUES: dict[str, Any] = {
-    "label_selector": {"region": "us-west"}, "fallback_strategy": [{"label_selector": {"a": "b"}}],
+    "label_selector": {"region": "us-west"},
     "object_store_memory": 1024, "allow_out_of_order_execution": True, "enable_tensor_transport": True,
 }
 #: How to reach each refused function parameter without a cluster.
@@ -133,10 +133,7 @@ def test_unsupported_row_fails_naming_the_ray_feature_and_the_alternative(row: s
 def test_unsupported_names_fail_on_use_not_on_import() -> None:
     # Ray programs import these at the top; they must fail where they are used.
     from lumos.util import connect  # noqa: F401
-    from lumos.util.scheduling_strategies import In, NodeLabelSchedulingStrategy  # noqa: F401
-    from lumos.util.state import get_log, list_logs  # noqa: F401
-    with pytest.raises(NotImplementedError, match="NodeLabelSchedulingStrategy is not implemented in lumos"):
-        NodeLabelSchedulingStrategy(hard={})
-    with pytest.raises(NotImplementedError, match="In is not implemented in lumos"):
-        In("us-west")
+    from lumos.util.state import StateApiClient, get_log, list_logs  # noqa: F401
+    with pytest.raises(NotImplementedError, match="StateApiClient is not implemented in lumos"):
+        StateApiClient()
     importlib.import_module("lumos.util.state")

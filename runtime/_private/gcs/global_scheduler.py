@@ -101,10 +101,34 @@ class GlobalSchedulerState:
                                         "(soft=False) is not alive; use soft=True to run elsewhere")
                 raise Unschedulable(f"node {target.node_id.hex()[:8]} named by NodeAffinitySchedulingStrategy"
                                     f"(soft=False) has {_floats(target.total)}, less than {req.resources}")
-        conditions = m.label_conditions_of(strategy)
-        if conditions is not None:  # ``label_selector``: only nodes whose labels meet it
-            nodes = [n for n in nodes if m.labels_match(n.labels, conditions)]
-        feasible = [n for n in nodes if _fits(n.total, units)]
+
+        def now_available(n: NodeView) -> tuple[dict[str, int], int]:
+            """What ``n`` has free and how many requests queue there, as known now."""
+            if n.node_id == req.from_node and req.local_available is not None:
+                # The asking raylet's own numbers are fresher than its last heartbeat.
+                return {k: to_units(v) for k, v in req.local_available.items()}, req.local_queue
+            return self._available(n), n.queue_length + self._unseen(n)
+
+        choices = m.label_choices_of(strategy)
+        if choices is None:
+            feasible = [n for n in nodes if _fits(n.total, units)]
+        else:
+            # Node labels (``label_selector``, ``NodeLabelSchedulingStrategy``): the nodes
+            # meeting the hard conditions, else those meeting the first fallback that any
+            # node able to run the request meets.
+            for conditions in choices:
+                feasible = [n for n in nodes if m.labels_match(n.labels, conditions) and _fits(n.total, units)]
+                if feasible:
+                    break
+            soft = m.label_soft_of(strategy)
+            if soft and feasible:
+                # Preferred (as Ray's policy): a node also meeting the soft conditions
+                # with room now; else any with room now; else (none has room) one
+                # meeting the soft conditions, to wait there.
+                roomy = [n for n in feasible if _fits(now_available(n)[0], units)]
+                among = roomy or feasible
+                preferred = [n for n in among if m.labels_match(n.labels, soft)]
+                feasible = preferred or among
         if not feasible:
             return None
         if strategy and strategy[0] == "SPREAD":
@@ -116,13 +140,7 @@ class GlobalSchedulerState:
         total_args = sum(args.values())
 
         def score(n: NodeView) -> tuple[float, int, bool, float]:
-            if n.node_id == req.from_node and req.local_available is not None:
-                # The asking raylet's own numbers are fresher than its last heartbeat.
-                avail = {k: to_units(v) for k, v in req.local_available.items()}
-                queue = req.local_queue
-            else:
-                avail = self._available(n)
-                queue = n.queue_length + self._unseen(n)
+            avail, queue = now_available(n)
             # The local scheduler grants whatever fits, past queued requests that do not: a node
             # where it fits now has no wait; elsewhere it queues behind the others.
             waiting = 0 if _fits(avail, units) else queue + 1
@@ -179,13 +197,17 @@ def infeasible_text(what: str, resources: dict[str, float], strategy: Any,
                     nodes: list[tuple[dict[str, float], dict[str, str]]]) -> str:
     """The warning for a request no alive node can run (``nodes``: each one's total
     resources and labels): what it needs, and what the nodes have."""
-    conditions = m.label_conditions_of(strategy)
-    if conditions is None:
+    choices = m.label_choices_of(strategy)
+    if choices is None:
         return (f"{what} needs {resources}, but no node has that much (cluster nodes: "
                 f"{[total for total, _ in nodes]}); it stays pending until a node that fits joins the cluster")
-    selector = {key: ("!" if negated else "") + (values[0] if len(values) == 1 else f"in({', '.join(values)})")
-                for key, negated, values in conditions}
-    return (f"{what} needs {resources} on a node whose labels meet label_selector={selector}, but no node "
+    if len(strategy) == 2 and all(values is not None for _, _, values in choices[0]):
+        # (a label_selector alone: said as the user wrote it)
+        wanted = "label_selector=" + str({key: ("!" if negated else "") + (
+            values[0] if len(values) == 1 else f"in({', '.join(values)})") for key, negated, values in choices[0]})
+    else:
+        wanted = " or ".join(f"[{m.describe_label_conditions(c)}]" for c in choices)
+    return (f"{what} needs {resources} on a node whose labels meet {wanted}, but no node "
             f"does (cluster nodes: {[{'resources': total, 'labels': labels} for total, labels in nodes]}); it "
             "stays pending until such a node joins the cluster")
 

@@ -52,18 +52,47 @@ def placement_group_of(strategy: Any) -> bytes | None:
 
 
 def label_conditions_of(strategy: Any) -> Any:
-    """The node-label conditions of a spec's strategy (``["LABELS", [[key, negated,
-    [values]], ...]]``, from ``label_selector``), or None."""
+    """The node-label conditions of a spec's strategy, or None: ``["LABELS", hard, soft,
+    fallbacks]`` (``soft`` and ``fallbacks`` optional), each condition ``[key, negated,
+    values]`` (``values`` None: "the label exists"), from ``label_selector`` (with
+    ``fallback_strategy``) or a ``NodeLabelSchedulingStrategy``. This is ``hard``: the
+    conditions a node must meet unless a fallback is taken."""
     return strategy[1] if strategy and strategy[0] == "LABELS" else None
+
+
+def label_choices_of(strategy: Any) -> Any:
+    """The condition lists of a ``["LABELS", ...]`` strategy in the order they are tried
+    (``hard``, then each fallback), or None for another strategy."""
+    if not strategy or strategy[0] != "LABELS":
+        return None
+    return [strategy[1]] + (list(strategy[3]) if len(strategy) > 3 and strategy[3] else [])
+
+
+def label_soft_of(strategy: Any) -> Any:
+    """The soft conditions of a ``["LABELS", ...]`` strategy (preferred, not required), or []."""
+    return strategy[2] if strategy and strategy[0] == "LABELS" and len(strategy) > 2 and strategy[2] else []
 
 
 def labels_match(labels: dict[str, str], conditions: Any) -> bool:
     """Whether a node with ``labels`` meets every condition: its label ``key`` is one of
-    ``values`` (a negated condition: it is not, or the node has no such label)."""
+    ``values``, or it has the label when ``values`` is None (a negated condition: it is
+    not, or the node has no such label; it has no such label)."""
     for key, negated, values in conditions:
-        if (labels.get(key) in values) == bool(negated):
+        met = key in labels if values is None else labels.get(key) in values
+        if met == bool(negated):
             return False
     return True
+
+
+def describe_label_conditions(conditions: Any) -> str:
+    """Conditions as a user reads them: ``zone in (a, b), gpu exists, tier not in (x)``."""
+    parts = []
+    for key, negated, values in conditions:
+        if values is None:
+            parts.append(f"{key} {'does not exist' if negated else 'exists'}")
+        else:
+            parts.append(f"{key} {'not in' if negated else 'in'} ({', '.join(values)})")
+    return ", ".join(parts) or "any labels"
 
 
 @message(3)

@@ -232,7 +232,7 @@ class SpillQuery:
     #: Alive nodes this raylet knows of, and whether it counts itself among them.
     alive_nodes: int = 1
     self_alive: bool = True
-    #: This node's labels meet the request's ``label_selector`` (True without one).
+    #: This node's labels meet the request's hard and soft label conditions (True without any).
     labels_ok: bool = True
 
 IDLE, LEASED, STARTING, DEAD = "IDLE", "LEASED", "STARTING", "DEAD"

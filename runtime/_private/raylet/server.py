@@ -483,11 +483,15 @@ class RayletServer:
     def _should_spill(self, msg: m.RequestWorkerLease, hops: int) -> bool:
         """Ask the local scheduler whether the GCS should place ``msg`` (see ``should_spill``)."""
         conditions = m.label_conditions_of(msg.strategy)
+        # (A node meeting the hard conditions but not the soft ones asks the GCS, which
+        # knows whether a node meeting both has room; it may send the request back.)
+        labels_ok = conditions is None or (m.labels_match(self.labels, conditions)
+                                           and m.labels_match(self.labels, m.label_soft_of(msg.strategy)))
         return self.scheduler.should_spill(sc.SpillQuery(
             msg.resources, msg.strategy, _bundle_of(msg), msg.arg_bytes_by_node, hops,
             msg.owner_worker_id == b"gcs", self.node_id, self.gcs is not None and not self.gcs.is_closed,
             len(self.alive_nodes), self.node_id in self.alive_nodes,
-            conditions is None or m.labels_match(self.labels, conditions)))
+            labels_ok))
 
     def _reserve_bundles(self, conn: Connection, msg: m.ReserveBundles) -> list[Any]:
         """Reserve all of ``msg.bundles`` here now, or none: ``[ok, reason, [[index, GPU ids], ...]]``."""
