@@ -209,3 +209,32 @@ def test_label_conditions_as_the_schedulers_read_them() -> None:
     fb = label_selector_to_wire({"zone": "c"}, [{"label_selector": {"zone": "b"}}])
     assert m.label_choices_of(fb) == [[["zone", False, ["c"]]], [["zone", False, ["b"]]]]
     assert m.label_choices_of(["SPREAD"]) is None
+
+
+def test_the_gcs_pick_with_soft_conditions_and_fallbacks() -> None:
+    from lumos._private.gcs.global_scheduler import GlobalSchedulerState, NodeView
+    from lumos._private.protocol import messages as m
+    from lumos._private.raylet.resources import to_units
+    from lumos.util.scheduling_strategies import label_selector_to_wire
+
+    def node(name: bytes, labels: dict[str, str], free: float, total: float = 1) -> NodeView:
+        return NodeView(name, m.Address(name, b"", "", "127.0.0.1", 1), {"CPU": to_units(total)},
+                        {"CPU": to_units(free)}, 0, 0.0, labels)
+
+    def pick(nodes: list[NodeView], strategy: Any, cpu: float = 1) -> bytes | None:
+        # (a fresh state each time: no earlier placement weighs on the next)
+        return GlobalSchedulerState(heartbeat_interval_s=0.2).pick(
+            nodes, m.ScheduleLease(b"job", {"CPU": cpu}, strategy, "f", b"elsewhere"), now=0.0)
+
+    soft_b = NodeLabelSchedulingStrategy({"zone": Exists()}, soft={"zone": In("b")}).to_wire()
+    a_free, b_free = node(b"a", {"zone": "a"}, 1), node(b"b", {"zone": "b"}, 1)
+    a_busy, b_busy = node(b"a", {"zone": "a"}, 0), node(b"b", {"zone": "b"}, 0)
+    assert pick([a_free, b_free], soft_b) == b"b"
+    assert pick([a_free, b_busy], soft_b) == b"a"  # the preferred one has no room: one that has
+    assert pick([a_busy, b_busy], soft_b) == b"b"  # none has room: wait on the preferred one
+    # Fallbacks: the first selector a node able to run the request meets.
+    fb = label_selector_to_wire({"zone": "c"}, [{"label_selector": {"zone": "b"}},
+                                                 {"label_selector": {"zone": "a"}}])
+    assert pick([a_free, b_busy], fb) == b"b"
+    assert pick([a_free, node(b"b", {"zone": "b"}, 0.5, total=0.5)], fb) == b"a"  # b too small
+    assert pick([node(b"h", {}, 1)], fb) is None

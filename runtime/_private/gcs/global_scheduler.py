@@ -129,6 +129,12 @@ class GlobalSchedulerState:
                 among = roomy or feasible
                 preferred = [n for n in among if m.labels_match(n.labels, soft)]
                 feasible = preferred or among
+        if req.only_if_room:
+            # A request waiting where it was placed moves only to a node with room now (a
+            # move to another busy node would only lose its place in the queue).
+            feasible = [n for n in feasible if n.node_id != req.from_node and _fits(now_available(n)[0], units)]
+            if not feasible:
+                return req.from_node if req.from_node in by_id else None
         if not feasible:
             return None
         if strategy and strategy[0] == "SPREAD":
@@ -244,6 +250,8 @@ class GlobalScheduler:
                 node_id = self.state.pick(self.node_views(), msg, time.monotonic())
             except Unschedulable as e:
                 raise TaskUnschedulable(str(e)) from None
+            if node_id is None and msg.only_if_room:  # (the asking node is not alive here)
+                raise RuntimeError(f"node {short(msg.from_node)} is not alive in the GCS's view")
             if node_id is not None:
                 info = self.gcs.nodes[node_id]
                 if logger.isEnabledFor(logging.DEBUG):

@@ -46,6 +46,9 @@ class ScheduleLease:
     local_available: dict[str, float] | None = None
     #: Lease requests queued at the asking raylet right now.
     local_queue: int = 0
+    #: A request that waits at the node it was placed on: name another node only if the
+    #: request fits there now (else the asking node, at once: it stays queued there).
+    only_if_room: bool = False
 
 
 @message(111)

@@ -731,6 +731,20 @@ class LocalSchedulerState:
             return True
         return bool(self.queue) or not self.resources.fits(units)
 
+    def may_move(self, q: SpillQuery) -> bool:
+        """A request placed here by a spillback (``hops``) that still waits for resources
+        may move to another node that has room for it now (the GCS names one, or none;
+        Ray's raylet spills its waiting tasks alike).
+        Not requests pinned here: node affinity, a bundle, or placed by the GCS itself
+        (actor creation); and not while this raylet sees no other node or no GCS."""
+        if q.hops == 0 or q.from_gcs or not q.gcs_connected or q.bundle is not None:
+            return False
+        if q.alive_nodes <= 1 and q.self_alive:
+            return False
+        if q.strategy and q.strategy[0] in ("NODE", "PG"):
+            return False
+        return not self.resources.fits(request_units(q.resources))  # (else it waits for a worker only)
+
     def lease_of_worker(self, worker_id: WorkerID) -> _Lease | None:
         w = self.workers.get(worker_id)
         if w is None or w.state != LEASED:

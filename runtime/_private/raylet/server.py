@@ -462,14 +462,18 @@ class RayletServer:
                     return fut.result()
                 # Still waiting here: the picture may have changed (another node freed up
                 # since the first decision). Ask again; leave if another node is better now.
-                if not self._should_spill(msg, hops) or _bundle_of(msg) is not None:
+                # A request that was sent here (``hops``) leaves only for a node with room
+                # now: it would wait for ever behind work that holds this node (an actor, a
+                # long task) while another node stood free.
+                moving = hops > 0 and self._may_move(msg, hops)
+                if not moving and (not self._should_spill(msg, hops) or _bundle_of(msg) is not None):
                     continue
                 assert self.gcs is not None
                 try:
                     decision = await self.gcs.call(m.ScheduleLease(
                         msg.job_id, msg.resources, msg.strategy, msg.function_name, self.node_id,
                         msg.arg_bytes_by_node, msg.bundle, self.scheduler.available_floats(),
-                        len(self.scheduler.queue)), self.config.rpc_timeout_s)
+                        len(self.scheduler.queue), moving), self.config.rpc_timeout_s)
                 except (ConnectionLost, TimeoutError, RemoteError):
                     continue
                 if fut.done():
@@ -480,18 +484,24 @@ class RayletServer:
             if self._lease_waiters.pop(rid, None) is not None:
                 self._sched(sc.LeaseCancelled(rid))
 
-    def _should_spill(self, msg: m.RequestWorkerLease, hops: int) -> bool:
-        """Ask the local scheduler whether the GCS should place ``msg`` (see ``should_spill``)."""
+    def _spill_query(self, msg: m.RequestWorkerLease, hops: int) -> sc.SpillQuery:
         conditions = m.label_conditions_of(msg.strategy)
         # (A node meeting the hard conditions but not the soft ones asks the GCS, which
         # knows whether a node meeting both has room; it may send the request back.)
         labels_ok = conditions is None or (m.labels_match(self.labels, conditions)
                                            and m.labels_match(self.labels, m.label_soft_of(msg.strategy)))
-        return self.scheduler.should_spill(sc.SpillQuery(
+        return sc.SpillQuery(
             msg.resources, msg.strategy, _bundle_of(msg), msg.arg_bytes_by_node, hops,
             msg.owner_worker_id == b"gcs", self.node_id, self.gcs is not None and not self.gcs.is_closed,
-            len(self.alive_nodes), self.node_id in self.alive_nodes,
-            labels_ok))
+            len(self.alive_nodes), self.node_id in self.alive_nodes, labels_ok)
+
+    def _may_move(self, msg: m.RequestWorkerLease, hops: int) -> bool:
+        """Whether a request spilled here may leave for a node with room (``may_move``)."""
+        return self.scheduler.may_move(self._spill_query(msg, hops))
+
+    def _should_spill(self, msg: m.RequestWorkerLease, hops: int) -> bool:
+        """Ask the local scheduler whether the GCS should place ``msg`` (see ``should_spill``)."""
+        return self.scheduler.should_spill(self._spill_query(msg, hops))
 
     def _reserve_bundles(self, conn: Connection, msg: m.ReserveBundles) -> list[Any]:
         """Reserve all of ``msg.bundles`` here now, or none: ``[ok, reason, [[index, GPU ids], ...]]``."""
