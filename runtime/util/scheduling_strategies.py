@@ -6,7 +6,6 @@ import re
 from typing import Any
 
 
-
 class NodeAffinitySchedulingStrategy:
     """Run on the node ``node_id`` (hex). ``soft=True`` falls back to other nodes."""
 

@@ -75,8 +75,8 @@ def label_soft_of(strategy: Any) -> Any:
 
 def labels_match(labels: dict[str, str], conditions: Any) -> bool:
     """Whether a node with ``labels`` meets every condition: its label ``key`` is one of
-    ``values``, or it has the label when ``values`` is None (a negated condition: it is
-    not, or the node has no such label; it has no such label)."""
+    ``values`` (``values`` None: it has the label). A negated condition is met by a node
+    whose label is none of ``values`` or that lacks the label (``values`` None: that lacks it)."""
     for key, negated, values in conditions:
         met = key in labels if values is None else labels.get(key) in values
         if met == bool(negated):
