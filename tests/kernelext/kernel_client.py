@@ -45,16 +45,33 @@ class CellRun:
         return "\n".join(line for e in self.errors for line in e["traceback"])
 
 
+#: Kernel starts tried before a test fails (see ``DirectKernel``).
+KERNEL_START_ATTEMPTS = 3
+
+
 class DirectKernel:
+    """A kernel started as JupyterLab starts one: TCP on loopback, on ports
+    ``jupyter_client`` picked free. Another process can take such a port before the kernel
+    binds it (the kernel then dies at start with "Address already in use"); a start that
+    dies before its first reply is tried again, its sockets closed first (left to the
+    garbage collector, they were reported against whichever test ran next)."""
+
     def __init__(self, cwd: str, env: dict[str, str] | None = None) -> None:
-        self.km = KernelManager(kernel_name="python3")
         full_env = dict(os.environ)
         full_env.pop("LUMOS_ADDRESS", None)
         full_env.update(env or {})
-        self.km.start_kernel(cwd=cwd, env=full_env)
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(60)
+        for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
+            self.km = KernelManager(kernel_name="python3")
+            self.km.start_kernel(cwd=cwd, env=full_env)
+            self.kc = self.km.client()
+            self.kc.start_channels()
+            try:
+                self.kc.wait_for_ready(60)
+                return
+            except RuntimeError as e:
+                self.close(now=True)
+                if attempt == KERNEL_START_ATTEMPTS or "died" not in str(e):
+                    raise
 
     def run(self, code: str, timeout_s: float = 60.0, interrupt_on: str | None = None,
             interrupt_after_s: float = 0.0) -> CellRun:
@@ -106,11 +123,11 @@ class DirectKernel:
         assert not out.errors, f"cell failed: {code[:80]!r}\n{out.traceback()}"
         return out
 
-    def close(self) -> None:
+    def close(self, now: bool = False) -> None:
         try:
             self.kc.stop_channels()
         finally:
-            self.km.shutdown_kernel(now=False)
+            self.km.shutdown_kernel(now=now)
 
     def shut_down(self) -> None:
         """``lumos.shutdown()`` in the kernel (30 s at most), then ``close``, whatever happens."""
