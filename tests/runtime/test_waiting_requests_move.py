@@ -3,8 +3,8 @@
 When no node has room, the GCS places a request where the wait looks shortest, and it
 queues there. Work holding that node (an actor, a long task) can outlast the guess: the
 request, still waiting after a while, asks the GCS again and moves to a node that has
-room now (as Ray's raylet spills its waiting tasks). Requests pinned to their node (node
-affinity, a placement group bundle) stay.
+room now (as Ray's raylet spills its waiting tasks); an actor's creation alike. Requests
+pinned to their node (node affinity, a placement group bundle) stay.
 """
 
 from __future__ import annotations
@@ -74,6 +74,24 @@ def test_a_request_waiting_behind_a_holder_moves_to_the_node_that_frees(two_work
     finally:
         for h in holders.values():
             lumos.kill(h)
+
+
+def test_an_actor_waiting_for_a_busy_node_is_created_on_the_node_that_frees(two_workers: tuple[str, str]) -> None:
+    holders = {n: _hold(n) for n in two_workers}
+    actor = None
+    try:
+        actor = Holder.remote()  # the GCS places its creation on one node, where it waits
+        queued: list[str] = []
+        wait_for(lambda: bool(queued.append(_queued_at(two_workers)) or queued[-1]), 30, 0.05)
+        other = next(n for n in two_workers if n != queued[-1])
+        lumos.kill(holders.pop(other))
+        assert lumos.get(actor.ready.remote(), timeout=30)
+        (row,) = lumos.util.state.list_actors(filters=[("actor_id", "=", actor._actor_id.hex())])
+        assert row["node_id"] == other
+    finally:
+        for h in [*holders.values(), actor]:
+            if h is not None:
+                lumos.kill(h)
 
 
 def test_a_request_pinned_to_its_node_stays(two_workers: tuple[str, str]) -> None:

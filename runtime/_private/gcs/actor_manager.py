@@ -165,11 +165,14 @@ class ActorManager:
         state = self.state
         started = time.monotonic()
         warned = False
+        #: The node a raylet named when the creation left it (``SpillbackReply``).
+        named: NodeID | None = None
         while state.wants_placement(actor_id):
             actor = state.actors[actor_id]
             info, spec = actor.info, actor.spec
             try:
-                node_id = self._pick_node(spec, info.class_name)
+                node_id = named if named is not None else self._pick_node(spec, info.class_name)
+                named = None
             except Unschedulable as e:
                 self._dispatch(ast.ActorUnschedulable(actor_id, str(e)))
                 return
@@ -193,13 +196,20 @@ class ActorManager:
                 continue
             try:
                 raylet = await self.gcs.raylets.get(node_id)
-                grant: m.LeaseGrant = await raylet.call(m.RequestWorkerLease(
+                grant: m.LeaseGrant | m.SpillbackReply = await raylet.call(m.RequestWorkerLease(
                     info.job_id, spec.resources, b"gcs", spec.strategy, info.class_name, actor_id,
                     retry_budget=info.max_restarts))
             except (OSError, ConnectionLost, TimeoutError, RemoteError, KeyError) as e:
                 logger.warning("could not lease a worker for actor %s on node %s: %s",
                                short(actor_id), short(node_id), e)
                 await asyncio.sleep(0.2)
+                continue
+            if isinstance(grant, m.SpillbackReply):
+                # It waited on a busy node while another freed up (``may_move``): asked
+                # there (the GCS's pick counted it there already).
+                logger.info("actor %s leaves node %s, still busy, for node %s", short(actor_id), short(node_id),
+                            short(grant.node_id))
+                named = grant.node_id
                 continue
             actions = self._dispatch(ast.WorkerLeased(actor_id, node_id, grant.lease_id, grant.worker_id))
             push = next((a for a in actions if isinstance(a, ast.PushCreationTask)), None)

@@ -732,12 +732,12 @@ class LocalSchedulerState:
         return bool(self.queue) or not self.resources.fits(units)
 
     def may_move(self, q: SpillQuery) -> bool:
-        """A request placed here by a spillback (``hops``) that still waits for resources
-        may move to another node that has room for it now (the GCS names one, or none;
-        Ray's raylet spills its waiting tasks alike).
-        Not requests pinned here: node affinity, a bundle, or placed by the GCS itself
-        (actor creation); and not while this raylet sees no other node or no GCS."""
-        if q.hops == 0 or q.from_gcs or not q.gcs_connected or q.bundle is not None:
+        """A request placed here by another's choice (a spillback, ``hops``; the GCS's, for
+        an actor's creation) that still waits for resources may move to another node that
+        has room for it now (the GCS names one, or none; Ray's raylet spills its waiting
+        tasks alike). Not requests pinned here: node affinity or a bundle; and not while
+        this raylet sees no other node or no GCS."""
+        if (q.hops == 0 and not q.from_gcs) or not q.gcs_connected or q.bundle is not None:
             return False
         if q.alive_nodes <= 1 and q.self_alive:
             return False

@@ -462,10 +462,10 @@ class RayletServer:
                     return fut.result()
                 # Still waiting here: the picture may have changed (another node freed up
                 # since the first decision). Ask again; leave if another node is better now.
-                # A request that was sent here (``hops``) leaves only for a node with room
-                # now: it would wait for ever behind work that holds this node (an actor, a
-                # long task) while another node stood free.
-                moving = hops > 0 and self._may_move(msg, hops)
+                # A request that was sent here (a spillback, or the GCS placing an actor)
+                # leaves only for a node with room now: it would wait for ever behind work
+                # that holds this node (an actor, a long task) while another node stood free.
+                moving = self._may_move(msg, hops)
                 if not moving and (not self._should_spill(msg, hops) or _bundle_of(msg) is not None):
                     continue
                 assert self.gcs is not None
