@@ -156,6 +156,31 @@ def test_lumos_start_keeps_the_gcs_in_password_protected_redis(
         cli.cleanup()
 
 
+@lumos.remote(num_cpus=0.5)
+def node_of() -> str:
+    return lumos.get_runtime_context().get_node_id()
+
+
+@pytest.mark.slow
+def test_a_label_selector_this_node_misses_waits_for_the_restarted_gcs(
+        redis_cluster: tuple[Cluster, list[RedisServer]]) -> None:
+    """With its GCS away, a raylet serves the requests it gets itself; one whose
+    label_selector its node does not meet waits for the GCS instead (it ran on the wrong
+    node before), and runs where the selector holds once the GCS is back."""
+    cluster, _ = redis_cluster
+    a = cluster.add_node(num_cpus=1, labels={"zone": "a"})
+    cluster.connect()
+    on_a = node_of.options(label_selector={"zone": "a"})
+    assert lumos.get(on_a.remote(), timeout=30) == a.node_id
+    cluster.kill_gcs()
+    # (another shape than the call above: no lease of that one to reuse)
+    ref = node_of.options(label_selector={"zone": "a"}, num_cpus=0.25).remote()
+    ready, _ = lumos.wait([ref], timeout=2.0)
+    assert ready == []  # the head's raylet would have run it on the head
+    cluster.restart_gcs()
+    assert lumos.get(ref, timeout=60) == a.node_id
+
+
 @pytest.mark.slow
 def test_actors_and_tasks_keep_working_while_the_gcs_restarts(
         redis_cluster: tuple[Cluster, list[RedisServer]]) -> None:

@@ -430,6 +430,8 @@ class RayletServer:
 
     async def _request_lease(self, conn: Connection, msg: m.RequestWorkerLease,
                              hops: int = 0) -> m.LeaseGrant | m.SpillbackReply:
+        if hops == 0 and msg.owner_worker_id != b"gcs":
+            await self._await_gcs_for_labels(msg)
         spill = self._should_spill(msg, hops)
         if spill:
             assert self.gcs is not None
@@ -483,6 +485,16 @@ class RayletServer:
         finally:
             if self._lease_waiters.pop(rid, None) is not None:
                 self._sched(sc.LeaseCancelled(rid))
+
+    async def _await_gcs_for_labels(self, msg: m.RequestWorkerLease) -> None:
+        """A request whose hard label conditions this node does not meet is the GCS's to
+        place: while the GCS is away (restarting), it waits for it here rather than run on
+        a node its ``label_selector`` excludes (a raylet without its GCS serves the rest)."""
+        conditions = m.label_conditions_of(msg.strategy)
+        if conditions is None or m.labels_match(self.labels, conditions):
+            return
+        while (self.gcs is None or self.gcs.is_closed) and not self._stopping:
+            await asyncio.sleep(0.1)
 
     def _spill_query(self, msg: m.RequestWorkerLease, hops: int) -> sc.SpillQuery:
         conditions = m.label_conditions_of(msg.strategy)
