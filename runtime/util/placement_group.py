@@ -152,6 +152,8 @@ def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK", nam
             bundle, else pending).
         name: a name to find it with ``get_placement_group`` (unique per namespace).
         lifetime: None (removed when this job ends) or ``"detached"``.
+        bundle_label_selector: one ``label_selector`` per bundle (``{}`` for none): the
+            node a bundle is reserved on meets its conditions.
 
     Returns:
         A ``PlacementGroup``; reservation happens in the background (``ready()``, ``wait()``).
@@ -165,10 +167,6 @@ def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK", nam
     """
     from lumos._private.protocol import messages as m
     from lumos._private.compat import not_implemented_error
-    if bundle_label_selector and any(bundle_label_selector):
-        raise not_implemented_error("placement_group(bundle_label_selector=...)", "lumos places bundles without node "
-                                    "labels (tasks and actors take label_selector); put a custom resource in the "
-                                    "bundles (e.g. {'CPU': 1, 'rack_a': 0.01})")
     if topology_strategy is not None:
         raise not_implemented_error("placement_group(topology_strategy=...)", "use strategy='PACK', 'SPREAD', "
                                     "'STRICT_PACK' or 'STRICT_SPREAD'")
@@ -179,11 +177,12 @@ def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK", nam
         raise TypeError(f"name must be a str, not {type(name).__name__}")
     if lifetime not in (None, "detached", "non_detached"):
         raise ValueError(f"lifetime must be None or 'detached', got {lifetime!r}")
+    labels = _bundle_labels(bundle_label_selector, len(bundles))
     cw = worker_context.require_or_init()
     pg_id = random_id(16)
     clean = [{k: float(v) for k, v in b.items() if v} for b in bundles]
     _call(cw, m.CreatePlacementGroup(pg_id, clean, strategy, name, _namespace(cw), cw.job_id,
-                                       lifetime == "detached"))
+                                       lifetime == "detached", labels))
     return PlacementGroup(PlacementGroupID(pg_id), clean)
 
 
@@ -243,6 +242,22 @@ def get_current_placement_group() -> PlacementGroup | None:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def _bundle_labels(selectors: Any, n: int) -> list[list[Any]]:
+    """``bundle_label_selector`` as each bundle's wire conditions ([] when none has any).
+
+    Raises:
+        TypeError / ValueError: not a list of ``n`` selectors, or a condition lumos cannot read.
+    """
+    from lumos.util.scheduling_strategies import _selector_conditions
+    if not selectors:
+        return []
+    if not isinstance(selectors, list) or len(selectors) != n:
+        raise ValueError(f"bundle_label_selector must be a list of one label selector per bundle ({n}), "
+                         f"got {selectors!r}")
+    out = [_selector_conditions(sel, f"bundle_label_selector[{i}]") for i, sel in enumerate(selectors)]
+    return out if any(out) else []
 
 _READY_CHECK: Any = None
 

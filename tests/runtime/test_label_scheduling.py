@@ -238,3 +238,52 @@ def test_the_gcs_pick_with_soft_conditions_and_fallbacks() -> None:
     assert pick([a_free, b_busy], fb) == b"b"
     assert pick([a_free, node(b"b", {"zone": "b"}, 0.5, total=0.5)], fb) == b"a"  # b too small
     assert pick([node(b"h", {}, 1)], fb) is None
+
+
+def test_placement_group_bundles_go_where_their_selectors_hold(three_nodes: dict[str, str]) -> None:
+    from lumos.util import placement_group, placement_group_table, remove_placement_group
+    from lumos.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    pg = placement_group([{"CPU": 0.1}, {"CPU": 0.1}], strategy="SPREAD",
+                         bundle_label_selector=[{"zone": "b"}, {"accelerator": "h100"}])
+    assert pg.wait(30)
+    assert placement_group_table(pg)["bundles_to_node_id"] == {0: three_nodes["b"], 1: three_nodes["a"]}
+    in_0 = where.options(num_cpus=0.1, scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0))
+    assert lumos.get(in_0.remote(), timeout=60) == three_nodes["b"]
+    remove_placement_group(pg)
+    # PACK keeps the bundles together where every selector holds (a node without any
+    # labels would do for the second, but not for both).
+    pg = placement_group([{"CPU": 0.1}, {"CPU": 0.1}], strategy="PACK",
+                         bundle_label_selector=[{"zone": "!a"}, {"zone": "in(a, b)"}])
+    assert pg.wait(30)
+    assert placement_group_table(pg)["bundles_to_node_id"] == {0: three_nodes["b"], 1: three_nodes["b"]}
+    remove_placement_group(pg)
+    # No node meets it: pending, and the table says why.
+    pg = placement_group([{"CPU": 0.1}], bundle_label_selector=[{"zone": "nowhere"}])
+    assert not pg.wait(1)
+    state = placement_group_table(pg)["stats"]["scheduling_state"]
+    assert "infeasible" in state and "zone in (nowhere)" in state, state
+    remove_placement_group(pg)
+
+
+def test_bundle_label_selector_refusals() -> None:
+    from lumos.util import placement_group
+    with pytest.raises(ValueError, match="one label selector per bundle"):
+        placement_group([{"CPU": 0.1}, {"CPU": 0.1}], bundle_label_selector=[{"zone": "a"}])
+    with pytest.raises(ValueError, match="a condition is"):
+        placement_group([{"CPU": 0.1}], bundle_label_selector=[{"zone": "in()"}])
+    with pytest.raises(TypeError, match="str -> str"):
+        placement_group([{"CPU": 0.1}], bundle_label_selector=[{"zone": 1}])
+
+
+def test_plan_bundles_with_labels() -> None:
+    from lumos._private.gcs.placement_group_state import plan_bundles
+    nodes = [(b"h", {"CPU": 4}), (b"a", {"CPU": 4}), (b"b", {"CPU": 4})]
+    labels = {b"a": {"zone": "a"}, b"b": {"zone": "b"}}
+    cond_a, cond_b = [["zone", False, ["a"]]], [["zone", False, ["b"]]]
+    bundles = [{"CPU": 1}, {"CPU": 1}]
+    assert plan_bundles("STRICT_SPREAD", bundles, [0, 1], {}, nodes, [cond_b, cond_a], labels) == {0: b"b", 1: b"a"}
+    assert plan_bundles("STRICT_PACK", bundles, [0, 1], {}, nodes, [cond_b, []], labels) == {0: b"b", 1: b"b"}
+    assert plan_bundles("STRICT_PACK", bundles, [0, 1], {}, nodes, [cond_b, cond_a], labels) is None
+    assert plan_bundles("PACK", bundles, [0, 1], {}, nodes, [cond_a, []], labels) == {0: b"a", 1: b"a"}
+    assert plan_bundles("SPREAD", bundles, [0, 1], {}, nodes, [[], []], labels) in ({0: b"h", 1: b"a"},
+                                                                                  {0: b"a", 1: b"h"})

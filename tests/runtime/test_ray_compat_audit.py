@@ -28,10 +28,6 @@ _REFUSED_OPTION_VALUES: dict[str, Any] = {
 }
 #: How to reach each refused function parameter without a cluster.
 _REFUSED_PARAM_CALLS: dict[str, Callable[[], Any]] = {
-    "ray.util.placement_group(bundle_label_selector)":
-        lambda: lumos.util.placement_group([{"CPU": 1}], bundle_label_selector=[{"a": "b"}]),
-    "ray.util.placement_group.placement_group(bundle_label_selector)":
-        lambda: lumos.util.placement_group([{"CPU": 1}], bundle_label_selector=[{"a": "b"}]),
     "ray.util.placement_group(topology_strategy)":
         lambda: lumos.util.placement_group([{"CPU": 1}], topology_strategy="RING"),
     "ray.util.placement_group.placement_group(topology_strategy)":

@@ -49,7 +49,9 @@ KEEP_REMOVED = 1000
 
 
 def plan_bundles(strategy: str, bundles: list[dict[str, int]], missing: list[int],
-                 placed: dict[int, bytes], nodes: list[tuple[bytes, dict[str, int]]]) -> dict[int, bytes] | None:
+                 placed: dict[int, bytes], nodes: list[tuple[bytes, dict[str, int]]],
+                 bundle_labels: list[list[Any]] | None = None,
+                 node_labels: dict[bytes, dict[str, str]] | None = None) -> dict[int, bytes] | None:
     """Pick a node for every bundle index in ``missing``, or None when the strategy cannot be met.
 
     Args:
@@ -58,12 +60,22 @@ def plan_bundles(strategy: str, bundles: list[dict[str, int]], missing: list[int
         missing: the bundle indices to place.
         placed: bundles of the group already held (index -> node), which constrain the rest.
         nodes: ``(node id, free units)`` of the alive nodes, in preference order.
+        bundle_labels: each bundle's node-label conditions (``bundle_label_selector``).
+        node_labels: each node's labels.
     """
     free = {nid: dict(avail) for nid, avail in nodes}
     order = [nid for nid, _ in nodes]
     plan: dict[int, bytes] = {}
 
-    def fits(nid: bytes, units: dict[str, int]) -> bool:
+    def allowed(nid: bytes, i: int) -> bool:
+        """Bundle ``i``'s label conditions hold on node ``nid`` (or it has none)."""
+        if not bundle_labels or not bundle_labels[i]:
+            return True
+        return m.labels_match((node_labels or {}).get(nid, {}), bundle_labels[i])
+
+    def fits(nid: bytes, units: dict[str, int], i: int | None = None) -> bool:
+        if i is not None and not allowed(nid, i):
+            return False
         have = free[nid]
         return all(have.get(k, 0) >= v for k, v in units.items())
 
@@ -78,7 +90,7 @@ def plan_bundles(strategy: str, bundles: list[dict[str, int]], missing: list[int
             for k, v in bundles[i].items():
                 want[k] = want.get(k, 0) + v
         for nid in candidates:
-            if nid in free and fits(nid, want):
+            if nid in free and fits(nid, want) and all(allowed(nid, i) for i in missing):
                 return {i: nid for i in missing}
         return None
 
@@ -93,7 +105,7 @@ def plan_bundles(strategy: str, bundles: list[dict[str, int]], missing: list[int
             return whole
         for i in sorted(missing, key=lambda i: -sum(bundles[i].values())):
             holding = [n for n in order if n in used or n in plan.values()]
-            nid = next((n for n in holding + order if fits(n, bundles[i])), None)
+            nid = next((n for n in holding + order if fits(n, bundles[i], i)), None)
             if nid is None:
                 return None
             take(nid, i)
@@ -102,7 +114,7 @@ def plan_bundles(strategy: str, bundles: list[dict[str, int]], missing: list[int
         for i in sorted(missing, key=lambda i: -sum(bundles[i].values())):
             def count(n: bytes) -> int:
                 return sum(1 for v in placed.values() if v == n) + sum(1 for v in plan.values() if v == n)
-            options = sorted((n for n in order if fits(n, bundles[i])), key=count)
+            options = sorted((n for n in order if fits(n, bundles[i], i)), key=count)
             if not options:
                 return None
             take(options[0], i)
@@ -115,7 +127,7 @@ def plan_bundles(strategy: str, bundles: list[dict[str, int]], missing: list[int
                 return True
             i = todo[k]
             for nid in order:
-                if nid not in taken and fits(nid, bundles[i]):
+                if nid not in taken and fits(nid, bundles[i], i):
                     take(nid, i)
                     if assign(k + 1, taken | {nid}):
                         return True
@@ -162,6 +174,8 @@ class PlacementTried:
     pg_id: PlacementGroupID
     available: NodeUnits
     totals: NodeUnits
+    #: Each alive node's labels (for ``bundle_label_selector``).
+    labels: dict[bytes, dict[str, str]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(slots=True)
@@ -369,6 +383,9 @@ class PlacementGroupState:
             raise ValueError(f"unknown placement strategy {msg.strategy!r}; valid: {', '.join(STRATEGIES)}")
         if not msg.bundles or not all(isinstance(b, dict) and b for b in msg.bundles):
             raise ValueError("a placement group needs a non-empty list of non-empty bundles")
+        if msg.bundle_labels and len(msg.bundle_labels) != len(msg.bundles):
+            raise ValueError(f"bundle_label_selector has {len(msg.bundle_labels)} selectors for "
+                             f"{len(msg.bundles)} bundles; give one per bundle")
         if msg.pg_id in self.groups:
             return  # a retried request
         if msg.name and (msg.namespace, msg.name) in self.named:
@@ -377,7 +394,8 @@ class PlacementGroupState:
         info = m.PlacementGroupInfo(msg.pg_id, msg.name, msg.namespace, msg.strategy,
                                     [dict(b) for b in msg.bundles], PENDING, [None] * len(msg.bundles),
                                     msg.job_id, msg.detached, e.created_at, "waiting for resources",
-                                    bundle_gpu_ids=[[] for _ in msg.bundles])
+                                    bundle_gpu_ids=[[] for _ in msg.bundles],
+                                    bundle_labels=[list(c) for c in msg.bundle_labels])
         self.groups[msg.pg_id] = _Group(info)
         if msg.name:
             self.named[(msg.namespace, msg.name)] = msg.pg_id
@@ -416,12 +434,15 @@ class PlacementGroupState:
             return
         placed = {i: n for i, n in enumerate(info.bundle_nodes) if n is not None}
         available = [(n, units) for n, units in e.available if n not in self.dead_nodes]
-        plan = plan_bundles(info.strategy, g.units, missing, placed, available)
+        plan = plan_bundles(info.strategy, g.units, missing, placed, available, info.bundle_labels, e.labels)
         if plan is None:
             totals = [(n, units) for n, units in e.totals if n not in self.dead_nodes]
-            ever = plan_bundles(info.strategy, g.units, missing, placed, totals)
+            ever = plan_bundles(info.strategy, g.units, missing, placed, totals, info.bundle_labels, e.labels)
+            labelled = (" and their bundle_label_selector ("
+                        + "; ".join(m.describe_label_conditions(c) for c in info.bundle_labels) + ")"
+                        if info.bundle_labels else "")
             detail = ("infeasible: no alive nodes can hold these bundles with strategy "
-                      f"{info.strategy}; it stays pending until nodes that fit join" if ever is None
+                      f"{info.strategy}{labelled}; it stays pending until nodes that fit join" if ever is None
                       else "waiting for resources held by other work")
             if detail != info.detail:
                 info.detail = detail
@@ -429,7 +450,7 @@ class PlacementGroupState:
             if ever is None and not g.warned and now - g.placing_since >= self.infeasible_warning_s:
                 g.warned = True
                 actions.append(ReportInfeasible(info.job_id, (
-                    f"placement group {info.pg_id.hex()} ({info.strategy}, bundles {info.bundles}) "
+                    f"placement group {info.pg_id.hex()} ({info.strategy}, bundles {info.bundles}{labelled}) "
                     f"cannot be placed on the alive nodes; it stays pending until nodes that fit join")))
             actions.append(RetryPlacement(info.pg_id, self.retry_s, on_change=True))
             return

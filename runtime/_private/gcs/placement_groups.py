@@ -197,7 +197,7 @@ class PlacementGroupTable:
             views = self.gcs.global_scheduler.node_views()
             actions = self._dispatch(pgs.PlacementTried(
                 pg_id, [(v.node_id, v.available) for v in sorted(views, key=lambda v: -v.available.get("CPU", 0))],
-                [(v.node_id, v.total) for v in views]))
+                [(v.node_id, v.total) for v in views], {v.node_id: v.labels for v in views}))
             reserves = [a for a in actions if isinstance(a, pgs.ReserveBundles)]
             if reserves:
                 answers = await asyncio.gather(*(self._reserve(a) for a in reserves))

@@ -161,6 +161,9 @@ class PlacementGroupInfo:
     #: The node GPU indices each bundle holds (``[]`` while unplaced or without GPUs;
     #: the whole list is empty from a GCS that predates it).
     bundle_gpu_ids: list[list[int]] = dataclasses.field(default_factory=list)
+    #: Each bundle's node-label conditions (``bundle_label_selector``: ``[key, negated,
+    #: values]`` lists, as a ``["LABELS", ...]`` strategy's); empty: none.
+    bundle_labels: list[list[Any]] = dataclasses.field(default_factory=list)
 
 
 @message(120)
@@ -174,6 +177,8 @@ class CreatePlacementGroup:
     namespace: str
     job_id: JobID
     detached: bool
+    #: Each bundle's node-label conditions (``bundle_label_selector``); empty: none.
+    bundle_labels: list[list[Any]] = dataclasses.field(default_factory=list)
 
 
 @message(121)
