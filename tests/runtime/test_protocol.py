@@ -390,9 +390,9 @@ def test_frames_with_every_nested_message_an_extension_type_still_decode():
 def test_left_out_defaulted_fields_take_their_defaults():
     full = _instance(m.PlacementGroupInfo)
     fields = _wire_fields(full)
-    a = m.decode(_flat(m.PlacementGroupInfo._code, fields[:-3]))[2]
-    b = m.decode(_flat(m.PlacementGroupInfo._code, fields[:-3]))[2]
-    assert (a.detail, a.version, a.bundle_gpu_ids) == ("", 0, [])
+    a = m.decode(_flat(m.PlacementGroupInfo._code, fields[:-4]))[2]
+    b = m.decode(_flat(m.PlacementGroupInfo._code, fields[:-4]))[2]
+    assert (a.detail, a.version, a.bundle_gpu_ids, a.bundle_labels) == ("", 0, [], [])
     assert a.bundle_gpu_ids is not b.bundle_gpu_ids  # a default_factory runs per message
     reply = m.decode(_flat(m.TaskReply._code, _wire_fields(_instance(m.TaskReply))[:-3]))[2]
     assert reply.system_error is None and reply.error_kind is None and reply.kept is None
