@@ -530,6 +530,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         if n.state != "ALIVE":
             print(f"  died: {n.death_reason}")
             continue
+        shown = {k: v for k, v in n.labels.items() if k != "ray.io/node-id"}  # (the id is above)
+        if shown:
+            print(f"  {'labels':<20} {', '.join(f'{k}={v}' for k, v in sorted(shown.items()))}")
         avail_now = load.available if load else n.resources_total
         for name, amount in sorted(n.resources_total.items()):
             if name.startswith("node:"):
@@ -562,7 +565,7 @@ def _node_json(n: Any, load: Any) -> dict[str, Any]:
             "address": f"{n.address.host}:{n.address.port}", "hostname": n.hostname,
             "resources_total": dict(n.resources_total),
             "resources_available": dict(load.available) if load else {},
-            "queue_length": load.queue_length if load else 0,
+            "queue_length": load.queue_length if load else 0, "labels": dict(n.labels),
             "death_reason": n.death_reason, "dashboard_url": n.dashboard_url}
 
 

@@ -165,12 +165,16 @@ def test_start_head_status_drivers_second_node_and_stop(cli: CliEnv) -> None:
     assert "RESULT 42" in out.stdout
 
     out = cli.lumos("start", "--address", address, "--token", token, "--num-cpus", "1",
-                    "--resources", '{"second": 1}', "--system-config", FAST)
+                    "--resources", '{"second": 1}', "--labels", '{"rack": "r1", "zone": "b"}',
+                    "--system-config", FAST)
     assert "joined the cluster" in out.stdout
     status = cli.lumos("status").stdout
     assert "2 node(s) alive" in status and "second" in status
+    assert "labels               rack=r1, zone=b" in status, status  # (the head has none to show)
+    assert status.count("labels ") == 1, status
     st = json.loads(cli.lumos("status", "--json").stdout)
     assert sorted(n["resources_total"].get("CPU") for n in st["nodes"]) == [1.0, 2.0]
+    assert sorted(n["labels"].get("rack", "") for n in st["nodes"]) == ["", "r1"]
     assert sum(n["is_head"] for n in st["nodes"]) == 1
 
     procs = cli.processes()
