@@ -20,6 +20,7 @@ from nbclient import NotebookClient
 
 from tests.conftest import check_no_leaks
 from tests.kernelext.conftest import displays, errors, result_text, stdout
+from tests.kernelext.kernel_client import KERNEL_START_ATTEMPTS
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -52,13 +53,22 @@ def shrink(nb: Any, name: str) -> Any:
 
 
 def execute(path: Path, workdir: Path, timeout_s: int = 90) -> Any:
-    nb = shrink(nbformat.read(path, as_version=4), path.name)
+    """Run the notebook in a fresh kernel. A kernel that dies before its first reply (a
+    free TCP port taken by another process before the kernel bound it: see
+    ``DirectKernel``) is started again; no cell has run then."""
     env_address = os.environ.pop("LUMOS_ADDRESS", None)
     try:
-        client = _Client(nb, kernel_name="python3", timeout=timeout_s, store_widget_state=True,
-                         resources={"metadata": {"path": str(workdir)}})
-        client.closed_comms = set()
-        client.execute()
+        for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
+            nb = shrink(nbformat.read(path, as_version=4), path.name)
+            client = _Client(nb, kernel_name="python3", timeout=timeout_s, store_widget_state=True,
+                             resources={"metadata": {"path": str(workdir)}})
+            client.closed_comms = set()
+            try:
+                client.execute()
+                break
+            except RuntimeError as e:
+                if "before replying to kernel_info" not in str(e) or attempt == KERNEL_START_ATTEMPTS:
+                    raise
         nb.metadata["closed_comms"] = sorted(client.closed_comms)
     finally:
         if env_address is not None:
