@@ -14,7 +14,8 @@ import pytest
 
 import lumos
 from lumos.testing import Cluster
-from lumos.util.scheduling_strategies import DoesNotExist, Exists, In, NodeLabelSchedulingStrategy, NotIn
+from lumos.util.scheduling_strategies import (DoesNotExist, Exists, In, NodeAffinitySchedulingStrategy,
+                                              NodeLabelSchedulingStrategy, NotIn)
 from tests.conftest import TEST_CONFIG, check_no_leaks, wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
@@ -105,7 +106,25 @@ def test_selectors_lumos_cannot_read_are_refused_at_once() -> None:
     with pytest.raises(TypeError, match="str -> str"):
         where.options(label_selector={"zone": 1})
     with pytest.raises(ValueError, match="default strategy"):
-        where.options(label_selector={"zone": "a"}, scheduling_strategy="SPREAD").remote()
+        where.options(label_selector={"zone": "a"},
+                      scheduling_strategy=NodeAffinitySchedulingStrategy("ab" * 16, soft=True)).remote()
+
+
+def test_a_selector_with_spread_spreads_over_the_nodes_it_allows(three_nodes: dict[str, str]) -> None:
+    @lumos.remote(num_cpus=0.1)
+    def slow_where() -> str:
+        time.sleep(0.2)  # (all in flight at once: spread, not reused leases)
+        return lumos.get_runtime_context().get_node_id()
+    spread = slow_where.options(label_selector={"zone": "in(a, b)"}, scheduling_strategy="SPREAD")
+    got = lumos.get([spread.remote() for _ in range(6)], timeout=60)
+    assert set(got) == {three_nodes["a"], three_nodes["b"]}, got
+    # (SPREAD balances all its placements: which of the allowed nodes an actor gets
+    # depends on the spread so far)
+    actors = [Resident.options(label_selector={"zone": "!b"}, scheduling_strategy="SPREAD").remote()
+              for _ in range(3)]
+    assert set(lumos.get([a.where.remote() for a in actors], timeout=60)) <= {three_nodes["head"], three_nodes["a"]}
+    for a in actors:
+        lumos.kill(a)
 
 
 def test_fallback_selectors_are_tried_in_order(three_nodes: dict[str, str]) -> None:

@@ -137,7 +137,7 @@ class GlobalSchedulerState:
                 return req.from_node if req.from_node in by_id else None
         if not feasible:
             return None
-        if strategy and strategy[0] == "SPREAD":
+        if strategy and (strategy[0] == "SPREAD" or m.label_spread_of(strategy)):
             best = min(feasible, key=lambda n: (self.spread_count.get(n.node_id, 0),
                                                 not _fits(self._available(n), units), n.queue_length))
             self.spread_count[best.node_id] = self.spread_count.get(best.node_id, 0) + 1

@@ -30,7 +30,7 @@ from lumos._private.protocol.task_messages import (  # noqa: F401
     Address, Dep, TaskSpec, ReturnObject, GeneratorItem, TaskReply,
     PushTask, CancelTask, GetObjectStatus, ObjectStatus, AddBorrowers, RemoveBorrowers,
     GetCoreWorkerStats, ExitWorker, placement_group_of, label_conditions_of, labels_match,
-    label_choices_of, label_soft_of, describe_label_conditions)
+    label_choices_of, label_soft_of, label_spread_of, describe_label_conditions)
 from lumos._private.protocol.gcs_messages import (  # noqa: F401
     NodeInfo, RegisterNode, NodeHeartbeat, GetAllNodes, RegisterJob, JobInfo,
     MarkJobFinished, GetAllJobs, KvPut, KvGet, KvDel, KvKeys,

@@ -53,7 +53,7 @@ def placement_group_of(strategy: Any) -> bytes | None:
 
 def label_conditions_of(strategy: Any) -> Any:
     """The node-label conditions of a spec's strategy, or None: ``["LABELS", hard, soft,
-    fallbacks]`` (``soft`` and ``fallbacks`` optional), each condition ``[key, negated,
+    fallbacks, spread]`` (all but ``hard`` optional), each condition ``[key, negated,
     values]`` (``values`` None: "the label exists"), from ``label_selector`` (with
     ``fallback_strategy``) or a ``NodeLabelSchedulingStrategy``. This is ``hard``: the
     conditions a node must meet unless a fallback is taken."""
@@ -71,6 +71,12 @@ def label_choices_of(strategy: Any) -> Any:
 def label_soft_of(strategy: Any) -> Any:
     """The soft conditions of a ``["LABELS", ...]`` strategy (preferred, not required), or []."""
     return strategy[2] if strategy and strategy[0] == "LABELS" and len(strategy) > 2 and strategy[2] else []
+
+
+def label_spread_of(strategy: Any) -> bool:
+    """A ``["LABELS", ...]`` strategy whose fifth element is true: spread over the nodes
+    the conditions allow (``label_selector`` with ``scheduling_strategy="SPREAD"``)."""
+    return bool(strategy and strategy[0] == "LABELS" and len(strategy) > 4 and strategy[4])
 
 
 def labels_match(labels: dict[str, str], conditions: Any) -> bool:

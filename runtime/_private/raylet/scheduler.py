@@ -40,6 +40,7 @@ from collections import OrderedDict
 from typing import Any, Iterator, Union
 
 from lumos._private.ids import ActorID, JobID, NodeID, PlacementGroupID, WorkerID
+from lumos._private.protocol.task_messages import label_spread_of
 from lumos._private.raylet.resources import NodeResources, from_units, request_units, to_units
 
 # ----------------------------------------------------------------------------- events
@@ -719,7 +720,7 @@ class LocalSchedulerState:
             return not self.has_bundle(q.bundle)
         if q.alive_nodes <= 1 and q.self_alive:
             return False
-        if strategy and strategy[0] == "SPREAD":
+        if strategy and (strategy[0] == "SPREAD" or label_spread_of(strategy)):
             return True
         args = q.arg_bytes_by_node
         if args:
