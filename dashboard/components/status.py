@@ -1,11 +1,11 @@
 """Status page, the one people leave open: totals, one row and one bar per node, history
 of the last minutes, recent failures and log tails.
 
-- Summary and node table: CPU/GPU reserved by tasks, memory reserved *and* really in use
-  (the machine's memory and the RSS of the node's lumos processes, as each raylet reports
-  them in its heartbeats: ``host.reported_usage``; read locally only for a node that does
-  not report), object store, workers (one count everywhere: the GCS worker table, drivers
-  left out), queued leases.
+- Summary and node table: each node's labels, CPU/GPU reserved by tasks, memory
+  reserved *and* really in use (the machine's memory and the RSS of the node's lumos
+  processes, as each raylet reports them in its heartbeats: ``host.reported_usage``; read
+  locally only for a node that does not report), object store, workers (one count
+  everywhere: the GCS worker table, drivers left out), queued leases.
 - Per-node bars (Dask's style): CPU reserved, memory in use, object store, in percent.
 - History (sampled once a second while the page is open, ``HISTORY_S`` kept): CPU
   reserved, host CPU load, memory in use, object store (percent), and tasks finished
@@ -27,8 +27,8 @@ from lumos.dashboard import host
 from lumos.dashboard.components.common import Page, esc, fmt_amount, fmt_bytes, set_table_data, short
 from lumos.state import TaskState
 
-COLUMNS = [("node", "Node"), ("host", "Host"), ("state", "State"), ("cpu", "CPU reserved / total"),
-           ("gpu", "GPU reserved / total"), ("memory", "Memory reserved / total"),
+COLUMNS = [("node", "Node"), ("host", "Host"), ("labels", "Labels"), ("state", "State"),
+           ("cpu", "CPU reserved / total"), ("gpu", "GPU reserved / total"), ("memory", "Memory reserved / total"),
            ("memory_real", "Memory in use (host)"), ("store", "Object store used / total"), ("workers", "Workers"),
            ("queue", "Queued leases")]
 SPILL_COLUMNS = [("node", "Node"), ("spilled", "Spilled"), ("restored", "Restored"), ("spill_rate", "Spill MiB/s"),
@@ -171,6 +171,9 @@ class StatusPage(Page):
             label = short(node_id) + (" (head)" if info.is_head else "")
             data["node"].append(label)
             data["host"].append(info.hostname)
+            # (what label selectors match; the node's id label repeats the first column)
+            data["labels"].append(", ".join(f"{k}={v}" for k, v in sorted(info.labels.items())
+                                            if k != "ray.io/node-id"))
             data["state"].append(info.state + (f": {info.death_reason}" if info.death_reason else ""))
             data["cpu"].append(f"{fmt_amount(cpu[0])} / {fmt_amount(cpu[1])}")
             data["gpu"].append(f"{fmt_amount(gpu[0])} / {fmt_amount(gpu[1])}")

@@ -35,8 +35,8 @@ def base_url(login_url: str) -> str:
 
 @pytest.fixture(scope="module")
 def dash_cluster() -> Iterator[lumos.LumosContext]:
-    """A 2-CPU cluster with 2 declared GPUs and its dashboard."""
-    ctx = start(num_gpus=2, object_store_memory=256 * 1024 * 1024, include_dashboard=True)
+    """A 2-CPU cluster with 2 declared GPUs, a node label, and its dashboard."""
+    ctx = start(num_gpus=2, object_store_memory=256 * 1024 * 1024, include_dashboard=True, labels={"zone": "lab"})
     session = ctx.address_info["session_dir"]
     try:
         yield ctx

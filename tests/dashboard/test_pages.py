@@ -91,6 +91,7 @@ def test_login_link_and_status_page(dash_cluster: lumos.LumosContext, workload: 
     node_id = dash_cluster.address_info["node_id"]
     wait_doc(page, f"(d, col) => col('nodes_table', 'node').some(n => n.startsWith('{node_id[:8]}'))")
     assert column(page, "nodes_table", "state") == ["ALIVE"]
+    assert column(page, "nodes_table", "labels") == ["zone=lab"]  # (ray.io/node-id left out)
     assert column(page, "nodes_table", "gpu")[0].endswith("/ 2")
     page.locator(".slick-cell", has_text=node_id[:8]).first.wait_for()
     assert "connected to" in page.locator(".lumos-header").first.inner_text()
