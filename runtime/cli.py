@@ -481,6 +481,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from lumos._private.node import read_current_cluster
     from lumos._private.process import read_private_file
     from lumos._private.transport.connection import parse_address
+    from lumos.state import labels_text
 
     config = Config.resolve()
     address, token_text, dashboard = args.address, _token_arg(args), ""
@@ -530,9 +531,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         if n.state != "ALIVE":
             print(f"  died: {n.death_reason}")
             continue
-        shown = {k: v for k, v in n.labels.items() if k != "ray.io/node-id"}  # (the id is above)
+        shown = labels_text(n.labels)
         if shown:
-            print(f"  {'labels':<20} {', '.join(f'{k}={v}' for k, v in sorted(shown.items()))}")
+            print(f"  {'labels':<20} {shown}")
         avail_now = load.available if load else n.resources_total
         for name, amount in sorted(n.resources_total.items()):
             if name.startswith("node:"):

@@ -329,14 +329,12 @@ def strategy_of(opts: dict[str, Any]) -> Any:
     from lumos.util.scheduling_strategies import (PlacementGroupSchedulingStrategy, label_selector_to_wire,
                                                   strategy_to_wire)
     strategy = opts.get("scheduling_strategy")
-    labels = label_selector_to_wire(opts.get("label_selector"), opts.get("fallback_strategy"))
+    labels = label_selector_to_wire(opts.get("label_selector"), opts.get("fallback_strategy"), strategy == "SPREAD")
     if labels is not None:
         if strategy not in (None, "DEFAULT", "SPREAD") or opts.get("placement_group") not in (None, "default"):
             raise ValueError(f"label_selector or fallback_strategy with scheduling_strategy={strategy!r} is not "
                              "implemented in lumos: labels choose among nodes with the default strategy or "
                              "SPREAD (drop one of the two)")
-        if strategy == "SPREAD":  # spread over the nodes the labels allow: ["LABELS", hard, soft, fallbacks, True]
-            labels = (labels + [[], []])[:4] + [True]
         return labels
     if strategy is None and opts.get("placement_group") not in (None, "default"):
         strategy = PlacementGroupSchedulingStrategy(

@@ -30,6 +30,7 @@ import os
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from lumos._private import worker_context
+from lumos._private.node import NODE_ID_LABEL
 from lumos._private.protocol import messages as m
 from lumos._private.protocol import task_row
 from lumos._private.protocol.vocab import PENDING_TASK_STATES, TERMINAL_TASK_STATES, TaskKind, TaskState
@@ -213,6 +214,12 @@ def list_nodes(filters: Iterable[Filter] | None = None, timeout: float | None = 
             **node_memory(st),
         })
     return [r for r in rows if _match(r, flt)]
+
+
+def labels_text(labels: dict[str, str]) -> str:
+    """A node's labels as ``lumos status`` and the dashboard show them: ``k=v, ...``,
+    sorted, without Ray's ``ray.io/node-id`` (the node's id is shown beside them)."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != NODE_ID_LABEL)
 
 
 def node_memory(st: m.NodeResources | None) -> dict[str, int | None]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from lumos.dashboard import host
 from lumos.dashboard.components.common import Page, esc, fmt_amount, fmt_bytes, set_table_data, short
-from lumos.state import TaskState
+from lumos.state import TaskState, labels_text
 
 COLUMNS = [("node", "Node"), ("host", "Host"), ("labels", "Labels"), ("state", "State"),
            ("cpu", "CPU reserved / total"), ("gpu", "GPU reserved / total"), ("memory", "Memory reserved / total"),
@@ -171,9 +171,7 @@ class StatusPage(Page):
             label = short(node_id) + (" (head)" if info.is_head else "")
             data["node"].append(label)
             data["host"].append(info.hostname)
-            # (what label selectors match; the node's id label repeats the first column)
-            data["labels"].append(", ".join(f"{k}={v}" for k, v in sorted(info.labels.items())
-                                            if k != "ray.io/node-id"))
+            data["labels"].append(labels_text(info.labels))  # (what label selectors match)
             data["state"].append(info.state + (f": {info.death_reason}" if info.death_reason else ""))
             data["cpu"].append(f"{fmt_amount(cpu[0])} / {fmt_amount(cpu[1])}")
             data["gpu"].append(f"{fmt_amount(gpu[0])} / {fmt_amount(gpu[1])}")

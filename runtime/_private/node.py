@@ -333,6 +333,8 @@ def new_session_dir() -> str:
 #: The prefix of the labels every node has (Ray's reserved one): its id, and the model of
 #: its GPUs when they were detected (``node_labels``).
 DEFAULT_LABEL_PREFIX = "ray.io/"
+#: The default label naming the node (its id in hex).
+NODE_ID_LABEL = DEFAULT_LABEL_PREFIX + "node-id"
 
 
 def check_node_labels(labels: Any) -> None:
@@ -354,7 +356,7 @@ def node_labels(labels: dict[str, str], node_id: bytes, resources: dict[str, flo
     (``ray.io/node-id``, ``ray.io/accelerator-type``), which ``label_selector`` reads as
     in Ray."""
     out = dict(labels)
-    out[DEFAULT_LABEL_PREFIX + "node-id"] = node_id.hex()
+    out[NODE_ID_LABEL] = node_id.hex()
     for name in resources:
         if name.startswith("accelerator_type:"):
             out[DEFAULT_LABEL_PREFIX + "accelerator-type"] = name.split(":", 1)[1]

@@ -150,12 +150,13 @@ class NodeLabelSchedulingStrategy:
         return ["LABELS", self._hard, self._soft, []]
 
 
-def label_selector_to_wire(selector: Any, fallback_strategy: Any = None) -> list[Any] | None:
+def label_selector_to_wire(selector: Any, fallback_strategy: Any = None, spread: bool = False) -> list[Any] | None:
     """``label_selector`` (Ray's: node label -> ``"value"``, ``"!value"``, ``"in(a, b)"`` or
     ``"!in(a, b)"``) as the strategy sent in task specs: ``["LABELS", [[key, negated,
     [values]], ...]]``; None for an empty one. With ``fallback_strategy`` (Ray's: a list
     of ``{"label_selector": {...}}``, tried in order when no node meets the ones before):
-    ``["LABELS", conditions, [], [fallback conditions, ...]]``.
+    ``["LABELS", conditions, [], [fallback conditions, ...]]``. ``spread`` (with
+    ``scheduling_strategy="SPREAD"``): ``["LABELS", conditions, [], fallbacks, True]``.
 
     Raises:
         TypeError: not a dict of str -> str.
@@ -165,6 +166,8 @@ def label_selector_to_wire(selector: Any, fallback_strategy: Any = None) -> list
     if not selector and not fallbacks:
         return None
     conditions = _selector_conditions(selector, "label_selector")
+    if spread:
+        return ["LABELS", conditions, [], fallbacks, True]
     return ["LABELS", conditions, [], fallbacks] if fallbacks else ["LABELS", conditions]
 
 

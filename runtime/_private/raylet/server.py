@@ -467,8 +467,9 @@ class RayletServer:
                 # A request that was sent here (a spillback, or the GCS placing an actor)
                 # leaves only for a node with room now: it would wait for ever behind work
                 # that holds this node (an actor, a long task) while another node stood free.
-                moving = self._may_move(msg, hops)
-                if not moving and (not self._should_spill(msg, hops) or _bundle_of(msg) is not None):
+                q = self._spill_query(msg, hops)
+                moving = self.scheduler.may_move(q)
+                if not moving and (not self.scheduler.should_spill(q) or q.bundle is not None):
                     continue
                 assert self.gcs is not None
                 try:
@@ -506,10 +507,6 @@ class RayletServer:
             msg.resources, msg.strategy, _bundle_of(msg), msg.arg_bytes_by_node, hops,
             msg.owner_worker_id == b"gcs", self.node_id, self.gcs is not None and not self.gcs.is_closed,
             len(self.alive_nodes), self.node_id in self.alive_nodes, labels_ok)
-
-    def _may_move(self, msg: m.RequestWorkerLease, hops: int) -> bool:
-        """Whether a request spilled here may leave for a node with room (``may_move``)."""
-        return self.scheduler.may_move(self._spill_query(msg, hops))
 
     def _should_spill(self, msg: m.RequestWorkerLease, hops: int) -> bool:
         """Ask the local scheduler whether the GCS should place ``msg`` (see ``should_spill``)."""
