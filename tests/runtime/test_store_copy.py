@@ -303,24 +303,33 @@ def test_a_reused_slot_read_again_as_an_argument_reuses_the_spare_mapping(store_
     assert kept.sum() == 200_000
 
 
-def test_a_spare_mapping_of_a_removed_file_is_unmapped_after_the_next_task(store_client):
+def test_a_spare_mapping_of_a_removed_file_is_unmapped_after_a_later_task(store_client, monkeypatch):
+    """The oldest spares' files are checked after a task, at most once per
+    ``SPARE_CHECK_INTERVAL_S`` (not four ``fstat`` calls after every task)."""
     import weakref
+    from lumos._private.object_store import client as client_module
+    monkeypatch.setattr(client_module, "SPARE_CHECK_INTERVAL_S", 3600.0)
     d = store_client.directory
-    a, c = b"r" * 20, b"c" * 20
-    for oid in (a, c):
+    a, c, e = b"r" * 20, b"c" * 20, b"e" * 20
+    for oid in (a, c, e):
         with open(os.path.join(d, oid.hex()), "wb") as f:
             f.write(ser.serialize(np.ones(100_000)).to_bytes())
-    store_client.defer_unmaps()
-    _read_arg(store_client, a)
-    store_client.unmap_deferred()
-    (spare,) = store_client._spare.values()
+    for oid in (a, c):  # after the second task, the first spare's file was checked
+        store_client.defer_unmaps()
+        _read_arg(store_client, oid)
+        store_client.unmap_deferred()
+    spare = store_client._spare[os.stat(os.path.join(d, a.hex())).st_ino]
     mm = weakref.ref(spare.mm)
     del spare
     os.unlink(os.path.join(d, a.hex()))  # the raylet evicted the slot: its pages must go
     store_client.defer_unmaps()
-    _read_arg(store_client, c)
+    _read_arg(store_client, e)
     store_client.unmap_deferred()
-    assert mm() is None and store_client.stats()["spare_mappings"] == 1
+    assert mm() is not None and store_client.stats()["spare_mappings"] == 3  # checked a moment ago
+    store_client._next_spare_check = 0.0  # the interval has passed
+    store_client.defer_unmaps()
+    store_client.unmap_deferred()  # a task without arguments
+    assert mm() is None and store_client.stats()["spare_mappings"] == 2
 
 
 def test_a_process_gets_its_most_recently_freed_slot_first():
