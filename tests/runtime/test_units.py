@@ -227,6 +227,62 @@ def test_recalls_as_few_leases_as_the_request_needs_and_none_that_cannot_make_it
     assert not s.recallable
 
 
+def _of(owner, rid, resources=None, job=JOB):
+    """A request of ``owner``, a process on this node."""
+    r = _local(rid, resources)
+    r.owner = owner
+    r.job_id = job
+    return r
+
+
+def test_an_owner_holding_every_cpu_gives_one_to_another_owner_at_once():
+    s = sched({"CPU": 2}, workers=[W1, W2, W3])
+    leases = [g.lease_id for i in (1, 2) for g in grants(s.handle(_of(b"A", i), now=0))]
+    assert s.handle(_of(b"A", 3), now=0) == []  # A's backlog waits too, queued first
+    assert recalls(s.handle(_of(b"B", 4), now=0.1)) == leases[:1]  # A holds 2, B none: at once
+    assert recalls(s.handle(_of(b"B", 5), now=0.2)) == []  # one is on its way back
+    (g,) = grants(s.handle(sc.LeaseReturned(leases[0], False), now=0.3))
+    assert g.request_id == 4  # what A gave back goes to B, before A's earlier request
+    # One each now: neither takes from the other, however long they wait.
+    assert recalls(s.handle(sc.Ticked(), now=10)) == []
+
+
+def test_an_owner_holding_one_more_lease_gives_it_up_after_a_time_slice():
+    s = sched({"CPU": 1}, workers=[W1, W2])
+    (a,) = grants(s.handle(_of(b"A", 1), now=0))
+    s.handle(_of(b"A", 2), now=0)
+    assert recalls(s.handle(_of(b"B", 3), now=0.1)) == []
+    assert recalls(s.handle(sc.Ticked(), now=sc.FAIR_SHARE_SLICE_S - 0.01)) == []
+    assert recalls(s.handle(sc.Ticked(), now=sc.FAIR_SHARE_SLICE_S + 0.01)) == [a.lease_id]
+    (b,) = grants(s.handle(sc.LeaseReturned(a.lease_id, False), now=1))
+    assert b.request_id == 3
+    # Then A's waiting request takes its turn back a slice after B's grant.
+    assert recalls(s.handle(sc.Ticked(), now=1 + sc.FAIR_SHARE_SLICE_S / 2)) == []
+    assert recalls(s.handle(sc.Ticked(), now=1.01 + sc.FAIR_SHARE_SLICE_S)) == [b.lease_id]
+
+
+def test_fair_share_recalls_an_actors_creation_too_but_not_blocked_unknown_or_own_leases():
+    s = sched({"CPU": 3}, workers=[W1, W2, W3, b"w4" * 8])
+    a1, a2 = [g for i in (1, 2) for g in grants(s.handle(_of(b"A", i), now=0))]
+    (u,) = grants(s.handle(req(3), now=0))  # an owner not told: never recalled by fair share
+    s.handle(sc.WorkerBlocked(a1.worker_id), now=0)  # its CPU is lent out: not counted, not taken
+    (g4,) = grants(s.handle(_of(b"A", 4), now=0))
+    assert recalls(s.handle(_of(b"A", 5), now=5)) == []  # an owner's own leases stay its own
+    assert recalls(s.handle(req(6), now=5)) == []  # a request of an owner not told recalls nothing
+    creation = req(7, actor=b"actor")
+    creation.owner = sc.GCS_OWNER  # an actor's creation the GCS placed here
+    assert recalls(s.handle(creation, now=5)) == [a2.lease_id]  # A holds 2 (a1 is blocked), it none
+    assert u.lease_id in s.task_leases and g4.lease_id in s.task_leases
+
+
+def test_a_second_owner_behind_the_firsts_ten_waiting_requests_still_recalls():
+    s = sched({"CPU": 2}, workers=[W1, W2, W3])
+    leases = [g.lease_id for i in (1, 2) for g in grants(s.handle(_of(b"A", i), now=0))]
+    for i in range(3, 13):
+        assert s.handle(_of(b"A", i), now=0) == []
+    assert recalls(s.handle(_of(b"B", 20), now=0.1)) == leases[:1]
+
+
 def test_disconnected_lease_stops_its_worker():
     s = sched({"CPU": 1}, workers=[W1])
     (g,) = s.handle(req(1), now=0)

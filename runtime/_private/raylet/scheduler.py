@@ -31,6 +31,13 @@ the lease once its tasks in flight are done. Without it, a busy driver whose req
 spilled took the only CPU of a node whose own driver came a moment later, and held it
 for the rest of its backlog (8 one-CPU nodes with a driver each ran at 22-50% of linear on
 a 16-core machine; docs/scaling.md). Actor and placement-group leases are never recalled.
+
+Owners share. An owner keeps a lease while it has tasks for it, so the first driver with a
+backlog, or with a loop of batches, held every CPU and a second driver's tasks, or an
+actor the GCS placed here, waited for ever. A waiting request of an owner on this node (or
+an actor's creation) recalls a lease of an owner holding more task leases than its own
+(``_recall_for``: at once when two more, after ``FAIR_SHARE_SLICE_S`` when one more), so
+owners with work end up with equal shares, taking turns on an odd CPU.
 """
 
 from __future__ import annotations
@@ -62,6 +69,9 @@ class LeaseRequested:
     local_owner: bool = False
     #: The owner is on another node (the request spilled here): its task lease may be recalled.
     remote_owner: bool = False
+    #: The owner's worker id (``GCS_OWNER``: an actor's creation the GCS asks for; b"": not
+    #: told). Owners share the node's task leases fairly (``FAIR_SHARE_SLICE_S``).
+    owner: bytes = b""
 
 
 @dataclasses.dataclass(slots=True)
@@ -202,6 +212,14 @@ Action = Union[GrantLease, StartWorker, StopWorker, ReportInfeasible, FailLease,
 
 #: Waiting requests of local owners that each event considers for a recall (``RecallLease``).
 RECALL_LOOKAHEAD = 8
+#: An owner holding one task lease more than another owner whose request waits gives it
+#: up (``RecallLease``) once it held it this long; two or more more, at once. Owners on a
+#: node take turns, where the first with a backlog held every CPU to its end (a driver
+#: looping over batches of tasks kept another driver's tasks, or an actor's creation, from
+#: ever running; Ray's owners give a lease back after 500 ms in use).
+FAIR_SHARE_SLICE_S = 0.5
+#: ``LeaseRequested.owner`` of an actor's creation the GCS asks for.
+GCS_OWNER = b"gcs"
 #: A request that spilled here waits at most this long behind this node's own owners'
 #: requests; then it is served in its arrival turn (it cannot go elsewhere: spilled requests
 #: are served where they land).
@@ -266,6 +284,14 @@ class _Lease:
     bundle: tuple[bytes, int] | None = None
     #: Asked back (``RecallLease``) and not returned yet.
     recalled: bool = False
+    #: The request it was recalled for: served first once it is back (else the owner's
+    #: own waiting requests, queued earlier, took what it gave back).
+    recalled_for: int = 0
+    #: ``LeaseRequested.owner`` and ``remote_owner`` of its request.
+    owner: bytes = b""
+    remote: bool = False
+    #: When it was granted (the scheduler's clock).
+    granted_at: float = 0.0
 
 
 class _Bundle:
@@ -334,9 +360,12 @@ class LocalSchedulerState:
         self.queue: OrderedDict[int, _Request] = OrderedDict()
         #: (placement group id, bundle index) -> bundle reserved on this node.
         self.bundles: dict[tuple[bytes, int], _Bundle] = {}
-        #: Lease id -> task lease of an owner on another node, in grant order: what a
-        #: local owner's waiting request may recall.
-        self.recallable: dict[int, _Lease] = {}
+        #: Lease id -> task lease from the node's own pool (no actor's, no bundle's), in
+        #: grant order: what a waiting request may recall (``_recall_for``).
+        self.task_leases: dict[int, _Lease] = {}
+        #: Owner -> its leases in ``task_leases``; how many of those are remote owners'.
+        self._owner_leases: dict[bytes, int] = {}
+        self._remote_leases = 0
         self._next_lease = 1
 
     # ------------------------------------------------------------------ API
@@ -444,7 +473,7 @@ class LocalSchedulerState:
                 # Nothing later in the queue can be granted (no idle worker) or start one
                 # more (the cap is reached): a burst of queued actors costs each event a
                 # look at the cap's worth of requests, not at all of them (issue 19).
-                if self.recallable:
+                if self.task_leases:
                     self._waiting_local(reserved, short)
                 break
             bundle: _Bundle | None = None
@@ -460,8 +489,7 @@ class LocalSchedulerState:
                     else:
                         continue
                 if not self.resources.fits(_plus(req.units, reserved)):
-                    if req.event.local_owner and len(short) < RECALL_LOOKAHEAD:
-                        short.append(req)
+                    _add_short(short, req)
                     continue
                 held = reserved
             worker = _idle_worker_for(req.event.job_id, idle)
@@ -487,15 +515,17 @@ class LocalSchedulerState:
                 del self._task_workers[worker.worker_id]
                 alive -= 1
             lease = self.leases[lease_id] = _Lease(lease_id, rid, worker.worker_id, req.units, ids,
-                                                   req.event.job_id, bundle.key if bundle is not None else None)
-            if req.event.remote_owner and bundle is None and req.event.actor_id is None:
-                self.recallable[lease_id] = lease
+                                                   req.event.job_id, bundle.key if bundle is not None else None,
+                                                   owner=req.event.owner, remote=req.event.remote_owner,
+                                                   granted_at=now)
+            if bundle is None and req.event.actor_id is None:
+                self._add_task_lease(lease)
             actions.append(GrantLease(rid, lease_id, worker.worker_id, ids))
         for rid in granted:
             del self.queue[rid]
-        if short and self.recallable:
+        if short and self.task_leases:
             for req in short:
-                if self._recall_for(req, reserved, actions):
+                if self._others_hold(req.event) and self._recall_for(req, reserved, actions, now):
                     break
         # The cap is on workers that run tasks and are not blocked: each actor has a process
         # of its own, and actors beyond the cap must not wait for ever (as in Ray).
@@ -522,44 +552,106 @@ class LocalSchedulerState:
                     yield rid, req
 
     def _waiting_local(self, reserved: dict[str, int], short: list[_Request]) -> None:
-        """Add to ``short`` the requests of local owners (among the first few dozen queued)
-        that wait for resources: the grant loop stopped early, as no worker is idle, but a
-        recall can still help them."""
+        """Add to ``short`` the requests that may recall (``_may_recall``, among the first
+        few dozen queued) and wait for resources: the grant loop stopped early, as no
+        worker is idle, but a recall can still help them."""
         for seen, req in enumerate(self.queue.values()):
             if seen >= 8 * RECALL_LOOKAHEAD or len(short) >= RECALL_LOOKAHEAD:
                 return
-            if req.event.local_owner and req.event.bundle is None and not req.infeasible \
-                    and not any(r is req for r in short) and not self.resources.fits(_plus(req.units, reserved)):
-                short.append(req)
+            if req.event.bundle is None and not req.infeasible \
+                    and not self.resources.fits(_plus(req.units, reserved)):
+                _add_short(short, req)
 
-    def _recall_for(self, req: _Request, reserved: dict[str, int], actions: list[Action]) -> bool:
-        """Recall the spilled-in task leases ``req`` needs, oldest first: none if even all
-        of them would not make it fit, none more while those already recalled will do.
-        True when ``req`` will fit once the recalled leases are back."""
+    def _recall_for(self, req: _Request, reserved: dict[str, int], actions: list[Action], now: float) -> bool:
+        """Recall the task leases ``req`` needs, oldest first: none if even all those it
+        may take would not make it fit, none more while those already recalled will do.
+        True when ``req`` will fit once the recalled leases are back.
+
+        It may take a lease that spilled in from an owner on another node if its own
+        owner is on this node (local owners first), and any other owner's lease when that
+        owner holds more of the node's task leases than ``req``'s owner (counting only
+        leases holding their CPUs: not recalled, no task blocked in get): two or more more
+        at once, one more once that lease was held ``FAIR_SHARE_SLICE_S`` (so owners with
+        work take turns on the odd CPU). Neither rule takes from the same owner."""
         need = _plus(req.units, reserved)
-        for lease in self.recallable.values():
+        for lease in self.task_leases.values():
             if lease.recalled:
                 need = _minus(need, lease.units)
         if self.resources.fits(need):
             return True
+        owner = req.event.owner
+        held: dict[bytes, int] | None = None
         picked = []
-        for lease in self.recallable.values():
-            if not lease.recalled:
-                picked.append(lease)
-                need = _minus(need, lease.units)
-                if self.resources.fits(need):
-                    for chosen in picked:
-                        chosen.recalled = True
-                        actions.append(RecallLease(chosen.lease_id))
-                    return True
+        for lease in self.task_leases.values():
+            if lease.recalled or not _helps(lease.units, need, self.resources.available):
+                continue
+            w = self.workers.get(lease.worker_id)
+            if w is not None and w.blocked:
+                continue  # its CPU is lent out already, and its task is half done
+            if not (lease.remote and req.event.local_owner):
+                if not owner or not lease.owner or lease.owner == owner:
+                    continue
+                if held is None:
+                    held = self._leases_by_owner()
+                mine, theirs = held.get(owner, 0), held.get(lease.owner, 0)
+                if not (theirs >= mine + 2 or (theirs == mine + 1 and now - lease.granted_at >= FAIR_SHARE_SLICE_S)):
+                    continue
+                held[owner], held[lease.owner] = mine + 1, theirs - 1
+            picked.append(lease)
+            need = _minus(need, lease.units)
+            if self.resources.fits(need):
+                for chosen in picked:
+                    chosen.recalled = True
+                    chosen.recalled_for = req.event.request_id
+                    actions.append(RecallLease(chosen.lease_id))
+                return True
         return False
+
+    def _add_task_lease(self, lease: _Lease) -> None:
+        self.task_leases[lease.lease_id] = lease
+        self._owner_leases[lease.owner] = self._owner_leases.get(lease.owner, 0) + 1
+        self._remote_leases += lease.remote
+
+    def _drop_task_lease(self, lease: _Lease) -> None:
+        if self.task_leases.pop(lease.lease_id, None) is None:
+            return
+        n = self._owner_leases[lease.owner] - 1
+        if n:
+            self._owner_leases[lease.owner] = n
+        else:
+            del self._owner_leases[lease.owner]
+        self._remote_leases -= lease.remote
+
+    def _others_hold(self, event: LeaseRequested) -> bool:
+        """Leases ``_recall_for`` might take for this request exist: remote owners' for a
+        local owner, else another owner's (a lone driver's waiting requests skip it)."""
+        if event.local_owner and self._remote_leases:
+            return True
+        return bool(event.owner) and self._owner_leases.get(event.owner, 0) < len(self.task_leases)
+
+    def _leases_by_owner(self) -> dict[bytes, int]:
+        """Owner -> its task leases that hold their resources (not recalled, not blocked)."""
+        held: dict[bytes, int] = {}
+        for lease in self.task_leases.values():
+            if not lease.recalled:
+                w = self.workers.get(lease.worker_id)
+                if w is None or not w.blocked:
+                    held[lease.owner] = held.get(lease.owner, 0) + 1
+        return held
+
+    @property
+    def recallable(self) -> dict[int, _Lease]:
+        """Task leases of owners on other nodes (what a local owner recalls first)."""
+        return {i: lease for i, lease in self.task_leases.items() if lease.remote}
 
     def _return(self, lease_id: int, disconnect: bool, now: float, actions: list[Action],
                 exit_type: str | None = None) -> None:
         lease = self.leases.pop(lease_id, None)
         if lease is None:
             return
-        self.recallable.pop(lease_id, None)
+        self._drop_task_lease(lease)
+        if lease.recalled_for in self.queue:
+            self.queue.move_to_end(lease.recalled_for, last=False)
         w = self.workers.get(lease.worker_id)
         self._release(lease, w)
         if w is None or w.state == DEAD:
@@ -678,8 +770,10 @@ class LocalSchedulerState:
             return
         if w.state == LEASED:
             lease = self.leases.pop(w.lease_id, None)
-            self.recallable.pop(w.lease_id, None)
             if lease is not None:
+                self._drop_task_lease(lease)
+                if lease.recalled_for in self.queue:
+                    self.queue.move_to_end(lease.recalled_for, last=False)
                 self._release(lease, w)
         w.state = DEAD
         del self.workers[worker_id]
@@ -786,13 +880,46 @@ class LocalSchedulerState:
             w = self.workers.get(lease.worker_id)
             if w is None or w.state != LEASED or w.lease_id != lease.lease_id:
                 raise AssertionError(f"lease {lease.lease_id} points at a worker that does not hold it")
-        for lease_id, lease in self.recallable.items():
+        for lease_id, lease in self.task_leases.items():
             if self.leases.get(lease_id) is not lease or lease.bundle is not None:
-                raise AssertionError(f"recallable lease {lease_id} is not a task lease held here")
+                raise AssertionError(f"task lease {lease_id} is not a lease of the node's pool held here")
+        owners: dict[bytes, int] = {}
+        for lease in self.task_leases.values():
+            owners[lease.owner] = owners.get(lease.owner, 0) + 1
+        if owners != self._owner_leases or self._remote_leases != sum(l.remote for l in self.task_leases.values()):
+            raise AssertionError(f"task leases by owner {self._owner_leases} (remote {self._remote_leases}), "
+                                 f"counted {owners}")
         task_workers = [k for k, w in self.workers.items() if w.actor_id is None]
         if task_workers != list(self._task_workers):
             raise AssertionError(f"{len(self._task_workers)} workers indexed as hosting no actor, "
                                  f"{len(task_workers)} are")
+
+
+def _add_short(short: list[_Request], req: _Request) -> None:
+    """Add a request that waits for resources to those a recall may serve: up to
+    ``RECALL_LOOKAHEAD``, one per owner and shape (the later ones of an owner would recall
+    nothing its first could not, and they hid a second driver's request from the look
+    when the first driver kept ten requests waiting)."""
+    if len(short) >= RECALL_LOOKAHEAD or not _may_recall(req.event):
+        return
+    owner = req.event.owner
+    for r in short:
+        if r is req or (owner and r.event.owner == owner and r.units == req.units):
+            return
+    short.append(req)
+
+
+def _may_recall(event: LeaseRequested) -> bool:
+    """A waiting request that may recall leases (``_recall_for``): an owner's on this node,
+    or an actor's creation the GCS placed here. One that spilled here from another node's
+    owner recalls nothing (it waits its ``SPILLED_IN_PATIENCE_S``, or moves)."""
+    return event.local_owner or event.owner == GCS_OWNER
+
+
+def _helps(units: dict[str, int], need: dict[str, int], available: dict[str, int]) -> bool:
+    """Giving back ``units`` brings ``need`` closer to fitting: it holds some of a resource
+    that ``available`` is short of."""
+    return any(units.get(k, 0) > 0 for k, v in need.items() if v > available.get(k, 0))
 
 
 def _minus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:

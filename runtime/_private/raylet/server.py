@@ -430,7 +430,7 @@ class RayletServer:
 
     async def _request_lease(self, conn: Connection, msg: m.RequestWorkerLease,
                              hops: int = 0) -> m.LeaseGrant | m.SpillbackReply:
-        if hops == 0 and msg.owner_worker_id != b"gcs":
+        if hops == 0 and msg.owner_worker_id != sc.GCS_OWNER:
             await self._await_gcs_for_labels(msg)
         spill = self._should_spill(msg, hops)
         if spill:
@@ -456,7 +456,8 @@ class RayletServer:
         here = msg.owner_worker_id in self.pool.procs
         self._sched(sc.LeaseRequested(rid, msg.job_id, msg.resources, msg.function_name, msg.actor_id,
                                       _bundle_of(msg), msg.retry_budget, local_owner=here,
-                                      remote_owner=not here and msg.owner_worker_id != b"gcs"))
+                                      remote_owner=not here and msg.owner_worker_id != sc.GCS_OWNER,
+                                      owner=msg.owner_worker_id))
         try:
             while True:
                 done, _ = await asyncio.wait({fut}, timeout=RESPILL_AFTER_S)
@@ -505,7 +506,7 @@ class RayletServer:
                                            and m.labels_match(self.labels, m.label_soft_of(msg.strategy)))
         return sc.SpillQuery(
             msg.resources, msg.strategy, _bundle_of(msg), msg.arg_bytes_by_node, hops,
-            msg.owner_worker_id == b"gcs", self.node_id, self.gcs is not None and not self.gcs.is_closed,
+            msg.owner_worker_id == sc.GCS_OWNER, self.node_id, self.gcs is not None and not self.gcs.is_closed,
             len(self.alive_nodes), self.node_id in self.alive_nodes, labels_ok)
 
     def _should_spill(self, msg: m.RequestWorkerLease, hops: int) -> bool:
