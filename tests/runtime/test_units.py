@@ -283,6 +283,30 @@ def test_a_second_owner_behind_the_firsts_ten_waiting_requests_still_recalls():
     assert recalls(s.handle(_of(b"B", 20), now=0.1)) == leases[:1]
 
 
+def test_a_request_of_two_cpus_gets_both_from_an_owner_holding_them_in_turn():
+    s = sched({"CPU": 2}, workers=[W1, W2, W3])
+    a1, a2 = [g for i in (1, 2) for g in grants(s.handle(_of(b"A", i), now=0))]
+    s.handle(_of(b"A", 3), now=0)
+    # Counted in CPUs, not leases: B would hold two, A none, so B waits its turn.
+    assert recalls(s.handle(_of(b"B", 4, {"CPU": 2}), now=0.1)) == []
+    assert recalls(s.handle(sc.Ticked(), now=sc.FAIR_SHARE_SLICE_S + 0.01)) == [a1.lease_id, a2.lease_id]
+    # The first CPU back is held for B, not granted to A's earlier request.
+    assert grants(s.handle(sc.LeaseReturned(a1.lease_id, False), now=0.6)) == []
+    (b,) = grants(s.handle(sc.LeaseReturned(a2.lease_id, False), now=0.7))
+    assert b.request_id == 4
+
+
+def test_what_a_recall_frees_is_held_for_its_request_only_for_a_while():
+    s = sched({"CPU": 2}, workers=[W1, W2, W3])
+    a1, a2 = [g for i in (1, 2) for g in grants(s.handle(_of(b"A", i), now=0))]
+    s.handle(_of(b"A", 3), now=0)
+    s.handle(_of(b"B", 4, {"CPU": 2}), now=0.1)
+    s.handle(sc.Ticked(), now=1)  # both recalled; A's second worker is frozen and never answers
+    assert grants(s.handle(sc.LeaseReturned(a1.lease_id, False), now=1.1)) == []
+    (g,) = grants(s.handle(sc.Ticked(), now=1 + sc.RECALL_HOLD_S + 0.1))
+    assert g.request_id == 3  # the hold ended: the free CPU serves who can use it
+
+
 def test_disconnected_lease_stops_its_worker():
     s = sched({"CPU": 1}, workers=[W1])
     (g,) = s.handle(req(1), now=0)

@@ -218,6 +218,9 @@ RECALL_LOOKAHEAD = 8
 #: looping over batches of tasks kept another driver's tasks, or an actor's creation, from
 #: ever running; Ray's owners give a lease back after 500 ms in use).
 FAIR_SHARE_SLICE_S = 0.5
+#: A request that recalled leases keeps what it needs from later requests this long (a
+#: recalled owner that is frozen, ``SIGSTOP``, never gives its lease back).
+RECALL_HOLD_S = 5.0
 #: ``LeaseRequested.owner`` of an actor's creation the GCS asks for.
 GCS_OWNER = b"gcs"
 #: A request that spilled here waits at most this long behind this node's own owners'
@@ -287,6 +290,7 @@ class _Lease:
     #: The request it was recalled for: served first once it is back (else the owner's
     #: own waiting requests, queued earlier, took what it gave back).
     recalled_for: int = 0
+    recalled_at: float = 0.0
     #: ``LeaseRequested.owner`` and ``remote_owner`` of its request.
     owner: bytes = b""
     remote: bool = False
@@ -366,6 +370,11 @@ class LocalSchedulerState:
         #: Owner -> its leases in ``task_leases``; how many of those are remote owners'.
         self._owner_leases: dict[bytes, int] = {}
         self._remote_leases = 0
+        #: Waiting request -> when leases were recalled for it. For ``RECALL_HOLD_S`` the
+        #: resources it needs are held for it: what the first recalled lease gave back
+        #: went to the owner's own earlier requests while a request of two CPUs waited for
+        #: the second.
+        self._recalling: dict[int, float] = {}
         self._next_lease = 1
 
     # ------------------------------------------------------------------ API
@@ -438,6 +447,9 @@ class LocalSchedulerState:
     # ------------------------------------------------------------------ internals
 
     def _schedule(self, now: float, actions: list[Action]) -> None:
+        if self._recalling:
+            for rid in [r for r in self._recalling if r not in self.queue]:
+                del self._recalling[rid]
         if not self.queue:
             # Nothing to grant and no worker to start (a start needs a waiting request):
             # skip the scans over every worker, which each event paid (a worker
@@ -490,6 +502,9 @@ class LocalSchedulerState:
                         continue
                 if not self.resources.fits(_plus(req.units, reserved)):
                     _add_short(short, req)
+                    if self._recalling and now - self._recalling.get(rid, -RECALL_HOLD_S) < RECALL_HOLD_S:
+                        for k, v in req.units.items():
+                            reserved[k] = reserved.get(k, 0) + v
                     continue
                 held = reserved
             worker = _idle_worker_for(req.event.job_id, idle)
@@ -568,22 +583,31 @@ class LocalSchedulerState:
         True when ``req`` will fit once the recalled leases are back.
 
         It may take a lease that spilled in from an owner on another node if its own
-        owner is on this node (local owners first), and any other owner's lease when that
-        owner holds more of the node's task leases than ``req``'s owner (counting only
-        leases holding their CPUs: not recalled, no task blocked in get): two or more more
-        at once, one more once that lease was held ``FAIR_SHARE_SLICE_S`` (so owners with
-        work take turns on the odd CPU). Neither rule takes from the same owner."""
+        owner is on this node (local owners first), and another owner's lease when, in the
+        resource ``req`` is short of (CPU, most often), that owner holds more than
+        ``req``'s owner would once granted (counting leases that hold their resources:
+        not recalled, no task blocked in get): at once when it would still hold as much
+        after giving the lease back, else once the lease was held ``FAIR_SHARE_SLICE_S``
+        (so owners with work take turns on an odd CPU, and a request of two CPUs gets
+        them from an owner holding two). Neither rule takes from the same owner."""
+        if now - self._recalling.get(req.event.request_id, -RECALL_HOLD_S) < RECALL_HOLD_S:
+            return True  # its recalls are on their way back
         need = _plus(req.units, reserved)
         for lease in self.task_leases.values():
-            if lease.recalled:
+            if lease.recalled and now - lease.recalled_at < RECALL_HOLD_S:  # (else its owner may be frozen)
                 need = _minus(need, lease.units)
+        available = self.resources.available
         if self.resources.fits(need):
             return True
         owner = req.event.owner
-        held: dict[bytes, int] | None = None
+        short = [k for k, v in need.items() if v > available.get(k, 0)]
+        key = "CPU" if "CPU" in short else short[0] if short else "CPU"
+        held: dict[bytes, int] = {}
+        before: dict[bytes, int] = {}
+        mine_after = -1
         picked = []
         for lease in self.task_leases.values():
-            if lease.recalled or not _helps(lease.units, need, self.resources.available):
+            if lease.recalled or not _helps(lease.units, need, available):
                 continue
             w = self.workers.get(lease.worker_id)
             if w is not None and w.blocked:
@@ -591,19 +615,24 @@ class LocalSchedulerState:
             if not (lease.remote and req.event.local_owner):
                 if not owner or not lease.owner or lease.owner == owner:
                     continue
-                if held is None:
-                    held = self._leases_by_owner()
-                mine, theirs = held.get(owner, 0), held.get(lease.owner, 0)
-                if not (theirs >= mine + 2 or (theirs == mine + 1 and now - lease.granted_at >= FAIR_SHARE_SLICE_S)):
+                if mine_after < 0:
+                    held = self._held_by_owner(key)
+                    before = dict(held)
+                    mine_after = held.get(owner, 0) + req.units.get(key, 0)
+                theirs = held.get(lease.owner, 0) - lease.units.get(key, 0)
+                if not (mine_after <= theirs or (mine_after <= before.get(lease.owner, 0)
+                                                 and now - lease.granted_at >= FAIR_SHARE_SLICE_S)):
                     continue
-                held[owner], held[lease.owner] = mine + 1, theirs - 1
+                held[lease.owner] = theirs
             picked.append(lease)
             need = _minus(need, lease.units)
             if self.resources.fits(need):
                 for chosen in picked:
                     chosen.recalled = True
                     chosen.recalled_for = req.event.request_id
+                    chosen.recalled_at = now
                     actions.append(RecallLease(chosen.lease_id))
+                self._recalling[req.event.request_id] = now
                 return True
         return False
 
@@ -629,14 +658,14 @@ class LocalSchedulerState:
             return True
         return bool(event.owner) and self._owner_leases.get(event.owner, 0) < len(self.task_leases)
 
-    def _leases_by_owner(self) -> dict[bytes, int]:
-        """Owner -> its task leases that hold their resources (not recalled, not blocked)."""
+    def _held_by_owner(self, key: str) -> dict[bytes, int]:
+        """Owner -> units of ``key`` its task leases hold (not recalled, not blocked)."""
         held: dict[bytes, int] = {}
         for lease in self.task_leases.values():
             if not lease.recalled:
                 w = self.workers.get(lease.worker_id)
                 if w is None or not w.blocked:
-                    held[lease.owner] = held.get(lease.owner, 0) + 1
+                    held[lease.owner] = held.get(lease.owner, 0) + lease.units.get(key, 0)
         return held
 
     @property
