@@ -65,6 +65,18 @@ def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGKIL
         os._exit(1)  # the parent died before prctl took effect
 
 
+def process_stopped(pid: int) -> bool:
+    """The process is stopped (``SIGSTOP``, Ctrl-Z, a debugger's stop): its state in
+    ``/proc/<pid>/stat`` is ``T`` or ``t``. False when it runs, is gone or is unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]  # (the name may hold spaces and parentheses)
+    return state in (b"T", b"t")
+
+
 #: Collector thresholds of the GCS and the raylets (Python's default: 700, 10, 10).
 SERVICE_GC_THRESHOLDS = (50_000, 20, 100)
 

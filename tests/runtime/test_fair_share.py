@@ -131,3 +131,50 @@ def test_two_drivers_with_backlogs_share_the_cpus(two_cpu_node: Any) -> None:
     # Half each with a lease each; at least a quarter for the second driver (it starts
     # its workers, and the machine is shared with this test's own thread).
     assert theirs >= 0.25 * (mine + theirs), (mine, theirs)
+
+
+_LOOPING_DRIVER = textwrap.dedent("""
+    import sys, time
+    import lumos
+
+    lumos.init(address=sys.argv[1])
+
+    @lumos.remote
+    def brief(i):
+        time.sleep(0.01)
+        return i
+
+    t = time.time()
+    while time.time() - t < float(sys.argv[2]):
+        assert lumos.get([brief.remote(i) for i in range(100)], timeout=60) == list(range(100))
+        print("looping", flush=True)
+    print("done ok", flush=True)
+""")
+
+
+def test_a_frozen_drivers_idle_workers_serve_another_driver_and_it_carries_on(two_cpu_node: Any) -> None:
+    """A driver stopped with its leases (Ctrl-Z, SIGSTOP) answers no recall: once a lease
+    it was asked for stays ``RECALL_HOLD_S``, the raylet stops that lease's idle worker, and
+    this driver's tasks run; the frozen driver, continued, finishes its loop with every
+    value right (in Ray, as before here, this driver waited as long as the other was stopped)."""
+    import signal
+    frozen = subprocess.Popen([sys.executable, "-c", _LOOPING_DRIVER, two_cpu_node.address, "12"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__)))
+    try:
+        assert frozen.stdout is not None
+        for _ in range(3):  # its workers are up, both CPUs leased
+            assert frozen.stdout.readline().strip() == "looping"
+        os.kill(frozen.pid, signal.SIGSTOP)
+        t = time.time()
+        assert lumos.get([brief.remote(i) for i in range(20)], timeout=60) == list(range(20))
+        took = time.time() - t
+        os.kill(frozen.pid, signal.SIGCONT)
+        out, err = frozen.communicate(timeout=90)
+        assert frozen.returncode == 0 and out.strip().endswith("done ok"), err[-3000:]
+        assert took < 50, took  # (about RECALL_HOLD_S and a second)
+    finally:
+        if frozen.poll() is None:
+            os.kill(frozen.pid, signal.SIGCONT)
+            frozen.kill()
+            frozen.communicate(timeout=30)

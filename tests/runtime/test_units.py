@@ -1152,3 +1152,28 @@ def test_the_gcs_and_raylet_collect_garbage_less_often_than_python_s_default(clu
             with open(path) as f:
                 texts.append(f.read())
         assert any(want in t for t in texts), (pattern, want)
+
+
+def test_process_stopped_tells_a_stopped_process_from_a_running_or_gone_one():
+    import os
+    import signal
+    import subprocess
+    from lumos._private.process import process_stopped
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not process_stopped(child.pid)
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = 50
+        while not process_stopped(child.pid) and deadline:
+            threading.Event().wait(0.05)
+            deadline -= 1
+        assert process_stopped(child.pid)
+        os.kill(child.pid, signal.SIGCONT)
+        while process_stopped(child.pid) and deadline:
+            threading.Event().wait(0.05)
+            deadline -= 1
+        assert not process_stopped(child.pid)
+    finally:
+        child.kill()
+        child.wait(10)
+    assert not process_stopped(child.pid)  # gone

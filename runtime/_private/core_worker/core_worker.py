@@ -352,7 +352,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                                               m.DropMappings: lambda c, msg: self.store.drop_mappings(msg.object_ids),
                                               m.ExitWorker: self._handle_exit_worker,
                                               m.LeasedWorkerExited: self._handle_leased_worker_exited,
-                                              m.LeaseRecalled: self._handle_lease_recalled},
+                                              m.LeaseRecalled: self._handle_lease_recalled,
+                                              m.GetCoreWorkerStats: lambda c, msg: self.stats()},
                                     name="core-worker->raylet", on_close=self._raylet_lost)
         self.raylet.allow_write_now()  # seals and pins may leave from user threads (objects.py)
         if self.mode == DRIVER:

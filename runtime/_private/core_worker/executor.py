@@ -313,6 +313,11 @@ class Executor(ArgumentsMixin):
     def running_task(self) -> bool:
         return self._running is not None
 
+    def busy(self) -> bool:
+        """A task runs or waits in the queue (what the raylet asks before it takes back the
+        worker of a frozen owner's lease)."""
+        return self._running is not None or not self.queue.empty()
+
     def task_owner_conn(self) -> Connection | None:
         """The connection the running task came on from its owner, when it is a task on
         a lease (not an actor's call); None otherwise."""

@@ -959,4 +959,5 @@ class ObjectsMixin:
                 })
         return {"worker_id": self.worker_id.hex(), "pid": os.getpid(), "job_id": self.job_id.hex(),
                 "node_id": self.node_id.hex(), "is_driver": self.mode == DRIVER,
-                "num_pending_tasks": len(self.tasks), "objects": objects, "store": self.store.stats()}
+                "num_pending_tasks": len(self.tasks), "objects": objects, "store": self.store.stats(),
+                "executing": self.executor is not None and self.executor.busy()}

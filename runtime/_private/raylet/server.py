@@ -37,8 +37,8 @@ from lumos._private.object_store import store_state as st
 from lumos._private.object_store import spill_io
 from lumos._private.node import node_labels
 from lumos._private.object_store.client import unlink_quietly
-from lumos._private.process import (check_private_dir, die_with_parent, make_private_dir, read_token, report_ready,
-                                    setup_logging, tune_gc_for_service)
+from lumos._private.process import (check_private_dir, die_with_parent, make_private_dir, process_stopped, read_token,
+                                    report_ready, setup_logging, tune_gc_for_service)
 from lumos._private.protocol import messages as m
 from lumos._private.protocol.vocab import LEASE_REFUSALS, PlacementGroupRemoved
 from lumos._private.raylet import memory_monitor as mm
@@ -100,6 +100,8 @@ class RayletServer:
         self._create_waiters: dict[int, asyncio.Future[Any]] = {}
         self._next_request = 1
         self._warned_infeasible: set[int] = set()
+        #: Leases whose frozen owner's worker is being checked (``_take_back_from_frozen_owners``).
+        self._taking_back: set[int] = set()
         #: Blocked task workers at which the next warning about them goes out (``_warn_blocked``).
         self._blocked_warn_at = self.scheduler.max_workers
         #: Bundle reservation request id -> [ok, reason, [[index, GPU ids], ...]] (answered within the same event).
@@ -332,6 +334,43 @@ class RayletServer:
             ticks += 1
             if ticks % 10 == 0:
                 self.pool.tick()
+                self._take_back_from_frozen_owners(now)
+
+    def _take_back_from_frozen_owners(self, now: float) -> None:
+        """A lease recalled ``RECALL_HOLD_S`` ago and not given back, whose owner is a
+        process on this node that is stopped (Ctrl-Z, ``SIGSTOP``, a debugger): its worker
+        is stopped once it is idle (``_take_back``), so the lease's resources serve the
+        owner that waits. Without it, a frozen driver kept them until it ran again, in
+        Ray too. A worker that owns objects, or runs or queues a task, is left alone."""
+        for lease in self.scheduler.task_leases.values():
+            if not lease.recalled or now - lease.recalled_at < sc.RECALL_HOLD_S or lease.lease_id in self._taking_back:
+                continue
+            owner = self.pool.procs.get(lease.owner)
+            w = self.scheduler.workers.get(lease.worker_id)
+            if owner is None or not owner.pid or w is None or w.owns_objects or not process_stopped(owner.pid):
+                continue
+            self._taking_back.add(lease.lease_id)
+            self._spawn(self._take_back(lease.lease_id, lease.worker_id, owner.pid), "raylet.take-back")
+
+    async def _take_back(self, lease_id: int, worker_id: WorkerID, owner_pid: int) -> None:
+        try:
+            proc = self.pool.procs.get(worker_id)
+            if proc is None or proc.conn is None or proc.conn.is_closed:
+                return
+            try:
+                stats = await proc.conn.call(m.GetCoreWorkerStats(), self.config.rpc_timeout_s)
+            except (ConnectionLost, TimeoutError, RemoteError):
+                return
+            lease = self.scheduler.leases.get(lease_id)
+            if stats.get("executing", True) or lease is None or lease.worker_id != worker_id \
+                    or not process_stopped(owner_pid):
+                return
+            logger.warning("lease %d: its owner (pid %d) is stopped and did not give it back; stopping its "
+                           "idle worker %s so that the owners waiting here can run", lease_id, owner_pid,
+                           short(worker_id))
+            self.pool.kill_worker(worker_id, f"its owner (pid {owner_pid}) was stopped (SIGSTOP) holding its lease")
+        finally:
+            self._taking_back.discard(lease_id)
 
     def _warn_infeasible(self, now: float) -> None:
         for rid, req in self.scheduler.queue.items():
