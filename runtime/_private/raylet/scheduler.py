@@ -35,9 +35,12 @@ a 16-core machine; docs/scaling.md). Actor and placement-group leases are never 
 Owners share. An owner keeps a lease while it has tasks for it, so the first driver with a
 backlog, or with a loop of batches, held every CPU and a second driver's tasks, or an
 actor the GCS placed here, waited for ever. A waiting request of an owner on this node (or
-an actor's creation) recalls a lease of an owner holding more task leases than its own
-(``_recall_for``: at once when two more, after ``FAIR_SHARE_SLICE_S`` when one more), so
-owners with work end up with equal shares, taking turns on an odd CPU.
+an actor's creation) recalls a lease of an owner holding more of the resource it is short
+of than its own owner would once granted (``_recall_for``: at once when that owner would
+still hold as much, after ``FAIR_SHARE_SLICE_S`` otherwise), so owners with work end up
+with equal shares, taking turns on an odd CPU; what comes back is held for that request
+(``RECALL_HOLD_S``). A recalled lease whose owner is a stopped process is taken back by the
+server (``RayletServer._take_back_from_frozen_owners``).
 """
 
 from __future__ import annotations
@@ -212,11 +215,11 @@ Action = Union[GrantLease, StartWorker, StopWorker, ReportInfeasible, FailLease,
 
 #: Waiting requests of local owners that each event considers for a recall (``RecallLease``).
 RECALL_LOOKAHEAD = 8
-#: An owner holding one task lease more than another owner whose request waits gives it
-#: up (``RecallLease``) once it held it this long; two or more more, at once. Owners on a
-#: node take turns, where the first with a backlog held every CPU to its end (a driver
-#: looping over batches of tasks kept another driver's tasks, or an actor's creation, from
-#: ever running; Ray's owners give a lease back after 500 ms in use).
+#: An owner holding more than another owner whose request waits would once granted gives
+#: a lease up (``RecallLease``) once it held it this long; at once when it would still hold
+#: as much. Owners on a node take turns, where the first with a backlog held every CPU to
+#: its end (a driver looping over batches of tasks kept another driver's tasks, or an
+#: actor's creation, from ever running; Ray's owners give a lease back after 500 ms in use).
 FAIR_SHARE_SLICE_S = 0.5
 #: A request that recalled leases keeps what it needs from later requests this long (a
 #: recalled owner that is frozen, ``SIGSTOP``, never gives its lease back).
@@ -290,6 +293,7 @@ class _Lease:
     #: The request it was recalled for: served first once it is back (else the owner's
     #: own waiting requests, queued earlier, took what it gave back).
     recalled_for: int = 0
+    #: When it was recalled (after ``RECALL_HOLD_S`` it is no longer counted on).
     recalled_at: float = 0.0
     #: ``LeaseRequested.owner`` and ``remote_owner`` of its request.
     owner: bytes = b""
