@@ -227,31 +227,31 @@ def test_recalls_as_few_leases_as_the_request_needs_and_none_that_cannot_make_it
     assert not s.recallable
 
 
-def _of(owner, rid, resources=None, job=JOB):
-    """A request of ``owner``, a process on this node."""
+def _of(job, rid, resources=None):
+    """A request of a driver of ``job`` (or one of its workers), a process on this node."""
     r = _local(rid, resources)
-    r.owner = owner
     r.job_id = job
+    r.owner = b"owner-of-" + job
     return r
 
 
-def test_an_owner_holding_every_cpu_gives_one_to_another_owner_at_once():
+def test_a_job_holding_every_cpu_gives_one_to_another_job_at_once():
     s = sched({"CPU": 2}, workers=[W1, W2, W3])
-    leases = [g.lease_id for i in (1, 2) for g in grants(s.handle(_of(b"A", i), now=0))]
-    assert s.handle(_of(b"A", 3), now=0) == []  # A's backlog waits too, queued first
-    assert recalls(s.handle(_of(b"B", 4), now=0.1)) == leases[:1]  # A holds 2, B none: at once
-    assert recalls(s.handle(_of(b"B", 5), now=0.2)) == []  # one is on its way back
+    leases = [g.lease_id for i in (1, 2) for g in grants(s.handle(_of(b"jobA", i), now=0))]
+    assert s.handle(_of(b"jobA", 3), now=0) == []  # A's backlog waits too, queued first
+    assert recalls(s.handle(_of(b"jobB", 4), now=0.1)) == leases[:1]  # A holds 2, B none: at once
+    assert recalls(s.handle(_of(b"jobB", 5), now=0.2)) == []  # one is on its way back
     (g,) = grants(s.handle(sc.LeaseReturned(leases[0], False), now=0.3))
     assert g.request_id == 4  # what A gave back goes to B, before A's earlier request
     # One each now: neither takes from the other, however long they wait.
     assert recalls(s.handle(sc.Ticked(), now=10)) == []
 
 
-def test_an_owner_holding_one_more_lease_gives_it_up_after_a_time_slice():
+def test_a_job_holding_one_more_cpu_gives_it_up_after_a_time_slice():
     s = sched({"CPU": 1}, workers=[W1, W2])
-    (a,) = grants(s.handle(_of(b"A", 1), now=0))
-    s.handle(_of(b"A", 2), now=0)
-    assert recalls(s.handle(_of(b"B", 3), now=0.1)) == []
+    (a,) = grants(s.handle(_of(b"jobA", 1), now=0))
+    s.handle(_of(b"jobA", 2), now=0)
+    assert recalls(s.handle(_of(b"jobB", 3), now=0.1)) == []
     assert recalls(s.handle(sc.Ticked(), now=sc.FAIR_SHARE_SLICE_S - 0.01)) == []
     assert recalls(s.handle(sc.Ticked(), now=sc.FAIR_SHARE_SLICE_S + 0.01)) == [a.lease_id]
     (b,) = grants(s.handle(sc.LeaseReturned(a.lease_id, False), now=1))
@@ -261,34 +261,34 @@ def test_an_owner_holding_one_more_lease_gives_it_up_after_a_time_slice():
     assert recalls(s.handle(sc.Ticked(), now=1.01 + sc.FAIR_SHARE_SLICE_S)) == [b.lease_id]
 
 
-def test_fair_share_recalls_an_actors_creation_too_but_not_blocked_unknown_or_own_leases():
-    s = sched({"CPU": 3}, workers=[W1, W2, W3, b"w4" * 8])
-    a1, a2 = [g for i in (1, 2) for g in grants(s.handle(_of(b"A", i), now=0))]
-    (u,) = grants(s.handle(req(3), now=0))  # an owner not told: never recalled by fair share
+def test_fair_share_serves_an_actors_creation_too_but_takes_no_blocked_lease_nor_from_the_same_job():
+    s = sched({"CPU": 3}, workers=[W1, W2, W3, b"w4" * 8, b"w5" * 8])
+    a1, a2 = [g for i in (1, 2) for g in grants(s.handle(_of(b"jobA", i), now=0))]
     s.handle(sc.WorkerBlocked(a1.worker_id), now=0)  # its CPU is lent out: not counted, not taken
-    (g4,) = grants(s.handle(_of(b"A", 4), now=0))
-    assert recalls(s.handle(_of(b"A", 5), now=5)) == []  # an owner's own leases stay its own
-    assert recalls(s.handle(req(6), now=5)) == []  # a request of an owner not told recalls nothing
-    creation = req(7, actor=b"actor")
+    for i in (3, 4):
+        assert grants(s.handle(_of(b"jobA", i), now=0))
+    assert s.resources.available["CPU"] == 0
+    # Nested work of one job (a task's subtasks) never recalls its own job's leases.
+    assert recalls(s.handle(_of(b"jobA", 5), now=5)) == []
+    creation = req(6, job=OTHER_JOB, actor=b"actor")
     creation.owner = sc.GCS_OWNER  # an actor's creation the GCS placed here
-    assert recalls(s.handle(creation, now=5)) == [a2.lease_id]  # A holds 2 (a1 is blocked), it none
-    assert u.lease_id in s.task_leases and g4.lease_id in s.task_leases
+    assert recalls(s.handle(creation, now=5)) == [a2.lease_id]  # A holds 3 (a1 is blocked), its job none
 
 
-def test_a_second_owner_behind_the_firsts_ten_waiting_requests_still_recalls():
+def test_a_second_job_behind_the_firsts_ten_waiting_requests_still_recalls():
     s = sched({"CPU": 2}, workers=[W1, W2, W3])
-    leases = [g.lease_id for i in (1, 2) for g in grants(s.handle(_of(b"A", i), now=0))]
+    leases = [g.lease_id for i in (1, 2) for g in grants(s.handle(_of(b"jobA", i), now=0))]
     for i in range(3, 13):
-        assert s.handle(_of(b"A", i), now=0) == []
-    assert recalls(s.handle(_of(b"B", 20), now=0.1)) == leases[:1]
+        assert s.handle(_of(b"jobA", i), now=0) == []
+    assert recalls(s.handle(_of(b"jobB", 20), now=0.1)) == leases[:1]
 
 
-def test_a_request_of_two_cpus_gets_both_from_an_owner_holding_them_in_turn():
+def test_a_request_of_two_cpus_gets_both_from_a_job_holding_them_in_turn():
     s = sched({"CPU": 2}, workers=[W1, W2, W3])
-    a1, a2 = [g for i in (1, 2) for g in grants(s.handle(_of(b"A", i), now=0))]
-    s.handle(_of(b"A", 3), now=0)
+    a1, a2 = [g for i in (1, 2) for g in grants(s.handle(_of(b"jobA", i), now=0))]
+    s.handle(_of(b"jobA", 3), now=0)
     # Counted in CPUs, not leases: B would hold two, A none, so B waits its turn.
-    assert recalls(s.handle(_of(b"B", 4, {"CPU": 2}), now=0.1)) == []
+    assert recalls(s.handle(_of(b"jobB", 4, {"CPU": 2}), now=0.1)) == []
     assert recalls(s.handle(sc.Ticked(), now=sc.FAIR_SHARE_SLICE_S + 0.01)) == [a1.lease_id, a2.lease_id]
     # The first CPU back is held for B, not granted to A's earlier request.
     assert grants(s.handle(sc.LeaseReturned(a1.lease_id, False), now=0.6)) == []
@@ -298,9 +298,9 @@ def test_a_request_of_two_cpus_gets_both_from_an_owner_holding_them_in_turn():
 
 def test_what_a_recall_frees_is_held_for_its_request_only_for_a_while():
     s = sched({"CPU": 2}, workers=[W1, W2, W3])
-    a1, a2 = [g for i in (1, 2) for g in grants(s.handle(_of(b"A", i), now=0))]
-    s.handle(_of(b"A", 3), now=0)
-    s.handle(_of(b"B", 4, {"CPU": 2}), now=0.1)
+    a1, a2 = [g for i in (1, 2) for g in grants(s.handle(_of(b"jobA", i), now=0))]
+    s.handle(_of(b"jobA", 3), now=0)
+    s.handle(_of(b"jobB", 4, {"CPU": 2}), now=0.1)
     s.handle(sc.Ticked(), now=1)  # both recalled; A's second worker is frozen and never answers
     assert grants(s.handle(sc.LeaseReturned(a1.lease_id, False), now=1.1)) == []
     (g,) = grants(s.handle(sc.Ticked(), now=1 + sc.RECALL_HOLD_S + 0.1))
