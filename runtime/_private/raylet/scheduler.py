@@ -32,17 +32,19 @@ spilled took the only CPU of a node whose own driver came a moment later, and he
 for the rest of its backlog (8 one-CPU nodes with a driver each ran at 22-50% of linear on
 a 16-core machine; docs/scaling.md). Actor and placement-group leases are never recalled.
 
-Jobs share. An owner keeps a lease while it has tasks for it, so the first driver with a
-backlog, or with a loop of batches, held every CPU and a second driver's tasks, or an
-actor the GCS placed here, waited for ever. A waiting request of an owner on this node (or
-an actor's creation) recalls a task lease of another job that holds more of the resource
-it is short of than the request's job would once granted (``_recall_for``: at once when
-that job would still hold as much, after ``FAIR_SHARE_SLICE_S`` otherwise), so jobs with
-work end up with equal shares, taking turns on an odd CPU; what comes back is held for that
-request (``RECALL_HOLD_S``). Within a job nothing changes: counted per owner, the nested
-tasks of one driver recalled each other's parents' leases, and each owner's idle lease
-then sat out its idle time (rounds of 2,000 nested tasks stalled for 0.3-1.4 s). A
-recalled lease whose owner is a stopped process is taken back by the server
+No job starves. An owner keeps a lease while it has tasks for it, so the first driver with
+a backlog, or with a loop of batches, held every CPU and a second driver's tasks, or an
+actor the GCS placed here, waited for ever. A waiting request of a job that holds no task
+lease here (an owner's on this node, or an actor's creation) recalls a task lease of a job
+that holds more of the resource it is short of than the request's job would once granted
+(``_recall_for``: at once when that job would still hold as much, after
+``FAIR_SHARE_SLICE_S`` otherwise), and is served first when it is back: jobs with work take
+turns rather than wait for each other's ends. Only a job holding nothing recalls: counted
+per owner, one driver's nested tasks recalled each other's parents' leases (rounds of
+2,000 nested tasks stalled for 0.3-1.4 s), and with more than a share per job, or served
+fewest-held first, two drivers' nested tasks stalled 1-3 s a round (parents flapping in
+and out of get() keep the CPUs oversubscribed while children wait). A recalled lease
+whose owner is a stopped process is taken back by the server
 (``RayletServer._take_back_from_frozen_owners``).
 """
 
@@ -377,10 +379,13 @@ class LocalSchedulerState:
         #: Job -> its leases in ``task_leases``; how many of those are remote owners'.
         self._job_leases: dict[bytes, int] = {}
         self._remote_leases = 0
-        #: Waiting request -> when leases were recalled for it. For ``RECALL_HOLD_S`` the
-        #: resources it needs are held for it: what the first recalled lease gave back
-        #: went to the owner's own earlier requests while a request of two CPUs waited for
-        #: the second.
+        #: Waiting request -> when several leases were recalled for it. For
+        #: ``RECALL_HOLD_S`` the resources it needs are held for it: what the first
+        #: recalled lease gave back went to the holder's own earlier requests while a
+        #: request of two CPUs waited for the second. (Not for a request that recalled
+        #: one lease, which goes to it first when it is back: held for every request, a
+        #: job's nested tasks waited behind another job's request for their parents'
+        #: CPUs, rounds of 2,000 nested tasks beside a second such driver stalling 1-3 s.)
         self._recalling: dict[int, float] = {}
         self._next_lease = 1
 
@@ -590,9 +595,9 @@ class LocalSchedulerState:
         True when ``req`` will fit once the recalled leases are back.
 
         It may take a lease that spilled in from an owner on another node if its own
-        owner is on this node (local owners first), and another job's lease when, in the
-        resource ``req`` is short of (CPU, most often), that job holds more than ``req``'s
-        job would once granted (counting leases that hold their resources: not recalled,
+        owner is on this node (local owners first), and, when ``req``'s job holds no task
+        lease here, another job's lease when, in the resource ``req`` is short of (CPU,
+        most often), that job holds more than ``req``'s job would once granted (counting leases that hold their resources: not recalled,
         no task blocked in get): at once when it would still hold as much after giving the
         lease back, else once the lease was held ``FAIR_SHARE_SLICE_S`` (so jobs with work
         take turns on an odd CPU, and a request of two CPUs gets them from a job holding
@@ -620,7 +625,7 @@ class LocalSchedulerState:
             if w is not None and w.blocked:
                 continue  # its CPU is lent out already, and its task is half done
             if not (lease.remote and req.event.local_owner):
-                if lease.job_id == job:
+                if lease.job_id == job or self._job_leases.get(job, 0):
                     continue
                 if mine_after < 0:
                     held = self._held_by_job(key)
@@ -639,7 +644,8 @@ class LocalSchedulerState:
                     chosen.recalled_for = req.event.request_id
                     chosen.recalled_at = now
                     actions.append(RecallLease(chosen.lease_id))
-                self._recalling[req.event.request_id] = now
+                if len(picked) > 1:
+                    self._recalling[req.event.request_id] = now
                 return True
         return False
 
@@ -660,10 +666,11 @@ class LocalSchedulerState:
 
     def _others_hold(self, event: LeaseRequested) -> bool:
         """Leases ``_recall_for`` might take for this request exist: remote owners' for a
-        local owner, else another job's (a lone job's waiting requests skip it)."""
+        local owner, else another job's when the request's holds none (a lone job's
+        waiting requests skip it)."""
         if event.local_owner and self._remote_leases:
             return True
-        return self._job_leases.get(event.job_id, 0) < len(self.task_leases)
+        return bool(self.task_leases) and not self._job_leases.get(event.job_id, 0)
 
     def _held_by_job(self, key: str) -> dict[bytes, int]:
         """Job -> units of ``key`` its task leases hold (not recalled, not blocked)."""
