@@ -275,6 +275,17 @@ def test_fair_share_serves_an_actors_creation_too_but_takes_no_blocked_lease_nor
     assert recalls(s.handle(creation, now=5)) == [a2.lease_id]  # A holds 3 (a1 is blocked), its job none
 
 
+def test_a_job_that_holds_a_lease_recalls_nothing_from_another_job():
+    """Only a job holding nothing here recalls: two jobs running nested tasks, each holding
+    leases, keep the arrival order (recalls up to equal shares stalled their rounds)."""
+    s = sched({"CPU": 3}, workers=[W1, W2, W3, b"w4" * 8])
+    for i in (1, 2):
+        assert grants(s.handle(_of(b"jobA", i), now=0))
+    assert grants(s.handle(_of(b"jobB", 3), now=0))
+    assert recalls(s.handle(_of(b"jobB", 4), now=0.1)) == []
+    assert recalls(s.handle(sc.Ticked(), now=10)) == []
+
+
 def test_a_second_job_behind_the_firsts_ten_waiting_requests_still_recalls():
     s = sched({"CPU": 2}, workers=[W1, W2, W3])
     leases = [g.lease_id for i in (1, 2) for g in grants(s.handle(_of(b"jobA", i), now=0))]
