@@ -110,6 +110,20 @@ def start(**kwargs: Any) -> lumos.LumosContext:
     return lumos.init(_system_config=config, **kwargs)
 
 
+def running_head(**head_args: Any) -> Iterator[Any]:
+    """Body of a one-node fixture: a ``lumos.testing.Cluster`` head of ``head_args`` (with
+    ``TEST_CONFIG``), this process connected; yields the cluster (its ``address`` lets other
+    drivers join), then shuts it down and checks for leaks."""
+    from lumos.testing import Cluster
+    cluster = Cluster(initialize_head=True, head_node_args={**head_args, "_system_config": dict(TEST_CONFIG)})
+    try:
+        cluster.connect()
+        yield cluster
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)
+
+
 def running_two_nodes(head_cpus: float, **node_args: Any) -> Iterator[tuple[Any, Any]]:
     """Body of a two-node fixture: a ``lumos.testing.Cluster`` whose head has ``head_cpus``
     and a second node of ``node_args``, this process connected; yields (cluster, the second

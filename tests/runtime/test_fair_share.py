@@ -22,21 +22,14 @@ from typing import Any, Iterator
 import pytest
 
 import lumos
-from tests.conftest import TEST_CONFIG, check_no_leaks
+from tests.conftest import running_head
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
 def two_cpu_node() -> Iterator[Any]:
-    from lumos.testing import Cluster
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "_system_config": dict(TEST_CONFIG)})
-    try:
-        cluster.connect()
-        yield cluster
-    finally:
-        cluster.shutdown()
-        check_no_leaks(cluster.session_dir)
+    yield from running_head(num_cpus=2)
 
 
 @lumos.remote

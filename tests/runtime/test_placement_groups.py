@@ -24,7 +24,7 @@ from lumos.testing import Cluster
 from lumos.util import placement_group, placement_group_table, remove_placement_group
 from lumos.util.placement_group import PlacementGroup, PlacementGroupID
 from lumos.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-from tests.conftest import TEST_CONFIG, check_no_leaks, wait_for
+from tests.conftest import TEST_CONFIG, check_no_leaks, running_head, wait_for
 
 A, B, C = b"a" * 16, b"b" * 16, b"c" * 16
 
@@ -146,14 +146,7 @@ def test_bundle_answer_names_the_node_gpus_each_bundle_got() -> None:
 @pytest.fixture(scope="class")
 def one_node() -> Iterator[Cluster]:
     """One node: 3 CPUs, 2 GPUs (declared). Class scope: the many-node tests start their own."""
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 3, "num_gpus": 2, "_system_config": dict(TEST_CONFIG)})
-    try:
-        cluster.connect()
-        yield cluster
-    finally:
-        cluster.shutdown()
-        check_no_leaks(cluster.session_dir)
+    yield from running_head(num_cpus=3, num_gpus=2)
 
 
 @pytest.mark.usefixtures("one_node")
