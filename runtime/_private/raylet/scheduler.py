@@ -596,12 +596,12 @@ class LocalSchedulerState:
 
         It may take a lease that spilled in from an owner on another node if its own
         owner is on this node (local owners first), and, when ``req``'s job holds no task
-        lease here, another job's lease when, in the resource ``req`` is short of (CPU,
-        most often), that job holds more than ``req``'s job would once granted (counting leases that hold their resources: not recalled,
-        no task blocked in get): at once when it would still hold as much after giving the
-        lease back, else once the lease was held ``FAIR_SHARE_SLICE_S`` (so jobs with work
-        take turns on an odd CPU, and a request of two CPUs gets them from a job holding
-        two). The second rule never takes from the request's own job."""
+        lease here (so never its own), another job's lease when, in the resource ``req``
+        is short of (CPU, most often), that job holds more than ``req`` would once granted
+        (counting leases that hold their resources: not recalled, no task blocked in get):
+        at once when it would still hold as much after giving the lease back, else once
+        the lease was held ``FAIR_SHARE_SLICE_S`` (so jobs with work take turns on an odd
+        CPU, and a request of two CPUs gets them from a job holding two)."""
         if now - self._recalling.get(req.event.request_id, -RECALL_HOLD_S) < RECALL_HOLD_S:
             return True  # its recalls are on their way back
         need = _plus(req.units, reserved)
@@ -611,12 +611,12 @@ class LocalSchedulerState:
         available = self.resources.available
         if self.resources.fits(need):
             return True
-        job = req.event.job_id
+        fair = not self._job_leases.get(req.event.job_id, 0)
         short = [k for k, v in need.items() if v > available.get(k, 0)]
         key = "CPU" if "CPU" in short else short[0] if short else "CPU"
-        held: dict[bytes, int] = {}
+        mine = req.units.get(key, 0)  # what its job holds once granted (nothing before)
+        held: dict[bytes, int] | None = None
         before: dict[bytes, int] = {}
-        mine_after = -1
         picked = []
         for lease in self.task_leases.values():
             if lease.recalled or not _helps(lease.units, need, available):
@@ -625,15 +625,14 @@ class LocalSchedulerState:
             if w is not None and w.blocked:
                 continue  # its CPU is lent out already, and its task is half done
             if not (lease.remote and req.event.local_owner):
-                if lease.job_id == job or self._job_leases.get(job, 0):
+                if not fair:
                     continue
-                if mine_after < 0:
+                if held is None:
                     held = self._held_by_job(key)
                     before = dict(held)
-                    mine_after = held.get(job, 0) + req.units.get(key, 0)
                 theirs = held.get(lease.job_id, 0) - lease.units.get(key, 0)
-                if not (mine_after <= theirs or (mine_after <= before.get(lease.job_id, 0)
-                                                 and now - lease.granted_at >= FAIR_SHARE_SLICE_S)):
+                if not (mine <= theirs or (mine <= before.get(lease.job_id, 0)
+                                           and now - lease.granted_at >= FAIR_SHARE_SLICE_S)):
                     continue
                 held[lease.job_id] = theirs
             picked.append(lease)
@@ -655,8 +654,12 @@ class LocalSchedulerState:
         self._remote_leases += lease.remote
 
     def _drop_task_lease(self, lease: _Lease) -> None:
+        """A lease ended (returned, or its worker gone): the request it was recalled for,
+        if still waiting, is served first."""
         if self.task_leases.pop(lease.lease_id, None) is None:
             return
+        if lease.recalled_for in self.queue:
+            self.queue.move_to_end(lease.recalled_for, last=False)
         n = self._job_leases[lease.job_id] - 1
         if n:
             self._job_leases[lease.job_id] = n
@@ -682,19 +685,12 @@ class LocalSchedulerState:
                     held[lease.job_id] = held.get(lease.job_id, 0) + lease.units.get(key, 0)
         return held
 
-    @property
-    def recallable(self) -> dict[int, _Lease]:
-        """Task leases of owners on other nodes (what a local owner recalls first)."""
-        return {i: lease for i, lease in self.task_leases.items() if lease.remote}
-
     def _return(self, lease_id: int, disconnect: bool, now: float, actions: list[Action],
                 exit_type: str | None = None) -> None:
         lease = self.leases.pop(lease_id, None)
         if lease is None:
             return
         self._drop_task_lease(lease)
-        if lease.recalled_for in self.queue:
-            self.queue.move_to_end(lease.recalled_for, last=False)
         w = self.workers.get(lease.worker_id)
         self._release(lease, w)
         if w is None or w.state == DEAD:
@@ -815,8 +811,6 @@ class LocalSchedulerState:
             lease = self.leases.pop(w.lease_id, None)
             if lease is not None:
                 self._drop_task_lease(lease)
-                if lease.recalled_for in self.queue:
-                    self.queue.move_to_end(lease.recalled_for, last=False)
                 self._release(lease, w)
         w.state = DEAD
         del self.workers[worker_id]
