@@ -6,11 +6,14 @@ and the jupyter-server extension (``server_ext``). Pages read a ``ClusterSource`
 from the server's loop and refresh every ``REFRESH_MS``.
 
 Read-only by construction: documents only read the source; no handler runs code, reads
-files or fetches URLs. Static BokehJS is the only unauthenticated path.
+files or fetches URLs. Static BokehJS is the only unauthenticated path. ``/metrics``
+serves the cluster's metrics in Prometheus's text format to a scraper that sends the
+login link's token (``Authorization: Bearer``, or ``?token=``) or to a logged-in browser.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import socket
@@ -19,6 +22,7 @@ from urllib.parse import urlencode
 
 from lumos.dashboard.components.common import PAGE_TITLES, Links, Page, esc, header_html, nav_html
 from lumos.dashboard.source import ClusterSource
+from lumos.state import RemoteError, StateClient
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +31,8 @@ REFRESH_MS = 250
 #: A request's headers must arrive within this long, and so must its body (slowloris).
 HEADER_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 10.0
+#: A ``/metrics`` scrape waits this long for the GCS, then answers 503.
+METRICS_TIMEOUT_S = 10.0
 #: Connections held at once by the head node's dashboard; more are closed at accept.
 MAX_CONNECTIONS = 128
 
@@ -176,6 +182,8 @@ class DashboardServer:
         self.port = port
         self._http: Any = None
         self._bokeh: Any = None
+        self._metrics_client: StateClient | None = None
+        self._metrics_lock = asyncio.Lock()
 
     def links(self, page: str, args: dict[str, str]) -> str:
         return f"/{page}" + (f"?{urlencode(args)}" if args else "")
@@ -195,6 +203,11 @@ class DashboardServer:
             def prepare(self) -> None:
                 self.set_status(403)
                 self.set_header("Content-Type", "text/plain; charset=utf-8")
+                if self.request.path == "/metrics":
+                    self.finish("403: /metrics needs the token of the dashboard's login link (printed by "
+                                "lumos.init() as dashboard_url, and by `lumos status`) as "
+                                "'Authorization: Bearer TOKEN' or '?token=TOKEN'.\n")
+                    return
                 self.finish("403: this lumos dashboard needs its login link "
                             "(printed by lumos.init() as dashboard_url, and by `lumos status`).\n")
 
@@ -219,9 +232,24 @@ class DashboardServer:
             def get(self) -> None:
                 self.redirect("/status")
 
+        server = self
+
+        class Metrics(tornado.web.RequestHandler):
+            async def get(self) -> None:
+                self.set_header("Cache-Control", "no-store")
+                try:
+                    text = await asyncio.wait_for(server._metrics_text(), METRICS_TIMEOUT_S)
+                except (OSError, TimeoutError, RemoteError) as e:
+                    self.set_status(503)
+                    self.set_header("Content-Type", "text/plain; charset=utf-8")
+                    self.finish(f"503: the cluster's metrics cannot be read now ({type(e).__name__}: {e}).\n")
+                    return
+                self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.finish(text)
+
         bokeh = BokehTornado(apps, prefix="", use_index=False, redirect_root=False, secret_key=secret,
                              sign_sessions=True, generate_session_ids=True,
-                             extra_patterns=[(r"/login", Login), (r"/", Root)],
+                             extra_patterns=[(r"/login", Login), (r"/metrics", Metrics), (r"/", Root)],
                              websocket_max_message_size_bytes=16 * 1024 * 1024)
         use_same_origin_ws(bokeh)
         secure(bokeh, other_ports=True)
@@ -234,7 +262,21 @@ class DashboardServer:
             max_header_size=64 * 1024, max_body_size=1024 * 1024)
         self._http.add_sockets(self._sockets)
 
+    async def _metrics_text(self) -> str:
+        """The cluster's metrics in Prometheus's text format, over a GCS connection of the
+        endpoint's own (opened at the first scrape), not the pages' poll loop."""
+        client = self._metrics_client
+        if client is None:
+            client = self._metrics_client = StateClient(self.source.client.address, self._token,
+                                                        name="dashboard-metrics->gcs")
+        async with self._metrics_lock:
+            if not client.connected:
+                await client.connect(timeout_s=METRICS_TIMEOUT_S / 2)
+        return await client.prometheus_text()
+
     def stop(self) -> None:
+        if self._metrics_client is not None:
+            self._metrics_client.close()
         if self._http is not None:
             self._http.stop()
         if self._bokeh is not None:
@@ -269,6 +311,8 @@ def _allowed(request: Any, token: bytes, cookie: str, secret: bytes) -> bool:
     path = request.path
     if path.startswith("/static/") or path == "/login" or path == "/favicon.ico":
         return True
+    if path == "/metrics" and _scrape_allowed(request, token):
+        return True
     cookie_ok = False
     raw = request.headers.get("Cookie")
     if raw:
@@ -292,6 +336,18 @@ def _allowed(request: Any, token: bytes, cookie: str, secret: bytes) -> bool:
     if ids:
         return auth.check_session_id(secret, ids[0].decode("ascii", "replace"))
     return False
+
+
+def _scrape_allowed(request: Any, token: bytes) -> bool:
+    """A Prometheus scrape of ``/metrics``: the login token as ``Authorization: Bearer``
+    (Prometheus's ``authorization: {credentials: ...}``) or as ``?token=`` (its ``params``);
+    a logged-in browser's cookie passes the general check."""
+    from lumos.dashboard import auth
+    header = request.headers.get("Authorization", "")
+    if header[:7].lower() == "bearer " and auth.check_login(token, header[7:].strip()):
+        return True
+    given = request.query_arguments.get("token")
+    return bool(given) and auth.check_login(token, given[0].decode("ascii", "replace"))
 
 
 def _signed(token: str, secret: bytes, check: Callable[..., bool]) -> bool:

@@ -348,6 +348,13 @@ def _start_client_server(args: argparse.Namespace, node: Any, gcs_address: str, 
         return ""
 
 
+def _metrics_url(dashboard_url: str) -> str:
+    """The dashboard's Prometheus endpoint, from its login link."""
+    from urllib.parse import urlsplit, urlunsplit
+    parts = urlsplit(dashboard_url)
+    return urlunsplit((parts.scheme, parts.netloc, "/metrics", "", ""))
+
+
 def _print_started(args: argparse.Namespace, record: dict[str, Any], token: str) -> None:
     addr = record["gcs_address"]
     if args.head:
@@ -357,6 +364,8 @@ def _print_started(args: argparse.Namespace, record: dict[str, Any], token: str)
     print(f"  session directory: {record['session_dir']}")
     if record.get("dashboard_url"):
         print(f"  dashboard: {record['dashboard_url']}")
+        print(f"  metrics (Prometheus): {_metrics_url(record['dashboard_url'])} with the login link's token as "
+              "'Authorization: Bearer TOKEN'")
     if record.get("client_address"):
         print(f"  client address: {record['client_address']}")
     if args.head:
@@ -519,6 +528,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     alive = [n for n in nodes if n.state == "ALIVE"]
     print(f"lumos cluster at {address}: {len(alive)} node(s) alive, {len(nodes) - len(alive)} dead")
     print(f"dashboard: {dashboard}" if dashboard else "dashboard: none")
+    if dashboard:
+        print(f"metrics (Prometheus): {_metrics_url(dashboard)} (the login link's token as a bearer token)")
     if storage_health != "ok":
         print(f"GCS UNHEALTHY: its storage is {storage_health}")
     total: dict[str, float] = {}

@@ -64,7 +64,8 @@ class _Deadline:
         return self.cw.call_gcs(msg, max(0.0, self._end - self._clock()))
 
 __all__ = ["list_tasks", "list_objects", "list_workers", "list_nodes", "list_jobs", "get_task", "get_log",
-           "summarize_tasks", "list_actors", "spill_stats", "ended_session_of", "StateClient", "TaskUpdates", "CHANNELS",
+           "summarize_tasks", "list_actors", "spill_stats", "metrics", "prometheus_text", "ended_session_of",
+           "StateClient", "TaskUpdates", "CHANNELS",
            "TASK_ROW_FIELDS", "TASK_ROW_ID_FIELDS", "TASK_ROW_ID_LIST_FIELDS", "TASK_FIELDS", "TaskState", "TaskKind",
            "PENDING_TASK_STATES", "TERMINAL_TASK_STATES", "NodeInfo", "NodeResources", "JobInfo", "WorkerInfo", "ActorInfo",
            "PlacementGroupInfo", "RemoteError"]
@@ -406,6 +407,56 @@ def ended_session_of(ref: Any) -> str:
     return worker_context.earlier_session(getattr(ref, "_owner", None))
 
 
+def metrics(timeout: float | None = None) -> list[dict[str, Any]]:
+    """The application metrics (``lumos.util.metrics``) the cluster's processes reported,
+    this process's recorded so far included, one dict per metric: name, kind ("counter",
+    "gauge", "histogram"), description, tag_keys, boundaries (a histogram's, else None) and
+    series, one per tag set: ``{"tags": {...}, "value": x}`` (a counter's total, a gauge's
+    last value) or, for a histogram, ``{"tags": {...}, "count": n, "sum": s, "buckets":
+    [(bound, count of values <= bound), ..., (inf, n)]}``. Other processes' records arrive
+    within ``metrics_report_interval_ms`` (1 s).
+
+    Example:
+        >>> [s["value"] for s in lumos.state.metrics()[0]["series"]]
+    """
+    cw = worker_context.require()
+    cw._post(cw.report_metrics)  # include what this process has not sent yet
+    return [_metric_dict(row) for row in _Deadline(cw, timeout).call(m.GetMetrics())]
+
+
+def prometheus_text(timeout: float | None = None) -> str:
+    """The cluster's metrics in Prometheus's text format (0.0.4), as the dashboard's
+    ``/metrics`` serves them: its own (``lumos_nodes``, ``lumos_node_resources_total``
+    and ``..._available``, ``lumos_object_store_used_bytes``, ``lumos_actors``,
+    ``lumos_jobs``, ...) and the application's (a counter as ``<name>_total``)."""
+    from lumos._private.metrics import render_prometheus
+    cw = worker_context.require()
+    cw._post(cw.report_metrics)
+    call = _Deadline(cw, timeout).call
+    rows = call(m.GetMetrics())
+    return render_prometheus(rows, call(m.GetAllNodes()), call(m.GetClusterStatus()),
+                             [a for a in call(m.ListActors(None)) if isinstance(a, m.ActorInfo)],
+                             call(m.GetAllJobs()))
+
+
+def _metric_dict(row: list[Any]) -> dict[str, Any]:
+    name, kind, description, tag_keys, boundaries, series = row
+    out = []
+    for values, value in series:
+        tags = dict(zip(tag_keys, values))
+        if kind != "histogram":
+            out.append({"tags": tags, "value": value})
+            continue
+        counts, total = value
+        running, buckets = 0, []
+        for bound, n in zip(list(boundaries) + [float("inf")], counts):
+            running += n
+            buckets.append((bound, running))
+        out.append({"tags": tags, "count": running, "sum": total, "buckets": buckets})
+    return {"name": name, "kind": kind, "description": description, "tag_keys": tuple(tag_keys),
+            "boundaries": boundaries, "series": out}
+
+
 def spill_stats() -> list[dict[str, Any]]:
     """Object spilling per alive node: what went to disk and came back.
 
@@ -566,6 +617,11 @@ class StateClient:
         return cls(address, cw.token, name=name)
 
     @property
+    def address(self) -> str | tuple[str, int]:
+        """The GCS this client connects to, as given."""
+        return self._client.address  # type: ignore[no-any-return]
+
+    @property
     def connected(self) -> bool:
         """True while the connection is up."""
         return self._client.connected
@@ -643,6 +699,19 @@ class StateClient:
         nodes = [n for n in await self.nodes() if n.state == "ALIVE"]
         rows = await asyncio.gather(*(_node_spill_stats(n, client._token, client.config) for n in nodes))
         return [row for row in rows if row is not None]
+
+    async def metrics(self) -> list[dict[str, Any]]:
+        """The application metrics, as ``lumos.state.metrics()`` gives them."""
+        return [_metric_dict(row) for row in await self._client.call(m.GetMetrics())]
+
+    async def prometheus_text(self) -> str:
+        """The cluster's metrics in Prometheus's text format, as ``lumos.state.prometheus_text()``."""
+        from lumos._private.metrics import render_prometheus
+        call = self._client.call
+        rows, nodes, status, actors, jobs = await asyncio.gather(
+            call(m.GetMetrics()), call(m.GetAllNodes()), call(m.GetClusterStatus()), call(m.ListActors(None)),
+            call(m.GetAllJobs()))
+        return render_prometheus(rows, nodes, status, [a for a in actors if isinstance(a, m.ActorInfo)], jobs)
 
     async def task_updates(self, since: int, limit: int = 5000) -> TaskUpdates:
         """Task records that changed after sequence number ``since`` (0: from the

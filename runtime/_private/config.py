@@ -132,6 +132,11 @@ class Config:
     node_death_timeout_ms: int = _positive(5000)
     #: How often core workers flush buffered task events to the GCS.
     task_event_flush_interval_ms: int = _positive(100)
+    #: How often a process reports the application metrics it recorded (``lumos.util.metrics``)
+    #: to the GCS, at most; it reports at once when it exits.
+    metrics_report_interval_ms: int = _positive(1000)
+    #: Application-metric series (metric and tag set) the GCS holds; new ones past it are dropped.
+    metrics_max_series: int = _positive(100_000)
     #: How long the flushes leave a task submitted here unreported while it has not ended
     #: (0: the first flush reports it). One that ends within it goes to the GCS as one
     #: packed row; one reported before its end as two rows, which cost the GCS twice the

@@ -204,3 +204,34 @@ def test_half_sent_requests_are_capped_and_timed_out(dash_cluster: lumos.LumosCo
             s.close()
     status, _, _ = fetch(base_url(dash_cluster.dashboard_url) + "/status", opener)
     assert status == 200
+
+
+def test_metrics_for_a_scraper_with_the_login_token_only(dash_cluster: lumos.LumosContext,
+                                                         logged_in: tuple[Any, CookieJar]) -> None:
+    """``/metrics`` serves Prometheus text to a scraper holding the login link's token
+    (bearer or query), or to a logged-in browser; nothing else reads it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from lumos.util.metrics import Counter
+    Counter("dash_scraped", description="Counted by the test driver.").inc(4)
+    lumos.state.metrics()  # reported
+    base = base_url(dash_cluster.dashboard_url)
+    login = re.search(r"token=([0-9a-f]+)", dash_cluster.dashboard_url).group(1)  # type: ignore[union-attr]
+    with open(os.path.join(dash_cluster.address_info["session_dir"], "token")) as f:
+        cluster_token = f.read().strip()
+    for headers, query in (({}, ""), ({"Authorization": "Bearer " + "0" * 40}, ""), ({}, "?token=nope"),
+                           ({"Authorization": "Bearer " + cluster_token}, ""), ({"Authorization": login}, "")):
+        status, body, _ = fetch(base + "/metrics" + query, headers=headers)
+        assert status == 403 and "Authorization: Bearer" in body, (headers, query, status)
+        assert "dash_scraped" not in body
+    opener, _ = logged_in
+    for how, (status, body, head) in {
+            "bearer": fetch(base + "/metrics", headers={"Authorization": "Bearer " + login}),
+            "query": fetch(base + "/metrics?token=" + login),
+            "cookie": fetch(base + "/metrics", opener)}.items():
+        assert status == 200, (how, status, body[:200])
+        assert head["Content-Type"].startswith("text/plain; version=0.0.4"), how
+        found = {(s.name, tuple(s.labels.items())): s.value
+                 for f in text_string_to_metric_families(body) for s in f.samples}
+        assert found[("dash_scraped_total", ())] == 4.0, how
+        assert found[("lumos_nodes", (("state", "ALIVE"),))] == 1, how

@@ -48,7 +48,7 @@ import msgpack
 
 from lumos import exceptions as exc
 from lumos import object_ref as object_ref_mod
-from lumos._private import interrupts
+from lumos._private import interrupts, metrics
 from lumos._private.config import Config
 from lumos._private.core_worker import gcs_link
 from lumos._private.core_worker import owner as ow
@@ -250,6 +250,12 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self._flush_armed = asyncio.Event()
         #: Flushes the flush loop has run (idle workers must not run any).
         self.flush_wakeups = 0
+        #: The timer of the next application-metrics report (``report_metrics``), and
+        #: when it may run (the io loop's clock): one per ``metrics_report_interval_ms``.
+        self._metrics_timer: asyncio.TimerHandle | None = None
+        self._metrics_next = 0.0
+        #: Reports sent (a statistic).
+        self.metrics_reports = 0
         #: Called with batches of worker output lines (driver); replaceable by front ends.
         self.log_handler: Callable[[list[Any]], None] = print_worker_lines
         #: When worker output last arrived (monotonic; the exit drain waits for it to settle).
@@ -380,6 +386,9 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             m.RegisterClient(self.worker_id, os.getpid(), self.address, self.mode == DRIVER,
                              self.job_id or None), cfg.rpc_timeout_s)
         self._spawn(self._flush_loop(), "core-worker.flush")
+        metrics.BUFFER.wake = self._metrics_wake
+        if metrics.BUFFER.pending():  # recorded before init()
+            self._arm_metrics()
 
     def shutdown(self) -> None:
         """Flush, disconnect and stop the io thread (idempotent)."""
@@ -397,6 +406,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                 fut.result(5.0)
             except Exception as e:  # the loop may already be gone with its peers
                 logger.debug("core worker close: %s", e)
+        if metrics.BUFFER.wake == self._metrics_wake:
+            metrics.BUFFER.wake = None
         self.io.stop()
         self.store.close()
 

@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 
 from lumos import exceptions as exc
-from lumos._private import interrupts
+from lumos._private import interrupts, metrics
 from lumos._private import serialization as ser
 from lumos._private.core_worker.references import READY
 from lumos._private.core_worker.tasks import DONE, QUEUED, WAITING_ARGS, PendingTask, TaskTemplate
@@ -636,6 +636,42 @@ class SubmissionMixin:
         except RuntimeError:  # the loop closed meanwhile: shutdown flushes what is left
             return
 
+    def _metrics_wake(self) -> None:
+        """Any thread: the first application metric since the last report was recorded
+        (``lumos._private.metrics.Buffer.wake``): report one interval after the last."""
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(self._arm_metrics)
+        except RuntimeError:  # the loop closed meanwhile: shutdown reported what it could
+            return
+
+    def _arm_metrics(self) -> None:
+        if self._metrics_timer is None and not self._closed:
+            loop = self.loop
+            assert loop is not None
+            self._metrics_timer = loop.call_at(max(loop.time(), self._metrics_next), self.report_metrics)
+
+    def report_metrics(self) -> None:
+        """Send the application metrics recorded here since the last report (io thread);
+        with the GCS away they wait for the next report after it is back."""
+        timer, self._metrics_timer = self._metrics_timer, None
+        if timer is not None:
+            timer.cancel()
+        loop = self.loop
+        if loop is not None:
+            self._metrics_next = loop.time() + self.config.metrics_report_interval_ms / 1000
+        gcs = self.gcs
+        if gcs is None or gcs.is_closed or self._gcs_reconnecting:
+            if metrics.BUFFER.pending():
+                self._arm_metrics()
+            return
+        rows = metrics.BUFFER.take()
+        if rows:
+            self.metrics_reports += 1
+            gcs.notify(m.ReportMetrics(rows))
+
     def _flush_pending(self) -> bool:
         ex = self.executor
         return bool(self._events or self._running_events or self._held_events or self._fresh or self._packed_rows
@@ -687,6 +723,8 @@ class SubmissionMixin:
         ends (``_pack_ended``) or a flush reports it: the loop's flushes leave it for
         ``task_event_hold_ms`` (``_report_fresh``); the next one, or any other flush,
         reports it (``spill_events``)."""
+        if not hold:
+            self.report_metrics()
         if self._fresh:
             self._report_fresh(hold)
         held = self._held_events

@@ -1,14 +1,14 @@
 """The GCS process: control-state tables, pub/sub, node health, task-event log.
 
 One per cluster, on the head node. Raylets, drivers and workers connect to it (TCP,
-authenticated). It holds the node, job, worker and KV tables and the task-event log,
-publishes changes to subscribers, and marks nodes dead when heartbeats stop or their
+authenticated). It holds the node, job, worker and KV tables, the task-event log and the
+application metrics, publishes changes to subscribers, and marks nodes dead when heartbeats stop or their
 raylet's connection drops.
 
 ```
 raylet ──RegisterNode, NodeHeartbeat, LogBatch──►┐
 driver ──RegisterJob, Kv*, AddTaskEvents───────► GcsServer ──Publish(nodes|jobs|logs|...)──► subscribers
-worker ──Kv*, AddTaskEvents, ReportWorker──────►┘
+worker ──Kv*, AddTaskEvents, ReportWorker──────►┘   (drivers and workers: ReportMetrics)
 ```
 Run as ``python -m lumos._private.gcs.server``.
 """
@@ -32,6 +32,7 @@ from lumos._private.config import Config
 from lumos._private.transport import eventloop
 from lumos._private.core_worker.io_loop import spawn
 from lumos._private.gcs.actor_manager import ActorManager
+from lumos._private.gcs.metrics import MetricsTable
 from lumos._private.gcs.raylet_pool import RayletPool
 from lumos._private.gcs.storage import (GcsStorage, StorageHealthState, StorageUnavailable, StorageWriter,
                                         create_storage, pack_value, unpack_value)
@@ -68,6 +69,8 @@ class GcsServer:
         self.session_dir = session_dir
         #: Exit when the first job's driver disconnects (a cluster started by init()).
         self.private_cluster = private_cluster
+        #: Application metrics (``lumos.util.metrics``), summed over every process's reports.
+        self.metrics = MetricsTable(config.metrics_max_series)
         #: Node id -> NodeInfo (alive and dead).
         self.nodes: dict[bytes, m.NodeInfo] = {}
         #: Node id -> latest heartbeat.
@@ -110,6 +113,8 @@ class GcsServer:
             m.AddTaskEvents: self._add_task_events,
             m.GetTasks: lambda c, msg: self.task_events.list(msg.job_id, msg.limit),
             m.GetTaskUpdates: lambda c, msg: self.task_events.updates(msg.since, msg.limit),
+            m.ReportMetrics: lambda c, msg: self.metrics.report(msg.rows),
+            m.GetMetrics: lambda c, msg: self.metrics.rows(),
             m.Subscribe: self._subscribe,
             m.ReportWorker: self._report_worker,
             m.GetAllWorkers: lambda c, msg: list(self.workers.values()),

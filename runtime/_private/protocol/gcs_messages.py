@@ -193,6 +193,27 @@ class AddTaskEvents:
     packed: list[list[Any]] = dataclasses.field(default_factory=list)
 
 
+@message(35)
+class ReportMetrics:
+    """A process's application metrics (``lumos.util.metrics``) since its last report.
+
+    Each row is ``[name, kind, description, tag_keys, boundaries, series]``: ``kind``
+    "counter", "gauge" or "histogram"; ``boundaries`` the histogram's bucket bounds (None
+    otherwise); ``series`` ``[[tag_values, value], ...]``, a counter's value the increase
+    since the last report, a gauge's the last value set, a histogram's
+    ``[bucket_counts, sum]`` (one count per bound and one above the last). The GCS checks
+    each row (``gcs.metrics.MetricsTable``).
+    """
+
+    rows: list[list[Any]]
+
+
+@message(36)
+class GetMetrics:
+    """The cluster's application metrics: rows as ``ReportMetrics``'s, a counter's and a
+    histogram's values their totals."""
+
+
 @message(34)
 class PackedTaskRow:
     """One entry of ``AddTaskEvents.packed`` as the GCS keeps it in its batches (the Redis

@@ -37,7 +37,7 @@ from lumos._private.protocol.gcs_messages import (  # noqa: F401
     TaskEvent, PackedTaskRow, AddTaskEvents, GetTasks, Subscribe, Publish, WorkerInfo,
     ReportWorker, GetAllWorkers, LogBatch, PublishError, GetClusterStatus, NodeResources,
     ActorInfo, RegisterActor, GetActorInfo, GetNamedActor, KillActor, ListActors,
-    ActorExiting, GetTaskUpdates, MAX_JOB_METADATA_BYTES, check_job_metadata)
+    ActorExiting, GetTaskUpdates, ReportMetrics, GetMetrics, MAX_JOB_METADATA_BYTES, check_job_metadata)
 from lumos._private.protocol.raylet_messages import (  # noqa: F401
     RegisterClient, RequestWorkerLease, LeaseGrant, ReturnWorker, LeasedWorkerExited, WorkerBlocked,
     WorkerUnblocked, CreateObject, SealObject, ReserveSlots, FreeObjects, GetWorkerExit, KillWorker,
@@ -92,6 +92,8 @@ __all__ = [
     "TaskEvent",
     "PackedTaskRow",
     "AddTaskEvents",
+    "ReportMetrics",
+    "GetMetrics",
     "GetTasks",
     "Subscribe",
     "Publish",

@@ -1,0 +1,124 @@
+"""The GCS's table of application metrics: every process's ``ReportMetrics`` folded into
+one series per metric and tag set (counters and histograms summed, gauges the last
+value set), read back by ``GetMetrics``.
+
+Held in memory only: a GCS restarted on Redis starts the totals again from zero (a
+counter reset, which Prometheus's ``rate()`` takes in its stride). Rows are checked one
+by one: a malformed one, a metric reported with another kind, tag keys or boundaries
+than the GCS first saw for its name, or a series past ``max_series`` is dropped with
+one warning per metric name, never the whole report.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from lumos._private.metrics import COUNTER, GAUGE, HISTOGRAM, KINDS, MAX_TAG_VALUE, check_definition
+
+logger = logging.getLogger(__name__)
+
+
+class _Family:
+    __slots__ = ("kind", "description", "tag_keys", "boundaries", "series")
+
+    def __init__(self, kind: str, description: str, tag_keys: list[str], boundaries: list[float] | None) -> None:
+        self.kind = kind
+        self.description = description
+        self.tag_keys = tag_keys
+        self.boundaries = boundaries
+        #: tag values -> a counter's total, a gauge's value, a histogram's [counts, sum].
+        self.series: dict[tuple[str, ...], Any] = {}
+
+
+class MetricsTable:
+    def __init__(self, max_series: int) -> None:
+        self.max_series = max_series
+        self.families: dict[str, _Family] = {}
+        self.num_series = 0
+        #: Rows or series dropped, for the log's one warning per name.
+        self.dropped = 0
+        self._warned: set[str] = set()
+
+    def report(self, rows: Any) -> None:
+        if not isinstance(rows, list):
+            self._drop("?", f"a report of {type(rows).__name__}, not a list of rows")
+            return
+        for row in rows:
+            if not isinstance(row, list) or len(row) != 6:
+                self._drop("?", "a row that is not [name, kind, description, tag_keys, boundaries, series]")
+                continue
+            name, kind, description, tag_keys, boundaries, items = row
+            if kind not in KINDS:
+                self._drop(str(name)[:200], f"unknown kind {str(kind)[:20]!r}")
+                continue
+            problem = check_definition(name, description, tag_keys, boundaries, kind)
+            if problem is not None or not isinstance(items, list):
+                self._drop(str(name)[:200], problem or "its series are not a list")
+                continue
+            family = self.families.get(name)
+            if family is None:
+                family = self.families[name] = _Family(
+                    kind, description, list(tag_keys), [float(b) for b in boundaries] if boundaries else None)
+            elif family.kind != kind or family.tag_keys != list(tag_keys) or (
+                    kind == HISTOGRAM and family.boundaries != [float(b) for b in boundaries]):
+                self._drop(name, f"reported as a {kind} with tag_keys {list(tag_keys)} (and boundaries "
+                                 f"{boundaries}), first seen as a {family.kind} with {family.tag_keys} "
+                                 f"({family.boundaries}); one name is one metric")
+                continue
+            for item in items:
+                self._apply(name, family, item)
+
+    def _apply(self, name: str, family: _Family, item: Any) -> None:
+        if not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], list) \
+                or len(item[0]) != len(family.tag_keys) \
+                or not all(isinstance(v, str) and len(v) <= MAX_TAG_VALUE for v in item[0]):
+            self._drop(name, "a series whose tag values do not match its tag keys")
+            return
+        values, value = tuple(item[0]), item[1]
+        series = family.series
+        have = series.get(values)
+        if family.kind == HISTOGRAM:
+            if not _histogram_value(value, len(family.boundaries) + 1):  # type: ignore[arg-type]
+                self._drop(name, "a histogram series that is not [bucket counts, sum]")
+                return
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or (family.kind == COUNTER and not (value > 0 and value != math.inf)):
+            self._drop(name, f"a {family.kind} value of {str(value)[:40]}")
+            return
+        if have is None:
+            if self.num_series >= self.max_series:
+                self._drop(name, f"the GCS holds metrics_max_series={self.max_series} series already")
+                return
+            self.num_series += 1
+            series[values] = [list(value[0]), float(value[1])] if family.kind == HISTOGRAM else float(value)
+        elif family.kind == COUNTER:
+            series[values] = have + value
+        elif family.kind == GAUGE:
+            series[values] = float(value)
+        else:
+            counts = have[0]
+            for i, n in enumerate(value[0]):
+                counts[i] += n
+            have[1] += value[1]
+
+    def _drop(self, name: str, why: str) -> None:
+        self.dropped += 1
+        if name not in self._warned and len(self._warned) < 1000:
+            self._warned.add(name)
+            logger.warning("metric %r: dropped %s (further drops for it are not logged)", name, why)
+
+    def rows(self) -> list[list[Any]]:
+        """``GetMetrics``'s answer: every metric and its series, totals for counters and histograms."""
+        return [[name, f.kind, f.description, f.tag_keys, f.boundaries,
+                 [[list(values), value] for values, value in f.series.items()]]
+                for name, f in self.families.items()]
+
+
+def _histogram_value(value: Any, buckets: int) -> bool:
+    if not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], list) or len(value[0]) != buckets:
+        return False
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value[0]):
+        return False
+    return not isinstance(value[1], bool) and isinstance(value[1], (int, float))
