@@ -1,6 +1,6 @@
 """Ray's ``ray.util`` helpers: scheduling strategies, placement groups, accelerator
 model names, ActorPool, Queue,
-multiprocessing Pool, named-actor listing, the node's IP address, the state API, results
+multiprocessing Pool, application metrics (Counter, Gauge, Histogram), named-actor listing, the node's IP address, the state API, results
 as they complete; and lumos's own public hooks for front ends: ``output`` (where worker
 output goes on the driver) and ``session`` (session directories on this machine, and
 the plumbing of a process a node starts).
@@ -17,7 +17,7 @@ from typing import Any
 from lumos._private.compat import missing_function
 from lumos.api import get_node_ip_address
 from lumos.actor import list_named_actors
-from lumos.util import accelerators, multiprocessing, output, queue, scheduling_strategies, session, state
+from lumos.util import accelerators, metrics, multiprocessing, output, queue, scheduling_strategies, session, state
 from lumos.util.actor_pool import ActorPool
 from lumos.util.completion import as_completed, map_unordered
 from lumos.util.debug import disable_log_once_globally, enable_periodic_logging, inspect_serializability, log_once
@@ -53,4 +53,4 @@ __all__ = ["accelerators", "scheduling_strategies", "ActorPool", "list_named_act
            "get_current_placement_group", "queue", "multiprocessing", "state", "get_node_ip_address",
            "as_completed", "map_unordered", "log_once", "disable_log_once_globally", "enable_periodic_logging",
            "inspect_serializability", "connect", "disconnect", "register_serializer", "deregister_serializer",
-           "get_node_instance_id", "output", "session"]
+           "get_node_instance_id", "output", "session", "metrics"]

@@ -23,13 +23,15 @@ from typing import Any
 #: Ray 2.60's modules whose public names are audited.
 MODULES = ["ray", "ray.actor", "ray.runtime_context", "ray.exceptions", "ray.util",
            "ray.util.scheduling_strategies", "ray.util.placement_group", "ray.util.queue",
-           "ray.util.actor_pool", "ray.util.state"]
+           "ray.util.actor_pool", "ray.util.state", "ray.util.metrics"]
 #: Classes whose public members (and their parameters) are audited, by Ray path.
 CLASSES = ["ray.ObjectRef", "ray.ObjectRefGenerator", "ray.actor.ActorClass", "ray.actor.ActorHandle",
            "ray.actor.ActorMethod", "ray.remote_function.RemoteFunction", "ray.runtime_context.RuntimeContext",
            "ray.util.placement_group.PlacementGroup", "ray.util.queue.Queue", "ray.util.ActorPool",
            "ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy",
-           "ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy"]
+           "ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy",
+           "ray.util.metrics.Metric", "ray.util.metrics.Counter", "ray.util.metrics.Gauge",
+           "ray.util.metrics.Histogram"]
 #: Submodules listed in ``ray.__all__`` (separate Ray libraries): one row each, no walk.
 _LIBRARIES = {"actor", "autoscaler", "client", "data", "internal", "util", "widgets", "workflow", "_config"}
 STATUSES = ("yes", "partial", "ignored", "no")

@@ -98,6 +98,43 @@ def test_list_tasks_in_client_mode_sees_the_tasks_submitted_just_before(client: 
         assert lumos.get(refs, timeout=60) == list(range(200))
 
 
+def test_application_metrics_of_a_client_driver_reach_the_cluster(head: tuple[str, str]) -> None:
+    """A client-mode driver's records go through its session: at once before
+    ``lumos.state.metrics()``, with the heartbeat's turn once per report interval, and at
+    ``shutdown()``; its tasks' records as any worker's."""
+    from lumos.util.metrics import Counter, Gauge
+
+    @lumos.remote
+    def count() -> None:
+        Counter("client_task_records").inc(2)
+
+    lumos.init(head[0], _token=head[1])
+    try:
+        c = Counter("client_records", tag_keys=("k",))
+        c.inc(tags={"k": "a"})
+        lumos.get([count.remote() for _ in range(3)], timeout=60)
+
+        def values(name: str) -> list[float]:
+            return [s["value"] for r in lumos.state.metrics() if r["name"] == name for s in r["series"]]
+        assert values("client_records") == [1.0]  # sent before the query
+        wait_for(lambda: values("client_task_records") == [6.0], 15)
+        c.inc(tags={"k": "a"})
+        Gauge("client_gauge").set(5.0)
+        # Not asked for: the heartbeat's turn reports it within the interval (1 s).
+        from lumos._private import metrics as pm
+        wait_for(lambda: not pm.BUFFER.pending(), 10)
+        c.inc(3, tags={"k": "a"})
+    finally:
+        lumos.shutdown()  # reports the last 3
+    lumos.init(head[0], _token=head[1])
+    try:
+        rows = {r["name"]: r["series"] for r in lumos.state.metrics()}
+        assert rows["client_records"] == [{"tags": {"k": "a"}, "value": 5.0}]
+        assert rows["client_gauge"] == [{"tags": {}, "value": 5.0}]
+    finally:
+        lumos.shutdown()
+
+
 def test_named_actors_kill_cancel_timeouts_and_state_work_through_the_client(client: lumos.LumosContext) -> None:
     @lumos.remote
     class Box:

@@ -48,7 +48,7 @@ from lumos._private.protocol.framing import ProtocolError
 logger = logging.getLogger(__name__)
 
 _ORDERED = frozenset(("submit", "create_actor", "put", "release", "incref", "actor_release", "actor_track",
-                      "cancel", "flush_events"))
+                      "cancel", "flush_events", "metrics"))
 _BLOCKING = frozenset(("get", "wait", "call_gcs", "call_raylet", "describe", "reserve_call", "pending_calls"))
 #: Replies remembered for a reconnecting client to name as never received (request ids
 #: grow; a client names only the requests in flight when its link broke).
@@ -304,6 +304,14 @@ class ClientSessionServer:
 
     def _op_flush_events(self, control: dict[str, Any], payload: Any, _: Any) -> tuple[dict[str, Any], None]:
         self.cw._post(self.cw._flush_events)
+        return {}, None
+
+    def _op_metrics(self, control: dict[str, Any], payload: Any, _: Any) -> tuple[dict[str, Any], None]:
+        """The client's application metrics, passed on to the GCS (which checks each row)."""
+        rows = control.get("rows")
+        if not isinstance(rows, list):
+            raise ProtocolError("metrics rows must be a list")
+        self.cw._post(self.cw.forward_metrics, rows)
         return {}, None
 
     def _op_cancel(self, control: dict[str, Any], payload: Any, _: Any) -> tuple[dict[str, Any], None]:

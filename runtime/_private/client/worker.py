@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from lumos._private import interrupts
+from lumos._private import interrupts, metrics
 from lumos._private import serialization as ser
 from lumos._private.client import wire
 from lumos._private.config import Config
@@ -338,6 +338,9 @@ class ClientWorker:
     def _heartbeat(self) -> None:
         interval = self.config.client_heartbeat_interval_s
         next_ping = 0.0
+        #: Application metrics go with the heartbeat's turn, once per report interval.
+        metrics_interval = self.config.metrics_report_interval_ms / 1000
+        next_metrics = 0.0
         jobs = self._later_jobs
         while not self._stop.wait(0.05):
             while jobs:
@@ -350,6 +353,15 @@ class ClientWorker:
                 continue
             try:
                 self._flush_refs(sock)
+                if metrics.BUFFER.pending() and time.monotonic() >= next_metrics:
+                    next_metrics = time.monotonic() + metrics_interval
+                    rows = metrics.BUFFER.take()
+                    try:
+                        with self._send_lock:
+                            wire.send(sock, {"op": "metrics", "rows": rows})
+                    except OSError:
+                        metrics.BUFFER.put_back(rows)
+                        raise
                 if time.monotonic() >= next_ping:
                     next_ping = time.monotonic() + interval
                     with self._send_lock:
@@ -586,6 +598,16 @@ class ClientWorker:
         # of its threads, which could otherwise overtake both.
         self._call({"op": "flush_events"})
 
+    def report_metrics(self) -> None:
+        """Send the application metrics recorded here (``lumos.util.metrics``) through the
+        session, and wait until it passed them on (``lumos.state.metrics()`` asks next)."""
+        rows = metrics.BUFFER.take()
+        if rows:
+            try:
+                self._call({"op": "metrics", "rows": rows})
+            except ConnectionError:
+                metrics.BUFFER.put_back(rows)
+
     def drain_refs(self) -> None:
         sock = self._sock
         if sock is not None:
@@ -616,6 +638,10 @@ class ClientWorker:
         from lumos import object_ref as object_ref_mod
         if self._closed:
             return
+        try:
+            self.report_metrics()  # what was recorded since the last heartbeat's report
+        except Exception as e:  # the session may be gone already
+            logger.debug("client metrics at shutdown: %s", e)
         with self._state_lock:
             self._closed = True  # before the bye: the head closing the link after it is no loss to reconnect
             self._stop.set()

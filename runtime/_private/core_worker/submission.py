@@ -672,6 +672,13 @@ class SubmissionMixin:
             self.metrics_reports += 1
             gcs.notify(m.ReportMetrics(rows))
 
+    def forward_metrics(self, rows: list[Any]) -> None:
+        """A client-mode driver's metric rows (io thread), sent on as they came; lost
+        while the GCS is away (they were recorded on another machine)."""
+        gcs = self.gcs
+        if gcs is not None and not gcs.is_closed and not self._gcs_reconnecting:
+            gcs.notify(m.ReportMetrics(rows))
+
     def _flush_pending(self) -> bool:
         ex = self.executor
         return bool(self._events or self._running_events or self._held_events or self._fresh or self._packed_rows
