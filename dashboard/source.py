@@ -97,6 +97,8 @@ class Task:
 MAX_LOGS = 64
 #: Seconds between two reads of the nodes' spill stats (each asks every raylet).
 SPILL_POLL_S = 2.0
+#: The application metrics (``lumos.state.metrics``) are read this often while a page asks.
+METRICS_POLL_S = 2.0
 
 
 @dataclass(slots=True)
@@ -148,6 +150,11 @@ class ClusterSource:
         #: ``time.time()`` of the last spill fetch (0: none yet).
         self.spill_fetched_at = 0.0
         self._want_spill = False
+        #: The application metrics as ``lumos.state.metrics()`` gives them (read every
+        #: ``METRICS_POLL_S`` while a page calls ``request_metrics``).
+        self.metrics: list[dict[str, Any]] = []
+        self.metrics_fetched_at = 0.0
+        self._want_metrics = False
         #: Increases whenever anything changed; pages compare it with theirs.
         self.tick = 0
         self._changes: collections.deque[tuple[int, list[str]]] = collections.deque(maxlen=200)
@@ -191,6 +198,16 @@ class ClusterSource:
         """Refresh ``spill`` at the next poll (at most every ``SPILL_POLL_S``)."""
         self._want_spill = True
         self.touch()
+
+    def request_metrics(self) -> None:
+        """Refresh ``metrics`` at the next poll (at most every ``METRICS_POLL_S``)."""
+        self._want_metrics = True
+        self.touch()
+
+    async def _fetch_metrics(self) -> None:
+        self._want_metrics = False
+        self.metrics = await self.client.metrics()
+        self.metrics_fetched_at = time.time()
 
     async def _fetch_spill(self) -> None:
         self._want_spill = False
@@ -275,6 +292,8 @@ class ClusterSource:
             await self._fetch_logs()
         if self._want_spill and time.time() - self.spill_fetched_at >= SPILL_POLL_S:
             await self._fetch_spill()
+        if self._want_metrics and time.time() - self.metrics_fetched_at >= METRICS_POLL_S:
+            await self._fetch_metrics()
         self.placement_groups = {g.pg_id.hex(): g for g in await self.client.placement_groups()
                                  if g.state != "REMOVED"}
         self.last_poll = time.time()

@@ -14,6 +14,9 @@ of the last minutes, recent failures and log tails.
 - Object spilling per node (``lumos.state`` spill stats, read every couple of seconds
   while the page is open): objects and bytes spilled and restored, copy throughput, what
   is on disk now, and an out-of-disk episode.
+- Application metrics (``lumos.util.metrics``, read every couple of seconds while the
+  page is open): one row per metric and tag set, a counter's total, a gauge's value, a
+  histogram's count, mean and the buckets its median and 99th percentile fall in.
 - The log tail of a node's raylet or one of its workers, chosen in a drop-down (escaped),
   for any node: the GCS asks that node's raylet (``ClusterSource.request_log``).
 """
@@ -33,6 +36,9 @@ COLUMNS = [("node", "Node"), ("host", "Host"), ("labels", "Labels"), ("state", "
            ("queue", "Queued leases")]
 SPILL_COLUMNS = [("node", "Node"), ("spilled", "Spilled"), ("restored", "Restored"), ("spill_rate", "Spill MiB/s"),
                  ("restore_rate", "Restore MiB/s"), ("on_disk", "On disk now"), ("disk", "Spill disk")]
+METRIC_COLUMNS = [("metric", "Metric"), ("kind", "Kind"), ("tags", "Tags"), ("value", "Value")]
+#: Metric rows shown (the series of the first metrics by name); the rest are counted.
+MAX_METRIC_ROWS = 200
 FAILED_COLUMNS = [("time", "Ended"), ("name", "Task"), ("task", "Task id"), ("node", "Node"), ("error", "Error")]
 BAR_KINDS = (("cpu", "CPU reserved (%)"), ("memory", "Memory in use (%)"), ("store", "Object store (%)"))
 HISTORY_FIELDS = ("t", "cpu", "load", "memory", "store", "rate")
@@ -46,6 +52,23 @@ TAIL_LINES = 40
 def last_line(text: str | None) -> str:
     lines = [ln.strip() for ln in (text or "").strip().splitlines() if ln.strip()]
     return lines[-1][:300] if lines else ""
+
+
+def metric_value(kind: str, series: dict[str, Any]) -> str:
+    """One series of ``lumos.state.metrics()`` as the metrics table shows it."""
+    if kind != "histogram":
+        return f"{series['value']:.6g}"
+    count = series["count"]
+    if not count:
+        return "0 observed"
+
+    def bucket_of(q: float) -> str:
+        for bound, below in series["buckets"]:
+            if below >= q * count:
+                return f"<= {bound:.4g}" if bound != float("inf") else f"> {series['buckets'][-2][0]:.4g}"
+        return "?"
+    return (f"{count} observed, mean {series['sum'] / count:.4g}, median {bucket_of(0.5)}, "
+            f"p99 {bucket_of(0.99)}")
 
 
 class StatusPage(Page):
@@ -99,6 +122,12 @@ class StatusPage(Page):
         self.spill_table = DataTable(source=self.spill_source, name="spill_table", index_position=None, height=56,
                                      columns=[TableColumn(field=k, title=t) for k, t in SPILL_COLUMNS],
                                      sizing_mode="stretch_width")
+        self.metrics_title = Div(text="", name="metrics_title")
+        self.metrics_source = ColumnDataSource({k: [] for k, _ in METRIC_COLUMNS})
+        self.metrics_table = DataTable(source=self.metrics_source, name="metrics_table", index_position=None,
+                                       height=56, sizing_mode="stretch_width",
+                                       columns=[TableColumn(field=k, title=t, width=w) for (k, t), w in
+                                                zip(METRIC_COLUMNS, (220, 80, 260, 440))])
         self.log_select = Select(title="Log", options=[], value="", name="log_select", width=360)
         self.log_select.on_change("value", lambda attr, old, new: self._show_log())
         self.log_tail = Div(text="", name="log_tail", sizing_mode="stretch_width")
@@ -111,7 +140,8 @@ class StatusPage(Page):
         self._usage: dict[str, host.NodeUsage | None] = {}
         return column(self.summary, self.table, row(*self.bars, sizing_mode="stretch_width"),
                       row(self.use_plot, self.rate_plot, sizing_mode="stretch_width"),
-                      self.spill_title, self.spill_table, self.failed_title, self.failed, self.log_select, self.log_tail, sizing_mode="stretch_width")
+                      self.spill_title, self.spill_table, self.metrics_title, self.metrics_table, self.failed_title,
+                      self.failed, self.log_select, self.log_tail, sizing_mode="stretch_width")
 
     # ------------------------------------------------------------------ one refresh
 
@@ -126,6 +156,8 @@ class StatusPage(Page):
         self._failures()
         self.source.request_spill()
         self._spill()
+        self.source.request_metrics()
+        self._metrics()
         if now - self._last_log >= SAMPLE_S:
             self._log_options()
             self._show_log()
@@ -284,6 +316,29 @@ class StatusPage(Page):
         self.spill_title.text = (f"<div style='font-family:sans-serif;font-weight:bold'>Object spilling "
                                  f"<span class='lumos-spilled' style='font-weight:normal;color:#555'>"
                                  f"{fmt_bytes(total)} spilled in all</span></div>")
+
+    def _metrics(self) -> None:
+        data: dict[str, list[Any]] = {k: [] for k, _ in METRIC_COLUMNS}
+        series = 0
+        for row in sorted(self.source.metrics, key=lambda r: r["name"]):
+            for s in sorted(row["series"], key=lambda s: sorted(s["tags"].items())):
+                series += 1
+                if len(data["metric"]) >= MAX_METRIC_ROWS:
+                    continue
+                data["metric"].append(row["name"])
+                data["kind"].append(row["kind"])
+                data["tags"].append(", ".join(f"{k}={v}" for k, v in s["tags"].items()))
+                data["value"].append(metric_value(row["kind"], s))
+        if data != {k: list(v) for k, v in self.metrics_source.data.items()}:
+            set_table_data(self.metrics_table, data)
+            self.metrics_table.height = 30 + 26 * max(1, len(data["metric"]))
+        shown = len(data["metric"])
+        note = ("none recorded yet: lumos.util.metrics Counter, Gauge, Histogram" if not series else
+                f"{series} series" + (f", the first {shown} shown" if shown < series else "")
+                + "; as Prometheus text: the head's dashboard at /metrics")
+        self.metrics_title.text = (f"<div style='font-family:sans-serif;font-weight:bold'>Application metrics "
+                                   f"<span class='lumos-metrics' style='font-weight:normal;color:#555'>"
+                                   f"{esc(note)}</span></div>")
 
     # ------------------------------------------------------------------ logs
 

@@ -126,6 +126,39 @@ def test_login_link_and_status_page(dash_cluster: lumos.LumosContext, workload: 
     assert not page.js_errors
 
 
+@lumos.remote
+def record_metrics(route: str) -> None:
+    from lumos.util.metrics import Counter, Histogram
+    Counter("pages_requests", tag_keys=("route",)).inc(2, tags={"route": route})
+    Histogram("pages_latency_s", boundaries=[0.1, 1.0]).observe(0.5)
+
+
+def test_status_page_lists_application_metrics(dash_cluster: lumos.LumosContext, page: Any) -> None:
+    """What tasks and the driver record shows as one row per metric and tag set, tag
+    values escaped, within a couple of seconds and live after."""
+    from lumos.util.metrics import Gauge
+    lumos.get([record_metrics.remote("/a"), record_metrics.remote(EVIL)], timeout=60)
+    gauge = Gauge("pages_depth")
+    gauge.set(3)
+    login(page, dash_cluster, "/status")
+    wait_doc(page, "(d, col) => col('metrics_table', 'metric').includes('pages_latency_s')", 30)
+    rows = dict(zip(zip(column(page, "metrics_table", "metric"), column(page, "metrics_table", "tags")),
+                    column(page, "metrics_table", "value")))
+    assert rows[("pages_requests", "route=/a")] == "2" and rows[("pages_requests", f"route={EVIL}")] == "2"
+    assert rows[("pages_latency_s", "")] == "2 observed, mean 0.5, median <= 1, p99 <= 1"
+    assert rows[("pages_depth", "")] == "3"
+    page.locator(".slick-cell", has_text="route=<img").first.wait_for()  # shown as text
+    assert page.evaluate("() => window.__pwned") is None
+    assert "series" in page.locator(".lumos-metrics").inner_text()
+    gauge.set(7)
+    lumos.state.metrics()  # reported now
+    wait_doc(page, "(d, col) => col('metrics_table', 'value')[col('metrics_table', 'metric')"
+                   ".indexOf('pages_depth')] === '7'", 30)
+    page.locator(".lumos-metrics").scroll_into_view_if_needed()
+    screenshot(page, "status_metrics")
+    assert not page.js_errors
+
+
 def test_task_stream_shows_executions_and_counts(dash_cluster: lumos.LumosContext, workload: dict[str, Any],
                                                  page: Any) -> None:
     login(page, dash_cluster, "/tasks")
