@@ -220,6 +220,15 @@ class TestGcsTable:
         assert [["0"], 7.0] in t.rows()[0][5]
 
 
+    def test_metrics_and_their_strings_are_bounded_too(self) -> None:
+        t = MetricsTable(5)
+        t.report([[f"m{i}", "gauge", "", [], None, []] for i in range(8)])  # metrics with no series yet
+        assert len(t.families) == 5 and t.dropped == 3
+        t = MetricsTable(1000, max_bytes=10_000)
+        t.report([["m", "gauge", "", ["k"], None, [[[str(i) * 300], 1.0] for i in range(100)]]])
+        assert t.num_bytes <= 10_000 and 0 < t.num_series < 100
+
+
 def test_prometheus_text_escapes_and_parses() -> None:
     rows = [["odd", "gauge", 'a "quoted"\nhelp \\ here', ["k"], None, [[['v"1\n\\'], 1.5], [["x"], math.nan]]],
             ["req", "counter", "", [], None, [[[], 3.0]]],

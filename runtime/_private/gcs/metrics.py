@@ -5,8 +5,9 @@ value set), read back by ``GetMetrics``.
 Held in memory only: a GCS restarted on Redis starts the totals again from zero (a
 counter reset, which Prometheus's ``rate()`` takes in its stride). Rows are checked one
 by one: a malformed one, a metric reported with another kind, tag keys or boundaries
-than the GCS first saw for its name, or a series past ``max_series`` is dropped with
-one warning per metric name, never the whole report.
+than the GCS first saw for its name, or a metric or series past ``max_series`` (or past
+``MAX_TABLE_BYTES`` of names and tag values) is dropped with one warning per metric
+name, never the whole report.
 """
 
 from __future__ import annotations
@@ -32,11 +33,21 @@ class _Family:
         self.series: dict[tuple[str, ...], Any] = {}
 
 
+#: Bytes of metric names, descriptions and tag values the table holds at most (an
+#: estimate: what a series adds is dropped past it, like a series past ``max_series``).
+MAX_TABLE_BYTES = 64 * 1024 * 1024
+#: What a series or a metric costs beyond its strings (the estimate's constant).
+_SERIES_OVERHEAD = 200
+
+
 class MetricsTable:
-    def __init__(self, max_series: int) -> None:
+    def __init__(self, max_series: int, max_bytes: int = MAX_TABLE_BYTES) -> None:
         self.max_series = max_series
+        self.max_bytes = max_bytes
         self.families: dict[str, _Family] = {}
         self.num_series = 0
+        #: The estimate of the table's size that ``max_bytes`` bounds.
+        self.num_bytes = 0
         #: Rows or series dropped, for the log's one warning per name.
         self.dropped = 0
         self._warned: set[str] = set()
@@ -59,6 +70,11 @@ class MetricsTable:
                 continue
             family = self.families.get(name)
             if family is None:
+                cost = _SERIES_OVERHEAD + len(name) + len(description) + sum(map(len, tag_keys))
+                if len(self.families) >= self.max_series or self.num_bytes + cost > self.max_bytes:
+                    self._drop(name, f"the GCS holds {len(self.families)} metrics ({self.num_bytes} bytes) already")
+                    continue
+                self.num_bytes += cost
                 family = self.families[name] = _Family(
                     kind, description, list(tag_keys), [float(b) for b in boundaries] if boundaries else None)
             elif family.kind != kind or family.tag_keys != list(tag_keys) or (
@@ -88,10 +104,13 @@ class MetricsTable:
             self._drop(name, f"a {family.kind} value of {str(value)[:40]}")
             return
         if have is None:
-            if self.num_series >= self.max_series:
-                self._drop(name, f"the GCS holds metrics_max_series={self.max_series} series already")
+            cost = _SERIES_OVERHEAD + sum(map(len, values))
+            if self.num_series >= self.max_series or self.num_bytes + cost > self.max_bytes:
+                self._drop(name, f"the GCS holds {self.num_series} series ({self.num_bytes} bytes) already "
+                                 f"(metrics_max_series={self.max_series})")
                 return
             self.num_series += 1
+            self.num_bytes += cost
             series[values] = [list(value[0]), float(value[1])] if family.kind == HISTOGRAM else float(value)
         elif family.kind == COUNTER:
             series[values] = have + value
