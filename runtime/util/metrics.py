@@ -69,12 +69,7 @@ class Metric:
             ValueError: a key is not one of ``tag_keys``.
             TypeError: a value is not a str.
         """
-        if not isinstance(default_tags, dict):
-            raise TypeError(f"default_tags must be a dict, got {type(default_tags).__name__}")
-        for key, value in default_tags.items():
-            if key not in self._tag_keys:
-                raise ValueError(f"unrecognized tag key {key!r}; this metric's tag_keys are {self._tag_keys!r}")
-            _check_tag_value(key, value)
+        self._check_tags(default_tags, "default_tags")
         self._default_tags = dict(default_tags)
         return self
 
@@ -87,12 +82,7 @@ class Metric:
     def _values(self, tags: dict[str, str] | None) -> tuple[str, ...]:
         """The record's tag values in ``tag_keys`` order: ``tags`` over the defaults."""
         if tags:
-            if not isinstance(tags, dict):
-                raise TypeError(f"tags must be a dict, got {type(tags).__name__}")
-            for key, value in tags.items():
-                if key not in self._tag_keys:
-                    raise ValueError(f"unrecognized tag key {key!r}; this metric's tag_keys are {self._tag_keys!r}")
-                _check_tag_value(key, value)
+            self._check_tags(tags, "tags")
             merged = {**self._default_tags, **tags}
         else:
             merged = self._default_tags
@@ -102,15 +92,19 @@ class Metric:
             missing = [key for key in self._tag_keys if key not in merged]
             raise ValueError(f"missing value for tag key(s): {', '.join(missing)}") from None
 
+    def _check_tags(self, tags: Any, what: str) -> None:
+        if not isinstance(tags, dict):
+            raise TypeError(f"{what} must be a dict, got {type(tags).__name__}")
+        for key, value in tags.items():
+            if key not in self._tag_keys:
+                raise ValueError(f"unrecognized tag key {key!r}; this metric's tag_keys are {self._tag_keys!r}")
+            if not isinstance(value, str):
+                raise TypeError(f"tag values must be str, got {type(value).__name__} for {key!r}")
+            if len(value) > MAX_TAG_VALUE:
+                raise ValueError(f"the value of tag {key!r} is {len(value)} characters long; at most {MAX_TAG_VALUE}")
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._name!r}, tag_keys={self._tag_keys!r})"
-
-
-def _check_tag_value(key: str, value: Any) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"tag values must be str, got {type(value).__name__} for {key!r}")
-    if len(value) > MAX_TAG_VALUE:
-        raise ValueError(f"the value of tag {key!r} is {len(value)} characters long; at most {MAX_TAG_VALUE}")
 
 
 def _check_value(value: Any) -> float:

@@ -388,6 +388,7 @@ class StoreClient:
                 logger.debug("could not map reserved slot %d: %s", slot, e)
                 with self._lock:
                     self._resv_sizes.pop(slot, None)
+                    self._mapped.notify_all()  # a write waiting for it stops waiting
                 if not reused and e.errno != errno.ENOENT:
                     unlink_quietly(path)
                 continue
@@ -982,6 +983,7 @@ class StoreClient:
             if mapping is not None:
                 self._slot_bytes -= mapping.size
             elif self._resv_sizes.pop(slot, None) is not None:
+                self._mapped.notify_all()
                 mapping = self._reserved.pop(slot, None)
                 if mapping is not None:
                     # Ours if we created it after the raylet's unlink ran (names are never reused).
@@ -1012,6 +1014,7 @@ class StoreClient:
             self._spare_bytes = 0
             self._reserved.clear()
             self._resv_sizes.clear()
+            self._mapped.notify_all()
             self._lending.clear()
             self._lent.clear()
             self.on_pin = None
