@@ -153,6 +153,8 @@ class ClusterSource:
         #: The application metrics as ``lumos.state.metrics()`` gives them (read every
         #: ``METRICS_POLL_S`` while a page calls ``request_metrics``).
         self.metrics: list[dict[str, Any]] = []
+        #: Records the GCS refused, by metric (``StateClient.dropped_metrics``).
+        self.metrics_dropped: list[dict[str, Any]] = []
         self.metrics_fetched_at = 0.0
         self._want_metrics = False
         #: Increases whenever anything changed; pages compare it with theirs.
@@ -207,6 +209,7 @@ class ClusterSource:
     async def _fetch_metrics(self) -> None:
         self._want_metrics = False
         self.metrics = await self.client.metrics()
+        self.metrics_dropped = self.client.dropped_metrics
         self.metrics_fetched_at = time.time()
 
     async def _fetch_spill(self) -> None:

@@ -421,7 +421,9 @@ def metrics(timeout: float | None = None) -> list[dict[str, Any]]:
     """
     cw = worker_context.require()
     cw._post(cw.report_metrics)  # include what this process has not sent yet
-    return [_metric_dict(row) for row in _Deadline(cw, timeout).call(m.GetMetrics())]
+    rows, dropped = _metrics_answer(_Deadline(cw, timeout).call(m.GetMetrics()))
+    _warn_dropped(dropped)
+    return [_metric_dict(row) for row in rows]
 
 
 def prometheus_text(timeout: float | None = None) -> str:
@@ -433,10 +435,30 @@ def prometheus_text(timeout: float | None = None) -> str:
     cw = worker_context.require()
     cw._post(cw.report_metrics)
     call = _Deadline(cw, timeout).call
-    rows = call(m.GetMetrics())
+    rows, dropped = _metrics_answer(call(m.GetMetrics()))
+    _warn_dropped(dropped)
     return render_prometheus(rows, call(m.GetAllNodes()), call(m.GetClusterStatus()),
                              [a for a in call(m.ListActors(None)) if isinstance(a, m.ActorInfo)],
-                             call(m.GetAllJobs()))
+                             call(m.GetAllJobs()), dropped)
+
+
+#: Metric names whose dropped records this process has warned about.
+_warned_dropped: set[str] = set()
+
+
+def _metrics_answer(answer: Any) -> tuple[list[list[Any]], list[dict[str, Any]]]:
+    """``GetMetrics``'s ``[rows, dropped]`` as rows and dicts of name, reason, count."""
+    rows, dropped = answer
+    return rows, [{"name": name, "reason": why, "count": n} for name, why, n in dropped]
+
+
+def _warn_dropped(dropped: list[dict[str, Any]]) -> None:
+    import warnings
+    for d in dropped:
+        if d["name"] not in _warned_dropped:
+            _warned_dropped.add(d["name"])
+            warnings.warn(f"the GCS dropped {d['count']} record(s) of metric {d['name']!r}: {d['reason']}",
+                          UserWarning, stacklevel=3)
 
 
 def _metric_dict(row: list[Any]) -> dict[str, Any]:
@@ -584,6 +606,9 @@ class StateClient:
         if not isinstance(token, bytes):
             raise TypeError(f"token must be bytes or str, not {type(token).__name__}")
         self._client = GcsClient(address, token, name=name)
+        #: Application-metric records the GCS refused, as of the last ``metrics()`` or
+        #: ``prometheus_text()``: dicts of name, reason (the first), count.
+        self.dropped_metrics: list[dict[str, Any]] = []
 
     @classmethod
     def for_session(cls, session_dir: str, *, name: str = "state->gcs") -> "StateClient":
@@ -701,17 +726,22 @@ class StateClient:
         return [row for row in rows if row is not None]
 
     async def metrics(self) -> list[dict[str, Any]]:
-        """The application metrics, as ``lumos.state.metrics()`` gives them."""
-        return [_metric_dict(row) for row in await self._client.call(m.GetMetrics())]
+        """The application metrics, as ``lumos.state.metrics()`` gives them; what the GCS
+        refused (a name reported as two kinds, malformed or past its bounds) is in
+        ``dropped_metrics`` afterwards (name, reason, count)."""
+        rows, self.dropped_metrics = _metrics_answer(await self._client.call(m.GetMetrics()))
+        return [_metric_dict(row) for row in rows]
 
     async def prometheus_text(self) -> str:
         """The cluster's metrics in Prometheus's text format, as ``lumos.state.prometheus_text()``."""
         from lumos._private.metrics import render_prometheus
         call = self._client.call
-        rows, nodes, status, actors, jobs = await asyncio.gather(
+        answer, nodes, status, actors, jobs = await asyncio.gather(
             call(m.GetMetrics()), call(m.GetAllNodes()), call(m.GetClusterStatus()), call(m.ListActors(None)),
             call(m.GetAllJobs()))
-        return render_prometheus(rows, nodes, status, [a for a in actors if isinstance(a, m.ActorInfo)], jobs)
+        rows, self.dropped_metrics = _metrics_answer(answer)
+        return render_prometheus(rows, nodes, status, [a for a in actors if isinstance(a, m.ActorInfo)], jobs,
+                                 self.dropped_metrics)
 
     async def task_updates(self, since: int, limit: int = 5000) -> TaskUpdates:
         """Task records that changed after sequence number ``since`` (0: from the

@@ -336,6 +336,11 @@ class StatusPage(Page):
         note = ("none recorded yet: lumos.util.metrics Counter, Gauge, Histogram" if not series else
                 f"{series} series" + (f", the first {shown} shown" if shown < series else "")
                 + "; as Prometheus text: the head's dashboard at /metrics")
+        dropped = self.source.metrics_dropped
+        if dropped:
+            first = dropped[0]
+            note += (f"; records of {len(dropped)} metric(s) refused, e.g. {first['name']} "
+                     f"({first['count']}: {first['reason']})")
         self.metrics_title.text = (f"<div style='font-family:sans-serif;font-weight:bold'>Application metrics "
                                    f"<span class='lumos-metrics' style='font-weight:normal;color:#555'>"
                                    f"{esc(note)}</span></div>")

@@ -222,10 +222,11 @@ def counter_name(name: str) -> str:
 
 
 def render_prometheus(metrics: list[list[Any]], nodes: list[Any], resources: list[Any], actors: list[Any],
-                      jobs: list[Any]) -> str:
+                      jobs: list[Any], dropped: list[dict[str, Any]] | None = None) -> str:
     """The Prometheus text exposition (format 0.0.4) of the cluster's own metrics (``lumos_``:
-    nodes, their resources, object stores, queues and memory; actors and jobs by state) and
-    of the application's (``GetMetrics`` rows, counters named ``<name>_total``)."""
+    nodes, their resources, object stores, queues and memory; actors and jobs by state;
+    application records the GCS refused, by metric) and of the application's (``GetMetrics``
+    rows, counters named ``<name>_total``)."""
     out: list[str] = []
     names = {n.node_id.hex(): n for n in nodes}
 
@@ -271,6 +272,11 @@ def render_prometheus(metrics: list[list[Any]], nodes: list[Any], resources: lis
         _family(out, name, "gauge", description)
         for state in sorted(counts):
             out.append(f"{name}{_labels([('state', state)])} {counts[state]}")
+    _family(out, "lumos_metrics_dropped_total", "counter",
+            "Application-metric records the GCS refused (another kind or tag keys under a known name, "
+            "malformed, past its bounds), by metric.")
+    for d in sorted(dropped or [], key=lambda d: str(d["name"])):
+        out.append(f"lumos_metrics_dropped_total{_labels([('metric', str(d['name']))])} {d['count']}")
     for name, kind, description, tag_keys, boundaries, series in sorted(metrics, key=lambda row: row[0]):
         exported = counter_name(name) if kind == COUNTER else name
         _family(out, exported, kind, description)

@@ -133,6 +133,12 @@ def record_metrics(route: str) -> None:
     Histogram("pages_latency_s", boundaries=[0.1, 1.0]).observe(0.5)
 
 
+@lumos.remote
+def conflict() -> None:
+    from lumos.util.metrics import Counter
+    Counter("pages_depth").inc()
+
+
 def test_status_page_lists_application_metrics(dash_cluster: lumos.LumosContext, page: Any) -> None:
     """What tasks and the driver record shows as one row per metric and tag set, tag
     values escaped, within a couple of seconds and live after."""
@@ -154,6 +160,9 @@ def test_status_page_lists_application_metrics(dash_cluster: lumos.LumosContext,
     lumos.state.metrics()  # reported now
     wait_doc(page, "(d, col) => col('metrics_table', 'value')[col('metrics_table', 'metric')"
                    ".indexOf('pages_depth')] === '7'", 30)
+    # Another process reports the name as another kind: refused by the GCS, and said so.
+    lumos.get(conflict.remote(), timeout=60)
+    page.locator(".lumos-metrics", has_text="refused, e.g. pages_depth").wait_for(timeout=30_000)
     page.locator(".lumos-metrics").scroll_into_view_if_needed()
     screenshot(page, "status_metrics")
     assert not page.js_errors

@@ -202,6 +202,8 @@ class TestGcsTable:
         t.report(report)
         assert t.rows() == [] or all(r[5] == [] for r in t.rows())
         assert t.dropped >= 1
+        rows, dropped = t.answer()
+        assert dropped and all(isinstance(why, str) and n >= 1 for _, why, n in dropped)
 
     def test_a_conflicting_definition_is_dropped_the_first_kept(self) -> None:
         t = MetricsTable(100)
@@ -342,7 +344,9 @@ def test_conflicting_definitions_across_processes_keep_the_first(cluster: Any) -
         Gauge("t_conflict").set(3.0)  # another kind under the same name, in another process
     lumos.get(other.remote())
     time.sleep(1.5)  # past the worker's report
-    rows = [r for r in lumos.state.metrics() if r["name"] == "t_conflict"]
+    with pytest.warns(UserWarning, match=r"dropped 1 record\(s\) of metric 't_conflict': reported as a gauge"):
+        rows = [r for r in lumos.state.metrics() if r["name"] == "t_conflict"]
     assert len(rows) == 1 and rows[0]["kind"] == "counter" and rows[0]["series"] == [{"tags": {"k": "a"},
                                                                                     "value": 1.0}]
-    families(lumos.state.prometheus_text())  # still one valid exposition
+    text = lumos.state.prometheus_text()  # still one valid exposition; warned once per process
+    assert samples(text, "lumos_metrics_dropped_total")[(("metric", "t_conflict"),)] == 1

@@ -36,6 +36,8 @@ class _Family:
 #: Bytes of metric names, descriptions and tag values the table holds at most (an
 #: estimate: what a series adds is dropped past it, like a series past ``max_series``).
 MAX_TABLE_BYTES = 64 * 1024 * 1024
+#: Metric names whose dropped records are remembered (with the first reason and a count).
+MAX_DROPPED_NAMES = 1000
 #: What a series or a metric costs beyond its strings (the estimate's constant).
 _SERIES_OVERHEAD = 200
 
@@ -50,7 +52,9 @@ class MetricsTable:
         self.num_bytes = 0
         #: Rows or series dropped, for the log's one warning per name.
         self.dropped = 0
-        self._warned: set[str] = set()
+        #: Metric name -> [the first reason a record of it was dropped, how many were],
+        #: for the first ``MAX_DROPPED_NAMES`` names (``GetMetrics`` passes them on).
+        self.dropped_by_name: dict[str, list[Any]] = {}
 
     def report(self, rows: Any) -> None:
         if not isinstance(rows, list):
@@ -124,15 +128,22 @@ class MetricsTable:
 
     def _drop(self, name: str, why: str) -> None:
         self.dropped += 1
-        if name not in self._warned and len(self._warned) < 1000:
-            self._warned.add(name)
+        seen = self.dropped_by_name.get(name)
+        if seen is not None:
+            seen[1] += 1
+        elif len(self.dropped_by_name) < MAX_DROPPED_NAMES:
+            self.dropped_by_name[name] = [why, 1]
             logger.warning("metric %r: dropped %s (further drops for it are not logged)", name, why)
 
     def rows(self) -> list[list[Any]]:
-        """``GetMetrics``'s answer: every metric and its series, totals for counters and histograms."""
+        """Every metric and its series, totals for counters and histograms."""
         return [[name, f.kind, f.description, f.tag_keys, f.boundaries,
                  [[list(values), value] for values, value in f.series.items()]]
                 for name, f in self.families.items()]
+
+    def answer(self) -> list[Any]:
+        """``GetMetrics``'s answer: ``[rows, dropped]``, ``dropped`` ``[[name, first reason, count], ...]``."""
+        return [self.rows(), [[name, why, n] for name, (why, n) in self.dropped_by_name.items()]]
 
 
 def _histogram_value(value: Any, buckets: int) -> bool:

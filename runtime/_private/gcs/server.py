@@ -114,7 +114,7 @@ class GcsServer:
             m.GetTasks: lambda c, msg: self.task_events.list(msg.job_id, msg.limit),
             m.GetTaskUpdates: lambda c, msg: self.task_events.updates(msg.since, msg.limit),
             m.ReportMetrics: lambda c, msg: self.metrics.report(msg.rows),
-            m.GetMetrics: lambda c, msg: self.metrics.rows(),
+            m.GetMetrics: lambda c, msg: self.metrics.answer(),
             m.Subscribe: self._subscribe,
             m.ReportWorker: self._report_worker,
             m.GetAllWorkers: lambda c, msg: list(self.workers.values()),

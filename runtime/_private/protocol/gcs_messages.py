@@ -210,8 +210,9 @@ class ReportMetrics:
 
 @message(36)
 class GetMetrics:
-    """The cluster's application metrics: rows as ``ReportMetrics``'s, a counter's and a
-    histogram's values their totals."""
+    """The cluster's application metrics: ``[rows, dropped]``, rows as
+    ``ReportMetrics``'s (a counter's and a histogram's values their totals), ``dropped``
+    ``[[name, the first reason, count], ...]`` of records the GCS refused."""
 
 
 @message(34)
