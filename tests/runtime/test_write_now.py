@@ -119,3 +119,41 @@ def test_the_loops_own_big_frame_on_a_direct_connection_arrives_whole_before_lat
     assert received[:2] == [("big", 1, 32 * 1024 * 1024), ("big", 2, 0)]
     assert received[2:-1] == [("loop", i, i * 997 % 9000) for i in range(50)]
     assert received[-1] == ("after", 3, 0)
+
+
+@pytest.mark.timeout(60)
+def test_what_a_peer_sent_before_it_went_is_read_when_a_write_finds_it_gone(tmp_path):
+    """A worker that exits after its task (max_calls) writes its reply and goes. When this
+    end writes to it before reading that reply (under load: the next task's push), the
+    write fails (EPIPE) and the loop drops the connection without reading: the reply was
+    lost, the task counted as in flight on a dead worker and ran again. What the peer sent
+    is read through the duplicate fd first."""
+    got: list[str] = []
+
+    async def go() -> None:
+        config = Config()
+        server = RpcServer(token=TOKEN, config=config, handlers={}, name="test-server")
+        await server.start(unix_path=str(tmp_path / "s.sock"))
+        client = await connect(str(tmp_path / "s.sock"), token=TOKEN, config=config,
+                               handlers={m.Publish: lambda conn, msg: got.append(msg.channel)},
+                               name="test-client", timeout_s=10)
+        try:
+            for _ in range(100):
+                if server.connections:
+                    break
+                await asyncio.sleep(0.01)
+            (peer,) = server.connections
+            client.allow_write_now()
+            client._transport.pause_reading()  # busy elsewhere: the reply waits in the socket
+            peer.notify(m.Publish("last words", b"\0", b""))
+            await asyncio.sleep(0.1)
+            peer.close()  # the peer exits
+            await asyncio.sleep(0.1)
+            client.notify(m.Publish("next task", b"\0", b"x" * 1000))  # finds it gone
+            await asyncio.wait_for(asyncio.shield(client.closed), 10)
+        finally:
+            client.close()
+            await server.stop()
+
+    eventloop.run(go())
+    assert got == ["last words"]

@@ -214,6 +214,26 @@ class Connection(asyncio.Protocol):
         finally:
             _leave_batch(b)
 
+    def _read_what_is_left(self) -> None:
+        """The loop dropped the connection on an error (a write that found the peer gone:
+        ``EPIPE``, ``ECONNRESET``) without reading what the peer sent before it went: its
+        last words, such as the reply of a worker that exits after its task (``max_calls``),
+        which then counted as lost and the task ran again. Read them through the duplicate
+        fd (``allow_write_now``), which keeps the socket open, before the close is handled."""
+        fd = self._wfd
+        poll = select.poll()
+        poll.register(fd, select.POLLIN)
+        for _ in range(4096):  # (what one socket buffer holds, in reads of 64 KiB, and more)
+            try:
+                data = os.read(fd, 65536) if poll.poll(0) else b""
+            except OSError:  # reset after the data, or gone
+                return
+            if not data:
+                return
+            self.data_received(data)
+            if self._state != _READY:
+                return
+
     def frames_received(self, frames: list[bytes]) -> None:
         """Loop thread: handle frames another thread read (``SharedReader``)."""
         b = _batch
@@ -235,6 +255,8 @@ class Connection(asyncio.Protocol):
                 self._on_handshake_frame(payload)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None and self._state == _READY and self._wfd >= 0 and self.shared is None:
+            self._read_what_is_left()
         was = self._state
         self._state = _CLOSED
         self._close_wfd()
