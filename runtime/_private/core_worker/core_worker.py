@@ -332,7 +332,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             m.GetObjectStatus: self._handle_get_object_status,
             m.AddBorrowers: self._handle_add_borrowers,
             m.RemoveBorrowers: self._handle_remove_borrowers,
-            m.GetCoreWorkerStats: lambda c, msg: self.stats(),
+            m.GetCoreWorkerStats: lambda c, msg: self.stats(msg.brief is True),
             m.ExitWorker: self._handle_exit_worker,
             m.TaskReply: self._handle_task_reply,
             m.WorkerBlocked: self._handle_worker_blocked,
@@ -359,7 +359,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                                               m.ExitWorker: self._handle_exit_worker,
                                               m.LeasedWorkerExited: self._handle_leased_worker_exited,
                                               m.LeaseRecalled: self._handle_lease_recalled,
-                                              m.GetCoreWorkerStats: lambda c, msg: self.stats()},
+                                              m.GetCoreWorkerStats: lambda c, msg: self.stats(msg.brief is True)},
                                     name="core-worker->raylet", on_close=self._raylet_lost)
         self.raylet.allow_write_now()  # seals and pins may leave from user threads (objects.py)
         if self.mode == DRIVER:

@@ -946,9 +946,14 @@ class ObjectsMixin:
                 "node_id": (e.node_id or (self.node_id if e.data is not None else b"")).hex(),
                 "inline": e.data is not None}
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, brief: bool = False) -> dict[str, Any]:
+        """This process's counts and objects (``lumos.state.list_objects``); ``brief``:
+        without the object list."""
         objects = []
         with self.objects.lock:
+            if brief:
+                return {"worker_id": self.worker_id.hex(), "pid": os.getpid(), "num_pending_tasks": len(self.tasks),
+                        "executing": self.executor is not None and self.executor.busy()}
             for oid, e in list(self.objects.entries.items())[:10_000]:
                 state = {PENDING: "PENDING", READY: "READY", FAILED: "FAILED"}[e.state]
                 task_status, attempt = self._creating_task_status(oid, e.owned, state, holds_error(e))

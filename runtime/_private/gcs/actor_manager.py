@@ -197,7 +197,7 @@ class ActorManager:
             try:
                 raylet = await self.gcs.raylets.get(node_id)
                 grant: m.LeaseGrant | m.SpillbackReply = await raylet.call(m.RequestWorkerLease(
-                    info.job_id, spec.resources, b"gcs", spec.strategy, info.class_name, actor_id,
+                    info.job_id, spec.resources, m.GCS_OWNER, spec.strategy, info.class_name, actor_id,
                     retry_budget=info.max_restarts))
             except (OSError, ConnectionLost, TimeoutError, RemoteError, KeyError) as e:
                 logger.warning("could not lease a worker for actor %s on node %s: %s",

@@ -32,6 +32,10 @@ class RegisterClient:
     job_id: JobID | None
 
 
+#: ``RequestWorkerLease.owner_worker_id`` of an actor's creation the GCS asks for.
+GCS_OWNER = b"gcs"
+
+
 @message(41)
 class RequestWorkerLease:
     job_id: JobID

@@ -244,7 +244,9 @@ class RemoveBorrowers:
 
 @message(66)
 class GetCoreWorkerStats:
-    pass
+    #: Only whether it runs or queues a task (``executing``) and its counts, without the
+    #: object list (up to 10,000 rows): the raylet's idleness probe.
+    brief: bool = False
 
 
 @message(67)

@@ -55,6 +55,7 @@ from collections import OrderedDict
 from typing import Any, Iterator, Union
 
 from lumos._private.ids import ActorID, JobID, NodeID, PlacementGroupID, WorkerID
+from lumos._private.protocol.raylet_messages import GCS_OWNER
 from lumos._private.protocol.task_messages import label_spread_of
 from lumos._private.raylet.resources import NodeResources, from_units, request_units, to_units
 
@@ -229,8 +230,6 @@ FAIR_SHARE_SLICE_S = 0.5
 #: A request that recalled leases keeps what it needs from later requests this long (a
 #: recalled owner that is frozen, ``SIGSTOP``, never gives its lease back).
 RECALL_HOLD_S = 5.0
-#: ``LeaseRequested.owner`` of an actor's creation the GCS asks for.
-GCS_OWNER = b"gcs"
 #: A request that spilled here waits at most this long behind this node's own owners'
 #: requests; then it is served in its arrival turn (it cannot go elsewhere: spilled requests
 #: are served where they land).

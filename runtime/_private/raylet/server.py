@@ -358,7 +358,7 @@ class RayletServer:
             if proc is None or proc.conn is None or proc.conn.is_closed:
                 return
             try:
-                stats = await proc.conn.call(m.GetCoreWorkerStats(), self.config.rpc_timeout_s)
+                stats = await proc.conn.call(m.GetCoreWorkerStats(brief=True), self.config.rpc_timeout_s)
             except (ConnectionLost, TimeoutError, RemoteError):
                 return
             lease = self.scheduler.leases.get(lease_id)
