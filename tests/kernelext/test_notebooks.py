@@ -138,6 +138,7 @@ def _check_quickstart(nb: Any) -> None:
     assert result_text(_cell(nb, "@lumos.remote")) == "True"
     assert "ObjectRef" in result_text(_cell(nb, "refs[3]"))
     assert result_text(_cell(nb, "lumos.get(refs)")) == "[0, 1, 4, 9, 16, 25, 36, 49]"
+    assert result_text(_cell(nb, "import time\nfrom lumos.util.metrics")) == "{'even': 5.0, 'odd': 5.0}"
     models = {m["model_name"] for m in _widget_models(nb)}
     assert {"IntProgressModel", "BoundedFloatTextModel", "ToggleButtonsModel"} <= models
     # After Run All the GPU panel still shows (the shutdown cell below it froze it, not closed it).

@@ -48,6 +48,9 @@ class _Owner(SubmissionMixin):
         self._pin_changes: dict[Any, Any] = {}
         self._lineage_drops: list[Any] = []
 
+    def report_metrics(self) -> None:
+        """(Application metrics go with a flush too: ``test_metrics.py`` follows them.)"""
+
 
 def test_a_finished_task_s_running_and_end_ride_in_one_buffered_row(tmp_path) -> None:
     owner = _Owner()
