@@ -182,8 +182,10 @@ def test_task_killed_for_memory_is_retried_then_raises_out_of_memory(
         [t] = [t for t in state.list_tasks() if t["func_or_class_name"].endswith("hold_memory")]
         return t["state"] == "FAILED" and t["attempt_number"] == 1
     wait_for(failed_on_second_attempt, 10, 0.1)
-    # The rows of both attempts' workers say why they ended.
-    wait_for(lambda: len(state.list_workers(filters=[("exit_type", "=", "NODE_OUT_OF_MEMORY")])) == 2, 10, 0.1)
+    # The rows of both attempts' workers say why they ended (and so does a worker killed
+    # while leased, before the task reached it: seen once at the cluster's start, where the
+    # threshold kills at once; that task went to another worker without using a retry).
+    wait_for(lambda: len(state.list_workers(filters=[("exit_type", "=", "NODE_OUT_OF_MEMORY")])) >= 2, 10, 0.1)
 
 
 def test_memory_monitor_is_off_with_refresh_zero(fresh_cluster: Callable[..., Any]) -> None:
