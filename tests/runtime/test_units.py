@@ -393,7 +393,7 @@ def test_job_finished_stops_its_workers_and_drops_its_requests():
     s.handle(req(2, job=JOB), now=0)
     s.handle(req(3, job=OTHER_JOB), now=0)
     acts = s.handle(sc.JobFinished(JOB), now=1)
-    assert sc.StopWorker(g.worker_id, "its job finished") in acts
+    assert sc.StopWorker(g.worker_id, "its job finished", graceful_s=m.JOB_END_EXIT_S) in acts  # sends what it holds first
     assert list(s.queue) == [3]
 
 

@@ -1006,13 +1006,14 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
 
     def _handle_exit_worker(self, conn: Connection, msg: m.ExitWorker) -> None:
         """The raylet asks this worker to go: an actor's worker runs the actor's clean-up
-        first (every handle to it went out of scope), any other leaves at once."""
+        first (every handle to it went out of scope), any other, or one whose job ended
+        (``clean_up`` False), sends what it holds (task events, output, metrics) and leaves."""
         logger.info("asked to exit: %s", msg.reason)
         with self._held_lock:
             if self._held:
                 self._send_held()
         actor = self.executor.actor if self.executor is not None else None
-        if self.mode == WORKER and actor is not None:
+        if self.mode == WORKER and actor is not None and msg.clean_up is not False:
             actor.stopped(msg.reason)
         elif self.mode == WORKER:
             self._flush_events()

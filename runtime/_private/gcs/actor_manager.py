@@ -91,7 +91,7 @@ class ActorManager:
             pool.notify_nowait(action.node_id, m.ReturnWorker(action.lease_id, False, action.exit_type))
         elif isinstance(action, ast.KillWorker):
             pool.notify_nowait(action.node_id, m.KillWorker(action.worker_id, action.reason, action.graceful_s,
-                                                            action.exit_type))
+                                                            action.exit_type, action.clean_up))
         elif isinstance(action, ast.DeleteCheckpoint):
             if self.gcs.kv.pop((CHECKPOINT_NS, action.actor_id), None) is not None:
                 self.gcs.unpersist("kv", CHECKPOINT_NS.encode() + b"\0" + action.actor_id)

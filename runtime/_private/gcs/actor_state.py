@@ -192,6 +192,9 @@ class KillWorker:
     graceful_s: float = 0.0
     #: What the worker's row says of its end.
     exit_type: WorkerExitType = WorkerExitType.INTENDED_SYSTEM_EXIT
+    #: With ``graceful_s``: the actor runs its clean-up (False: its worker only sends what
+    #: it holds, task events, output and metrics, and exits).
+    clean_up: bool = True
 
 
 @dataclasses.dataclass(slots=True)
@@ -299,7 +302,8 @@ class ActorManagerState:
             if not event.recovered:
                 for a in list(self.actors.values()):
                     if a.info.job_id == event.job_id and not a.info.detached and a.info.state != DEAD:
-                        self._mark_dead(a, "its job finished (the driver exited)", None, now, actions)
+                        self._mark_dead(a, "its job finished (the driver exited)", None, now, actions,
+                                        job_ended=True)
         elif isinstance(event, KillRequested):
             self._kill(event, now, actions)
         elif isinstance(event, ActorExited):
@@ -395,8 +399,10 @@ class ActorManagerState:
 
     def _mark_dead(self, a: _Actor, cause: str, error_blob: bytes | None, now: float,
                    actions: list[Action], graceful: bool = False,
-                   exit_type: WorkerExitType = WorkerExitType.INTENDED_SYSTEM_EXIT) -> None:
-        """``exit_type``: what its worker's row says, when that worker is stopped here."""
+                   exit_type: WorkerExitType = WorkerExitType.INTENDED_SYSTEM_EXIT, job_ended: bool = False) -> None:
+        """``exit_type``: what its worker's row says, when that worker is stopped here.
+        ``job_ended``: its worker sends what it holds and exits (``m.JOB_END_EXIT_S``), no
+        clean-up run (as Ray's force-kill of a finished job's actors)."""
         info = a.info
         if info.state == DEAD:
             return
@@ -411,7 +417,8 @@ class ActorManagerState:
         if a.worker_id is not None:
             # Give the lease back: the raylet stops the worker (actors never pool).
             actions.append(KillWorker(a.lease_node, a.worker_id, "its actor ended",
-                                      GRACEFUL_EXIT_S if graceful else 0.0, exit_type))
+                                      GRACEFUL_EXIT_S if graceful else m.JOB_END_EXIT_S if job_ended else 0.0,
+                                      exit_type, clean_up=not job_ended))
             actions.append(ReturnWorker(a.lease_node, a.lease_id))
             self._drop_worker(a)
         logger.info("actor %s (%s) dead: %s", short(info.actor_id), info.class_name, cause)

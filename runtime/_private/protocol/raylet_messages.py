@@ -34,6 +34,10 @@ class RegisterClient:
 
 #: ``RequestWorkerLease.owner_worker_id`` of an actor's creation the GCS asks for.
 GCS_OWNER = b"gcs"
+#: How long a finished job's worker (task or actor) gets to send what it holds (task
+#: events, output, the application metrics since its last report) and exit before it is
+#: killed (``ExitWorker`` without clean-up).
+JOB_END_EXIT_S = 1.0
 
 
 @message(41)
@@ -154,6 +158,8 @@ class KillWorker:
     graceful_s: float = 0.0
     #: What the worker's row says of its end (None: lumos's own stop, INTENDED_SYSTEM_EXIT).
     exit_type: WorkerExitType | None = None
+    #: With ``graceful_s``: an actor runs its clean-up (``ExitWorker.clean_up``).
+    clean_up: bool = True
 
 
 @message(52)

@@ -252,3 +252,6 @@ class GetCoreWorkerStats:
 @message(67)
 class ExitWorker:
     reason: str
+    #: An actor's worker runs its clean-up first (``__ray_shutdown__``, ``atexit``); False:
+    #: it only sends what it holds (task events, output, metrics) and exits (its job ended).
+    clean_up: bool = True

@@ -55,7 +55,7 @@ from collections import OrderedDict
 from typing import Any, Iterator, Union
 
 from lumos._private.ids import ActorID, JobID, NodeID, PlacementGroupID, WorkerID
-from lumos._private.protocol.raylet_messages import GCS_OWNER
+from lumos._private.protocol.raylet_messages import GCS_OWNER, JOB_END_EXIT_S
 from lumos._private.protocol.task_messages import label_spread_of
 from lumos._private.raylet.resources import NodeResources, from_units, request_units, to_units
 
@@ -189,6 +189,9 @@ class StopWorker:
     quiet: bool = False
     #: What its row says of its end (None: lumos's own stop, INTENDED_SYSTEM_EXIT).
     exit_type: str | None = None
+    #: Above 0: ask it to send what it holds and exit (``ExitWorker`` without clean-up),
+    #: and kill it after this long.
+    graceful_s: float = 0.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -436,7 +439,7 @@ class LocalSchedulerState:
             # Actor workers are the GCS's to end: detached actors outlive their job.
             for w in list(self.workers.values()):
                 if w.job_id == event.job_id and w.state != DEAD and w.actor_id is None:
-                    actions.append(StopWorker(w.worker_id, "its job finished"))
+                    actions.append(StopWorker(w.worker_id, "its job finished", graceful_s=JOB_END_EXIT_S))
             for rid, req in list(self.queue.items()):
                 if req.event.job_id == event.job_id and req.event.actor_id is None:
                     del self.queue[rid]

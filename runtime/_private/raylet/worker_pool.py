@@ -584,15 +584,17 @@ class WorkerPool:
     def kill_worker_request(self, conn: Connection, msg: m.KillWorker) -> bool:
         if msg.worker_id not in self.procs:
             return False
-        if msg.graceful_s > 0 and self.ask_to_exit(msg.worker_id, msg.reason, msg.graceful_s, msg.exit_type):
+        if msg.graceful_s > 0 and self.ask_to_exit(msg.worker_id, msg.reason, msg.graceful_s, msg.exit_type,
+                                                   msg.clean_up is not False):
             return True
         self.kill_worker(msg.worker_id, msg.reason, force=True, exit_type=msg.exit_type)
         return True
 
-    def ask_to_exit(self, worker_id: WorkerID, reason: str, grace_s: float, exit_type: str | None = None) -> bool:
+    def ask_to_exit(self, worker_id: WorkerID, reason: str, grace_s: float, exit_type: str | None = None,
+                    clean_up: bool = True) -> bool:
         """Ask a worker to exit on its own (``ExitWorker``: an actor runs its clean-up
-        first), and kill it if it is still there after ``grace_s``. False when it cannot
-        be asked (not connected, or already going)."""
+        first unless not ``clean_up``), and kill it if it is still there after ``grace_s``.
+        False when it cannot be asked (not connected, or already going)."""
         proc = self.procs.get(worker_id)
         if proc is None or proc.is_driver or proc.process is None or proc.exit_info is not None \
                 or proc.conn is None or proc.conn.is_closed:
@@ -601,7 +603,7 @@ class WorkerPool:
             proc.kill_reason = reason or proc.kill_reason
             proc.exit_type = proc.exit_type or exit_type
             proc.exit_deadline = time.monotonic() + grace_s
-            proc.conn.notify(m.ExitWorker(reason))
+            proc.conn.notify(m.ExitWorker(reason, clean_up))
             asyncio.get_running_loop().call_later(grace_s, self._exit_overdue, proc)
         return True
 
