@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+import warnings
 from typing import Any, Callable, Iterable
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
@@ -113,19 +114,19 @@ class Buffer:
             if kind == COUNTER:
                 have = series.get(key)
                 if have is None and len(series) >= MAX_PROCESS_SERIES:
-                    self.dropped += 1
+                    self._full(name)
                     return
                 series[key] = value if have is None else have + value
             elif kind == GAUGE:
                 if key not in series and len(series) >= MAX_PROCESS_SERIES:
-                    self.dropped += 1
+                    self._full(name)
                     return
                 series[key] = value
             else:
                 have = series.get(key)
                 if have is None:
                     if len(series) >= MAX_PROCESS_SERIES:
-                        self.dropped += 1
+                        self._full(name)
                         return
                     have = series[key] = [[0] * (len(boundaries) + 1), 0.0]  # type: ignore[arg-type]
                 have[0][_bucket(boundaries, value)] += 1  # type: ignore[arg-type]
@@ -134,6 +135,14 @@ class Buffer:
             wake = self.wake
             if wake is not None:
                 wake()
+
+    def _full(self, name: str) -> None:
+        """(under the lock) A new tag set past ``MAX_PROCESS_SERIES``: dropped, said once."""
+        self.dropped += 1
+        if self.dropped == 1:
+            warnings.warn(f"metric {name!r}: this process holds {MAX_PROCESS_SERIES} tag sets since its last "
+                          "report; records of new ones are dropped until the next (tag values should "
+                          "come from a small set)", RuntimeWarning, stacklevel=4)
 
     def pending(self) -> bool:
         return bool(self._series)

@@ -159,8 +159,9 @@ class TestBuffer:
     def test_a_process_holds_a_bounded_number_of_series(self) -> None:
         b = pm.Buffer()
         b.define(pm.COUNTER, "c", "", ("k",), None)
-        for i in range(pm.MAX_PROCESS_SERIES + 5):
-            b.record(pm.COUNTER, "c", (str(i),), 1.0)
+        with pytest.warns(RuntimeWarning, match="records of new ones are dropped"):
+            for i in range(pm.MAX_PROCESS_SERIES + 5):
+                b.record(pm.COUNTER, "c", (str(i),), 1.0)
         assert b.dropped == 5
         assert len(b.take()[0][5]) == pm.MAX_PROCESS_SERIES
 
