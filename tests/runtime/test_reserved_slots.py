@@ -86,8 +86,8 @@ def test_a_loop_of_by_value_calls_lends_the_slot_its_last_call_gave_back(
     lent: list[int] = []
     take = cw.store.take_reserved
 
-    def spy(size: int, lend: bool = False, wait_s: float = 0.0) -> Any:
-        mapping = take(size, lend, wait_s)
+    def spy(size: int, lend: bool = False) -> Any:
+        mapping = take(size, lend)
         if mapping is not None and lend:
             lent.append(mapping.slot)
         return mapping

@@ -390,41 +390,6 @@ def test_a_granted_slot_the_client_still_maps_is_ready_without_the_mapping_threa
         store.close()
 
 
-def test_a_write_waits_for_the_slot_being_mapped_up_to_its_bound(tmp_path: Any,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """A fresh slot the mapping thread is still faulting in: ``take_reserved`` without a
-    wait answers None (its caller would create the object with a round trip and fault a
-    file of its own); with ``wait_s`` it gets the slot once mapped, or None at the bound."""
-    import threading
-    import time
-    from lumos._private.object_store import client as store_client
-    slow = threading.Event()
-    map_new = store_client._map_new
-
-    def slow_map(path: str, file_size: int, create: bool) -> Any:
-        slow.wait(10)
-        return map_new(path, file_size, create)
-    monkeypatch.setattr(store_client, "_map_new", slow_map)
-    store = store_client.StoreClient(str(tmp_path), 1, 1 << 30, 64 * MiB)
-    try:
-        t = time.monotonic()
-        assert store.take_reserved(MiB, wait_s=5.0) is None  # nothing reserved: no wait at all
-        assert time.monotonic() - t < 0.5
-        store.map_reserved_soon([(1, str(tmp_path / "resv-1"), MiB, False)])
-        assert store.take_reserved(MiB) is None
-        t = time.monotonic()
-        assert store.take_reserved(MiB, wait_s=0.2) is None  # still being mapped at the bound
-        assert 0.15 <= time.monotonic() - t < 2.0
-        threading.Timer(0.3, slow.set).start()
-        t = time.monotonic()
-        mapping = store.take_reserved(MiB, wait_s=10.0)
-        assert mapping is not None and mapping.slot == 1 and time.monotonic() - t < 5.0
-        assert store.take_reserved(2 * MiB, wait_s=1.0) is None  # nothing of that size on its way
-    finally:
-        slow.set()
-        store.close()
-
-
 @pytest.mark.timeout(60)
 def test_a_driver_reading_returns_in_a_loop_reuses_spare_mappings_and_drops_them_when_idle(
         cluster: Any) -> None:

@@ -54,9 +54,6 @@ RESERVE_AHEAD = 4
 RESERVE_AHEAD_MAX = 16
 RESERVE_AHEAD_BYTES = 16 * 1024 * 1024
 RESERVE_MAX_BYTES = 16 * 1024 * 1024
-#: How long a write waits for a reserved slot the store's mapping thread is still
-#: faulting in (``StoreClient.take_reserved``) before it creates the object itself.
-RESERVED_WAIT_S = 0.02
 #: After the raylet had no slot to spare, a size is not asked for again for this long.
 RESERVE_RETRY_S = 1.0
 
@@ -265,7 +262,7 @@ class ObjectsMixin:
         when the value was stored as an object."""
         size = sv.total_size
         if size <= RESERVE_MAX_BYTES:
-            mapping = self.store.take_reserved(size, lend, RESERVED_WAIT_S)
+            mapping = self.store.take_reserved(size, lend)
             if mapping is not None and lend:
                 try:
                     lent = self.store.write_lent(oid, mapping, size, sv.write_into)

@@ -197,8 +197,6 @@ class StoreClient:
         self._recycle_bytes = recycle_bytes
         # Reentrant: a view's weakref callback may run inside a locked region (GC).
         self._lock = threading.RLock()
-        #: Notified (under ``_lock``) when the mapping thread readies a reserved slot.
-        self._mapped = threading.Condition(self._lock)
         #: Object id -> writable mapping of a file this process created.
         self._created: dict[bytes, _Mapping] = {}
         #: Object id -> read-only mapping of a file another process created.
@@ -388,7 +386,6 @@ class StoreClient:
                 logger.debug("could not map reserved slot %d: %s", slot, e)
                 with self._lock:
                     self._resv_sizes.pop(slot, None)
-                    self._mapped.notify_all()  # a write waiting for it stops waiting
                 if not reused and e.errno != errno.ENOENT:
                     unlink_quietly(path)
                 continue
@@ -396,14 +393,13 @@ class StoreClient:
             with self._lock:
                 if slot in self._resv_sizes:
                     self._reserved[slot] = mapping
-                    self._mapped.notify_all()
                     continue
             # Taken back while we mapped it: a file we made after its unlink is ours to remove.
             if not reused:
                 unlink_quietly(path)
             self._close(mapping)
 
-    def take_reserved(self, size: int, lend: bool = False, wait_s: float = 0.0) -> _Mapping | None:
+    def take_reserved(self, size: int, lend: bool = False) -> _Mapping | None:
         """A mapped reserved slot that fits ``size`` bytes, now this caller's, or None.
         ``lend``: for ``write_lent`` (a take-back of the slot from now on is noted).
 
@@ -412,24 +408,11 @@ class StoreClient:
         them through the mapping it kept of that file (its spare), where taking the
         oldest first went round every slot the bursts had left reserved (hundreds, for
         1 MiB arguments), a fresh mmap and munmap in the worker per call (by-value
-        bursts ran 10-30% slower).
-
-        ``wait_s``: when no fitting slot is mapped yet but one is being mapped (the
-        mapping thread pre-faults fresh files, ~1 ms a MiB here), wait for it up to this
-        long rather than answer None, whose caller creates the object with a round trip
-        and faults a new file of its own meanwhile (a burst of 1 MiB returns into fresh
-        store memory did that for one return in six, ~3 ms each)."""
-        if not self._reserved and (wait_s <= 0 or not self._resv_sizes):
+        bursts ran 10-30% slower)."""
+        if not self._reserved:
             return None
         with self._lock:
             found = self._reserved.last_fitting(size)
-            if found is None and wait_s > 0 and self._resv_sizes.count_fitting(size):
-                deadline = time.monotonic() + wait_s
-                while found is None and self._resv_sizes.count_fitting(size):
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not self._mapped.wait(left):
-                        break
-                    found = self._reserved.last_fitting(size)
             if found is None:
                 return None
             slot, mapping = found
@@ -983,7 +966,6 @@ class StoreClient:
             if mapping is not None:
                 self._slot_bytes -= mapping.size
             elif self._resv_sizes.pop(slot, None) is not None:
-                self._mapped.notify_all()
                 mapping = self._reserved.pop(slot, None)
                 if mapping is not None:
                     # Ours if we created it after the raylet's unlink ran (names are never reused).
@@ -1014,7 +996,6 @@ class StoreClient:
             self._spare_bytes = 0
             self._reserved.clear()
             self._resv_sizes.clear()
-            self._mapped.notify_all()
             self._lending.clear()
             self._lent.clear()
             self.on_pin = None
