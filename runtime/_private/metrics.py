@@ -109,25 +109,18 @@ class Buffer:
                boundaries: list[float] | None = None) -> None:
         key = (name, values)
         with self._lock:
-            first = not self._series
             series = self._series
+            first = not series
+            have = series.get(key)
+            if have is None and len(series) >= MAX_PROCESS_SERIES:
+                self._full(name)
+                return
             if kind == COUNTER:
-                have = series.get(key)
-                if have is None and len(series) >= MAX_PROCESS_SERIES:
-                    self._full(name)
-                    return
                 series[key] = value if have is None else have + value
             elif kind == GAUGE:
-                if key not in series and len(series) >= MAX_PROCESS_SERIES:
-                    self._full(name)
-                    return
                 series[key] = value
             else:
-                have = series.get(key)
                 if have is None:
-                    if len(series) >= MAX_PROCESS_SERIES:
-                        self._full(name)
-                        return
                     have = series[key] = [[0] * (len(boundaries) + 1), 0.0]  # type: ignore[arg-type]
                 have[0][_bucket(boundaries, value)] += 1  # type: ignore[arg-type]
                 have[1] += value
@@ -250,8 +243,9 @@ def render_prometheus(metrics: list[list[Any]], nodes: list[Any], resources: lis
     for state in sorted(set(states) | {"ALIVE", "DEAD"}):
         out.append(f"lumos_nodes{_labels([('state', state)])} {states.get(state, 0)}")
     per_node = [
-        ("lumos_node_resources_total", "The node's resources, by name.", None),
-        ("lumos_node_resources_available", "The node's resources not in use, as of its last heartbeat.", None),
+        ("lumos_node_resources_total", "The node's resources, by name.", "total"),
+        ("lumos_node_resources_available", "The node's resources not in use, as of its last heartbeat.",
+         "available"),
         ("lumos_object_store_used_bytes", "Bytes in the node's object store.", "store_used_bytes"),
         ("lumos_object_store_capacity_bytes", "The node's object store size, bytes.", "store_capacity_bytes"),
         ("lumos_node_queued_leases", "Lease requests waiting at the node's scheduler.", "queue_length"),
@@ -267,12 +261,12 @@ def render_prometheus(metrics: list[list[Any]], nodes: list[Any], resources: lis
         _family(out, name, "gauge", description)
         for r in ordered:
             labels = node_labels(r.node_id)
-            if field is None:
-                table = r.total if name.endswith("_total") else r.available
-                for resource in sorted(table):
-                    out.append(f"{name}{_labels(labels + [('resource', resource)])} {_num(table[resource])}")
+            value = getattr(r, field)
+            if isinstance(value, dict):  # by resource
+                for resource in sorted(value):
+                    out.append(f"{name}{_labels(labels + [('resource', resource)])} {_num(value[resource])}")
             else:
-                out.append(f"{name}{_labels(labels)} {_num(getattr(r, field))}")
+                out.append(f"{name}{_labels(labels)} {_num(value)}")
     for name, description, rows in (("lumos_actors", "Actors, by state.", actors),
                                     ("lumos_jobs", "Jobs (drivers), by state.", jobs)):
         counts: dict[str, int] = {}

@@ -64,20 +64,12 @@ async def _notify(conn, body) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _served(tmp_path, received: list[tuple[str, int, int]], total: int):
-    """A server and a client over a Unix socket: the server's side of the connection, and
-    a future done once the client received ``total`` ``Publish`` messages (appended to
-    ``received`` as channel, first key byte, data length)."""
+async def _pair(tmp_path, on_publish):
+    """A server and a client over a Unix socket, ``on_publish(conn, msg)`` the client's
+    handler of ``Publish``: (the server's side of the connection, the client's)."""
     config = Config()
     server = RpcServer(token=TOKEN, config=config, handlers={}, name="test-server")
     await server.start(unix_path=str(tmp_path / "s.sock"))
-    done = asyncio.get_running_loop().create_future()
-
-    def on_publish(conn, msg) -> None:
-        received.append((msg.channel, msg.key[0] if msg.key else 0, len(msg.data)))
-        if len(received) == total and not done.done():
-            done.set_result(None)
-
     client = await connect(str(tmp_path / "s.sock"), token=TOKEN, config=config,
                            handlers={m.Publish: on_publish}, name="test-client", timeout_s=10)
     try:
@@ -86,10 +78,26 @@ async def _served(tmp_path, received: list[tuple[str, int, int]], total: int):
                 break
             await asyncio.sleep(0.01)
         (conn,) = server.connections
-        yield conn, done
+        yield conn, client
     finally:
         client.close()
         await server.stop()
+
+
+@contextlib.asynccontextmanager
+async def _served(tmp_path, received: list[tuple[str, int, int]], total: int):
+    """``_pair``: the server's side of the connection, and a future done once the client
+    received ``total`` ``Publish`` messages (appended to ``received`` as channel, first
+    key byte, data length)."""
+    done = asyncio.get_running_loop().create_future()
+
+    def on_publish(conn, msg) -> None:
+        received.append((msg.channel, msg.key[0] if msg.key else 0, len(msg.data)))
+        if len(received) == total and not done.done():
+            done.set_result(None)
+
+    async with _pair(tmp_path, on_publish) as (conn, _client):
+        yield conn, done
 
 
 @pytest.mark.timeout(60)
@@ -131,18 +139,7 @@ def test_what_a_peer_sent_before_it_went_is_read_when_a_write_finds_it_gone(tmp_
     got: list[str] = []
 
     async def go() -> None:
-        config = Config()
-        server = RpcServer(token=TOKEN, config=config, handlers={}, name="test-server")
-        await server.start(unix_path=str(tmp_path / "s.sock"))
-        client = await connect(str(tmp_path / "s.sock"), token=TOKEN, config=config,
-                               handlers={m.Publish: lambda conn, msg: got.append(msg.channel)},
-                               name="test-client", timeout_s=10)
-        try:
-            for _ in range(100):
-                if server.connections:
-                    break
-                await asyncio.sleep(0.01)
-            (peer,) = server.connections
+        async with _pair(tmp_path, lambda conn, msg: got.append(msg.channel)) as (peer, client):
             client.allow_write_now()
             client._transport.pause_reading()  # busy elsewhere: the reply waits in the socket
             peer.notify(m.Publish("last words", b"\0", b""))
@@ -151,9 +148,6 @@ def test_what_a_peer_sent_before_it_went_is_read_when_a_write_finds_it_gone(tmp_
             await asyncio.sleep(0.1)
             client.notify(m.Publish("next task", b"\0", b"x" * 1000))  # finds it gone
             await asyncio.wait_for(asyncio.shield(client.closed), 10)
-        finally:
-            client.close()
-            await server.stop()
 
     eventloop.run(go())
     assert got == ["last words"]

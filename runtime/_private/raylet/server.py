@@ -427,10 +427,8 @@ class RayletServer:
         elif isinstance(action, sc.StartWorker):
             self.pool.start_worker()
         elif isinstance(action, sc.StopWorker):
-            if not (action.graceful_s > 0 and self.pool.ask_to_exit(action.worker_id, action.reason, action.graceful_s,
-                                                                    action.exit_type, clean_up=False)):
-                self.pool.kill_worker(action.worker_id, "" if action.quiet else action.reason,
-                                      exit_type=action.exit_type)
+            self.pool.stop_worker(action.worker_id, "" if action.quiet else action.reason, action.graceful_s,
+                                  action.exit_type, clean_up=False)
         elif isinstance(action, sc.ReportInfeasible):
             logger.info("lease request %d for %s is infeasible here", action.request_id, action.resources)
         elif isinstance(action, sc.FailLease):

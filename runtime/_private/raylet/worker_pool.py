@@ -584,11 +584,17 @@ class WorkerPool:
     def kill_worker_request(self, conn: Connection, msg: m.KillWorker) -> bool:
         if msg.worker_id not in self.procs:
             return False
-        if msg.graceful_s > 0 and self.ask_to_exit(msg.worker_id, msg.reason, msg.graceful_s, msg.exit_type,
-                                                   msg.clean_up is not False):
-            return True
-        self.kill_worker(msg.worker_id, msg.reason, force=True, exit_type=msg.exit_type)
+        self.stop_worker(msg.worker_id, msg.reason, msg.graceful_s, msg.exit_type, msg.clean_up is not False,
+                         force=True)
         return True
+
+    def stop_worker(self, worker_id: WorkerID, reason: str, graceful_s: float = 0.0, exit_type: str | None = None,
+                    clean_up: bool = True, force: bool = False) -> None:
+        """Ask the worker to exit on its own within ``graceful_s`` (``ask_to_exit``) when
+        that is above 0 and it can be asked; else kill it (``kill_worker``)."""
+        if graceful_s > 0 and self.ask_to_exit(worker_id, reason, graceful_s, exit_type, clean_up):
+            return
+        self.kill_worker(worker_id, reason, force=force, exit_type=exit_type)
 
     def ask_to_exit(self, worker_id: WorkerID, reason: str, grace_s: float, exit_type: str | None = None,
                     clean_up: bool = True) -> bool:
