@@ -636,6 +636,49 @@ def test_a_recalled_lease_takes_nothing_more_and_goes_after_its_last_reply() -> 
     assert [p.task for p in of(out, ts.PushTask)] == burst[4:]
 
 
+def test_a_recall_read_before_its_grant_returns_the_lease_once_granted() -> None:
+    # The raylet grants a lease and recalls it in the same turn (another job's request
+    # waits); the owner reads the recall first (the grant's reply resumes the request's
+    # coroutine a turn later). Ignored, the lease stayed with the owner for good.
+    s = state()
+    t = template()
+    first = task(t)
+    out = s.enqueue(first)
+    q = first.queue
+    raylet = FakeConn()
+    g = m.LeaseGrant(7, b"w" * 20, m.Address(NODE, b"w" * 20, "", "127.0.0.1", 2), {}, NODE)
+    assert s.recalled(raylet, 7) == []
+    assert s.recalled(FakeConn(), 8) == []  # another raylet's, or one given back already
+    lease = LeasedWorker(g, q, raylet)  # type: ignore[arg-type]
+    s.lease_granted(q, lease)
+    assert lease.recalled
+    out = s.lease_connected(lease, FakeConn())
+    s.validate()
+    assert of(out, ts.ReturnLease) == [ts.ReturnLease(lease, False)] and of(out, ts.PushTask) == []
+    assert list(q.tasks) == [first] and q.requesting == 1  # it asks again
+    assert (raylet, 7) not in s.early_recalls
+    # A later grant of another lease is not taken for it.
+    other, out = grant(s, q)
+    assert not other.recalled and [p.task for p in of(out, ts.PushTask)] == [first]
+    for i in range(ts.EARLY_RECALLS + 10):  # bounded
+        s.recalled(raylet, 1000 + i)
+    assert len(s.early_recalls) == ts.EARLY_RECALLS
+
+
+def test_a_lease_recalled_while_a_user_thread_claimed_it_goes_back_if_the_write_failed() -> None:
+    s = state()
+    lease, _ = idle_worker(s)
+    lease.direct = True
+    f = task(template())
+    got = s.claim_idle(lease.queue, f)
+    assert got is lease
+    assert of(s.recalled(lease.raylet, lease.lease_id), ts.ReturnLease) == []  # claimed: kept for now
+    out = s.direct_pushed(f, lease, False)  # the write could not go
+    s.validate()
+    assert of(out, ts.ReturnLease) == [ts.ReturnLease(lease, False)] and lease.dead
+    assert of(out, ts.PushTask) == [] and list(f.queue.tasks) == [f] and f.queue.requesting == 1
+
+
 def test_a_recalled_idle_lease_is_returned_at_once() -> None:
     s = state()
     lease, _ = idle_worker(s)

@@ -23,6 +23,7 @@ ones go one per worker, so a slow task never holds others back while a worker id
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Union
@@ -32,6 +33,9 @@ from lumos._private.core_worker.tasks import DONE, PUSHED, QUEUED, LeasedWorker,
 from lumos._private.ids import NodeID, TaskID, short
 from lumos._private.protocol.vocab import LEASE_REFUSALS, PlacementGroupRemoved, TaskUnschedulable
 from lumos._private.raylet.memory_monitor import OOM_KILL_REASON
+
+#: Recalls of leases not granted yet kept for their grant (``early_recalls``).
+EARLY_RECALLS = 256
 
 #: A lease refusal (``LEASE_REFUSALS``) -> the error its waiting tasks fail with, and how
 #: the message says it.
@@ -130,6 +134,13 @@ class TaskSubmitterState:
         #: Queues whose tasks wait for lease requests in flight, oldest first (pruned when
         #: looked at): a worker that goes idle in a queue of the same shape moves to one.
         self.starving: dict[SchedulingQueue, None] = {}
+        #: Recalls of leases not granted here yet, (raylet, lease id) -> None, oldest first
+        #: (at most ``EARLY_RECALLS``): a raylet that grants a lease and recalls it at once
+        #: (another job's request waits) may have its recall read before the grant, whose
+        #: reply resumes the request's coroutine a turn later. Ignored, the lease was never
+        #: given back and that request waited for ever (a second driver's task of two CPUs
+        #: beside a looping driver, one run in eight under load).
+        self.early_recalls: OrderedDict[tuple[Any, int], None] = OrderedDict()
 
     # ------------------------------------------------------------------ queueing
 
@@ -262,13 +273,21 @@ class TaskSubmitterState:
     # ------------------------------------------------------------------ leases
 
     def lease_granted(self, q: SchedulingQueue, lease: LeasedWorker) -> None:
-        """A raylet granted ``lease`` for ``q``; its connection is being opened."""
+        """A raylet granted ``lease`` for ``q``; its connection is being opened. A recall
+        of it that came first (``early_recalls``) holds: it takes no task and goes back
+        once connected."""
         q.requesting -= 1
         q.leases.append(lease)
+        key = (lease.raylet, lease.lease_id)
+        if self.early_recalls and key in self.early_recalls:
+            del self.early_recalls[key]
+            lease.recalled = True
 
     def lease_connected(self, lease: LeasedWorker, conn: Any) -> list[Action]:
         lease.conn = conn
         q = lease.queue
+        if lease.recalled:
+            return self.return_lease(lease, disconnect=False) + self.pump(q)
         if not q.tasks:
             hungry = self._starving_like(lease) if self.starving else None
             if hungry is not None:  # another function of this shape waits for a worker
@@ -327,6 +346,10 @@ class TaskSubmitterState:
                     if lease.tasks or lease.claimed:
                         return self.pump(q)
                     return self.return_lease(lease, disconnect=False) + self.pump(q)
+        # Not granted here yet (or given back already: such entries age out).
+        self.early_recalls[(raylet, lease_id)] = None
+        if len(self.early_recalls) > EARLY_RECALLS:
+            self.early_recalls.popitem(last=False)
         return []
 
     def idle_expired(self, lease: LeasedWorker) -> list[Action]:
@@ -377,6 +400,9 @@ class TaskSubmitterState:
         q = lease.queue
         task.queue = q
         if not sent:
+            if lease.recalled and not lease.tasks and not lease.dead:
+                # Recalled while claimed: nothing else gives it back now.
+                return self.return_lease(lease, disconnect=False) + self.enqueue(task)
             return self.enqueue(task)
         if lease.dead:  # (claimed leases are never returned; a worker failure books first)
             task.state = QUEUED
