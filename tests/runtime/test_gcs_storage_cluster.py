@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -206,6 +207,39 @@ def test_actors_and_tasks_keep_working_while_the_gcs_restarts(
     assert jobs[job] == "RUNNING"
     nodes = gcs_call(cluster, m.GetAllNodes())
     assert [n.state for n in nodes] == ["ALIVE"], "the head's raylet did not come back as the same node"
+
+
+def test_a_client_drivers_metrics_recorded_while_the_gcs_restarts_reach_it(
+        redis_cluster: tuple[Cluster, list[RedisServer]]) -> None:
+    """A client-mode driver reports its metrics through its session, which passed them on
+    only while the GCS was there: what it recorded during a restart was dropped. The
+    session holds them with the rest of its backlog now. (The GCS keeps metrics in
+    memory: the restarted one counts from what it is sent, as a Prometheus counter reset.)"""
+    from lumos._private import metrics as pm
+    from lumos._private.client.launch import start_client_server
+    from lumos.util.metrics import Counter as MetricCounter
+    cluster, servers = redis_cluster
+    url = "redis://" + ",".join(s.address for s in servers)
+    address = start_client_server(cluster._head_processes(), "127.0.0.1", 0, cluster.address,
+                                  {**TEST_CONFIG, "gcs_storage": url}, tie_to_parent=True)
+
+    def value() -> list[float]:
+        return [s["value"] for r in lumos.state.metrics() if r["name"] == "client_restart_records"
+                for s in r["series"]]
+
+    lumos.init(address, _token=cluster.token)
+    try:
+        records = MetricCounter("client_restart_records")
+        records.inc()
+        assert value() == [1.0]
+        cluster.kill_gcs()
+        records.inc(2)
+        wait_for(lambda: not pm.BUFFER.pending(), 15)  # the heartbeat's turn: with the session now
+        time.sleep(0.5)
+        cluster.restart_gcs()
+        wait_for(lambda: value() == [2.0], 30)
+    finally:
+        lumos.shutdown()
 
 
 @pytest.mark.slow

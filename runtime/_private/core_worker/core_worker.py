@@ -256,6 +256,9 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self._metrics_next = 0.0
         #: Reports sent (a statistic).
         self.metrics_reports = 0
+        #: Client drivers' reports held in ``_gcs_backlog`` (``forward_metrics``); a drop said.
+        self._metrics_held = 0
+        self._metrics_drop_said = False
         #: Called with batches of worker output lines (driver); replaceable by front ends.
         self.log_handler: Callable[[list[Any]], None] = print_worker_lines
         #: When worker output last arrived (monotonic; the exit drain waits for it to settle).

@@ -48,6 +48,7 @@ async def reconnect(cw: CoreWorker) -> None:
                 for msg in cw._gcs_backlog:
                     gcs.notify(msg)
                 cw._gcs_backlog = []
+                cw._metrics_held = 0
                 for q in list(cw.actor_submitter.actors.values()):
                     if q.subscribed:
                         q.subscribed = False

@@ -27,6 +27,7 @@ import copy
 import functools
 import hashlib
 import itertools
+import logging
 import threading
 import time
 from typing import Any
@@ -45,6 +46,8 @@ from lumos._private.task_spec import new_task_spec
 from lumos._private.transport.connection import ConnectionLost, RemoteError
 from lumos.generator import GeneratorStream, ObjectRefGenerator
 from lumos.object_ref import ObjectRef
+
+logger = logging.getLogger(__name__)
 
 
 def _has_large_buffer(args: tuple[Any, ...], kwargs: dict[str, Any], limit: int) -> bool:
@@ -74,6 +77,8 @@ _NO_ARGS_BYTES = _NO_ARGS.to_bytes()
 
 #: Calls an actor made to itself that it remembers (``_note_call_to_self``).
 _CALLS_TO_SELF = 256
+#: Reports of client-mode drivers' metrics (``forward_metrics``) held while the GCS restarts.
+FORWARDED_METRICS_HELD = 1000
 
 
 class _ArgRef(int):
@@ -673,11 +678,24 @@ class SubmissionMixin:
             gcs.notify(m.ReportMetrics(rows))
 
     def forward_metrics(self, rows: list[Any]) -> None:
-        """A client-mode driver's metric rows (io thread), sent on as they came; lost
-        while the GCS is away (they were recorded on another machine)."""
+        """A client-mode driver's metric rows (io thread), sent on as they came. While a
+        durable GCS restarts they wait with the rest of the backlog (``_gcs_backlog``), at
+        most ``FORWARDED_METRICS_HELD`` reports (a client reports once a second); past
+        that, and with no GCS to come back, they are dropped, said once in the log."""
         gcs = self.gcs
-        if gcs is not None and not gcs.is_closed and not self._gcs_reconnecting:
+        if self._gcs_reconnecting:
+            if self._metrics_held < FORWARDED_METRICS_HELD:
+                self._metrics_held += 1
+                self._gcs_backlog.append(m.ReportMetrics(rows))
+                return
+        elif gcs is not None and not gcs.is_closed:
             gcs.notify(m.ReportMetrics(rows))
+            return
+        if not self._metrics_drop_said:
+            self._metrics_drop_said = True
+            logger.warning("a client driver's application metrics were dropped: the GCS is away (%s)",
+                           "reports held while it restarts are at their bound" if self._gcs_reconnecting
+                           else "not reconnecting")
 
     def _flush_pending(self) -> bool:
         ex = self.executor
