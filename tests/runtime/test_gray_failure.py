@@ -218,3 +218,70 @@ def test_a_pull_from_a_node_frozen_mid_transfer_fails_over_when_it_is_declared_d
         thaw(procs)
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)
+
+
+_DRIVER_ON_THE_HEAD = """
+import os, sys, time
+import lumos
+lumos.init(address=sys.argv[1], _token=sys.argv[2])
+
+@lumos.remote(resources={"w": 1})
+def hold(i):
+    time.sleep(0.05)
+    return os.getpid()
+
+while True:
+    print("looping", *set(lumos.get([hold.remote(i) for i in range(4)], timeout=60)), flush=True)
+"""
+
+
+def test_the_leases_of_an_owner_on_a_node_declared_dead_go_back(tmp_path: Any) -> None:
+    """A driver on the head whose tasks run on node B (their leases spilled there), frozen
+    with its node: once the GCS declared the head's raylet dead, and the driver with it,
+    node B still lent its only "w" to the driver, for as long as the driver stayed frozen
+    (its connection to B never closed). B now ends the leases of an owner the GCS says
+    died, and stops their workers."""
+    import asyncio
+    import subprocess
+    import sys
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
+    procs: list[psutil.Process] = []
+    driver: subprocess.Popen[str] | None = None
+    try:
+        node_b = cluster.add_node(num_cpus=1, resources={"w": 1})
+        cluster.wait_for_nodes()
+        driver = subprocess.Popen([sys.executable, "-c", _DRIVER_ON_THE_HEAD, cluster.address, cluster.token],
+                                  stdout=subprocess.PIPE, text=True)
+        assert driver.stdout is not None
+        pids: set[int] = set()
+        for _ in range(3):
+            word, *more = driver.stdout.readline().split()
+            assert word == "looping"
+            pids.update(map(int, more))
+
+        def w_available() -> float:
+            async def ask() -> float:
+                client = lumos.state.StateClient(cluster.address, cluster.token)
+                await client.connect(10)
+                try:
+                    rows = {bytes(r.node_id).hex(): r for r in await client.node_resources()}
+                finally:
+                    client.close()
+                return float(rows[node_b.node_id].available.get("w", 0.0))
+            return asyncio.run(ask())
+
+        head = cluster.head_node
+        assert head is not None
+        procs = node_processes(head.raylet_pid) + [psutil.Process(driver.pid)]
+        freeze(procs)
+        assert w_available() == 0.0
+        wait_for(lambda: w_available() == 1.0, 40)
+        for pid in pids:  # the worker it leased on B is stopped
+            wait_for(lambda: process_gone(pid), 20)
+    finally:
+        thaw(procs)
+        if driver is not None:
+            driver.kill()
+            driver.communicate(timeout=30)
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)

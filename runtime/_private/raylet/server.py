@@ -301,6 +301,7 @@ class RayletServer:
                 self.object_manager.node_gone(msg.data.node_id)
         elif msg.channel == "worker_deaths" and isinstance(msg.data, m.WorkerInfo) and msg.data.state == "DEAD":
             self._free_owned_by(msg.data.worker_id, msg.data.exit_detail or "it died")
+            self._end_leases_of(msg.data.worker_id, msg.data.exit_detail or "it died")
 
     # ------------------------------------------------------------------ loops
 
@@ -650,6 +651,28 @@ class RayletServer:
         self._store(st.ObjectsFreed(freed, [False] * len(freed)))
         if len(self.alive_nodes) > 1:
             self.object_manager.free_copies(freed)
+
+    def _end_leases_of(self, owner: WorkerID, why: str) -> None:
+        """The GCS says the process ``owner`` died: the task leases it holds here go back,
+        their workers stopped, and its waiting requests are dropped, as when its connection
+        closes (``_client_closed``). Its connection may never close: an owner on a node
+        declared dead because it froze (``SIGSTOP``) or vanished sends no FIN, and its
+        leases held this node's resources until it ran again, or for good."""
+        leases = [lid for lid in self._lease_owner
+                  if (lease := self.scheduler.leases.get(lid)) is not None and lease.owner == owner]
+        requests = [rid for rid in self._lease_waiters
+                    if (req := self.scheduler.queue.get(rid)) is not None and req.event.owner == owner]
+        if not leases and not requests:
+            return
+        logger.info("ending %d leases and %d lease requests of %s, which died (%s)", len(leases), len(requests),
+                    short(owner), why)
+        for rid in requests:
+            _, fut = self._lease_waiters.pop(rid)
+            fut.cancel()
+            self._sched(sc.LeaseCancelled(rid))
+        for lid in leases:
+            del self._lease_owner[lid]
+            self._sched(sc.LeaseReturned(lid, True))  # its owner is gone: so is the work
 
     async def create_local(self, object_id: ObjectID, size_bytes: int, client: WorkerID) -> list[Any]:
         """Space for a new object: ``[slot, write path, final path, file size, reused]``."""
