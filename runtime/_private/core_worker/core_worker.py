@@ -676,7 +676,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         try:
             assert raylet is not None
             request = m.RequestWorkerLease(self.job_id, t.resources, self.worker_id, t.strategy, t.function_name,
-                                           arg_bytes_by_node=self._arg_bytes_by_node(q), retry_budget=t.max_retries)
+                                           arg_bytes_by_node=self._arg_bytes_by_node(q), retry_budget=t.max_retries,
+                                           owner_node_id=self.node_id)
             reply = await raylet.call(request)
             hops = 0
             # Bottom-up scheduling: a raylet that does not serve the request names another node.

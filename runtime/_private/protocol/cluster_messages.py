@@ -1,9 +1,10 @@
 """Messages between nodes: spillback to the GCS global scheduler, object transfer between
-raylets, placement groups and node logs (codes 110-139).
+raylets, placement groups and node logs (codes 109-127).
 
 ```
 raylet --ScheduleLease--> GCS --SpillbackReply--> owner --RequestSpilledLease--> other raylet
 other raylet --LeaseRecalled--> owner (an owner on that node needs the resources back)
+other raylet --OwnersStopped--> the owner's raylet (a recalled lease not given back: is its owner stopped?)
 raylet --ReadObjectChunk/GetObjectSize/FreeObjectCopies--> raylet
 GCS --ReserveBundles/ReleaseBundles/GetNodeLog--> raylet
 ```
@@ -20,7 +21,7 @@ from lumos._private.protocol.raylet_messages import RequestWorkerLease
 from lumos._private.protocol.task_messages import Address
 
 
-# --------------------------------------------------------------------------- multi-node (110-139)
+# --------------------------------------------------------------------------- multi-node (109-127)
 # Bottom-up scheduling (spillback to the GCS global scheduler), object transfer between
 # nodes, placement groups. Owned by the multi-node area (raylet, global_scheduler.py).
 
@@ -75,6 +76,17 @@ class LeaseRecalled:
     worker and return the lease once its tasks in flight are done."""
 
     lease_id: int
+
+
+@message(109)
+class OwnersStopped:
+    """Raylet -> the raylet of the node these owners run on: which of them are stopped
+    processes (``SIGSTOP``, Ctrl-Z, a debugger's stop). Asked for owners that did not give
+    back a recalled lease within ``RECALL_HOLD_S``: a stopped one never will, and its
+    lease's idle worker is stopped so that the owners waiting there run. Reply: the
+    worker ids among ``worker_ids`` whose process on that node is stopped."""
+
+    worker_ids: list[WorkerID]
 
 
 @message(113)

@@ -44,9 +44,9 @@ from lumos._private.protocol.raylet_messages import (  # noqa: F401
     GetNodeStats, MarkShared, ShutdownNode, DropSlots, PinObjects, RestoreSpilled,
     DropMappings)
 from lumos._private.protocol.cluster_messages import (  # noqa: F401
-    ScheduleLease, SpillbackReply, RequestSpilledLease, LeaseRecalled, PullObject, ReadObjectChunk, GetObjectSize,
-    FreeObjectCopies, ReserveBundles, ReleaseBundles, PlacementGroupInfo, CreatePlacementGroup, RemovePlacementGroup,
-    GetPlacementGroup, ListPlacementGroups, WaitPlacementGroupReady, GetNodeLog, NodeLog)
+    ScheduleLease, SpillbackReply, RequestSpilledLease, LeaseRecalled, OwnersStopped, PullObject, ReadObjectChunk,
+    GetObjectSize, FreeObjectCopies, ReserveBundles, ReleaseBundles, PlacementGroupInfo, CreatePlacementGroup,
+    RemovePlacementGroup, GetPlacementGroup, ListPlacementGroups, WaitPlacementGroupReady, GetNodeLog, NodeLog)
 from lumos._private.protocol.vocab import (  # noqa: F401
     PENDING_TASK_STATES, TASK_STATE_RANK, TERMINAL_TASK_STATES, ErrorKind, ObjectState, RetryPolicy, TaskKind,
     TaskState, WorkerExitType)
@@ -138,6 +138,7 @@ __all__ = [
     "SpillbackReply",
     "RequestSpilledLease",
     "LeaseRecalled",
+    "OwnersStopped",
     "PullObject",
     "ReadObjectChunk",
     "GetObjectSize",

@@ -59,6 +59,9 @@ class RequestWorkerLease:
     #: ``max_retries`` or the actor's ``max_restarts`` (-1: unlimited, 0: none); None from
     #: older peers (tasks then count as retriable, actors not).
     retry_budget: int | None = None
+    #: The owner's node (None from older peers): a raylet on another node asks that
+    #: node's raylet whether the owner is stopped (``OwnersStopped``).
+    owner_node_id: NodeID | None = None
 
 
 @message(42)

@@ -413,6 +413,11 @@ class ObjectManager:
         logger.info("pulled %s (%d bytes) from %s in %.3fs", short(object_id), size, short(from_node),
                     loop.time() - t0)
 
+    async def peer(self, node_id: NodeID) -> Connection:
+        """The shared connection to ``node_id``'s raylet (opened if need be); raises
+        ``ObjectUnavailable`` when that node is not alive."""
+        return await self._peer(node_id)
+
     async def _peer(self, node_id: NodeID) -> Connection:
         conn = self._peers.get(node_id)
         if conn is not None and not conn.is_closed:

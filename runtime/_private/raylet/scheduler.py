@@ -81,6 +81,8 @@ class LeaseRequested:
     #: The owner's worker id (``GCS_OWNER``: an actor's creation the GCS asks for; b"": not
     #: told): a stopped owner's lease may be taken back (``RayletServer``).
     owner: bytes = b""
+    #: The owner's node (b"": not told), asked whether it is stopped when it is another.
+    owner_node: bytes = b""
 
 
 @dataclasses.dataclass(slots=True)
@@ -302,9 +304,10 @@ class _Lease:
     recalled_for: int = 0
     #: When it was recalled (after ``RECALL_HOLD_S`` it is no longer counted on).
     recalled_at: float = 0.0
-    #: ``LeaseRequested.owner`` and ``remote_owner`` of its request.
+    #: ``LeaseRequested.owner``, ``remote_owner`` and ``owner_node`` of its request.
     owner: bytes = b""
     remote: bool = False
+    owner_node: bytes = b""
     #: When it was granted (the scheduler's clock).
     granted_at: float = 0.0
 
@@ -546,7 +549,7 @@ class LocalSchedulerState:
             lease = self.leases[lease_id] = _Lease(lease_id, rid, worker.worker_id, req.units, ids,
                                                    req.event.job_id, bundle.key if bundle is not None else None,
                                                    owner=req.event.owner, remote=req.event.remote_owner,
-                                                   granted_at=now)
+                                                   owner_node=req.event.owner_node, granted_at=now)
             if bundle is None and req.event.actor_id is None:
                 self._add_task_lease(lease)
             actions.append(GrantLease(rid, lease_id, worker.worker_id, ids))

@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable
+from typing import Any, Awaitable, Callable
 
 from lumos._private.config import Config
 from lumos._private.transport import eventloop
@@ -44,7 +44,7 @@ from lumos._private.protocol.vocab import LEASE_REFUSALS, PlacementGroupRemoved
 from lumos._private.raylet import memory_monitor as mm
 from lumos._private.raylet import node_report
 from lumos._private.raylet import scheduler as sc
-from lumos._private.raylet.object_manager import ObjectManager
+from lumos._private.raylet.object_manager import ObjectManager, ObjectUnavailable
 from lumos._private.raylet.worker_pool import WorkerPool, WorkerProc
 from lumos._private.transport.connection import (Connection, ConnectionLost, RemoteError, RpcServer,
                                                  connect_with_retry,
@@ -53,6 +53,8 @@ from lumos._private.transport.connection import (Connection, ConnectionLost, Rem
 logger = logging.getLogger(__name__)
 
 _TICK_S = 0.1
+#: Owners one ``OwnersStopped`` question names at most (the rest are not looked at).
+MAX_OWNERS_ASKED = 1024
 
 
 class RayletServer:
@@ -102,6 +104,8 @@ class RayletServer:
         self._warned_infeasible: set[int] = set()
         #: Leases whose frozen owner's worker is being checked (``_take_back_from_frozen_owners``).
         self._taking_back: set[int] = set()
+        #: Nodes whose raylet is being asked which owners are stopped (``OwnersStopped``).
+        self._asking_stopped: set[bytes] = set()
         #: Blocked task workers at which the next warning about them goes out (``_warn_blocked``).
         self._blocked_warn_at = self.scheduler.max_workers
         #: Bundle reservation request id -> [ok, reason, [[index, GPU ids], ...]] (answered within the same event).
@@ -155,6 +159,7 @@ class RayletServer:
             m.GetWorkerExit: self.pool.get_worker_exit,
             m.KillWorker: self.pool.kill_worker_request,
             m.GetNodeStats: self._node_stats,
+            m.OwnersStopped: self._stopped_owners_here,
             m.LogBatch: self._forward_logs,
             m.ShutdownNode: self._shutdown_request,
             m.ReserveBundles: self._reserve_bundles,
@@ -339,37 +344,84 @@ class RayletServer:
 
     def _take_back_from_frozen_owners(self, now: float) -> None:
         """A lease recalled ``RECALL_HOLD_S`` ago and not given back, whose owner is a
-        process on this node that is stopped (Ctrl-Z, ``SIGSTOP``, a debugger): its worker
-        is stopped once it is idle (``_take_back``), so the lease's resources serve the
-        owner that waits. Without it, a frozen driver kept them until it ran again, in
-        Ray too. A worker that owns objects, or runs or queues a task, is left alone."""
+        stopped process (Ctrl-Z, ``SIGSTOP``, a debugger): its worker is stopped once it is
+        idle (``_take_back``), so the lease's resources serve the owner that waits. Without
+        it, a frozen driver kept them until it ran again, in Ray too. An owner on this node
+        is looked at in ``/proc``; one on another node (its tasks spilled here) is asked of
+        that node's raylet (``OwnersStopped``, one question per node at a time). A worker
+        that owns objects, or runs or queues a task, is left alone."""
+        remote: dict[bytes, list[tuple[int, WorkerID, bytes]]] = {}
         for lease in self.scheduler.task_leases.values():
             if not lease.recalled or now - lease.recalled_at < sc.RECALL_HOLD_S or lease.lease_id in self._taking_back:
                 continue
-            owner = self.pool.procs.get(lease.owner)
             w = self.scheduler.workers.get(lease.worker_id)
-            if owner is None or not owner.pid or w is None or w.owns_objects or not process_stopped(owner.pid):
+            if w is None or w.owns_objects:
                 continue
-            self._taking_back.add(lease.lease_id)
-            self._spawn(self._take_back(lease.lease_id, lease.worker_id, owner.pid), "raylet.take-back")
+            owner = self.procs.get(lease.owner)
+            if owner is not None:
+                if owner.pid and process_stopped(owner.pid):
+                    self._taking_back.add(lease.lease_id)
+                    self._spawn(self._take_back(lease.lease_id, lease.worker_id, _stopped_here(owner.pid),
+                                                f"pid {owner.pid}"), "raylet.take-back")
+            elif lease.remote and lease.owner_node and lease.owner_node != self.node_id \
+                    and lease.owner_node in self.alive_nodes and lease.owner_node not in self._asking_stopped:
+                remote.setdefault(lease.owner_node, []).append((lease.lease_id, lease.worker_id, lease.owner))
+        for node_id, leases in remote.items():
+            self._asking_stopped.add(node_id)
+            self._taking_back.update(lease_id for lease_id, _, _ in leases)
+            self._spawn(self._take_back_from_node(node_id, leases), "raylet.take-back")
 
-    async def _take_back(self, lease_id: int, worker_id: WorkerID, owner_pid: int) -> None:
+    async def _take_back_from_node(self, node_id: bytes, leases: list[tuple[int, WorkerID, bytes]]) -> None:
+        """Ask ``node_id``'s raylet which of these leases' owners are stopped; take back theirs."""
         try:
-            proc = self.pool.procs.get(worker_id)
+            stopped = await self._owners_stopped(node_id, {owner for _, _, owner in leases})
+            for lease_id, worker_id, owner in leases:
+                if owner in stopped:
+                    async def still(owner: bytes = owner) -> bool:
+                        return owner in await self._owners_stopped(node_id, {owner})
+                    await self._take_back(lease_id, worker_id, still,
+                                          f"worker {short(owner)} on node {short(node_id)}")
+        finally:
+            self._asking_stopped.discard(node_id)
+            self._taking_back.difference_update(lease_id for lease_id, _, _ in leases)
+
+    async def _owners_stopped(self, node_id: bytes, owners: set[bytes]) -> set[bytes]:
+        """Those of ``owners`` that ``node_id``'s raylet says are stopped (none if it does not answer)."""
+        try:
+            conn = await self.object_manager.peer(node_id)
+            answer = await conn.call(m.OwnersStopped(sorted(owners)), self.config.rpc_timeout_s)
+        except (ConnectionLost, OSError, TimeoutError, RemoteError, ObjectUnavailable):
+            return set()
+        return {bytes(w) for w in answer if isinstance(w, bytes)} & owners if isinstance(answer, list) else set()
+
+    def _stopped_owners_here(self, conn: Connection, msg: m.OwnersStopped) -> list[WorkerID]:
+        """``OwnersStopped``: which of these processes of this node are stopped."""
+        out = []
+        for worker_id in msg.worker_ids[:MAX_OWNERS_ASKED]:
+            proc = self.procs.get(worker_id)
+            if proc is not None and proc.pid and process_stopped(proc.pid):
+                out.append(worker_id)
+        return out
+
+    async def _take_back(self, lease_id: int, worker_id: WorkerID, still_stopped: Callable[[], Awaitable[bool]],
+                         owner: str) -> None:
+        try:
+            proc = self.procs.get(worker_id)
             if proc is None or proc.conn is None or proc.conn.is_closed:
                 return
             try:
                 stats = await proc.conn.call(m.GetCoreWorkerStats(brief=True), self.config.rpc_timeout_s)
             except (ConnectionLost, TimeoutError, RemoteError):
                 return
-            lease = self.scheduler.leases.get(lease_id)
-            if stats.get("executing", True) or lease is None or lease.worker_id != worker_id \
-                    or not process_stopped(owner_pid):
+            if stats.get("executing", True) or not await still_stopped():
                 return
-            logger.warning("lease %d: its owner (pid %d) is stopped and did not give it back; stopping its "
-                           "idle worker %s so that the owners waiting here can run", lease_id, owner_pid,
+            lease = self.scheduler.leases.get(lease_id)  # (after the questions: still that worker's)
+            if lease is None or lease.worker_id != worker_id:
+                return
+            logger.warning("lease %d: its owner (%s) is stopped and did not give it back; stopping its "
+                           "idle worker %s so that the owners waiting here can run", lease_id, owner,
                            short(worker_id))
-            self.pool.kill_worker(worker_id, f"its owner (pid {owner_pid}) was stopped (SIGSTOP) holding its lease")
+            self.pool.kill_worker(worker_id, f"its owner ({owner}) was stopped (SIGSTOP) holding its lease")
         finally:
             self._taking_back.discard(lease_id)
 
@@ -497,7 +549,7 @@ class RayletServer:
         self._sched(sc.LeaseRequested(rid, msg.job_id, msg.resources, msg.function_name, msg.actor_id,
                                       _bundle_of(msg), msg.retry_budget, local_owner=here,
                                       remote_owner=not here and msg.owner_worker_id != sc.GCS_OWNER,
-                                      owner=msg.owner_worker_id))
+                                      owner=msg.owner_worker_id, owner_node=msg.owner_node_id or b""))
         try:
             while True:
                 done, _ = await asyncio.wait({fut}, timeout=RESPILL_AFTER_S)
@@ -861,6 +913,13 @@ class RayletServer:
 
 #: A lease request still queued here after this long is offered to the GCS again.
 RESPILL_AFTER_S = 0.5
+
+def _stopped_here(pid: int) -> Callable[[], Awaitable[bool]]:
+    """``_take_back``'s second look at a local owner: still stopped?"""
+    async def still() -> bool:
+        return process_stopped(pid)
+    return still
+
 
 def _bundle_of(msg: m.RequestWorkerLease) -> tuple[bytes, int] | None:
     """``(placement group id, bundle index)`` of a request in a placement group, else None."""
