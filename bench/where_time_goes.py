@@ -681,7 +681,7 @@ HOPS = {
          "`Waiter.lock` (`core_worker/references.py`)"),
         ("worker main thread", "idle between tasks, it holds the reading of its owner's "
          "connection (`transport/connection.py` `SharedReader.take`) and reads the `PushTask` itself "
-         "(`core_worker/executor.py` `Executor._next_task`): for up to `worker_spin_us` (200 us) "
+         "(`core_worker/executor.py` `Executor._next_task`): for up to `worker_spin_us` (400 us) "
          "after its last reply without sleeping (the spin in `_read_task`), so a caller's next "
          "sync call finds it awake and the write that sends it wakes nobody; later than that, "
          "asleep in `poll` (**a wake-up**). It gives the reading back to the worker's "
