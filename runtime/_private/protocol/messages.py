@@ -39,8 +39,8 @@ from lumos._private.protocol.gcs_messages import (  # noqa: F401
     ActorInfo, RegisterActor, GetActorInfo, GetNamedActor, KillActor, ListActors,
     ActorExiting, GetTaskUpdates, ReportMetrics, GetMetrics, MAX_JOB_METADATA_BYTES, check_job_metadata)
 from lumos._private.protocol.raylet_messages import (  # noqa: F401
-    GCS_OWNER, JOB_END_EXIT_S, RegisterClient, RequestWorkerLease, LeaseGrant, ReturnWorker, LeasedWorkerExited, WorkerBlocked,
-    WorkerUnblocked, CreateObject, SealObject, ReserveSlots, FreeObjects, GetWorkerExit, KillWorker,
+    GCS_OWNER, JOB_END_EXIT_S, RegisterClient, RequestWorkerLease, LeaseGrant, ReturnWorker, LeasedWorkerExited,
+    WorkerBlocked, WorkerUnblocked, CreateObject, SealObject, ReserveSlots, FreeObjects, GetWorkerExit, KillWorker,
     GetNodeStats, MarkShared, ShutdownNode, DropSlots, PinObjects, RestoreSpilled,
     DropMappings)
 from lumos._private.protocol.cluster_messages import (  # noqa: F401

@@ -718,13 +718,18 @@ class RayletServer:
             return
         logger.info("ending %d leases and %d lease requests of %s, which died (%s)", len(leases), len(requests),
                     short(owner), why)
+        self._drop_owner_work(requests, leases)
+
+    def _drop_owner_work(self, requests: list[int], leases: list[int]) -> None:
+        """A gone owner's waiting lease requests are cancelled, then its leases taken back
+        (their workers stopped: its owner is gone, so is the work)."""
         for rid in requests:
             _, fut = self._lease_waiters.pop(rid)
             fut.cancel()
             self._sched(sc.LeaseCancelled(rid))
-        for lid in leases:
-            del self._lease_owner[lid]
-            self._sched(sc.LeaseReturned(lid, True))  # its owner is gone: so is the work
+        for lease_id in leases:
+            del self._lease_owner[lease_id]
+            self._sched(sc.LeaseReturned(lease_id, True))
 
     async def create_local(self, object_id: ObjectID, size_bytes: int, client: WorkerID) -> list[Any]:
         """Space for a new object: ``[slot, write path, final path, file size, reused]``."""
@@ -886,20 +891,18 @@ class RayletServer:
 
     def _client_closed(self, conn: Connection) -> None:
         worker_id = conn.peer_info
-        for rid, (owner, fut) in list(self._lease_waiters.items()):
-            if owner is conn:
-                del self._lease_waiters[rid]
-                fut.cancel()
-                self._sched(sc.LeaseCancelled(rid))
+        requests = [rid for rid, (owner, _) in self._lease_waiters.items() if owner is conn]
+        leases = []
         durable_gcs = self._gcs_durable
         for lease_id, owner in list(self._lease_owner.items()):
             if owner is conn:
-                del self._lease_owner[lease_id]
                 lease = self.scheduler.leases.get(lease_id)
                 w = self.scheduler.workers.get(lease.worker_id) if lease is not None else None
                 if durable_gcs and w is not None and w.actor_id is not None:
-                    continue  # an actor's lease, held by a GCS that restarts and takes it back
-                self._sched(sc.LeaseReturned(lease_id, True))  # its owner is gone: so is the work
+                    del self._lease_owner[lease_id]  # an actor's lease, held by a GCS that restarts and takes it back
+                else:
+                    leases.append(lease_id)
+        self._drop_owner_work(requests, leases)
         if worker_id is None:
             return
         proc = self.procs.get(worker_id)
