@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 
 import pytest
 
 from lumos._private.config import Config
 from lumos._private.protocol import messages as m
-from lumos._private.transport import eventloop
+from lumos._private.transport import connection, eventloop
 from lumos._private.transport.connection import RpcServer, connect
 
 TOKEN = b"write-now-test-token-0123456789ab"
@@ -127,6 +128,42 @@ def test_the_loops_own_big_frame_on_a_direct_connection_arrives_whole_before_lat
     assert received[:2] == [("big", 1, 32 * 1024 * 1024), ("big", 2, 0)]
     assert received[2:-1] == [("loop", i, i * 997 % 9000) for i in range(50)]
     assert received[-1] == ("after", 3, 0)
+
+
+@pytest.mark.timeout(60)
+def test_large_queued_frames_go_out_in_one_gather_write_and_arrive_whole_and_in_order(tmp_path, monkeypatch):
+    """Sends queued in one loop turn that add up to ``GATHER_BYTES`` or more are written
+    with ``os.writev`` of the pieces (no join: a fresh buffer over malloc's mmap threshold
+    per flush); when the socket takes only part, the rest, cut inside a piece, is finished
+    by the transport, before the loop's later sends and another thread's ``write_now``."""
+    received: list[tuple[str, int, int]] = []
+    sizes = [connection.GATHER_BYTES // 2 + i * 4099 for i in range(40)]  # ~3 MB: more than the socket takes
+    total = len(sizes) + 2
+    gathers: list[int] = []
+    writev = os.writev
+
+    def counting_writev(fd, buffers):
+        buffers = list(buffers)
+        gathers.append(len(buffers))
+        return writev(fd, buffers)
+
+    monkeypatch.setattr(os, "writev", counting_writev)
+
+    async def go() -> None:
+        async with _served(tmp_path, received, total) as (conn, done):
+            conn.allow_write_now()
+            with connection.batch():  # one loop turn: flushed together when it ends
+                for i, size in enumerate(sizes):
+                    conn.notify(m.Publish("large", bytes([i]), b"v" * size))
+            assert gathers == [2 * len(sizes)], "the queued frames were not written in one gather write"
+            assert not conn.write_now(m.Publish("thread", b"\0", b"")), "written past the gather's rest"
+            conn.notify(m.Publish("after", b"\1", b""))
+            conn.notify(m.Publish("after", b"\2", b""))
+            await asyncio.wait_for(done, 30)
+
+    eventloop.run(go())
+    assert received[:-2] == [("large", i, size) for i, size in enumerate(sizes)]
+    assert received[-2:] == [("after", 1, 0), ("after", 2, 0)]
 
 
 @pytest.mark.timeout(60)
