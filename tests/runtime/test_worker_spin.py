@@ -29,6 +29,10 @@ class Echo:
     def ping(self) -> int:
         return 1
 
+    def work(self) -> int:
+        time.sleep(0.002)  # (the next calls of a batch arrive meanwhile: they queue)
+        return 1
+
 
 @lumos.remote(num_cpus=1)
 def where() -> tuple[int, int]:
@@ -108,5 +112,25 @@ def test_a_worker_stops_spinning_while_its_calls_come_far_apart(fresh_cluster: A
     burnt, actor, pid, tid = _spaced_calls(fresh_cluster, 40_000, 10, 0.15, _cpu_s)
     assert burnt < 0.2, f"the actor's main thread used {burnt * 1e3:.0f} ms of CPU for 10 calls far apart"
     # Calls close together again: the first of them shows the spin would pay, and it is back.
+    slept = _sleeps_over(pid, tid, 200, lambda: lumos.get(actor.ping.remote(), timeout=60))
+    assert slept < 50, f"the actor's main thread slept {slept} times in 200 sync calls"
+
+
+def test_no_spin_after_a_batch_of_calls_that_queued(fresh_cluster: Any) -> None:
+    # Batches of 8 calls in flight 20 ms apart, with a 40 ms spin: each next batch would
+    # come within the spin, so spinning after a batch's last call would "pay" and burn
+    # ~20 ms of CPU per batch, taking a core from a caller that gathers its results. A
+    # call that came through the queue (while the one before ran) is followed by no spin.
+    fresh_cluster(num_cpus=1, _system_config={"worker_spin_us": 40_000})
+    actor = Echo.remote()
+    pid, tid = lumos.get(actor.where.remote(), timeout=60)
+    lumos.get([actor.work.remote() for _ in range(8)], timeout=60)
+    before = _cpu_s(pid, tid)
+    for _ in range(10):
+        time.sleep(0.02)
+        assert lumos.get([actor.work.remote() for _ in range(8)], timeout=60) == [1] * 8
+    burnt = _cpu_s(pid, tid) - before
+    assert burnt < 0.1, f"the actor's main thread used {burnt * 1e3:.0f} ms of CPU for 10 batches of 8 calls"
+    # A sync caller after them still finds it awake.
     slept = _sleeps_over(pid, tid, 200, lambda: lumos.get(actor.ping.remote(), timeout=60))
     assert slept < 50, f"the actor's main thread slept {slept} times in 200 sync calls"
