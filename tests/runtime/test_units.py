@@ -1193,3 +1193,23 @@ def test_process_stopped_tells_a_stopped_process_from_a_running_or_gone_one():
         child.kill()
         child.wait(10)
     assert not process_stopped(child.pid)  # gone
+
+
+def test_a_recall_its_owner_missed_is_sent_again_while_its_request_waits():
+    """A recalled lease is never picked for a recall twice; if its owner missed the
+    ``RecallLease`` (a race, a lost message) the request it was recalled for waited as long
+    as the owner had tasks. It is asked again every ``RECALL_HOLD_S`` while that request
+    waits, and no more once it is served."""
+    s = sched({"CPU": 1}, workers=[W1])  # (a second idle one would be reaped meanwhile)
+    (a,) = grants(s.handle(_of(b"jobA", 1), now=0))
+    s.handle(_of(b"jobA", 2), now=0)
+    assert recalls(s.handle(_of(b"jobB", 3), now=0.1)) == []  # B would hold as much as A: A's slice first
+    t = sc.FAIR_SHARE_SLICE_S + 0.01
+    assert recalls(s.handle(sc.Ticked(), now=t)) == [a.lease_id]
+    assert recalls(s.handle(sc.Ticked(), now=t + 1)) == []  # the owner is giving it back
+    t2 = t + sc.RECALL_HOLD_S + 0.01
+    assert recalls(s.handle(sc.Ticked(), now=t2)) == [a.lease_id]  # it was missed: asked again
+    assert recalls(s.handle(sc.Ticked(), now=t2 + 1)) == []
+    acts = s.handle(sc.LeaseReturned(a.lease_id, False), now=t2 + 1.5)
+    assert sc.StartWorker() in acts and not grants(acts)  # the CPU is B's (a worker of its job starts)
+    assert recalls(s.handle(sc.Ticked(), now=t2 + sc.RECALL_HOLD_S + 1)) == []  # back: nothing to ask

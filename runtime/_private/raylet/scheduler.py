@@ -304,6 +304,8 @@ class _Lease:
     recalled_for: int = 0
     #: When it was recalled (after ``RECALL_HOLD_S`` it is no longer counted on).
     recalled_at: float = 0.0
+    #: When the last ``RecallLease`` for it went (``_resend_recalls``).
+    recall_sent_at: float = 0.0
     #: ``LeaseRequested.owner``, ``remote_owner`` and ``owner_node`` of its request.
     owner: bytes = b""
     remote: bool = False
@@ -448,6 +450,7 @@ class LocalSchedulerState:
                     del self.queue[rid]
         elif isinstance(event, Ticked):
             self._reap_idle(now, actions)
+            self._resend_recalls(now, actions)
         elif isinstance(event, BundlesRequested):
             self._reserve_bundles(event, actions)
         elif isinstance(event, BundlesRemoved):
@@ -646,12 +649,27 @@ class LocalSchedulerState:
                 for chosen in picked:
                     chosen.recalled = True
                     chosen.recalled_for = req.event.request_id
-                    chosen.recalled_at = now
+                    chosen.recalled_at = chosen.recall_sent_at = now
                     actions.append(RecallLease(chosen.lease_id))
                 if len(picked) > 1:
                     self._recalling[req.event.request_id] = now
                 return True
         return False
+
+    def _resend_recalls(self, now: float, actions: list[Action]) -> None:
+        """A lease recalled ``RECALL_HOLD_S`` ago and still held while the request it was
+        recalled for waits is asked back again, every ``RECALL_HOLD_S``: a recall its owner
+        missed (a race in the owner, or a peer that lost the message) would otherwise keep
+        the lease from being recalled ever again (a recalled lease is never picked twice),
+        and the request waited as long as the owner had tasks. An owner that already gives
+        it back ignores the repeat. ``recalled_at`` stays the first recall's time (what a
+        frozen owner's take-back goes by)."""
+        if not self.queue:
+            return
+        for lease in self.task_leases.values():
+            if lease.recalled and now - lease.recall_sent_at >= RECALL_HOLD_S and lease.recalled_for in self.queue:
+                lease.recall_sent_at = now
+                actions.append(RecallLease(lease.lease_id))
 
     def _add_task_lease(self, lease: _Lease) -> None:
         self.task_leases[lease.lease_id] = lease
