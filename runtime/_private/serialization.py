@@ -337,14 +337,21 @@ class SerializedValue:
             return blob
         # One join copies each buffer once (a bytearray filled and then turned into
         # bytes would copy the whole blob twice).
+        return b"".join(self.pieces())
+
+    def pieces(self) -> list[Any]:
+        """The blob as the buffers that lay it out in order (zero padding included), for
+        a gather write (``os.pwritev``) into a fresh store file: nothing is copied here."""
         parts: list[Any] = [self._header(), self.pickled]
+        if not self.buffers:
+            return parts
         pos = len(parts[0]) + len(self.pickled)
         for off, buf in zip(self._offsets, self.buffers):
             if off > pos:
                 parts.append(bytes(off - pos))
             parts.append(buf)
             pos = off + buf.nbytes
-        return b"".join(parts)
+        return parts
 
     def write_into(self, dest: memoryview, copy: Callable[[memoryview, memoryview], None] | None = None) -> None:
         """Lay the blob out in ``dest`` (at least ``total_size`` bytes).

@@ -265,7 +265,7 @@ class ObjectsMixin:
             mapping = self.store.take_reserved(size, lend)
             if mapping is not None and lend:
                 try:
-                    lent = self.store.write_lent(oid, mapping, size, sv.write_into)
+                    lent = self.store.write_lent(oid, mapping, size, sv.write_into, sv.pieces)
                 except OSError as e:
                     raise _store_os_error(e, size) from None
                 if lent:
@@ -278,7 +278,7 @@ class ObjectsMixin:
                 mapping = None  # taken back before it was lent: written the usual way
             if mapping is not None:
                 try:
-                    done = self.store.write_reserved(oid, mapping, size, sv.write_into, keep_mapping)
+                    done = self.store.write_reserved(oid, mapping, size, sv.write_into, keep_mapping, sv.pieces)
                 except OSError as e:
                     raise _store_os_error(e, size) from None
                 if done:
@@ -312,7 +312,7 @@ class ObjectsMixin:
             raise
         try:
             self.store.write(oid, path, final_path, slot, file_size, reused, sv.total_size,
-                             sv.write_into, keep_mapping)
+                             sv.write_into, keep_mapping, sv.pieces)
         except BaseException as e:
             self._post(self._send_releases, [oid], [False], {})
             if isinstance(e, OSError):

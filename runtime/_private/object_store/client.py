@@ -12,9 +12,13 @@ writes hit already-faulted pages. Views handed to user code are read-only and tr
 so a slot is never reused while any view of it is alive.
 
 Reserved slots: the raylet grants a process a few files ahead of its puts
-(``ReserveSlots``); they are mapped and pre-faulted in the ``lumos-store-map`` thread,
-and a put writes one, moves it to the object's name (``move_noreplace``: never over an
-existing object) and seals it one way. The raylet may take an unused one back
+(``ReserveSlots``); a pooled file is mapped and pre-faulted in the ``lumos-store-map``
+thread, a new one only created there (``_fresh_mapping``), and a put writes one, moves
+it to the object's name (``move_noreplace``: never over an existing object) and seals it
+one way. A new file's first value goes in with one gather write (``write_fresh``: its
+pages are allocated as they are written, never zeroed first nor faulted in one by one,
+~40% less CPU for fresh memory), and the file is mapped afterwards if this process will
+read it or write the slot again. The raylet may take an unused one back
 (``DropSlots``); a write that loses that race finds its link refused and creates instead.
 
 Spilling: the raylet spills only objects no process views. Each process reports when
@@ -280,8 +284,9 @@ class StoreClient:
     def write(self, object_id: bytes, grant_path: str, final_path: str, slot: int,
               file_size: int, reused: bool, size: int,
               fill: Callable[[memoryview, Callable[[memoryview, memoryview], None]], None],
-              keep_mapping: bool) -> None:
-        """Write ``size`` bytes through ``fill(dest, copy)`` and seal by renaming.
+              keep_mapping: bool, pieces: Callable[[], list[Any]] | None = None) -> None:
+        """Write ``size`` bytes through ``fill(dest, copy)`` (a new file: ``pieces()`` in
+        one gather write, ``_fill``) and seal by renaming.
 
         ``keep_mapping``: this process will read the object (it owns it), so keep the
         writable mapping for views and for reuse of the slot.
@@ -290,7 +295,9 @@ class StoreClient:
             mapping = self._slots.pop(slot, None)
             if mapping is not None:
                 self._slot_bytes -= mapping.size
-        if mapping is None or mapping.size < size:
+        if (mapping is None or mapping.size < size) and not reused and slot >= 0 and pieces is not None:
+            mapping = _fresh_mapping(grant_path, file_size, slot)
+        elif mapping is None or mapping.size < size:
             fd = open_object_file(grant_path, create=not reused)
             try:
                 if not reused:
@@ -306,8 +313,8 @@ class StoreClient:
                 os.close(fd)
             mapping = _Mapping(mm, file_size, slot)
         mapping.object_id = object_id
-        with memoryview(mapping.mm) as dest:
-            fill(dest[:size], self._copy)
+        self._fill(mapping, size, fill, pieces,
+                   keep_mapping or (slot >= 0 and self._slot_bytes + mapping.size <= self._recycle_bytes))
         os.rename(grant_path, final_path)
         self._keep(object_id, mapping, keep_mapping)
 
@@ -375,10 +382,11 @@ class StoreClient:
                 if mapping is None or mapping.size != file_size:
                     if mapping is not None:
                         self._close(mapping)
-                    mapping = _Mapping(_map_new(path, file_size, create=not reused), file_size, slot)
                     if reused:
+                        mapping = _Mapping(_map_new(path, file_size, create=False), file_size, slot)
                         self.reserved_remapped += 1
                     else:
+                        mapping = _fresh_mapping(path, file_size, slot)
                         self.reserved_created += 1
             except OSError as e:
                 # Taken back before we opened it, or /dev/shm is full: the raylet takes
@@ -426,12 +434,12 @@ class StoreClient:
         return f"{self._prefix}lent-{slot}"
 
     def write_lent(self, object_id: bytes, mapping: _Mapping, size: int,
-                   fill: Callable[[memoryview, Callable[[memoryview, memoryview], None]], None]) -> bool:
+                   fill: Callable[[memoryview, Callable[[memoryview, memoryview], None]], None],
+                   pieces: Callable[[], list[Any]] | None = None) -> bool:
         """Write a task's by-value argument into a slot ``take_reserved(lend=True)`` gave,
         lent under ``lent-<slot>`` until ``reclaim`` or ``publish``. False when the raylet
         took the slot back before it was ever lent (its file is gone): write it otherwise."""
-        with memoryview(mapping.mm) as dest:
-            fill(dest[:size], self._copy)
+        self._fill(mapping, size, fill, pieces, True)
         lent = self.lent_path(mapping.slot)
         if mapping.path != lent:
             try:
@@ -500,11 +508,12 @@ class StoreClient:
 
     def write_reserved(self, object_id: bytes, mapping: _Mapping, size: int,
                        fill: Callable[[memoryview, Callable[[memoryview, memoryview], None]], None],
-                       keep_mapping: bool) -> bool:
+                       keep_mapping: bool, pieces: Callable[[], list[Any]] | None = None) -> bool:
         """Write into a reserved slot and link it under the object's final name. False
         when that failed (the slot was taken back, or the object exists): create instead."""
-        with memoryview(mapping.mm) as dest:
-            fill(dest[:size], self._copy)
+        # A task's return is mapped too while its slot stays with this process for reuse
+        # (``_keep``): the slot's next value here is then a copy into faulted pages.
+        self._fill(mapping, size, fill, pieces, keep_mapping or self._slot_bytes + mapping.size <= self._recycle_bytes)
         try:
             move_noreplace(mapping.path, self._prefix + object_id.hex())
         except OSError as e:
@@ -518,6 +527,8 @@ class StoreClient:
         return True
 
     def _keep(self, object_id: bytes, mapping: _Mapping, keep_mapping: bool) -> None:
+        if mapping.mm is None:  # a new file written and not mapped (``_fill``): nothing to keep
+            return
         if keep_mapping:
             with self._lock:
                 self._created[object_id] = mapping
@@ -534,6 +545,31 @@ class StoreClient:
 
     def _copy(self, dst: memoryview, src: memoryview) -> None:
         self.copier.copy(dst, src)
+
+    def _fill(self, mapping: _Mapping, size: int,
+              fill: Callable[[memoryview, Callable[[memoryview, memoryview], None]], None],
+              pieces: Callable[[], list[Any]] | None, map_after: bool) -> None:
+        """Lay a value out in ``mapping``'s file: through its mapping, or, for a new file
+        (``_fresh_mapping``: no mapping, its file open), with one gather write of
+        ``pieces()``, mapped afterwards only when ``map_after`` (this process reads it, or
+        writes the slot again; a task's return is neither). See ``write_fresh``."""
+        if mapping.mm is not None:
+            with memoryview(mapping.mm) as dest:
+                fill(dest[:size], self._copy)
+            return
+        fd, mapping.fd = mapping.fd, -1
+        try:
+            if pieces is None:
+                os.posix_fallocate(fd, 0, mapping.size)
+                mapping.mm = mmap.mmap(fd, mapping.size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+                with memoryview(mapping.mm) as dest:
+                    fill(dest[:size], self._copy)
+                return
+            write_fresh(fd, pieces(), size, mapping.size)
+            if map_after:
+                mapping.mm = mmap.mmap(fd, mapping.size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------------ reading
 
@@ -977,7 +1013,8 @@ class StoreClient:
         if mapping.fd >= 0:
             fd, mapping.fd = mapping.fd, -1
             os.close(fd)
-        self._close_mm(mapping.mm)
+        if mapping.mm is not None:
+            self._close_mm(mapping.mm)
 
     @staticmethod
     def _close_mm(mm: mmap.mmap) -> None:
@@ -989,7 +1026,10 @@ class StoreClient:
     def close(self) -> None:
         with self._lock:
             maps = [m.mm for m in self._created.values()] + [m.mm for m in self._slots.values()]
-            maps += [m.mm for m in self._reserved.values()] + [m.mm for m in self._lending.values()]
+            fresh = [m for m in self._reserved.values() if m.mm is None] + \
+                [m for m in self._lending.values() if m.mm is None]
+            maps += [m.mm for m in self._reserved.values() if m.mm is not None]
+            maps += [m.mm for m in self._lending.values() if m.mm is not None]
             spares = list(self._spare.values()) + self._to_spare + list(self._read.values())
             self._spare.clear()
             self._to_spare = []
@@ -1018,7 +1058,7 @@ class StoreClient:
             spare_thread.join(timeout=10.0)
         for mm in maps:
             self._close_mm(mm)
-        for mapping in spares:
+        for mapping in spares + fresh:
             self._close(mapping)
         self.copier.close()
 
@@ -1047,6 +1087,55 @@ def _file_size(mapping: _Mapping) -> int:
 def _fits(size: int, file_size: int) -> bool:
     """The raylet's rule for reusing a file (``slot_pool``): no more than half wasted."""
     return size <= file_size <= 2 * size + 4096
+
+
+#: Buffers per ``pwritev`` call (the system's ``IOV_MAX`` is 1024).
+PWRITE_PIECES = 512
+
+
+def _fresh_mapping(path: str, file_size: int, slot: int) -> _Mapping:
+    """A reserved slot's new file, sized, open and not mapped: its first value is written
+    into it with ``write_fresh`` (``StoreClient._fill``)."""
+    fd = open_object_file(path, create=True)
+    try:
+        os.ftruncate(fd, file_size)
+    except BaseException:
+        os.close(fd)
+        raise
+    mapping = _Mapping(None, file_size, slot)  # type: ignore[arg-type]
+    mapping.fd = fd
+    return mapping
+
+
+def write_fresh(fd: int, pieces: list[Any], size: int, file_size: int) -> None:
+    """Write a value (``pieces``, ``size`` bytes in all) at the start of a new store file
+    of ``file_size`` bytes, then allocate the rest of the file.
+
+    A gather write into a new tmpfs file allocates each page as it copies into it; the
+    other way, ``fallocate`` (each page allocated and zeroed), a populating ``mmap`` and a
+    copy through the mapping, cost ~1.6x the CPU for fresh memory (1 MiB: ~630 against
+    ~380 us on this class of virtual machine, where a page costs ~1.5 us to allocate and
+    ~1.3 us more to fault in; ~490 us with the mapping made afterwards). The rest of the
+    file is allocated too (``fallocate``): no page of a store file is left to allocate
+    later, when a full ``/dev/shm`` would be a ``SIGBUS`` in whoever touches it."""
+    pos = 0
+    while pieces:
+        group = pieces[:PWRITE_PIECES]
+        want = sum(map(len, group))
+        done = os.pwritev(fd, group, pos)
+        pos += done
+        if done == want:
+            pieces = pieces[PWRITE_PIECES:]
+            continue
+        for k, piece in enumerate(group):  # a short write: go on from where it stopped
+            if done < len(piece):
+                pieces = [memoryview(piece)[done:]] + group[k + 1:] + pieces[PWRITE_PIECES:]
+                break
+            done -= len(piece)
+    if pos != size:
+        raise ValueError(f"wrote {pos} bytes of a value of {size}")
+    if size < file_size:
+        os.posix_fallocate(fd, size, file_size - size)
 
 
 def _map_new(path: str, file_size: int, create: bool) -> mmap.mmap:
