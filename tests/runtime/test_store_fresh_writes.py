@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -145,5 +146,51 @@ def test_values_without_a_gather_write_still_fill_a_new_slot_through_a_mapping(t
         assert isinstance(mapping.mm, mmap.mmap)
         view = store.view(b"\x04" * 20)
         assert ser.deserialize(view)[1].sum() == sum(range(1000))
+    finally:
+        store.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_new_slot_left_untaken_is_pre_faulted_in_the_background_and_a_taken_one_is_not(tmp_path: Any) -> None:
+    # Between a workload's rounds a reserved slot waits: its pages are made ready by the
+    # mapping thread, so the next write is a copy into faulted pages. In a burst it is
+    # taken first, and written with one gather write instead.
+    store = StoreClient(str(tmp_path), 1, 1 << 40, 1 << 30)
+    try:
+        sv = ser.serialize(np.ones(MiB, dtype=np.uint8))
+        grants = [(slot, str(tmp_path / f"resv-{slot}"), sv.total_size, False) for slot in (1, 2)]
+        store.reserved_granted(grants)
+        fresh = store.map_reserved(grants)
+        assert [m.slot for m in fresh] == [1, 2] and all(m.mm is None for m in fresh)
+        taken = store.take_reserved(sv.total_size)  # the last made: slot 2
+        assert taken is fresh[1]
+        for mapping in fresh:
+            store.prefault(mapping)
+        assert fresh[0].mm is not None and fresh[0].fd < 0 and _allocated(str(tmp_path / "resv-1")) >= sv.total_size
+        assert taken.mm is None and taken.fd >= 0  # left to its writer
+        assert store.take_reserved(sv.total_size) is fresh[0]
+        assert store.write_reserved(b"\x05" * 20, fresh[0], sv.total_size, sv.write_into, True, sv.pieces)
+        assert store.write_reserved(b"\x06" * 20, taken, sv.total_size, sv.write_into, True, sv.pieces)
+        for oid in (b"\x05" * 20, b"\x06" * 20):
+            assert ser.deserialize(store.view(oid))[1].sum() == MiB
+    finally:
+        store.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_mapping_thread_pre_faults_a_waiting_new_slot_by_itself(tmp_path: Any) -> None:
+    store = StoreClient(str(tmp_path), 1, 1 << 40, 1 << 30)
+    try:
+        grants = [(3, str(tmp_path / "resv-3"), MiB, False)]
+        store.map_reserved_soon(grants)  # (the mapping thread makes it, then pre-faults it)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            mapping = store._reserved.get(3)
+            if mapping is not None and mapping.mm is not None:
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("the untaken slot was never pre-faulted")
+        assert _allocated(str(tmp_path / "resv-3")) >= MiB
     finally:
         store.close()
