@@ -51,7 +51,7 @@ def test_a_new_reserved_slot_is_created_unmapped_and_written_with_one_gather_wri
         file_size = sv.total_size + 3 * 4096  # a grant may be larger than the value
         path = _grant(store, tmp_path, 7, file_size)
         mapping = store.take_reserved(sv.total_size)
-        assert mapping is not None and mapping.mm is None and mapping.fd >= 0, "pre-faulted ahead of the write"
+        assert mapping is not None and mapping.mm is None, "pre-faulted ahead of the write"
         assert _allocated(path) < MiB // 2, "the new file's pages were allocated before its value came"
         oid = b"\x01" * 20
         assert store.write_reserved(oid, mapping, sv.total_size, sv.write_into, True, sv.pieces)
@@ -83,7 +83,6 @@ def test_a_return_written_into_a_new_slot_is_mapped_only_while_the_slot_is_kept_
             assert mapping is not None and mapping.mm is None
             assert store.write_reserved(bytes([slot]) * 20, mapping, sv.total_size, sv.write_into, False, sv.pieces)
             kept.append(mapping.mm is not None)
-            assert mapping.fd < 0  # the file is closed either way
         assert kept == [True, False, False]  # (1 MiB and a page each: one fits in 2 MiB)
         assert store.stats()["pooled_slots"] == 1
         with open(tmp_path / (b"\x02" * 20).hex(), "rb") as f:
@@ -131,7 +130,7 @@ def test_a_full_store_is_an_error_of_the_write_not_a_sigbus_later(tmp_path: Any,
         mapping = store.take_reserved(sv.total_size)
         with pytest.raises(OSError):
             store.write_reserved(b"\x03" * 20, mapping, sv.total_size, sv.write_into, True, sv.pieces)
-        assert mapping.fd < 0 and mapping.mm is None  # nothing left open
+        assert mapping.mm is None
     finally:
         store.close()
 
@@ -166,8 +165,8 @@ def test_a_new_slot_left_untaken_is_pre_faulted_in_the_background_and_a_taken_on
         assert taken is fresh[1]
         for mapping in fresh:
             store.prefault(mapping)
-        assert fresh[0].mm is not None and fresh[0].fd < 0 and _allocated(str(tmp_path / "resv-1")) >= sv.total_size
-        assert taken.mm is None and taken.fd >= 0  # left to its writer
+        assert fresh[0].mm is not None and _allocated(str(tmp_path / "resv-1")) >= sv.total_size
+        assert taken.mm is None and _allocated(str(tmp_path / "resv-2")) < MiB // 2  # left to its writer
         assert store.take_reserved(sv.total_size) is fresh[0]
         assert store.write_reserved(b"\x05" * 20, fresh[0], sv.total_size, sv.write_into, True, sv.pieces)
         assert store.write_reserved(b"\x06" * 20, taken, sv.total_size, sv.write_into, True, sv.pieces)
@@ -192,5 +191,27 @@ def test_the_mapping_thread_pre_faults_a_waiting_new_slot_by_itself(tmp_path: An
         else:
             raise AssertionError("the untaken slot was never pre-faulted")
         assert _allocated(str(tmp_path / "resv-3")) >= MiB
+    finally:
+        store.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_new_slot_taken_back_before_its_write_is_written_the_other_way(tmp_path: Any) -> None:
+    # The raylet may take an unused reserved slot back (``DropSlots``) and unlink its file
+    # while a writer holds it: the write finds the file gone and the caller creates the
+    # object instead (False), as a write that lost the rename race did before.
+    store = StoreClient(str(tmp_path), 1, 1 << 40, 1 << 30)
+    try:
+        sv = ser.serialize(np.ones(MiB, dtype=np.uint8))
+        path = _grant(store, tmp_path, 1, sv.total_size)
+        mapping = store.take_reserved(sv.total_size)
+        os.unlink(path)  # (the raylet's unlink)
+        assert not store.write_reserved(b"\x07" * 20, mapping, sv.total_size, sv.write_into, True, sv.pieces)
+        assert not (tmp_path / (b"\x07" * 20).hex()).exists() and not os.path.exists(path)
+        path = _grant(store, tmp_path, 2, sv.total_size)
+        mapping = store.take_reserved(sv.total_size, lend=True)
+        os.unlink(path)
+        assert not store.write_lent(b"\x08" * 20, mapping, sv.total_size, sv.write_into, sv.pieces)
+        assert store.stats()["lent_slots"] == 0
     finally:
         store.close()

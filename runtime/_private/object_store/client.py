@@ -324,8 +324,10 @@ class StoreClient:
                 os.close(fd)
             mapping = _Mapping(mm, file_size, slot)
         mapping.object_id = object_id
-        self._fill(mapping, size, fill, pieces,
-                   keep_mapping or (slot >= 0 and self._slot_bytes + mapping.size <= self._recycle_bytes))
+        if not self._fill(mapping, size, fill, pieces,
+                          keep_mapping or (slot >= 0 and self._slot_bytes + mapping.size <= self._recycle_bytes)):
+            raise FileNotFoundError(errno.ENOENT, "the store file to write is gone", grant_path)
+        mapping.path = ""
         os.rename(grant_path, final_path)
         self._keep(object_id, mapping, keep_mapping)
 
@@ -405,15 +407,14 @@ class StoreClient:
                 return  # taken (or back with the raylet)
             self._reserved.pop(mapping.slot)  # (out of reach while it is mapped here)
         try:
-            os.posix_fallocate(mapping.fd, 0, mapping.size)
-            mm = mmap.mmap(mapping.fd, mapping.size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
-        except OSError as e:  # a full /dev/shm: left to the writer, whose write says so
+            fd = open_object_file(mapping.path, create=False)
+            try:
+                os.posix_fallocate(fd, 0, mapping.size)
+                mapping.mm = mmap.mmap(fd, mapping.size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+            finally:
+                os.close(fd)
+        except OSError as e:  # gone (taken back), or a full /dev/shm: the writer's write says so
             logger.debug("could not pre-fault reserved slot %d: %s", mapping.slot, e)
-            mm = None
-        if mm is not None:
-            fd, mapping.fd = mapping.fd, -1
-            os.close(fd)
-            mapping.mm = mm
         with self._lock:
             if mapping.slot in self._resv_sizes:
                 self._reserved[mapping.slot] = mapping
@@ -497,10 +498,12 @@ class StoreClient:
         """Write a task's by-value argument into a slot ``take_reserved(lend=True)`` gave,
         lent under ``lent-<slot>`` until ``reclaim`` or ``publish``. False when the raylet
         took the slot back before it was ever lent (its file is gone): write it otherwise."""
-        self._fill(mapping, size, fill, pieces, True)
+        written = self._fill(mapping, size, fill, pieces, True)
         lent = self.lent_path(mapping.slot)
-        if mapping.path != lent:
+        if not written or mapping.path != lent:
             try:
+                if not written:
+                    raise FileNotFoundError(mapping.path)
                 os.rename(mapping.path, lent)  # (never over a file: lent-<slot> names only this slot)
             except FileNotFoundError:
                 with self._lock:
@@ -571,7 +574,10 @@ class StoreClient:
         when that failed (the slot was taken back, or the object exists): create instead."""
         # A task's return is mapped too while its slot stays with this process for reuse
         # (``_keep``): the slot's next value here is then a copy into faulted pages.
-        self._fill(mapping, size, fill, pieces, keep_mapping or self._slot_bytes + mapping.size <= self._recycle_bytes)
+        if not self._fill(mapping, size, fill, pieces,
+                          keep_mapping or self._slot_bytes + mapping.size <= self._recycle_bytes):
+            self._close(mapping)
+            return False
         try:
             move_noreplace(mapping.path, self._prefix + object_id.hex())
         except OSError as e:
@@ -606,26 +612,31 @@ class StoreClient:
 
     def _fill(self, mapping: _Mapping, size: int,
               fill: Callable[[memoryview, Callable[[memoryview, memoryview], None]], None],
-              pieces: Callable[[], list[Any]] | None, map_after: bool) -> None:
+              pieces: Callable[[], list[Any]] | None, map_after: bool) -> bool:
         """Lay a value out in ``mapping``'s file: through its mapping, or, for a new file
-        (``_fresh_mapping``: no mapping, its file open), with one gather write of
-        ``pieces()``, mapped afterwards only when ``map_after`` (this process reads it, or
-        writes the slot again; a task's return is neither). See ``write_fresh``."""
+        (``_fresh_mapping``: not mapped), with one gather write of ``pieces()``, mapped
+        afterwards only when ``map_after`` (this process reads it, or writes the slot
+        again; a task's return is neither). See ``write_fresh``. False: the new file is
+        gone (the raylet took the slot back)."""
         if mapping.mm is not None:
             with memoryview(mapping.mm) as dest:
                 fill(dest[:size], self._copy)
-            return
-        fd, mapping.fd = mapping.fd, -1
+            return True
+        try:
+            fd = open_object_file(mapping.path, create=False)
+        except FileNotFoundError:
+            return False
         try:
             if pieces is None:
                 os.posix_fallocate(fd, 0, mapping.size)
                 mapping.mm = mmap.mmap(fd, mapping.size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
                 with memoryview(mapping.mm) as dest:
                     fill(dest[:size], self._copy)
-                return
+                return True
             write_fresh(fd, pieces(), size, mapping.size)
             if map_after:
                 mapping.mm = mmap.mmap(fd, mapping.size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+            return True
         finally:
             os.close(fd)
 
@@ -1084,8 +1095,6 @@ class StoreClient:
     def close(self) -> None:
         with self._lock:
             maps = [m.mm for m in self._created.values()] + [m.mm for m in self._slots.values()]
-            fresh = [m for m in self._reserved.values() if m.mm is None] + \
-                [m for m in self._lending.values() if m.mm is None]
             maps += [m.mm for m in self._reserved.values() if m.mm is not None]
             maps += [m.mm for m in self._lending.values() if m.mm is not None]
             spares = list(self._spare.values()) + self._to_spare + list(self._read.values())
@@ -1116,7 +1125,7 @@ class StoreClient:
             spare_thread.join(timeout=10.0)
         for mm in maps:
             self._close_mm(mm)
-        for mapping in spares + fresh:
+        for mapping in spares:
             self._close(mapping)
         self.copier.close()
 
@@ -1152,17 +1161,15 @@ PWRITE_PIECES = 512
 
 
 def _fresh_mapping(path: str, file_size: int, slot: int) -> _Mapping:
-    """A reserved slot's new file, sized, open and not mapped: its first value is written
-    into it with ``write_fresh`` (``StoreClient._fill``)."""
+    """A slot's new file, sized and not mapped: its first value is written into it with
+    ``write_fresh`` (``StoreClient._fill``), unless ``StoreClient.prefault`` maps it first.
+    Its file is not held open (a process reserving many sizes would hold many fds)."""
     fd = open_object_file(path, create=True)
     try:
         os.ftruncate(fd, file_size)
-    except BaseException:
+    finally:
         os.close(fd)
-        raise
-    mapping = _Mapping(None, file_size, slot)  # type: ignore[arg-type]
-    mapping.fd = fd
-    return mapping
+    return _Mapping(None, file_size, slot, path=path)  # type: ignore[arg-type]
 
 
 def write_fresh(fd: int, pieces: list[Any], size: int, file_size: int) -> None:
