@@ -109,14 +109,28 @@ def tune_malloc(mmap_threshold: int, trim_threshold: int) -> bool:
     first large free was a 256 KiB numpy temporary trims its heap at 512 KiB, and a task
     that frees two such arrays per call then unmaps and faults in ~100 pages every call.
     """
+    global _malloc_mmap_threshold
     if mmap_threshold <= 0 or not sys.platform.startswith("linux"):
         return False
     try:
         mallopt = libc().mallopt
     except (OSError, AttributeError):
         return False  # not glibc (musl has no mallopt)
-    return bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(
+    done = bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(
         mallopt(_M_TRIM_THRESHOLD, max(int(trim_threshold), int(mmap_threshold))))
+    if done:
+        _malloc_mmap_threshold = int(mmap_threshold)
+    return done
+
+
+#: The mmap threshold ``tune_malloc`` fixed in this process; 0: glibc's adaptive one.
+_malloc_mmap_threshold = 0
+
+
+def malloc_mmap_threshold() -> int:
+    """Allocations below this many bytes come from malloc's heap in this process (fixed
+    by ``tune_malloc``); 0 when not known (glibc's adaptive threshold: 128 KiB at first)."""
+    return _malloc_mmap_threshold
 
 
 #: glibc's size from which ``memcpy`` writes with non-temporal stores (x86-64 only).

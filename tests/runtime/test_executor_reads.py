@@ -187,3 +187,27 @@ def test_sigint_to_a_worker_reading_its_next_task_leaves_it_serving(cluster: lum
     for _ in range(20):
         assert lumos.get(probe.remote(), timeout=60)[0] > 0
     os.kill(pid, 0)  # (still alive)
+
+
+@lumos.remote
+def lead_reads(blob: bytes) -> tuple[bool, int, int, int]:
+    """The main thread's read size on its lead connection, and this task's argument."""
+    ex = worker_context.require().executor
+    lead = ex._lead
+    return _read_itself(), lead.read_bytes if lead is not None else 0, len(blob), blob.count(b"z")
+
+
+def test_a_task_with_a_large_inline_argument_comes_in_one_read_of_the_main_thread(
+        cluster: lumos.LumosContext) -> None:
+    # Inline arguments go up to ~100 KiB: with malloc's heap serving 256 KiB buffers (a
+    # worker fixes its thresholds), the main thread reads that much at a time, so such a
+    # task is one read rather than two and a join; every byte still arrives.
+    blob = b"z" * (90 * 1024)
+    _warm()
+    for _ in range(50):
+        read_itself, read_bytes, n, zs = lumos.get(lead_reads.remote(blob), timeout=60)
+        assert (n, zs) == (len(blob), len(blob))
+        if read_itself:
+            assert read_bytes == 256 * 1024
+            return
+    pytest.fail("no task with a large argument came through the main thread's own read")

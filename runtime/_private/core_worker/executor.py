@@ -44,7 +44,7 @@ import zipfile
 from typing import Any
 
 from lumos import exceptions as exc
-from lumos._private import interrupts
+from lumos._private import interrupts, process
 from lumos._private import serialization as ser
 from lumos._private import thread_limits
 from lumos._private.core_worker.actor_host import ActorHost
@@ -74,6 +74,17 @@ LEAD_SWITCH_AFTER = 16
 #: Replies of a sync actor's calls that may be held while more calls wait: they leave
 #: with the next one (``CoreWorker.send_reply``).
 ACTOR_REPLY_HOLD = 16
+
+
+#: Bytes the main thread reads at a time from its lead connection where malloc's heap
+#: serves a buffer that large (``tune_malloc``): a call with a 64 KiB argument is one
+#: read, not two and a join, and a burst of them fewer reads (serving's large requests,
+#: 16 in flight: ~5,700 -> ~6,200/s).
+LEAD_READ_BYTES = 256 * 1024
+
+
+def _lead_read_bytes() -> int:
+    return LEAD_READ_BYTES if process.malloc_mmap_threshold() >= 2 * LEAD_READ_BYTES else 0
 
 
 class Executor(ArgumentsMixin):
@@ -239,7 +250,7 @@ class Executor(ArgumentsMixin):
                 return
             lead.detach()
         self._elsewhere = 0
-        self._lead = conn.share_reading(self._wake)
+        self._lead = conn.share_reading(self._wake, _lead_read_bytes())
 
     def cancel(self, task_id: TaskID, force: bool, recursive: bool) -> None:
         with self._start_lock:

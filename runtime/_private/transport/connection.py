@@ -551,10 +551,11 @@ class Connection(asyncio.Protocol):
                 self._direct_rest = None
             os.close(fd)
 
-    def share_reading(self, wake: Callable[[], None]) -> "SharedReader | None":
+    def share_reading(self, wake: Callable[[], None], read_bytes: int = 0) -> "SharedReader | None":
         """Loop thread: let another thread read this connection's frames while it waits
-        for them (``SharedReader``); ``wake()`` (loop thread) asks that thread to give the
-        reading back. None where it cannot (closed, no socket)."""
+        for them (``SharedReader``, reading up to ``read_bytes`` at a time: 0 for its
+        default); ``wake()`` (loop thread) asks that thread to give the reading back.
+        None where it cannot (closed, no socket)."""
         if self.shared is not None:
             return None if self.shared.detached else self.shared
         if self._state != _READY or self._transport is None or self._transport.is_closing():
@@ -562,7 +563,7 @@ class Connection(asyncio.Protocol):
         sock = self._transport.get_extra_info("socket")
         if sock is None:
             return None
-        self.shared = SharedReader(self, sock.fileno(), wake)
+        self.shared = SharedReader(self, sock.fileno(), wake, read_bytes or SharedReader.READ_BYTES)
         return self.shared
 
     def notify(self, body: Any) -> None:
@@ -652,11 +653,14 @@ class SharedReader:
     (and sees the peer's close, if that is what ended it).
     """
 
-    #: Bytes read at most per read (a larger buffer is an mmap, mremap and munmap per read).
+    #: Bytes read at most per read (a larger buffer is an mmap, mremap and munmap per read
+    #: where malloc's mmap threshold is glibc's adaptive one, 128 KiB at first).
     READ_BYTES = 65536
 
-    def __init__(self, conn: Connection, sock_fd: int, wake: Callable[[], None]) -> None:
+    def __init__(self, conn: Connection, sock_fd: int, wake: Callable[[], None],
+                 read_bytes: int = READ_BYTES) -> None:
         self.conn = conn
+        self.read_bytes = read_bytes
         self._loop = conn._loop
         self._wake = wake
         #: The socket, duplicated; reads from either thread go through it.
@@ -686,7 +690,7 @@ class SharedReader:
             self._loop_busy = True
         try:
             try:
-                data = os.read(self.fd, self.READ_BYTES)
+                data = os.read(self.fd, self.read_bytes)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -765,7 +769,7 @@ class SharedReader:
         yet); None when the connection ended or failed (give the reading back: the loop
         finds out the same and closes it)."""
         try:
-            data = os.read(self.fd, self.READ_BYTES)
+            data = os.read(self.fd, self.read_bytes)
         except (BlockingIOError, InterruptedError):
             return []
         except OSError:
