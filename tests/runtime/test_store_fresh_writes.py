@@ -215,3 +215,34 @@ def test_a_new_slot_taken_back_before_its_write_is_written_the_other_way(tmp_pat
         assert store.stats()["lent_slots"] == 0
     finally:
         store.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_mapping_thread_forgets_new_slots_taken_in_a_long_burst(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A burst that never pauses takes each new slot as it comes; the mapping thread's list
+    # of slots to pre-fault later must not grow with the burst's length.
+    monkeypatch.setattr(client_mod, "PREFAULT_AFTER_S", 60.0)  # (no pause in this test)
+    store = StoreClient(str(tmp_path), 1, 1 << 40, 0)
+    tracked: list[int] = []
+    deque_type = client_mod.collections.deque
+
+    class Counting(deque_type):  # type: ignore[misc,valid-type]
+        def extend(self, items: Any) -> None:
+            super().extend(items)
+            tracked.append(len(self))
+
+    monkeypatch.setattr(client_mod.collections, "deque", Counting)
+    try:
+        sv = ser.serialize(np.ones(4096, dtype=np.uint8))
+        for slot in range(1, 401):
+            grant = [(slot, str(tmp_path / f"resv-{slot}"), sv.total_size, False)]
+            store.map_reserved_soon(grant)
+            deadline = time.monotonic() + 10
+            while (mapping := store.take_reserved(sv.total_size)) is None:
+                assert time.monotonic() < deadline, "the slot was never made"
+                time.sleep(0.001)
+            assert store.write_reserved(slot.to_bytes(20, "big"), mapping, sv.total_size, sv.write_into, False,
+                                        sv.pieces)
+        assert tracked and max(tracked) <= client_mod.PREFAULT_TRACKED + 1, max(tracked)
+    finally:
+        store.close()

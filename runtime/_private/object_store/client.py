@@ -98,10 +98,12 @@ SPARE_CHECKS = 4
 SPARE_CHECK_INTERVAL_S = 0.005
 #: Spares of read values (``view(spare=True)``) unused this long are dropped.
 SPARE_IDLE_S = 1.0
-#: A new reserved slot untaken this long after it was made is pre-faulted in the
-#: background (``StoreClient.prefault``); one taken sooner is written with one gather
-#: write (``write_fresh``).
+#: A new reserved slot still untaken once this long went by since it was made and since
+#: the process last took a slot is pre-faulted in the background (``StoreClient.prefault``);
+#: one taken before is written with one gather write (``write_fresh``).
 PREFAULT_AFTER_S = 0.003
+#: New slots the mapping thread remembers for ``prefault`` before it forgets those taken.
+PREFAULT_TRACKED = 64
 
 
 class _Mapping:
@@ -390,6 +392,10 @@ class StoreClient:
             try:
                 now = time.monotonic()
                 fresh.extend((now, mapping) for mapping in self.map_reserved(grants))
+                if len(fresh) > PREFAULT_TRACKED:  # (a long burst takes them as they come)
+                    with self._lock:
+                        fresh = collections.deque(e for e in fresh if e[1].mm is None
+                                                  and self._reserved.get(e[1].slot) is e[1])
             except Exception:  # top of the thread's loop: log, keep mapping later grants
                 logger.exception("mapping reserved store slots failed")
 
