@@ -308,9 +308,11 @@ class StoreClient:
             mapping = self._slots.pop(slot, None)
             if mapping is not None:
                 self._slot_bytes -= mapping.size
-        if (mapping is None or mapping.size < size) and not reused and slot >= 0 and pieces is not None:
+        if mapping is not None and mapping.size >= size:
+            pass  # the slot's pages, mapped here since its last value
+        elif not reused and slot >= 0 and pieces is not None:
             mapping = _fresh_mapping(grant_path, file_size, slot)
-        elif mapping is None or mapping.size < size:
+        else:
             fd = open_object_file(grant_path, create=not reused)
             try:
                 if not reused:
@@ -326,8 +328,7 @@ class StoreClient:
                 os.close(fd)
             mapping = _Mapping(mm, file_size, slot)
         mapping.object_id = object_id
-        if not self._fill(mapping, size, fill, pieces,
-                          keep_mapping or (slot >= 0 and self._slot_bytes + mapping.size <= self._recycle_bytes)):
+        if not self._fill(mapping, size, fill, pieces, keep_mapping or self._room_to_keep(mapping)):
             raise FileNotFoundError(errno.ENOENT, "the store file to write is gone", grant_path)
         mapping.path = ""
         os.rename(grant_path, final_path)
@@ -415,8 +416,7 @@ class StoreClient:
         try:
             fd = open_object_file(mapping.path, create=False)
             try:
-                os.posix_fallocate(fd, 0, mapping.size)
-                mapping.mm = mmap.mmap(fd, mapping.size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+                mapping.mm = _allocate_and_map(fd, mapping.size)
             finally:
                 os.close(fd)
         except OSError as e:  # gone (taken back), or a full /dev/shm: the writer's write says so
@@ -580,8 +580,7 @@ class StoreClient:
         when that failed (the slot was taken back, or the object exists): create instead."""
         # A task's return is mapped too while its slot stays with this process for reuse
         # (``_keep``): the slot's next value here is then a copy into faulted pages.
-        if not self._fill(mapping, size, fill, pieces,
-                          keep_mapping or self._slot_bytes + mapping.size <= self._recycle_bytes):
+        if not self._fill(mapping, size, fill, pieces, keep_mapping or self._room_to_keep(mapping)):
             self._close(mapping)
             return False
         try:
@@ -607,11 +606,16 @@ class StoreClient:
             # Another process owns it (a task's return): keep the faulted pages for the
             # slot's next create here. The raylet says DropSlot when the file goes.
             with self._lock:
-                if self._slot_bytes + mapping.size <= self._recycle_bytes and mapping.slot not in self._slots:
+                if self._room_to_keep(mapping) and mapping.slot not in self._slots:
                     self._slots[mapping.slot] = mapping
                     self._slot_bytes += mapping.size
                     return
         self._close(mapping)
+
+    def _room_to_keep(self, mapping: _Mapping) -> bool:
+        """``_keep`` would keep ``mapping`` for its slot's next value here (a store slot,
+        within ``recycle_bytes``)."""
+        return mapping.slot >= 0 and self._slot_bytes + mapping.size <= self._recycle_bytes
 
     def _copy(self, dst: memoryview, src: memoryview) -> None:
         self.copier.copy(dst, src)
@@ -634,8 +638,7 @@ class StoreClient:
             return False
         try:
             if pieces is None:
-                os.posix_fallocate(fd, 0, mapping.size)
-                mapping.mm = mmap.mmap(fd, mapping.size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+                mapping.mm = _allocate_and_map(fd, mapping.size)
                 with memoryview(mapping.mm) as dest:
                     fill(dest[:size], self._copy)
                 return True
@@ -1215,10 +1218,17 @@ def _map_new(path: str, file_size: int, create: bool) -> mmap.mmap:
     try:
         if create:
             os.ftruncate(fd, file_size)
-            os.posix_fallocate(fd, 0, file_size)
+            return _allocate_and_map(fd, file_size)
         return mmap.mmap(fd, file_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
     finally:
         os.close(fd)
+
+
+def _allocate_and_map(fd: int, file_size: int) -> mmap.mmap:
+    """Allocate a store file's pages (a full ``/dev/shm`` is an ``OSError`` here, not a
+    ``SIGBUS`` later) and map it writable with every page faulted in."""
+    os.posix_fallocate(fd, 0, file_size)
+    return mmap.mmap(fd, file_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
 
 
 _AT_FDCWD = -100
