@@ -20,6 +20,16 @@ from lumos._private.object_store.client import StoreClient, write_fresh
 MiB = 1024 * 1024
 
 
+@pytest.fixture
+def store(tmp_path: Any) -> Any:
+    """A store client over ``tmp_path`` keeping up to 1 GiB of slots' mappings for reuse."""
+    client = StoreClient(str(tmp_path), 1, 1 << 40, 1 << 30)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
 def _allocated(path: str) -> int:
     return os.stat(path).st_blocks * 512
 
@@ -34,8 +44,7 @@ def _grant(store: StoreClient, tmp_path: Any, slot: int, file_size: int) -> str:
 
 @pytest.mark.timeout(60)
 def test_a_new_reserved_slot_is_created_unmapped_and_written_with_one_gather_write(
-        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = StoreClient(str(tmp_path), 1, 1 << 40, 1 << 30)
+        store: StoreClient, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     gathers: list[int] = []
     pwritev = os.pwritev
 
@@ -45,27 +54,24 @@ def test_a_new_reserved_slot_is_created_unmapped_and_written_with_one_gather_wri
         return pwritev(fd, buffers, offset)
 
     monkeypatch.setattr(os, "pwritev", counting)
-    try:
-        value = {"a": np.arange(MiB // 8, dtype=np.int64), "b": np.ones(3000, dtype=np.uint8)}
-        sv = ser.serialize(value)
-        file_size = sv.total_size + 3 * 4096  # a grant may be larger than the value
-        path = _grant(store, tmp_path, 7, file_size)
-        mapping = store.take_reserved(sv.total_size)
-        assert mapping is not None and mapping.mm is None, "pre-faulted ahead of the write"
-        assert _allocated(path) < MiB // 2, "the new file's pages were allocated before its value came"
-        oid = b"\x01" * 20
-        assert store.write_reserved(oid, mapping, sv.total_size, sv.write_into, True, sv.pieces)
-        assert gathers == [len(sv.pieces())]
-        final = str(tmp_path / oid.hex())
-        assert _allocated(final) >= file_size  # the tail too: no page is left to allocate later
-        view = store.view(oid)
-        assert view is not None
-        got = ser.deserialize(view)[1]
-        assert np.array_equal(got["a"], value["a"]) and np.array_equal(got["b"], value["b"])
-        del got, view
-        assert store.stats()["reserved_created"] == 1
-    finally:
-        store.close()
+    value = {"a": np.arange(MiB // 8, dtype=np.int64), "b": np.ones(3000, dtype=np.uint8)}
+    sv = ser.serialize(value)
+    file_size = sv.total_size + 3 * 4096  # a grant may be larger than the value
+    path = _grant(store, tmp_path, 7, file_size)
+    mapping = store.take_reserved(sv.total_size)
+    assert mapping is not None and mapping.mm is None, "pre-faulted ahead of the write"
+    assert _allocated(path) < MiB // 2, "the new file's pages were allocated before its value came"
+    oid = b"\x01" * 20
+    assert store.write_reserved(oid, mapping, sv.total_size, sv.write_into, True, sv.pieces)
+    assert gathers == [len(sv.pieces())]
+    final = str(tmp_path / oid.hex())
+    assert _allocated(final) >= file_size  # the tail too: no page is left to allocate later
+    view = store.view(oid)
+    assert view is not None
+    got = ser.deserialize(view)[1]
+    assert np.array_equal(got["a"], value["a"]) and np.array_equal(got["b"], value["b"])
+    del got, view
+    assert store.stats()["reserved_created"] == 1
 
 
 @pytest.mark.timeout(60)
@@ -118,107 +124,92 @@ def test_write_fresh_goes_on_after_short_writes_and_past_the_pieces_one_call_tak
 
 
 @pytest.mark.timeout(60)
-def test_a_full_store_is_an_error_of_the_write_not_a_sigbus_later(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_full_store_is_an_error_of_the_write_not_a_sigbus_later(
+        store: StoreClient, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     def full(fd: int, buffers: Any, offset: int) -> int:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "pwritev", full)
-    store = StoreClient(str(tmp_path), 1, 1 << 40, 1 << 30)
-    try:
-        sv = ser.serialize(np.ones(MiB, dtype=np.uint8))
-        _grant(store, tmp_path, 1, sv.total_size)
-        mapping = store.take_reserved(sv.total_size)
-        with pytest.raises(OSError):
-            store.write_reserved(b"\x03" * 20, mapping, sv.total_size, sv.write_into, True, sv.pieces)
-        assert mapping.mm is None
-    finally:
-        store.close()
-
-
-def test_values_without_a_gather_write_still_fill_a_new_slot_through_a_mapping(tmp_path: Any) -> None:
-    store = StoreClient(str(tmp_path), 1, 1 << 40, 1 << 30)
-    try:
-        sv = ser.serialize(np.arange(1000, dtype=np.float64))
-        _grant(store, tmp_path, 1, sv.total_size)
-        mapping = store.take_reserved(sv.total_size)
-        assert store.write_reserved(b"\x04" * 20, mapping, sv.total_size, sv.write_into, True)
-        assert isinstance(mapping.mm, mmap.mmap)
-        view = store.view(b"\x04" * 20)
-        assert ser.deserialize(view)[1].sum() == sum(range(1000))
-    finally:
-        store.close()
+    sv = ser.serialize(np.ones(MiB, dtype=np.uint8))
+    _grant(store, tmp_path, 1, sv.total_size)
+    mapping = store.take_reserved(sv.total_size)
+    with pytest.raises(OSError):
+        store.write_reserved(b"\x03" * 20, mapping, sv.total_size, sv.write_into, True, sv.pieces)
+    assert mapping.mm is None
 
 
 @pytest.mark.timeout(60)
-def test_a_new_slot_left_untaken_is_pre_faulted_in_the_background_and_a_taken_one_is_not(tmp_path: Any) -> None:
+def test_values_without_a_gather_write_still_fill_a_new_slot_through_a_mapping(
+        store: StoreClient, tmp_path: Any) -> None:
+    sv = ser.serialize(np.arange(1000, dtype=np.float64))
+    _grant(store, tmp_path, 1, sv.total_size)
+    mapping = store.take_reserved(sv.total_size)
+    assert store.write_reserved(b"\x04" * 20, mapping, sv.total_size, sv.write_into, True)
+    assert isinstance(mapping.mm, mmap.mmap)
+    view = store.view(b"\x04" * 20)
+    assert ser.deserialize(view)[1].sum() == sum(range(1000))
+
+
+@pytest.mark.timeout(60)
+def test_a_new_slot_left_untaken_is_pre_faulted_in_the_background_and_a_taken_one_is_not(
+        store: StoreClient, tmp_path: Any) -> None:
     # Between a workload's rounds a reserved slot waits: its pages are made ready by the
     # mapping thread, so the next write is a copy into faulted pages. In a burst it is
     # taken first, and written with one gather write instead.
-    store = StoreClient(str(tmp_path), 1, 1 << 40, 1 << 30)
-    try:
-        sv = ser.serialize(np.ones(MiB, dtype=np.uint8))
-        grants = [(slot, str(tmp_path / f"resv-{slot}"), sv.total_size, False) for slot in (1, 2)]
-        store.reserved_granted(grants)
-        fresh = store.map_reserved(grants)
-        assert [m.slot for m in fresh] == [1, 2] and all(m.mm is None for m in fresh)
-        taken = store.take_reserved(sv.total_size)  # the last made: slot 2
-        assert taken is fresh[1]
-        for mapping in fresh:
-            store.prefault(mapping)
-        assert fresh[0].mm is not None and _allocated(str(tmp_path / "resv-1")) >= sv.total_size
-        assert taken.mm is None and _allocated(str(tmp_path / "resv-2")) < MiB // 2  # left to its writer
-        assert store.take_reserved(sv.total_size) is fresh[0]
-        assert store.write_reserved(b"\x05" * 20, fresh[0], sv.total_size, sv.write_into, True, sv.pieces)
-        assert store.write_reserved(b"\x06" * 20, taken, sv.total_size, sv.write_into, True, sv.pieces)
-        for oid in (b"\x05" * 20, b"\x06" * 20):
-            assert ser.deserialize(store.view(oid))[1].sum() == MiB
-    finally:
-        store.close()
+    sv = ser.serialize(np.ones(MiB, dtype=np.uint8))
+    grants = [(slot, str(tmp_path / f"resv-{slot}"), sv.total_size, False) for slot in (1, 2)]
+    store.reserved_granted(grants)
+    fresh = store.map_reserved(grants)
+    assert [m.slot for m in fresh] == [1, 2] and all(m.mm is None for m in fresh)
+    taken = store.take_reserved(sv.total_size)  # the last made: slot 2
+    assert taken is fresh[1]
+    for mapping in fresh:
+        store.prefault(mapping)
+    assert fresh[0].mm is not None and _allocated(str(tmp_path / "resv-1")) >= sv.total_size
+    assert taken.mm is None and _allocated(str(tmp_path / "resv-2")) < MiB // 2  # left to its writer
+    assert store.take_reserved(sv.total_size) is fresh[0]
+    assert store.write_reserved(b"\x05" * 20, fresh[0], sv.total_size, sv.write_into, True, sv.pieces)
+    assert store.write_reserved(b"\x06" * 20, taken, sv.total_size, sv.write_into, True, sv.pieces)
+    for oid in (b"\x05" * 20, b"\x06" * 20):
+        assert ser.deserialize(store.view(oid))[1].sum() == MiB
 
 
 @pytest.mark.timeout(60)
-def test_the_mapping_thread_pre_faults_a_waiting_new_slot_by_itself(tmp_path: Any) -> None:
-    store = StoreClient(str(tmp_path), 1, 1 << 40, 1 << 30)
-    try:
-        grants = [(3, str(tmp_path / "resv-3"), MiB, False)]
-        store.map_reserved_soon(grants)  # (the mapping thread makes it, then pre-faults it)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            mapping = store._reserved.get(3)
-            if mapping is not None and mapping.mm is not None:
-                break
-            time.sleep(0.01)
-        else:
-            raise AssertionError("the untaken slot was never pre-faulted")
-        assert _allocated(str(tmp_path / "resv-3")) >= MiB
-    finally:
-        store.close()
+def test_the_mapping_thread_pre_faults_a_waiting_new_slot_by_itself(store: StoreClient, tmp_path: Any) -> None:
+    grants = [(3, str(tmp_path / "resv-3"), MiB, False)]
+    store.map_reserved_soon(grants)  # (the mapping thread makes it, then pre-faults it)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        mapping = store._reserved.get(3)
+        if mapping is not None and mapping.mm is not None:
+            break
+        time.sleep(0.01)
+    else:
+        raise AssertionError("the untaken slot was never pre-faulted")
+    assert _allocated(str(tmp_path / "resv-3")) >= MiB
 
 
 @pytest.mark.timeout(60)
-def test_a_new_slot_taken_back_before_its_write_is_written_the_other_way(tmp_path: Any) -> None:
+def test_a_new_slot_taken_back_before_its_write_is_written_the_other_way(store: StoreClient, tmp_path: Any) -> None:
     # The raylet may take an unused reserved slot back (``DropSlots``) and unlink its file
     # while a writer holds it: the write finds the file gone and the caller creates the
     # object instead (False), as a write that lost the rename race did before.
-    store = StoreClient(str(tmp_path), 1, 1 << 40, 1 << 30)
-    try:
-        sv = ser.serialize(np.ones(MiB, dtype=np.uint8))
-        path = _grant(store, tmp_path, 1, sv.total_size)
-        mapping = store.take_reserved(sv.total_size)
-        os.unlink(path)  # (the raylet's unlink)
-        assert not store.write_reserved(b"\x07" * 20, mapping, sv.total_size, sv.write_into, True, sv.pieces)
-        assert not (tmp_path / (b"\x07" * 20).hex()).exists() and not os.path.exists(path)
-        path = _grant(store, tmp_path, 2, sv.total_size)
-        mapping = store.take_reserved(sv.total_size, lend=True)
-        os.unlink(path)
-        assert not store.write_lent(b"\x08" * 20, mapping, sv.total_size, sv.write_into, sv.pieces)
-        assert store.stats()["lent_slots"] == 0
-    finally:
-        store.close()
+    sv = ser.serialize(np.ones(MiB, dtype=np.uint8))
+    path = _grant(store, tmp_path, 1, sv.total_size)
+    mapping = store.take_reserved(sv.total_size)
+    os.unlink(path)  # (the raylet's unlink)
+    assert not store.write_reserved(b"\x07" * 20, mapping, sv.total_size, sv.write_into, True, sv.pieces)
+    assert not (tmp_path / (b"\x07" * 20).hex()).exists() and not os.path.exists(path)
+    path = _grant(store, tmp_path, 2, sv.total_size)
+    mapping = store.take_reserved(sv.total_size, lend=True)
+    os.unlink(path)
+    assert not store.write_lent(b"\x08" * 20, mapping, sv.total_size, sv.write_into, sv.pieces)
+    assert store.stats()["lent_slots"] == 0
 
 
 @pytest.mark.timeout(60)
-def test_the_mapping_thread_forgets_new_slots_taken_in_a_long_burst(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_mapping_thread_forgets_new_slots_taken_in_a_long_burst(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # A burst that never pauses takes each new slot as it comes; the mapping thread's list
     # of slots to pre-fault later must not grow with the burst's length.
     monkeypatch.setattr(client_mod, "PREFAULT_AFTER_S", 60.0)  # (no pause in this test)
