@@ -54,7 +54,11 @@ def _interrupted_often(op: Callable[[], Any], ops: int, seed: int, every_s: floa
     comes again a moment later (``interrupts.resend_later``), wherever the loop is then:
     the whole loop is in a ``try``, and it ends with a pause for it. ``at_least``: more
     ops (up to four times ``ops``) until that many were interrupted, since how many
-    shots land depends on how long an op takes on the machine at the time."""
+    shots land depends on how long an op takes on the machine at the time. The shooter
+    needs the GIL to shoot, which a busy main thread gives up only every switch interval
+    (5 ms by default): that is shortened to half ``every_s`` meanwhile, or the shots come
+    every 5 ms whatever ``every_s`` says, and mostly while no op is under way (the main
+    thread's pause between ops gives the GIL up at once)."""
     busy = threading.Event()
     stop = threading.Event()
     gate = threading.Lock()
@@ -70,6 +74,8 @@ def _interrupted_often(op: Callable[[], Any], ops: int, seed: int, every_s: floa
     got: list[Any] = []
     interrupted = 0
     shooter = threading.Thread(target=shoot, daemon=True)
+    switch_s = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch_s, every_s / 2))
     shooter.start()
 
     def finished() -> bool:
@@ -81,15 +87,14 @@ def _interrupted_often(op: Callable[[], Any], ops: int, seed: int, every_s: floa
             try:
                 if not keep:
                     got.clear()
-                busy.set()
+                _held(busy.set)
                 done += 1
                 got.append(op())
             except KeyboardInterrupt:
                 interrupted += 1
             while True:
                 try:
-                    with gate:
-                        busy.clear()
+                    _held(lambda: _locked(gate, busy.clear))
                     time.sleep(0.001)  # (a signal sent before the clear is handled in here)
                     if finished():
                         time.sleep(0.6)  # (and one sent again: up to 10 tries, 50 ms apart in client mode)
@@ -99,7 +104,26 @@ def _interrupted_often(op: Callable[[], Any], ops: int, seed: int, every_s: floa
     finally:
         stop.set()
         shooter.join(5)
+        sys.setswitchinterval(switch_s)
     return got, interrupted
+
+
+def _held(step: Callable[[], Any]) -> None:
+    """``step`` with SIGINT held off (``interrupts.hold``), raised after it if one came.
+    A ``KeyboardInterrupt`` that lands just after a ``with lock:`` took its lock (the
+    gate's, or the one inside an ``Event``) leaves the lock taken for good: the loop's
+    next ``with`` on it waits forever (the suite saw it once presses came every 0.1 ms)."""
+    held = interrupts.hold()
+    try:
+        step()
+    finally:
+        if held:
+            interrupts.release()
+
+
+def _locked(lock: threading.Lock, step: Callable[[], Any]) -> None:
+    with lock:
+        step()
 
 
 def _settles_to(store: tuple[int, int], entries: int) -> None:
