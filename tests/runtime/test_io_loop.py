@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from lumos import exceptions as exc
-from lumos._private.core_worker.io_loop import IoLoop, spawn
+from lumos._private.core_worker.io_loop import Claim, IoLoop, spawn
 from tests.conftest import wait_for
 
 
@@ -94,6 +94,61 @@ def test_run_sync_returns_the_result_and_refuses_the_io_thread() -> None:
         io.stop()
     with pytest.raises(exc.LumosSystemError, match="shut down"):
         io.run_sync(answer(), 1)
+
+
+def test_a_claim_gives_back_what_a_left_call_makes_whenever_the_caller_left() -> None:
+    """``Claim``: the caller leaving (its exception path calls ``left()``) after the call
+    returned, or while it still runs, gives its result back (now, or when it comes); a
+    call that failed first, or that the caller kept, gives nothing back; one cancelled
+    after the caller left goes to ``on_error`` as None."""
+    io = started()
+    try:
+        back: list[Any] = []
+
+        def claim() -> Claim:
+            return Claim(lambda r: back.append(("result", r)), lambda e: back.append(("error", e)))
+
+        async def answer(x: int) -> int:
+            await asyncio.sleep(0)
+            return x
+
+        kept = claim()
+        assert io.run_sync(answer(1), 5, kept) == 1 and back == []  # kept: nothing back
+        returned = claim()
+        assert io.run_sync(answer(2), 5, returned) == 2
+        assert returned.left() and back == [("result", 2)]  # left after it returned: at once
+        assert returned.left() and back == [("result", 2)]  # (once)
+
+        async def refused() -> None:
+            raise ValueError("no")
+
+        failed = claim()
+        with pytest.raises(ValueError):
+            io.run_sync(refused(), 5, failed)
+        assert not failed.left() and back == [("result", 2)]  # its own failure: the caller's to settle
+
+        go = threading.Event()
+
+        async def later(x: int) -> int:
+            await asyncio.get_running_loop().run_in_executor(None, go.wait, 10)
+            return x
+
+        waiting = claim()
+        with pytest.raises(TimeoutError):
+            io.run_sync(later(3), 0.05, waiting)  # (the wait left; the call cancelled)
+        assert waiting.left()
+        wait_for(lambda: len(back) == 2, 10)
+        assert back[1] == ("error", None)  # cancelled after the caller left
+        running = claim()
+        fut = asyncio.run_coroutine_threadsafe(running.run(later(4)), io.loop)  # type: ignore[arg-type]
+        assert running.left() and len(back) == 2  # left while it runs: given back when it ends
+        go.set()
+        assert fut.result(10) == 4
+        wait_for(lambda: len(back) == 3, 10)
+        assert back[2] == ("result", 4)
+    finally:
+        io.closed = True
+        io.stop()
 
 
 def test_spawn_tracks_tasks_until_they_end_and_logs_failures(caplog: pytest.LogCaptureFixture) -> None:

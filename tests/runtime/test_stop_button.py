@@ -496,6 +496,74 @@ def test_a_named_actor_whose_registration_the_stop_button_left_and_the_gcs_refus
     assert lumos.get(first.sum.remote(), timeout=30) == arr.sum()  # (the name's owner lives on)
 
 
+def _pressed_after(real: Callable[..., Any], wanted: Callable[[tuple[Any, ...]], bool]) -> Callable[..., Any]:
+    """``real``, with a press sent as it returns when ``wanted(args)``: the press lands
+    after the answer came and before the caller holds it (lumos's handler raises it at
+    the next bytecode, here)."""
+    main = threading.main_thread().ident
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        if wanted(args):
+            signal.pthread_kill(main, signal.SIGINT)  # type: ignore[arg-type]
+            time.sleep(1)  # (raised in here)
+            raise AssertionError("the press was not raised")
+        return out
+    return call
+
+
+def test_a_press_just_after_the_store_granted_a_put_gives_the_grant_back(
+        fresh_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A put too large for the slots reserved ahead asks the raylet to create its
+    object. A press that lands once the answer is back, before the put holds it, gives
+    the created object back: it stayed in the store, never sealed, for the driver's life
+    (the suite's stop-button loop in a kernel met it about once in a thousand presses)."""
+    fresh_cluster(num_cpus=1, object_store_memory=1 << 30)
+    value = np.ones((RESERVE_MAX_BYTES + (1 << 20)) // 8)
+    lumos.get(lumos.put(value), timeout=30)
+    cw = worker_context.require()
+    cw.drain_refs()
+    store0, entries0 = _store_used(), len(cw.objects.entries)
+    monkeypatch.setattr(cw, "call_raylet", _pressed_after(cw.call_raylet, lambda a: isinstance(a[0], m.CreateObject)))
+    for _ in range(3):
+        with pytest.raises(KeyboardInterrupt):
+            lumos.put(value)
+    monkeypatch.undo()
+    _settles_to(store0, entries0)
+    assert lumos.get(lumos.put(value), timeout=30).nbytes == value.nbytes  # the store works on
+
+
+def test_a_press_just_after_a_named_actor_registered_ends_it_unless_detached(
+        fresh_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The press lands once the GCS answered a named actor's registration, before its
+    creation holds the answer: as a press during the wait, the actor no handle holds
+    ends (a detached one stays); before, it lived until the job ended."""
+    fresh_cluster(num_cpus=1)
+    cw = worker_context.require()
+    monkeypatch.setattr(cw, "run_sync", _pressed_after(cw.run_sync, lambda a: getattr(a[0], "__name__", "") == "register"))
+    arr = np.ones((1 << 20) // 8)
+    for name, detached in (("left", False), ("kept", True)):
+        with pytest.raises(KeyboardInterrupt):
+            _Named.options(name=name, lifetime="detached" if detached else None).remote(arr)
+    monkeypatch.undo()
+
+    def state(name: str) -> list[str]:
+        return [a["state"] for a in lumos.state.list_actors() if a.get("name") == name]
+
+    def gone(name: str) -> bool:
+        try:
+            lumos.get_actor(name)
+        except ValueError:
+            return state(name) in ([], ["DEAD"])  # (ended before it was made leaves no row)
+        return False
+
+    wait_for(lambda: gone("left"), 30)
+    wait_for(lambda: state("kept") == ["ALIVE"], 30)
+    kept = lumos.get_actor("kept")
+    assert lumos.get(kept.sum.remote(), timeout=30) == arr.sum()
+    lumos.kill(kept)
+
+
 def test_a_press_that_leaves_a_window_holds_the_stretch_around_it_again() -> None:
     """A press raised inside an ``interrupts.Window`` (a wait inside a held stretch)
     holds the stretch around the window again at once: landing as the window's

@@ -54,7 +54,7 @@ from lumos._private.core_worker import gcs_link
 from lumos._private.core_worker import owner as ow
 from lumos._private.core_worker import task_submitter as ts
 from lumos._private.core_worker.driver import job_config, print_cluster_error, print_worker_lines
-from lumos._private.core_worker.io_loop import IoLoop
+from lumos._private.core_worker.io_loop import Claim, IoLoop
 from lumos._private.core_worker.objects import ObjectsMixin, error_blob
 from lumos._private.core_worker.references import ReferencesMixin
 from lumos._private.core_worker.results import ResultsMixin
@@ -539,17 +539,16 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         except (ConnectionLost, OSError) as e:
             raise self._unavailable("the GCS", msg, e) from None
 
-    def call_raylet(self, msg: Any, timeout_s: float | None = None,
-                    on_abandoned: Callable[[Any], None] | None = None) -> Any:
+    def call_raylet(self, msg: Any, timeout_s: float | None = None, claim: Claim | None = None) -> Any:
         """One request to this node's raylet from a user thread. Raises
-        ``ClusterUnavailableError`` when the raylet cannot be reached. ``on_abandoned``:
-        see ``IoLoop.run_sync``."""
+        ``ClusterUnavailableError`` when the raylet cannot be reached. ``claim``: see
+        ``IoLoop.run_sync``."""
         raylet = self.raylet
         if raylet is None:
             raise exc.LumosSystemError("not connected to the raylet")
         try:
             return self.run_sync(raylet.call(msg, timeout_s or self.config.rpc_timeout_s),
-                                 (timeout_s or self.config.rpc_timeout_s) + 1, on_abandoned)
+                                 (timeout_s or self.config.rpc_timeout_s) + 1, claim)
         except (ConnectionLost, OSError) as e:
             raise self._unavailable("this node's raylet", msg, e) from None
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import functools
 import logging
 import threading
 from typing import Any, Awaitable, Callable, Coroutine
@@ -38,17 +37,69 @@ logger = logging.getLogger(__name__)
 MAX_QUIET_BOOKINGS = 8
 
 
-def _abandoned(on_abandoned: Callable[[Any], None], on_failed: Callable[[BaseException | None], None] | None,
-               fut: concurrent.futures.Future[Any]) -> None:
-    """``run_sync``'s wait was left without the result: hand a success to
-    ``on_abandoned``, a failure (None: cancelled) to ``on_failed``."""
-    try:
-        if not fut.cancelled() and fut.exception() is None:
-            on_abandoned(fut.result())
-        elif on_failed is not None:
-            on_failed(None if fut.cancelled() else fut.exception())
-    except Exception:
-        logger.exception("could not give back what an interrupted call got")
+class Claim:
+    """What a call that the stop button may take from its caller gives back when the
+    caller never gets it (a store slot the raylet granted, an actor the GCS registered):
+    ``run_sync(coro, claim=Claim(on_result, on_error))``. The io thread records the
+    call's outcome here as the coroutine ends; the caller's exception path calls
+    ``left()``, held off the stop button, and the outcome, now or once it comes, goes
+    to ``on_result(result)`` or ``on_error(error)`` (None: cancelled). A press may land
+    anywhere from before the call is sent to after ``run_sync`` returned and before the
+    caller holds the result: caught only inside ``run_sync``'s wait, the later ones lost
+    the grant, and the store kept an object no one would seal or free."""
+
+    __slots__ = ("_lock", "_outcome", "_left", "on_result", "on_error")
+
+    def __init__(self, on_result: Callable[[Any], None],
+                 on_error: Callable[[BaseException | None], None] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._outcome: tuple[bool, Any] | None = None
+        self._left = False
+        self.on_result = on_result
+        self.on_error = on_error
+
+    async def run(self, coro: Awaitable[Any]) -> Any:
+        """(io thread) ``coro``, its outcome recorded."""
+        try:
+            result = await coro
+        except BaseException as e:
+            self._settle((False, e))
+            raise
+        self._settle((True, result))
+        return result
+
+    def _settle(self, outcome: tuple[bool, Any]) -> None:
+        with self._lock:
+            self._outcome = outcome
+            left = self._left
+        if left:
+            self._give_back(outcome)
+
+    def left(self) -> bool:
+        """The caller leaves without the result (its exception path). False where the
+        call itself failed first (the caller's exception comes from that failure, and
+        the caller settles it as such); True otherwise: what the call makes is given
+        back, now or when it ends."""
+        with self._lock:
+            outcome = self._outcome
+            if outcome is not None and not outcome[0]:
+                return False
+            if self._left:
+                return True
+            self._left = True
+        if outcome is not None:
+            self._give_back(outcome)
+        return True
+
+    def _give_back(self, outcome: tuple[bool, Any]) -> None:
+        ok, value = outcome
+        try:
+            if ok:
+                self.on_result(value)
+            elif self.on_error is not None:
+                self.on_error(None if isinstance(value, asyncio.CancelledError) else value)
+        except Exception:
+            logger.exception("could not give back what an interrupted call got")
 
 
 def spawn(tasks: set[asyncio.Task[Any]], coro: Coroutine[Any, Any, Any], name: str,
@@ -311,14 +362,10 @@ class IoLoop:
             self._draining = False
 
     def run_sync(self, coro: Coroutine[Any, Any, Any], timeout_s: float | None = None,
-                 on_abandoned: Callable[[Any], None] | None = None,
-                 on_abandoned_failure: Callable[[BaseException | None], None] | None = None) -> Any:
+                 claim: Claim | None = None) -> Any:
         """Run a coroutine on the io thread and wait for it (from a user thread).
-        ``on_abandoned(result)``: called (on the io thread, or here if it is done) when the
-        coroutine succeeds but the wait was left without its result (the stop button's
-        ``KeyboardInterrupt``): what the result holds (a store slot) is given back;
-        ``on_abandoned_failure(error)`` likewise when it fails. The exception that left
-        the wait is marked (``lumos_abandoned``): the coroutine runs on, and those settle it."""
+        ``claim``: what the coroutine makes is given back if the caller leaves without
+        it (``Claim``; the caller calls its ``left()`` on its way out)."""
         if threading.current_thread() is self.thread:
             coro.close()
             raise RuntimeError("a blocking lumos call was made from the lumos-io thread; "
@@ -326,6 +373,8 @@ class IoLoop:
         if self.loop is None or self.closed:
             coro.close()
             raise exc.LumosSystemError("lumos is shut down")
+        if claim is not None:
+            coro = claim.run(coro)  # type: ignore[assignment]
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return fut.result(timeout_s)
@@ -334,12 +383,6 @@ class IoLoop:
                 raise  # the coroutine's own timeout (a GetTimeoutError, say), not this wait's
             fut.cancel()
             raise TimeoutError(f"lumos control call timed out after {timeout_s}s") from None
-        except BaseException as e:
-            own = fut.done() and not fut.cancelled() and fut.exception() is e  # (the coroutine's own error)
-            if on_abandoned is not None and not own:
-                fut.add_done_callback(functools.partial(_abandoned, on_abandoned, on_abandoned_failure))
-                e.lumos_abandoned = True  # type: ignore[attr-defined]
-            raise
         finally:
             # A raised error's traceback holds this frame; the future holds the error. Left
             # alone, that cycle keeps every caller's frame (and the ObjectRefs in them)

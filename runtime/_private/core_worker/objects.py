@@ -31,6 +31,7 @@ from typing import Any, Callable
 from lumos import exceptions as exc
 from lumos._private import interrupts
 from lumos._private import serialization as ser
+from lumos._private.core_worker.io_loop import Claim
 from lumos._private.core_worker.references import FAILED, PENDING, READY, Waiter, holds_error
 from lumos._private.core_worker.tasks import DONE, DRIVER, PUSHED, QUEUED, WAITING_ARGS, WORKER
 from lumos._private.ids import NodeID, ObjectID, WorkerID, is_put_object, put_object_id, short, task_id_of
@@ -296,13 +297,15 @@ class ObjectsMixin:
                     return -1
             elif self.store.reservations(size) < reserve_ahead(size):
                 self._post(self._reserve_slots, size)
+        claim = Claim(lambda _grant: self._abandon_created(oid))
         try:
             with interrupts.Window():  # (it may wait for room: the stop button works here)
                 slot, path, final_path, file_size, reused = self.call_raylet(
                     m.CreateObject(oid, sv.total_size, self.worker_id, owner),
-                    self.config.object_store_full_timeout_s + self.config.rpc_timeout_s,
-                    on_abandoned=lambda _grant: self._abandon_created(oid))
-        except RemoteError as e:
+                    self.config.object_store_full_timeout_s + self.config.rpc_timeout_s, claim)
+        except BaseException as e:
+            if claim.left() or not isinstance(e, RemoteError):
+                raise  # (the stop button: a grant, now or later, is given back)
             if e.type_name == "_StoreFull":
                 raise exc.ObjectStoreFullError(e.text) from None
             if e.type_name == "_OutOfDisk":

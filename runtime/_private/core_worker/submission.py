@@ -37,6 +37,7 @@ import msgpack
 from lumos import exceptions as exc
 from lumos._private import interrupts, metrics
 from lumos._private import serialization as ser
+from lumos._private.core_worker.io_loop import Claim
 from lumos._private.core_worker.references import READY
 from lumos._private.core_worker.tasks import DONE, QUEUED, WAITING_ARGS, PendingTask, TaskTemplate
 from lumos._private.ids import ActorID, JobID, NodeID, TaskID, WorkerID, new_task_id, return_object_id
@@ -355,14 +356,14 @@ class SubmissionMixin:
             # Waits for a GCS being restarted (Redis storage), then rpc_timeout_s for the reply.
             return await self._gcs_call(m.RegisterActor(spec), None)  # type: ignore[no-any-return]
 
+        claim = Claim(functools.partial(self._post, self._registered_unawaited, template, spec, pinned),
+                      lambda _error: self._post(self._unpin, pinned))
         try:
             with interrupts.Window():  # (it may wait for a GCS being restarted)
                 info: m.ActorInfo = self.run_sync(
-                    register(), self.config.gcs_reconnect_timeout_s + self.config.rpc_timeout_s + 1,
-                    functools.partial(self._post, self._registered_unawaited, template, spec, pinned),
-                    lambda _error: self._post(self._unpin, pinned))
+                    register(), self.config.gcs_reconnect_timeout_s + self.config.rpc_timeout_s + 1, claim)
         except BaseException as e:
-            if getattr(e, "lumos_abandoned", False):
+            if claim.left():
                 raise  # (the stop button: the registration goes on, and what it makes is settled then)
             self._post(self._unpin, pinned)
             if isinstance(e, RemoteError) and e.type_name == ActorNameTaken.__name__:
