@@ -23,7 +23,8 @@ view's pin back) runs wherever the last reference went, in the user's code or in
 lumos's, and Python only prints an exception raised in one, its work left half done: a
 press landing there lost a ref's decrement or left a value pinned in the store, and the
 press itself. lumos's handler finds such a frame (``finalizer``) on the interrupted
-stack and, outside a held stretch, sends the signal again a moment later
+stack (or one of the standard library's weakref callbacks: ``_weakref_callbacks``) and,
+outside a held stretch, sends the signal again a moment later
 (``RESEND_AFTER_S``, from the io thread: ``set_later``), once the finalizer is over.
 In a kernel lumos's handler is put in place as each cell starts (``watch_cells``), so a
 finalizer is covered before the cell's first hold. An ``asyncio.run`` started after
@@ -170,6 +171,21 @@ def finalizer(fn: F) -> F:
 def finalizer_code(code: Any) -> None:
     """``finalizer`` for a nested function, by its code (shared by every closure of it)."""
     _FINALIZERS.add(code)
+
+
+def _weakref_callbacks() -> list[Any]:
+    """The code of the standard library's weakref callbacks: the removal callbacks of
+    ``WeakSet`` (asyncio's registry of tasks: a task of lumos's io loop whose last
+    reference a ``run_sync`` drops goes from there in the main thread) and of the weak
+    dictionaries, and ``weakref.finalize``. A press landing in one was printed and lost
+    like one in lumos's own (the cell looped on), and left a dead entry behind."""
+    import weakref
+
+    return [weakref.WeakSet()._remove.__code__, weakref.WeakValueDictionary()._remove.__code__,
+            weakref.WeakKeyDictionary()._remove.__code__, weakref.finalize.__call__.__code__]
+
+
+_FINALIZERS.update(_weakref_callbacks())
 
 
 def in_finalizer(frame: Any) -> bool:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -348,6 +349,31 @@ def test_a_stop_pressed_in_a_finalizer_is_raised_after_it(fresh_cluster) -> None
     with pytest.raises(KeyboardInterrupt):
         signal.pthread_kill(main, signal.SIGINT)  # type: ignore[arg-type]
         time.sleep(1)
+
+
+class _Weak:
+    pass
+
+
+def test_a_stop_pressed_in_a_weakset_removal_is_raised_after_it(fresh_cluster) -> None:
+    """A press landing in the standard library's weakref callbacks (``WeakSet``'s, which
+    asyncio's task registry runs in the main thread when a ``run_sync`` drops a done
+    task there) is raised after it, as in lumos's own finalizers: it was printed and
+    lost (a kernel's cell looped on), the set's entry left dead."""
+    fresh_cluster(num_cpus=1)
+    lumos.get(lumos.put(1), timeout=30)  # (lumos's handler in place, the io thread up)
+    assert signal.getsignal(signal.SIGINT) is interrupts._on_sigint
+    objs = [_Weak() for _ in range(1_000_000)]
+    members = weakref.WeakSet(objs)
+    timer = threading.Timer(0.02, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+    t0 = time.perf_counter()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        del objs  # (a million removals from the set, each a Python callback: the press lands in one)
+        time.sleep(5)
+    timer.join()
+    assert time.perf_counter() - t0 < 4
+    assert len(members.data) == 0  # no removal was left half done
 
 
 class _StopsWhenPickled:
