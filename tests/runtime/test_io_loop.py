@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
+import weakref
 from typing import Any
 
 import pytest
@@ -147,6 +149,42 @@ def test_a_claim_gives_back_what_a_left_call_makes_whenever_the_caller_left() ->
         wait_for(lambda: len(back) == 3, 10)
         assert back[2] == ("result", 4)
     finally:
+        io.closed = True
+        io.stop()
+
+
+def test_a_claim_keeps_no_caller_frame_alive_after_a_failed_call() -> None:
+    """A call that failed, settled by its caller (``left()`` False), leaves no cycle from
+    the claim through the error's traceback to the caller's frame: the caller's locals
+    (a task's arguments) go with the frame, not at the next garbage collection."""
+    io = started()
+
+    class Arg:
+        pass
+
+    async def refused() -> None:
+        raise ValueError("no")
+
+    def caller(arg: Arg) -> None:
+        claim = Claim(lambda _r: None)
+        try:
+            io.run_sync(refused(), 5, claim)
+        except ValueError:
+            if claim.left():
+                raise AssertionError("a failed call was taken as left") from None
+            raise
+
+    gc.collect()
+    gc.disable()
+    try:
+        arg = Arg()
+        alive = weakref.ref(arg)
+        with pytest.raises(ValueError):
+            caller(arg)
+        del arg
+        assert alive() is None
+    finally:
+        gc.enable()
         io.closed = True
         io.stop()
 

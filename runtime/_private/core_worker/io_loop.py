@@ -37,6 +37,11 @@ logger = logging.getLogger(__name__)
 MAX_QUIET_BOOKINGS = 8
 
 
+#: ``Claim._outcome`` once the caller has settled a failure, or once the outcome went back.
+_FAILED: tuple[bool, Any] = (False, None)
+_GIVEN_BACK: tuple[bool, Any] = (True, None)
+
+
 class Claim:
     """What a call that the stop button may take from its caller gives back when the
     caller never gets it (a store slot the raylet granted, an actor the GCS registered):
@@ -70,8 +75,8 @@ class Claim:
 
     def _settle(self, outcome: tuple[bool, Any]) -> None:
         with self._lock:
-            self._outcome = outcome
             left = self._left
+            self._outcome = _GIVEN_BACK if left else outcome
         if left:
             self._give_back(outcome)
 
@@ -83,10 +88,13 @@ class Claim:
         with self._lock:
             outcome = self._outcome
             if outcome is not None and not outcome[0]:
+                self._outcome = _FAILED  # (the error's traceback holds the caller's frame: no cycle)
                 return False
             if self._left:
                 return True
             self._left = True
+            if outcome is not None:
+                self._outcome = _GIVEN_BACK
         if outcome is not None:
             self._give_back(outcome)
         return True
