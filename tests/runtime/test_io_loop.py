@@ -98,6 +98,10 @@ def test_run_sync_returns_the_result_and_refuses_the_io_thread() -> None:
         io.run_sync(answer(), 1)
 
 
+async def refused() -> None:
+    raise ValueError("no")
+
+
 def test_a_claim_gives_back_what_a_left_call_makes_whenever_the_caller_left() -> None:
     """``Claim``: the caller leaving (its exception path calls ``left()``) after the call
     returned, or while it still runs, gives its result back (now, or when it comes); a
@@ -120,9 +124,6 @@ def test_a_claim_gives_back_what_a_left_call_makes_whenever_the_caller_left() ->
         assert io.run_sync(answer(2), 5, returned) == 2
         assert returned.left() and back == [("result", 2)]  # left after it returned: at once
         assert returned.left() and back == [("result", 2)]  # (once)
-
-        async def refused() -> None:
-            raise ValueError("no")
 
         failed = claim()
         with pytest.raises(ValueError):
@@ -161,9 +162,6 @@ def test_a_claim_keeps_no_caller_frame_alive_after_a_failed_call() -> None:
 
     class Arg:
         pass
-
-    async def refused() -> None:
-        raise ValueError("no")
 
     def caller(arg: Arg) -> None:
         claim = Claim(lambda _r: None)
