@@ -98,10 +98,43 @@ def test_a_client_going_away_frees_its_reservations() -> None:
     reserve(s, b"w1", MiB, 2)
     reserve(s, b"w2", MiB, 1)
     actions = s.handle(st.ClientGone(b"w1"), 0)
-    # Under whichever name the client left each file (a lent slot is ``lent-<slot>``).
-    assert actions == [st.UnlinkFile(f"{D}/resv-1"), st.UnlinkFile(f"{D}/lent-1"),
+    # Under whichever name the client left each file (a lent slot is ``lent-<slot>``);
+    # first a look for files it moved under objects' names (checked before the unlinks).
+    assert actions == [st.SweepMoved([(f"{D}/resv-1", f"{D}/lent-1"), (f"{D}/resv-2", f"{D}/lent-2")]),
+                       st.UnlinkFile(f"{D}/resv-1"), st.UnlinkFile(f"{D}/lent-1"),
                        st.UnlinkFile(f"{D}/resv-2"), st.UnlinkFile(f"{D}/lent-2")]
     assert s.reserved == {3: (MiB, b"w2")} and s.used_bytes == MiB
+    assert s.handle(st.ClientGone(b"w3"), 0) == []  # no reservations: nothing to look for
+
+
+def test_files_a_dead_client_moved_under_object_names_are_unlinked_when_still_unknown() -> None:
+    """``MovedFilesFound`` names files seen unknown twice: those still unknown go, and a
+    seal that comes after all (a frozen writer, not a dead one) frees its object at once."""
+    s = state()
+    (slot, _, _, _), (slot2, _, _, _) = reserve(s, b"w1", MiB, 2)
+    reserve(s, b"w2", MiB, 1)
+    known = b"k" * 20
+    s.handle(st.ReservedSealed(b"w1", slot2, known, MiB, MiB), 0)
+    s.handle(st.ClientGone(b"w1"), 1)
+    used = s.used_bytes
+    lost, late = b"a" * 20, b"b" * 20
+    actions = s.handle(st.MovedFilesFound([lost, known, late]), 3)
+    assert actions == [st.UnlinkFile(f"{D}/{lost.hex()}"), st.UnlinkFile(f"{D}/{late.hex()}")]
+    assert s.stats()["swept_files"] == 2 and s.used_bytes == used  # never counted
+    (w2_slot,) = s.reserved
+    seal = s.handle(st.ReservedSealed(b"w2", w2_slot, late, MiB, MiB), 4)
+    assert late not in s.objects and st.DropSlot(b"w2", w2_slot) in seal
+    assert s.used_bytes == used - MiB and s.reserved_bytes == 0
+
+
+def test_a_dead_creator_s_unsealed_object_goes_under_its_final_name_too() -> None:
+    """The creator renames ``<id>.w`` to ``<id>`` before it sends the seal."""
+    s = state()
+    oid = b"c" * 20
+    s.handle(st.CreateRequested(1, oid, MiB, b"w1"), 0)
+    actions = s.handle(st.ClientGone(b"w1"), 1)
+    assert st.UnlinkFile(f"{D}/{oid.hex()}.w") in actions and st.UnlinkFile(f"{D}/{oid.hex()}") in actions
+    assert oid not in s.objects and s.used_bytes == 0
 
 
 def test_a_slot_taken_back_while_lent_keeps_its_lent_file_until_its_client_goes() -> None:
@@ -161,6 +194,60 @@ def test_puts_and_returns_through_reserved_slots_keep_their_values(
     held = [lumos.put(np.full(MiB // 8, i, dtype=np.int64)) for i in range(31)]
     assert int(lumos.get(held[-1], timeout=30)[0]) == 30
     del held
+
+
+@pytest.mark.parametrize("through", ["reserved slot", "create"])
+def test_a_worker_killed_between_naming_its_object_file_and_sealing_it_leaves_no_file(
+        fresh_cluster: Callable[..., Any], through: str) -> None:
+    """A put moves its written file under the object's name, then sends the seal: a
+    worker killed in between (SIGKILL just after the move, from inside the worker) leaves
+    a file the raylet never heard of. It goes with the worker (a reserved slot's within
+    ``MOVED_SWEEP_S`` or so, a created object's at once), not at the session's end."""
+    import os
+
+    from lumos.api import worker_context
+    fresh_cluster(num_cpus=1, object_store_memory=64 * MiB, include_dashboard=False)
+    store_dir = worker_context.core_worker.store._prefix
+
+    @lumos.remote(max_retries=0)
+    def put_and_die(reserved: bool) -> None:
+        import signal
+        import time
+
+        import numpy as np
+        from lumos._private.object_store import client
+        from lumos.api import worker_context
+        store = worker_context.core_worker.store
+        if reserved:
+            lumos.put(np.zeros(MiB // 8))  # created; slots of its size are reserved after it
+            deadline = time.monotonic() + 30
+            while store.stats()["ready_reserved_slots"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert store.stats()["ready_reserved_slots"] > 0
+        moved_by = client.move_noreplace if reserved else os.rename
+
+        def move_then_die(src: str, dst: str) -> None:
+            moved_by(src, dst)
+            if dst.startswith(store._prefix):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        if reserved:
+            client.move_noreplace = move_then_die
+        else:
+            os.rename = move_then_die  # type: ignore[assignment]
+        # Into a slot reserved for its size, or (a size no slot is reserved for) created.
+        lumos.put(np.ones(MiB // 8 if reserved else 3 * MiB // 8 + 5))
+        raise AssertionError("not killed after its file was moved")
+
+    with pytest.raises(lumos.exceptions.WorkerCrashedError):
+        lumos.get(put_and_die.remote(through == "reserved slot"), timeout=60)
+
+    def object_files() -> list[str]:
+        return [n for n in os.listdir(store_dir) if len(n) == 40]
+    try:
+        wait_for(lambda: not object_files(), 20)
+    except AssertionError:
+        raise AssertionError(f"object files left in the store: {object_files()}") from None
 
 
 def test_a_put_into_a_reserved_slot_seals_without_waking_the_io_thread(
@@ -415,3 +502,4 @@ def test_a_driver_reading_returns_in_a_loop_reuses_spare_mappings_and_drops_them
     assert 0 < stats["spare_mappings"] <= store_client.SPARE_MAPPINGS
     # An idle driver holds no spare mappings (nor their pages and fds).
     wait_for(lambda: cw.store.stats()["spare_mappings"] == 0, store_client.SPARE_IDLE_S + 10)
+

@@ -112,9 +112,16 @@ class DiskCreateFailed:
     out_of_disk: bool
 
 
+@dataclasses.dataclass(slots=True)
+class MovedFilesFound:
+    """Files under these objects' names that were unknown here at two looks at the store
+    directory ``MOVED_SWEEP_S`` apart, the same file both times (``SweepMoved``)."""
+    object_ids: list[ObjectID]
+
+
 Event = Union[CreateRequested, ObjectSealed, ObjectsFreed, ClientGone, Ticked, MarkedShared,
               ObjectsPinned, ObjectsUnpinned, SpillFinished, RestoreRequested, RestoreFinished,
-              DiskCreateFailed, SlotsReserveRequested, ReservedSealed]
+              DiskCreateFailed, SlotsReserveRequested, ReservedSealed, MovedFilesFound]
 
 
 # ----------------------------------------------------------------------------- actions
@@ -209,5 +216,15 @@ class DiskFull:
     message: str
 
 
+@dataclasses.dataclass(slots=True)
+class SweepMoved:
+    """A client went holding reserved slots; each entry is one slot's names (``resv-``,
+    ``pool-``, ``lent-``). A slot with none of them left was moved under an object's name
+    (a reserved put or return, a published argument) by a client that died before its
+    seal: look at the store directory now and ``MOVED_SWEEP_S`` later for object files
+    unknown both times (``MovedFilesFound``). Checked before the slots' files are unlinked."""
+    slots: list[tuple[str, ...]]
+
+
 Action = Union[GrantCreate, RejectCreate, GrantSlots, UnlinkFile, RenameFile, DropSlot, SpillObject, RestoreObject,
-               DropMappings, AnswerRestore, DiskFull]
+               DropMappings, AnswerRestore, DiskFull, SweepMoved]

@@ -26,7 +26,9 @@ mappings keep their pages alive), and its creator is told to drop its mapping.
  n > capacity  ──► GrantCreate(on_disk): the creator writes straight into the spill dir
  reserve(n, k) ──► GrantSlots(files resv-<slot>, or pool-<slot> from the pool; counted as used)
  reserved seal ──► the file (linked to its final name by the client) becomes the object
- client gone   ──► its reserved files go, under any of their names (resv-, pool-, lent-)
+ client gone   ──► its reserved files go, under any of their names (resv-, pool-, lent-);
+                   one it moved under an object's name and never sealed goes once
+                   SweepMoved finds it unknown at two looks (MovedFilesFound)
 ```
 
 Reservations take the create round trip off the put path: a process asks ahead for a
@@ -80,7 +82,8 @@ from .store_events import (  # noqa: F401  (re-exported: the raylet uses st.<nam
     CreateRequested, ObjectSealed, ObjectsFreed, ClientGone, Ticked, MarkedShared, ObjectsPinned,
     ObjectsUnpinned, SpillFinished, RestoreRequested, RestoreFinished, DiskCreateFailed,
     GrantCreate, RejectCreate, UnlinkFile, RenameFile, DropSlot, SpillObject, RestoreObject,
-    DropMappings, AnswerRestore, DiskFull, Event, Action, SlotsReserveRequested, ReservedSealed, GrantSlots)
+    DropMappings, AnswerRestore, DiskFull, Event, Action, SlotsReserveRequested, ReservedSealed, GrantSlots,
+    SweepMoved, MovedFilesFound)
 
 from lumos._private.ids import ObjectID, WorkerID
 
@@ -92,6 +95,11 @@ PULLED = b"object-manager"
 #: most this many.
 FREED_UNKNOWN_S = 60.0
 FREED_UNKNOWN_MAX = 65536
+
+#: A client that goes may have moved reserved files under objects' names and died before
+#: their seals: an object file unknown here at two looks at the store directory this far
+#: apart (the same file, ``SweepMoved``) is unlinked. Much longer than a seal takes to come.
+MOVED_SWEEP_S = 2.0
 
 #: Pins of objects not known yet (``_early_pins``) kept at most.
 EARLY_PINS_MAX = 65536
@@ -219,6 +227,9 @@ class ObjectStoreState:
         #: Client -> reserved slots taken back from it (``TAKEN_BACK_MAX`` at most): a
         #: ``lent-`` file of one is unlinked when the client goes, if it is still there.
         self._taken_back: dict[WorkerID, OrderedDict[int, None]] = {}
+        #: Files a dead client left under objects' names, unsealed, that were unlinked
+        #: (``MovedFilesFound``).
+        self.swept_files = 0
 
     @property
     def pool_bytes(self) -> int:
@@ -285,9 +296,18 @@ class ObjectStoreState:
         elif isinstance(event, ClientGone):
             for oid, obj in list(self.objects.items()):
                 if obj.creator == event.client and not obj.sealed:
+                    # Under its name being written, and under its final name: the client
+                    # renames the file there before it sends the seal, and may have died
+                    # in between.
+                    final = self.final_path(oid) if obj.in_shm else self.spill_path(oid)
                     self._free(oid, False, actions, tmp=True)
+                    actions.append(UnlinkFile(final))
             self.pool.forget_mapper(event.client)
-            for slot in [s for s, (_, c) in self.reserved.items() if c == event.client]:
+            mine = [s for s, (_, c) in self.reserved.items() if c == event.client]
+            if mine:
+                actions.append(SweepMoved([(self._pool_path(slot) if slot in self._reserved_from_pool
+                                            else self._resv_path(slot), self.lent_path(slot)) for slot in mine]))
+            for slot in mine:
                 self._drop_reservation(slot, actions, tell=False)
             for slot in self._taken_back.pop(event.client, ()):
                 actions.append(UnlinkFile(self.lent_path(slot)))
@@ -339,6 +359,14 @@ class ObjectStoreState:
             self._restore(event.object_id, now, actions)
         elif isinstance(event, RestoreFinished):
             self._restore_finished(event, actions)
+        elif isinstance(event, MovedFilesFound):
+            for oid in event.object_ids:
+                if oid not in self.objects:
+                    actions.append(UnlinkFile(self.final_path(oid)))
+                    self.swept_files += 1
+                    # Its writer, frozen rather than dead, may still send the seal: that
+                    # seal finds the object freed (its readers find it lost).
+                    self._freed_unknown[oid] = now
         elif isinstance(event, DiskCreateFailed):
             obj = self.objects.pop(event.object_id, None)
             if obj is not None:
@@ -851,7 +879,8 @@ class ObjectStoreState:
     def stats(self) -> dict[str, int]:
         return {"used_bytes": self.used_bytes, "capacity_bytes": self.capacity_bytes,
                 "pool_bytes": self.pool_bytes, "reserved_bytes": self.reserved_bytes, "num_objects": len(self.objects),
-                "pending_creates": len(self.pending), "evicted_copies": self.evicted}
+                "pending_creates": len(self.pending), "evicted_copies": self.evicted,
+                "swept_files": self.swept_files}
 
     def spill_stats(self) -> dict[str, float]:
         mib = 1024 * 1024

@@ -42,6 +42,7 @@ from lumos._private.process import (check_private_dir, die_with_parent, make_pri
 from lumos._private.protocol import messages as m
 from lumos._private.protocol.vocab import LEASE_REFUSALS, PlacementGroupRemoved
 from lumos._private.raylet import memory_monitor as mm
+from lumos._private.raylet.moved_sweep import MovedSweep
 from lumos._private.raylet import node_report
 from lumos._private.raylet import scheduler as sc
 from lumos._private.raylet.object_manager import ObjectManager, ObjectUnavailable
@@ -122,6 +123,8 @@ class RayletServer:
         #: Reservation answers, read back by the handler that asked (same call).
         self._slot_grants: dict[int, list[Any]] = {}
         self._unlinker = ThreadPoolExecutor(1, thread_name_prefix="raylet.unlink")
+        self._moved_sweep = MovedSweep(self.store, self._unlinker,
+                                       lambda oids: self._store(st.MovedFilesFound(oids)))
         self.stopped = asyncio.Event()
         self.object_manager = ObjectManager(self)
         self.memory_monitor = mm.MemoryMonitorState(config.memory_usage_threshold, short(node_id),
@@ -821,6 +824,10 @@ class RayletServer:
                         fut.set_result(action.path)
             elif isinstance(action, st.DiskFull):
                 logger.warning("%s", action.message)
+            elif isinstance(action, st.SweepMoved):
+                check = self._moved_sweep.check(action)
+                if check is not None:
+                    self._spawn(self._moved_sweep.run(check), "raylet.store.sweep")
 
     # ------------------------------------------------------------------ spilling
 
