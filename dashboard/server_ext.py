@@ -14,6 +14,12 @@ Jupyter's login, is the only way in, and a page URL copied later opens nothing.
 Responses carry ``Content-Security-Policy: frame-ancestors 'self'``; the access log
 leaves out query strings.
 
+``{base_url}lumos/metrics?cluster=…`` serves the cluster's metrics in Prometheus's text
+format, as the head node's ``/metrics`` does, to whoever passes Jupyter's login: a
+scraper sends the Jupyter token (``Authorization: token <t>``, Prometheus's
+``authorization: {type: token, credentials: …}``); without it the answer is 403, never
+a redirect to the login page.
+
 The cluster is found through its session directory (``?cluster=`` names it; it is
 checked against a strict pattern and must exist under lumos's session root), never
 from an address in the URL: the extension reads the token and the GCS's Unix socket
@@ -22,6 +28,7 @@ from there, so only clusters on this machine, run by this user, can be shown.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import json
 import logging
@@ -102,6 +109,7 @@ class _Sources:
 
     def __init__(self) -> None:
         self.by_name: dict[str, Any] = {}
+        self.metrics: dict[str, tuple[Any, asyncio.Lock]] = {}
 
     def get(self, name: str) -> Any:
         from lumos.dashboard.source import ClusterSource
@@ -114,23 +122,39 @@ class _Sources:
             self.by_name[name] = source
         return source
 
+    def metrics_client(self, name: str) -> tuple[Any, asyncio.Lock]:
+        """The GCS connection of cluster ``name``'s scrapes (not its pages' poll loop),
+        opened by the first scrape, and the lock its (re)connects take."""
+        from lumos.state import StateClient
+        path = find_session(name)
+        name = os.path.basename(path)
+        entry = self.metrics.get(name)
+        if entry is None:
+            entry = self.metrics[name] = (StateClient.for_session(path, name="jupyter-metrics->gcs"),
+                                          asyncio.Lock())
+        return entry
+
     def close(self) -> None:
         for source in self.by_name.values():
             source.close()
         self.by_name.clear()
+        for client, _ in self.metrics.values():
+            client.close()
+        self.metrics.clear()
 
 
 def load(serverapp: Any) -> None:
     """Mount the dashboard into a jupyter-server (``_load_jupyter_server_extension``)."""
     import tornado.web
     from bokeh.server.tornado import BokehTornado
-    from jupyter_server.base.handlers import JupyterHandler
+    from jupyter_server.base.handlers import APIHandler, JupyterHandler
     from jupyter_server.utils import url_path_join
     from tornado.ioloop import IOLoop
     from tornado.routing import PathMatches, Router
 
     from lumos.dashboard import auth
-    from lumos.dashboard.app import applications, request_args, secure, use_same_origin_ws
+    from lumos.dashboard.app import METRICS_TIMEOUT_S, applications, request_args, secure, use_same_origin_ws
+    from lumos.state import RemoteError
 
     web_app = serverapp.web_app
     base = web_app.settings["base_url"]
@@ -178,6 +202,31 @@ def load(serverapp: Any) -> None:
             args["bokeh-session-id"] = auth.mint_session_id(secret)
             self.redirect(url_path_join(prefix, page) + "?" + urlencode(args))
 
+    class Metrics(APIHandler):  # type: ignore[misc]
+        """Jupyter-authenticated Prometheus scrape (an API handler: 403 without the login;
+        errors in the cluster argument are JSON, as Jupyter's API answers them)."""
+
+        @tornado.web.authenticated
+        async def get(self) -> None:
+            self.set_header("Cache-Control", "no-store")
+            try:
+                client, lock = sources.metrics_client(self.get_query_argument("cluster", ""))
+            except ValueError as e:
+                raise tornado.web.HTTPError(400, str(e)) from None
+            except LookupError as e:
+                raise tornado.web.HTTPError(404, str(e)) from None
+            try:
+                async with lock:
+                    if not client.connected:
+                        await client.connect(timeout_s=METRICS_TIMEOUT_S / 2)
+                text = await asyncio.wait_for(client.prometheus_text(), METRICS_TIMEOUT_S)
+            except (OSError, TimeoutError, RemoteError) as e:
+                self.set_status(503)
+                self.finish(f"503: the cluster's metrics cannot be read now ({type(e).__name__}: {e}).\n",
+                            set_content_type="text/plain; charset=utf-8")
+                return
+            self.finish(text, set_content_type="text/plain; version=0.0.4; charset=utf-8")
+
     class Expired(tornado.web.RequestHandler):
         def prepare(self) -> None:
             self.set_status(403)
@@ -200,6 +249,7 @@ def load(serverapp: Any) -> None:
     # jupyter_server's add_handlers audits handler classes; a whole tornado application
     # (Bokeh's router) goes in through tornado's own method.
     tornado.web.Application.add_handlers(web_app, ".*$", [(PathMatches(prefix + "/.*"), Gate())])
-    web_app.add_handlers(".*$", [(launch + r"/(\w+)", Launcher), (launch + "/?", Launcher)])
+    web_app.add_handlers(".*$", [(launch + r"/(\w+)", Launcher), (launch + "/?", Launcher),
+                                 (url_path_join(base, "lumos", "metrics"), Metrics)])
     _write_marker(serverapp, base)
     serverapp.log.info("lumos dashboard mounted at %s", launch)

@@ -183,6 +183,31 @@ def test_jupyter_login_required_and_bokeh_refuses_unsigned(jupyter: str, dash_cl
         ws.close()
 
 
+@pytest.mark.timeout(120)
+def test_metrics_through_the_jupyter_server_need_its_login(jupyter: str, dash_cluster: lumos.LumosContext) -> None:
+    """``{base}lumos/metrics?cluster=`` serves the cluster's Prometheus text to a scraper
+    with the Jupyter token (header or query), and 403 (not the login page) without it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from lumos.util.metrics import Counter
+    Counter("jupyter_scraped", description="Counted by the test driver.").inc(3)
+    lumos.state.metrics()  # reported
+    url = f"{jupyter}{BASE}lumos/metrics?cluster={_cluster(dash_cluster)}"
+    assert _status(url) == (403, "")
+    assert _status(url + "&token=nope") == (403, "")
+    assert _status(f"{jupyter}{BASE}lumos/metrics?cluster=..%2Fetc&token={TOKEN}")[0] == 400
+    assert _status(f"{jupyter}{BASE}lumos/metrics?cluster=session_gone&token={TOKEN}")[0] == 404
+    for request in (urllib.request.Request(url, headers={"Authorization": f"token {TOKEN}"}),
+                    urllib.request.Request(f"{url}&token={TOKEN}")):
+        with urllib.request.urlopen(request, timeout=30) as r:
+            body, content_type = r.read().decode(), r.headers["Content-Type"]
+        assert content_type.startswith("text/plain; version=0.0.4")
+        found = {(s.name, tuple(s.labels.items())): s.value
+                 for f in text_string_to_metric_families(body) for s in f.samples}
+        assert found[("jupyter_scraped_total", ())] == 3.0
+        assert found[("lumos_nodes", (("state", "ALIVE"),))] == 1
+
+
 NOTEBOOK_CELLS = [
     """import os, time, lumos, lumos.dashboard
 ctx = lumos.init(num_cpus=1, object_store_memory=64 * 1024 * 1024, include_dashboard=True)
