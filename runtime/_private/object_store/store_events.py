@@ -162,6 +162,10 @@ class GrantSlots:
 @dataclasses.dataclass(slots=True)
 class UnlinkFile:
     path: str
+    #: Unlink it before the next event is handled, not in the raylet's unlink thread: a
+    #: name the same object id may be created under again soon (a dead writer's object,
+    #: made again by its task's retry), which a queued unlink would take from the new file.
+    now: bool = False
 
 
 @dataclasses.dataclass(slots=True)

@@ -28,7 +28,9 @@ mappings keep their pages alive), and its creator is told to drop its mapping.
  reserved seal ──► the file (linked to its final name by the client) becomes the object
  client gone   ──► its reserved files go, under any of their names (resv-, pool-, lent-);
                    one it moved under an object's name and never sealed goes once
-                   SweepMoved finds it unknown at two looks (MovedFilesFound)
+                   SweepMoved finds it unknown at two looks (MovedFilesFound); its
+                   unsealed objects go under both names before the next event
+                   (UnlinkFile(now): a retry of its task creates the same id again)
 ```
 
 Reservations take the create round trip off the put path: a process asks ahead for a
@@ -301,7 +303,7 @@ class ObjectStoreState:
                     # in between.
                     final = self.final_path(oid) if obj.in_shm else self.spill_path(oid)
                     self._free(oid, False, actions, tmp=True)
-                    actions.append(UnlinkFile(final))
+                    actions.append(UnlinkFile(final, now=True))
             self.pool.forget_mapper(event.client)
             mine = [s for s, (_, c) in self.reserved.items() if c == event.client]
             if mine:
@@ -362,7 +364,7 @@ class ObjectStoreState:
         elif isinstance(event, MovedFilesFound):
             for oid in event.object_ids:
                 if oid not in self.objects:
-                    actions.append(UnlinkFile(self.final_path(oid)))
+                    actions.append(UnlinkFile(self.final_path(oid), now=True))
                     self.swept_files += 1
                     # Its writer, frozen rather than dead, may still send the seal: that
                     # seal finds the object freed (its readers find it lost).
@@ -826,7 +828,10 @@ class ObjectStoreState:
         if obj.on_disk:
             self.disk_bytes -= obj.file_size
             self.disk_retry_at = self._now  # disk space comes back: spilling may work again
-            actions.append(UnlinkFile(self.spill_path(oid) if obj.sealed and not tmp else self._spill_tmp_path(oid)))
+            # (An object never sealed: its creator died or gave up; the same id may be
+            # created again at once, by its task's retry, under the same names.)
+            actions.append(UnlinkFile(self.spill_path(oid) if obj.sealed and not tmp else self._spill_tmp_path(oid),
+                                      now=tmp or not obj.sealed))
         if not obj.in_shm:
             return
         if obj.restoring:
@@ -844,7 +849,7 @@ class ObjectStoreState:
             actions.append(RenameFile(path, self._pool_path(obj.slot)))
         else:
             self.used_bytes -= obj.file_size
-            actions.append(UnlinkFile(path))
+            actions.append(UnlinkFile(path, now=tmp or not obj.sealed))
             actions.append(DropSlot(obj.creator, obj.slot))
 
     def _retry_pending(self, now: float, actions: list[Action]) -> None:

@@ -800,6 +800,9 @@ class RayletServer:
                 except OSError as e:
                     logger.error("store rename %s -> %s failed: %s", action.src, action.dst, e)
             elif isinstance(action, st.UnlinkFile):
+                if action.now:
+                    unlink_quietly(action.path)
+                    continue
                 try:
                     self._unlinker.submit(unlink_quietly, action.path)
                 except RuntimeError:  # stopping, its thread gone: a client's close frees files late
