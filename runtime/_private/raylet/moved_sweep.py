@@ -33,7 +33,7 @@ from lumos._private.object_store import store_state as st
 logger = logging.getLogger(__name__)
 
 #: An object id in hex: a store file's name when it is under its final name.
-_OBJECT_NAME_LEN = 40
+OBJECT_NAME_LEN = 40
 
 
 def any_slot_moved(slots: list[tuple[str, ...]]) -> bool:
@@ -47,7 +47,7 @@ def object_files(directory: str) -> dict[str, int]:
     try:
         with os.scandir(directory) as entries:
             for entry in entries:
-                if len(entry.name) == _OBJECT_NAME_LEN:
+                if len(entry.name) == OBJECT_NAME_LEN:
                     found[entry.name] = entry.inode()
     except OSError as e:  # the session ends and takes the store directory with it
         logger.debug("listing the store %s: %s", directory, e)

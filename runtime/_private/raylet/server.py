@@ -42,7 +42,7 @@ from lumos._private.process import (check_private_dir, die_with_parent, make_pri
 from lumos._private.protocol import messages as m
 from lumos._private.protocol.vocab import LEASE_REFUSALS, PlacementGroupRemoved
 from lumos._private.raylet import memory_monitor as mm
-from lumos._private.raylet.moved_sweep import MovedSweep
+from lumos._private.raylet.moved_sweep import OBJECT_NAME_LEN, MovedSweep
 from lumos._private.raylet import node_report
 from lumos._private.raylet import scheduler as sc
 from lumos._private.raylet.object_manager import ObjectManager, ObjectUnavailable
@@ -123,6 +123,8 @@ class RayletServer:
         #: Reservation answers, read back by the handler that asked (same call).
         self._slot_grants: dict[int, list[Any]] = {}
         self._unlinker = ThreadPoolExecutor(1, thread_name_prefix="raylet.unlink")
+        #: Object files moved out of their names for the unlink thread (``_name_gone``).
+        self._trashed = 0
         self._moved_sweep = MovedSweep(self.store, self._unlinker,
                                        lambda oids: self._store(st.MovedFilesFound(oids)))
         self.stopped = asyncio.Event()
@@ -630,12 +632,20 @@ class RayletServer:
         fut = self._request_create(msg.object_id, msg.size_bytes, msg.owner_worker_id)
         if not fut.done():
             return self._create_waited(fut, msg)
-        grant = fut.result()
+        try:
+            grant = fut.result()
+        except _ObjectExists:
+            self._note_owner(msg.object_id, msg.owner or msg.owner_worker_id)
+            raise
         self._note_owner(msg.object_id, msg.owner or msg.owner_worker_id)
         return grant
 
     async def _create_waited(self, fut: asyncio.Future[list[Any]], msg: m.CreateObject) -> list[Any]:
-        grant = await fut
+        try:
+            grant = await fut
+        except _ObjectExists:
+            self._note_owner(msg.object_id, msg.owner or msg.owner_worker_id)
+            raise
         self._note_owner(msg.object_id, msg.owner or msg.owner_worker_id)
         return grant
 
@@ -803,10 +813,13 @@ class RayletServer:
                 if action.now:
                     unlink_quietly(action.path)
                     continue
+                path = self._name_gone(action.path)
+                if path is None:
+                    continue
                 try:
-                    self._unlinker.submit(unlink_quietly, action.path)
+                    self._unlinker.submit(unlink_quietly, path)
                 except RuntimeError:  # stopping, its thread gone: a client's close frees files late
-                    unlink_quietly(action.path)
+                    unlink_quietly(path)
             elif isinstance(action, st.DropSlot):
                 if action.slot < 0:
                     continue
@@ -831,6 +844,29 @@ class RayletServer:
                 check = self._moved_sweep.check(action)
                 if check is not None:
                     self._spawn(self._moved_sweep.run(check), "raylet.store.sweep")
+
+    def _name_gone(self, path: str) -> str | None:
+        """Before an object's file is unlinked in the unlink thread, its name goes now: it
+        is renamed ``trash-<n>``, which the thread unlinks (the costly part, its pages
+        freed). The same object id can be created again at once (a task retried after its
+        worker died puts the same ids; a restore writes the same name), and an unlink by
+        name still queued took the new file: the object then had no file, its slot went
+        to the pool without one, and a later put given that slot failed. Slot files
+        (``pool-``, ``resv-``, ``lent-``) are never named again and go as they are.
+        Returns the path to unlink, None when there is no file."""
+        name = path.rpartition("/")[2]
+        if not (len(name) == OBJECT_NAME_LEN or (len(name) == OBJECT_NAME_LEN + 2 and name.endswith(".w"))):
+            return path
+        self._trashed += 1
+        trash = f"{path[:len(path) - len(name)]}trash-{self._trashed}"
+        try:
+            os.rename(path, trash)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            logger.warning("could not move %s out of its name (%s): unlinking it by name", path, e)
+            return path
+        return trash
 
     # ------------------------------------------------------------------ spilling
 
