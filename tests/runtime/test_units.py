@@ -650,6 +650,31 @@ def test_client_gone_frees_its_unsealed_objects_and_pending_creates():
     assert s.used_bytes == 5 * MiB
 
 
+def test_a_create_of_an_id_another_process_writes_waits_for_its_seal_or_its_end():
+    """A task's retry creates the ids its dead attempt was writing, maybe before the dead
+    worker is reaped: the create waits for the other writer instead of being refused
+    ("object already exists in the store", an ObjectStoreFullError to the user)."""
+    s = store(capacity=30 * MiB)
+    create(s, 1, A, 5 * MiB, client=W1)  # a dead attempt's, not reaped yet
+    assert create(s, 2, A, 5 * MiB, client=W2) == []  # waits
+    acts = s.handle(st.ClientGone(W1), 1)
+    assert [a.request for a in acts if isinstance(a, st.GrantCreate)] == [2]
+    assert s.objects[A].creator == W2 and not s.objects[A].sealed
+    # Sealed by the other writer (alive after all): the object exists.
+    create(s, 3, B, 5 * MiB, client=W3)
+    assert create(s, 4, B, 5 * MiB, client=W2) == []
+    acts = s.handle(st.ObjectSealed(B, 5 * MiB), 2)
+    assert [(a.request, a.exists) for a in acts if isinstance(a, st.RejectCreate)] == [(4, True)]
+    # Neither before the deadline: refused, saying why; a waiter that goes is forgotten.
+    create(s, 5, C, MiB, client=W3)
+    assert create(s, 6, C, MiB, client=W2) == [] and create(s, 7, C, MiB, client=W1) == []
+    s.handle(st.ClientGone(W1), 3)
+    acts = s.handle(st.Ticked(), 3 + 2.0)
+    (reject,) = [a for a in acts if isinstance(a, st.RejectCreate)]
+    assert reject.request == 6 and "still being written by another process" in reject.reason
+    assert s.handle(st.ObjectSealed(C, MiB), 6) == []
+
+
 def test_freeing_unknown_objects_is_harmless():
     s = store()
     assert s.handle(st.ObjectsFreed([D], [True]), 0) == []

@@ -24,6 +24,8 @@ mappings keep their pages alive), and its creator is told to drop its mapping.
                    (RejectCreate without spilling); one that nothing in flight or
                    spillable can serve goes there after FALLBACK_GRACE_S
  n > capacity  ──► GrantCreate(on_disk): the creator writes straight into the spill dir
+ create(id) while another process writes id ──► waits for its seal (RejectCreate(exists))
+                   or its end (granted), until full_timeout_s
  reserve(n, k) ──► GrantSlots(files resv-<slot>, or pool-<slot> from the pool; counted as used)
  reserved seal ──► the file (linked to its final name by the client) becomes the object
  client gone   ──► its reserved files go, under any of their names (resv-, pool-, lent-);
@@ -232,6 +234,9 @@ class ObjectStoreState:
         #: Files a dead client left under objects' names, unsealed, that were unlinked
         #: (``MovedFilesFound``).
         self.swept_files = 0
+        #: Object id -> creates of it waiting for another process that writes it now
+        #: (its seal or its end, ``_create``); refused at their deadline.
+        self._same_id_waiting: dict[ObjectID, list[_Pending]] = {}
 
     @property
     def pool_bytes(self) -> int:
@@ -278,6 +283,8 @@ class ObjectStoreState:
             if obj is not None:
                 obj.sealed = True
                 self._spill_ahead(actions)
+                if self._same_id_waiting:
+                    self._wake_same_id(event.object_id, now, actions)
         elif isinstance(event, ReservedSealed):
             self._reserved_sealed(event, now, actions)
         elif isinstance(event, SlotsReserveRequested):
@@ -316,12 +323,24 @@ class ObjectStoreState:
             self._unpin(event.client, list(self.pins.get(event.client, ())))
             self.pins.pop(event.client, None)
             self.pending = deque(p for p in self.pending if p.request.client != event.client)
+            for oid, waiting in list(self._same_id_waiting.items()):
+                waiting[:] = [p for p in waiting if p.request.client != event.client]
+                if not waiting:
+                    del self._same_id_waiting[oid]
             self._retry_pending(now, actions)
         elif isinstance(event, Ticked):
             while self._freed_unknown and next(iter(self._freed_unknown.values())) < now - FREED_UNKNOWN_S:
                 self._freed_unknown.popitem(last=False)
             if self.disk_full and now >= self.disk_retry_at and self.pending:
                 self._retry_pending(now, actions)
+            for oid, waiting in list(self._same_id_waiting.items()):
+                for p in [p for p in waiting if p.deadline <= now]:
+                    waiting.remove(p)
+                    actions.append(RejectCreate(p.request.request, oid, (
+                        f"object {oid.hex()} is still being written by another process after "
+                        f"{self.full_timeout_s:.0f}s (object_store_full_timeout_s)")))
+                if not waiting:
+                    del self._same_id_waiting[oid]
             while self.restores_waiting and self.restores_waiting[0][1] <= now:
                 self._restore_from_disk(self.restores_waiting.popleft()[0], actions)
             while self.pending:
@@ -375,6 +394,8 @@ class ObjectStoreState:
                 self.disk_bytes -= obj.file_size
                 actions.append(UnlinkFile(self._spill_tmp_path(event.object_id)))
             self._disk_full(now, event.error, actions)
+            if self._same_id_waiting:
+                self._wake_same_id(event.object_id, now, actions)
         if self.validate:
             self.check_invariants()
         return actions
@@ -382,6 +403,15 @@ class ObjectStoreState:
     def _create(self, ev: CreateRequested, now: float, actions: list[Action]) -> None:
         obj = self.objects.get(ev.object_id)
         if obj is not None:
+            if not obj.sealed and ev.client != PULLED and obj.creator not in (ev.client, PULLED):
+                # Another process writes this id now: most often a task's attempt that
+                # died, its worker not reaped yet, and this is the retry's. Its seal makes
+                # the object exist (this create is then answered "exists"), its end frees
+                # it (this one is then granted). Refused at once, the retry's put failed
+                # with "object already exists in the store".
+                self._same_id_waiting.setdefault(ev.object_id, []).append(
+                    _Pending(ev, now + self.full_timeout_s, now))
+                return
             same = obj.sealed and obj.size_bytes == ev.size_bytes
             if same and ev.client != PULLED:
                 obj.creator = ev.client  # a re-run's result now: a primary, never evicted
@@ -817,7 +847,17 @@ class ObjectStoreState:
         if mapper:
             actions.append(DropSlot(mapper, slot))
 
+    def _wake_same_id(self, oid: ObjectID, now: float, actions: list[Action]) -> None:
+        """``oid`` was sealed or freed: creates that waited for its other writer go on."""
+        for p in self._same_id_waiting.pop(oid, ()):
+            self._create(p.request, now, actions)
+
     def _free(self, oid: ObjectID, recyclable: bool, actions: list[Action], tmp: bool = False) -> None:
+        self._free_file(oid, recyclable, actions, tmp)
+        if self._same_id_waiting and oid not in self.objects:
+            self._wake_same_id(oid, self._now, actions)
+
+    def _free_file(self, oid: ObjectID, recyclable: bool, actions: list[Action], tmp: bool = False) -> None:
         obj = self.objects.pop(oid, None)
         if obj is None:
             return
