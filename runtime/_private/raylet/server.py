@@ -47,7 +47,7 @@ from lumos._private.raylet import node_report
 from lumos._private.raylet import scheduler as sc
 from lumos._private.raylet.object_manager import ObjectManager, ObjectUnavailable
 from lumos._private.raylet.worker_pool import WorkerPool, WorkerProc
-from lumos._private.transport.connection import (Connection, ConnectionLost, RemoteError, RpcServer,
+from lumos._private.transport.connection import (Connection, ConnectionLost, Refusal, RemoteError, RpcServer,
                                                  connect_with_retry,
                                                  parse_address)
 
@@ -980,15 +980,15 @@ def _bundle_of(msg: m.RequestWorkerLease) -> tuple[bytes, int] | None:
     return bytes(ref[0]), int(ref[1])
 
 
-class _StoreFull(Exception):
+class _StoreFull(Refusal):
     """Surfaces at the client as RemoteError('_StoreFull', reason)."""
 
 
-class _OutOfDisk(Exception):
+class _OutOfDisk(Refusal):
     """Surfaces at the client as RemoteError('_OutOfDisk', reason): OutOfDiskError."""
 
 
-class _ObjectExists(Exception):
+class _ObjectExists(Refusal):
     """Surfaces at the client as RemoteError('_ObjectExists', reason): the store already
     holds the sealed object, with the same size."""
 

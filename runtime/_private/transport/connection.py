@@ -140,6 +140,13 @@ class RemoteError(Exception):
         return (RemoteError, (self.type_name, self.text))
 
 
+class Refusal(Exception):
+    """A handler's answer that the request cannot be done now (a full store, an object
+    that exists already): an outcome its caller handles, sent back as a ``RemoteError``
+    like any other and logged only at debug level, where an unexpected exception is
+    logged with its traceback."""
+
+
 class Connection(asyncio.Protocol):
     """One authenticated connection. Create through ``connect`` or ``RpcServer``."""
 
@@ -395,7 +402,9 @@ class Connection(asyncio.Protocol):
             self.send(m.REPLY, rid, result)
 
     def _handler_failed(self, kind: int, rid: int, body: Any, e: Exception) -> None:
-        if isinstance(e, (ValueError, KeyError, LookupError, PermissionError, TimeoutError)):
+        if isinstance(e, Refusal):
+            logger.debug("%s: %s refused: %s: %s", self.peer, type(body).__name__, type(e).__name__, e)
+        elif isinstance(e, (ValueError, KeyError, LookupError, PermissionError, TimeoutError)):
             logger.info("%s: %s failed: %s: %s", self.peer, type(body).__name__, type(e).__name__, e)
         else:
             logger.exception("%s: handler for %s failed", self.peer, type(body).__name__)
