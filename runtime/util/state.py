@@ -60,14 +60,18 @@ def _ms(seconds: Any) -> int | None:
 
 # Ray's names for fields lumos's rows hold under their own names: each row gets both, and
 # filters may name either.
+# ``call_site``: None, as in Ray unless it runs with RAY_record_task_actor_creation_sites
+# (lumos records no creation sites); present so code that reads it works.
+
 def _ray_actor(r: dict[str, Any]) -> dict[str, Any]:
     return {**r, "ray_namespace": r["namespace"], "start_time_ms": _ms(r["start_time"]),
-            "end_time_ms": _ms(r["end_time"])}
+            "end_time_ms": _ms(r["end_time"]), "call_site": None}
 
 
 def _ray_task(r: dict[str, Any], workers: "_Workers") -> dict[str, Any]:
     return {**r, "creation_time_ms": _ms(r["submitted_time"]), "start_time_ms": _ms(r["start_time"]),
-            "end_time_ms": _ms(r["end_time"]), "worker_pid": workers.get(r["worker_id"])[0], "language": "PYTHON"}
+            "end_time_ms": _ms(r["end_time"]), "worker_pid": workers.get(r["worker_id"])[0], "language": "PYTHON",
+            "call_site": None}
 
 
 def _ray_worker(r: dict[str, Any], ips: dict[str, str]) -> dict[str, Any]:

@@ -517,6 +517,7 @@ def test_util_state_rows_carry_rays_field_names(cluster: lumos.LumosContext) -> 
     # (pid, ip, driver or worker), a task's worker pid, a node's name, a worker's address.
     pids = {w.worker_id: w.pid for w in state.list_workers(limit=1000)}
     assert task.language == "PYTHON" and task.worker_pid == pids[task.worker_id]
+    assert task.call_site is None and actors[0].call_site is None  # (as Ray's without creation sites)
     held = lumos.put(b"x" * 200_000)
     rows = state.list_objects(filters=[("object_id", "=", held.hex()), ("type", "=", "DRIVER")])
     assert len(rows) == 1 and rows[0].object_size == rows[0].size_bytes >= 200_000
