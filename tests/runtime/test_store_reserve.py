@@ -119,7 +119,7 @@ def test_files_a_dead_client_moved_under_object_names_are_unlinked_when_still_un
     used = s.used_bytes
     lost, late = b"a" * 20, b"b" * 20
     actions = s.handle(st.MovedFilesFound([lost, known, late]), 3)
-    assert actions == [st.UnlinkFile(f"{D}/{lost.hex()}", now=True), st.UnlinkFile(f"{D}/{late.hex()}", now=True)]
+    assert actions == [st.UnlinkFile(f"{D}/{lost.hex()}"), st.UnlinkFile(f"{D}/{late.hex()}")]
     assert s.stats()["swept_files"] == 2 and s.used_bytes == used  # never counted
     (w2_slot,) = s.reserved
     seal = s.handle(st.ReservedSealed(b"w2", w2_slot, late, MiB, MiB), 4)
@@ -127,17 +127,16 @@ def test_files_a_dead_client_moved_under_object_names_are_unlinked_when_still_un
     assert s.used_bytes == used - MiB and s.reserved_bytes == 0
 
 
-def test_a_dead_creator_s_unsealed_object_goes_under_both_names_before_anything_else() -> None:
-    """The creator renames ``<id>.w`` to ``<id>`` before it sends the seal. Both names go
-    before the next event (``now``): its task's retry creates the same id at once, and an
-    unlink still queued in the unlink thread took the retry's new file (its put failed
-    with FileNotFoundError at the rename)."""
+def test_a_dead_creator_s_unsealed_object_goes_under_both_names() -> None:
+    """The creator renames ``<id>.w`` to ``<id>`` before it sends the seal; its task's
+    retry creates the same id at once, under the same names (the raylet moves the old
+    files out of those names before it answers anything else: ``test_store_worker_kills``)."""
     s = state()
     oid = b"c" * 20
     s.handle(st.CreateRequested(1, oid, MiB, b"w1"), 0)
     actions = s.handle(st.ClientGone(b"w1"), 1)
-    assert st.UnlinkFile(f"{D}/{oid.hex()}.w", now=True) in actions
-    assert st.UnlinkFile(f"{D}/{oid.hex()}", now=True) in actions
+    assert st.UnlinkFile(f"{D}/{oid.hex()}.w") in actions
+    assert st.UnlinkFile(f"{D}/{oid.hex()}") in actions
     assert oid not in s.objects and s.used_bytes == 0
     (grant,) = [a for a in s.handle(st.CreateRequested(2, oid, MiB, b"w2"), 2) if isinstance(a, st.GrantCreate)]
     assert grant.path == f"{D}/{oid.hex()}.w"  # the retry's, under the same names

@@ -644,7 +644,7 @@ def test_client_gone_frees_its_unsealed_objects_and_pending_creates():
     s.handle(st.ObjectSealed(B, 5 * MiB), 0)
     assert create(s, 3, C, 20 * MiB, client=W1) == []  # pending
     acts = s.handle(st.ClientGone(W1), 1)
-    assert st.UnlinkFile(s._tmp_path(A), now=True) in acts
+    assert st.UnlinkFile(s._tmp_path(A)) in acts
     assert A not in s.objects and B in s.objects
     assert s.stats()["pending_creates"] == 0
     assert s.used_bytes == 5 * MiB

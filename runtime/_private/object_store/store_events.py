@@ -161,11 +161,10 @@ class GrantSlots:
 
 @dataclasses.dataclass(slots=True)
 class UnlinkFile:
+    """Remove a file. An object's file (``<id>``, ``<id>.w``) leaves its name at once, the
+    raylet's unlink thread removing it later (``RayletServer._name_gone``): the same id
+    may be created again right after (a retry of a dead writer's task)."""
     path: str
-    #: Unlink it before the next event is handled, not in the raylet's unlink thread: a
-    #: name the same object id may be created under again soon (a dead writer's object,
-    #: made again by its task's retry), which a queued unlink would take from the new file.
-    now: bool = False
 
 
 @dataclasses.dataclass(slots=True)

@@ -31,8 +31,7 @@ mappings keep their pages alive), and its creator is told to drop its mapping.
  client gone   ──► its reserved files go, under any of their names (resv-, pool-, lent-);
                    one it moved under an object's name and never sealed goes once
                    SweepMoved finds it unknown at two looks (MovedFilesFound); its
-                   unsealed objects go under both names before the next event
-                   (UnlinkFile(now): a retry of its task creates the same id again)
+                   unsealed objects go under both names (.w and final)
 ```
 
 Reservations take the create round trip off the put path: a process asks ahead for a
@@ -310,7 +309,7 @@ class ObjectStoreState:
                     # in between.
                     final = self.final_path(oid) if obj.in_shm else self.spill_path(oid)
                     self._free(oid, False, actions, tmp=True)
-                    actions.append(UnlinkFile(final, now=True))
+                    actions.append(UnlinkFile(final))
             self.pool.forget_mapper(event.client)
             mine = [s for s, (_, c) in self.reserved.items() if c == event.client]
             if mine:
@@ -383,7 +382,7 @@ class ObjectStoreState:
         elif isinstance(event, MovedFilesFound):
             for oid in event.object_ids:
                 if oid not in self.objects:
-                    actions.append(UnlinkFile(self.final_path(oid), now=True))
+                    actions.append(UnlinkFile(self.final_path(oid)))
                     self.swept_files += 1
                     # Its writer, frozen rather than dead, may still send the seal: that
                     # seal finds the object freed (its readers find it lost).
@@ -868,10 +867,7 @@ class ObjectStoreState:
         if obj.on_disk:
             self.disk_bytes -= obj.file_size
             self.disk_retry_at = self._now  # disk space comes back: spilling may work again
-            # (An object never sealed: its creator died or gave up; the same id may be
-            # created again at once, by its task's retry, under the same names.)
-            actions.append(UnlinkFile(self.spill_path(oid) if obj.sealed and not tmp else self._spill_tmp_path(oid),
-                                      now=tmp or not obj.sealed))
+            actions.append(UnlinkFile(self.spill_path(oid) if obj.sealed and not tmp else self._spill_tmp_path(oid)))
         if not obj.in_shm:
             return
         if obj.restoring:
@@ -889,7 +885,7 @@ class ObjectStoreState:
             actions.append(RenameFile(path, self._pool_path(obj.slot)))
         else:
             self.used_bytes -= obj.file_size
-            actions.append(UnlinkFile(path, now=tmp or not obj.sealed))
+            actions.append(UnlinkFile(path))
             actions.append(DropSlot(obj.creator, obj.slot))
 
     def _retry_pending(self, now: float, actions: list[Action]) -> None:

@@ -810,9 +810,6 @@ class RayletServer:
                 except OSError as e:
                     logger.error("store rename %s -> %s failed: %s", action.src, action.dst, e)
             elif isinstance(action, st.UnlinkFile):
-                if action.now:
-                    unlink_quietly(action.path)
-                    continue
                 path = self._name_gone(action.path)
                 if path is None:
                     continue
