@@ -554,8 +554,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             avail[name] = avail.get(name, 0.0) + free
             print(f"  {name:<20} {_amount(name, free)} / {_amount(name, amount)} available")
         if load is not None:
+            pooled = (f" (+{load.store_pooled_bytes / 2**20:.1f} MiB of freed slots kept for reuse)"
+                      if load.store_pooled_bytes else "")
             print(f"  {'object_store':<20} {load.store_used_bytes / 2**20:.1f} MiB used / "
-                  f"{load.store_capacity_bytes / 2**20:.1f} MiB")
+                  f"{load.store_capacity_bytes / 2**20:.1f} MiB{pooled}")
             print(f"  {'workers':<20} {load.num_workers}   queued lease requests: {load.queue_length}")
             for shape in load.infeasible:
                 print(f"  infeasible request pending: {shape}")

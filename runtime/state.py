@@ -96,7 +96,7 @@ NODE_FIELDS = ("node_id", "state", "node_ip", "hostname", "is_head_node", "resou
                "resources_available", "object_store_used_bytes", "object_store_capacity_bytes",
                "num_workers", "pending_leases", "infeasible", "labels", "start_time", "end_time",
                "death_reason", "dashboard_url", "memory_total_bytes", "memory_available_bytes",
-               "memory_used_bytes", "lumos_rss_bytes", "cpu_percent")
+               "memory_used_bytes", "lumos_rss_bytes", "cpu_percent", "object_store_pooled_bytes")
 WORKER_FIELDS = ("worker_id", "node_id", "pid", "job_id", "is_driver", "state", "start_time", "end_time",
                  "exit_detail", "exit_type")
 JOB_FIELDS = ("job_id", "driver_pid", "namespace", "entrypoint", "state", "start_time", "end_time",
@@ -191,8 +191,10 @@ def read_task_archive(path: str) -> Iterator[dict[str, Any]]:
 
 
 def list_nodes(filters: Iterable[Filter] | None = None, timeout: float | None = None) -> list[dict[str, Any]]:
-    """Nodes with their resources (total and available), object-store use, and real use as
-    their raylets last reported it: ``memory_total_bytes``, ``memory_available_bytes``,
+    """Nodes with their resources (total and available), object-store use
+    (``object_store_used_bytes``; ``object_store_pooled_bytes``: files of freed objects kept
+    for reuse, which a create takes back at once), and real use as their raylets last
+    reported it: ``memory_total_bytes``, ``memory_available_bytes``,
     ``memory_used_bytes``, ``lumos_rss_bytes`` (raylet and workers) and ``cpu_percent``
     (None until a node's first report)."""
     flt = _check_filters(filters, NODE_FIELDS, "nodes")
@@ -207,6 +209,7 @@ def list_nodes(filters: Iterable[Filter] | None = None, timeout: float | None = 
             "hostname": n.hostname, "is_head_node": n.is_head, "resources_total": dict(n.resources_total),
             "resources_available": dict(st.available) if st else {},
             "object_store_used_bytes": st.store_used_bytes if st else 0,
+            "object_store_pooled_bytes": st.store_pooled_bytes if st else 0,
             "object_store_capacity_bytes": n.object_store_bytes, "num_workers": st.num_workers if st else 0,
             "pending_leases": st.queue_length if st else 0,
             "infeasible": list(st.infeasible) if st else [], "labels": dict(n.labels),

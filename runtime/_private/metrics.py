@@ -248,6 +248,8 @@ def render_prometheus(metrics: list[list[Any]], nodes: list[Any], resources: lis
          "available"),
         ("lumos_object_store_used_bytes", "Bytes in the node's object store.", "store_used_bytes"),
         ("lumos_object_store_capacity_bytes", "The node's object store size, bytes.", "store_capacity_bytes"),
+        ("lumos_object_store_pooled_bytes", "Store files of freed objects kept for reuse, bytes (not in "
+         "lumos_object_store_used_bytes: a create takes them back at once).", "store_pooled_bytes"),
         ("lumos_node_queued_leases", "Lease requests waiting at the node's scheduler.", "queue_length"),
         ("lumos_node_workers", "Worker processes on the node.", "num_workers"),
         ("lumos_node_memory_total_bytes", "The machine's memory, bytes.", "memory_total_bytes"),

@@ -60,9 +60,15 @@ def test_pooled_free_slots_count_as_available_store_memory(fresh_cluster) -> Non
     refs = [lumos.put(np.ones(5 * MIB // 8)) for _ in range(3)]
     assert lumos.available_resources()["object_store_memory"] < total - 14 * MIB
     del refs
-    # Freed values keep their files as reusable slots; those are free space, not used.
+    # Freed values keep their files as reusable slots; those are free space, not used,
+    # and are reported as what they are: /dev/shm held for reuse.
     wait_for(lambda: lumos.available_resources()["object_store_memory"] == total, 10)
-    wait_for(lambda: [n for n in lumos.state.list_nodes() if n["object_store_used_bytes"] == 0], 10)
+    wait_for(lambda: [n for n in lumos.state.list_nodes() if n["object_store_used_bytes"] == 0
+                      and n["object_store_pooled_bytes"] >= 15 * MIB], 10)
+    from prometheus_client.parser import text_string_to_metric_families
+    pooled = [s.value for f in text_string_to_metric_families(lumos.state.prometheus_text())
+              for s in f.samples if s.name == "lumos_object_store_pooled_bytes"]
+    assert len(pooled) == 1 and pooled[0] >= 15 * MIB
 
 
 def test_serialization_errors_name_the_argument_and_the_failing_class(fresh_cluster) -> None:

@@ -65,6 +65,9 @@ class NodeHeartbeat:
     lumos_rss_bytes: int = 0
     #: The machine's CPU load, percent of all cores, over the last second or so.
     cpu_percent: float = 0.0
+    #: Store files of freed objects kept for reuse (``/dev/shm`` they hold; not in
+    #: ``store_used_bytes``: a create takes them back at once).
+    store_pooled_bytes: int = 0
 
 
 @message(13)
@@ -308,6 +311,7 @@ class NodeResources:
     memory_available_bytes: int = 0
     lumos_rss_bytes: int = 0
     cpu_percent: float = 0.0
+    store_pooled_bytes: int = 0
 
 # --------------------------------------------------------------------------- actors (70-89)
 

@@ -330,7 +330,8 @@ class RayletServer:
                 # Pooled free slots are given up as soon as a create needs the room: free.
                 self.node_id, s.available_floats(), len(s.queue), self.store.used_bytes - self.store.pool_bytes,
                 len(workers), s.infeasible_shapes(),
-                mem.total_bytes, mem.available_bytes, mem.lumos_rss_bytes, mem.cpu_percent))
+                mem.total_bytes, mem.available_bytes, mem.lumos_rss_bytes, mem.cpu_percent,
+                self.store.pool_bytes))
             await asyncio.sleep(interval)
 
     async def _tick_loop(self) -> None:
