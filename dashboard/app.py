@@ -37,6 +37,25 @@ METRICS_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 128
 
 
+async def scrape(client: StateClient, lock: asyncio.Lock) -> tuple[int, str, str]:
+    """A ``/metrics`` answer, ``(status, content type, body)``: the cluster's metrics in
+    Prometheus's text format read through ``client``, which connects (again) under
+    ``lock`` when it is not connected; 503 saying why when that takes more than
+    ``METRICS_TIMEOUT_S``. The head node's server and the Jupyter server extension answer
+    with it."""
+    async def read() -> str:
+        async with lock:
+            if not client.connected:
+                await client.connect(timeout_s=METRICS_TIMEOUT_S / 2)
+        return await client.prometheus_text()
+
+    try:
+        return 200, "text/plain; version=0.0.4; charset=utf-8", await asyncio.wait_for(read(), METRICS_TIMEOUT_S)
+    except (OSError, TimeoutError, RemoteError) as e:
+        return 503, "text/plain; charset=utf-8", \
+            f"503: the cluster's metrics cannot be read now ({type(e).__name__}: {e}).\n"
+
+
 def page_classes() -> dict[str, type[Page]]:
     from lumos.dashboard.components.actors import ActorsPage
     from lumos.dashboard.components.gpus import GpusPage
@@ -237,15 +256,10 @@ class DashboardServer:
         class Metrics(tornado.web.RequestHandler):
             async def get(self) -> None:
                 self.set_header("Cache-Control", "no-store")
-                try:
-                    text = await asyncio.wait_for(server._metrics_text(), METRICS_TIMEOUT_S)
-                except (OSError, TimeoutError, RemoteError) as e:
-                    self.set_status(503)
-                    self.set_header("Content-Type", "text/plain; charset=utf-8")
-                    self.finish(f"503: the cluster's metrics cannot be read now ({type(e).__name__}: {e}).\n")
-                    return
-                self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.finish(text)
+                status, content_type, body = await scrape(server._scrape_client(), server._metrics_lock)
+                self.set_status(status)
+                self.set_header("Content-Type", content_type)
+                self.finish(body)
 
         bokeh = BokehTornado(apps, prefix="", use_index=False, redirect_root=False, secret_key=secret,
                              sign_sessions=True, generate_session_ids=True,
@@ -262,17 +276,14 @@ class DashboardServer:
             max_header_size=64 * 1024, max_body_size=1024 * 1024)
         self._http.add_sockets(self._sockets)
 
-    async def _metrics_text(self) -> str:
-        """The cluster's metrics in Prometheus's text format, over a GCS connection of the
-        endpoint's own (opened at the first scrape), not the pages' poll loop."""
+    def _scrape_client(self) -> StateClient:
+        """The GCS connection of the endpoint's own (made at the first scrape), not the
+        pages' poll loop."""
         client = self._metrics_client
         if client is None:
             client = self._metrics_client = StateClient(self.source.client.address, self._token,
                                                         name="dashboard-metrics->gcs")
-        async with self._metrics_lock:
-            if not client.connected:
-                await client.connect(timeout_s=METRICS_TIMEOUT_S / 2)
-        return await client.prometheus_text()
+        return client
 
     def stop(self) -> None:
         if self._metrics_client is not None:

@@ -153,8 +153,7 @@ def load(serverapp: Any) -> None:
     from tornado.routing import PathMatches, Router
 
     from lumos.dashboard import auth
-    from lumos.dashboard.app import METRICS_TIMEOUT_S, applications, request_args, secure, use_same_origin_ws
-    from lumos.state import RemoteError
+    from lumos.dashboard.app import applications, request_args, scrape, secure, use_same_origin_ws
 
     web_app = serverapp.web_app
     base = web_app.settings["base_url"]
@@ -215,17 +214,9 @@ def load(serverapp: Any) -> None:
                 raise tornado.web.HTTPError(400, str(e)) from None
             except LookupError as e:
                 raise tornado.web.HTTPError(404, str(e)) from None
-            try:
-                async with lock:
-                    if not client.connected:
-                        await client.connect(timeout_s=METRICS_TIMEOUT_S / 2)
-                text = await asyncio.wait_for(client.prometheus_text(), METRICS_TIMEOUT_S)
-            except (OSError, TimeoutError, RemoteError) as e:
-                self.set_status(503)
-                self.finish(f"503: the cluster's metrics cannot be read now ({type(e).__name__}: {e}).\n",
-                            set_content_type="text/plain; charset=utf-8")
-                return
-            self.finish(text, set_content_type="text/plain; version=0.0.4; charset=utf-8")
+            status, content_type, body = await scrape(client, lock)
+            self.set_status(status)
+            self.finish(body, set_content_type=content_type)
 
     class Expired(tornado.web.RequestHandler):
         def prepare(self) -> None:
