@@ -59,10 +59,9 @@ def _ms(seconds: Any) -> int | None:
 
 
 # Ray's names for fields lumos's rows hold under their own names: each row gets both, and
-# filters may name either.
-# ``call_site``: None, as in Ray unless it runs with RAY_record_task_actor_creation_sites
-# (lumos records no creation sites); present so code that reads it works.
-
+# filters may name either. ``call_site`` is None, as in Ray unless it runs with
+# RAY_record_task_actor_creation_sites (lumos records no creation sites): present so code
+# that reads it works.
 def _ray_actor(r: dict[str, Any]) -> dict[str, Any]:
     return {**r, "ray_namespace": r["namespace"], "start_time_ms": _ms(r["start_time"]),
             "end_time_ms": _ms(r["end_time"]), "call_site": None}

@@ -99,6 +99,18 @@ PULLED = b"object-manager"
 FREED_UNKNOWN_S = 60.0
 FREED_UNKNOWN_MAX = 65536
 
+#: A file's name under its object's final name (the id in hex), and being written.
+OBJECT_NAME_LEN = 40
+TMP_SUFFIX = ".w"
+
+
+def names_an_object(name: str) -> bool:
+    """A store or spill file name of an object (``final_path``, ``_tmp_path``), not of a
+    slot (``pool-``, ``resv-``, ``lent-``: never named again once gone)."""
+    return len(name) == OBJECT_NAME_LEN or (len(name) == OBJECT_NAME_LEN + len(TMP_SUFFIX)
+                                            and name.endswith(TMP_SUFFIX))
+
+
 #: A client that goes may have moved reserved files under objects' names and died before
 #: their seals: an object file unknown here at two looks at the store directory this far
 #: apart (the same file, ``SweepMoved``) is unlinked. Much longer than a seal takes to come.
@@ -252,7 +264,7 @@ class ObjectStoreState:
         return self._dir_prefix + object_id.hex()
 
     def _tmp_path(self, object_id: ObjectID) -> str:
-        return self._dir_prefix + object_id.hex() + ".w"
+        return self._dir_prefix + object_id.hex() + TMP_SUFFIX
 
     def _pool_path(self, slot: int) -> str:
         return f"{self._dir_prefix}pool-{slot}"
@@ -268,7 +280,7 @@ class ObjectStoreState:
         return self._spill_prefix + object_id.hex()
 
     def _spill_tmp_path(self, object_id: ObjectID) -> str:
-        return self._spill_prefix + object_id.hex() + ".w"
+        return self._spill_prefix + object_id.hex() + TMP_SUFFIX
 
     # ------------------------------------------------------------------ events
 
@@ -282,8 +294,7 @@ class ObjectStoreState:
             if obj is not None:
                 obj.sealed = True
                 self._spill_ahead(actions)
-                if self._same_id_waiting:
-                    self._wake_same_id(event.object_id, now, actions)
+                self._wake_same_id(event.object_id, now, actions)
         elif isinstance(event, ReservedSealed):
             self._reserved_sealed(event, now, actions)
         elif isinstance(event, SlotsReserveRequested):
@@ -393,8 +404,7 @@ class ObjectStoreState:
                 self.disk_bytes -= obj.file_size
                 actions.append(UnlinkFile(self._spill_tmp_path(event.object_id)))
             self._disk_full(now, event.error, actions)
-            if self._same_id_waiting:
-                self._wake_same_id(event.object_id, now, actions)
+            self._wake_same_id(event.object_id, now, actions)
         if self.validate:
             self.check_invariants()
         return actions
@@ -853,8 +863,7 @@ class ObjectStoreState:
 
     def _free(self, oid: ObjectID, recyclable: bool, actions: list[Action], tmp: bool = False) -> None:
         self._free_file(oid, recyclable, actions, tmp)
-        if self._same_id_waiting and oid not in self.objects:
-            self._wake_same_id(oid, self._now, actions)
+        self._wake_same_id(oid, self._now, actions)
 
     def _free_file(self, oid: ObjectID, recyclable: bool, actions: list[Action], tmp: bool = False) -> None:
         obj = self.objects.pop(oid, None)

@@ -32,10 +32,6 @@ from lumos._private.object_store import store_state as st
 
 logger = logging.getLogger(__name__)
 
-#: An object id in hex: a store file's name when it is under its final name.
-OBJECT_NAME_LEN = 40
-
-
 def any_slot_moved(slots: list[tuple[str, ...]]) -> bool:
     """Whether one of these slots has none of its file names left."""
     return any(not any(os.path.lexists(name) for name in names) for names in slots)
@@ -47,7 +43,7 @@ def object_files(directory: str) -> dict[str, int]:
     try:
         with os.scandir(directory) as entries:
             for entry in entries:
-                if len(entry.name) == OBJECT_NAME_LEN:
+                if len(entry.name) == st.OBJECT_NAME_LEN:
                     found[entry.name] = entry.inode()
     except OSError as e:  # the session ends and takes the store directory with it
         logger.debug("listing the store %s: %s", directory, e)
@@ -64,8 +60,6 @@ class MovedSweep:
         self._report = report
         self._running = False
         self._again = False
-        #: Looks at the directory begun (the first of each sweep).
-        self.sweeps = 0
 
     def check(self, action: st.SweepMoved) -> concurrent.futures.Future[bool] | None:
         """Submit the check of a dead client's slots; None when the raylet is stopping."""
@@ -92,7 +86,6 @@ class MovedSweep:
 
     async def _sweep(self) -> None:
         first = self._unknown(await self._list())
-        self.sweeps += 1
         if not first:
             return
         await asyncio.sleep(st.MOVED_SWEEP_S)

@@ -42,7 +42,7 @@ from lumos._private.process import (check_private_dir, die_with_parent, make_pri
 from lumos._private.protocol import messages as m
 from lumos._private.protocol.vocab import LEASE_REFUSALS, PlacementGroupRemoved
 from lumos._private.raylet import memory_monitor as mm
-from lumos._private.raylet.moved_sweep import OBJECT_NAME_LEN, MovedSweep
+from lumos._private.raylet.moved_sweep import MovedSweep
 from lumos._private.raylet import node_report
 from lumos._private.raylet import scheduler as sc
 from lumos._private.raylet.object_manager import ObjectManager, ObjectUnavailable
@@ -633,22 +633,20 @@ class RayletServer:
         fut = self._request_create(msg.object_id, msg.size_bytes, msg.owner_worker_id)
         if not fut.done():
             return self._create_waited(fut, msg)
-        try:
-            grant = fut.result()
-        except _ObjectExists:
-            self._note_owner(msg.object_id, msg.owner or msg.owner_worker_id)
-            raise
-        self._note_owner(msg.object_id, msg.owner or msg.owner_worker_id)
-        return grant
+        return self._create_answer(fut, msg)
 
     async def _create_waited(self, fut: asyncio.Future[list[Any]], msg: m.CreateObject) -> list[Any]:
-        try:
-            grant = await fut
-        except _ObjectExists:
+        await asyncio.wait((fut,))
+        return self._create_answer(fut, msg)
+
+    def _create_answer(self, fut: asyncio.Future[list[Any]], msg: m.CreateObject) -> list[Any]:
+        """The grant of a done create, or its refusal raised. A grant, or an answer that
+        the sealed object exists already (a retry's of an id a dead attempt sealed), makes
+        the creator's owner the object's: the dead attempt's owner-death free must not take it."""
+        error = fut.exception()
+        if error is None or isinstance(error, _ObjectExists):
             self._note_owner(msg.object_id, msg.owner or msg.owner_worker_id)
-            raise
-        self._note_owner(msg.object_id, msg.owner or msg.owner_worker_id)
-        return grant
+        return fut.result()
 
     def _seal_object(self, conn: Connection, msg: m.SealObject) -> None:
         if not msg.slot:
@@ -853,7 +851,7 @@ class RayletServer:
         (``pool-``, ``resv-``, ``lent-``) are never named again and go as they are.
         Returns the path to unlink, None when there is no file."""
         name = path.rpartition("/")[2]
-        if not (len(name) == OBJECT_NAME_LEN or (len(name) == OBJECT_NAME_LEN + 2 and name.endswith(".w"))):
+        if not st.names_an_object(name):
             return path
         self._trashed += 1
         trash = f"{path[:len(path) - len(name)]}trash-{self._trashed}"
