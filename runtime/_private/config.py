@@ -225,6 +225,11 @@ class Config:
     #: file's pages cost ~0.4-0.8 ms per MiB here, so a burst of 2,000 1 MiB returns
     #: re-made every file past this); a create that needs room evicts them first.
     object_store_recycle_bytes: int = 4 * 1024 * 1024 * 1024
+    #: A freed store file kept for reuse that no create took for this long is removed,
+    #: and a slot reserved for a process's next puts that it has not used for this long
+    #: is taken back, so a burst's files do not hold /dev/shm on an idle node of a
+    #: shared machine (0: both kept until the store needs the room).
+    object_store_pool_idle_s: float = 30.0
     #: How long a create waits for space (frees, spilling) before failing.
     object_store_full_timeout_s: float = 10.0
     #: Session directories (logs, spill files) of clusters that ended that a node start

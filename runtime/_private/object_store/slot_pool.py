@@ -5,7 +5,9 @@ wrote it and may still hold its mapping (its pages already faulted in), so a cre
 that process prefers it. Slots are kept oldest first (evicted in that order) and also
 indexed by mapper, so finding a process's own slot does not scan the others' (with
 1,000 slots of another process pooled ahead of it, a create, seal and free took the
-raylet 150-280 µs when it scanned them, 14-37 µs with the index).
+raylet 150-280 µs when it scanned them, 14-37 µs with the index). Each slot also has
+the time it was pooled: the oldest is the one idle longest (``idle_since``), which the
+store trims after a while (``object_store_pool_idle_s``).
 Pure data structure; no files.
 """
 
@@ -24,6 +26,8 @@ class SlotPool:
         self._by_mapper: dict[bytes, OrderedDict[int, int]] = {}
         #: Bytes of all pooled files.
         self.bytes = 0
+        #: Slot -> when it was pooled (the caller's clock), in the order of ``_slots``.
+        self._since: dict[int, float] = {}
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -34,8 +38,9 @@ class SlotPool:
     def items(self) -> Iterator[tuple[int, tuple[int, bytes]]]:
         return iter(self._slots.items())
 
-    def add(self, slot: int, file_size: int, mapper: bytes) -> None:
+    def add(self, slot: int, file_size: int, mapper: bytes, now: float = 0.0) -> None:
         self._slots[slot] = (file_size, mapper)
+        self._since[slot] = now
         self._by_mapper.setdefault(mapper, OrderedDict())[slot] = file_size
         self.bytes += file_size
 
@@ -46,13 +51,21 @@ class SlotPool:
     def take(self, slot: int) -> tuple[int, bytes]:
         """Remove ``slot``; returns its ``(file size, mapper)``."""
         file_size, mapper = self._slots.pop(slot)
+        del self._since[slot]
         self._unindex(slot, mapper)
         self.bytes -= file_size
         return file_size, mapper
 
+    def idle_since(self) -> float | None:
+        """When the slot pooled longest ago was pooled (None: the pool is empty)."""
+        for slot in self._slots:
+            return self._since[slot]
+        return None
+
     def take_oldest(self) -> tuple[int, int, bytes]:
         """Remove the oldest slot; returns ``(slot, file size, mapper)``."""
         slot, (file_size, mapper) = self._slots.popitem(last=False)
+        del self._since[slot]
         self._unindex(slot, mapper)
         self.bytes -= file_size
         return slot, file_size, mapper
@@ -92,6 +105,8 @@ class SlotPool:
             raise AssertionError("pool index drifted")
         if any(not slots for slots in self._by_mapper.values()):
             raise AssertionError("pool index keeps an empty mapper")
+        if list(self._since) != list(self._slots):
+            raise AssertionError("pool times drifted")
 
     def _unindex(self, slot: int, mapper: bytes) -> None:
         slots = self._by_mapper[mapper]

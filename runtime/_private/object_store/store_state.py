@@ -17,6 +17,8 @@ mappings keep their pages alive), and its creator is told to drop its mapping.
  create(id, n) ──► GrantCreate(slot, tmp path, reuse?) ──► client writes, renames to final
  sealed(id)    ──► object counted as sealed
  freed(ids)    ──► RenameFile(final → pool) when recyclable, else UnlinkFile
+ tick          ──► pool slots freed, and reserved slots granted, pool_idle_s ago or
+                   more: UnlinkFile (DropSlot to their mapper or holder)
  no room       ──► evict pool slots (DropSlot to their mapper), then copies pulled from
                    other nodes, then drop primaries already on disk, then SpillObject
                    primaries no process views (oldest first); the create waits for the
@@ -168,7 +170,7 @@ class ObjectStoreState:
 
     def __init__(self, directory: str, capacity_bytes: int, recycle_bytes: int,
                  full_timeout_s: float, validate: bool = False, spill_dir: str = "",
-                 spill_threshold: float = 1.0) -> None:
+                 spill_threshold: float = 1.0, pool_idle_s: float = 0.0) -> None:
         self.directory = directory
         #: Where primaries go under pressure ("" : spilling off).
         self.spill_dir = spill_dir
@@ -183,6 +185,11 @@ class ObjectStoreState:
         self.capacity_bytes = capacity_bytes
         #: Bytes of free slots kept for reuse.
         self.recycle_bytes = recycle_bytes
+        #: A pooled slot no create took for this long is unlinked at a tick, so a burst
+        #: leaves no /dev/shm held on an idle node (0: kept until room is needed).
+        self.pool_idle_s = pool_idle_s
+        #: Pooled slots unlinked for being idle that long.
+        self.trimmed_slots = 0
         self.full_timeout_s = full_timeout_s
         self.validate = validate
         #: Object id -> its file (creating or sealed), in the store or on disk.
@@ -229,6 +236,9 @@ class ObjectStoreState:
         self.restores_waiting: deque[tuple[bytes, float]] = deque()
         #: Reserved files: slot -> (file size, client), oldest first (counted in used_bytes).
         self.reserved: dict[int, tuple[int, bytes]] = {}
+        #: Reserved slot -> when it was granted, oldest first: one unused past
+        #: ``pool_idle_s`` is taken back at a tick, like a pooled slot.
+        self._reserved_at: dict[int, float] = {}
         #: Reserved slots granted from the pool, under their pool names (``pool-<slot>``;
         #: new ones are ``resv-<slot>``): the client renames that file to its object's.
         self._reserved_from_pool: set[int] = set()
@@ -339,6 +349,8 @@ class ObjectStoreState:
                     del self._same_id_waiting[oid]
             self._retry_pending(now, actions)
         elif isinstance(event, Ticked):
+            if self.pool_idle_s > 0:
+                self._trim_idle(now - self.pool_idle_s, actions)
             while self._freed_unknown and next(iter(self._freed_unknown.values())) < now - FREED_UNKNOWN_S:
                 self._freed_unknown.popitem(last=False)
             if self.disk_full and now >= self.disk_retry_at and self.pending:
@@ -515,6 +527,7 @@ class ObjectStoreState:
                     reused = False
                 held += file_size
                 self.reserved[slot] = (file_size, ev.client)
+                self._reserved_at[slot] = self._now
                 self.reserved_bytes += file_size
                 path = self._pool_path(slot) if reused else self._resv_path(slot)
                 granted.append((slot, path, file_size, reused))
@@ -524,6 +537,7 @@ class ObjectStoreState:
         held = self.reserved.get(ev.slot)
         if held is not None and held[1] == ev.client:
             del self.reserved[ev.slot]
+            del self._reserved_at[ev.slot]
             self._reserved_from_pool.discard(ev.slot)
             self.reserved_bytes -= held[0]
             file_size, moved = held[0], False
@@ -554,6 +568,7 @@ class ObjectStoreState:
         it with its client. Its ``lent-`` file, if the client lent it to a task, is the
         client's to unlink once that task is done: unlinked here only with the client."""
         file_size, client = self.reserved.pop(slot)
+        del self._reserved_at[slot]
         self.reserved_bytes -= file_size
         self.used_bytes -= file_size
         if slot in self._reserved_from_pool:
@@ -856,6 +871,18 @@ class ObjectStoreState:
         if mapper:
             actions.append(DropSlot(mapper, slot))
 
+    def _trim_idle(self, before: float, actions: list[Action]) -> None:
+        """Unlink pooled slots freed, and take back reserved slots granted, at ``before``
+        or earlier: a burst's files stay only while the node keeps using them."""
+        while (since := self.pool.idle_since()) is not None and since <= before:
+            self._evict_oldest_slot(actions)
+            self.trimmed_slots += 1
+        for slot, granted in list(self._reserved_at.items()):
+            if granted > before:
+                break
+            self._drop_reservation(slot, actions)
+            self.trimmed_slots += 1
+
     def _wake_same_id(self, oid: ObjectID, now: float, actions: list[Action]) -> None:
         """``oid`` was sealed or freed: creates that waited for its other writer go on."""
         for p in self._same_id_waiting.pop(oid, ()):
@@ -890,7 +917,7 @@ class ObjectStoreState:
         if recyclable and obj.sealed and not obj.shared and obj.pins == 0 and obj.file_size <= self.recycle_bytes:
             while self.pool_bytes + obj.file_size > self.recycle_bytes and self.pool:
                 self._evict_oldest_slot(actions)
-            self.pool.add(obj.slot, obj.file_size, obj.creator)
+            self.pool.add(obj.slot, obj.file_size, obj.creator, self._now)
             actions.append(RenameFile(path, self._pool_path(obj.slot)))
         else:
             self.used_bytes -= obj.file_size
@@ -930,7 +957,7 @@ class ObjectStoreState:
         return {"used_bytes": self.used_bytes, "capacity_bytes": self.capacity_bytes,
                 "pool_bytes": self.pool_bytes, "reserved_bytes": self.reserved_bytes, "num_objects": len(self.objects),
                 "pending_creates": len(self.pending), "evicted_copies": self.evicted,
-                "swept_files": self.swept_files}
+                "swept_files": self.swept_files, "trimmed_slots": self.trimmed_slots}
 
     def spill_stats(self) -> dict[str, float]:
         mib = 1024 * 1024
@@ -951,6 +978,8 @@ class ObjectStoreState:
                 raise AssertionError(f"early pins of {oid.hex()} drifted")
         if sum(size for size, _ in self.reserved.values()) != self.reserved_bytes:
             raise AssertionError("reservation accounting drifted")
+        if self._reserved_at.keys() != self.reserved.keys():
+            raise AssertionError("reservation times drifted")
         if total != self.used_bytes:
             raise AssertionError(f"store accounting drifted: files {total} != used {self.used_bytes}")
         self.pool.check()

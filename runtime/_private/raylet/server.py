@@ -83,7 +83,8 @@ class RayletServer:
             self.spill_dir = spill_io.node_spill_dir(config.object_spilling_directory, session_dir, node_id)
         self.store = st.ObjectStoreState(store_dir, store_bytes, config.object_store_recycle_bytes,
                                          config.object_store_full_timeout_s, validate=config.validate,
-                                         spill_dir=self.spill_dir, spill_threshold=config.object_spilling_threshold)
+                                         spill_dir=self.spill_dir, spill_threshold=config.object_spilling_threshold,
+                                         pool_idle_s=config.object_store_pool_idle_s)
         #: Spill, restore and on-disk preallocation run here, never on the loop.
         self._spill_io = ThreadPoolExecutor(2, thread_name_prefix="raylet.spill")
         #: Object id -> readers waiting for its restore.
