@@ -228,8 +228,10 @@ class Config:
     #: A freed store file kept for reuse that no create took for this long is removed,
     #: and a slot reserved for a process's next puts that it has not used for this long
     #: is taken back, so a burst's files do not hold /dev/shm on an idle node of a
-    #: shared machine (0: both kept until the store needs the room).
-    object_store_pool_idle_s: float = 30.0
+    #: shared machine (0: both kept until the store needs the room). The next burst after
+    #: that pays for fresh pages again (the microbenchmark's "first round" row), so it
+    #: is longer than a notebook's usual pause between cells.
+    object_store_pool_idle_s: float = 60.0
     #: How long a create waits for space (frees, spilling) before failing.
     object_store_full_timeout_s: float = 10.0
     #: Session directories (logs, spill files) of clusters that ended that a node start
