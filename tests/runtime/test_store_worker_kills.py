@@ -112,3 +112,100 @@ def test_workers_killed_under_retried_puts_and_returns_lose_no_value_and_no_file
         wait_for(lambda: not [n for n in os.listdir(store_dir) if len(n) == 40], 15)
     except AssertionError:
         raise AssertionError(f"object files left: {[n for n in os.listdir(store_dir) if len(n) == 40]}") from None
+
+
+def test_a_create_answered_that_the_object_exists_makes_its_creator_the_owner(fresh_cluster) -> None:
+    """A create of an id some process views already, at its size, is answered "exists"
+    (the value is the creator's result); the object is the creator's owner's from then
+    on, so the first owner's death no longer frees it."""
+    import numpy as np
+    from lumos._private import serialization, worker_context
+    from lumos._private.protocol import raylet_messages as rm
+    fresh_cluster(num_cpus=1, include_dashboard=False)
+    store_dir = worker_context.core_worker.store._prefix
+
+    @lumos.remote(num_cpus=0)
+    class Holder:
+        def put(self) -> bytes:
+            self.ref = lumos.put(np.ones(2 * 1024 * 1024, dtype=np.uint8))
+            self.view = lumos.get(self.ref)  # (viewed: never replaced by another's create)
+            # A request behind the view's pin on the same connection: the raylet has it.
+            worker_context.require().call_raylet(rm.GetNodeStats())
+            return self.ref.binary()  # (the id only: this driver borrows nothing)
+
+    holder = Holder.remote()
+    oid = lumos.get(holder.put.remote(), timeout=60)
+    assert os.path.exists(store_dir + oid.hex())
+    cw = worker_context.require()
+    size = serialization.serialize(np.ones(2 * 1024 * 1024, dtype=np.uint8)).total_size
+
+    def answered_exists() -> bool:
+        try:
+            cw.call_raylet(rm.CreateObject(oid, size, cw.worker_id))
+        except Exception as e:
+            assert "_ObjectExists" in str(e) and "already exists" in str(e)
+            return True
+        raise AssertionError("created over a viewed object")
+
+    assert answered_exists()
+    lumos.kill(holder)
+    wait_for(lambda: [a for a in lumos.util.state.list_actors() if a["state"] == "DEAD"], 30)
+    # The raylet has handled the holder's death (its other objects went); this one stays.
+    time.sleep(1.0)
+    assert os.path.exists(store_dir + oid.hex())
+
+
+def test_a_retrys_create_replaces_the_return_a_dead_attempt_sealed() -> None:
+    from lumos._private.object_store import store_state as st
+    D = "/dev/shm/lumos-test"
+    s = st.ObjectStoreState(D, 64 * MiB, 32 * MiB, 2.0, validate=True)
+    final = f"{D}/{b'r1'.hex()}"
+
+    def sealed_by_dead_attempt() -> None:
+        s.handle(st.CreateRequested(1, b"r1", MiB, b"dead"), 0)
+        s.handle(st.ObjectSealed(b"r1", MiB), 0)
+
+    sealed_by_dead_attempt()
+    actions = s.handle(st.CreateRequested(2, b"r1", MiB + 4096, b"retry"), 0)
+    assert actions[:2] == [st.UnlinkFile(final), st.DropSlot(b"dead", 1)]
+    (grant,) = actions[2:]
+    assert isinstance(grant, st.GrantCreate) and grant.object_id == b"r1" and grant.file_size == MiB + 4096
+    assert s.objects[b"r1"].creator == b"retry" and s.used_bytes == MiB + 4096
+    # Of the same size too (a task of several returns would otherwise mix two attempts').
+    s.handle(st.ObjectSealed(b"r1", MiB + 4096), 0)
+    actions = s.handle(st.CreateRequested(3, b"r1", MiB + 4096, b"retry2"), 0)
+    assert actions[0] == st.UnlinkFile(final) and isinstance(actions[-1], st.GrantCreate)
+    s.handle(st.ObjectSealed(b"r1", MiB + 4096), 0)
+    # A value some process views is never replaced: at its size it is the create's
+    # result ("exists"), at another the create is refused.
+    s.handle(st.ObjectsPinned(b"reader", [b"r1"]), 0)
+    (refused,) = s.handle(st.CreateRequested(4, b"r1", MiB + 4096, b"retry3"), 0)
+    assert isinstance(refused, st.RejectCreate) and refused.exists
+    (refused,) = s.handle(st.CreateRequested(5, b"r1", MiB, b"retry4"), 0)
+    assert isinstance(refused, st.RejectCreate) and not refused.exists and b"r1" in s.objects
+
+
+class _DieWhenPickled:
+    def __reduce__(self) -> Any:
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("mib", [1, 20])  # (through a reserved slot; through a create)
+def test_a_retry_returns_its_own_values_when_its_dead_attempt_sealed_one_of_another_size(
+        fresh_cluster, tmp_path: Any, mib: int) -> None:
+    import numpy as np
+    fresh_cluster(num_cpus=1, include_dashboard=False)
+
+    @lumos.remote(max_retries=2, num_returns=2)
+    def nondeterministic(marker: str, mib: int) -> Any:
+        first = not os.path.exists(marker)
+        open(marker, "a").close()
+        if first:  # its first return sealed, then the worker dies making the second
+            return np.ones(mib * MiB, dtype=np.uint8), _DieWhenPickled()
+        return np.full(mib * MiB + 3 * 4096, 2, dtype=np.uint8), "second"
+
+    a, b = nondeterministic.remote(str(tmp_path / "ran"), mib)
+    value = lumos.get(a, timeout=60)
+    assert value.size == mib * MiB + 3 * 4096 and int(value[0]) == 2
+    assert lumos.get(b, timeout=60) == "second"

@@ -28,6 +28,9 @@ mappings keep their pages alive), and its creator is told to drop its mapping.
  n > capacity  ──► GrantCreate(on_disk): the creator writes straight into the spill dir
  create(id) while another process writes id ──► waits for its seal (RejectCreate(exists))
                    or its end (granted), until full_timeout_s
+ create(id) another process sealed ──► that file goes (UnlinkFile) and this create goes
+                   on (a retry's return), unless a process views it or it is a copy
+                   pulled here (RejectCreate, "exists" at the same size)
  reserve(n, k) ──► GrantSlots(files resv-<slot>, or pool-<slot> from the pool; counted as used)
  reserved seal ──► the file (linked to its final name by the client) becomes the object
  client gone   ──► its reserved files go, under any of their names (resv-, pool-, lent-);
@@ -433,11 +436,18 @@ class ObjectStoreState:
                 self._same_id_waiting.setdefault(ev.object_id, []).append(
                     _Pending(ev, now + self.full_timeout_s, now))
                 return
-            same = obj.sealed and obj.size_bytes == ev.size_bytes
-            if same and ev.client != PULLED:
-                obj.creator = ev.client  # a re-run's result now: a primary, never evicted
-            actions.append(RejectCreate(ev.request, ev.object_id, "object already exists in the store", same))
-            return
+            if ev.client == PULLED or obj.creator in (ev.client, PULLED) or obj.pins:
+                same = obj.sealed and obj.size_bytes == ev.size_bytes
+                if same and ev.client != PULLED:
+                    obj.creator = ev.client  # a re-run's result now: a primary, never evicted
+                actions.append(RejectCreate(ev.request, ev.object_id, "object already exists in the store", same))
+                return
+            # Sealed by another process and viewed by nobody: a task's return its
+            # attempt sealed before it died (its owner never had the reply), and this is
+            # the retry's. The retry's value replaces it: of another size, a refusal
+            # failed the retry ("object already exists in the store"), and of the same
+            # size, keeping it gave a task of several returns values of two attempts.
+            self._free(ev.object_id, False, actions)
         if ev.size_bytes > self.capacity_bytes:
             if not self.spill_dir:
                 actions.append(RejectCreate(ev.request, ev.object_id, self._full_reason(ev.size_bytes, waited=False)))
