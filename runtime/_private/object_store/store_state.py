@@ -29,8 +29,8 @@ mappings keep their pages alive), and its creator is told to drop its mapping.
  create(id) while another process writes id ──► waits for its seal (RejectCreate(exists))
                    or its end (granted), until full_timeout_s
  create(id) another process sealed ──► that file goes (UnlinkFile) and this create goes
-                   on (a retry's return), unless a process views it or it is a copy
-                   pulled here (RejectCreate, "exists" at the same size)
+                   on (a retry's return), unless a process views it, it is a copy
+                   pulled here or on disk (RejectCreate, "exists" at the same size)
  reserve(n, k) ──► GrantSlots(files resv-<slot>, or pool-<slot> from the pool; counted as used)
  reserved seal ──► the file (linked to its final name by the client) becomes the object
  client gone   ──► its reserved files go, under any of their names (resv-, pool-, lent-);
@@ -188,10 +188,11 @@ class ObjectStoreState:
         self.capacity_bytes = capacity_bytes
         #: Bytes of free slots kept for reuse.
         self.recycle_bytes = recycle_bytes
-        #: A pooled slot no create took for this long is unlinked at a tick, so a burst
-        #: leaves no /dev/shm held on an idle node (0: kept until room is needed).
+        #: A pooled slot no create took, or a reserved slot its holder did not use, for
+        #: this long is unlinked at a tick, so a burst leaves no /dev/shm held on an idle
+        #: node (0: kept until room is needed).
         self.pool_idle_s = pool_idle_s
-        #: Pooled slots unlinked for being idle that long.
+        #: Pooled and reserved slots unlinked for being idle that long.
         self.trimmed_slots = 0
         self.full_timeout_s = full_timeout_s
         self.validate = validate
@@ -436,17 +437,18 @@ class ObjectStoreState:
                 self._same_id_waiting.setdefault(ev.object_id, []).append(
                     _Pending(ev, now + self.full_timeout_s, now))
                 return
-            if ev.client == PULLED or obj.creator in (ev.client, PULLED) or obj.pins:
+            if ev.client == PULLED or obj.creator in (ev.client, PULLED) or obj.pins or obj.spilling \
+                    or obj.restoring or obj.on_disk:
                 same = obj.sealed and obj.size_bytes == ev.size_bytes
                 if same and ev.client != PULLED:
                     obj.creator = ev.client  # a re-run's result now: a primary, never evicted
                 actions.append(RejectCreate(ev.request, ev.object_id, "object already exists in the store", same))
                 return
-            # Sealed by another process and viewed by nobody: a task's return its
-            # attempt sealed before it died (its owner never had the reply), and this is
-            # the retry's. The retry's value replaces it: of another size, a refusal
-            # failed the retry ("object already exists in the store"), and of the same
-            # size, keeping it gave a task of several returns values of two attempts.
+            # Sealed by another process, in the store only, viewed by nobody: a task's
+            # return its attempt sealed before it died (its owner never had the reply),
+            # and this is the retry's. The retry's value replaces it: of another size, a
+            # refusal failed the retry ("object already exists in the store"), and of
+            # the same size, keeping it gave a task of several returns two attempts' values.
             self._free(ev.object_id, False, actions)
         if ev.size_bytes > self.capacity_bytes:
             if not self.spill_dir:
@@ -887,7 +889,8 @@ class ObjectStoreState:
         while (since := self.pool.idle_since()) is not None and since <= before:
             self._evict_oldest_slot(actions)
             self.trimmed_slots += 1
-        for slot, granted in list(self._reserved_at.items()):
+        while self._reserved_at:
+            slot, granted = next(iter(self._reserved_at.items()))  # (the oldest: no copy each tick)
             if granted > before:
                 break
             self._drop_reservation(slot, actions)
