@@ -209,3 +209,24 @@ def test_a_retry_returns_its_own_values_when_its_dead_attempt_sealed_one_of_anot
         value = lumos.get(a, timeout=60)
         assert value.size == mib * MiB + 3 * 4096 and int(value[0]) == 2
         assert lumos.get(b, timeout=60) == "second"
+
+
+def test_a_create_replaces_a_pulled_copy_of_another_size_and_uses_one_of_its_size() -> None:
+    """A re-run of a task on a node holding a copy of its earlier value pulled from
+    another: of the same size the copy is its result ("exists"); of another (the value
+    changed), the copy, a cache, goes. A pull still in progress is never replaced."""
+    from lumos._private.object_store import store_state as st
+    D = "/dev/shm/lumos-test"
+    s = st.ObjectStoreState(D, 64 * MiB, 32 * MiB, 2.0, validate=True)
+    s.handle(st.CreateRequested(1, b"v", MiB, st.PULLED), 0)
+    (refused,) = s.handle(st.CreateRequested(2, b"v", 2 * MiB, b"rerun"), 0)  # (being pulled)
+    assert isinstance(refused, st.RejectCreate) and not refused.exists
+    s.handle(st.ObjectSealed(b"v", MiB), 0)
+    (refused,) = s.handle(st.CreateRequested(3, b"v", MiB, b"rerun"), 0)
+    assert isinstance(refused, st.RejectCreate) and refused.exists
+    s.handle(st.ObjectsFreed([b"v"], [False]), 0)
+    s.handle(st.CreateRequested(4, b"v", MiB, st.PULLED), 0)
+    s.handle(st.ObjectSealed(b"v", MiB), 0)
+    actions = s.handle(st.CreateRequested(5, b"v", 2 * MiB, b"rerun"), 0)
+    assert st.UnlinkFile(f"{D}/{b'v'.hex()}") in actions and isinstance(actions[-1], st.GrantCreate)
+    assert s.objects[b"v"].creator == b"rerun" and s.used_bytes == 2 * MiB

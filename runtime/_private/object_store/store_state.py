@@ -29,8 +29,9 @@ mappings keep their pages alive), and its creator is told to drop its mapping.
  create(id) while another process writes id ──► waits for its seal (RejectCreate(exists))
                    or its end (granted), until full_timeout_s
  create(id) another process sealed ──► that file goes (UnlinkFile) and this create goes
-                   on (a retry's return), unless a process views it, it is a copy
-                   pulled here or on disk (RejectCreate, "exists" at the same size)
+                   on (a retry's return), unless a process views it, it is on disk, or
+                   it is a copy pulled here of that size (RejectCreate, "exists" at the
+                   same size)
  reserve(n, k) ──► GrantSlots(files resv-<slot>, or pool-<slot> from the pool; counted as used)
  reserved seal ──► the file (linked to its final name by the client) becomes the object
  client gone   ──► its reserved files go, under any of their names (resv-, pool-, lent-);
@@ -437,9 +438,9 @@ class ObjectStoreState:
                 self._same_id_waiting.setdefault(ev.object_id, []).append(
                     _Pending(ev, now + self.full_timeout_s, now))
                 return
-            if ev.client == PULLED or obj.creator in (ev.client, PULLED) or obj.pins or obj.spilling \
-                    or obj.restoring or obj.on_disk:
-                same = obj.sealed and obj.size_bytes == ev.size_bytes
+            same = obj.sealed and obj.size_bytes == ev.size_bytes
+            if ev.client == PULLED or obj.creator == ev.client or not obj.sealed or obj.pins or obj.spilling \
+                    or obj.restoring or obj.on_disk or (same and obj.creator == PULLED):
                 if same and ev.client != PULLED:
                     obj.creator = ev.client  # a re-run's result now: a primary, never evicted
                 actions.append(RejectCreate(ev.request, ev.object_id, "object already exists in the store", same))
@@ -449,6 +450,8 @@ class ObjectStoreState:
             # and this is the retry's. The retry's value replaces it: of another size, a
             # refusal failed the retry ("object already exists in the store"), and of
             # the same size, keeping it gave a task of several returns two attempts' values.
+            # A copy pulled here of another size (a re-run of a task whose value
+            # changed) is a cache: it goes too.
             self._free(ev.object_id, False, actions)
         if ev.size_bytes > self.capacity_bytes:
             if not self.spill_dir:
