@@ -185,8 +185,8 @@ def test_a_create_reuses_its_own_pooled_slot_behind_many_of_another_process():
 def test_slot_pool_check_finds_a_drifted_index():
     from lumos._private.object_store.slot_pool import SlotPool
     pool = SlotPool()
-    pool.add(1, 4096, b"W1")
-    pool.add(2, 4096, b"W2")
+    pool.add(1, 4096, b"W1", 0.0)
+    pool.add(2, 4096, b"W2", 0.0)
     pool.check()
     pool._by_mapper[b"W2"][2] = 8192
     with pytest.raises(AssertionError, match="index"):
@@ -336,8 +336,8 @@ def test_a_process_gets_its_most_recently_freed_slot_first():
     from lumos._private.object_store.slot_pool import SlotPool
     pool = SlotPool()
     for slot in (1, 2, 3):
-        pool.add(slot, 4096, b"W1")
-    pool.add(4, 4096, b"W2")
+        pool.add(slot, 4096, b"W1", 0.0)
+    pool.add(4, 4096, b"W2", 0.0)
     assert pool.pick(4096, b"W1") == 3  # its pages and its readers' mappings are warmest
     assert pool.pick(4096, b"W3") == 1  # another process's: the oldest
     assert pool.take_oldest()[0] == 1  # eviction is still oldest first

@@ -38,7 +38,7 @@ class SlotPool:
     def items(self) -> Iterator[tuple[int, tuple[int, bytes]]]:
         return iter(self._slots.items())
 
-    def add(self, slot: int, file_size: int, mapper: bytes, now: float = 0.0) -> None:
+    def add(self, slot: int, file_size: int, mapper: bytes, now: float) -> None:
         self._slots[slot] = (file_size, mapper)
         self._since[slot] = now
         self._by_mapper.setdefault(mapper, OrderedDict())[slot] = file_size
@@ -58,9 +58,7 @@ class SlotPool:
 
     def idle_since(self) -> float | None:
         """When the slot pooled longest ago was pooled (None: the pool is empty)."""
-        for slot in self._slots:
-            return self._since[slot]
-        return None
+        return next(iter(self._since.values()), None)
 
     def take_oldest(self) -> tuple[int, int, bytes]:
         """Remove the oldest slot; returns ``(slot, file size, mapper)``."""

@@ -26,8 +26,9 @@ mappings keep their pages alive), and its creator is told to drop its mapping.
                    (RejectCreate without spilling); one that nothing in flight or
                    spillable can serve goes there after FALLBACK_GRACE_S
  n > capacity  ──► GrantCreate(on_disk): the creator writes straight into the spill dir
- create(id) while another process writes id ──► waits for its seal (RejectCreate(exists))
-                   or its end (granted), until full_timeout_s
+ create(id) while another process writes id ──► waits for its seal or its end, then goes
+                   on as a create of a sealed object or of a new one; refused after
+                   full_timeout_s
  create(id) another process sealed ──► that file goes (UnlinkFile) and this create goes
                    on (a retry's return), unless a process views it, it is on disk, or
                    it is a copy pulled here of that size (RejectCreate, "exists" at the
@@ -431,10 +432,10 @@ class ObjectStoreState:
         if obj is not None:
             if not obj.sealed and ev.client != PULLED and obj.creator not in (ev.client, PULLED):
                 # Another process writes this id now: most often a task's attempt that
-                # died, its worker not reaped yet, and this is the retry's. Its seal makes
-                # the object exist (this create is then answered "exists"), its end frees
-                # it (this one is then granted). Refused at once, the retry's put failed
-                # with "object already exists in the store".
+                # died, its worker not reaped yet, and this is the retry's. After its seal
+                # this create goes on as one of a sealed object (below), after its end as
+                # one of a new object. Refused at once, the retry's put failed with
+                # "object already exists in the store".
                 self._same_id_waiting.setdefault(ev.object_id, []).append(
                     _Pending(ev, now + self.full_timeout_s, now))
                 return

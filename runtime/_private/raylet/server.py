@@ -642,8 +642,9 @@ class RayletServer:
 
     def _create_answer(self, fut: asyncio.Future[list[Any]], msg: m.CreateObject) -> list[Any]:
         """The grant of a done create, or its refusal raised. A grant, or an answer that
-        the sealed object exists already (a retry's of an id a dead attempt sealed), makes
-        the creator's owner the object's: the dead attempt's owner-death free must not take it."""
+        the sealed object exists already (a re-run's of an id some process views, or of a
+        copy pulled here), makes the creator's owner the object's: the first owner's death
+        must no longer free it."""
         error = fut.exception()
         if error is None or isinstance(error, _ObjectExists):
             self._note_owner(msg.object_id, msg.owner or msg.owner_worker_id)
