@@ -393,7 +393,7 @@ def test_the_stop_button_in_client_puts_and_calls_leaves_nothing_on_the_cluster(
     cw = lumos._private.worker_context.require()
     reconnects = cw._lost_why
     for i, op in enumerate((lambda: lumos.put(value), lambda: nbytes.remote(value))):
-        got, interrupted = _interrupted_often(op, 150, 10 + i, 0.004)
+        got, interrupted = _interrupted_often(op, 150, 10 + i, 0.004, at_least=5, finished_at_least=3)
         assert interrupted >= 5 and got, (interrupted, len(got))
         assert lumos.get(got[-1], timeout=30) is not None
         del got

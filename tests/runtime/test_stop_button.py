@@ -44,7 +44,7 @@ def _store_used() -> tuple[int, int]:
 
 
 def _interrupted_often(op: Callable[[], Any], ops: int, seed: int, every_s: float,
-                       keep: bool = True, at_least: int = 0) -> tuple[list[Any], int]:
+                       keep: bool = True, at_least: int = 0, finished_at_least: int = 0) -> tuple[list[Any], int]:
     """Run ``op`` ``ops`` times while another thread sends SIGINT to this (the main)
     thread every 0-``every_s`` seconds while an op is under way. Returns what the ops
     that finished returned, and how many were interrupted. (What finished is kept until
@@ -59,15 +59,20 @@ def _interrupted_often(op: Callable[[], Any], ops: int, seed: int, every_s: floa
     needs the GIL to shoot, which a busy main thread gives up only every switch interval
     (5 ms by default): that is shortened to half ``every_s`` meanwhile, or the shots come
     every 5 ms whatever ``every_s`` says, and mostly while no op is under way (the main
-    thread's pause between ops gives the GIL up at once)."""
+    thread's pause between ops gives the GIL up at once). ``finished_at_least``: likewise
+    until that many ops finished; when an op takes longer than ``every_s`` on a slow
+    machine nearly every one is shot, so after each ``ops`` ops short of it the shots
+    come twice as far apart."""
     busy = threading.Event()
     stop = threading.Event()
     gate = threading.Lock()
 
+    spacing = [every_s]
+
     def shoot() -> None:
         rng = random.Random(seed)
         while not stop.is_set():
-            time.sleep(rng.random() * every_s)
+            time.sleep(rng.random() * spacing[0])
             with gate:
                 if busy.is_set():
                     signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
@@ -80,17 +85,20 @@ def _interrupted_often(op: Callable[[], Any], ops: int, seed: int, every_s: floa
     shooter.start()
 
     def finished() -> bool:
-        return done >= ops and (interrupted >= at_least or done >= 4 * ops)
+        return done >= ops and ((interrupted >= at_least and ok >= finished_at_least) or done >= 4 * ops)
 
-    done = 0
+    done = ok = 0
     try:
         while not finished():
             try:
                 if not keep:
                     got.clear()
+                if done and done % ops == 0 and ok < finished_at_least:
+                    spacing[0] *= 2
                 _held(busy.set)
                 done += 1
                 got.append(op())
+                ok += 1
             except KeyboardInterrupt:
                 interrupted += 1
             while True:
@@ -172,7 +180,8 @@ def test_calls_with_a_large_argument_stopped_at_random_moments_leave_nothing_beh
     cw = worker_context.require()
     cw.drain_refs()
     store0, entries0 = _store_used(), len(cw.objects.entries)
-    refs, interrupted = _interrupted_often(lambda: nbytes.remote(value), 200, 2, 0.002, at_least=10)
+    refs, interrupted = _interrupted_often(lambda: nbytes.remote(value), 200, 2, 0.002, at_least=10,
+                                           finished_at_least=10)
     assert interrupted >= 10 and len(refs) >= 10, (interrupted, len(refs))
     assert lumos.get(refs, timeout=60) == [value.nbytes] * len(refs)
     del refs
