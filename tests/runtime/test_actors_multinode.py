@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -65,3 +66,39 @@ def _node_or_none(actor: lumos.ActorHandle) -> str | None:
         return lumos.get(actor.node.remote(), timeout=5)  # type: ignore[no-any-return]
     except (ActorDiedError, lumos.exceptions.GetTimeoutError):
         return None
+
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_actors_waiting_for_one_unit_get_it_in_the_order_they_were_created() -> None:
+    """The one "accel" unit's node dies: its actor restarts, and waits; three more actors
+    that want the unit are created, a third of a second apart, and wait too. Once a node
+    with the unit joins, the unit goes to them one after the other, each as the one before
+    is killed, in the order they were created. (Each waiting actor retried on its own
+    every second, and the first to try after the node joined got the unit: which one
+    depended on when each began to wait, not on its age.)"""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
+    try:
+        first = cluster.add_node(num_cpus=1, resources={"accel": 1})
+        cluster.connect()
+        actors = [Where.options(resources={"accel": 1}, max_restarts=1).remote()]
+        assert lumos.get(actors[0].node.remote(), timeout=30) == first.node_id
+        cluster.remove_node(first)
+        restarting = actors[0]._actor_id.hex()
+        wait_for(lambda: any(r["actor_id"] == restarting and r["state"] == "RESTARTING"
+                             for r in lumos.state.list_actors()), 30)
+        for _ in range(3):
+            time.sleep(0.35)
+            actors.append(Where.options(resources={"accel": 1}).remote())
+        calls = [a.node.remote() for a in actors]
+        time.sleep(0.5)
+        second = cluster.add_node(num_cpus=1, resources={"accel": 1})
+        for i, call in enumerate(calls):
+            assert lumos.get(call, timeout=60) == second.node_id, i
+            ready, _ = lumos.wait(calls[i + 1:], timeout=0.5)
+            assert not ready, i  # (the unit is held by the actor before)
+            lumos.kill(actors[i])
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)

@@ -54,7 +54,10 @@ class ActorManager:
     def __init__(self, gcs: "GcsServer") -> None:
         self.gcs = gcs
         self.state = ast.ActorManagerState(validate=gcs.config.validate)
-        self._nodes_changed = asyncio.Event()
+        #: Placement loops waiting for a node that fits, each until its future is set
+        #: (``_wake_waiting``).
+        self._waiting: dict[ActorID, asyncio.Future[None]] = {}
+        self._poller: asyncio.Task[None] | None = None
 
     @property
     def actors(self) -> dict[bytes, Any]:
@@ -129,7 +132,46 @@ class ActorManager:
     # ------------------------------------------------------------------ cluster events
 
     def nodes_changed(self) -> None:
-        self._nodes_changed.set()
+        self._wake_waiting()
+
+    def _wake_waiting(self) -> None:
+        """Let every waiting placement loop try again, in the order the actors were
+        registered (a restarting actor keeps its place): they resume in that order, and
+        each sends its lease request before the next picks, so when a node joins with room
+        for one of them it goes to the oldest, whatever order their waits began in (they
+        raced for it, and a restarting actor lost to one created after it or won, by
+        chance). A raylet grants the requests for the same resources in arrival order."""
+        waiting, self._waiting = self._waiting, {}
+        if not waiting:
+            return
+        for actor_id in self.state.actors:
+            fut = waiting.pop(actor_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+            if not waiting:
+                break
+        for fut in waiting.values():  # (gone from the table meanwhile)
+            if not fut.done():
+                fut.set_result(None)
+
+    async def _wait_for_nodes(self, actor_id: ActorID) -> None:
+        """Until a node joins, or a second passes (what is free changes without one
+        joining); the loops' retries every second all come from one timer, so that they
+        too go in the actors' order."""
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting[actor_id] = fut
+        if self._poller is None or self._poller.done():
+            self._poller = self.gcs._spawn_task(self._poll_waiting(), "actor.placement.poll")
+        try:
+            await fut
+        finally:
+            if self._waiting.get(actor_id) is fut:
+                del self._waiting[actor_id]
+
+    async def _poll_waiting(self) -> None:
+        while self._waiting:
+            await asyncio.sleep(1.0)
+            self._wake_waiting()
 
     def on_worker_dead(self, worker_id: WorkerID, detail: str) -> None:
         self._dispatch(ast.WorkerDied(worker_id, detail))
@@ -187,12 +229,7 @@ class ActorManager:
                     text = infeasible_text(f"actor {info.class_name}", dict(spec.resources), spec.strategy, nodes)
                     logger.warning("%s", text)
                     self.gcs.publish("errors", info.job_id, ["infeasible", text])
-                self._nodes_changed.clear()
-                try:
-                    async with asyncio.timeout(1.0):
-                        await self._nodes_changed.wait()
-                except TimeoutError:
-                    pass
+                await self._wait_for_nodes(actor_id)
                 continue
             try:
                 raylet = await self.gcs.raylets.get(node_id)
