@@ -259,6 +259,10 @@ class Config:
     validate: bool = False
     #: Warn about infeasible tasks after they have waited this long.
     infeasible_warning_s: float = 1.0
+    #: Dead actors the GCS keeps in its table (``list_actors``, the dashboard, storage),
+    #: the most recently dead; older ones are forgotten (Ray's name; its default is
+    #: 100,000, which at ~2 KB a row is more than a small machine should hold).
+    maximum_gcs_destroyed_actor_cached_count: int = _positive(10_000)
     #: Where the GCS keeps its tables: "memory", or
     #: "redis://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...]" (sharded; survives a GCS restart).
     gcs_storage: str = "memory"

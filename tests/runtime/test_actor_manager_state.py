@@ -24,9 +24,9 @@ DRIVER = b"d" * 20
 A, B = b"a" * 16, b"b" * 16
 
 
-def spec(actor_id: bytes = A, owner: bytes = DRIVER, job: bytes = JOB, **opts: Any) -> m.TaskSpec:
+def spec(actor_id: bytes = A, owner: bytes = DRIVER, job: bytes = JOB, args: bytes = b"", **opts: Any) -> m.TaskSpec:
     options = {"class_name": "Counter", **opts}
-    return m.TaskSpec(b"t" + actor_id[1:], job, b"", 1, "Counter.__init__", b"f", "Counter.__init__", b"", [], [],
+    return m.TaskSpec(b"t" + actor_id[1:], job, b"", 1, "Counter.__init__", b"f", "Counter.__init__", args, [], [],
                       1, {"CPU": 1}, 0, 0, None, m.Address(N1, owner, "", "127.0.0.1", 1), 0, None,
                       actor_id=actor_id, actor_options=options)
 
@@ -42,8 +42,8 @@ def of(actions: list[ast.Action], kind: type) -> list[Any]:
 class Actors:
     """A state plus the bookkeeping a test needs (clock, lease ids)."""
 
-    def __init__(self) -> None:
-        self.s = ast.ActorManagerState(validate=True)
+    def __init__(self, dead_kept: int = 10_000) -> None:
+        self.s = ast.ActorManagerState(validate=True, dead_kept=dead_kept)
         self.now = 100.0
         self.next_lease = 1
 
@@ -343,3 +343,69 @@ def test_an_actor_row_written_before_placement_group_id_gets_it_from_its_spec() 
     t2 = Actors()
     t2(ast.ActorRestored(old, row_spec, *rest))
     assert t2.info(A).placement_group_id == group
+
+
+def _aid(i: int) -> bytes:
+    return i.to_bytes(4, "big") * 4
+
+
+def test_a_dead_actor_keeps_no_constructor_arguments() -> None:
+    t = Actors()
+    t(ast.ActorRegistered(spec(A, args=b"x" * 50_000, max_restarts=1)))
+    t.create(A, N1, b"wa")
+    t(ast.WorkerDied(b"wa", "SIGKILL"))
+    assert t.s.actors[A].spec.args == b"x" * 50_000  # a restart needs them
+    t(ast.KillRequested(A, "bye", no_restart=True))
+    assert t.info().state == ast.DEAD and t.s.actors[A].spec.args == b""
+    assert t.s.actors[A].spec.function_name == "Counter.__init__"
+    row = unpack_value(pack_value(t.s.row(A)))
+    assert row[1].args == b"" and row[0].state == ast.DEAD
+
+
+def test_only_the_most_recently_dead_actors_are_kept() -> None:
+    t = Actors(dead_kept=3)
+    ids = [_aid(i) for i in range(6)]
+    for aid in ids:
+        t(ast.ActorRegistered(spec(aid)))
+        t.create(aid, N1, b"w" + aid)
+    forgotten: list[bytes] = []
+    for aid in ids[:5]:
+        forgotten += [f.actor_id for f in of(t(ast.KillRequested(aid, "bye", no_restart=True)), ast.ForgetActor)]
+    assert forgotten == ids[:2]  # the longest dead first, each once the table holds more than 3
+    assert [a for a in ids if a in t.s.actors] == ids[2:]
+    assert t.s.info_of(ids[0]) is None and t.info(ids[5]).state == ast.ALIVE
+
+
+def test_actors_that_die_together_are_published_before_they_are_forgotten() -> None:
+    """A job's end kills its actors in one event: each is published (its row written, its
+    callers told) before it can be forgotten, at a later event."""
+    t = Actors(dead_kept=2)
+    ids = [_aid(i) for i in range(5)]
+    for aid in ids:
+        t(ast.ActorRegistered(spec(aid)))
+    out = t(ast.JobFinished(JOB))
+    assert of(out, ast.PublishActor) == [ast.PublishActor(a) for a in ids] and not of(out, ast.ForgetActor)
+    out = t(ast.ActorRegistered(spec(A, job=JOB2)))
+    assert of(out, ast.ForgetActor) == [ast.ForgetActor(a) for a in ids[:3]]
+    assert [a for a in ids if a in t.s.actors] == ids[3:]
+
+
+def test_a_restarted_gcs_keeps_the_most_recently_dead_of_the_rows_it_reads() -> None:
+    t = Actors(dead_kept=10)
+    ids = [_aid(i) for i in range(4)]
+    for aid in ids:
+        t(ast.ActorRegistered(spec(aid)))
+    for aid in reversed(ids):  # die in the reverse order of their registration
+        t(ast.KillRequested(aid, "bye", no_restart=True))
+    rows = [unpack_value(pack_value(t.s.row(a))) for a in ids]
+    t2 = Actors(dead_kept=2)
+    for row in rows:
+        assert not of(t2(ast.ActorRestored(*row)), ast.ForgetActor)  # (not while rows come in)
+    out = t2(ast.ActorRegistered(spec(B)))
+    assert of(out, ast.ForgetActor) == [ast.ForgetActor(ids[3]), ast.ForgetActor(ids[2])]
+    assert set(t2.s.actors) == {ids[0], ids[1], B}
+
+
+def test_dead_kept_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        ast.ActorManagerState(dead_kept=0)

@@ -490,3 +490,55 @@ def test_a_detached_actor_whose_node_died_during_the_outage_is_restarted(
     assert lumos.get(c.incr.remote(), timeout=60) == 1
     info = gcs_call(cluster, m.GetNamedActor("survivor", "ns1"))
     assert info.num_restarts == 1 and info.node_id != bytes.fromhex(doomed.node_id)
+
+
+@lumos.remote
+class Holder:
+    def __init__(self, blob: bytes) -> None:
+        self.n = len(blob)
+
+    def size(self) -> int:
+        return self.n
+
+
+@lumos.remote
+def sizes_through(handles: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for h in handles:
+        try:
+            out.append(lumos.get(h.size.remote(), timeout=30))
+        except lumos.exceptions.ActorDiedError as e:
+            out.append(str(e))
+    return out
+
+
+@pytest.mark.slow
+def test_the_gcs_keeps_the_last_dead_actors_without_their_arguments(redis_server: RedisServer) -> None:
+    """A long-lived cluster's actor table held every actor it ever ran, each with its
+    constructor's arguments (50 KB each here), in memory and in Redis. Now a dead actor's
+    row loses the arguments and only the most recently dead few are kept: a handle to an
+    older one fails with an error saying so."""
+    config = {**TEST_CONFIG, "gcs_storage": redis_server.url, "maximum_gcs_destroyed_actor_cached_count": 3}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": config})
+    try:
+        cluster.connect()
+        blob = b"x" * 50_000
+        holders = [Holder.options(num_cpus=0).remote(blob) for _ in range(6)]
+        assert lumos.get([h.size.remote() for h in holders], timeout=60) == [len(blob)] * 6
+        for h in holders[:5]:
+            lumos.kill(h)
+        ids = [h._actor_id for h in holders]
+        wait_for(lambda: set(rows([redis_server], "actors")) == set(ids[2:]), 30)
+        table = {r["actor_id"]: r["state"] for r in lumos.state.list_actors()}
+        assert table == {**{i.hex(): "DEAD" for i in ids[2:5]}, ids[5].hex(): "ALIVE"}
+        stored = {k: unpack_value(v) for k, v in rows([redis_server], "actors").items()}
+        assert all(stored[i][1].args == b"" for i in ids[2:5])
+        assert blob in stored[ids[5]][1].args  # (alive: a restart would need it)
+
+        got = lumos.get(sizes_through.remote(holders), timeout=60)
+        assert all("forgotten" in g for g in got[:2]), got[:2]
+        assert all("killed" in g for g in got[2:5]), got[2:5]
+        assert got[5] == len(blob)
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)

@@ -146,8 +146,9 @@ class ActorSubmitter:
             self._apply(q, info)
         elif q.info is None:
             self._fail_all(q, exc.ActorDiedError(q.actor_id.hex(), (
-                "the GCS does not know this actor (a handle from an earlier lumos session of this "
-                "process, ended by lumos.shutdown(), or from another cluster?)")))
+                "the GCS does not know this actor: it died long ago and was forgotten (the GCS keeps "
+                "the last maximum_gcs_destroyed_actor_cached_count dead actors), or the handle is from "
+                "an earlier lumos session of this process, ended by lumos.shutdown(), or from another cluster")))
 
     def _on_publish(self, msg: m.Publish) -> None:
         info = msg.data

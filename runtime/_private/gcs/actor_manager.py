@@ -53,7 +53,8 @@ class ActorManager:
 
     def __init__(self, gcs: "GcsServer") -> None:
         self.gcs = gcs
-        self.state = ast.ActorManagerState(validate=gcs.config.validate)
+        self.state = ast.ActorManagerState(validate=gcs.config.validate,
+                                           dead_kept=gcs.config.maximum_gcs_destroyed_actor_cached_count)
         #: Placement loops waiting for a node that fits, each until its future is set
         #: (``_wake_waiting``).
         self._waiting: dict[ActorID, asyncio.Future[None]] = {}
@@ -98,6 +99,8 @@ class ActorManager:
         elif isinstance(action, ast.DeleteCheckpoint):
             if self.gcs.kv.pop((CHECKPOINT_NS, action.actor_id), None) is not None:
                 self.gcs.unpersist("kv", CHECKPOINT_NS.encode() + b"\0" + action.actor_id)
+        elif isinstance(action, ast.ForgetActor):
+            self.gcs.unpersist("actors", action.actor_id)
         # PushCreationTask: run by the placement loop that asked for the lease.
 
     def _persist(self, actor_id: ActorID) -> None:

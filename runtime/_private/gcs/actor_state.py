@@ -24,7 +24,10 @@ One creation, as the server drives it::
                                                worker is no longer the actor's: issue 12)
 
 Every change bumps ``ActorInfo.version``; each ``PublishActor`` is one persisted and
-published row (key: the actor id).
+published row (key: the actor id). A dead actor's row keeps its creation spec without the
+constructor's arguments, and only the ``dead_kept`` most recently dead actors are kept at
+all: the older ones are forgotten (``ForgetActor``, the row deleted from storage), so a
+long-lived cluster's table does not grow with every actor it ever ran.
 """
 
 from __future__ import annotations
@@ -204,7 +207,14 @@ class DeleteCheckpoint:
     actor_id: ActorID
 
 
-Action = Union[PublishActor, PlaceActor, PushCreationTask, ReturnWorker, KillWorker, DeleteCheckpoint]
+@dataclasses.dataclass(slots=True)
+class ForgetActor:
+    """Delete the row of a dead actor the table no longer keeps (``dead_kept``)."""
+
+    actor_id: ActorID
+
+
+Action = Union[PublishActor, PlaceActor, PushCreationTask, ReturnWorker, KillWorker, DeleteCheckpoint, ForgetActor]
 
 # ----------------------------------------------------------------------------- state
 
@@ -225,10 +235,17 @@ class _Actor:
 class ActorManagerState:
     """Every actor of the cluster (dead ones too), its names and its workers."""
 
-    def __init__(self, validate: bool = False) -> None:
+    def __init__(self, validate: bool = False, dead_kept: int = 10_000) -> None:
+        if dead_kept < 1:
+            raise ValueError(f"dead_kept must be at least 1, not {dead_kept}")
         self.validate = validate
         #: Actor id -> actor.
         self.actors: dict[bytes, _Actor] = {}
+        #: How many dead actors the table keeps (for ``list_actors``, a handle's late
+        #: call, a restarted GCS); ``_dead``: their ids, the longest dead first.
+        self.dead_kept = dead_kept
+        self._dead: dict[bytes, None] = {}
+        self._dead_sorted = True
         #: (namespace, name) -> actor id, for actors that are not dead.
         self.named: dict[tuple[str, str], bytes] = {}
         #: Worker id -> actor id, for workers hosting (or being made to host) an actor.
@@ -313,6 +330,8 @@ class ActorManagerState:
                 self._drop_worker(a)
                 self._mark_dead(a, event.reason, None, now, actions)
                 actions.append(ReturnWorker(node, lease, WorkerExitType.INTENDED_USER_EXIT))
+        if len(self._dead) > self.dead_kept and not isinstance(event, ActorRestored):
+            self._forget_oldest_dead(actions)  # (a restarted GCS's rows: at once after them)
         if self.validate:
             self.check_invariants()
         return actions
@@ -354,6 +373,9 @@ class ActorManagerState:
         a = _Actor(info, e.spec)
         self.actors[info.actor_id] = a
         if info.state == DEAD:
+            a.spec = _without_args(a.spec)  # (a row from before dead rows lost them)
+            self._dead[info.actor_id] = None
+            self._dead_sorted = False  # (rows come back in storage order)
             return
         if info.name:
             self.named[(info.namespace, info.name)] = info.actor_id
@@ -421,8 +443,29 @@ class ActorManagerState:
                                       exit_type, clean_up=not job_ended))
             actions.append(ReturnWorker(a.lease_node, a.lease_id))
             self._drop_worker(a)
+        # No restart can come: the constructor's arguments (inline values, refs to pinned
+        # ones) are of no more use, and the row is kept, in memory and storage, for long.
+        a.spec = _without_args(a.spec)
         logger.info("actor %s (%s) dead: %s", short(info.actor_id), info.class_name, cause)
         self._publish(info.actor_id, actions)
+        self._dead[info.actor_id] = None
+
+    def _forget_oldest_dead(self, actions: list[Action]) -> None:
+        """Drop the dead actors beyond ``dead_kept``, the longest dead first; not those
+        this event published (their row is written and sent once ``actions`` run, and
+        their callers learn of the death from it: they wait for the next event)."""
+        if not self._dead_sorted:
+            self._dead = dict.fromkeys(sorted(self._dead, key=lambda i: self.actors[i].info.end_time))
+            self._dead_sorted = True
+        fresh = {a.actor_id for a in actions if isinstance(a, PublishActor)}
+        for actor_id in list(self._dead):
+            if len(self._dead) <= self.dead_kept:
+                break
+            if actor_id in fresh:
+                continue
+            del self._dead[actor_id]
+            del self.actors[actor_id]
+            actions.append(ForgetActor(actor_id))
 
     def _drop_worker(self, a: _Actor) -> None:
         if a.worker_id is not None:
@@ -512,6 +555,9 @@ class ActorManagerState:
             if a is None or a.worker_id != worker_id:
                 raise AssertionError(f"worker {short(worker_id)} is listed for actor {short(actor_id)}, "
                                      "which does not hold it")
+        for actor_id in self._dead:
+            if actor_id not in self.actors:
+                raise AssertionError(f"actor {short(actor_id)} is in the dead actors' order but not in the table")
         for actor_id, a in self.actors.items():
             info = a.info
             what = f"actor {short(actor_id)} ({info.state})"
@@ -529,5 +575,16 @@ class ActorManagerState:
                                          "unknown or dead")
             if info.state == RESTARTING and info.num_restarts < 1:
                 raise AssertionError(f"{what} restarts without a restart counted")
+            if (info.state == DEAD) != (actor_id in self._dead):
+                raise AssertionError(f"{what} is {'not ' if info.state == DEAD else ''}in the dead actors' order")
+            if info.state == DEAD and (a.spec.args or a.spec.deps or a.spec.nested_refs):
+                raise AssertionError(f"{what} still holds its constructor's arguments")
             if info.max_restarts != -1 and info.num_restarts > info.max_restarts:
                 raise AssertionError(f"{what}: {info.num_restarts} restarts > max_restarts={info.max_restarts}")
+
+
+def _without_args(spec: m.TaskSpec) -> m.TaskSpec:
+    """A dead actor's creation spec: what it was, without what it was given."""
+    if not (spec.args or spec.deps or spec.nested_refs):
+        return spec
+    return dataclasses.replace(spec, args=b"", deps=[], nested_refs=[])
