@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from typing import Any, Callable, Iterator
 
@@ -542,3 +544,76 @@ def test_the_gcs_keeps_the_last_dead_actors_without_their_arguments(redis_server
     finally:
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)
+
+
+_EXPORTING_DRIVER = """
+import os, sys
+import numpy as np
+import lumos
+lumos.init(address=sys.argv[1], _token=sys.argv[2], namespace="exports")
+big = np.ones(100_000)
+
+@lumos.remote
+def total() -> float:
+    return float(big.sum())  # (the closure sends the array with the function)
+
+@lumos.remote(max_restarts=1)
+class Keeper:
+    def pid(self) -> int:
+        return os.getpid()
+
+assert lumos.get(total.remote(), timeout=60) == 100_000.0
+if sys.argv[3] == "detached":
+    k = Keeper.options(name="keeper", lifetime="detached").remote()
+    lumos.get(k.pid.remote(), timeout=60)
+print(lumos.get_runtime_context().get_job_id())
+"""
+
+
+def _job_entries(cluster: Cluster, servers: list[RedisServer], job: bytes) -> tuple[int, int]:
+    """(in the GCS, in Redis) how many of the job's exported functions and config entries are kept."""
+    gcs = len(gcs_call(cluster, m.KvKeys("fn", job))) + (gcs_call(cluster, m.KvGet("job", job)) is not None)
+    stored = sum(1 for k in rows(servers, "kv") if k.startswith(b"fn\0" + job) or k == b"job\0" + job)
+    return gcs, stored
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_finished_job_s_exported_functions_go_once_no_detached_actor_of_it_lives(
+        redis_cluster: tuple[Cluster, list[RedisServer]]) -> None:
+    """Each driver's functions and classes (closures and all: 800 KB here) and its config
+    stayed in the GCS and Redis for the cluster's life. Now a finished job's go, unless a
+    detached actor of it lives: it may restart (its class and config are read again then),
+    and then they go with it."""
+    cluster, servers = redis_cluster
+    cluster.connect(namespace="exports")
+
+    def run(kind: str) -> bytes:
+        done = subprocess.run([sys.executable, "-c", _EXPORTING_DRIVER, cluster.address, cluster.token, kind],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return bytes.fromhex(done.stdout.split()[-1])
+
+    def finished(job: bytes) -> bool:
+        return any(j.job_id == job and j.state == "FINISHED" for j in gcs_call(cluster, m.GetAllJobs()))
+
+    plain = run("plain")
+    wait_for(lambda: finished(plain) and _job_entries(cluster, servers, plain) == (0, 0), 30)
+
+    kept = run("detached")
+    wait_for(lambda: finished(kept), 30)
+    time.sleep(0.5)
+    assert _job_entries(cluster, servers, kept) == (3, 3)  # the function, the class, the config
+    keeper = lumos.get_actor("keeper")
+    pid = lumos.get(keeper.pid.remote(), timeout=30)
+    psutil.Process(pid).kill()  # it restarts: its class comes back from the GCS
+    wait_for(lambda: _alive_pid(keeper) not in (None, pid), 60, 0.2)
+    lumos.kill(keeper)
+    wait_for(lambda: _job_entries(cluster, servers, kept) == (0, 0), 30)
+
+
+def _alive_pid(actor: Any) -> int | None:
+    try:
+        return lumos.get(actor.pid.remote(), timeout=5)  # type: ignore[no-any-return]
+    except (lumos.exceptions.ActorDiedError, lumos.exceptions.ActorUnavailableError, lumos.exceptions.GetTimeoutError):
+        return None

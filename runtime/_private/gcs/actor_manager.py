@@ -89,6 +89,8 @@ class ActorManager:
             self._persist(action.actor_id)
             info = self.state.info_of(action.actor_id)
             self.gcs.publish("actors", action.actor_id, info)
+            if info is not None and info.detached and info.state == DEAD:
+                self.gcs.drop_job_kv_if_unused(info.job_id)  # (it may have kept its finished job's)
         elif isinstance(action, ast.PlaceActor):
             self.gcs._spawn_task(self._place(action.actor_id), f"actor.create.{short(action.actor_id)}")
         elif isinstance(action, ast.ReturnWorker):

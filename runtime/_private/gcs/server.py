@@ -89,6 +89,13 @@ class GcsServer:
         self.workers: dict[bytes, m.WorkerInfo] = {}
         #: (namespace, key) -> value.
         self.kv: dict[tuple[str, bytes], bytes] = {}
+        #: Job id -> its KV entries that serve only its own processes: the functions and
+        #: classes it exported ("fn") and its config ("job"). Dropped once the job has
+        #: finished and no detached actor of it lives (``_drop_job_kv_if_unused``), as Ray
+        #: drops a finished job's function table; ``_jobs_kv_dropped``: the newest 10,000
+        #: such jobs, whose late puts are not kept.
+        self._job_kv: dict[bytes, set[tuple[str, bytes]]] = {}
+        self._jobs_kv_dropped: dict[bytes, None] = {}
         self._kv_waiters: dict[tuple[str, bytes], list[asyncio.Future[bytes]]] = {}
         self.task_events = TaskEventTable(config.task_event_max_records,
                                           os.path.join(session_dir, "logs", "task_events.msgpack"),
@@ -237,6 +244,7 @@ class GcsServer:
         for key, value in (await st.get_all("kv")).items():
             ns, _, k = key.partition(b"\0")
             self.kv[(ns.decode(), k)] = value
+            self._index_job_kv((ns.decode(), k))
         actors = [unpack_value(v) for v in (await st.get_all("actors")).values()]
         for row in sorted(actors, key=lambda r: r[0].start_time):
             self.actors.restore(*row)
@@ -250,6 +258,8 @@ class GcsServer:
             if node.state == "DEAD":
                 self.placement_groups.on_node_dead(node_id)
                 self.actors.on_node_dead(node_id, node.death_reason or "it was dead when the GCS restarted")
+        for job in jobs:
+            self.drop_job_kv_if_unused(job.job_id)
         running = [j.job_id for j in jobs if j.state == "RUNNING"]
         if running:
             self._spawn(self._finish_unclaimed_jobs(running), "gcs.unclaimed_jobs")
@@ -556,6 +566,7 @@ class GcsServer:
         self.publish("jobs", job_id, info)
         self.actors.on_job_finished(job_id)
         self.placement_groups.on_job_finished(job_id)
+        self.drop_job_kv_if_unused(job_id)
 
     # ------------------------------------------------------------------ workers
 
@@ -589,7 +600,12 @@ class GcsServer:
         key = (msg.namespace, msg.key)
         if not msg.overwrite and key in self.kv:
             return False
+        job_id = _job_of_kv_key(key)
+        if job_id is not None and job_id in self._jobs_kv_dropped:
+            return True  # (a late export of a job that is over: nothing will read it)
         self.kv[key] = msg.value
+        if job_id is not None:
+            self._job_kv.setdefault(job_id, set()).add(key)
         for fut in self._kv_waiters.pop(key, []):
             if not fut.done():
                 fut.set_result(msg.value)
@@ -616,7 +632,36 @@ class GcsServer:
                 if not waiters:
                     del self._kv_waiters[key]
 
+    def _index_job_kv(self, key: tuple[str, bytes]) -> None:
+        job_id = _job_of_kv_key(key)
+        if job_id is not None:
+            self._job_kv.setdefault(job_id, set()).add(key)
+
+    def drop_job_kv_if_unused(self, job_id: JobID) -> None:
+        """Drop a job's exported functions and config once it has finished and no
+        detached actor of it lives (one restarting needs its class and config; tasks it
+        submits export under its job). A cluster that outlives many drivers (notebook
+        kernels, scripts) kept every function each of them ever sent, closures and all."""
+        info = self.jobs.get(job_id)
+        if info is None or info.state == "RUNNING":
+            return
+        if any(a.info.job_id == job_id and a.info.detached and a.info.state != "DEAD"
+               for a in self.actors.state.actors.values()):
+            return
+        self._jobs_kv_dropped[job_id] = None
+        while len(self._jobs_kv_dropped) > 10_000:
+            del self._jobs_kv_dropped[next(iter(self._jobs_kv_dropped))]
+        keys = self._job_kv.pop(job_id, ())
+        for key in keys:
+            if self.kv.pop(key, None) is not None:
+                self.unpersist("kv", key[0].encode() + b"\0" + key[1])
+        if keys:
+            logger.info("job %s: dropped its %d exported functions and config", job_id.hex(), len(keys))
+
     def _kv_del(self, conn: Connection, msg: m.KvDel) -> bool:
+        job_id = _job_of_kv_key((msg.namespace, msg.key))
+        if job_id is not None:
+            self._job_kv.get(job_id, set()).discard((msg.namespace, msg.key))
         found = self.kv.pop((msg.namespace, msg.key), None) is not None
         self.unpersist("kv", msg.namespace.encode() + b"\0" + msg.key)
         return found
@@ -689,6 +734,17 @@ async def _amain(args: argparse.Namespace) -> None:
     await gcs.stopped.wait()
     if gcs.exit_code:
         raise SystemExit(gcs.exit_code)
+
+
+def _job_of_kv_key(key: tuple[str, bytes]) -> JobID | None:
+    """The job whose own processes alone read ``key``: an exported function or class
+    (``"fn"``, job id + function id) or the job's config (``"job"``, the job id)."""
+    ns, k = key
+    if ns == "fn" and len(k) > 4:
+        return JobID(k[:4])
+    if ns == "job" and len(k) == 4:
+        return JobID(k)
+    return None
 
 
 def main() -> None:
