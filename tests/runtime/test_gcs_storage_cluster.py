@@ -617,3 +617,59 @@ def _alive_pid(actor: Any) -> int | None:
         return lumos.get(actor.pid.remote(), timeout=5)  # type: ignore[no-any-return]
     except (lumos.exceptions.ActorDiedError, lumos.exceptions.ActorUnavailableError, lumos.exceptions.GetTimeoutError):
         return None
+
+
+_WORKING_DIR_DRIVER = """
+import sys
+import lumos
+lumos.init(address=sys.argv[1], _token=sys.argv[2], runtime_env={"working_dir": sys.argv[3]})
+
+@lumos.remote
+def value() -> str:
+    import wdmod
+    return wdmod.VALUE
+
+print(lumos.get_runtime_context().get_job_id(), flush=True)
+sys.stdin.readline()  # (runs its task once told to)
+print(lumos.get(value.remote(), timeout=60), flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_working_dir_package_goes_with_the_last_job_that_uses_it(
+        redis_cluster: tuple[Cluster, list[RedisServer]], tmp_path: Any) -> None:
+    """Two drivers with the same working_dir share its package (one upload, by content
+    hash): it stays while either runs, the second's first task unpacks it after the first
+    driver ended, and it goes with the second (each package stayed for the cluster's life)."""
+    cluster, servers = redis_cluster
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "wdmod.py").write_text("VALUE = 'from the working dir'\n")
+
+    def start() -> tuple[subprocess.Popen[str], bytes]:
+        p = subprocess.Popen([sys.executable, "-c", _WORKING_DIR_DRIVER, cluster.address, cluster.token,
+                              str(wd)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert p.stdout is not None
+        return p, bytes.fromhex(p.stdout.readline().split()[-1])
+
+    def packages() -> tuple[int, int]:
+        return (len(gcs_call(cluster, m.KvKeys("pkg", b""))),
+                sum(1 for k in rows(servers, "kv") if k.startswith(b"pkg\0")))
+
+    first, _ = start()
+    second, _ = start()
+    try:
+        assert packages() == (1, 1)
+        out, _ = first.communicate("go\n", timeout=90)
+        assert out.strip() == "from the working dir" and first.returncode == 0
+        time.sleep(0.5)
+        assert packages() == (1, 1)  # the second job uses it still
+        out, _ = second.communicate("go\n", timeout=90)
+        assert out.strip() == "from the working dir" and second.returncode == 0
+        wait_for(lambda: packages() == (0, 0), 30)
+    finally:
+        for p in (first, second):
+            if p.poll() is None:
+                p.kill()
+                p.wait()

@@ -96,6 +96,10 @@ class GcsServer:
         #: such jobs, whose late puts are not kept.
         self._job_kv: dict[bytes, set[tuple[str, bytes]]] = {}
         self._jobs_kv_dropped: dict[bytes, None] = {}
+        #: working_dir package ("pkg" key, its content hash) -> the jobs that use it (those
+        #: that uploaded it, even when it was there already, and those whose config names
+        #: it): dropped with the last of them.
+        self._pkg_jobs: dict[bytes, set[bytes]] = {}
         self._kv_waiters: dict[tuple[str, bytes], list[asyncio.Future[bytes]]] = {}
         self.task_events = TaskEventTable(config.task_event_max_records,
                                           os.path.join(session_dir, "logs", "task_events.msgpack"),
@@ -245,6 +249,8 @@ class GcsServer:
             ns, _, k = key.partition(b"\0")
             self.kv[(ns.decode(), k)] = value
             self._index_job_kv((ns.decode(), k))
+            if ns == b"job":
+                self._note_package_of(JobID(k), value)
         actors = [unpack_value(v) for v in (await st.get_all("actors")).values()]
         for row in sorted(actors, key=lambda r: r[0].start_time):
             self.actors.restore(*row)
@@ -598,6 +604,10 @@ class GcsServer:
 
     def _kv_put(self, conn: Connection, msg: m.KvPut) -> bool:
         key = (msg.namespace, msg.key)
+        if msg.namespace == "pkg" and conn.peer_info and conn.peer_info[0] == "job":
+            # (before the answer "there already": the job that uploaded it first may end
+            # before this one's config, naming it, comes)
+            self._pkg_jobs.setdefault(msg.key, set()).add(conn.peer_info[1])
         if not msg.overwrite and key in self.kv:
             return False
         job_id = _job_of_kv_key(key)
@@ -606,6 +616,8 @@ class GcsServer:
         self.kv[key] = msg.value
         if job_id is not None:
             self._job_kv.setdefault(job_id, set()).add(key)
+            if msg.namespace == "job":
+                self._note_package_of(job_id, msg.value)
         for fut in self._kv_waiters.pop(key, []):
             if not fut.done():
                 fut.set_result(msg.value)
@@ -651,12 +663,28 @@ class GcsServer:
         self._jobs_kv_dropped[job_id] = None
         while len(self._jobs_kv_dropped) > 10_000:
             del self._jobs_kv_dropped[next(iter(self._jobs_kv_dropped))]
-        keys = self._job_kv.pop(job_id, ())
+        keys = self._job_kv.pop(job_id, set())
+        for pkg in [p for p, jobs in self._pkg_jobs.items() if job_id in jobs]:
+            jobs = self._pkg_jobs[pkg]
+            jobs.discard(job_id)
+            if not jobs:
+                del self._pkg_jobs[pkg]
+                keys.add(("pkg", pkg))
         for key in keys:
             if self.kv.pop(key, None) is not None:
                 self.unpersist("kv", key[0].encode() + b"\0" + key[1])
         if keys:
-            logger.info("job %s: dropped its %d exported functions and config", job_id.hex(), len(keys))
+            logger.info("job %s: dropped its %d exported functions, config and unused working_dir packages",
+                        job_id.hex(), len(keys))
+
+    def _note_package_of(self, job_id: JobID, config: bytes) -> None:
+        """Count the job among the users of the working_dir package its config names."""
+        try:
+            pkg = json.loads(config).get("working_dir")
+        except (ValueError, AttributeError):
+            return
+        if isinstance(pkg, str) and pkg:
+            self._pkg_jobs.setdefault(pkg.encode(), set()).add(job_id)
 
     def _kv_del(self, conn: Connection, msg: m.KvDel) -> bool:
         job_id = _job_of_kv_key((msg.namespace, msg.key))
