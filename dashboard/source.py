@@ -95,6 +95,9 @@ class Task:
 
 #: Most log tails kept (one per node/worker/kind a page asked for).
 MAX_LOGS = 64
+#: Dead actors and dead workers kept each, the last to come (the GCS keeps about
+#: as many: ``maximum_gcs_destroyed_actor_cached_count`` and its worker table's bound).
+MAX_DEAD_ROWS = 10_000
 #: Seconds between two reads of the nodes' spill stats (each asks every raylet).
 SPILL_POLL_S = 2.0
 #: The application metrics (``lumos.state.metrics``) are read this often while a page asks.
@@ -359,7 +362,11 @@ class ClusterSource:
         self._bump([])
 
     def _on_worker(self, info: WorkerInfo) -> None:
-        self.workers[info.worker_id.hex()] = info
+        key = info.worker_id.hex()
+        new = key not in self.workers
+        self.workers[key] = info
+        if new:
+            _trim_dead(self.workers)
         self._bump([])
 
     def _on_actor(self, info: ActorInfo) -> None:
@@ -367,6 +374,8 @@ class ClusterSource:
         old = self.actors.get(key)
         if old is None or getattr(info, "version", 0) >= getattr(old, "version", 0):
             self.actors[key] = info
+            if old is None:
+                _trim_dead(self.actors)
             self._bump([])
 
     # ------------------------------------------------------------------ derived views
@@ -409,3 +418,17 @@ class ClusterSource:
     def pending_calls(self, actor_id: str) -> int:
         return sum(1 for t in self.tasks.values()
                    if t.actor_id == actor_id and t.type == TaskKind.ACTOR_TASK.name and t.state not in TERMINAL_STATES)
+
+
+def _trim_dead(table: dict[str, Any]) -> None:
+    """``table`` (actors or workers) just got a new row: drop its dead rows beyond
+    ``MAX_DEAD_ROWS``, the first to come first (the pages list rows in that order). A
+    dashboard that lives as long as its cluster held a row for every actor and worker the
+    cluster ever ran. (It looks once per 256 new rows: a scan of every row at each one
+    would cost a cluster of many live actors more than the rows.)"""
+    keep = MAX_DEAD_ROWS
+    if len(table) <= keep or len(table) % 256:
+        return
+    dead = sum(1 for row in table.values() if row.state == "DEAD")
+    for key in [k for k, row in table.items() if row.state == "DEAD"][:max(0, dead - keep)]:
+        del table[key]
