@@ -674,8 +674,8 @@ class GcsServer:
             if self.kv.pop(key, None) is not None:
                 self.unpersist("kv", key[0].encode() + b"\0" + key[1])
         if keys:
-            logger.info("job %s: dropped its %d exported functions, config and unused working_dir packages",
-                        job_id.hex(), len(keys))
+            logger.info("job %s: dropped %d KV entries (its exported functions and config, working_dir "
+                        "packages no other job uses)", job_id.hex(), len(keys))
 
     def _note_package_of(self, job_id: JobID, config: bytes) -> None:
         """Count the job among the users of the working_dir package its config names."""
