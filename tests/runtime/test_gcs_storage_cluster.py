@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -640,8 +641,9 @@ print(lumos.get(value.remote(), timeout=60), flush=True)
 def test_a_working_dir_package_goes_with_the_last_job_that_uses_it(
         redis_cluster: tuple[Cluster, list[RedisServer]], tmp_path: Any) -> None:
     """Two drivers with the same working_dir share its package (one upload, by content
-    hash): it stays while either runs, the second's first task unpacks it after the first
-    driver ended, and it goes with the second (each package stayed for the cluster's life)."""
+    hash): it stays while either runs, the second's first task runs from it after the first
+    driver ended, and it goes with the second, from the GCS, Redis and the node's disk
+    (each package and unpacked copy stayed for the cluster's life)."""
     cluster, servers = redis_cluster
     wd = tmp_path / "wd"
     wd.mkdir()
@@ -665,9 +667,12 @@ def test_a_working_dir_package_goes_with_the_last_job_that_uses_it(
         assert out.strip() == "from the working dir" and first.returncode == 0
         time.sleep(0.5)
         assert packages() == (1, 1)  # the second job uses it still
+        unpacked = os.path.join(cluster.session_dir, "runtime_resources")
+        assert [d for d in os.listdir(unpacked) if d.startswith("working_dir_")]
         out, _ = second.communicate("go\n", timeout=90)
         assert out.strip() == "from the working dir" and second.returncode == 0
         wait_for(lambda: packages() == (0, 0), 30)
+        wait_for(lambda: os.listdir(unpacked) == [], 30)  # (nor the node's unpacked copy)
     finally:
         for p in (first, second):
             if p.poll() is None:

@@ -670,6 +670,7 @@ class GcsServer:
             if not jobs:
                 del self._pkg_jobs[pkg]
                 keys.add(("pkg", pkg))
+                self.publish("packages", pkg, "dropped")  # (raylets remove their unpacked copies)
         for key in keys:
             if self.kv.pop(key, None) is not None:
                 self.unpersist("kv", key[0].encode() + b"\0" + key[1])

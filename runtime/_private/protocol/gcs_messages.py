@@ -238,7 +238,8 @@ class GetTasks:
 
 @message(25)
 class Subscribe:
-    #: "nodes", "workers", "worker_deaths" (DEAD workers only), "jobs", "logs", "actors", "errors"
+    #: "nodes", "workers", "worker_deaths" (DEAD workers only), "jobs", "logs", "actors", "errors",
+    #: "packages" (working_dir packages the GCS dropped: key the content hash)
     channel: str
     #: Only messages with this key (a job id for logs), or None for all.
     key: bytes | None

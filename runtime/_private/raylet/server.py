@@ -216,6 +216,7 @@ class RayletServer:
         gcs.notify(m.Subscribe("jobs", None))
         gcs.notify(m.Subscribe("nodes", None))
         gcs.notify(m.Subscribe("worker_deaths", None))  # owners that die: their objects go
+        gcs.notify(m.Subscribe("packages", None))  # working_dir packages no job uses any more
         for info in await gcs.call(m.GetAllNodes(), self.config.rpc_timeout_s):
             if info.state == "ALIVE":
                 self.alive_nodes[info.node_id] = info
@@ -310,9 +311,31 @@ class RayletServer:
             else:
                 self.alive_nodes.pop(msg.data.node_id, None)
                 self.object_manager.node_gone(msg.data.node_id)
+        elif msg.channel == "packages" and isinstance(msg.key, bytes):
+            self._drop_package(msg.key)
         elif msg.channel == "worker_deaths" and isinstance(msg.data, m.WorkerInfo) and msg.data.state == "DEAD":
             self._free_owned_by(msg.data.worker_id, msg.data.exit_detail or "it died")
             self._end_leases_of(msg.data.worker_id, msg.data.exit_detail or "it died")
+
+    def _drop_package(self, package: bytes) -> None:
+        """The GCS dropped a working_dir package (its last job ended): remove this node's
+        unpacked copy, which the job's workers made (``Executor._working_dir``) and which
+        stayed for the session's life, one per version of the directory. Renamed away at
+        once (a later job's worker unpacks it afresh, never into a half-removed one), then
+        removed on a thread."""
+        name = package.decode("ascii", "replace")
+        if not name.isalnum():
+            return
+        target = os.path.join(self.session_dir, "runtime_resources", f"working_dir_{name}")
+        trash = f"{target}.dropped-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            os.rename(target, trash)
+        except FileNotFoundError:
+            return  # never unpacked here (or another node of this machine took it)
+        except OSError as e:
+            logger.warning("could not remove the working_dir package %s: %s", name, e)
+            return
+        threading.Thread(target=shutil.rmtree, args=(trash, True), name="raylet.drop_package", daemon=True).start()
 
     # ------------------------------------------------------------------ loops
 
