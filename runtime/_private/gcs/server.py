@@ -91,7 +91,7 @@ class GcsServer:
         self.kv: dict[tuple[str, bytes], bytes] = {}
         #: Job id -> its KV entries that serve only its own processes: the functions and
         #: classes it exported ("fn") and its config ("job"). Dropped once the job has
-        #: finished and no detached actor of it lives (``_drop_job_kv_if_unused``), as Ray
+        #: finished and no detached actor of it lives (``drop_job_kv_if_unused``), as Ray
         #: drops a finished job's function table; ``_jobs_kv_dropped``: the newest 10,000
         #: such jobs, whose late puts are not kept.
         self._job_kv: dict[bytes, set[tuple[str, bytes]]] = {}
