@@ -8,6 +8,7 @@ The pure ``plan_bundles`` is fed node views; everything else runs real node proc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -533,3 +534,26 @@ def _try_node(actor: Any) -> str | None:
         return lumos.get(actor.node.remote(), timeout=10)  # type: ignore[no-any-return]
     except lumos.exceptions.LumosError:
         return None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_pending_groups_get_freed_room_in_the_order_they_were_created() -> None:
+    """Three groups wait, a third of a second apart, for the one "slot" unit a first group
+    holds; as each holder is removed the unit goes to the oldest waiting group. (Each
+    pending group looked again on its own timer, and the first to look after the room
+    freed took it, whatever its age.)"""
+    with contextlib.contextmanager(running_head)(num_cpus=1, resources={"slot": 1}):
+        first = placement_group([{"slot": 1}])
+        assert first.wait(30)
+        waiting = []
+        for _ in range(3):
+            time.sleep(0.35)
+            waiting.append(placement_group([{"slot": 1}]))
+        time.sleep(0.5)
+        holders = [first, *waiting]
+        for i, pg in enumerate(waiting):
+            remove_placement_group(holders[i])
+            assert pg.wait(30), i
+            assert [placement_group_table(p)["state"] for p in waiting[i + 1:]] == ["PENDING"] * (2 - i), i
+        remove_placement_group(waiting[-1])

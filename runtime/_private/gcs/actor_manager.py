@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from lumos._private.gcs import actor_state as ast
 from lumos._private.gcs.actor_state import ALIVE, DEAD, PENDING, RESTARTING  # noqa: F401  (re-exported)
 from lumos._private.gcs.global_scheduler import Unschedulable, infeasible_text
+from lumos._private.gcs.turns import Turns
 from lumos._private.ids import ActorID, JobID, NodeID, WorkerID, short
 from lumos._private.protocol import messages as m
 from lumos._private.protocol.vocab import APP_ERROR_TYPE
@@ -55,10 +56,9 @@ class ActorManager:
         self.gcs = gcs
         self.state = ast.ActorManagerState(validate=gcs.config.validate,
                                            dead_kept=gcs.config.maximum_gcs_destroyed_actor_cached_count)
-        #: Placement loops waiting for a node that fits, each until its future is set
-        #: (``_wake_waiting``).
-        self._waiting: dict[ActorID, asyncio.Future[None]] = {}
-        self._poller: asyncio.Task[None] | None = None
+        #: Placement loops waiting for a node that fits, woken in registration order
+        #: when a node joins and every second (what is free changes without one joining).
+        self._turns = Turns(gcs._spawn_task, lambda: self.state.actors, 1.0, "actor.placement.turns")
 
     @property
     def actors(self) -> dict[bytes, Any]:
@@ -137,46 +137,7 @@ class ActorManager:
     # ------------------------------------------------------------------ cluster events
 
     def nodes_changed(self) -> None:
-        self._wake_waiting()
-
-    def _wake_waiting(self) -> None:
-        """Let every waiting placement loop try again, in the order the actors were
-        registered (a restarting actor keeps its place): they resume in that order, and
-        each sends its lease request before the next picks, so when a node joins with room
-        for one of them it goes to the oldest, whatever order their waits began in (they
-        raced for it, and a restarting actor lost to one created after it or won, by
-        chance). A raylet grants the requests for the same resources in arrival order."""
-        waiting, self._waiting = self._waiting, {}
-        if not waiting:
-            return
-        for actor_id in self.state.actors:
-            fut = waiting.pop(actor_id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(None)
-            if not waiting:
-                break
-        for fut in waiting.values():  # (gone from the table meanwhile)
-            if not fut.done():
-                fut.set_result(None)
-
-    async def _wait_for_nodes(self, actor_id: ActorID) -> None:
-        """Until a node joins, or a second passes (what is free changes without one
-        joining); the loops' retries every second all come from one timer, so that they
-        too go in the actors' order."""
-        fut = asyncio.get_running_loop().create_future()
-        self._waiting[actor_id] = fut
-        if self._poller is None or self._poller.done():
-            self._poller = self.gcs._spawn_task(self._poll_waiting(), "actor.placement.poll")
-        try:
-            await fut
-        finally:
-            if self._waiting.get(actor_id) is fut:
-                del self._waiting[actor_id]
-
-    async def _poll_waiting(self) -> None:
-        while self._waiting:
-            await asyncio.sleep(1.0)
-            self._wake_waiting()
+        self._turns.wake()
 
     def on_worker_dead(self, worker_id: WorkerID, detail: str) -> None:
         self._dispatch(ast.WorkerDied(worker_id, detail))
@@ -234,7 +195,7 @@ class ActorManager:
                     text = infeasible_text(f"actor {info.class_name}", dict(spec.resources), spec.strategy, nodes)
                     logger.warning("%s", text)
                     self.gcs.publish("errors", info.job_id, ["infeasible", text])
-                await self._wait_for_nodes(actor_id)
+                await self._turns.wait(actor_id)
                 continue
             try:
                 raylet = await self.gcs.raylets.get(node_id)

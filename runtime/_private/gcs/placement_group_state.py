@@ -243,7 +243,9 @@ class ReleaseBundles:
 
 @dataclasses.dataclass(slots=True)
 class RetryPlacement:
-    """Try again after ``after_s``; with ``on_change``, as soon as nodes change."""
+    """Try again after ``after_s``; with ``on_change``, as soon as nodes change. (The
+    server's loop waits for the group's turn, ``Turns``: the next node change or tick of
+    one timer of that period, pending groups in creation order.)"""
 
     pg_id: PlacementGroupID
     after_s: float

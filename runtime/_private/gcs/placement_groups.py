@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from lumos._private.gcs import placement_group_state as pgs
 from lumos._private.gcs.global_scheduler import NoSuchGroup, Unschedulable
+from lumos._private.gcs.turns import Turns
 from lumos._private.gcs.placement_group_state import (CREATED, PENDING, REMOVED, RESCHEDULING,  # noqa: F401
                                                       STRATEGIES, plan_bundles)
 from lumos._private.ids import JobID, NodeID, PlacementGroupID, short
@@ -59,8 +60,10 @@ class PlacementGroupTable:
         self._placing: dict[bytes, asyncio.Task[Any]] = {}
         #: Group id -> set on every change of the group (waiters look again).
         self._changed_of: dict[bytes, asyncio.Event] = {}
-        #: Set when a node joins or resources may have freed: pending groups try again.
-        self._changed = asyncio.Event()
+        #: Pending groups' loops, woken in creation order when a node joins and at every
+        #: heartbeat interval (room frees without one joining).
+        self._turns = Turns(gcs._spawn_task, lambda: self.state.groups, self.state.retry_s,
+                            "placement_group.turns")
 
     @property
     def groups(self) -> dict[bytes, Any]:
@@ -204,19 +207,10 @@ class PlacementGroupTable:
                 actions = self._dispatch(pgs.BundlesReserved(
                     pg_id, {a.node_id: answer for a, answer in zip(reserves, answers)}))
             retry = next((a for a in actions if isinstance(a, pgs.RetryPlacement)), None)
-            if retry is not None and retry.on_change:
-                await self._wait_nodes_changed(retry.after_s)
-            elif retry is not None or (not reserves and self.state.wants_placement(pg_id)):
-                # (the second: nothing to do yet, which the state never answers; never spin)
-                await asyncio.sleep(retry.after_s if retry is not None else self.state.retry_s)
-
-    async def _wait_nodes_changed(self, timeout_s: float) -> None:
-        self._changed.clear()
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._changed.wait()
-        except TimeoutError:
-            pass
+            if retry is not None or (not reserves and self.state.wants_placement(pg_id)):
+                # No room yet, or another took it first (or nothing to do yet, which the
+                # state never answers; never spin): look again in this group's turn.
+                await self._turns.wait(pg_id)
 
     async def _reserve(self, action: pgs.ReserveBundles) -> dict[int, list[int]] | None:
         """Reserve bundles on a node: bundle index -> the node GPUs it holds, or None when refused."""
@@ -251,7 +245,7 @@ class PlacementGroupTable:
         self._dispatch(pgs.GroupRestored(info))
 
     def nodes_changed(self) -> None:
-        self._changed.set()
+        self._turns.wake()
 
     def on_node_dead(self, node_id: NodeID) -> None:
         self._dispatch(pgs.NodeDied(node_id))
