@@ -429,6 +429,6 @@ def _trim_dead(table: dict[str, Any]) -> None:
     keep = MAX_DEAD_ROWS
     if len(table) <= keep or len(table) % 256:
         return
-    dead = sum(1 for row in table.values() if row.state == "DEAD")
-    for key in [k for k, row in table.items() if row.state == "DEAD"][:max(0, dead - keep)]:
+    dead = [k for k, row in table.items() if row.state == "DEAD"]
+    for key in dead[:max(0, len(dead) - keep)]:
         del table[key]

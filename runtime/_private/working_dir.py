@@ -70,6 +70,13 @@ def package(path: Any, excludes: Any = None) -> tuple[str, bytes]:
     return hashlib.sha256(data).hexdigest()[:32], data
 
 
+def unpacked_dir(session_dir: str, package: str) -> str:
+    """Where a node keeps its unpacked copy of the package ``package`` (its content hash,
+    alphanumeric: checked by the callers). Workers unpack into it; the raylet removes it
+    when the GCS drops the package."""
+    return os.path.join(session_dir, "runtime_resources", f"working_dir_{package}")
+
+
 def unpack(data: bytes, target: str) -> str:
     """Unpack a working directory's zip to ``target`` (once: several workers of a node may
     race; the first rename wins). Returns ``target``."""

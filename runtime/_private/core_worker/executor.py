@@ -903,7 +903,7 @@ class Executor(ArgumentsMixin):
         from lumos._private import working_dir
         if not package.isalnum():
             raise exc.LumosSystemError(f"malformed working_dir package id {package!r}")
-        target = os.path.join(self.cw.session_dir, "runtime_resources", f"working_dir_{package}")
+        target = working_dir.unpacked_dir(self.cw.session_dir, package)
         if os.path.isdir(target):
             return target
         try:

@@ -248,9 +248,7 @@ class GcsServer:
         for key, value in (await st.get_all("kv")).items():
             ns, _, k = key.partition(b"\0")
             self.kv[(ns.decode(), k)] = value
-            self._index_job_kv((ns.decode(), k))
-            if ns == b"job":
-                self._note_package_of(JobID(k), value)
+            self._index_job_kv((ns.decode(), k), value)
         actors = [unpack_value(v) for v in (await st.get_all("actors")).values()]
         for row in sorted(actors, key=lambda r: r[0].start_time):
             self.actors.restore(*row)
@@ -610,14 +608,10 @@ class GcsServer:
             self._pkg_jobs.setdefault(msg.key, set()).add(conn.peer_info[1])
         if not msg.overwrite and key in self.kv:
             return False
-        job_id = _job_of_kv_key(key)
-        if job_id is not None and job_id in self._jobs_kv_dropped:
+        if _job_of_kv_key(key) in self._jobs_kv_dropped:
             return True  # (a late export of a job that is over: nothing will read it)
         self.kv[key] = msg.value
-        if job_id is not None:
-            self._job_kv.setdefault(job_id, set()).add(key)
-            if msg.namespace == "job":
-                self._note_package_of(job_id, msg.value)
+        self._index_job_kv(key, msg.value)
         for fut in self._kv_waiters.pop(key, []):
             if not fut.done():
                 fut.set_result(msg.value)
@@ -644,10 +638,14 @@ class GcsServer:
                 if not waiters:
                     del self._kv_waiters[key]
 
-    def _index_job_kv(self, key: tuple[str, bytes]) -> None:
+    def _index_job_kv(self, key: tuple[str, bytes], value: bytes) -> None:
+        """Count a KV entry among its job's (``_job_of_kv_key``); a job config also counts
+        the job among the users of the working_dir package it names."""
         job_id = _job_of_kv_key(key)
         if job_id is not None:
             self._job_kv.setdefault(job_id, set()).add(key)
+            if key[0] == "job":
+                self._note_package_of(job_id, value)
 
     def drop_job_kv_if_unused(self, job_id: JobID) -> None:
         """Drop a job's exported functions and config once it has finished and no

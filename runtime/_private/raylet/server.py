@@ -323,10 +323,11 @@ class RayletServer:
         stayed for the session's life, one per version of the directory. Renamed away at
         once (a later job's worker unpacks it afresh, never into a half-removed one), then
         removed on a thread."""
+        from lumos._private import working_dir  # (zipfile and the rest: not at every raylet start)
         name = package.decode("ascii", "replace")
         if not name.isalnum():
             return
-        target = os.path.join(self.session_dir, "runtime_resources", f"working_dir_{name}")
+        target = working_dir.unpacked_dir(self.session_dir, name)
         trash = f"{target}.dropped-{os.getpid()}-{time.monotonic_ns()}"
         try:
             os.rename(target, trash)
