@@ -285,3 +285,39 @@ def test_the_leases_of_an_owner_on_a_node_declared_dead_go_back(tmp_path: Any) -
             driver.communicate(timeout=30)
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)
+
+
+@lumos.remote(resources={"accel": 1})
+class _Holder:
+    def node(self) -> str:
+        return lumos.get_runtime_context().get_node_id()
+
+
+def test_a_thawed_fenced_node_asking_to_move_its_queued_leases_logs_no_error() -> None:
+    """A node frozen while it held queued lease requests (actors waiting for the one
+    "accel" unit its actor holds) asks the GCS, once thawed and before it hears it was
+    declared dead, where to move them. The GCS's refusal ("not alive in the GCS's view")
+    is an answer, and the thawed node exits; it was logged as an ERROR with a traceback."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
+    procs: list[psutil.Process] = []
+    try:
+        doomed = cluster.add_node(num_cpus=1, resources={"accel": 1})
+        cluster.connect()
+        holder = _Holder.remote()
+        assert lumos.get(holder.node.remote(), timeout=60) == doomed.node_id
+        waiting = [_Holder.remote() for _ in range(3)]  # (their leases queue on the doomed node)
+        time.sleep(1.0)
+        procs = node_processes(doomed.raylet_pid)
+        freeze(procs)
+        wait_for(lambda: not alive(doomed.node_id), 30, 0.1)
+        thaw(procs)
+        wait_for(lambda: all(process_gone(p.pid) for p in procs), 30, 0.1)
+        spare = cluster.add_node(num_cpus=1, resources={"accel": 1})
+        assert lumos.get(waiting[0].node.remote(), timeout=60) == spare.node_id  # (the cluster goes on)
+        with open(os.path.join(cluster.session_dir, "logs", "gcs.log")) as f:
+            errors = [line for line in f if " ERROR " in line]
+        assert errors == [], errors
+    finally:
+        thaw(procs)
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)

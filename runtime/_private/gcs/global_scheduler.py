@@ -35,6 +35,7 @@ from lumos._private.ids import NodeID, short
 from lumos._private.protocol import messages as m
 from lumos._private.protocol.vocab import TaskUnschedulable
 from lumos._private.raylet.resources import to_units
+from lumos._private.transport.connection import Refusal
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,12 @@ MEAN_TASK_S = 0.05
 TRANSFER_BYTES_PER_S = 1.0e9
 #: A placement reaches the node's resources within this long (owner's round trip to that raylet).
 _HEARTBEAT_LAG_S = 0.05
+
+
+class NodeNotAlive(Refusal):
+    """A node the GCS declared dead (fenced) asked where to move a request it holds: it
+    is on its way out once it hears of its death (a frozen node, thawed, asks before),
+    and the refusal is an answer it handles, not a fault to log with a traceback."""
 
 
 class Unschedulable(Exception):
@@ -251,7 +258,7 @@ class GlobalScheduler:
             except Unschedulable as e:
                 raise TaskUnschedulable(str(e)) from None
             if node_id is None and msg.only_if_room:  # (the asking node is not alive here)
-                raise RuntimeError(f"node {short(msg.from_node)} is not alive in the GCS's view")
+                raise NodeNotAlive(f"node {short(msg.from_node)} is not alive in the GCS's view")
             if node_id is not None:
                 info = self.gcs.nodes[node_id]
                 if logger.isEnabledFor(logging.DEBUG):
