@@ -281,11 +281,14 @@ def cmd_start(args: argparse.Namespace) -> int:
     node.write_token(token)
     dashboard_url = ""
     client_address = ""
+    keeper = False
     try:
         if args.head:
             res["node:__internal_head__"] = 1.0
+            # A GCS on durable storage runs under a keeper that restarts it when it dies.
+            keeper = config.gcs_storage != "memory" and config.gcs_restart_on_failure
             node.start_gcs_and_raylet(resources=res, store_bytes=store, host=ip, gcs_port=args.port,
-                                      private=False, labels=labels)
+                                      private=False, labels=labels, keeper=keeper)
             assert node.gcs_address is not None
             gcs_address = f"{node.gcs_address[0]}:{node.gcs_address[1]}"
             if not args.no_dashboard:
@@ -312,7 +315,7 @@ def cmd_start(args: argparse.Namespace) -> int:
               "session_dir": session_dir, "token_path": node.token_path, "store_dir": node.store_dir,
               "raylet_socket": node.raylet_socket, "processes": processes,
               "pids": [p["pid"] for p in processes], "dashboard_url": dashboard_url,
-              "client_address": client_address,
+              "client_address": client_address, "gcs_keeper": bool(args.head and keeper),
               "started": time.time()}
     record_started_node(record)
     if args.head or _live_head() is None:

@@ -270,6 +270,9 @@ class Config:
     gcs_storage_timeout_s: float = _positive(5.0)
     #: How long raylets, workers and drivers try to reach a restarted GCS before giving up.
     gcs_reconnect_timeout_s: float = _positive(60.0)
+    #: ``lumos start --head`` with durable ``gcs_storage``: a keeper process starts the GCS
+    #: again when it dies (not when stopped), until it has been down gcs_reconnect_timeout_s.
+    gcs_restart_on_failure: bool = True
     #: The GCS exits when its storage (Redis) has been unreachable this long, reporting
     #: itself unhealthy meanwhile; raylets and drivers then wait gcs_reconnect_timeout_s
     #: for a GCS restarted over the storage, as after any GCS death.

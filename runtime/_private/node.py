@@ -14,7 +14,8 @@ read it nor plant files in it; private files are written to a fresh temporary na
     started/<node id>.json           each node `lumos start` started (for `lumos stop`)
     session_<time>_<pid>_<rand>/     0700
         token                        the cluster token (HMAC key of every connection), 0600
-        logs/                        gcs.log, raylet-*.log, worker-*.log, worker-*.out, ...
+        gcs.pid                      the GCS a keeper runs (`lumos start --head` on Redis), 0600
+        logs/                        gcs.log, keeper.log, raylet-*.log, worker-*.log, worker-*.out, ...
         sockets/                     gcs.sock, raylet-*.sock, driver-*.sock, worker-*.sock
 /dev/shm/lumos-<session>-<node>/     the node's object store, made 0700 before its raylet starts
     lumos.lock                       flock'ed by the raylet while it lives; names its spill directory
@@ -536,12 +537,14 @@ class NodeProcesses:
     def start_gcs_and_raylet(self, *, resources: dict[str, float], store_bytes: int, host: str,
                              gcs_port: int, private: bool, storage: str | None = None,
                              labels: dict[str, str] | None = None,
-                             tie_to_parent: bool | None = None) -> None:
+                             tie_to_parent: bool | None = None, keeper: bool = False) -> None:
         """Start a head node: GCS and raylet in parallel (the raylet waits for the GCS socket).
 
         ``private``: the GCS ends when the first driver disconnects (``lumos.init()``).
         ``tie_to_parent`` (default: ``private``): the processes die with this process.
         ``storage``: the GCS storage URL (default: the config's ``gcs_storage``).
+        ``keeper``: run the GCS under a keeper that starts it again when it dies
+        (``gcs/keeper.py``; for a GCS on durable storage); ``gcs_proc`` is the keeper then.
         """
         check_node_labels(labels)
         tie = private if tie_to_parent is None else tie_to_parent
@@ -554,7 +557,12 @@ class NodeProcesses:
                     "--unix-path", self.gcs_unix, "--storage-file", storage_file, "--config", cfg]
         if private:
             gcs_args.append("--private")
-        gcs, gcs_fd = self._spawn(gcs_args, tie_to_parent=tie)
+        if keeper:
+            gcs, gcs_fd = self._spawn(["lumos._private.gcs.keeper", "--session-dir", self.session_dir,
+                                       "--give-up-s", str(self.config.gcs_reconnect_timeout_s),
+                                       "--gcs-args", json.dumps(gcs_args)], tie_to_parent=tie)
+        else:
+            gcs, gcs_fd = self._spawn(gcs_args, tie_to_parent=tie)
         self.gcs_proc = gcs
         #: How the GCS was started (``lumos.testing.Cluster.restart_gcs`` starts it again).
         self.gcs_spawn_args = (gcs_args, tie)
@@ -731,7 +739,9 @@ def recorded_alive(record: dict[str, Any]) -> bool:
 def stop_recorded_node(record: dict[str, Any], timeout_s: float = 5.0) -> list[int]:
     """End the processes of one recorded node (SIGTERM, then SIGKILL) and remove its files.
 
-    Raylets first, so their workers go with them, then the GCS. Returns the pids signalled.
+    Raylets first, so their workers go with them, then the GCS. A GCS under a keeper is
+    stopped by it (the keeper passes the signal on), or directly when the keeper is gone.
+    Returns the pids signalled.
     """
     import psutil
     procs = []
@@ -739,6 +749,18 @@ def stop_recorded_node(record: dict[str, Any], timeout_s: float = 5.0) -> list[i
         p = _same_process(ident)
         if p is not None:
             procs.append(p)
+    kept = None
+    if record.get("gcs_keeper") and record.get("session_dir"):
+        from lumos._private.gcs.keeper import read_gcs_identity
+        ident = read_gcs_identity(str(record["session_dir"]))
+        kept = _same_process(ident) if ident is not None else None
+        if kept is not None and kept.pid not in {p.pid for p in procs}:
+            try:
+                keeper_alive = kept.ppid() in {p.pid for p in procs}
+            except psutil.Error:
+                keeper_alive = False
+            if not keeper_alive:
+                procs.append(kept)
     for p in procs:
         try:
             p.send_signal(signal.SIGTERM)
@@ -751,6 +773,13 @@ def stop_recorded_node(record: dict[str, Any], timeout_s: float = 5.0) -> list[i
         except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=2.0)
+    if kept is not None:
+        try:  # still up: its keeper did not stop it in time (or was killed meanwhile)
+            if kept.is_running() and kept.status() != psutil.STATUS_ZOMBIE:
+                kept.kill()
+                kept.wait(2.0)
+        except psutil.Error:
+            pass
     store = record.get("store_dir")
     if store and os.path.basename(store).startswith("lumos-"):
         shutil.rmtree(store, ignore_errors=True)

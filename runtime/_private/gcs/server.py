@@ -110,6 +110,7 @@ class GcsServer:
         self._subscribers: dict[str, dict[Connection, set[bytes] | None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.stopped = asyncio.Event()
+        self._stop_started = False
         handlers = {
             m.RegisterNode: self._register_node,
             m.NodeHeartbeat: self._heartbeat,
@@ -169,6 +170,9 @@ class GcsServer:
                     gc.get_threshold())
 
     async def stop(self) -> None:
+        if self._stop_started:  # (a second SIGTERM, a shutdown request meanwhile)
+            return
+        self._stop_started = True
         for node_id, conn in list(self._node_conns.items()):
             conn.notify(m.ShutdownNode("cluster is shutting down"))
         if self.writer is not None:
