@@ -120,13 +120,10 @@ class Keeper:
         return info
 
     def wait(self) -> int:
-        """Wait for the running GCS to exit; its return code."""
+        """Wait for the running GCS to exit (a stop signal meanwhile is passed on to it by
+        ``on_stop_signal``, and the wait goes on); its return code."""
         assert self.proc is not None
-        while True:
-            try:
-                return self.proc.wait()
-            except InterruptedError:  # (PEP 475 retries; kept for clarity on other platforms)
-                continue
+        return self.proc.wait()
 
     # ------------------------------------------------------------------ the loop
 
