@@ -399,6 +399,58 @@ def test_generator_with_fixed_num_returns_keeps_values_yielded_before_its_error(
             lumos.get(refs[2], timeout=30)
 
 
+@lumos.remote(num_returns=3, max_retries=0)
+def yields(n: int) -> Iterator[int]:
+    yield from range(n)
+
+
+@lumos.remote
+class YieldsToo:
+    @lumos.method(num_returns=2)
+    def one(self) -> Iterator[int]:
+        yield 1
+
+
+def test_a_generator_yielding_fewer_values_than_num_returns_fails_them_all_and_more_are_dropped(
+        cluster: lumos.LumosContext) -> None:
+    # (its missing returns waited forever before: nothing ever completed them)
+    for refs, count in ((yields.remote(2), 2), (yields.remote(0), 0), (YieldsToo.remote().one.remote(), 1)):
+        for ref in refs:
+            with pytest.raises(ValueError, match=f"generator yielded {count} value"):
+                lumos.get(ref, timeout=30)
+    assert lumos.get(list(yields.remote(5)), timeout=30) == [0, 1, 2]
+
+
+@lumos.remote
+class ShortReplies:
+    def sabotage_next_reply(self) -> None:
+        """This process's next reply of several values carries only the first."""
+        from lumos._private import worker_context
+        ex = worker_context.core_worker.executor
+        store = ex._store_returns
+
+        def first_only(spec: Any, result: Any) -> Any:
+            if spec.num_returns < 2:
+                return store(spec, result)
+            del ex._store_returns
+            return store(spec, result)[:1]
+        ex._store_returns = first_only
+
+    @lumos.method(num_returns=2)
+    def pair(self) -> tuple[int, int]:
+        return 1, 2
+
+
+def test_a_reply_missing_return_values_fails_the_missing_ones_at_the_owner(cluster: lumos.LumosContext) -> None:
+    actor = ShortReplies.remote()
+    lumos.get(actor.sabotage_next_reply.remote(), timeout=30)
+    first, second = actor.pair.remote()
+    assert lumos.get(first, timeout=30) == 1
+    with pytest.raises(lumos.exceptions.LumosSystemError, match="sent 1 of its 2 return values"):
+        lumos.get(second, timeout=30)
+    assert lumos.get(list(actor.pair.remote()), timeout=30) == [1, 2]
+
+
 @lumos.remote(num_returns="dynamic")
 def split(n: int) -> Iterator[int]:
     for i in range(n):

@@ -254,6 +254,10 @@ class ArgumentsMixin:
             values = [result]
         elif inspect.isgenerator(result):
             values = self._drain_generator(spec, result)
+            if len(values) < n:  # (more are dropped, as in Ray)
+                raise ValueError(f"{spec.name} has num_returns={n} but its generator yielded "
+                                 f"{len(values)} value{'' if len(values) == 1 else 's'}")
+            del values[n:]
         else:
             try:
                 values = list(result)

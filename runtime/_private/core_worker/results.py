@@ -205,11 +205,26 @@ class ResultsMixin:
             else:
                 e.shared = True
                 self._run_callbacks(ret.object_id, e)
+        if len(reply.returns) < len(task.return_ids):
+            self._fail_missing_returns(task, reply)
         if orphans and self.raylet is not None:
             self.raylet.notify(m.FreeObjects(orphans, [False] * len(orphans)))
         if spec.kind == m.TaskKind.NORMAL_TASK and not reply.app_error and task.retries_left != 0:
             self._keep_lineage(task)
         self._task_done(task, reply)
+
+    def _fail_missing_returns(self, task: PendingTask, reply: m.TaskReply) -> None:
+        """A reply without a value for each of the task's returns (an executor's mistake):
+        the missing ones fail rather than leave their callers waiting forever."""
+        got = {ret.object_id for ret in reply.returns}
+        missing = [oid for oid in task.return_ids if oid not in got]
+        error = exc.LumosSystemError(f"{task.spec.name} finished, but its worker sent {len(reply.returns)} of "
+                                     f"its {len(task.return_ids)} return values")
+        logger.error("%s", error)
+        blob = error_blob(error)
+        for oid in missing:
+            e = self.objects.complete(oid, FAILED, blob, None, len(blob), None)
+            self._run_callbacks(oid, e)
 
     def _task_done(self, task: PendingTask, reply: m.TaskReply, info: dict[str, Any] | None = None) -> None:
         """A task finished (its values recorded): its event, then its arguments' release
