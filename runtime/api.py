@@ -92,7 +92,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
             str -> str, describe the node: ``label_selector`` selects by them, and
             ``get_runtime_context().get_node_labels()`` and ``lumos.nodes()`` show them).
         namespace: namespace for named actors.
-        runtime_env: the job's ``env_vars`` (and ``working_dir``, ``excludes``).
+        runtime_env: the job's ``env_vars`` (and ``working_dir``, ``py_modules``, ``excludes``).
         job_config: a ``JobConfig`` (lumos's or Ray's): its runtime_env and
             namespace apply where ``runtime_env``/``namespace`` are not given.
         ignore_reinit_error: return quietly if already initialized.
@@ -133,9 +133,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
             raise TypeError("resources must be a dict of name -> amount")
         check_node_labels(labels)
         job_env = env_vars_of(runtime_env, job=True)
-        job_package = None
-        if runtime_env and runtime_env.get("working_dir") is not None:
-            job_package = working_dir.package(runtime_env["working_dir"], runtime_env.get("excludes"))
+        job_code = working_dir.job_code_of(runtime_env)
         overrides = dict(_system_config or {})
         if not log_to_driver:
             overrides["log_to_driver"] = False
@@ -147,7 +145,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
             ctx = _start_private(config, num_cpus, num_gpus, resources, memory, object_store_memory,
                                  namespace or "", _node_ip_address,
                                  (dashboard_host, 8265 if dashboard_port is None else dashboard_port)
-                                 if dashboard else None, job_env, job_package, job_metadata, labels)
+                                 if dashboard else None, job_env, job_code, job_metadata, labels)
         else:
             if any(v is not None for v in (num_cpus, num_gpus, resources, object_store_memory, labels)):
                 raise ValueError("num_cpus, num_gpus, resources, object_store_memory and labels describe a "
@@ -158,7 +156,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
                 if isinstance(address, str) and address.startswith("lumos://"):
                     ctx = _connect_client(config, address, namespace or "", _token, runtime_env, job_metadata)
                 else:
-                    ctx = _connect(config, address, namespace or "", _token, job_env, job_package, job_metadata)
+                    ctx = _connect(config, address, namespace or "", _token, job_env, job_code, job_metadata)
             except BaseException as e:
                 failed_connect = f"lumos.init(address={address!r}) failed: {type(e).__name__}: {e}"
                 raise
@@ -217,7 +215,7 @@ def _start_private(config: Config, num_cpus: float | None, num_gpus: float | Non
                    resources: dict[str, float] | None, memory: int | None, store_bytes: int | None,
                    namespace: str, node_ip: str, dashboard: tuple[str, int] | None = None,
                    job_env: dict[str, str] | None = None,
-                   job_package: tuple[str, bytes] | None = None,
+                   job_code: working_dir.JobCode | None = None,
                    job_metadata: dict[str, str] | None = None,
                    labels: dict[str, str] | None = None) -> LumosContext:
     session_dir = new_session_dir()
@@ -239,7 +237,7 @@ def _start_private(config: Config, num_cpus: float | None, num_gpus: float | Non
                                   labels=labels)
         assert node.gcs_address is not None
         cw = _start_core_worker(config, token, node.gcs_unix, node.raylet_socket, session_dir,
-                                node.node_id, node.store_dir, node_ip, namespace, job_env, job_package,
+                                node.node_id, node.store_dir, node_ip, namespace, job_env, job_code,
                                 job_metadata)
     except BaseException:
         if dash is not None:
@@ -265,7 +263,7 @@ def _start_private(config: Config, num_cpus: float | None, num_gpus: float | Non
 def _start_core_worker(config: Config, token: bytes, gcs_address: Any, raylet_socket: str, session_dir: str,
                        node_id: NodeID, store_dir: str, node_ip: str, namespace: str,
                        job_env: dict[str, str] | None = None,
-                       job_package: tuple[str, bytes] | None = None,
+                       job_code: working_dir.JobCode | None = None,
                        job_metadata: dict[str, str] | None = None) -> CoreWorker:
     main = sys.modules.get("__main__")
     entry = getattr(main, "__file__", None) or "interactive"
@@ -273,7 +271,7 @@ def _start_core_worker(config: Config, token: bytes, gcs_address: Any, raylet_so
                     raylet_socket=raylet_socket, session_dir=session_dir, node_id=node_id,
                     store_dir=store_dir, worker_id=random_id(16), node_ip=node_ip,
                     namespace=namespace or random_id(8).hex(), entrypoint=entry, job_env_vars=job_env,
-                    job_package=job_package, job_metadata=job_metadata)
+                    job_code=job_code, job_metadata=job_metadata)
     cw.start()
     _watch_cells()
     return cw
@@ -291,7 +289,7 @@ def _watch_cells(on: bool = True) -> None:
 
 def _connect(config: Config, address: str, namespace: str, token_arg: str | None,
              job_env: dict[str, str] | None = None,
-             job_package: tuple[str, bytes] | None = None,
+             job_code: working_dir.JobCode | None = None,
              job_metadata: dict[str, str] | None = None) -> LumosContext:
     token_text = token_arg or os.environ.get("LUMOS_CLUSTER_TOKEN")
     session_hint = None
@@ -335,7 +333,7 @@ def _connect(config: Config, address: str, namespace: str, token_arg: str | None
     node = local[0]
     cw = _start_core_worker(config, token, gcs_address, node.address.unix_path, node.session_dir,
                             node.node_id, node.object_store_dir, node.address.host, namespace, job_env,
-                            job_package, job_metadata)
+                            job_code, job_metadata)
     worker_context.core_worker = cw
     _register_exit_handler()
     return LumosContext({"gcs_address": address, "address": address, "node_id": node.node_id.hex(),

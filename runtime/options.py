@@ -136,7 +136,7 @@ def _runtime_env(name: str, v: Any) -> None:
 
 
 #: runtime_env keys init() takes; a task's or actor's take env_vars only.
-JOB_RUNTIME_ENV_KEYS = {"env_vars", "working_dir", "excludes"}
+JOB_RUNTIME_ENV_KEYS = {"env_vars", "working_dir", "py_modules", "excludes"}
 
 
 #: Keys of Ray's ``runtime_env["config"]`` (RuntimeEnvConfig). lumos accepts them and has
@@ -157,7 +157,7 @@ def _check_env_config(config: Any) -> None:
 
 def env_vars_of(runtime_env: Any, job: bool = False) -> dict[str, str] | None:
     """The ``env_vars`` of a ``runtime_env`` option (checked), or None when it sets none.
-    ``job``: the runtime_env of ``init()``, which may also hold working_dir and excludes."""
+    ``job``: the runtime_env of ``init()``, which may also hold working_dir, py_modules and excludes."""
     if runtime_env is None:
         return None
     if not isinstance(runtime_env, dict):
@@ -169,7 +169,7 @@ def env_vars_of(runtime_env: Any, job: bool = False) -> dict[str, str] | None:
                          "lumos.init(runtime_env=...); a task's or actor's runtime_env takes env_vars")
     if unsupported:
         raise ValueError(f"runtime_env keys {sorted(unsupported)} are not supported; lumos supports "
-                         + ("env_vars, working_dir and excludes" if job else "env_vars"))
+                         + ("env_vars, working_dir, py_modules and excludes" if job else "env_vars"))
     env = runtime_env.get("env_vars")
     if env is None:
         return None

@@ -1,4 +1,5 @@
-"""``init(runtime_env={"working_dir": ...})``: the job's code directory on every worker.
+"""``init(runtime_env={"working_dir": ..., "py_modules": [...]})``: the job's code on
+every worker.
 
 The driver zips the directory (at most ``MAX_BYTES`` of files, without ``.git``,
 ``__pycache__`` and the ``excludes`` patterns) and stores the zip in the GCS KV under its
@@ -7,6 +8,11 @@ it under the session directory, and runs the job's tasks there: it is their work
 directory and the first entry of ``sys.path``, so the job's modules import and its
 relative paths resolve as on the driver.
 
+Each of ``py_modules`` (a package's directory, a ``.py`` file, or an imported module)
+travels the same way, zipped under its own name, and its unpacked directory goes on the
+workers' ``sys.path`` (after the working_dir): ``import <name>`` works there as on the
+driver, wherever the driver's copy lives.
+
 ```
 driver: zip(dir) ──KvPut("pkg", sha256)──► GCS ◄──KvGet── worker: unpack once per node, chdir, sys.path
 ```
@@ -14,6 +20,7 @@ driver: zip(dir) ──KvPut("pkg", sha256)──► GCS ◄──KvGet── wo
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import hashlib
 import io
@@ -25,6 +32,29 @@ from typing import Any, Iterable
 #: Largest working directory (bytes of files before compression), as a clear error beyond.
 MAX_BYTES = 100 * 1024 * 1024
 _ALWAYS_SKIPPED = (".git", "__pycache__", ".ipynb_checkpoints")
+
+
+@dataclasses.dataclass
+class JobCode:
+    """What a driver ships with its job (``init(runtime_env=...)``), zipped: each a
+    ``(content hash, zip bytes)``; uploaded to the GCS KV (``"pkg"``) as the job registers."""
+    working_dir: tuple[str, bytes] | None
+    py_modules: list[tuple[str, bytes]]
+
+    def packages(self) -> list[tuple[str, bytes]]:
+        return ([self.working_dir] if self.working_dir else []) + self.py_modules
+
+
+def job_code_of(runtime_env: Any) -> JobCode | None:
+    """Zip a job runtime_env's ``working_dir`` and ``py_modules`` (None when it has neither)."""
+    if not runtime_env:
+        return None
+    wd, modules = runtime_env.get("working_dir"), runtime_env.get("py_modules")
+    if wd is None and modules is None:
+        return None
+    excludes = runtime_env.get("excludes")
+    return JobCode(package(wd, excludes) if wd is not None else None,
+                   package_modules(modules, excludes) if modules is not None else [])
 
 
 def package(path: Any, excludes: Any = None) -> tuple[str, bytes]:
@@ -40,7 +70,63 @@ def package(path: Any, excludes: Any = None) -> tuple[str, bytes]:
     if not os.path.isdir(root):
         raise ValueError(f"runtime_env['working_dir'] {root!r} is not a directory (lumos takes local "
                          "directories; remote URIs and zip files are not supported)")
+    return _zip(_walk(root, "", _patterns(excludes), "runtime_env['working_dir']"))
+
+
+def package_modules(modules: Any, excludes: Any = None) -> list[tuple[str, bytes]]:
+    """Zip each of ``py_modules`` under its own name: a package directory ``.../pkg`` as
+    ``pkg/...``, a file ``.../mod.py`` as ``mod.py``, an imported module as its file or
+    package directory. Returns one ``(content hash, zip bytes)`` per entry.
+
+    Raises:
+        TypeError: not a list, or an entry that is not a path or a module.
+        ValueError: a remote URI, a wheel or zip, a path that is not there, a module
+            without a file (built in), or more than ``MAX_BYTES`` in one.
+    """
+    if not isinstance(modules, (list, tuple)):
+        raise TypeError(f"runtime_env['py_modules'] must be a list of local paths or modules, "
+                        f"not {type(modules).__name__}")
     patterns = _patterns(excludes)
+    packages = []
+    for entry in modules:
+        path = _module_path(entry)
+        what = f"runtime_env['py_modules'] entry {path!r}"
+        name = os.path.basename(path)
+        if os.path.isdir(path):
+            files = _walk(path, name, patterns, what)
+        else:
+            files = [(path, name)]
+        packages.append(_zip(files))
+    return packages
+
+
+def _module_path(entry: Any) -> str:
+    """The local path a ``py_modules`` entry names (checked)."""
+    import types
+    if isinstance(entry, types.ModuleType):
+        file = getattr(entry, "__file__", None)
+        if not file:
+            raise ValueError(f"runtime_env['py_modules']: module {entry.__name__!r} has no file to ship "
+                             "(built in, or a namespace package: give its directory)")
+        file = os.path.abspath(file)
+        return os.path.dirname(file) if os.path.basename(file) == "__init__.py" else file
+    if not isinstance(entry, (str, os.PathLike)):
+        raise TypeError(f"runtime_env['py_modules'] entries are local paths or modules, not {type(entry).__name__}")
+    text = os.fspath(entry)
+    if "://" in str(text):
+        raise ValueError(f"runtime_env['py_modules'] entry {text!r}: remote URIs are not supported; "
+                         "give a local directory or .py file")
+    path = os.path.abspath(text).rstrip(os.sep) or os.sep
+    if path.endswith((".whl", ".zip")):
+        raise ValueError(f"runtime_env['py_modules'] entry {path!r}: wheels and zip files are not supported; "
+                         "give the package's directory")
+    if os.path.isdir(path) or (os.path.isfile(path) and path.endswith(".py")):
+        return path
+    raise ValueError(f"runtime_env['py_modules'] entry {path!r} is not a directory or a .py file")
+
+
+def _walk(root: str, prefix: str, patterns: list[str], what: str) -> list[tuple[str, str]]:
+    """``(file, name in the zip)`` of the files under ``root`` (names under ``prefix``)."""
     files: list[tuple[str, str]] = []
     total = 0
     for dirpath, dirnames, filenames in os.walk(root):
@@ -54,10 +140,15 @@ def package(path: Any, excludes: Any = None) -> tuple[str, bytes]:
                 continue
             total += os.path.getsize(full)
             if total > MAX_BYTES:
-                raise ValueError(f"runtime_env['working_dir'] {root!r} holds more than "
+                raise ValueError(f"{what} {root!r} holds more than "
                                  f"{MAX_BYTES // (1024 * 1024)} MiB of files; add large data to "
                                  "'excludes' and read it from shared storage or the object store")
-            files.append((full, rel))
+            files.append((full, _join(prefix, rel) if prefix else rel))
+    return files
+
+
+def _zip(files: list[tuple[str, str]]) -> tuple[str, bytes]:
+    """Zip ``(file, name)`` pairs; ``(content hash, zip bytes)``."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
         for full, rel in files:

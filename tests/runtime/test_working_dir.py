@@ -75,3 +75,68 @@ def test_package_limits_size_and_unpack_stays_inside(tmp_path: Any, monkeypatch:
     with pytest.raises(ValueError, match="outside"):
         working_dir.unpack(evil.getvalue(), str(tmp_path / "evil"))
     assert not (tmp_path / "escaped.txt").exists()
+
+
+def test_py_modules_ship_packages_files_and_imported_modules_to_workers(fresh_cluster: Any, tmp_path: Any) -> None:
+    import sys
+    lib = tmp_path / "elsewhere"  # on no path the workers have: only py_modules brings them
+    (lib / "pm_pkg" / "sub").mkdir(parents=True)
+    (lib / "pm_pkg" / "__init__.py").write_text("from .sub.deep import VALUE\n")
+    (lib / "pm_pkg" / "sub" / "__init__.py").write_text("")
+    (lib / "pm_pkg" / "sub" / "deep.py").write_text("VALUE = 'from a package'\n")
+    (lib / "pm_pkg" / "weights.bin").write_bytes(b"x" * 100)
+    (lib / "pm_single.py").write_text("WHO = 'a single file'\n")
+    imported = tmp_path / "imported"
+    (imported / "pm_imported").mkdir(parents=True)
+    (imported / "pm_imported" / "__init__.py").write_text("KIND = 'an imported module'\n")
+    sys.path.insert(0, str(imported))
+    try:
+        import pm_imported  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(imported))  # (the driver's sys.path goes to its workers)
+    try:
+        fresh_cluster(runtime_env={"py_modules": [str(lib / "pm_pkg"), lib / "pm_single.py", pm_imported],
+                                   "excludes": ["*.bin"]})
+
+        @lumos.remote
+        def probe() -> tuple[Any, ...]:
+            import pm_imported
+            import pm_pkg  # type: ignore[import-not-found]
+            import pm_single  # type: ignore[import-not-found]
+            here = os.path.dirname(pm_pkg.__file__)
+            return (pm_pkg.VALUE, pm_single.WHO, pm_imported.KIND, sorted(os.listdir(here)),
+                    "runtime_resources" in here)
+
+        @lumos.remote
+        class User:
+            def value(self) -> str:
+                import pm_pkg
+                return str(pm_pkg.VALUE)
+
+        value, who, kind, files, shipped = lumos.get(probe.remote(), timeout=60)
+        assert (value, who, kind) == ("from a package", "a single file", "an imported module")
+        assert files == ["__init__.py", "sub"] and shipped  # excludes apply; __pycache__ never travels
+        assert lumos.get(User.remote().value.remote(), timeout=60) == "from a package"
+    finally:
+        sys.modules.pop("pm_imported", None)
+
+
+def test_py_modules_errors_are_clear(tmp_path: Any) -> None:
+    import sys
+    (tmp_path / "notes.txt").write_text("x")
+    cases = [
+        ("s3://bucket/pkg.zip", ValueError, "remote URIs are not supported"),
+        (str(tmp_path / "pkg-1.0-py3-none-any.whl"), ValueError, "wheels and zip files"),
+        (str(tmp_path / "missing"), ValueError, "not a directory or a .py file"),
+        (str(tmp_path / "notes.txt"), ValueError, "not a directory or a .py file"),
+        (sys, ValueError, "has no file to ship"),
+        (42, TypeError, "local paths or modules"),
+    ]
+    for entry, error, message in cases:
+        with pytest.raises(error, match=message):
+            lumos.init(runtime_env={"py_modules": [entry]})
+    with pytest.raises(TypeError, match="must be a list"):
+        lumos.init(runtime_env={"py_modules": str(tmp_path)})
+    with pytest.raises(ValueError, match="whole job only"):
+        env_of.options(runtime_env={"py_modules": [str(tmp_path)]})
+    assert not lumos.is_initialized()

@@ -98,7 +98,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                  raylet_socket: str, session_dir: str, node_id: NodeID, store_dir: str,
                  worker_id: WorkerID, node_ip: str = "127.0.0.1", namespace: str = "",
                  entrypoint: str = "", job_env_vars: dict[str, str] | None = None,
-                 job_package: tuple[str, bytes] | None = None, gcs_durable: bool | None = None,
+                 job_code: Any = None, gcs_durable: bool | None = None,
                  job_metadata: dict[str, str] | None = None) -> None:
         self.mode = mode
         self.config = config
@@ -113,8 +113,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self.entrypoint = entrypoint
         #: Drivers: the job's environment variables (``init(runtime_env=...)``).
         self.job_env_vars = job_env_vars
-        #: Drivers: the job's working_dir, zipped: (content hash, bytes); see working_dir.py.
-        self.job_package = job_package
+        #: Drivers: the job's working_dir and py_modules, zipped (``working_dir.JobCode``).
+        self.job_code = job_code
         #: Drivers: ``JobConfig(metadata=...)``, for the job's row.
         self.job_metadata = job_metadata
         #: The running task's or actor's own environment variables, inherited by what it
@@ -371,14 +371,13 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             self.job_id = job.job_id
             self.gcs.notify(m.Subscribe("logs", self.job_id))
             self.gcs.notify(m.Subscribe("errors", self.job_id))
-            package_hash = None
-            if self.job_package is not None:
-                package_hash, data = self.job_package
-                await self.gcs.call(m.KvPut("pkg", package_hash.encode(), data, False), cfg.rpc_timeout_s)
-                self.job_package = None  # the GCS has it; do not keep the bytes
-            await self.gcs.call(m.KvPut("job", self.job_id, job_config(self.namespace, self.job_env_vars,
-                                                                         package_hash), True),
-                                  cfg.rpc_timeout_s)
+            code, self.job_code = self.job_code, None  # (the GCS keeps the bytes: this process need not)
+            if code is not None:
+                for package_hash, data in code.packages():
+                    await self.gcs.call(m.KvPut("pkg", package_hash.encode(), data, False), cfg.rpc_timeout_s)
+            await self.gcs.call(m.KvPut("job", self.job_id, job_config(
+                self.namespace, self.job_env_vars, code.working_dir[0] if code and code.working_dir else None,
+                [h for h, _ in code.py_modules] if code else []), True), cfg.rpc_timeout_s)
         if not self._gcs_durable_known:
             durable = await self.gcs.call(m.KvGet("cluster", b"gcs_storage_durable", 0.0), cfg.rpc_timeout_s)
             self._gcs_durable = durable == b"1"

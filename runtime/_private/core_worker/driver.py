@@ -13,15 +13,18 @@ import sys
 from typing import Any
 
 
-def job_config(namespace: str, env_vars: dict[str, str] | None = None, working_dir: str | None = None) -> bytes:
-    """The job's config as stored in the GCS: where the driver runs and imports from."""
+def job_config(namespace: str, env_vars: dict[str, str] | None = None, working_dir: str | None = None,
+               py_modules: list[str] | None = None) -> bytes:
+    """The job's config as stored in the GCS: where the driver runs and imports from, and
+    the content hashes of the packages it shipped (``working_dir.JobCode``)."""
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     main = sys.modules.get("__main__")
     main_file = getattr(main, "__file__", None)
     if main_file:
         paths.insert(0, os.path.dirname(os.path.abspath(main_file)))
     return json.dumps({"cwd": os.getcwd(), "sys_path": [os.getcwd()] + paths, "namespace": namespace,
-                       "env_vars": env_vars or {}, "working_dir": working_dir}).encode()
+                       "env_vars": env_vars or {}, "working_dir": working_dir,
+                       "py_modules": py_modules or []}).encode()
 
 
 def print_worker_lines(lines: list[Any]) -> None:

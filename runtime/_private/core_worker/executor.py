@@ -883,40 +883,46 @@ class Executor(ArgumentsMixin):
                 sys.path.insert(0, path)
         cwd = conf.get("cwd")
         package = conf.get("working_dir")
-        if package:
-            try:
-                cwd = self._working_dir(str(package))
-            except BaseException:
-                self._jobs_bound.discard(job_id)  # the next task tries again
-                raise
-            if cwd in sys.path:
-                sys.path.remove(cwd)
-            sys.path.insert(0, cwd)
+        modules = conf.get("py_modules") or []
+        try:
+            # py_modules after the working_dir on sys.path, both before the driver's paths
+            paths = [self._package_dir(str(p), "py_modules") for p in reversed(modules)]
+            if package:
+                cwd = self._package_dir(str(package), "working_dir")
+                paths.append(cwd)
+        except BaseException:
+            self._jobs_bound.discard(job_id)  # the next task tries again
+            raise
+        for path in paths:
+            if path in sys.path:
+                sys.path.remove(path)
+            sys.path.insert(0, path)
         if cwd and os.path.isdir(cwd):
             try:
                 os.chdir(cwd)
             except OSError:
                 pass
 
-    def _working_dir(self, package: str) -> str:
-        """The job's working_dir on this node: unpacked from the GCS once per node."""
+    def _package_dir(self, package: str, what: str) -> str:
+        """A package of the job (its ``what``: working_dir or one of its py_modules) on
+        this node: unpacked from the GCS once per node."""
         from lumos._private import working_dir
         if not package.isalnum():
-            raise exc.LumosSystemError(f"malformed working_dir package id {package!r}")
+            raise exc.LumosSystemError(f"malformed {what} package id {package!r}")
         target = working_dir.unpacked_dir(self.cw.session_dir, package)
         if os.path.isdir(target):
             return target
         try:
             data = self.cw.call_gcs(m.KvGet("pkg", package.encode(), 5.0), 60.0)
         except (TimeoutError, RemoteError, ConnectionLost) as e:
-            raise exc.LumosSystemError(f"could not fetch the job's working_dir from the GCS: {e}") from None
+            raise exc.LumosSystemError(f"could not fetch the job's {what} from the GCS: {e}") from None
         if not data:
-            raise exc.LumosSystemError("the job's working_dir is not in the GCS (was its driver's upload lost?)")
+            raise exc.LumosSystemError(f"the job's {what} is not in the GCS (was its driver's upload lost?)")
         os.makedirs(os.path.dirname(target), exist_ok=True)
         try:
             return working_dir.unpack(data, target)
         except (OSError, ValueError, zipfile.BadZipFile) as e:
-            raise exc.LumosSystemError(f"could not unpack the job's working_dir: {e}") from None
+            raise exc.LumosSystemError(f"could not unpack the job's {what}: {e}") from None
 
     def _function(self, spec: m.TaskSpec) -> Any:
         if spec.kind == m.TaskKind.ACTOR_TASK:

@@ -644,7 +644,7 @@ class GcsServer:
 
     def _index_job_kv(self, key: tuple[str, bytes], value: bytes) -> None:
         """Count a KV entry among its job's (``_job_of_kv_key``); a job config also counts
-        the job among the users of the working_dir package it names."""
+        the job among the users of the packages it names."""
         job_id = _job_of_kv_key(key)
         if job_id is not None:
             self._job_kv.setdefault(job_id, set()).add(key)
@@ -681,13 +681,16 @@ class GcsServer:
                         "packages no other job uses)", job_id.hex(), len(keys))
 
     def _note_package_of(self, job_id: JobID, config: bytes) -> None:
-        """Count the job among the users of the working_dir package its config names."""
+        """Count the job among the users of the packages its config names (its working_dir
+        and py_modules)."""
         try:
-            pkg = json.loads(config).get("working_dir")
-        except (ValueError, AttributeError):
+            conf = json.loads(config)
+            pkgs = [conf.get("working_dir")] + list(conf.get("py_modules") or [])
+        except (ValueError, AttributeError, TypeError):
             return
-        if isinstance(pkg, str) and pkg:
-            self._pkg_jobs.setdefault(pkg.encode(), set()).add(job_id)
+        for pkg in pkgs:
+            if isinstance(pkg, str) and pkg:
+                self._pkg_jobs.setdefault(pkg.encode(), set()).add(job_id)
 
     def _kv_del(self, conn: Connection, msg: m.KvDel) -> bool:
         job_id = _job_of_kv_key((msg.namespace, msg.key))
