@@ -182,21 +182,38 @@ def restore_user_env() -> None:
         os.environ.pop("GLIBC_TUNABLES", None)
 
 
-def setup_logging(log_dir: str, name: str, level: int = logging.INFO) -> str:
-    """Send this process's log records to ``<log_dir>/<name>.log``."""
+def setup_logging(log_dir: str, name: str, level: int = logging.INFO, logger_name: str = "") -> str:
+    """Send this process's log records to ``<log_dir>/<name>.log``: all of them, or with
+    ``logger_name`` only that logger's (a worker: ``"lumos"``, see ``lumos_logger_only``)."""
     os.makedirs(log_dir, exist_ok=True)
     path = os.path.join(log_dir, f"{name}.log")
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter(
         "%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
+    target = logging.getLogger(logger_name)
+    target.handlers[:] = [handler]
     level_name = os.environ.get("LUMOS_LOG_LEVEL")
     wanted: int | str = level_name.upper() if level_name else level
     # setLevel clears every logger's cache: ~50 pages a forked worker would copy for nothing.
-    if root.level != (logging.getLevelName(wanted) if isinstance(wanted, str) else wanted):
-        root.setLevel(wanted)  # an unknown name raises here, as it always did
+    if target.level != (logging.getLevelName(wanted) if isinstance(wanted, str) else wanted):
+        target.setLevel(wanted)  # an unknown name raises here, as it always did
     return path
+
+
+def lumos_logger_only(stream: Any = None) -> None:
+    """In a process that runs user code (a worker, its fork server): lumos's own records
+    go to lumos's handler (``stream``, or the one ``setup_logging(..., logger_name="lumos")``
+    puts there) and stop there; the root logger is left as Python leaves it, so a task's
+    ``logging`` calls behave as in a plain process, as in Ray: WARNING and above to its
+    stderr, which reaches the driver, and the user's own ``basicConfig`` takes effect."""
+    lumos_log = logging.getLogger("lumos")
+    lumos_log.propagate = False
+    if stream is not None:
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s"))
+        lumos_log.handlers[:] = [handler]
+    if lumos_log.level == logging.NOTSET:
+        lumos_log.setLevel(logging.INFO)
 
 
 def report_ready(fd: int, info: dict[str, Any]) -> None:

@@ -695,3 +695,49 @@ def test_a_direct_write_that_did_not_go_shows_one_scheduled(fresh_cluster, monke
     for ref in (task_ref, call_ref):
         states = _states(_task_of(ref))
         assert states.count("SCHEDULED") == 1, states
+
+
+_LOGGING_DRIVER = textwrap.dedent("""
+    import json, logging, sys
+    import lumos
+    lumos.init(num_cpus=1, include_dashboard=False, _system_config=json.loads(sys.argv[1]))
+
+    @lumos.remote
+    def logs() -> None:
+        logging.getLogger("mylib").warning("task-warning from a library logger")
+        logging.getLogger("mylib").info("task-info not shown at Python's default level")
+
+    @lumos.remote
+    class Configured:
+        def __init__(self) -> None:
+            logging.basicConfig(level=logging.INFO, format="custom %(levelname)s %(name)s %(message)s")
+
+        def talk(self) -> None:
+            logging.getLogger("mine").info("actor-info after basicConfig")
+
+    lumos.get(logs.remote(), timeout=60)
+    a = Configured.remote()
+    lumos.get(a.talk.remote(), timeout=60)
+    print("DRIVER {}", flush=True)
+    sys.stdin.read()
+    lumos.shutdown()
+""")
+
+
+@pytest.mark.timeout(90)
+def test_a_tasks_logging_reaches_the_driver_as_from_a_plain_process():
+    # The worker's root logger wrote to its log file only (lumos's handler), and made a
+    # task's own basicConfig a no-op: nothing of a task's logging reached the driver.
+    proc = subprocess.Popen([sys.executable, "-c", _LOGGING_DRIVER, json.dumps(TEST_CONFIG)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    d = _Driver.__new__(_Driver)
+    d.proc, d.out, d.err = proc, b"", b""
+    try:
+        d.read_until(lambda out, err: "actor-info after basicConfig" in err and "DRIVER" in out, 60)
+    finally:
+        d.finish()
+    err = d.err.decode()
+    assert "task-warning from a library logger" in err, err
+    assert "custom INFO mine actor-info after basicConfig" in err, err
+    assert "task-info not shown" not in err, err
+    assert "lumos._private" not in err, err  # lumos's own records stay in the worker's log file

@@ -437,7 +437,7 @@ def _write(fd: int, msg: dict[str, Any]) -> None:
 def main() -> None:
     """``python -m lumos._private.worker.fork_server RAYLET_PID -- WORKER ARGS...``"""
     from lumos._private import thread_limits
-    from lumos._private.process import die_with_parent, restore_user_env
+    from lumos._private.process import die_with_parent, lumos_logger_only, restore_user_env
     if len(sys.argv) < 3 or sys.argv[2] != "--":
         raise SystemExit("usage: python -m lumos._private.worker.fork_server RAYLET_PID -- WORKER_ARGS...")
     raylet_pid = int(sys.argv[1])
@@ -446,8 +446,8 @@ def main() -> None:
     thread_limits.default_for_worker()  # before numpy loads: one BLAS thread unless the user set more
     # Ctrl-C in a terminal reaches the raylet's whole group; the raylet stops us itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s")
+    # (lumos's records only: the root logger stays as Python leaves it for the user's code)
+    lumos_logger_only(sys.stderr)
     serve(raylet_pid, sys.argv[3:])
 
 

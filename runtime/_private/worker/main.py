@@ -22,7 +22,8 @@ from lumos._private import thread_limits
 from lumos._private.config import Config, preload_modules
 from lumos._private.core_worker.core_worker import WORKER, CoreWorker
 from lumos._private.core_worker.executor import Executor, TaskOutput
-from lumos._private.process import die_with_parent, read_token, restore_user_env, setup_logging, tune_malloc
+from lumos._private.process import (die_with_parent, lumos_logger_only, read_token, restore_user_env, setup_logging,
+                                    tune_malloc)
 from lumos._private.transport.connection import parse_address
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,8 @@ def run(args: argparse.Namespace, config: Config | None = None) -> None:
         die_with_parent(args.parent_pid)
     restore_user_env()  # (a forked worker's template did it already)
     thread_limits.default_for_worker()  # before numpy loads: one BLAS thread unless the user set more
-    setup_logging(os.path.join(args.session_dir, "logs"), f"worker-{args.worker_id[:12]}")
+    lumos_logger_only()
+    setup_logging(os.path.join(args.session_dir, "logs"), f"worker-{args.worker_id[:12]}", logger_name="lumos")
     signal.signal(signal.SIGINT, signal.default_int_handler)  # cancel() interrupts user code
     if config is None:
         config = Config.from_json(args.config) if args.config else Config.resolve()
