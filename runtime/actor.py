@@ -23,6 +23,7 @@ import functools
 import inspect
 import itertools
 import pickle
+import types
 from typing import Any, Callable
 
 from lumos import exceptions as exc
@@ -305,6 +306,9 @@ class ActorHandle:
 
     Handles pickle: pass them to tasks and other actors.
     """
+
+    #: ``ObjectRef[int]`` and the like in annotations, as in Ray.
+    __class_getitem__ = classmethod(types.GenericAlias)
 
     def __init__(self, actor_id: ActorID, class_name: str, methods: dict[str, dict[str, Any]],
                  max_task_retries: int, owned: bool = False, max_pending_calls: int = -1,

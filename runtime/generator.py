@@ -22,6 +22,7 @@ import collections
 import functools
 import threading
 import time
+import types
 from typing import Any
 
 from lumos._private import interrupts
@@ -50,6 +51,9 @@ class GeneratorStream:
 
 class ObjectRefGenerator:
     """Iterate (``for``, ``next()``, ``async for``) to get each yielded value's ref."""
+
+    #: ``ObjectRef[int]`` and the like in annotations, as in Ray.
+    __class_getitem__ = classmethod(types.GenericAlias)
 
     def __init__(self, stream: GeneratorStream, owner: Any, core_worker: Any) -> None:
         self._stream = stream

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import types
 from typing import Any, Generator
 
 from lumos._private import interrupts, serialization
@@ -22,6 +23,9 @@ _core_worker: Any = None
 
 class ObjectRef:
     """A reference to a (possibly not yet computed) value. Get it with ``lumos.get``."""
+
+    #: ``ObjectRef[int]`` and the like in annotations, as in Ray.
+    __class_getitem__ = classmethod(types.GenericAlias)
 
     __slots__ = ("_id", "_owner", "_counted", "__weakref__")
 

@@ -93,6 +93,7 @@ class RuntimeContext:
         import json
         return json.dumps(self.runtime_env)
 
+    @property
     def should_capture_child_tasks_in_placement_group(self) -> bool:
         """Whether tasks submitted here go into the current placement group by default."""
         return worker_context.require().capture_strategy is not None

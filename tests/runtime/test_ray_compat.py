@@ -492,7 +492,7 @@ def context_facts() -> dict[str, Any]:
     ctx = lumos.get_runtime_context()
     return {"function": ctx.get_task_function_name(), "resources": ctx.get_resource_ids(),
             "session": ctx.get_session_name(), "temp": ctx.get_temp_dir(), "labels": ctx.get_node_labels(),
-            "env": ctx.get_runtime_env_string(), "capture": ctx.should_capture_child_tasks_in_placement_group()}
+            "env": ctx.get_runtime_env_string(), "capture": ctx.should_capture_child_tasks_in_placement_group}
 
 
 def test_runtime_context_getters_of_ray(cluster: lumos.LumosContext) -> None:
@@ -892,3 +892,18 @@ def test_an_actor_class_of_a_script_that_names_itself_works_in_its_workers(tmp_p
                          cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "depth 3" in out.stdout and "sibling 1" in out.stdout, out.stdout
+
+
+def test_refs_handles_and_generators_take_type_parameters_in_annotations() -> None:
+    # Ray's classes are generic: `def f(x: ray.ObjectRef[int])` failed at def time here
+    # (in a module without `from __future__ import annotations`, which this one has).
+    code = ("import lumos\n"
+            "def consume(ref: lumos.ObjectRef[int], actor: lumos.actor.ActorHandle['A'],\n"
+            "            gen: lumos.ObjectRefGenerator[int]) -> lumos.ObjectRef[str]:\n"
+            "    return ref\n")
+    space: dict[str, Any] = {}
+    exec(compile(code, "<annotated>", "exec", dont_inherit=True), space)
+    hints = space["consume"].__annotations__
+    assert hints["ref"].__origin__ is lumos.ObjectRef and hints["return"].__args__ == (str,)
+    assert hints["actor"].__origin__ is lumos.actor.ActorHandle
+    assert hints["gen"].__origin__ is lumos.ObjectRefGenerator
