@@ -179,6 +179,8 @@ class Executor(ArgumentsMixin):
         #: The running task's unmaps are deferred (it has store arguments): the main loop
         #: unmaps after its reply.
         self._deferred = False
+        #: ``run`` ended for a function's ``max_calls``: ``drain_owned`` before exiting.
+        self.drain_before_exit = False
         #: This worker exits after its current task (a function's ``max_calls`` reached, or
         #: the task called ``sys.exit()``): it answers what is queued with "requeue".
         self._exiting = False
@@ -641,6 +643,8 @@ class Executor(ArgumentsMixin):
                 self.note_kept(msg.spec, reply)
             if reply.error_kind == m.ErrorKind.EXITING or (
                     msg.spec.max_calls > 0 and self.actor is None and self._count_call(msg.spec)):
+                # (max_calls: the objects it made and others still hold outlive the task)
+                self.drain_before_exit = reply.error_kind != m.ErrorKind.EXITING
                 reply.error_kind = m.ErrorKind.EXITING
                 self.cw.send_reply(conn, reply)
                 self._exit_after_this_task()
@@ -667,6 +671,30 @@ class Executor(ArgumentsMixin):
         n = self._calls.get(spec.function_id, 0) + 1
         self._calls[spec.function_id] = n
         return n >= spec.max_calls
+
+    def drain_owned(self, poll_s: float = 0.05) -> int:
+        """Main thread, ``run`` ended after a function's ``max_calls``: wait while this
+        process owns objects that others still reference (a ``put`` inside the task whose
+        ref it returned, a dynamic generator's values, subtasks' results), as Ray's workers
+        drain before they exit. Ending now would lose them (``OwnerDiedError`` at their
+        readers'): a GPU task's ``max_calls`` is 1 by default. The worker takes no more
+        tasks, and its lease, with its CPUs and GPUs, went back to the node with the
+        reply (``TaskSubmitterState.after_reply``); it leaves when the last reference
+        goes, or when its job ends or the raylet asks. Returns how many it owned when
+        the wait began."""
+        if not self.drain_before_exit:
+            return 0
+        cw = self.cw
+        cw.drain_refs()
+        owned = cw.objects.stats()["owned"]
+        if not owned:
+            return 0
+        logger.info("exiting after max_calls once the %d object(s) this worker owns are out of scope", owned)
+        while True:
+            time.sleep(poll_s)
+            cw.drain_refs()
+            if not cw.objects.stats()["owned"]:
+                return owned
 
     def _exit_after_this_task(self) -> None:
         """Main thread: stop taking tasks; the caller returns from ``run`` and the process

@@ -491,8 +491,10 @@ class TaskSubmitterState:
         if lease.dead:
             return []
         q = lease.queue
-        if lease.recalled:
-            # Its raylet asked for it back: it takes nothing more, and goes once it is done.
+        if lease.recalled or lease.exiting:
+            # Its raylet asked for it back, or the worker said it exits (max_calls,
+            # sys.exit()): it takes nothing more, and goes back once it is done. (An exiting
+            # worker may live on a while, for the objects it owns: its resources do not.)
             if lease.tasks or lease.claimed:
                 return []
             return self.return_lease(lease, disconnect=False) + self.pump(q)

@@ -194,6 +194,9 @@ class StopWorker:
     #: Above 0: ask it to send what it holds and exit (``ExitWorker`` without clean-up),
     #: and kill it after this long.
     graceful_s: float = 0.0
+    #: It exits on its own, perhaps after draining what it owns: note ``exit_type`` for
+    #: its row and send it nothing.
+    on_its_own: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -283,6 +286,8 @@ class _Worker:
     blocked: bool = False
     #: Owns objects in this node's store (not reaped when idle).
     owns_objects: bool = False
+    #: Returned by its owner as exiting, and still running (``_return``).
+    draining: bool = False
     #: The current lease's ``LeaseRequested.retry_budget``.
     retry_budget: int | None = None
 
@@ -443,7 +448,7 @@ class LocalSchedulerState:
         elif isinstance(event, JobFinished):
             # Actor workers are the GCS's to end: detached actors outlive their job.
             for w in list(self.workers.values()):
-                if w.job_id == event.job_id and w.state != DEAD and w.actor_id is None:
+                if w.job_id == event.job_id and (w.state != DEAD or w.draining) and w.actor_id is None:
                     actions.append(StopWorker(w.worker_id, "its job finished", graceful_s=JOB_END_EXIT_S))
             for rid, req in list(self.queue.items()):
                 if req.event.job_id == event.job_id and req.event.actor_id is None:
@@ -722,6 +727,14 @@ class LocalSchedulerState:
             actions.append(StopWorker(w.worker_id, "returned as failed" if disconnect else "its actor ended",
                                       quiet=disconnect, exit_type=exit_type))
             w.state = DEAD
+            return
+        if exit_type is not None:
+            # The worker said it exits (max_calls, sys.exit()); it may first wait for the
+            # objects it owns to go out of scope (``Executor.drain_owned``): never leased
+            # again, its resources free now, and it goes on its own (or with its job).
+            actions.append(StopWorker(w.worker_id, "it exits", exit_type=exit_type, on_its_own=True))
+            w.state = DEAD
+            w.draining = True
             return
         w.state = IDLE
         w.lease_id = 0

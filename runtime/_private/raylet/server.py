@@ -511,8 +511,11 @@ class RayletServer:
         elif isinstance(action, sc.StartWorker):
             self.pool.start_worker()
         elif isinstance(action, sc.StopWorker):
-            self.pool.stop_worker(action.worker_id, "" if action.quiet else action.reason, action.graceful_s,
-                                  action.exit_type, clean_up=False)
+            if action.on_its_own:
+                self.pool.note_exit_type(action.worker_id, action.exit_type)
+            else:
+                self.pool.stop_worker(action.worker_id, "" if action.quiet else action.reason, action.graceful_s,
+                                      action.exit_type, clean_up=False)
         elif isinstance(action, sc.ReportInfeasible):
             logger.info("lease request %d for %s is infeasible here", action.request_id, action.resources)
         elif isinstance(action, sc.FailLease):

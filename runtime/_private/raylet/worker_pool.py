@@ -588,6 +588,12 @@ class WorkerPool:
                          force=True)
         return True
 
+    def note_exit_type(self, worker_id: WorkerID, exit_type: str | None) -> None:
+        """What the row of a worker that exits on its own is to say of its end."""
+        proc = self.procs.get(worker_id)
+        if proc is not None and exit_type:
+            proc.exit_type = proc.exit_type or exit_type
+
     def stop_worker(self, worker_id: WorkerID, reason: str, graceful_s: float = 0.0, exit_type: str | None = None,
                     clean_up: bool = True, force: bool = False) -> None:
         """Ask the worker to exit on its own within ``graceful_s`` (``ask_to_exit``) when

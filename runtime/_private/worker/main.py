@@ -85,6 +85,7 @@ def run(args: argparse.Namespace, config: Config | None = None) -> None:
         logger.warning("could not import %s (worker_preload_modules)", failure)
     try:
         executor.run()
+        executor.drain_owned()
     finally:
         cw.shutdown()
         os._exit(0)
