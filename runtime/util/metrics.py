@@ -82,7 +82,9 @@ class Metric:
     def _values(self, tags: dict[str, str] | None) -> tuple[str, ...]:
         """The record's tag values in ``tag_keys`` order: ``tags`` over the defaults."""
         if tags:
-            self._check_tags(tags, "tags")
+            # A record's keys beyond tag_keys are left out, as Ray leaves them (only
+            # set_default_tags refuses them); a crash here would end an instrumented loop.
+            self._check_tags(tags, "tags", known_only=False)
             merged = {**self._default_tags, **tags}
         else:
             merged = self._default_tags
@@ -92,11 +94,13 @@ class Metric:
             missing = [key for key in self._tag_keys if key not in merged]
             raise ValueError(f"missing value for tag key(s): {', '.join(missing)}") from None
 
-    def _check_tags(self, tags: Any, what: str) -> None:
+    def _check_tags(self, tags: Any, what: str, known_only: bool = True) -> None:
         if not isinstance(tags, dict):
             raise TypeError(f"{what} must be a dict, got {type(tags).__name__}")
         for key, value in tags.items():
             if key not in self._tag_keys:
+                if not known_only:
+                    continue
                 raise ValueError(f"unrecognized tag key {key!r}; this metric's tag_keys are {self._tag_keys!r}")
             if not isinstance(value, str):
                 raise TypeError(f"tag values must be str, got {type(value).__name__} for {key!r}")

@@ -82,6 +82,13 @@ class CliEnv:
                 pass
         for rec in self.records():
             shutil.rmtree(rec.get("store_dir") or "/nonexistent", ignore_errors=True)
+        # A GCS whose keeper was killed is in no record's process list: its pid file names it.
+        for path in glob.glob(os.path.join(self.root, "session_*", "gcs.pid")):
+            try:
+                with open(path) as f:
+                    psutil.Process(json.load(f)["pid"]).kill()
+            except (OSError, ValueError, KeyError, psutil.Error):
+                pass
         shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from lumos._private.process import await_ready
 from tests.conftest import RedisServer, wait_for
-from tests.runtime.test_cli import FAST, RUN_TASK, CliEnv, assert_all_gone
+from tests.runtime.test_cli import FAST, RUN_TASK, CliEnv, assert_all_gone, cli  # noqa: F401 (a fixture)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -185,28 +185,6 @@ def test_a_first_start_that_fails_is_the_callers_to_report_not_retried(
 
 
 # ----------------------------------------------------------------------------- real heads
-
-
-@pytest.fixture
-def cli() -> Iterator[CliEnv]:
-    env = CliEnv()
-    try:
-        yield env
-    finally:
-        env.cleanup()
-        # A GCS whose keeper was killed is in no record's process list: end it by its pid file.
-        for path in _pid_files(env):
-            with open(path) as f:
-                pid = json.load(f)["pid"]
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-def _pid_files(env: CliEnv) -> list[str]:
-    import glob
-    return glob.glob(os.path.join(env.root, "session_*", "gcs.pid"))
 
 
 def gcs_pid(session_dir: str) -> int | None:
