@@ -741,3 +741,60 @@ def test_a_tasks_logging_reaches_the_driver_as_from_a_plain_process():
     assert "custom INFO mine actor-info after basicConfig" in err, err
     assert "task-info not shown" not in err, err
     assert "lumos._private" not in err, err  # lumos's own records stay in the worker's log file
+
+
+_UNHANDLED_DRIVER = textwrap.dedent("""
+    import json, sys, time
+    import lumos
+    lumos.init(num_cpus=1, include_dashboard=False, _system_config=json.loads(sys.argv[1]))
+
+    @lumos.remote(max_retries=0)
+    def boom(x):
+        raise ValueError(f"boom-{x}")
+
+    @lumos.remote
+    def use(v):
+        return v
+
+    boom.remote("dropped-at-once")
+    r = boom.remote("dropped-later")
+    time.sleep(1.0)
+    del r
+    seen = boom.remote("got")
+    try:
+        lumos.get(seen, timeout=60)
+    except ValueError:
+        pass
+    del seen
+    dep = boom.remote("as-an-argument")
+    out = use.remote(dep)
+    del dep
+    lumos.wait([out], timeout=60)
+    del out
+    slow = lumos.remote(lambda: time.sleep(30)).remote()
+    time.sleep(0.5)
+    lumos.cancel(slow)
+    del slow
+    time.sleep(1.0)
+    print("DRIVER {}", flush=True)
+    sys.stdin.read()
+    lumos.shutdown()
+""")
+
+
+@pytest.mark.timeout(90)
+def test_an_error_nobody_got_is_printed_once_when_its_refs_go():
+    # A fire-and-forget call that failed was silent: Ray prints it as an unhandled error.
+    proc = subprocess.Popen([sys.executable, "-c", _UNHANDLED_DRIVER, json.dumps(TEST_CONFIG)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    d = _Driver.__new__(_Driver)
+    d.proc, d.out, d.err = proc, b"", b""
+    try:
+        d.read_until(lambda out, err: "DRIVER" in out, 60)
+    finally:
+        d.finish()
+    err = d.err.decode()
+    assert err.count("Unhandled error (suppress with 'LUMOS_IGNORE_UNHANDLED_ERRORS=1')") == 3, err
+    for what in ("dropped-at-once", "dropped-later", "as-an-argument"):
+        assert err.count(f"ValueError: boom-{what}") == 1, err
+    assert "boom-got" not in err and "Cancel" not in err, err

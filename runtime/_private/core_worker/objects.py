@@ -681,6 +681,7 @@ class ObjectsMixin:
         else:
             raise exc.ObjectLostError(ref._id.hex(), "its value was never recorded")
         if kind == ser.KIND_ERROR:
+            e.seen = True  # (handled: not reported as unhandled when it goes)
             if isinstance(value, exc.TaskError):
                 raise value.as_instanceof_cause()
             raise value

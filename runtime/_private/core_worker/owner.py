@@ -169,6 +169,7 @@ class OwnerState:
             if e is None:
                 return [FailTask(task, _freed_arg(dep))]
             if e.state == FAILED or (e.data is not None and ser.kind_of(e.data) == ser.KIND_ERROR):
+                e.seen = True  # (the error goes on in the dependent task's results)
                 return [FailTaskWithValue(task, e.data or error_blob(exc.ObjectLostError(dep.object_id.hex())))]
             dep.data = e.data
             dep.node_id = e.node_id

@@ -24,11 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 import threading
 from collections import deque
 from typing import Any, Callable, Iterable
 
+from lumos import exceptions as exc
 from lumos._private import interrupts
+from lumos._private import serialization as ser
 from lumos._private.ids import NodeID, ObjectID, WorkerID, short
 from lumos._private.protocol import messages as m
 from lumos._private.serialization import KIND_ERROR, kind_of
@@ -84,7 +88,7 @@ class Waiter:
 class ObjectEntry:
     __slots__ = ("owned", "owner", "local", "submitted", "contained", "borrowers", "state",
                  "data", "node_id", "size", "waiters", "nested", "shared", "registered",
-                 "fetching", "callbacks", "lent", "kept")
+                 "fetching", "callbacks", "lent", "kept", "seen")
 
     def __init__(self, owned: bool, owner: m.Address | None) -> None:
         self.owned = owned
@@ -117,6 +121,9 @@ class ObjectEntry:
         self.lent = -1
         #: A worker still viewed the lent value after its task (``TaskReply.kept``).
         self.kept = False
+        #: Its error value was raised by a ``get`` here, or became a dependent task's
+        #: (an error nobody saw is reported when the entry goes: ``unhandled_error``).
+        self.seen = False
 
     def alive(self) -> bool:
         return bool(self.local or self.submitted or self.contained or self.borrowers)
@@ -406,6 +413,9 @@ class ReferencesMixin:
         for f in freed:
             e = f.entry
             if e.owned:
+                data = e.data
+                if data is not None and not e.seen and len(data) > 1 and data[1] == KIND_ERROR:
+                    unhandled_error(data)
                 if e.lent >= 0:
                     # A lent argument whose task is done: its slot takes the next one, unless
                     # a worker still views it (then it becomes an object, freed at once: its
@@ -511,3 +521,28 @@ class ReferencesMixin:
     def _handle_drop_slots(self, conn: Connection, msg: m.DropSlots) -> None:
         for slot in msg.slots:
             self.store.drop_slot(slot)
+
+
+#: Set either to 1 to keep errors nobody looked at to themselves (Ray's name works too).
+IGNORE_UNHANDLED_ENV = ("LUMOS_IGNORE_UNHANDLED_ERRORS", "RAY_IGNORE_UNHANDLED_ERRORS")
+
+
+def unhandled_error(blob: bytes) -> None:
+    """An error value this process owns is going away and nobody ever got it (a task
+    called and its ref dropped, ``f.remote()`` alone on a line): print it once, as Ray
+    does, so a failing fire-and-forget call does not go unnoticed. A cancelled task's
+    error is not worth a line."""
+    if any(os.environ.get(name, "") not in ("", "0") for name in IGNORE_UNHANDLED_ENV):
+        return
+    try:
+        _, error = ser.deserialize(blob)
+    except Exception:  # (an error that does not unpickle here: nothing to show)
+        return
+    if isinstance(error, exc.TaskCancelledError):
+        return
+    text = str(error).rstrip()
+    try:
+        sys.stderr.write(f"Unhandled error (suppress with '{IGNORE_UNHANDLED_ENV[0]}=1'): {text}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass

@@ -27,7 +27,7 @@ from lumos import exceptions as exc
 from lumos._private import serialization as ser
 from lumos._private.process import yield_cpu
 from lumos._private.core_worker.objects import error_blob
-from lumos._private.core_worker.references import FAILED, READY, Waiter
+from lumos._private.core_worker.references import FAILED, READY, Waiter, unhandled_error
 from lumos._private.core_worker.tasks import DONE, PUSHED, PendingTask
 from lumos._private.ids import WorkerID, short
 from lumos._private.protocol import messages as m
@@ -190,12 +190,14 @@ class ResultsMixin:
         spec = task.spec
         objects = self.objects
         orphans: list[bytes] = []
+        gone = 0  # returns whose refs were all dropped
         for ret in reply.returns:
             nested = [(r[0], r[1]) for r in ret.nested_refs] if ret.nested_refs else None
             if nested:
                 objects.add_contained(nested, registered=True)
             e = objects.complete(ret.object_id, READY, ret.data, ret.node_id, ret.size, nested)
             if e is None:
+                gone += 1
                 if ret.data is None and ret.node_id is not None:
                     orphans.append(ret.object_id)
                 if nested:
@@ -205,6 +207,8 @@ class ResultsMixin:
             else:
                 e.shared = True
                 self._run_callbacks(ret.object_id, e)
+        if reply.app_error and gone and gone == len(reply.returns) and reply.returns[0].data is not None:
+            unhandled_error(reply.returns[0].data)  # every ref to its results was dropped: nobody will see it
         if len(reply.returns) < len(task.return_ids):
             self._fail_missing_returns(task, reply)
         if orphans and self.raylet is not None:
@@ -297,9 +301,14 @@ class ResultsMixin:
         task.state = DONE
         self.tasks.pop(task.spec.task_id, None)
         self.submitter.task_gone(task)
+        dropped = 0
         for oid in task.return_ids:
             e = self.objects.complete(oid, FAILED, blob, None, len(blob), None)
+            if e is None:
+                dropped += 1
             self._run_callbacks(oid, e)
+        if task.return_ids and dropped == len(task.return_ids) and task.spec.num_returns != -1:
+            unhandled_error(blob)  # every ref to its results was dropped: nobody will see it
         if task.spec.num_returns == -1:
             self._end_stream(task, blob)
         spec = task.spec
