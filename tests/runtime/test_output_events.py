@@ -697,6 +697,20 @@ def test_a_direct_write_that_did_not_go_shows_one_scheduled(fresh_cluster, monke
         assert states.count("SCHEDULED") == 1, states
 
 
+def _driver_stderr(code: str, done: Any) -> str:
+    """Run a driver script (``TEST_CONFIG`` as its argument) until ``done(out, err)``, then
+    end it (closing its stdin); its whole stderr."""
+    proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(TEST_CONFIG)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    d = _Driver.__new__(_Driver)
+    d.proc, d.out, d.err = proc, b"", b""
+    try:
+        d.read_until(done, 60)
+    finally:
+        d.finish()
+    return d.err.decode()
+
+
 _LOGGING_DRIVER = textwrap.dedent("""
     import json, logging, sys
     import lumos
@@ -728,15 +742,7 @@ _LOGGING_DRIVER = textwrap.dedent("""
 def test_a_tasks_logging_reaches_the_driver_as_from_a_plain_process():
     # The worker's root logger wrote to its log file only (lumos's handler), and made a
     # task's own basicConfig a no-op: nothing of a task's logging reached the driver.
-    proc = subprocess.Popen([sys.executable, "-c", _LOGGING_DRIVER, json.dumps(TEST_CONFIG)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    d = _Driver.__new__(_Driver)
-    d.proc, d.out, d.err = proc, b"", b""
-    try:
-        d.read_until(lambda out, err: "actor-info after basicConfig" in err and "DRIVER" in out, 60)
-    finally:
-        d.finish()
-    err = d.err.decode()
+    err = _driver_stderr(_LOGGING_DRIVER, lambda out, err: "actor-info after basicConfig" in err and "DRIVER" in out)
     assert "task-warning from a library logger" in err, err
     assert "custom INFO mine actor-info after basicConfig" in err, err
     assert "task-info not shown" not in err, err
@@ -785,15 +791,7 @@ _UNHANDLED_DRIVER = textwrap.dedent("""
 @pytest.mark.timeout(90)
 def test_an_error_nobody_got_is_printed_once_when_its_refs_go():
     # A fire-and-forget call that failed was silent: Ray prints it as an unhandled error.
-    proc = subprocess.Popen([sys.executable, "-c", _UNHANDLED_DRIVER, json.dumps(TEST_CONFIG)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    d = _Driver.__new__(_Driver)
-    d.proc, d.out, d.err = proc, b"", b""
-    try:
-        d.read_until(lambda out, err: "DRIVER" in out, 60)
-    finally:
-        d.finish()
-    err = d.err.decode()
+    err = _driver_stderr(_UNHANDLED_DRIVER, lambda out, err: "DRIVER" in out)
     assert err.count("Unhandled error (suppress with 'LUMOS_IGNORE_UNHANDLED_ERRORS=1')") == 3, err
     for what in ("dropped-at-once", "dropped-later", "as-an-argument"):
         assert err.count(f"ValueError: boom-{what}") == 1, err
