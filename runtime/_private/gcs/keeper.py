@@ -181,8 +181,9 @@ class Keeper:
             if self.stopping:  # stopped while it started: it got SIGTERM; let the loop see it end
                 return True
             self.restarts += 1
-            logger.info("the GCS is up again (pid %d, restart %d, down %.1fs)", self.proc.pid,  # type: ignore[union-attr]
-                        self.restarts, time.monotonic() - down_since)
+            pid = self.proc.pid if self.proc is not None else 0
+            logger.info("the GCS is up again (pid %d, restart %d, down %.1fs)", pid, self.restarts,
+                        time.monotonic() - down_since)
             return True
 
     def _sleep(self, seconds: float) -> bool:
