@@ -267,6 +267,33 @@ def test_exiting_worker_gets_nothing_more_and_its_unrun_tasks_requeue_without_a_
     assert list(first.queue.tasks) == [b, c] and b.state == QUEUED and b.retries_left == 3
 
 
+def test_an_exiting_workers_lease_goes_back_with_its_reply_or_its_last_handed_back_task() -> None:
+    # It may outlive its last task while it drains what it owns: its resources must not.
+    s = state()
+    t = template()
+    only = task(t)
+    s.enqueue(only)
+    lease, _ = grant(s, only.queue)
+    out = reply(s, only, exiting=m.WorkerExitType.INTENDED_SYSTEM_EXIT)
+    assert [(r.lease, r.disconnect) for r in of(out, ts.ReturnLease)] == [(lease, False)]
+
+    s = state()
+    first = task(t)
+    s.enqueue(first)
+    lease, _ = grant(s, first.queue)
+    reply(s, first)
+    a, b = task(t), task(t)
+    s.enqueue(a)
+    s.enqueue(b)
+    assert a.lease is lease and b.lease is lease  # both pushed to it
+    out = reply(s, a, exiting=m.WorkerExitType.INTENDED_SYSTEM_EXIT)
+    assert of(out, ts.ReturnLease) == []  # b is still in flight there
+    out = s.task_requeued(b)  # it hands b back unrun
+    s.validate()
+    assert [r.lease for r in of(out, ts.ReturnLease)] == [lease] and b.state == QUEUED
+    assert len(of(out, ts.RequestLease)) == 1
+
+
 def test_requeued_task_of_a_blocked_worker_runs_elsewhere() -> None:
     s = state()
     t = template()

@@ -440,7 +440,8 @@ class TaskSubmitterState:
     # ------------------------------------------------------------------ replies
 
     def task_requeued(self, task: PendingTask) -> list[Action]:
-        """The worker blocked in get() with ``task`` queued behind: run it elsewhere."""
+        """The worker blocked in get() with ``task`` queued behind, or is exiting: run it
+        elsewhere."""
         lease = task.lease
         assert lease is not None
         lease.tasks.pop(task.spec.task_id, None)
@@ -448,6 +449,10 @@ class TaskSubmitterState:
         task.lease = None
         task.state = QUEUED
         lease.queue.tasks.appendleft(task)
+        if lease.exiting and not lease.tasks and not lease.claimed:
+            # (an exiting worker hands back what it had not run: the last one frees its
+            # lease, which the worker may outlive while it drains what it owns)
+            return self.return_lease(lease, disconnect=False) + self.pump(lease.queue)
         return self.pump(lease.queue)
 
     def worker_blocked(self, lease: LeasedWorker, blocked: bool) -> list[Action]:
