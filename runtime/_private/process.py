@@ -216,6 +216,16 @@ def lumos_logger_only(stream: Any = None) -> None:
         lumos_log.setLevel(logging.INFO)
 
 
+def describe_exit(code: int) -> str:
+    """A child's return code (``Popen.returncode``: a signal's as its negative) in words."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
 def report_ready(fd: int, info: dict[str, Any]) -> None:
     """Write ``info`` as one JSON line to the inherited pipe ``fd`` and close it."""
     if fd < 0:

@@ -111,14 +111,14 @@ def test_a_killed_gcs_is_started_again_on_the_port_it_had_and_sigterm_stops_both
     first, second = run.starts()
     assert first["port"] == "0" and second["port"] == "4321"  # the restart listens where the GCS did
     wait_for(lambda: (run.pid_file() or {}).get("pid") == second["pid"], 10)
-    assert "the GCS died (killed by SIGKILL); restarting it on port 4321" in run.log()
+    assert "the GCS died (signal SIGKILL); restarting it on port 4321" in run.log()
     assert "the GCS is up again" in run.log()
 
     run.proc.send_signal(signal.SIGTERM)  # as `lumos stop` does: passed on, nothing restarted
     assert run.proc.wait(15) == 0
     assert not alive(second["pid"])
     assert len(run.starts()) == 2 and run.pid_file() is None
-    assert "the GCS stopped (exit status 0); the keeper exits" in run.log()
+    assert "the GCS stopped (exit code 0); the keeper exits" in run.log()
 
 
 @pytest.mark.timeout(60)
@@ -144,7 +144,7 @@ def test_a_gcs_dying_right_after_each_start_is_given_up_after_a_few(
     assert run.proc.wait(45) == 1
     assert len(run.starts()) == CRASH_LOOP
     assert f"within 30s of each of its last {CRASH_LOOP} starts; not restarting it again" in run.log()
-    assert "exit status 3" in run.log() and run.pid_file() is None
+    assert "exit code 3" in run.log() and run.pid_file() is None
 
 
 @pytest.mark.timeout(60)
@@ -158,7 +158,7 @@ def test_failed_starts_are_retried_with_backoff_until_the_cluster_stops_waiting(
     # 0.2, 0.4, 0.8, 1.6 s apart: a few tries in 2.5 s, not one per loop turn
     assert 3 <= starts <= 6, starts
     assert time.monotonic() - t < 10
-    assert "the GCS exited during start-up (exit status 1); trying again in" in run.log()
+    assert "the GCS exited during start-up (exit code 1); trying again in" in run.log()
     assert "longer than the cluster waits for it" in run.log()
 
 
@@ -262,7 +262,7 @@ def test_lumos_start_on_redis_brings_a_killed_gcs_back_and_drivers_go_on(
     assert out2.returncode == 0 and "RESULT 42" in out2.stdout, out2.stderr
     with open(os.path.join(session, "logs", "keeper.log")) as f:
         log = f.read()
-    assert "the GCS died (killed by SIGKILL); restarting it on port" in log
+    assert "the GCS died (signal SIGKILL); restarting it on port" in log
     assert "the GCS is up again" in log
 
     procs = cli.processes() + [psutil.Process(second)]
@@ -324,8 +324,8 @@ def test_a_gcs_that_exited_for_lost_storage_comes_back_with_redis(
     assert out.returncode == 0 and "RESULT 42" in out.stdout, out.stderr
     with open(os.path.join(session, "logs", "keeper.log")) as f:
         log = f.read()
-    assert "the GCS died (exit status 1)" in log, log
-    assert "the GCS exited during start-up (exit status 1); trying again in" in log, log
+    assert "the GCS died (exit code 1)" in log, log
+    assert "the GCS exited during start-up (exit code 1); trying again in" in log, log
     procs = cli.processes() + [psutil.Process(second)]
     records = cli.records()
     cli.lumos("stop")

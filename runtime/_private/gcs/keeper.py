@@ -34,8 +34,8 @@ import sys
 import time
 from typing import Any
 
-from lumos._private.process import (await_ready, die_with_parent, read_private_file, report_ready, setup_logging,
-                                    write_private_file)
+from lumos._private.process import (await_ready, describe_exit, die_with_parent, read_private_file, report_ready,
+                                    setup_logging, write_private_file)
 
 logger = logging.getLogger(__name__)
 
@@ -55,15 +55,6 @@ PID_FILE = "gcs.pid"
 def deliberate_stop(returncode: int) -> bool:
     """An exit the keeper must not undo: a clean stop (0) or a stop signal."""
     return returncode in (0, -signal.SIGTERM, -signal.SIGINT)
-
-
-def describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exit status {returncode}"
 
 
 class Keeper:

@@ -27,7 +27,7 @@ import time
 from typing import Any, Callable, Union
 
 from lumos._private.ids import WorkerID
-from lumos._private.process import libc
+from lumos._private.process import describe_exit, libc
 
 logger = logging.getLogger(__name__)
 
@@ -81,15 +81,6 @@ class ForkedProcess:
 
 
 Process = Union["subprocess.Popen[bytes]", ForkedProcess]
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
 
 
 def set_child_subreaper() -> bool:

@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Union
 
 from lumos._private.ids import JobID, WorkerID, random_id, short
 from lumos._private.object_store.client import unlink_quietly
-from lumos._private.process import worker_exec_env
+from lumos._private.process import describe_exit, worker_exec_env
 from lumos._private.protocol import messages as m
 from lumos._private.raylet import memory_monitor as mm
 from lumos._private.raylet.fork_client import (FORK_REPLY_TIMEOUT_S, ForkedProcess, ForkServerClient, Process,
-                                               children_of_self, describe_exit, set_child_subreaper)
+                                               children_of_self, set_child_subreaper)
 from lumos._private.raylet import scheduler as sc
 from lumos._private.transport.connection import Connection
 
