@@ -672,7 +672,7 @@ class Executor(ArgumentsMixin):
         self._calls[spec.function_id] = n
         return n >= spec.max_calls
 
-    def drain_owned(self, poll_s: float = 0.05) -> int:
+    def drain_owned(self, poll_s: float = 0.05) -> None:
         """Main thread, ``run`` ended after a function's ``max_calls``: wait while this
         process owns objects that others still reference (a ``put`` inside the task whose
         ref it returned, a dynamic generator's values, subtasks' results), as Ray's workers
@@ -680,21 +680,18 @@ class Executor(ArgumentsMixin):
         readers'): a GPU task's ``max_calls`` is 1 by default. The worker takes no more
         tasks, and its lease, with its CPUs and GPUs, went back to the node with the
         reply (``TaskSubmitterState.after_reply``); it leaves when the last reference
-        goes, or when its job ends or the raylet asks. Returns how many it owned when
-        the wait began."""
+        goes, or when its job ends or the raylet asks."""
         if not self.drain_before_exit:
-            return 0
+            return
         cw = self.cw
         cw.drain_refs()
         owned = cw.objects.stats()["owned"]
-        if not owned:
-            return 0
-        logger.info("exiting after max_calls once the %d object(s) this worker owns are out of scope", owned)
-        while True:
+        if owned:
+            logger.info("exiting after max_calls once the %d object(s) this worker owns are out of scope", owned)
+        while owned:
             time.sleep(poll_s)
             cw.drain_refs()
-            if not cw.objects.stats()["owned"]:
-                return owned
+            owned = cw.objects.stats()["owned"]
 
     def _exit_after_this_task(self) -> None:
         """Main thread: stop taking tasks; the caller returns from ``run`` and the process

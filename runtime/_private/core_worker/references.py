@@ -32,10 +32,9 @@ from typing import Any, Callable, Iterable
 
 from lumos import exceptions as exc
 from lumos._private import interrupts
-from lumos._private import serialization as ser
 from lumos._private.ids import NodeID, ObjectID, WorkerID, short
 from lumos._private.protocol import messages as m
-from lumos._private.serialization import KIND_ERROR, kind_of
+from lumos._private.serialization import KIND_ERROR, deserialize, kind_of
 from lumos._private.transport.connection import Connection, ConnectionLost
 from lumos.object_ref import ObjectRef
 
@@ -413,9 +412,8 @@ class ReferencesMixin:
         for f in freed:
             e = f.entry
             if e.owned:
-                data = e.data
-                if data is not None and not e.seen and len(data) > 1 and data[1] == KIND_ERROR:
-                    unhandled_error(data)
+                if e.data is not None and not e.seen and holds_error(e):
+                    unhandled_error(e.data)
                 if e.lent >= 0:
                     # A lent argument whose task is done: its slot takes the next one, unless
                     # a worker still views it (then it becomes an object, freed at once: its
@@ -535,7 +533,7 @@ def unhandled_error(blob: bytes) -> None:
     if any(os.environ.get(name, "") not in ("", "0") for name in IGNORE_UNHANDLED_ENV):
         return
     try:
-        _, error = ser.deserialize(blob)
+        _, error = deserialize(blob)
     except Exception:  # (an error that does not unpickle here: nothing to show)
         return
     if isinstance(error, exc.TaskCancelledError):

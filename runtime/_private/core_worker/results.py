@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Iterable
 
 from lumos import exceptions as exc
 from lumos._private import serialization as ser
@@ -221,14 +221,21 @@ class ResultsMixin:
         """A reply without a value for each of the task's returns (an executor's mistake):
         the missing ones fail rather than leave their callers waiting forever."""
         got = {ret.object_id for ret in reply.returns}
-        missing = [oid for oid in task.return_ids if oid not in got]
         error = exc.LumosSystemError(f"{task.spec.name} finished, but its worker sent {len(reply.returns)} of "
                                      f"its {len(task.return_ids)} return values")
         logger.error("%s", error)
-        blob = error_blob(error)
-        for oid in missing:
+        self._fail_returns([oid for oid in task.return_ids if oid not in got], error_blob(error))
+
+    def _fail_returns(self, object_ids: Iterable[bytes], blob: bytes) -> int:
+        """Record the error ``blob`` as the value of each of ``object_ids``; how many of
+        them nobody referenced any more (their entries gone)."""
+        gone = 0
+        for oid in object_ids:
             e = self.objects.complete(oid, FAILED, blob, None, len(blob), None)
+            if e is None:
+                gone += 1
             self._run_callbacks(oid, e)
+        return gone
 
     def _task_done(self, task: PendingTask, reply: m.TaskReply, info: dict[str, Any] | None = None) -> None:
         """A task finished (its values recorded): its event, then its arguments' release
@@ -301,12 +308,7 @@ class ResultsMixin:
         task.state = DONE
         self.tasks.pop(task.spec.task_id, None)
         self.submitter.task_gone(task)
-        dropped = 0
-        for oid in task.return_ids:
-            e = self.objects.complete(oid, FAILED, blob, None, len(blob), None)
-            if e is None:
-                dropped += 1
-            self._run_callbacks(oid, e)
+        dropped = self._fail_returns(task.return_ids, blob)
         if task.return_ids and dropped == len(task.return_ids) and task.spec.num_returns != -1:
             unhandled_error(blob)  # every ref to its results was dropped: nobody will see it
         if task.spec.num_returns == -1:
