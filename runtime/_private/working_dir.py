@@ -90,10 +90,9 @@ def package_modules(modules: Any, excludes: Any = None) -> list[tuple[str, bytes
     packages = []
     for entry in modules:
         path = _module_path(entry)
-        what = f"runtime_env['py_modules'] entry {path!r}"
         name = os.path.basename(path)
         if os.path.isdir(path):
-            files = _walk(path, name, patterns, what)
+            files = _walk(path, name, patterns, "runtime_env['py_modules'] entry")
         else:
             files = [(path, name)]
         packages.append(_zip(files))

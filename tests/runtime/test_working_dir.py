@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import pytest
@@ -69,6 +70,9 @@ def test_package_limits_size_and_unpack_stays_inside(tmp_path: Any, monkeypatch:
     monkeypatch.setattr(working_dir, "MAX_BYTES", 50)
     with pytest.raises(ValueError, match="more than"):
         working_dir.package(tmp_path / "src")
+    src = str(tmp_path / "src")
+    with pytest.raises(ValueError, match="^" + re.escape(f"runtime_env['py_modules'] entry '{src}' holds more than")):
+        working_dir.package_modules([src])  # (it named the path twice)
     evil = io.BytesIO()
     with zipfile.ZipFile(evil, "w") as zf:
         zf.writestr("../escaped.txt", "x")
