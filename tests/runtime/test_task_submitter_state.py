@@ -246,16 +246,26 @@ def test_retryable_error_uses_a_retry_until_none_is_left() -> None:
     assert all(s.use_retry(y) for _ in range(5)) and y.retries_left == -1
 
 
-def test_exiting_worker_gets_nothing_more_and_its_unrun_tasks_requeue_without_a_retry() -> None:
-    s = state()
-    t = template()
+def two_pushed(s: ts.TaskSubmitterState, t: TaskTemplate) -> tuple[LeasedWorker, PendingTask, PendingTask,
+                                                                   PendingTask]:
+    """A worker leased for a first task of ``t``, which it ran, then given two more at
+    once: ``(lease, first, a, b)``."""
     first = task(t)
     s.enqueue(first)
     lease, _ = grant(s, first.queue)
     reply(s, first)
-    a, b, c = task(t), task(t), task(t)
-    for x in (a, b):
-        s.enqueue(x)
+    a, b = task(t), task(t)
+    s.enqueue(a)
+    s.enqueue(b)
+    assert a.lease is lease and b.lease is lease  # both pushed to it
+    return lease, first, a, b
+
+
+def test_exiting_worker_gets_nothing_more_and_its_unrun_tasks_requeue_without_a_retry() -> None:
+    s = state()
+    t = template()
+    lease, first, a, b = two_pushed(s, t)
+    c = task(t)
     # max_calls reached: it exits after this reply
     out = reply(s, a, exiting=m.WorkerExitType.INTENDED_SYSTEM_EXIT)
     assert lease.exiting and of(out, ts.StartIdleTimer) == []
@@ -278,14 +288,7 @@ def test_an_exiting_workers_lease_goes_back_with_its_reply_or_its_last_handed_ba
     assert [(r.lease, r.disconnect) for r in of(out, ts.ReturnLease)] == [(lease, False)]
 
     s = state()
-    first = task(t)
-    s.enqueue(first)
-    lease, _ = grant(s, first.queue)
-    reply(s, first)
-    a, b = task(t), task(t)
-    s.enqueue(a)
-    s.enqueue(b)
-    assert a.lease is lease and b.lease is lease  # both pushed to it
+    lease, _, a, b = two_pushed(s, t)
     out = reply(s, a, exiting=m.WorkerExitType.INTENDED_SYSTEM_EXIT)
     assert of(out, ts.ReturnLease) == []  # b is still in flight there
     out = s.task_requeued(b)  # it hands b back unrun
@@ -297,13 +300,7 @@ def test_an_exiting_workers_lease_goes_back_with_its_reply_or_its_last_handed_ba
 def test_requeued_task_of_a_blocked_worker_runs_elsewhere() -> None:
     s = state()
     t = template()
-    first = task(t)
-    s.enqueue(first)
-    lease, _ = grant(s, first.queue)
-    reply(s, first)
-    a, b = task(t), task(t)
-    s.enqueue(a)
-    s.enqueue(b)
+    lease, first, a, b = two_pushed(s, t)
     out = s.task_requeued(b)  # a blocks in get() with b behind it
     assert lease.blocked and b.state == QUEUED and b.lease is None
     assert len(of(out, ts.RequestLease)) == 1
