@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from lumos._private.process import await_ready
-from tests.conftest import RedisServer, wait_for
+from tests.conftest import RedisServer, process_gone, wait_for
 from tests.runtime.test_cli import FAST, RUN_TASK, CliEnv, assert_all_gone, cli  # noqa: F401 (a fixture)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -95,12 +95,6 @@ def start_keeper(runs: list[KeeperRun], tmp_path: Any, plan: list[dict[str, Any]
     return run
 
 
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
 
 @pytest.mark.timeout(60)
 def test_a_killed_gcs_is_started_again_on_the_port_it_had_and_sigterm_stops_both(
@@ -116,7 +110,7 @@ def test_a_killed_gcs_is_started_again_on_the_port_it_had_and_sigterm_stops_both
 
     run.proc.send_signal(signal.SIGTERM)  # as `lumos stop` does: passed on, nothing restarted
     assert run.proc.wait(15) == 0
-    assert not alive(second["pid"])
+    assert process_gone(second["pid"])
     assert len(run.starts()) == 2 and run.pid_file() is None
     assert "the GCS stopped (exit code 0); the keeper exits" in run.log()
 
@@ -195,6 +189,12 @@ def gcs_pid(session_dir: str) -> int | None:
         return None
 
 
+def restarted_gcs_pid(session_dir: str, old: int) -> int | None:
+    """The pid ``gcs.pid`` names once the keeper started a GCS other than ``old`` (running)."""
+    pid = gcs_pid(session_dir)
+    return pid if pid not in (None, old) and not process_gone(pid) else None
+
+
 def start_head_on(cli: CliEnv, url: str, *extra: str) -> dict[str, Any]:
     cli.lumos("start", "--head", "--port", "0", "--num-cpus", "2", "--no-dashboard", "--no-client-server",
               "--gcs-storage", url, "--system-config", FAST, *extra)
@@ -235,7 +235,7 @@ def test_lumos_start_on_redis_brings_a_killed_gcs_back_and_drivers_go_on(
     assert rec["gcs_keeper"] is True
     session = rec["session_dir"]
     first = gcs_pid(session)
-    assert first is not None and alive(first)
+    assert first is not None and not process_gone(first)
     keeper = psutil.Process(first).ppid()
     assert keeper in rec["pids"]  # the keeper is what the record lists; the GCS is its child
 
@@ -246,7 +246,7 @@ def test_lumos_start_on_redis_brings_a_killed_gcs_back_and_drivers_go_on(
         assert loop.stdout is not None and loop.stdout.readline().strip() == "READY"
         time.sleep(1.0)
         os.kill(first, signal.SIGKILL)
-        second = wait_for(lambda: (lambda p: p if p not in (None, first) else None)(gcs_pid(session)), 30)
+        second = wait_for(lambda: restarted_gcs_pid(session, first), 30)
         out, err = loop.communicate(timeout=120)
     finally:
         if loop.poll() is None:
@@ -255,7 +255,7 @@ def test_lumos_start_on_redis_brings_a_killed_gcs_back_and_drivers_go_on(
     assert loop.returncode == 0, err
     done = [ln for ln in out.splitlines() if ln.startswith("DONE")]
     assert done and int(done[0].split()[1]) > 50, out  # the task and actor calls went on across the restart
-    assert alive(second) and psutil.Process(second).ppid() == keeper
+    assert not process_gone(second) and psutil.Process(second).ppid() == keeper
 
     # A driver started after the restart works too.
     out2 = cli.driver(RUN_TASK.format(init='address="auto"'))
@@ -281,8 +281,8 @@ def test_stop_ends_the_gcs_of_a_killed_keeper_and_no_keeper_without_durable_stor
     assert gcs is not None
     keeper = psutil.Process(gcs).ppid()
     os.kill(keeper, signal.SIGKILL)  # the GCS goes on, unsupervised
-    wait_for(lambda: not alive(keeper), 10)
-    assert alive(gcs)
+    wait_for(lambda: process_gone(keeper), 10)
+    assert not process_gone(gcs)
     out = cli.driver(RUN_TASK.format(init='address="auto"'))
     assert out.returncode == 0 and "RESULT 42" in out.stdout, out.stderr
     procs = cli.processes() + [psutil.Process(gcs)]
@@ -316,10 +316,10 @@ def test_a_gcs_that_exited_for_lost_storage_comes_back_with_redis(
     first = gcs_pid(session)
     assert first is not None
     redis_server.stop()
-    wait_for(lambda: not alive(first), 30)  # it exits 1 once Redis has been gone 2 s
+    wait_for(lambda: process_gone(first), 30)  # it exits 1 once Redis has been gone 2 s
     time.sleep(2.0)  # the keeper's starts fail meanwhile (no storage) and are tried again
     redis_server.start()
-    second = wait_for(lambda: (lambda p: p if p not in (None, first) and alive(p) else None)(gcs_pid(session)), 40)
+    second = wait_for(lambda: restarted_gcs_pid(session, first), 40)
     out = cli.driver(RUN_TASK.format(init='address="auto"'), timeout=90)
     assert out.returncode == 0 and "RESULT 42" in out.stdout, out.stderr
     with open(os.path.join(session, "logs", "keeper.log")) as f:

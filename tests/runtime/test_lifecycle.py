@@ -39,17 +39,11 @@ class Echo:
         return x
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
 
 def _leftovers(session: str, pids: list[int]) -> dict[str, Any]:
     base = os.path.basename(session)
     return {
-        "processes": [p for p in pids if _alive(p)],
+        "processes": [p for p in pids if not process_gone(p)],
         "sockets": glob.glob(os.path.join(session, "sockets", "*")),
         "stores": glob.glob(f"/dev/shm/lumos-{base}-*"),
     }
@@ -252,7 +246,7 @@ def _reap(proc: subprocess.Popen[str], info: dict[str, Any]) -> None:
         proc.kill()
     proc.communicate(timeout=30)
     for pid in info["pids"]:
-        if _alive(pid):
+        if not process_gone(pid):
             os.kill(pid, signal.SIGKILL)
 
 

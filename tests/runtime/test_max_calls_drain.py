@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 import lumos
-from tests.conftest import wait_for
+from tests.conftest import process_gone, wait_for
 
 
 @lumos.remote(max_calls=1)
@@ -33,12 +33,6 @@ def gpu_values(n: int) -> Any:
         yield np.full(10, i)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
 
 @pytest.mark.timeout(120)
 def test_objects_a_max_calls_worker_owns_outlive_its_last_task(fresh_cluster: Any) -> None:
@@ -46,15 +40,15 @@ def test_objects_a_max_calls_worker_owns_outlive_its_last_task(fresh_cluster: An
     pid, refs = lumos.get(put_inside.remote(), timeout=60)
     time.sleep(1.0)  # (it used to be gone by now, and its objects with it)
     assert int(lumos.get(refs[0], timeout=30)[0]) == 9 and lumos.get(refs[1], timeout=30) == "small"
-    assert _alive(pid)
+    assert not process_gone(pid)
 
     gpu_pid, weights = lumos.get(gpu_put.remote(), timeout=60)
     # Its GPU went back with its last reply: the next GPU task runs while it drains.
     gen = lumos.get(gpu_values.remote(3), timeout=60)
     assert [int(lumos.get(r, timeout=30)[0]) for r in gen] == [0, 1, 2]
     assert float(lumos.get(weights, timeout=30).sum()) == 100_000.0
-    assert _alive(gpu_pid) and lumos.available_resources().get("GPU") == 1.0
+    assert not process_gone(gpu_pid) and lumos.available_resources().get("GPU") == 1.0
 
     # Once nothing references what they own, they leave.
     del refs, weights
-    wait_for(lambda: not _alive(pid) and not _alive(gpu_pid), 30, 0.1)
+    wait_for(lambda: process_gone(pid) and process_gone(gpu_pid), 30, 0.1)
