@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from typing import Callable, Container, Iterable, Union
 
 from lumos import exceptions as exc
-from lumos._private import serialization as ser
 from lumos._private.core_worker.objects import error_blob
-from lumos._private.core_worker.references import FAILED, PENDING, READY, Freed, ObjectEntry, ObjectTable
+from lumos._private.core_worker.references import (FAILED, PENDING, READY, Freed, ObjectEntry, ObjectTable,
+                                                   holds_error)
 from lumos._private.core_worker.tasks import DONE, WAITING_ARGS, PendingTask
 from lumos._private.ids import NodeID, ObjectID, TASK_ID_SIZE, WorkerID, is_put_object, short, task_id_of
 from lumos._private.protocol import messages as m
@@ -168,7 +168,7 @@ class OwnerState:
             e = entries.get(dep.object_id)
             if e is None:
                 return [FailTask(task, _freed_arg(dep))]
-            if e.state == FAILED or (e.data is not None and ser.kind_of(e.data) == ser.KIND_ERROR):
+            if holds_error(e):
                 e.seen = True  # (the error goes on in the dependent task's results)
                 return [FailTaskWithValue(task, e.data or error_blob(exc.ObjectLostError(dep.object_id.hex())))]
             dep.data = e.data
