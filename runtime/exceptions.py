@@ -101,7 +101,7 @@ class TaskError(LumosError):
             # line; its layout is plain BaseException's, so that constructor is safe.
             err = Exception.__new__(dual)
         err.__dict__.update(self.__dict__)
-        err.args = (str(self),)
+        err.args = (cause,)  # as Ray's: e.args[0] is the original exception; str(e) stays the traceback
         return err
 
     def _render_traceback_(self) -> list[str]:

@@ -1024,6 +1024,9 @@ def test_task_error_is_an_instance_of_the_user_class_and_carries_the_traceback()
     assert "x.py" in err.traceback_str and "bad input" in str(err)
     assert "train_step" in str(err) and "pid=4411" in str(err)
     assert err.cause.args == ("bad input",)
+    # As Ray's: args hold the original exception, repr names both classes.
+    assert err.args == (err.cause,)
+    assert repr(err) == "TaskError(UserError)(UserError('bad input'))"
     with pytest.raises(UserError):
         raise err
 
@@ -1043,6 +1046,7 @@ def test_nested_task_error_uses_the_innermost_user_class():
     inner = _task_error(UserError("deep")).as_instanceof_cause()
     outer = exc.TaskError("outer", "tb", inner).as_instanceof_cause()
     assert isinstance(outer, UserError)
+    assert outer.args == (inner.cause,)
 
 
 def test_task_error_of_builtin_exceptions_is_catchable_as_them():
