@@ -257,30 +257,72 @@ def get_objects(id: str, address: str | None = None, timeout: int = 30, _explain
 
 def summarize_tasks(address: str | None = None, timeout: int = 30, raise_on_missing_output: bool = True,
                     _explain: bool = False) -> dict[str, Any]:
-    """Task counts per function name and state."""
+    """Task counts per function (or ``Class.method``) and state, in Ray's shape::
+
+        {"cluster": {"summary": {"f": {"func_or_class_name": "f", "type": "NORMAL_TASK",
+                                       "state_counts": {"FINISHED": 3}}, ...},
+                     "total_tasks": 3, "total_actor_tasks": 1, "total_actor_scheduled": 1,
+                     "summary_by": "func_name"}}
+
+    Tasks are grouped by their name: the function's (``Class.method`` for an actor's),
+    or the one given with ``.options(name=...)``, where Ray keeps grouping by the
+    function. (``lumos.state.summarize_tasks`` gives the flat ``{name: {state: count}}``.)"""
     _check_address(address)
-    return _state.summarize_tasks()
+    summary: dict[str, dict[str, Any]] = {}
+    totals = {"NORMAL_TASK": 0, "ACTOR_TASK": 0, "ACTOR_CREATION_TASK": 0}
+    for r in _state.list_tasks(limit=1_000_000, all_jobs=True):
+        name = r["name"]
+        entry = summary.setdefault(name, {"func_or_class_name": name, "type": r["type"], "state_counts": {}})
+        entry["state_counts"][r["state"]] = entry["state_counts"].get(r["state"], 0) + 1
+        totals[r["type"]] = totals.get(r["type"], 0) + 1
+    return {"cluster": {"summary": summary, "total_tasks": totals["NORMAL_TASK"],
+                        "total_actor_tasks": totals["ACTOR_TASK"],
+                        "total_actor_scheduled": totals["ACTOR_CREATION_TASK"], "summary_by": "func_name"}}
 
 
 def summarize_actors(address: str | None = None, timeout: int = 30, raise_on_missing_output: bool = True,
                      _explain: bool = False) -> dict[str, Any]:
-    """Actor counts per class name and state."""
-    out: dict[str, dict[str, int]] = {}
-    for a in list_actors(address, limit=-1):
-        by_state = out.setdefault(a["class_name"], {})
-        by_state[a["state"]] = by_state.get(a["state"], 0) + 1
-    return out
+    """Actor counts per class and state, in Ray's shape::
+
+        {"cluster": {"summary": {"A": {"class_name": "A", "state_counts": {"ALIVE": 1}}},
+                     "total_actors": 1, "summary_by": "class"}}"""
+    summary: dict[str, dict[str, Any]] = {}
+    rows = list_actors(address, limit=-1)
+    for a in rows:
+        entry = summary.setdefault(a["class_name"], {"class_name": a["class_name"], "state_counts": {}})
+        entry["state_counts"][a["state"]] = entry["state_counts"].get(a["state"], 0) + 1
+    return {"cluster": {"summary": summary, "total_actors": len(rows), "summary_by": "class"}}
 
 
 def summarize_objects(address: str | None = None, timeout: int = 30, raise_on_missing_output: bool = True,
                       _explain: bool = False) -> dict[str, Any]:
-    """Object records: how many, their total size, and how many per process."""
+    """Object references in Ray's shape: lumos does not record call sites, so, as Ray with
+    call sites off, every reference is in one group named ``"disabled"``::
+
+        {"cluster": {"summary": {"disabled": {"total_objects": 2, "total_size_mb": 1.0,
+                                              "total_num_workers": 1, "total_num_nodes": 1,
+                                              "task_state_counts": {...}, "task_attempt_number_counts": {...},
+                                              "ref_type_counts": {"LOCAL_REFERENCE": 2}}},
+                     "total_objects": 2, "total_size_mb": 1.0, "callsite_enabled": False,
+                     "summary_by": "callsite"}}
+
+    A reference is counted once per process that holds it (as ``list_objects`` lists it)."""
     rows = list_objects(address, limit=-1)
-    per_worker: dict[str, int] = {}
-    for r in rows:
-        per_worker[r["reporter_worker_id"]] = per_worker.get(r["reporter_worker_id"], 0) + 1
-    return {"total_objects": len(rows), "total_size_bytes": sum(r.get("size_bytes") or 0 for r in rows),
-            "objects_per_worker": per_worker}
+    size_mb = sum(r.get("size_bytes") or 0 for r in rows) / (1 << 20)
+    summary: dict[str, dict[str, Any]] = {}
+    if rows:
+        group: dict[str, Any] = {"total_objects": len(rows), "total_size_mb": size_mb,
+                                 "total_num_workers": len({r["reporter_worker_id"] for r in rows}),
+                                 "total_num_nodes": len({r["node_id"] for r in rows if r["node_id"]}),
+                                 "task_state_counts": {}, "task_attempt_number_counts": {}, "ref_type_counts": {}}
+        for r in rows:
+            for key, value in (("task_state_counts", r["task_status"] or "NIL"),
+                               ("task_attempt_number_counts", str(r["attempt_number"] or 0)),
+                               ("ref_type_counts", r["reference_type"])):
+                group[key][value] = group[key].get(value, 0) + 1
+        summary["disabled"] = group
+    return {"cluster": {"summary": summary, "total_objects": len(rows), "total_size_mb": size_mb,
+                        "callsite_enabled": False, "summary_by": "callsite"}}
 
 
 _LOGS = ("worker output reaches the driver as it is printed; every process's log file is in the "

@@ -533,7 +533,13 @@ def test_util_state_has_rays_signatures_and_attribute_rows(cluster: lumos.LumosC
     assert rows and rows[0].state == rows[0]["state"]
     one = state.get_actor(rows[0].actor_id)
     assert one is not None and one.class_name == "Self"
-    assert state.summarize_actors()["Self"]["ALIVE"] >= 1
+    actors = state.summarize_actors()["cluster"]  # Ray's shape
+    assert actors["summary"]["Self"]["class_name"] == "Self" and actors["summary"]["Self"]["state_counts"]["ALIVE"] >= 1
+    assert actors["total_actors"] >= 1 and actors["summary_by"] == "class"
+    tasks = wait_for(lambda: (s := state.summarize_tasks()["cluster"])["summary"].get("Self.ping") and s, 10)
+    assert tasks["summary"]["Self.ping"]["type"] == "ACTOR_TASK" and tasks["summary_by"] == "func_name"
+    assert tasks["summary"]["Self.ping"]["func_or_class_name"] == "Self.ping"
+    assert tasks["summary"]["Self.ping"]["state_counts"]["FINISHED"] >= 1 and tasks["total_actor_tasks"] >= 1
     node = state.list_nodes()[0]
     assert state.get_node(node.node_id).node_id == node.node_id
     with pytest.raises(ValueError, match="connected to"):
@@ -603,7 +609,11 @@ def test_state_filters_name_real_fields_and_limits_hold(cluster: lumos.LumosCont
     assert not [r for r in state.list_actors(filters=[("state", "!=", "Alive")]) if r.state == "ALIVE"]
     assert lumos.state.list_objects(limit=0) == []
     keep = lumos.put(b"x" * (1 << 20))
-    assert state.summarize_objects()["total_size_bytes"] >= 1 << 20
+    objects = state.summarize_objects()["cluster"]
+    assert objects["total_size_mb"] >= 1 and objects["callsite_enabled"] is False
+    group = objects["summary"]["disabled"]
+    assert group["total_objects"] == objects["total_objects"] >= 1 and group["total_num_workers"] >= 1
+    assert group["ref_type_counts"].get("LOCAL_REFERENCE", 0) >= 1
     del keep, a
 
 
