@@ -136,7 +136,11 @@ def _runtime_env(name: str, v: Any) -> None:
 
 
 #: runtime_env keys init() takes; a task's or actor's take env_vars only.
-JOB_RUNTIME_ENV_KEYS = {"env_vars", "working_dir", "py_modules", "excludes"}
+JOB_RUNTIME_ENV_KEYS = {"env_vars", "working_dir", "py_modules", "excludes", "worker_process_setup_hook"}
+
+#: Ray's runtime_env keys for what lumos does not install (a package manager's packages, a
+#: container, a profiler); accepted when empty (None, [], {}, ""), as there is nothing to do.
+_EMPTY_ONLY_KEYS = {"pip", "conda", "uv", "container", "image_uri", "nsight", "mpi", "java_jars"}
 
 
 #: Keys of Ray's ``runtime_env["config"]`` (RuntimeEnvConfig). lumos accepts them and has
@@ -155,21 +159,32 @@ def _check_env_config(config: Any) -> None:
                          f"valid: {sorted(_ENV_CONFIG_KEYS)}")
 
 
+def _empty(value: Any) -> bool:
+    return value is None or (isinstance(value, (list, tuple, dict, str)) and not value)
+
+
 def env_vars_of(runtime_env: Any, job: bool = False) -> dict[str, str] | None:
     """The ``env_vars`` of a ``runtime_env`` option (checked), or None when it sets none.
-    ``job``: the runtime_env of ``init()``, which may also hold working_dir, py_modules and excludes."""
+    ``job``: the runtime_env of ``init()``, which may also hold working_dir, py_modules,
+    excludes and worker_process_setup_hook."""
     if runtime_env is None:
         return None
     if not isinstance(runtime_env, dict):
         raise TypeError(f"runtime_env must be a dict, not {type(runtime_env).__name__}")
     _check_env_config(runtime_env.get("config"))
-    unsupported = set(runtime_env) - (JOB_RUNTIME_ENV_KEYS if job else {"env_vars"}) - {"config"}
+    unsupported = {k for k in set(runtime_env) - (JOB_RUNTIME_ENV_KEYS if job else {"env_vars"}) - {"config"}
+                   if not (k in _EMPTY_ONLY_KEYS and _empty(runtime_env[k]))}
     if unsupported and not job and unsupported <= JOB_RUNTIME_ENV_KEYS:
         raise ValueError(f"runtime_env {sorted(unsupported)} can be set for the whole job only, in "
                          "lumos.init(runtime_env=...); a task's or actor's runtime_env takes env_vars")
     if unsupported:
         raise ValueError(f"runtime_env keys {sorted(unsupported)} are not supported; lumos supports "
-                         + ("env_vars, working_dir, py_modules and excludes" if job else "env_vars"))
+                         + ("env_vars, working_dir, py_modules, excludes and worker_process_setup_hook" if job
+                            else "env_vars"))
+    hook = runtime_env.get("worker_process_setup_hook")
+    if hook is not None and not callable(hook) and not (isinstance(hook, str) and "." in hook.strip(".")):
+        raise TypeError("runtime_env['worker_process_setup_hook'] must be a function or a 'module.function' name, "
+                        f"not {hook!r}")
     env = runtime_env.get("env_vars")
     if env is None:
         return None

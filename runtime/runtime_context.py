@@ -135,18 +135,26 @@ class RuntimeContext:
         return flag
 
     @property
-    def runtime_env(self) -> dict[str, Any]:
-        """The environment variables in effect here: the job's, under the task's or actor's
-        own (``{"env_vars": {...}}``, or ``{}`` when none are set)."""
+    def runtime_env(self) -> Any:
+        """The runtime environment in effect here, a ``lumos.runtime_env.RuntimeEnv`` (a
+        dict): the environment variables (the job's, under the task's or actor's own) as
+        ``{"env_vars": {...}}``, and the job's ``working_dir`` and ``py_modules`` as the URIs
+        of their packages; empty when none is set."""
         cw = worker_context.require()
         env: dict[str, str] = {}
         if cw.executor is not None:
             env.update(cw.executor._job_env.get(cw.job_id, {}))
-        elif cw.job_env_vars:
-            env.update(cw.job_env_vars)
+            out: dict[str, Any] = dict(cw.executor._job_code_env.get(cw.job_id, {}))
+        else:
+            if cw.job_env_vars:
+                env.update(cw.job_env_vars)
+            out = dict(cw.job_code_env)
         if cw.inherited_env:
             env.update(cw.inherited_env)
-        return {"env_vars": env} if env else {}
+        if env:
+            out["env_vars"] = env
+        from lumos.runtime_env import RuntimeEnv
+        return RuntimeEnv(**out, _validate=False)
 
     @property
     def namespace(self) -> str:

@@ -4,9 +4,10 @@ a ``runtime_env`` dict.
 Both are dicts, as Ray's are, so they go wherever a ``runtime_env`` dict goes
 (``init(runtime_env=...)``, ``.options(runtime_env=...)``, ``JobConfig``). They hold what
 lumos supports: ``env_vars``, and for a whole job ``working_dir``, ``py_modules`` (local
-directories, ``.py`` files, imported modules) and ``excludes``. A field lumos cannot
-honour (``pip``, ``conda``, ``container`` …) is refused when the object is made, with
-the error a dict holding it gets.
+directories, ``.py`` files, imported modules), ``excludes`` and
+``worker_process_setup_hook``. A field lumos cannot honour (``pip``, ``conda``,
+``container`` … with something to install) is refused when the object is made, with the
+error a dict holding it gets.
 
     import lumos as ray
     env = ray.runtime_env.RuntimeEnv(env_vars={"OMP_NUM_THREADS": "4"})

@@ -40,21 +40,82 @@ class JobCode:
     ``(content hash, zip bytes)``; uploaded to the GCS KV (``"pkg"``) as the job registers."""
     working_dir: tuple[str, bytes] | None
     py_modules: list[tuple[str, bytes]]
+    #: ``worker_process_setup_hook``: ``{"name": "module.function"}`` or ``{"pickled":
+    #: base64 of the pickled function}``, kept in the job's config (``setup_hook_of``).
+    setup_hook: dict[str, str] | None = None
 
     def packages(self) -> list[tuple[str, bytes]]:
         return ([self.working_dir] if self.working_dir else []) + self.py_modules
 
 
+#: Largest pickled ``worker_process_setup_hook`` (it travels in the job's config).
+MAX_HOOK_BYTES = 1 << 20
+
+
 def job_code_of(runtime_env: Any) -> JobCode | None:
-    """Zip a job runtime_env's ``working_dir`` and ``py_modules`` (None when it has neither)."""
+    """Zip a job runtime_env's ``working_dir`` and ``py_modules`` and pickle its
+    ``worker_process_setup_hook`` (None when it has none of them)."""
     if not runtime_env:
         return None
     wd, modules = runtime_env.get("working_dir"), runtime_env.get("py_modules")
-    if wd is None and modules is None:
+    hook = setup_hook_of(runtime_env.get("worker_process_setup_hook"))
+    if wd is None and modules is None and hook is None:
         return None
     excludes = runtime_env.get("excludes")
     return JobCode(package(wd, excludes) if wd is not None else None,
-                   package_modules(modules, excludes) if modules is not None else [])
+                   package_modules(modules, excludes) if modules is not None else [], hook)
+
+
+def setup_hook_of(hook: Any) -> dict[str, str] | None:
+    """A ``worker_process_setup_hook`` (a function, or a ``"module.function"`` name) as
+    the job's config holds it.
+
+    Raises:
+        SerializationError: the function cannot be pickled.
+        ValueError: it pickles to more than ``MAX_HOOK_BYTES``.
+    """
+    if hook is None:
+        return None
+    if isinstance(hook, str):
+        return {"name": hook}
+    import base64
+
+    from lumos._private import serialization as ser
+    data = ser.dumps_code(hook)
+    if len(data) > MAX_HOOK_BYTES:
+        raise ValueError(f"runtime_env['worker_process_setup_hook'] pickles to {len(data)} bytes, more than "
+                         f"{MAX_HOOK_BYTES}: does it capture a large object? Have it load what it needs instead")
+    return {"pickled": base64.b64encode(data).decode("ascii")}
+
+
+def run_setup_hook(hook: Any) -> None:
+    """Run a job's ``worker_process_setup_hook`` (as ``setup_hook_of`` made it) in this
+    worker.
+
+    Raises:
+        RuntimeEnvSetupError: it could not be loaded, or it raised.
+    """
+    import base64
+    import importlib
+    import traceback
+
+    from lumos import exceptions as exc
+    from lumos._private import serialization as ser
+    try:
+        if not isinstance(hook, dict):
+            raise TypeError(f"malformed setup hook {hook!r} in the job's config")
+        if "name" in hook:
+            module, _, name = str(hook["name"]).rpartition(".")
+            fn = getattr(importlib.import_module(module), name)
+        else:
+            fn = ser.deserialize_code(base64.b64decode(str(hook["pickled"])))
+        fn()
+    except BaseException as e:
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise exc.RuntimeEnvSetupError(
+            "the job's runtime_env['worker_process_setup_hook'] failed in this worker:\n"
+            + "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next)).rstrip()) from None
 
 
 def package(path: Any, excludes: Any = None) -> tuple[str, bytes]:

@@ -144,3 +144,87 @@ def test_py_modules_errors_are_clear(tmp_path: Any) -> None:
     with pytest.raises(ValueError, match="whole job only"):
         env_of.options(runtime_env={"py_modules": [str(tmp_path)]})
     assert not lumos.is_initialized()
+
+
+def _hook_marks_the_worker() -> None:
+    import logging
+    os.environ["LUMOS_TEST_HOOKED"] = str(os.getpid())
+    logging.getLogger("hooked_app").setLevel(logging.DEBUG)
+
+
+def _hook_fails() -> None:
+    raise RuntimeError("no licence server here")
+
+
+def test_worker_process_setup_hook_runs_once_in_each_worker_before_its_tasks(fresh_cluster: Any,
+                                                                            tmp_path: Any) -> None:
+    import logging
+    code = tmp_path / "project"
+    code.mkdir()
+    (code / "hook_mod.py").write_text(
+        "import os\n"
+        "def setup():\n"
+        "    with open(os.path.join(os.environ['HOOK_LOG_DIR'], str(os.getpid())), 'a') as f:\n"
+        "        f.write('x')\n")
+    logs = tmp_path / "calls"
+    logs.mkdir()
+    # A function (pickled by value: it lives in this test module) ...
+    fresh_cluster(num_cpus=2, runtime_env={"worker_process_setup_hook": _hook_marks_the_worker})
+
+    @lumos.remote
+    def probe() -> tuple[str | None, int, int]:
+        return os.environ.get("LUMOS_TEST_HOOKED"), os.getpid(), logging.getLogger("hooked_app").level
+
+    @lumos.remote
+    class Probe:
+        def hooked(self) -> bool:
+            return os.environ.get("LUMOS_TEST_HOOKED") == str(os.getpid())
+
+    for hooked, pid, level in lumos.get([probe.remote() for _ in range(6)], timeout=60):
+        assert hooked == str(pid) and level == logging.DEBUG
+    assert lumos.get(Probe.remote().hooked.remote(), timeout=60)
+    lumos.shutdown()
+    # ... or a "module.function" name, importable from the job's working_dir.
+    fresh_cluster(num_cpus=1, runtime_env={"working_dir": str(code), "worker_process_setup_hook": "hook_mod.setup",
+                                           "env_vars": {"HOOK_LOG_DIR": str(logs)}})
+    pids = {pid for _, pid, _ in lumos.get([probe.remote() for _ in range(5)], timeout=60)}
+    assert {int(p.name) for p in logs.iterdir()} == pids
+    assert all(p.read_text() == "x" for p in logs.iterdir())  # once per worker, not per task
+    ctx_env = lumos.get(lumos.remote(lambda: lumos.get_runtime_context().runtime_env).remote(), timeout=60)
+    assert isinstance(ctx_env, lumos.runtime_env.RuntimeEnv) and ctx_env.working_dir().startswith("gcs://")
+    assert re.fullmatch(r"gcs://_lumos_pkg_\w+\.zip", ctx_env["working_dir"]), ctx_env
+    assert ctx_env["env_vars"]["HOOK_LOG_DIR"] == str(logs)
+    assert lumos.get_runtime_context().runtime_env["working_dir"] == ctx_env["working_dir"]  # the driver's view
+
+
+def test_a_failing_setup_hook_fails_the_tasks_with_its_traceback(fresh_cluster: Any) -> None:
+    fresh_cluster(num_cpus=1, runtime_env={"worker_process_setup_hook": _hook_fails})
+
+    @lumos.remote
+    def never() -> int:
+        return 1
+
+    for _ in range(2):  # each task tries the hook again, and says why it failed
+        with pytest.raises(lumos.exceptions.RuntimeEnvSetupError) as info:
+            lumos.get(never.remote(), timeout=60)
+        text = str(info.value)
+        assert "worker_process_setup_hook" in text and "no licence server here" in text and "_hook_fails" in text
+
+
+def test_setup_hook_and_empty_install_keys_are_checked() -> None:
+    import threading
+    lock, big = threading.Lock(), b"x" * (2 << 20)
+    for hook, error, message in ((42, TypeError, "a function or a 'module.function' name"),
+                                 ("nodots", TypeError, "a function or a 'module.function' name"),
+                                 (lambda: lock, TypeError, "lock"),
+                                 (lambda: big, ValueError, "pickles to .* bytes, more than")):
+        with pytest.raises(error, match=message):
+            lumos.init(runtime_env={"worker_process_setup_hook": hook})
+    with pytest.raises(ValueError, match="whole job only"):
+        env_of.options(runtime_env={"worker_process_setup_hook": _hook_fails})
+    with pytest.raises(ValueError, match=r"keys \['pip'\] are not supported"):
+        env_of.options(runtime_env={"pip": ["requests"]})
+    assert not lumos.is_initialized()
+    # Ray's install keys with nothing to install are accepted, as Ray accepts them.
+    env_of.options(runtime_env={"pip": [], "conda": None, "env_vars": {"A": "1"}})
+    lumos.runtime_env.RuntimeEnv(pip=[], uv=[], env_vars={"A": "1"})

@@ -53,7 +53,7 @@ from lumos._private.config import Config
 from lumos._private.core_worker import gcs_link
 from lumos._private.core_worker import owner as ow
 from lumos._private.core_worker import task_submitter as ts
-from lumos._private.core_worker.driver import job_config, print_cluster_error, print_worker_lines
+from lumos._private.core_worker.driver import code_env, job_config, print_cluster_error, print_worker_lines
 from lumos._private.core_worker.io_loop import Claim, IoLoop
 from lumos._private.core_worker.objects import ObjectsMixin, error_blob
 from lumos._private.core_worker.references import ReferencesMixin
@@ -115,6 +115,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self.job_env_vars = job_env_vars
         #: Drivers: the job's working_dir and py_modules, zipped (``working_dir.JobCode``).
         self.job_code = job_code
+        #: The job's working_dir and py_modules as ``runtime_context.runtime_env`` shows them.
+        self.job_code_env: dict[str, Any] = {}
         #: Drivers: ``JobConfig(metadata=...)``, for the job's row.
         self.job_metadata = job_metadata
         #: The running task's or actor's own environment variables, inherited by what it
@@ -375,9 +377,12 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             if code is not None:
                 for package_hash, data in code.packages():
                     await self.gcs.call(m.KvPut("pkg", package_hash.encode(), data, False), cfg.rpc_timeout_s)
+            wd_hash = code.working_dir[0] if code and code.working_dir else None
+            module_hashes = [h for h, _ in code.py_modules] if code else []
+            self.job_code_env = code_env(wd_hash, module_hashes)
             await self.gcs.call(m.KvPut("job", self.job_id, job_config(
-                self.namespace, self.job_env_vars, code.working_dir[0] if code and code.working_dir else None,
-                [h for h, _ in code.py_modules] if code else []), True), cfg.rpc_timeout_s)
+                self.namespace, self.job_env_vars, wd_hash, module_hashes, code.setup_hook if code else None), True),
+                cfg.rpc_timeout_s)
         if not self._gcs_durable_known:
             durable = await self.gcs.call(m.KvGet("cluster", b"gcs_storage_durable", 0.0), cfg.rpc_timeout_s)
             self._gcs_durable = durable == b"1"

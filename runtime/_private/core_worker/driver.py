@@ -14,9 +14,9 @@ from typing import Any
 
 
 def job_config(namespace: str, env_vars: dict[str, str] | None = None, working_dir: str | None = None,
-               py_modules: list[str] | None = None) -> bytes:
-    """The job's config as stored in the GCS: where the driver runs and imports from, and
-    the content hashes of the packages it shipped (``working_dir.JobCode``)."""
+               py_modules: list[str] | None = None, setup_hook: dict[str, str] | None = None) -> bytes:
+    """The job's config as stored in the GCS: where the driver runs and imports from, the
+    content hashes of the packages it shipped and its setup hook (``working_dir.JobCode``)."""
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     main = sys.modules.get("__main__")
     main_file = getattr(main, "__file__", None)
@@ -24,7 +24,18 @@ def job_config(namespace: str, env_vars: dict[str, str] | None = None, working_d
         paths.insert(0, os.path.dirname(os.path.abspath(main_file)))
     return json.dumps({"cwd": os.getcwd(), "sys_path": [os.getcwd()] + paths, "namespace": namespace,
                        "env_vars": env_vars or {}, "working_dir": working_dir,
-                       "py_modules": py_modules or []}).encode()
+                       "py_modules": py_modules or [], "setup_hook": setup_hook}).encode()
+
+
+def code_env(working_dir: Any, py_modules: Any) -> dict[str, Any]:
+    """A job's working_dir and py_modules packages as ``runtime_context.runtime_env`` names
+    them: the URIs of their zips in the GCS (Ray's form, ``gcs://_lumos_pkg_<hash>.zip``)."""
+    env: dict[str, Any] = {}
+    if working_dir:
+        env["working_dir"] = f"gcs://_lumos_pkg_{working_dir}.zip"
+    if py_modules and isinstance(py_modules, list):
+        env["py_modules"] = [f"gcs://_lumos_pkg_{h}.zip" for h in py_modules]
+    return env
 
 
 def print_worker_lines(lines: list[Any]) -> None:

@@ -49,6 +49,7 @@ from lumos._private import serialization as ser
 from lumos._private import thread_limits
 from lumos._private.core_worker.actor_host import ActorHost
 from lumos._private.core_worker.core_worker import CoreWorker, well_formed_push
+from lumos._private.core_worker.driver import code_env
 from lumos._private.core_worker.arguments import ArgumentsMixin, _TaskFailed
 from lumos._private.object_store.client import SPARE_IDLE_S  # an idle worker keeps spares this long
 from lumos._private.process import yield_cpu
@@ -101,6 +102,8 @@ class Executor(ArgumentsMixin):
         self._preloaded_functions: dict[bytes, bytes] = {}
         #: Job id -> the job's environment variables (``init(runtime_env=...)``).
         self._job_env: dict[bytes, dict[str, str]] = {}
+        #: Per job: its working_dir and py_modules URIs (``runtime_context.runtime_env``).
+        self._job_code_env: dict[bytes, dict[str, Any]] = {}
         #: The running task's native thread-pool sizes to restore (when its env sets them).
         self._thread_limits: thread_limits.Limits | None = None
         #: Task ids cancelled before they started.
@@ -725,7 +728,7 @@ class Executor(ArgumentsMixin):
             self._take_preload(spec)
         try:
             self._bind_job(spec.job_id)
-        except exc.LumosSystemError as e:
+        except (exc.LumosSystemError, exc.RuntimeEnvSetupError) as e:
             return m.TaskReply(spec.task_id, self._error_returns(spec, self._task_error_blob(spec, e)), True, False,
                                [], cw.worker_id, start, time.time())
         with self._start_lock:
@@ -927,6 +930,20 @@ class Executor(ArgumentsMixin):
                 os.chdir(cwd)
             except OSError:
                 pass
+        self._job_code_env[job_id] = code_env(package, modules)
+        hook = conf.get("setup_hook")
+        if hook is not None:  # after the job's code is importable: the hook may live there
+            from lumos._private import working_dir
+            job_env = self._job_env.get(job_id) or {}
+            saved = {k: os.environ.get(k) for k in job_env}
+            os.environ.update(job_env)  # the hook sees the job's env_vars, as its tasks do
+            try:
+                working_dir.run_setup_hook(hook)
+            except exc.RuntimeEnvSetupError:
+                self._jobs_bound.discard(job_id)  # the next task tries again
+                raise
+            finally:
+                _restore_env(saved)
 
     def _package_dir(self, package: str, what: str) -> str:
         """A package of the job (its ``what``: working_dir or one of its py_modules) on
