@@ -762,6 +762,13 @@ _UNHANDLED_DRIVER = textwrap.dedent("""
     def use(v):
         return v
 
+    @lumos.remote
+    def handle(refs):
+        try:
+            lumos.get(refs[0])
+        except ValueError:
+            return "handled"
+
     boom.remote("dropped-at-once")
     r = boom.remote("dropped-later")
     time.sleep(1.0)
@@ -777,6 +784,9 @@ _UNHANDLED_DRIVER = textwrap.dedent("""
     del dep
     lumos.wait([out], timeout=60)
     del out
+    lent = boom.remote("handled-by-a-borrower")
+    assert lumos.get(handle.remote([lent]), timeout=60) == "handled"
+    del lent
     slow = lumos.remote(lambda: time.sleep(30)).remote()
     time.sleep(0.5)
     lumos.cancel(slow)
@@ -796,3 +806,4 @@ def test_an_error_nobody_got_is_printed_once_when_its_refs_go():
     for what in ("dropped-at-once", "dropped-later", "as-an-argument"):
         assert err.count(f"ValueError: boom-{what}") == 1, err
     assert "boom-got" not in err and "Cancel" not in err, err
+    assert "boom-handled-by-a-borrower" not in err, err  # the borrower that read it handled it

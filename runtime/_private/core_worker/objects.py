@@ -870,6 +870,7 @@ class ObjectsMixin:
     def _status_of(e: Any) -> m.ObjectStatus:
         if e.state == PENDING:
             return m.ObjectStatus(STATUS_PENDING, None, None, 0)
+        e.seen = True  # another process reads it: an error in it is that reader's to raise, not unhandled
         return m.ObjectStatus(STATUS_READY, e.data, e.node_id, e.size)
 
     def _run_callbacks(self, oid: ObjectID, e: Any) -> None:
