@@ -640,6 +640,7 @@ def nodes() -> list[dict[str, Any]]:
             "NodeID": n.node_id.hex(), "Alive": n.state == "ALIVE", "alive": n.state == "ALIVE",
             "NodeName": n.address.host, "NodeManagerAddress": n.address.host, "NodeManagerHostname": n.hostname,
             "NodeManagerPort": n.address.port, "RayletSocketName": n.address.unix_path,
+            "ObjectManagerPort": n.address.port,  # (objects move between nodes through the raylet's port)
             "ObjectStoreSocketName": n.object_store_dir, "Resources": dict(n.resources_total),
             "Labels": dict(n.labels), "IsHead": n.is_head, "DeathReason": n.death_reason,
             "DeathReasonMessage": n.death_reason or "",

@@ -380,7 +380,7 @@ def test_nodes_lists_this_node(fresh_cluster):
     assert node["Alive"] is True and node["alive"] is True
     assert node["NodeID"] == ctx.address_info["node_id"] == lumos.get_runtime_context().get_node_id()
     assert node["NodeManagerAddress"] == "127.0.0.1"
-    assert node["NodeManagerPort"] > 0
+    assert node["NodeManagerPort"] > 0 and node["ObjectManagerPort"] == node["NodeManagerPort"]
     assert os.path.exists(node["RayletSocketName"])
     assert node["Resources"]["CPU"] == 2 and node["Resources"]["accel"] == 1
     assert node["IsHead"] is True
