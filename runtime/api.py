@@ -696,7 +696,10 @@ def timeline(filename: str | None = None) -> list[dict[str, Any]] | None:
         if t["start_time"] and t["end_time"]:
             events.append({"cat": "task", "name": t["name"], "ph": "X", "pid": t["node_id"] or "?",
                            "tid": t["worker_id"] or "?", "ts": t["start_time"] * 1e6,
-                           "dur": (t["end_time"] - t["start_time"]) * 1e6, "args": {"task_id": t["task_id"]}})
+                           "dur": (t["end_time"] - t["start_time"]) * 1e6,
+                           # Trace-viewer colours, as Ray's: failed tasks stand out.
+                           "cname": "terrible" if t["state"] == "FAILED" else "generic_work",
+                           "args": {"task_id": t["task_id"], "state": t["state"]}})
     if filename:
         with open(filename, "w") as f:
             json.dump(events, f)
