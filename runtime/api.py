@@ -649,11 +649,15 @@ def nodes() -> list[dict[str, Any]]:
 
 
 def cluster_resources() -> dict[str, float]:
-    """Total resources of the alive nodes."""
+    """Total resources of the alive nodes, with placement-group bundles under Ray's names."""
     cw = worker_context.require()
     total: dict[str, float] = {}
+    local = cw.call_raylet(m.GetNodeStats())
     for n in cw.call_gcs(m.GetClusterStatus()):
-        for k, v in n.total.items():
+        # Reserved placement-group bundles too, under Ray's names (CPU_group_<pg>, ...):
+        # this node's as of now, others' as of their last heartbeat.
+        groups = local["group_resources"][0] if n.node_id == cw.node_id else n.group_total
+        for k, v in (*n.total.items(), *groups.items()):
             total[k] = total.get(k, 0) + v
         total["object_store_memory"] = total.get("object_store_memory", 0) + n.store_capacity_bytes
     return {k: float(v) for k, v in total.items()}  # (floats, as in Ray)
@@ -665,8 +669,10 @@ def available_resources() -> dict[str, float]:
     avail: dict[str, float] = {}
     local = cw.call_raylet(m.GetNodeStats())
     for n in cw.call_gcs(m.GetClusterStatus()):
-        source = local["available"] if n.node_id == cw.node_id else n.available
-        for k, v in source.items():
+        here = n.node_id == cw.node_id
+        source = local["available"] if here else n.available
+        groups = local["group_resources"][1] if here else n.group_available
+        for k, v in (*source.items(), *groups.items()):
             if v > 0:
                 avail[k] = avail.get(k, 0) + v
         # Pooled free slots (kept for reuse, given up when room is needed) count as free.

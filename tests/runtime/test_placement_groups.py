@@ -450,8 +450,17 @@ def test_strategies_across_nodes_with_tasks_and_actors_in_bundles(three_nodes: t
         assert {r[0] for r in runs} == {where_bundles[i]}
     actor = Probe.options(num_cpus=1, scheduling_strategy=_in(pg, 2)).remote()
     assert lumos.get(actor.node.remote(), timeout=60) == where_bundles[2]
+    # The bundles show in the resources under Ray's names, each node's (as of its heartbeat).
+    g = pg.id.hex()
+    total = lumos.cluster_resources()
+    assert total[f"CPU_group_{g}"] == 3 and total[f"bundle_group_{g}"] == 3000
+    assert [total[f"CPU_group_{i}_{g}"] for i in range(3)] == [1, 1, 1] and total["CPU"] == 5
+    wait_for(lambda: f"CPU_group_2_{g}" not in lumos.available_resources(), 10)  # the actor holds it
+    free = lumos.available_resources()
+    assert free[f"CPU_group_{g}"] == 2 and free[f"CPU_group_0_{g}"] == free[f"CPU_group_1_{g}"] == 1
     remove_placement_group(pg)
     wait_for(lambda: _free("CPU") == 5, 10)
+    wait_for(lambda: not [k for k in lumos.cluster_resources() if "_group_" in k], 10)
 
     # STRICT_PACK: all on one node (only the 2-CPU nodes can hold 2 CPUs).
     pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_PACK")

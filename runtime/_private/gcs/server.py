@@ -511,7 +511,8 @@ class GcsServer:
                 hb.infeasible if hb else [],
                 hb.memory_total_bytes if hb else 0, hb.memory_available_bytes if hb else 0,
                 hb.lumos_rss_bytes if hb else 0, hb.cpu_percent if hb else 0.0,
-                hb.store_pooled_bytes if hb else 0))
+                hb.store_pooled_bytes if hb else 0, hb.group_total if hb else {},
+                hb.group_available if hb else {}))
         return out
 
     async def _node_log(self, conn: Connection, msg: m.GetNodeLog) -> m.NodeLog:

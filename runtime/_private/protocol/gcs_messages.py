@@ -68,6 +68,10 @@ class NodeHeartbeat:
     #: Store files of freed objects kept for reuse (``/dev/shm`` they hold; not in
     #: ``store_used_bytes``: a create takes them back at once).
     store_pooled_bytes: int = 0
+    #: Reserved placement-group bundles under Ray's names (``node_report.group_resources``),
+    #: total and available; kept out of ``resources_available``.
+    group_total: dict[str, float] = dataclasses.field(default_factory=dict)
+    group_available: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @message(13)
@@ -313,6 +317,8 @@ class NodeResources:
     lumos_rss_bytes: int = 0
     cpu_percent: float = 0.0
     store_pooled_bytes: int = 0
+    group_total: dict[str, float] = dataclasses.field(default_factory=dict)
+    group_available: dict[str, float] = dataclasses.field(default_factory=dict)
 
 # --------------------------------------------------------------------------- actors (70-89)
 

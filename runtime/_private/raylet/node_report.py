@@ -110,6 +110,23 @@ def tail(path: str, lines: int) -> tuple[str, bool]:
     return "\n".join(all_lines[-lines:]), bool(start) or len(all_lines) > lines
 
 
+def group_resources(bundles: Any) -> tuple[dict[str, float], dict[str, float]]:
+    """The node's reserved placement-group bundles under Ray's resource names, ``(total,
+    available)``: ``CPU_group_<i>_<pg>`` per bundle, ``CPU_group_<pg>`` summed over the
+    group's bundles here, and ``bundle_group_<i>_<pg>`` / ``bundle_group_<pg>`` (1000 per
+    bundle, as Ray's). Shown by ``cluster_resources()``/``available_resources()`` only:
+    lumos schedules into a bundle by its reference, not by these names."""
+    total: dict[str, float] = {}
+    avail: dict[str, float] = {}
+    for (pg, index), b in bundles.items():
+        pg_hex = pg.hex()
+        for out, amounts in ((total, b.pool.as_floats(b.pool.total)), (avail, b.pool.as_floats(b.pool.available))):
+            for name, amount in [*amounts.items(), ("bundle", 1000.0)]:
+                out[f"{name}_group_{index}_{pg_hex}"] = amount
+                out[f"{name}_group_{pg_hex}"] = out.get(f"{name}_group_{pg_hex}", 0.0) + amount
+    return total, avail
+
+
 def node_stats(raylet: RayletServer) -> dict[str, Any]:
     """``GetNodeStats``: this raylet's workers, store, spilling, resources, queue and bundles."""
     sched = raylet.scheduler
@@ -128,6 +145,7 @@ def node_stats(raylet: RayletServer) -> dict[str, Any]:
             "available": sched.available_floats(), "total": dict(raylet.resources_total),
             "queue_length": len(sched.queue), "infeasible": sched.infeasible_shapes(),
             "transfer": raylet.object_manager.stats(),
+            "group_resources": group_resources(sched.bundles),
             "bundles": [{"placement_group_id": pg.hex(), "index": i,
                          "total": b.pool.as_floats(b.pool.total), "node_ids": b.node_ids,
                          "available": {k: v for k, v in b.pool.as_floats(b.pool.available).items()}}

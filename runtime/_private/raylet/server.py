@@ -351,12 +351,13 @@ class RayletServer:
             # with many workers (every 5 s with a thousand actors), so it stays ~1% of a core.
             if mem is None or time.monotonic() - mem_at >= max(1.0, len(workers) / 200):
                 mem, mem_at = node_report.sample_memory([os.getpid(), *(p.pid for p in workers)]), time.monotonic()
+            group_total, group_available = node_report.group_resources(s.bundles) if s.bundles else ({}, {})
             self.gcs.notify(m.NodeHeartbeat(
                 # Pooled free slots are given up as soon as a create needs the room: free.
                 self.node_id, s.available_floats(), len(s.queue), self.store.used_bytes - self.store.pool_bytes,
                 len(workers), s.infeasible_shapes(),
                 mem.total_bytes, mem.available_bytes, mem.lumos_rss_bytes, mem.cpu_percent,
-                self.store.pool_bytes))
+                self.store.pool_bytes, group_total, group_available))
             await asyncio.sleep(interval)
 
     async def _tick_loop(self) -> None:
