@@ -219,6 +219,10 @@ class Config:
     worker_nontemporal_copy_bytes: int = 1024 * 1024
     #: Deadline for a new worker process to register with its raylet.
     worker_register_timeout_s: float = _positive(30.0)
+    #: Log files (``logs/worker-*.out`` and ``.log``) of this many exited workers are kept
+    #: per node; older ones are deleted as more workers exit, so a long-lived node that
+    #: starts many short-lived workers (``max_calls``, actors) does not fill its disk.
+    worker_logs_kept: int = _positive(1000)
     #: Object store capacity per node in bytes (0: 30% of RAM, capped by /dev/shm).
     object_store_memory: int = 0
     #: Freed store files kept for reuse (already-faulted pages make puts faster; a new

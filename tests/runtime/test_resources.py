@@ -177,6 +177,25 @@ def pid_of():
     return os.getpid()
 
 
+def test_log_files_of_only_the_last_exited_workers_are_kept(fresh_cluster):
+    # A long-lived node whose workers come and go (max_calls, actors) kept every worker's
+    # log files forever.
+    import glob
+    ctx = fresh_cluster(num_cpus=1, _system_config={"worker_logs_kept": 2})
+    logs = os.path.join(ctx.address_info["session_dir"], "logs")
+    once = pid_of.options(max_calls=1)
+    pids = [lumos.get(once.remote(), timeout=30) for _ in range(5)]
+    name_of = {w["pid"]: f"worker-{w['worker_id'][:12]}" for w in lumos.state.list_workers() if w["pid"] in pids}
+    mine = set(name_of.values())
+    assert len(mine) == 5
+
+    def kept() -> set[str]:
+        names = {os.path.basename(p).rsplit(".", 1)[0] for p in glob.glob(os.path.join(logs, "worker-*"))}
+        return names & mine
+    wait_for(lambda: kept() == {name_of[pids[-2]], name_of[pids[-1]]}, 10)  # the last two exited
+    assert all(os.path.exists(os.path.join(logs, f"{name}.out")) for name in kept())
+
+
 def test_max_calls_ends_a_worker_after_that_many_runs(fresh_cluster):
     fresh_cluster(num_cpus=2, num_gpus=1)
     once = pid_of.options(max_calls=1)

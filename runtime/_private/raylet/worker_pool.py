@@ -22,6 +22,7 @@ restarted after a backoff.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import os
@@ -253,6 +254,8 @@ class WorkerPool:
         self.procs: dict[WorkerID, WorkerProc] = {}
         #: Worker id -> exit description, kept after the process is gone.
         self.exits: dict[WorkerID, str] = {}
+        #: Exited workers whose log files are still kept, oldest first (``worker_logs_kept``).
+        self._dead_logs: collections.deque[WorkerID] = collections.deque()
         self.exit_waiters: dict[WorkerID, list[asyncio.Future[str]]] = {}
         self.fork_server: ForkServerClient | None = None
         self._stopping = False
@@ -418,6 +421,15 @@ class WorkerPool:
     def _log_path(self, worker_id: WorkerID) -> str:
         return os.path.join(self.raylet.session_dir, "logs", f"worker-{worker_id.hex()[:12]}.out")
 
+    def _prune_logs(self, exited: WorkerID) -> None:
+        """Keep the log files of the last ``worker_logs_kept`` exited workers only."""
+        dead = self._dead_logs
+        dead.append(exited)
+        while len(dead) > self.raylet.config.worker_logs_kept:
+            out = self._log_path(dead.popleft())
+            unlink_quietly(out)
+            unlink_quietly(out[:-len(".out")] + ".log")
+
     def _spawn(self, proc: WorkerProc) -> None:
         proc.forked = False
         cmd = [sys.executable, "-m", "lumos._private.worker.main", *self._worker_args(),
@@ -554,6 +566,7 @@ class WorkerPool:
             unlink_quietly(proc.address.unix_path)  # a killed worker cannot remove its own socket
         level = logging.INFO if proc.kill_reason else logging.WARNING
         logger.log(level, "worker %s pid %d exited: %s", short(worker_id), proc.pid, desc)
+        self._prune_logs(worker_id)
         self.report_worker(proc, "DEAD", desc, self._exit_type_of(proc, code))
         for action in self.state.handle(WorkerExited(proc.address is not None,
                                                      bool(proc.kill_reason) or self._stopping, code),
