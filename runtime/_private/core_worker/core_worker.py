@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import threading
@@ -421,6 +422,9 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
     async def _aclose(self) -> None:
         self._flush_events()
         if self.gcs is not None and self.mode == DRIVER and self.job_id and not self.gcs.is_closed:
+            if self.config.log_to_driver:  # the lines the job's tasks printed last, before leaving
+                with contextlib.suppress(ConnectionLost, TimeoutError, RemoteError):
+                    await self.gcs.call(m.FlushLogs(self.job_id), 1.0)
             try:
                 await self.gcs.call(m.MarkJobFinished(self.job_id), 2.0)
             except (ConnectionLost, TimeoutError, RemoteError):

@@ -131,6 +131,7 @@ class GcsServer:
             m.ReportWorker: self._report_worker,
             m.GetAllWorkers: lambda c, msg: list(self.workers.values()),
             m.LogBatch: self._log_batch,
+            m.FlushLogs: self._flush_logs,
             m.PublishError: self._publish_error,
             m.GetClusterStatus: self._cluster_status,
             m.GetNodeLog: self._node_log,
@@ -722,6 +723,13 @@ class GcsServer:
             by_job.setdefault(line[0], []).append(line)
         for job_id, lines in by_job.items():
             self.publish("logs", job_id, lines)
+
+    async def _flush_logs(self, conn: Connection, msg: m.FlushLogs) -> bool:
+        """Answered once each alive raylet has forwarded the output it held (``FlushLogs``)."""
+        conns = [c for node_id, c in self._node_conns.items()
+                 if not c.is_closed and (info := self.nodes.get(node_id)) is not None and info.state == "ALIVE"]
+        await asyncio.gather(*(c.call(msg, self.config.rpc_timeout_s) for c in conns), return_exceptions=True)
+        return True
 
     def _publish_error(self, conn: Connection, msg: m.PublishError) -> None:
         self.publish("errors", msg.job_id, [msg.kind, msg.text])

@@ -289,6 +289,16 @@ class LogBatch:
     lines: list[Any]
 
 
+@message(37)
+class FlushLogs:
+    """A driver's shutdown → GCS → each alive raylet: answered once every raylet has
+    forwarded the worker output it had read before (each answers after one more turn of
+    its loop, on the connection its output goes on) and the GCS has published it, so the
+    lines a job's tasks printed before their replies reach its driver before it leaves."""
+
+    job_id: JobID | None = None
+
+
 @message(31)
 class PublishError:
     job_id: JobID | None

@@ -35,7 +35,7 @@ from lumos._private.protocol.gcs_messages import (  # noqa: F401
     NodeInfo, RegisterNode, NodeHeartbeat, GetAllNodes, RegisterJob, JobInfo,
     MarkJobFinished, GetAllJobs, KvPut, KvGet, KvDel, KvKeys,
     TaskEvent, PackedTaskRow, AddTaskEvents, GetTasks, Subscribe, Publish, WorkerInfo,
-    ReportWorker, GetAllWorkers, LogBatch, PublishError, GetClusterStatus, NodeResources,
+    ReportWorker, GetAllWorkers, LogBatch, FlushLogs, PublishError, GetClusterStatus, NodeResources,
     ActorInfo, RegisterActor, GetActorInfo, GetNamedActor, KillActor, ListActors,
     ActorExiting, GetTaskUpdates, ReportMetrics, GetMetrics, MAX_JOB_METADATA_BYTES, check_job_metadata)
 from lumos._private.protocol.raylet_messages import (  # noqa: F401
@@ -103,6 +103,7 @@ __all__ = [
     "ReportWorker",
     "GetAllWorkers",
     "LogBatch",
+    "FlushLogs",
     "PublishError",
     "GetClusterStatus",
     "NodeResources",

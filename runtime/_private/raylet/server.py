@@ -167,6 +167,7 @@ class RayletServer:
             m.GetNodeStats: self._node_stats,
             m.OwnersStopped: self._stopped_owners_here,
             m.LogBatch: self._forward_logs,
+            m.FlushLogs: self._flush_logs,
             m.ShutdownNode: self._shutdown_request,
             m.ReserveBundles: self._reserve_bundles,
             m.ReleaseBundles: lambda c, msg: self._sched(sc.BundlesRemoved(msg.pg_id, msg.indices)),
@@ -960,6 +961,12 @@ class RayletServer:
     def _forward_logs(self, conn: Connection, msg: m.LogBatch) -> None:
         if self.gcs is not None:
             self.gcs.notify(msg)
+
+    async def _flush_logs(self, conn: Connection, msg: m.FlushLogs) -> bool:
+        # One more turn of the loop: output a worker sent before its reply reached the
+        # driver (which asks only after) is read by then, and forwarded ahead of this answer.
+        await asyncio.sleep(0)
+        return True
 
     def _client_closed(self, conn: Connection) -> None:
         worker_id = conn.peer_info
