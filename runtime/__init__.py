@@ -19,6 +19,7 @@ from lumos.actor import ActorClass, ActorHandle, get_actor, kill, method
 from lumos.api import (LumosContext, available_resources, cancel, cluster_resources, get, get_gpu_ids, init,
                        is_initialized, nodes, put, shutdown, timeline, wait)
 from lumos.generator import DynamicObjectRefGenerator, ObjectRefGenerator
+from lumos.logging_config import LoggingConfig
 from lumos.object_ref import ObjectRef
 from lumos.progress import progress
 from lumos.remote_function import RemoteFunction
@@ -29,7 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "shutdown", "is_initialized", "remote", "kill", "get_actor", "method", "ActorHandle", "ActorClass", "get", "put", "wait", "cancel", "nodes",
     "cluster_resources", "available_resources", "get_gpu_ids", "get_runtime_context", "timeline",
-    "ObjectRef", "ObjectRefGenerator", "DynamicObjectRefGenerator", "progress", "LumosContext", "exceptions", "job_config", "runtime_env", "state", "util", "load_ipython_extension", "__version__",
+    "ObjectRef", "ObjectRefGenerator", "DynamicObjectRefGenerator", "LoggingConfig", "progress", "LumosContext", "exceptions", "job_config", "runtime_env", "state", "util", "load_ipython_extension", "__version__",
 ]
 
 
@@ -83,8 +84,6 @@ _NOT_IN_LUMOS = {
     "cpp_function": "lumos runs Python only",
     "java_function": "lumos runs Python only",
     "java_actor_class": "lumos runs Python only",
-    "LoggingConfig": "worker logs go to the session's logs directory and output to the driver; "
-                     "lumos.init(log_to_driver=False) turns the latter off",
     "SCRIPT_MODE": "lumos has no worker modes; lumos._private.worker_context.is_worker tells a worker",
     "WORKER_MODE": "lumos has no worker modes; lumos._private.worker_context.is_worker tells a worker",
     "autoscaler": "lumos does not autoscale; add nodes with `lumos start --address HOST:PORT`",

@@ -7,6 +7,7 @@ returns; no sockets or event loops here.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import logging
 import numbers
@@ -28,6 +29,7 @@ from lumos._private.process import read_private_file
 from lumos._private.protocol import auth
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import parse_address
+from lumos.logging_config import logging_config_of
 from lumos.object_ref import ObjectRef
 from lumos.options import env_vars_of
 from lumos.progress import kernel_shell
@@ -75,7 +77,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
          ignore_reinit_error: bool = False, include_dashboard: bool | None = None,
          dashboard_host: str = "127.0.0.1", dashboard_port: int | None = None,
          log_to_driver: bool = True, runtime_env: dict[str, Any] | None = None,
-         job_config: Any = None, labels: dict[str, str] | None = None,
+         job_config: Any = None, labels: dict[str, str] | None = None, logging_config: Any = None,
          _system_config: dict[str, Any] | None = None, _token: str | None = None,
          _node_ip_address: str = "127.0.0.1", **kwargs: Any) -> LumosContext:
     """Start a private local cluster, or connect to a running one.
@@ -93,8 +95,11 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
             ``get_runtime_context().get_node_labels()`` and ``lumos.nodes()`` show them).
         namespace: namespace for named actors.
         runtime_env: the job's ``env_vars`` (and ``working_dir``, ``py_modules``, ``excludes``).
-        job_config: a ``JobConfig`` (lumos's or Ray's): its runtime_env and
-            namespace apply where ``runtime_env``/``namespace`` are not given.
+        job_config: a ``JobConfig`` (lumos's or Ray's): its runtime_env,
+            namespace and py_logging_config apply where ``runtime_env``/``namespace``/
+            ``logging_config`` are not given.
+        logging_config: a ``LoggingConfig``: the root logger of this driver (now) and of
+            the job's workers (before their first task of the job).
         ignore_reinit_error: return quietly if already initialized.
         _system_config: overrides of ``Config`` fields.
 
@@ -134,6 +139,10 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
         check_node_labels(labels)
         job_env = env_vars_of(runtime_env, job=True)
         job_code = working_dir.job_code_of(runtime_env)
+        logs = logging_config_of(logging_config if logging_config is not None
+                                 else getattr(job_config, "py_logging_config", None))
+        if logs is not None:
+            job_code = dataclasses.replace(job_code or working_dir.JobCode(None, []), logging_config=logs.to_dict())
         overrides = dict(_system_config or {})
         if not log_to_driver:
             overrides["log_to_driver"] = False
@@ -154,6 +163,9 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
                 if isinstance(address, str) and address.startswith("ray://"):  # Ray Client's scheme
                     address = "lumos://" + address[len("ray://"):]
                 if isinstance(address, str) and address.startswith("lumos://"):
+                    if logs is not None:
+                        raise NotImplementedError("init(logging_config=...) is not implemented in client mode "
+                                                  "(lumos://); configure logging in the tasks themselves")
                     ctx = _connect_client(config, address, namespace or "", _token, runtime_env, job_metadata)
                 else:
                     ctx = _connect(config, address, namespace or "", _token, job_env, job_code, job_metadata)
@@ -162,6 +174,8 @@ def init(address: str | None = None, *, num_cpus: float | None = None, num_gpus:
                 raise
         failed_connect = None
         worker_context.context = ctx
+        if logs is not None:
+            logs._apply()  # the driver's own root logger, as the workers' will be
         return ctx
 
 
@@ -172,7 +186,7 @@ failed_connect: str | None = None
 
 _IGNORED_INIT_ARGS = {"logging_level", "logging_format", "configure_logging", "local_mode",
                       "_temp_dir", "_plasma_directory", "_enable_object_reconstruction",
-                      "log_to_driver", "_metrics_export_port", "storage", "logging_config"}
+                      "log_to_driver", "_metrics_export_port", "storage"}
 
 _NO_CGROUPS = "lumos does not isolate its processes in cgroups"
 #: Ray's init() arguments with no lumos counterpart (accepted at their defaults): what to do instead.

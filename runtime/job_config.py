@@ -1,8 +1,9 @@
 """Ray's ``ray.job_config.JobConfig``, for ``init(job_config=...)``.
 
 What lumos applies from a job config (its own or Ray's, read by attribute): the
-``runtime_env`` and the ``ray_namespace``, unless ``init`` is given its own
-``runtime_env=`` or ``namespace=`` (those win, as in Ray), and the ``metadata``, which
+``runtime_env``, the ``ray_namespace`` and the ``py_logging_config``, unless ``init`` is
+given its own ``runtime_env=``, ``namespace=`` or ``logging_config=`` (those win, as in
+Ray), and the ``metadata``, which
 the job's row carries (``list_jobs``). A job config asking for what lumos does not do
 (every actor detached by default, Java options, a code search path) is refused by
 ``init``, not ignored.
@@ -23,7 +24,8 @@ class JobConfig:
     def __init__(self, jvm_options: list[str] | None = None, code_search_path: list[str] | None = None,
                  runtime_env: dict[str, Any] | None = None, _client_job: bool = False,
                  metadata: dict[str, str] | None = None, ray_namespace: str | None = None,
-                 default_actor_lifetime: str = "non_detached", **_private: Any) -> None:
+                 default_actor_lifetime: str = "non_detached", py_logging_config: Any = None,
+                 **_private: Any) -> None:
         if code_search_path is not None and not isinstance(code_search_path, (list, tuple)):
             raise TypeError(f"code_search_path must be a list, not {type(code_search_path).__name__}")
         self.jvm_options = list(jvm_options or [])
@@ -32,6 +34,12 @@ class JobConfig:
         self.ray_namespace = ray_namespace
         self.set_runtime_env(runtime_env)
         self.set_default_actor_lifetime(default_actor_lifetime)
+        self.set_py_logging_config(py_logging_config)
+
+    def set_py_logging_config(self, logging_config: Any = None) -> None:
+        """The job's ``LoggingConfig`` (``init``'s ``logging_config=`` wins over it)."""
+        from lumos.logging_config import logging_config_of
+        self.py_logging_config = logging_config_of(logging_config)
 
     def set_metadata(self, key: str, value: str) -> None:
         self.metadata[key] = value

@@ -43,6 +43,8 @@ class JobCode:
     #: ``worker_process_setup_hook``: ``{"name": "module.function"}`` or ``{"pickled":
     #: base64 of the pickled function}``, kept in the job's config (``setup_hook_of``).
     setup_hook: dict[str, str] | None = None
+    #: ``init(logging_config=...)`` as ``LoggingConfig.to_dict`` gives it.
+    logging_config: dict[str, Any] | None = None
 
     def packages(self) -> list[tuple[str, bytes]]:
         return ([self.working_dir] if self.working_dir else []) + self.py_modules

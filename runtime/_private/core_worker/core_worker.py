@@ -382,8 +382,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             module_hashes = [h for h, _ in code.py_modules] if code else []
             self.job_code_env = code_env(wd_hash, module_hashes)
             await self.gcs.call(m.KvPut("job", self.job_id, job_config(
-                self.namespace, self.job_env_vars, wd_hash, module_hashes, code.setup_hook if code else None), True),
-                cfg.rpc_timeout_s)
+                self.namespace, self.job_env_vars, wd_hash, module_hashes, code.setup_hook if code else None,
+                code.logging_config if code else None), True), cfg.rpc_timeout_s)
         if not self._gcs_durable_known:
             durable = await self.gcs.call(m.KvGet("cluster", b"gcs_storage_durable", 0.0), cfg.rpc_timeout_s)
             self._gcs_durable = durable == b"1"

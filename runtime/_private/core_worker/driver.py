@@ -14,9 +14,11 @@ from typing import Any
 
 
 def job_config(namespace: str, env_vars: dict[str, str] | None = None, working_dir: str | None = None,
-               py_modules: list[str] | None = None, setup_hook: dict[str, str] | None = None) -> bytes:
+               py_modules: list[str] | None = None, setup_hook: dict[str, str] | None = None,
+               logging_config: dict[str, Any] | None = None) -> bytes:
     """The job's config as stored in the GCS: where the driver runs and imports from, the
-    content hashes of the packages it shipped and its setup hook (``working_dir.JobCode``)."""
+    content hashes of the packages it shipped, its setup hook and its logging config
+    (``working_dir.JobCode``)."""
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     main = sys.modules.get("__main__")
     main_file = getattr(main, "__file__", None)
@@ -24,7 +26,8 @@ def job_config(namespace: str, env_vars: dict[str, str] | None = None, working_d
         paths.insert(0, os.path.dirname(os.path.abspath(main_file)))
     return json.dumps({"cwd": os.getcwd(), "sys_path": [os.getcwd()] + paths, "namespace": namespace,
                        "env_vars": env_vars or {}, "working_dir": working_dir,
-                       "py_modules": py_modules or [], "setup_hook": setup_hook}).encode()
+                       "py_modules": py_modules or [], "setup_hook": setup_hook,
+                       "logging_config": logging_config}).encode()
 
 
 def code_env(working_dir: Any, py_modules: Any) -> dict[str, Any]:

@@ -931,6 +931,13 @@ class Executor(ArgumentsMixin):
             except OSError:
                 pass
         self._job_code_env[job_id] = code_env(package, modules)
+        logs = conf.get("logging_config")
+        if isinstance(logs, dict):  # init(logging_config=...): before the hook, which may refine it
+            from lumos.logging_config import LoggingConfig
+            try:
+                LoggingConfig.from_dict(logs)._apply()
+            except (TypeError, ValueError) as e:
+                logger.warning("could not apply the job's logging_config %r: %s", logs, e)
         hook = conf.get("setup_hook")
         if hook is not None:  # after the job's code is importable: the hook may live there
             from lumos._private import working_dir
