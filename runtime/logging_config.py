@@ -2,7 +2,7 @@
 
 ``init(logging_config=LoggingConfig(...))`` (or ``JobConfig(py_logging_config=...)``)
 sets the root logger of the driver at once, and of every worker before it runs the job's
-first task: one handler to stderr (a worker's stderr reaches the driver, prefixed by the
+first task: it adds a handler to stderr (a worker's stderr reaches the driver, prefixed by the
 task, and its log file) at ``log_level``, each record carrying where it came from (a tab
 after the time, as in Ray)::
 
@@ -85,17 +85,23 @@ class LoggingConfig:
         return cls(d.get("encoding", "TEXT"), d.get("log_level", "INFO"), d.get("additional_log_standard_attrs", ()))
 
     def _apply(self) -> None:
-        """Make this process's root logger log this way (its other handlers removed)."""
-        handler = logging.StreamHandler(sys.stderr)
+        """Make this process's root logger log this way: its handler is added beside the
+        ones it has (as Ray adds it), in place of one an earlier config added."""
+        handler = _Handler(sys.stderr)
         handler.setLevel(self.log_level)
         handler.setFormatter((_JsonFormatter if self.encoding == "JSON" else _TextFormatter)(
             self.additional_log_standard_attrs))
         handler.addFilter(_ContextFilter())
         root = logging.getLogger()
         for old in root.handlers[:]:
-            root.removeHandler(old)
+            if isinstance(old, _Handler):
+                root.removeHandler(old)
         root.addHandler(handler)
         root.setLevel(self.log_level)
+
+
+class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler a ``LoggingConfig`` adds (told apart from the process's own)."""
 
 
 def logging_config_of(value: Any) -> LoggingConfig | None:

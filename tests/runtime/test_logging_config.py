@@ -100,3 +100,19 @@ def test_logging_config_checks_its_fields_and_round_trips() -> None:
         lumos.init(logging_config={"encoding": "JSON"})
     assert not lumos.is_initialized()
     assert LoggingConfig(log_level=logging.WARNING).log_level == logging.WARNING
+
+
+def test_applying_adds_one_handler_beside_the_process_own() -> None:
+    root = logging.getLogger()
+    saved, level = root.handlers[:], root.level
+    own = logging.NullHandler()
+    root.addHandler(own)
+    try:
+        LoggingConfig("TEXT", "WARNING")._apply()
+        LoggingConfig("JSON", "DEBUG")._apply()  # a second init: replaces the first one's handler only
+        ours = [h for h in root.handlers if h not in saved and h is not own]
+        assert len(ours) == 1 and own in root.handlers and root.level == logging.DEBUG
+        assert type(ours[0].formatter).__name__ == "_JsonFormatter"
+    finally:
+        root.handlers[:] = saved
+        root.setLevel(level)
