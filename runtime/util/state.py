@@ -18,6 +18,7 @@ from typing import Any, Iterable, Iterator
 
 from lumos import state as _state
 from lumos._private.compat import missing_class, missing_function, not_implemented_error
+from lumos._private.protocol.vocab import TaskKind
 
 Filter = tuple[str, str, Any]
 
@@ -259,7 +260,7 @@ def summarize_tasks(address: str | None = None, timeout: int = 30, raise_on_miss
                     _explain: bool = False) -> dict[str, Any]:
     """Task counts per function (or ``Class.method``) and state, in Ray's shape::
 
-        {"cluster": {"summary": {"f": {"func_or_class_name": "f", "type": "NORMAL_TASK",
+        {"cluster": {"summary": {"f": {"func_or_class_name": "f", "type": <TaskKind name>,
                                        "state_counts": {"FINISHED": 3}}, ...},
                      "total_tasks": 3, "total_actor_tasks": 1, "total_actor_scheduled": 1,
                      "summary_by": "func_name"}}
@@ -269,15 +270,15 @@ def summarize_tasks(address: str | None = None, timeout: int = 30, raise_on_miss
     function. (``lumos.state.summarize_tasks`` gives the flat ``{name: {state: count}}``.)"""
     _check_address(address)
     summary: dict[str, dict[str, Any]] = {}
-    totals = {"NORMAL_TASK": 0, "ACTOR_TASK": 0, "ACTOR_CREATION_TASK": 0}
+    totals = {kind.name: 0 for kind in TaskKind}
     for r in _state.list_tasks(limit=1_000_000, all_jobs=True):
         name = r["name"]
         entry = summary.setdefault(name, {"func_or_class_name": name, "type": r["type"], "state_counts": {}})
         entry["state_counts"][r["state"]] = entry["state_counts"].get(r["state"], 0) + 1
         totals[r["type"]] = totals.get(r["type"], 0) + 1
-    return {"cluster": {"summary": summary, "total_tasks": totals["NORMAL_TASK"],
-                        "total_actor_tasks": totals["ACTOR_TASK"],
-                        "total_actor_scheduled": totals["ACTOR_CREATION_TASK"], "summary_by": "func_name"}}
+    return {"cluster": {"summary": summary, "total_tasks": totals[TaskKind.NORMAL_TASK.name],
+                        "total_actor_tasks": totals[TaskKind.ACTOR_TASK.name],
+                        "total_actor_scheduled": totals[TaskKind.ACTOR_CREATION_TASK.name], "summary_by": "func_name"}}
 
 
 def summarize_actors(address: str | None = None, timeout: int = 30, raise_on_missing_output: bool = True,
