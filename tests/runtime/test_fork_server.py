@@ -65,12 +65,25 @@ def _fd_targets(pid: str) -> list[str]:
     return out
 
 
+def _children_running(module: str) -> list[psutil.Process]:
+    # (a child lumos_children listed may exit before its command line is read again: a
+    # worker killed a moment ago, not reaped yet)
+    out = []
+    for p in lumos_children():
+        try:
+            if module in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
 def _fork_servers() -> list[psutil.Process]:
-    return [p for p in lumos_children() if "lumos._private.worker.fork_server" in " ".join(p.cmdline())]
+    return _children_running("lumos._private.worker.fork_server")
 
 
 def _raylet() -> psutil.Process:
-    (raylet,) = [p for p in lumos_children() if "lumos._private.raylet.server" in " ".join(p.cmdline())]
+    (raylet,) = _children_running("lumos._private.raylet.server")
     return raylet
 
 
