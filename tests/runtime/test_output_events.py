@@ -846,3 +846,4 @@ def test_what_tasks_printed_before_their_replies_reaches_a_driver_that_shuts_dow
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
     assert "last-words-of-actor-0" in text and "last-words-of-actor-1" in text, text
+    assert "declared dead" not in text and "ERROR" not in text, text  # (the raylets answer the GCS's ask)

@@ -167,7 +167,6 @@ class RayletServer:
             m.GetNodeStats: self._node_stats,
             m.OwnersStopped: self._stopped_owners_here,
             m.LogBatch: self._forward_logs,
-            m.FlushLogs: self._flush_logs,
             m.ShutdownNode: self._shutdown_request,
             m.ReserveBundles: self._reserve_bundles,
             m.ReleaseBundles: lambda c, msg: self._sched(sc.BundlesRemoved(msg.pg_id, msg.indices)),
@@ -202,7 +201,7 @@ class RayletServer:
         gcs = await connect_with_retry(
             parse_address(self.gcs_address), token=self.token, config=self.config,
             handlers={m.Publish: self._on_publish, m.ShutdownNode: self._shutdown_request,
-                      m.GetNodeLog: self._node_log},
+                      m.GetNodeLog: self._node_log, m.FlushLogs: self._flush_logs},
             name="raylet->gcs", on_close=self._gcs_lost, timeout_s=timeout_s)
         self.gcs = gcs
         await gcs.call(m.RegisterNode(self.node_info()), self.config.rpc_timeout_s)
