@@ -30,7 +30,8 @@ class RuntimeContext:
         cw = worker_context.require()
         if not worker_context.is_worker:
             return None
-        return cw.current_task_id.hex()
+        call = worker_context.current_call.get()  # a threaded or async actor's call
+        return (call.task_id if call is not None else cw.current_task_id).hex()
 
     def get_actor_id(self) -> str | None:
         actor = worker_context.require().current_actor_id
@@ -38,7 +39,8 @@ class RuntimeContext:
 
     def get_task_name(self) -> str | None:
         cw = worker_context.require()
-        return cw.current_task_name or None
+        call = worker_context.current_call.get() if worker_context.is_worker else None
+        return (call.name if call is not None else cw.current_task_name) or None
 
     def get_assigned_resources(self) -> dict[str, float]:
         cw = worker_context.require()
@@ -61,7 +63,8 @@ class RuntimeContext:
     def get_task_function_name(self) -> str | None:
         """The ``module.qualname`` of the running task's function (None in a driver)."""
         cw = worker_context.require()
-        spec = getattr(cw.executor, "_running", None) if worker_context.is_worker else None
+        spec = (worker_context.current_call.get() or getattr(cw.executor, "_running", None)
+                if worker_context.is_worker else None)
         if spec is None:
             return None
         host = cw.executor.actor
@@ -116,7 +119,12 @@ class RuntimeContext:
         """The current actor's name: "" for an unnamed actor, None outside an actor (as in Ray)."""
         cw = worker_context.require()
         actor = getattr(cw.executor, "actor", None)
-        return (actor.name or "") if actor is not None else None
+        if actor is None:  # in the actor's __init__: its name is in the creation task's options
+            spec = getattr(cw.executor, "_running", None)
+            if spec is not None and spec.kind == m.TaskKind.ACTOR_CREATION_TASK:
+                return str((spec.actor_options or {}).get("name") or "")
+            return None
+        return actor.name or ""
 
     def is_canceled(self) -> bool:
         """Whether ``cancel()`` was called on the running task or actor method. A running

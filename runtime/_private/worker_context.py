@@ -6,6 +6,7 @@ The one piece of process-global state behind the public API. Drivers set it in
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 from typing import Any
@@ -14,6 +15,10 @@ from lumos._private.core_worker.core_worker import CoreWorker
 
 #: The process's core worker, or None before init / after shutdown.
 core_worker: CoreWorker | None = None
+#: The call of a threaded or async actor running in this thread or asyncio task (its
+#: ``TaskSpec``): such calls run side by side, so ``core_worker.current_task_id`` (the
+#: worker's one running task) cannot tell them apart.
+current_call: contextvars.ContextVar[Any] = contextvars.ContextVar("lumos_current_call", default=None)
 #: Processes started by ``init()`` for a private cluster (driver only).
 local_node: Any = None
 #: What ``init()`` returned (driver only).

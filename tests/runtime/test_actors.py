@@ -917,6 +917,47 @@ def test_ready_method_and_context_names(cluster: lumos.LumosContext) -> None:
     remove_placement_group(pg)
 
 
+def test_runtime_context_in_init_and_in_concurrent_calls(cluster: lumos.LumosContext) -> None:
+    # In __init__ the context did not know its actor yet (no id, no name, current_actor
+    # raised); a threaded or async actor's calls all saw the same task id and name.
+    @lumos.remote(num_cpus=0)
+    class InInit:
+        def __init__(self) -> None:
+            ctx = lumos.get_runtime_context()
+            self.seen = (ctx.get_actor_id(), ctx.get_actor_name(), type(ctx.current_actor).__name__)
+
+        def seen_in_init(self) -> tuple[Any, ...]:
+            return self.seen + (lumos.get_runtime_context().get_actor_id(),)
+
+    actor_id, name, handle_type, later_id = lumos.get(InInit.options(name="ctx-init").remote().seen_in_init.remote(),
+                                                      timeout=30)
+    assert actor_id == later_id and name == "ctx-init" and handle_type == "ActorHandle"
+
+    @lumos.remote(num_cpus=0)
+    class Async:
+        async def ids(self, delay: float) -> tuple[Any, ...]:
+            await asyncio.sleep(delay)  # the calls interleave on the actor's loop
+            ctx = lumos.get_runtime_context()
+            return ctx.get_task_id(), ctx.get_task_name(), ctx.get_task_function_name()
+
+    @lumos.remote(num_cpus=0, max_concurrency=3)
+    class Threaded:
+        def ids(self, delay: float) -> tuple[Any, ...]:
+            time.sleep(delay)
+            ctx = lumos.get_runtime_context()
+            return ctx.get_task_id(), ctx.get_task_name(), ctx.get_task_function_name()
+
+    for cls in (Async, Threaded):
+        a = cls.remote()
+        refs = [a.ids.remote(0.1 * (3 - i)) for i in range(3)]
+        got = lumos.get(refs, timeout=30)
+        assert len({task_id for task_id, _, _ in got}) == 3
+        assert {name for _, name, _ in got} == {f"{cls.__name__}.ids"}
+        assert all(fn.endswith(f"{cls.__name__}.ids") for _, _, fn in got)
+        wait_for(lambda: {task_id for task_id, _, _ in got} <= {  # the ids are the task log's
+            t["task_id"] for t in lumos.state.list_tasks(filters=[("name", "=", f"{cls.__name__}.ids")])}, 10)
+
+
 @lumos.remote
 class _CallsItself:
     def __init__(self) -> None:

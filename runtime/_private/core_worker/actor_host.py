@@ -31,6 +31,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from lumos._private import serialization as ser
+from lumos._private import worker_context
 from lumos._private.gcs.actor_manager import CHECKPOINT_NS
 from lumos._private.protocol import messages as m
 from lumos._private.transport.connection import Connection, ConnectionLost, RemoteError
@@ -247,6 +248,7 @@ class ActorHost:
             return
         self._async_calls[spec.task_id] = me
         start = time.time()
+        worker_context.current_call.set(spec)  # (this asyncio task's own context)
         try:
             async with sem:
                 start = time.time()
@@ -328,6 +330,7 @@ class ActorHost:
         self._thread_calls[me] = spec.task_id
         if spec.enable_task_events:
             self.cw.record_running(spec.task_id, spec.attempt, start)
+        call = worker_context.current_call.set(spec)
         try:
             result = method(*args, **kwargs)
             if spec.num_returns == -1:
@@ -339,6 +342,7 @@ class ActorHost:
         except BaseException as e:  # KeyboardInterrupt too: the caller waits for this reply
             reply = self.ex._failed_reply(spec, e, start)
         finally:
+            worker_context.current_call.reset(call)
             self._thread_calls.pop(me, None)
             self._cancelled_running.discard(spec.task_id)
         if spec.deps:

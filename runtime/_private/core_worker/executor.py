@@ -842,15 +842,20 @@ class Executor(ArgumentsMixin):
         if not isinstance(cls, type):
             raise TypeError(f"{spec.function_name} is not a class")
         init = getattr(cls, "__init__", None)
-        if inspect.iscoroutinefunction(init):
-            # ``async def __init__`` (as Ray allows): awaited on the actor's own event loop,
-            # where its methods will run.
-            instance = cls.__new__(cls)
-            host = ActorHost(self, spec, instance, resource_ids)
-            host.run_on_loop(init(instance, *args, **kwargs))
-        else:
-            instance = cls(*args, **kwargs)
-            host = ActorHost(self, spec, instance, resource_ids)
+        self.cw.current_actor_id = spec.actor_id  # (get_runtime_context() in __init__ knows its actor)
+        try:
+            if inspect.iscoroutinefunction(init):
+                # ``async def __init__`` (as Ray allows): awaited on the actor's own event loop,
+                # where its methods will run.
+                instance = cls.__new__(cls)
+                host = ActorHost(self, spec, instance, resource_ids)
+                host.run_on_loop(init(instance, *args, **kwargs))
+            else:
+                instance = cls(*args, **kwargs)
+                host = ActorHost(self, spec, instance, resource_ids)
+        except BaseException:
+            self.cw.current_actor_id = None
+            raise
         host.restore()
         self.actor = host
         self.actor_restarted = spec.attempt > 0  # (the creation's attempt: the actor's restarts so far)
