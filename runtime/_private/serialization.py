@@ -393,6 +393,8 @@ def serialize(value: Any, kind: int = KIND_VALUE) -> SerializedValue:
             else:
                 pickled = _dumps_with_arrays(value, pickled_buffers.append)
         except Exception as e:
+            if _too_deep(e):
+                return _serialize_deep(value, kind, e)
             raise SerializationError(_describe_failure(value, e)) from e
         return SerializedValue(kind, pickled, [pb.raw() for pb in pickled_buffers]
                                if pickled_buffers else pickled_buffers, [])
@@ -412,11 +414,46 @@ def serialize(value: Any, kind: int = KIND_VALUE) -> SerializedValue:
     except SerializationError:
         raise
     except Exception as e:
-        raise SerializationError(_describe_failure(value, e)) from e
+        if _too_deep(e):
+            deep = e
+        else:
+            raise SerializationError(_describe_failure(value, e)) from e
+    else:
+        return SerializedValue(kind, pickled, buffers, refs)
     finally:
         _local.refs = prev
         _local.storages = prev_storages
-    return SerializedValue(kind, pickled, buffers, refs)
+    return _serialize_deep(value, kind, deep)
+
+
+#: The recursion limit a value nested too deeply for the interpreter's own is pickled
+#: again under (a nested dict costs two levels; the C stack holds this in any thread).
+DEEP_RECURSION_LIMIT = 6000
+_deep_lock = threading.Lock()
+
+
+def _too_deep(e: BaseException) -> bool:
+    """Pickling ran out of recursion (cloudpickle says so in a PicklingError)."""
+    return isinstance(e, RecursionError) or (isinstance(e, pickle.PicklingError) and "recursion" in str(e))
+
+
+def _serialize_deep(value: Any, kind: int, error: BaseException) -> SerializedValue:
+    """``serialize`` of a value nested deeper than the recursion limit allows (a long
+    linked list, a deep tree): once more under ``DEEP_RECURSION_LIMIT``."""
+    if getattr(_local, "deep", False) or sys.getrecursionlimit() >= DEEP_RECURSION_LIMIT:  # (this is the retry)
+        raise SerializationError(
+            f"could not serialize a value of type {type(value).__name__}: it is nested more deeply than "
+            f"pickling can follow ({max(sys.getrecursionlimit(), DEEP_RECURSION_LIMIT)} levels of recursion)"
+        ) from error
+    with _deep_lock:  # (the limit is the process's: one such value at a time raises it)
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(DEEP_RECURSION_LIMIT)
+        _local.deep = True
+        try:
+            return serialize(value, kind)
+        finally:
+            _local.deep = False
+            sys.setrecursionlimit(limit)
 
 
 _NONE = SerializedValue(KIND_VALUE, pickle.dumps(None, protocol=5), [], [])
@@ -481,6 +518,9 @@ def find_culprit(value: Any, error: Exception, max_depth: int = 8) -> tuple[str,
 def describe_culprit(value: Any, error: Exception) -> str:
     """Which object in ``value`` could not be pickled, and why, in a phrase:
     "``cfg.lock``: a `lock` that cannot be pickled: TypeError: ..."."""
+    if _too_deep(error):  # (no one part is to blame)
+        return (f"a `{type(value).__qualname__}` nested more deeply than pickling can follow "
+                f"({DEEP_RECURSION_LIMIT} levels of recursion)")
     path, part, err = find_culprit(value, error)
     cls = type(part)
     name = cls.__qualname__

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import sys
 import threading
 
 import numpy as np
@@ -769,6 +770,34 @@ def roundtrip(value):
 ])
 def test_plain_values_round_trip(value):
     assert roundtrip(value) == value
+
+
+def _nested(depth, leaf=None):
+    value = {"leaf": leaf}
+    for _ in range(depth):
+        value = {"n": value}
+    return value
+
+
+def _depth(value):
+    depth = 0
+    while "n" in value:
+        value, depth = value["n"], depth + 1
+    return depth, value["leaf"]
+
+
+def test_values_nested_past_the_recursion_limit_round_trip_and_deeper_ones_fail_clearly():
+    # A dict nested 500 deep ran out of the interpreter's recursion (two levels per dict)
+    # where Ray's serializer goes to ~2,000: pickled again under a raised limit, then
+    # the limit is put back.
+    limit = sys.getrecursionlimit()
+    for leaf in (None, lambda: 1):  # the C pickler's path, and cloudpickle's
+        depth, back = _depth(roundtrip(_nested(2500, leaf)))
+        assert depth == 2500 and (back is None if leaf is None else back() == 1)
+        assert sys.getrecursionlimit() == limit
+    with pytest.raises(ser.SerializationError, match=r"nested more deeply than pickling can follow \(6000 levels"):
+        ser.serialize(_nested(5000))
+    assert sys.getrecursionlimit() == limit
 
 
 def test_closures_and_lambdas_round_trip_by_value():
