@@ -655,7 +655,8 @@ def nodes() -> list[dict[str, Any]]:
             "NodeName": n.address.host, "NodeManagerAddress": n.address.host, "NodeManagerHostname": n.hostname,
             "NodeManagerPort": n.address.port, "RayletSocketName": n.address.unix_path,
             "ObjectManagerPort": n.address.port,  # (objects move between nodes through the raylet's port)
-            "ObjectStoreSocketName": n.object_store_dir, "Resources": dict(n.resources_total),
+            "ObjectStoreSocketName": n.object_store_dir,
+            "Resources": {**n.resources_total, "object_store_memory": float(n.object_store_bytes)},
             "Labels": dict(n.labels), "IsHead": n.is_head, "DeathReason": n.death_reason,
             "DeathReasonMessage": n.death_reason or "",
         })

@@ -402,6 +402,7 @@ def test_nodes_lists_this_node(fresh_cluster):
     assert node["NodeManagerPort"] > 0 and node["ObjectManagerPort"] == node["NodeManagerPort"]
     assert os.path.exists(node["RayletSocketName"])
     assert node["Resources"]["CPU"] == 2 and node["Resources"]["accel"] == 1
+    assert node["Resources"]["object_store_memory"] == lumos.cluster_resources()["object_store_memory"]  # (as Ray's)
     assert node["IsHead"] is True
 
 
