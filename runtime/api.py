@@ -48,6 +48,12 @@ class LumosContext:
         self.address_info = address_info
         #: Ray's attribute name: the dashboard login link (empty without a dashboard).
         self.dashboard_url = dashboard_url
+        #: As Ray's context has them: this Python's version, and lumos's (``ray_version``,
+        #: for code written for Ray; there is no commit to show).
+        self.python_version = ".".join(map(str, sys.version_info[:3]))
+        from lumos import __version__
+        self.lumos_version = self.ray_version = __version__
+        self.ray_commit = ""
 
     def __enter__(self) -> "LumosContext":
         return self

@@ -820,10 +820,16 @@ _LAST_WORDS_DRIVER = textwrap.dedent("""
 
     @lumos.remote
     class Speaker:
+        def __init__(self, i):
+            self.i = i
+
+        def __repr__(self):  # names the actor in its output's prefix, as in Ray
+            return f"Speaker(#{self.i})"
+
         def last_words(self, i):
             print(f"last-words-of-actor-{i}", flush=True)
 
-    speakers = [Speaker.options(num_cpus=0).remote() for _ in range(2)]
+    speakers = [Speaker.options(num_cpus=0).remote(i) for i in range(2)]
     lumos.get([s.last_words.remote(-1) for s in speakers])
     # The raylet, which forwards the workers' output, is slow (frozen) while the actors
     # print their last lines and the driver leaves: it must wait for their forwarding.
@@ -846,4 +852,5 @@ def test_what_tasks_printed_before_their_replies_reaches_a_driver_that_shuts_dow
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
     assert "last-words-of-actor-0" in text and "last-words-of-actor-1" in text, text
+    assert "(Speaker(#0) pid=" in text and "(Speaker(#1) pid=" in text, text
     assert "declared dead" not in text and "ERROR" not in text, text  # (the raylets answer the GCS's ask)

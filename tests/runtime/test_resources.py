@@ -395,6 +395,7 @@ def test_available_object_store_memory_drops_with_puts(fresh_cluster):
 
 def test_nodes_lists_this_node(fresh_cluster):
     ctx = fresh_cluster(num_cpus=2, resources={"accel": 1})
+    assert ctx.python_version.count(".") == 2 and ctx.ray_version == lumos.__version__  # as Ray's context
     (node,) = lumos.nodes()
     assert node["Alive"] is True and node["alive"] is True
     assert node["NodeID"] == ctx.address_info["node_id"] == lumos.get_runtime_context().get_node_id()

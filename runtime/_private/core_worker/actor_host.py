@@ -62,6 +62,14 @@ class ActorHost:
         self.class_name: str = opts.get("class_name", spec.function_name)
         self.name: str = opts.get("name") or ""
         cls = type(instance)
+        #: The actor's own ``__repr__``, when its class defines one: its output's prefix
+        #: names it so, as in Ray (actors of one class told apart: ``(Rollout(rank=3) pid=N)``).
+        self.log_name = ""
+        if cls.__repr__ is not object.__repr__:
+            try:
+                self.log_name = repr(instance)[:120]
+            except Exception:  # (a __repr__ that needs what __init__ did not set)
+                pass
         self.is_async = is_async_class(cls)
         limit = opts.get("max_concurrency")
         self.max_concurrency = int(limit) if limit else (1000 if self.is_async else 1)

@@ -1138,9 +1138,10 @@ class Executor(ArgumentsMixin):
             rec = [task[0] or self.cw.job_id or None, task[1], task[2], pid, is_stderr, text, task[3]]
         else:
             spec = self._running
-            rec = [self.cw.job_id or None, spec.task_id if spec else None,
-                   spec.name if spec else "", pid or os.getpid(), is_stderr, text,
-                   spec.root_task_id if spec else None]
+            actor = self.actor
+            name = (actor.log_name or spec.name) if spec and actor is not None else (spec.name if spec else "")
+            rec = [self.cw.job_id or None, spec.task_id if spec else None, name, pid or os.getpid(), is_stderr,
+                   text, spec.root_task_id if spec else None]
         with self._output_lock:
             self._output.append(rec)
         if self.cw._flush_idle:
