@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lumos import exceptions, job_config, runtime_env, state, util
+from lumos import dag, exceptions, job_config, runtime_env, state, util
 from lumos.actor import ActorClass, ActorHandle, get_actor, kill, method
 from lumos.api import (LumosContext, available_resources, cancel, cluster_resources, get, get_gpu_ids, init,
                        is_initialized, nodes, put, shutdown, timeline, wait)
@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "shutdown", "is_initialized", "remote", "kill", "get_actor", "method", "ActorHandle", "ActorClass", "get", "put", "wait", "cancel", "nodes",
     "cluster_resources", "available_resources", "get_gpu_ids", "get_runtime_context", "timeline",
-    "ObjectRef", "ObjectRefGenerator", "DynamicObjectRefGenerator", "LoggingConfig", "progress", "LumosContext", "exceptions", "job_config", "runtime_env", "state", "util", "load_ipython_extension", "__version__",
+    "ObjectRef", "ObjectRefGenerator", "DynamicObjectRefGenerator", "LoggingConfig", "progress", "LumosContext", "dag", "exceptions", "job_config", "runtime_env", "state", "util", "load_ipython_extension", "__version__",
 ]
 
 

@@ -202,8 +202,10 @@ class ActorClass:
         return _ActorClassOptions(self, opts_mod.merged(self._options, options, opts_mod.ACTOR))
 
     def bind(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("Ray DAGs (ray.actor.ActorClass.bind) are not implemented in lumos; "
-                                  "create the actor with .remote(...) and pass the handle on")
+        """Record the actor's creation for a DAG (``lumos.dag``): ``node.method.bind(...)``
+        records calls on it, ``execute()`` makes them."""
+        from lumos.dag import ClassNode
+        return ClassNode(self, args, kwargs)
 
     def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
         raise ActorClassInheritanceException(
@@ -295,6 +297,10 @@ class _ActorClassOptions:
 
     def options(self, **options: Any) -> "_ActorClassOptions":
         return _ActorClassOptions(self._actor_class, opts_mod.merged(self._options, options, opts_mod.ACTOR))
+
+    def bind(self, *args: Any, **kwargs: Any) -> Any:
+        from lumos.dag import ClassNode
+        return ClassNode(self, args, kwargs)
 
 
 def _current_namespace(cw: Any) -> str:
@@ -468,8 +474,9 @@ class ActorMethod:
         return f"<actor method {self._handle._class_name}.{self._name}>"
 
     def bind(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("Ray DAGs (ray.actor.ActorMethod.bind) are not implemented in lumos; "
-                                  "call .remote(...) and pass the refs on")
+        """Record a call on this actor for a DAG (``lumos.dag``)."""
+        from lumos.dag import ClassMethodNode
+        return ClassMethodNode(self._handle, self._name, self._options, args, kwargs).outputs()
 
 
 def get_actor(name: str, namespace: str | None = None) -> ActorHandle:

@@ -59,8 +59,9 @@ class RemoteFunction:
         return self._remote(args, kwargs, self._options)
 
     def bind(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("Ray DAGs (ray.remote_function.RemoteFunction.bind) are not implemented in "
-                                  "lumos; call .remote(...) and pass the refs on")
+        """Record a call for a DAG (``lumos.dag``); ``node.execute()`` makes it."""
+        from lumos.dag import FunctionNode
+        return FunctionNode(self, args, kwargs)
 
     def options(self, **options: Any) -> "_BoundOptions":
         """A copy of this function with some options changed, e.g. ``f.options(num_cpus=2)``."""
@@ -131,6 +132,10 @@ class _BoundOptions:
 
     def options(self, **options: Any) -> "_BoundOptions":
         return _BoundOptions(self._fn, opts_mod.merged(self._options, options, opts_mod.TASK))
+
+    def bind(self, *args: Any, **kwargs: Any) -> Any:
+        from lumos.dag import FunctionNode
+        return FunctionNode(self, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._fn(*args, **kwargs)
