@@ -67,7 +67,9 @@ class ClassNode(DAGNode):
     def __getattr__(self, name: str) -> _MethodBinder:
         if name.startswith("_"):
             raise AttributeError(name)
-        return _MethodBinder(self, name, {})
+        cls = getattr(self._cls, "_actor_class", self._cls)  # (a class with options: its class)
+        defaults = getattr(cls, "_methods", {}).get(name) or {}  # ``@lumos.method(...)``'s options
+        return _MethodBinder(self, name, dict(defaults))
 
 
 class _MethodBinder:

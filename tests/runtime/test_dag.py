@@ -73,6 +73,8 @@ def test_actor_nodes_and_calls_on_live_handles(cluster: lumos.LumosContext) -> N
     assert lumos.get(handle.inc.bind(7).execute(), timeout=60) == 7
     first, second = handle.both.bind()  # a node per value, as in Ray
     assert lumos.get([first.execute(), second.execute()], timeout=60) == [7, -7]
+    first, second = Counter.bind(3).both.bind()  # (on a class node too)
+    assert lumos.get([first.execute(), second.execute()], timeout=60) == [3, -3]
 
 
 def test_dag_input_mistakes_are_clear(cluster: lumos.LumosContext) -> None:
