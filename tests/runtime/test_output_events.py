@@ -829,6 +829,12 @@ _LAST_WORDS_DRIVER = textwrap.dedent("""
         def last_words(self, i):
             print(f"last-words-of-actor-{i}", flush=True)
 
+    @lumos.remote
+    class AsyncSpeaker:
+        async def say(self):
+            print("said-by-an-async-actor", flush=True)
+
+    lumos.get(AsyncSpeaker.options(num_cpus=0).remote().say.remote())
     speakers = [Speaker.options(num_cpus=0).remote(i) for i in range(2)]
     lumos.get([s.last_words.remote(-1) for s in speakers])
     # The raylet, which forwards the workers' output, is slow (frozen) while the actors
@@ -853,4 +859,5 @@ def test_what_tasks_printed_before_their_replies_reaches_a_driver_that_shuts_dow
     text = out.stdout + out.stderr
     assert "last-words-of-actor-0" in text and "last-words-of-actor-1" in text, text
     assert "(Speaker(#0) pid=" in text and "(Speaker(#1) pid=" in text, text
+    assert "(AsyncSpeaker.say pid=" in text, text  # (an async actor's call is named too: it was "(pid=N)")
     assert "declared dead" not in text and "ERROR" not in text, text  # (the raylets answer the GCS's ask)

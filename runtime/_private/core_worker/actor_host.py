@@ -64,12 +64,8 @@ class ActorHost:
         cls = type(instance)
         #: The actor's own ``__repr__``, when its class defines one: its output's prefix
         #: names it so, as in Ray (actors of one class told apart: ``(Rollout(rank=3) pid=N)``).
+        #: Set by ``name_output`` once ``__init__`` has run.
         self.log_name = ""
-        if cls.__repr__ is not object.__repr__:
-            try:
-                self.log_name = repr(instance)[:120]
-            except Exception:  # (a __repr__ that needs what __init__ did not set)
-                pass
         self.is_async = is_async_class(cls)
         limit = opts.get("max_concurrency")
         self.max_concurrency = int(limit) if limit else (1000 if self.is_async else 1)
@@ -164,6 +160,14 @@ class ActorHost:
 
         threading.Thread(target=run, name="lumos-actor-loop", daemon=True).start()
         ready.wait(10)
+
+    def name_output(self) -> None:
+        """After ``__init__``: the actor's ``__repr__`` names its output, when its class has one."""
+        if type(self.instance).__repr__ is not object.__repr__:
+            try:
+                self.log_name = repr(self.instance)[:120]
+            except Exception:  # (a __repr__ that fails: the class.method name stays)
+                pass
 
     def run_on_loop(self, coro: Any) -> Any:
         """Main thread: run ``coro`` on the actor's event loop and wait for its result (an

@@ -44,7 +44,7 @@ import zipfile
 from typing import Any
 
 from lumos import exceptions as exc
-from lumos._private import interrupts, process
+from lumos._private import interrupts, process, worker_context
 from lumos._private import serialization as ser
 from lumos._private import thread_limits
 from lumos._private.core_worker.actor_host import ActorHost
@@ -857,11 +857,11 @@ class Executor(ArgumentsMixin):
             self.cw.current_actor_id = None
             raise
         host.restore()
+        host.name_output()
         self.actor = host
         self.actor_restarted = spec.attempt > 0  # (the creation's attempt: the actor's restarts so far)
         cw = self.cw
         self._actor_namespace = cw.namespace = cw.namespace or f"anonymous-{cw.job_id.hex()}"
-        self.cw.current_actor_id = spec.actor_id
         if resource_ids.get("GPU"):
             self._original_cuda = os.environ.get("CUDA_VISIBLE_DEVICES")  # the actor keeps its GPUs
         return None
@@ -1137,7 +1137,7 @@ class Executor(ArgumentsMixin):
         if task is not None:
             rec = [task[0] or self.cw.job_id or None, task[1], task[2], pid, is_stderr, text, task[3]]
         else:
-            spec = self._running
+            spec = worker_context.current_call.get() or self._running  # (a threaded or async actor's call)
             actor = self.actor
             name = (actor.log_name or spec.name) if spec and actor is not None else (spec.name if spec else "")
             rec = [self.cw.job_id or None, spec.task_id if spec else None, name, pid or os.getpid(), is_stderr,
