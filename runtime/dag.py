@@ -41,33 +41,32 @@ class DAGNode:
         raise NotImplementedError
 
 
-class FunctionNode(DAGNode):
+class _RemoteNode(DAGNode):
+    """A ``.remote(...)`` of ``target`` (a remote function or actor class, with or
+    without ``.options``) with the bound arguments, their nodes resolved."""
+
+    def __init__(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._target, self._args, self._kwargs = target, args, kwargs
+
+    def _run(self, run: _Run) -> Any:
+        return self._target.remote(*run.resolve(self._args), **run.resolve(self._kwargs))
+
+
+class FunctionNode(_RemoteNode):
     """``f.bind(...)``: a task."""
 
-    def __init__(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self._fn, self._args, self._kwargs = fn, args, kwargs
-
-    def _run(self, run: _Run) -> Any:
-        return self._fn.remote(*run.resolve(self._args), **run.resolve(self._kwargs))
-
     def __repr__(self) -> str:
-        return f"FunctionNode({getattr(self._fn, '__name__', self._fn)!s})"
+        return f"FunctionNode({getattr(self._target, '__name__', self._target)!s})"
 
 
-class ClassNode(DAGNode):
+class ClassNode(_RemoteNode):
     """``Cls.bind(...)``: an actor, created once per ``execute``; ``node.method.bind(...)``
     records a call on it."""
-
-    def __init__(self, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self._cls, self._args, self._kwargs = cls, args, kwargs
-
-    def _run(self, run: _Run) -> Any:
-        return self._cls.remote(*run.resolve(self._args), **run.resolve(self._kwargs))
 
     def __getattr__(self, name: str) -> _MethodBinder:
         if name.startswith("_"):
             raise AttributeError(name)
-        cls = getattr(self._cls, "_actor_class", self._cls)  # (a class with options: its class)
+        cls = getattr(self._target, "_actor_class", self._target)  # (a class with options: its class)
         defaults = getattr(cls, "_methods", {}).get(name) or {}  # ``@lumos.method(...)``'s options
         return _MethodBinder(self, name, dict(defaults))
 
