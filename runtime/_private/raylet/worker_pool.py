@@ -40,6 +40,8 @@ from lumos._private.raylet import memory_monitor as mm
 from lumos._private.raylet.fork_client import (FORK_REPLY_TIMEOUT_S, ForkedProcess, ForkServerClient, Process,
                                                children_of_self, set_child_subreaper)
 from lumos._private.raylet import scheduler as sc
+from lumos._private.raylet.node_report import SUFFIXES as LOG_SUFFIXES
+from lumos._private.raylet.node_report import log_name
 from lumos._private.transport.connection import Connection
 
 if TYPE_CHECKING:
@@ -418,17 +420,17 @@ class WorkerPool:
         r = self.raylet
         return r._gcs_durable if r.gcs_durable_known else None
 
-    def _log_path(self, worker_id: WorkerID) -> str:
-        return os.path.join(self.raylet.session_dir, "logs", f"worker-{worker_id.hex()[:12]}.out")
+    def _log_path(self, worker_id: WorkerID, suffix: str = "out") -> str:
+        return os.path.join(self.raylet.session_dir, "logs", log_name(self.raylet.node_id, worker_id, suffix))
 
     def _prune_logs(self, exited: WorkerID) -> None:
         """Keep the log files of the last ``worker_logs_kept`` exited workers only."""
         dead = self._dead_logs
         dead.append(exited)
         while len(dead) > self.raylet.config.worker_logs_kept:
-            out = self._log_path(dead.popleft())
-            unlink_quietly(out)
-            unlink_quietly(out[:-len(".out")] + ".log")
+            worker_id = dead.popleft()
+            for suffix in LOG_SUFFIXES:
+                unlink_quietly(self._log_path(worker_id, suffix))
 
     def _spawn(self, proc: WorkerProc) -> None:
         proc.forked = False
