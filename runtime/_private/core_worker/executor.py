@@ -946,9 +946,7 @@ class Executor(ArgumentsMixin):
         hook = conf.get("setup_hook")
         if hook is not None:  # after the job's code is importable: the hook may live there
             from lumos._private import working_dir
-            job_env = self._job_env.get(job_id) or {}
-            saved = {k: os.environ.get(k) for k in job_env}
-            os.environ.update(job_env)  # the hook sees the job's env_vars, as its tasks do
+            saved = _set_env(self._job_env.get(job_id) or {})  # the hook sees the job's env_vars, as its tasks do
             try:
                 working_dir.run_setup_hook(hook)
             except exc.RuntimeEnvSetupError:
@@ -1085,9 +1083,7 @@ class Executor(ArgumentsMixin):
             threads = thread_limits.for_task(spec.resources)
             if threads is not None:
                 env = {**env, **threads}
-        environ = os.environ
-        saved = {k: environ.get(k) for k in env}
-        environ.update(env)
+        saved = _set_env(env)
         self.cw.inherited_env = own or None
         if not thread_limits.NAMES.isdisjoint(env):
             # Native pools (numpy's BLAS, loaded before the task in a forked worker) read
@@ -1138,8 +1134,9 @@ class Executor(ArgumentsMixin):
             rec = [task[0] or self.cw.job_id or None, task[1], task[2], pid, is_stderr, text, task[3]]
         else:
             spec = worker_context.current_call.get() or self._running  # (a threaded or async actor's call)
-            actor = self.actor
-            name = (actor.log_name or spec.name) if spec and actor is not None else (spec.name if spec else "")
+            name = spec.name if spec else ""
+            if spec and self.actor is not None and self.actor.log_name:
+                name = self.actor.log_name  # (its class's __repr__)
             rec = [self.cw.job_id or None, spec.task_id if spec else None, name, pid or os.getpid(), is_stderr,
                    text, spec.root_task_id if spec else None]
         with self._output_lock:
@@ -1235,6 +1232,14 @@ def _terminate() -> None:
 _environ_raw: dict[bytes, bytes] | None = getattr(os.environ, "_data", None)
 if not isinstance(_environ_raw, dict) or not all(type(k) is bytes for k in list(_environ_raw)[:1]):
     _environ_raw = None
+
+
+def _set_env(env: dict[str, str]) -> dict[str, str | None]:
+    """Set ``env`` in this process's environment; returns the previous values (for ``_restore_env``)."""
+    environ = os.environ
+    saved = {k: environ.get(k) for k in env}
+    environ.update(env)
+    return saved
 
 
 def _restore_env(saved: dict[str, str | None]) -> None:
