@@ -151,8 +151,9 @@ class RuntimeContext:
         cw = worker_context.require()
         env: dict[str, str] = {}
         if cw.executor is not None:
-            env.update(cw.executor._job_env.get(cw.job_id, {}))
-            out: dict[str, Any] = dict(cw.executor._job_code_env.get(cw.job_id, {}))
+            job = cw.executor.env_job()
+            env.update(cw.executor._job_env.get(job, {}))
+            out: dict[str, Any] = dict(cw.executor._job_code_env.get(job, {}))
         else:
             if cw.job_env_vars:
                 env.update(cw.job_env_vars)

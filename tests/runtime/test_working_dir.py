@@ -228,3 +228,50 @@ def test_setup_hook_and_empty_install_keys_are_checked() -> None:
     # Ray's install keys with nothing to install are accepted, as Ray accepts them.
     env_of.options(runtime_env={"pip": [], "conda": None, "env_vars": {"A": "1"}})
     lumos.runtime_env.RuntimeEnv(pip=[], uv=[], env_vars={"A": "1"})
+
+
+def test_an_actor_called_by_another_job_stays_in_its_creators_environment(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+    import textwrap
+    from lumos.testing import Cluster
+    from tests.conftest import TEST_CONFIG
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"only_in_{name}.py").write_text("")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "_system_config": TEST_CONFIG})
+    try:
+        script = textwrap.dedent(f"""
+            import os, sys, lumos
+            lumos.init(address={cluster.address!r}, _token={cluster.token!r}, namespace="team",
+                       runtime_env={{"working_dir": {str(tmp_path / "a")!r}, "env_vars": {{"WHO": "a"}}}})
+            @lumos.remote
+            class Keeper:
+                def where(self):
+                    import logging
+                    return (os.path.basename(os.getcwd()), os.environ.get("LUMOS_TEST_HOOKED"),
+                            os.environ.get("WHO"), any(os.path.isfile(os.path.join(p, "only_in_b.py")) for p in sys.path),
+                            logging.getLogger("hooked_app").level,
+                            lumos.get_runtime_context().runtime_env["working_dir"])
+            k = Keeper.options(name="keeper", lifetime="detached").remote()
+            print(repr(lumos.get(k.where.remote(), timeout=60)))
+        """)
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90)
+        assert out.returncode == 0, out.stderr
+        first = eval(out.stdout.strip().splitlines()[-1])
+        assert first[1:5] == (None, "a", False, 0), first
+        # A second job with its own working_dir, env_vars and setup hook calls the actor.
+        cluster.connect(namespace="team", runtime_env={"working_dir": str(tmp_path / "b"), "env_vars": {"WHO": "b"},
+                                                        "worker_process_setup_hook": _hook_marks_the_worker})
+        keeper = lumos.get_actor("keeper")
+        assert lumos.get(keeper.where.remote(), timeout=60) == first
+
+        @lumos.remote
+        def mine() -> tuple[str | None, str | None]:
+            return os.environ.get("LUMOS_TEST_HOOKED"), os.environ.get("WHO")
+
+        assert lumos.get(mine.remote(), timeout=60)[1] == "b"  # the second job's own tasks have its environment
+        assert lumos.get(mine.remote(), timeout=60)[0] is not None
+        lumos.kill(keeper)
+    finally:
+        cluster.shutdown()

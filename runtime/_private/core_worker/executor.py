@@ -151,6 +151,7 @@ class Executor(ArgumentsMixin):
         #: The namespace of the job that created the actor hosted here: the actor's, whichever
         #: job's call it runs (as in Ray).
         self._actor_namespace: str | None = None
+        self._actor_job: JobID | None = None  # (the job that created this worker's actor)
         #: The connection the running task came on (streaming items go back on it).
         self._conn: Connection | None = None
         #: Items the running streaming generator task has sent so far.
@@ -862,6 +863,7 @@ class Executor(ArgumentsMixin):
         self.actor_restarted = spec.attempt > 0  # (the creation's attempt: the actor's restarts so far)
         cw = self.cw
         self._actor_namespace = cw.namespace = cw.namespace or f"anonymous-{cw.job_id.hex()}"
+        self._actor_job = cw.job_id
         if resource_ids.get("GPU"):
             self._original_cuda = os.environ.get("CUDA_VISIBLE_DEVICES")  # the actor keeps its GPUs
         return None
@@ -884,16 +886,25 @@ class Executor(ArgumentsMixin):
             self._preloaded_functions[spec.function_id] = fn
 
     def _bind_job(self, job_id: JobID) -> None:
-        """Run as job ``job_id`` (its config loaded once); an actor keeps its namespace."""
-        self._load_job(job_id)
-        if self._actor_namespace is not None:
-            self.cw.namespace = self._actor_namespace
-
-    def _load_job(self, job_id: JobID) -> None:
+        """Run as job ``job_id``, its config loaded once. An actor called by another job (a
+        named or detached one) runs that call as the caller's job, but stays in its creator's
+        environment: its namespace, working_dir, sys.path, logging and setup hook, as Ray's
+        actors do (a caller's hook or logging_config never reaches into another job's actor)."""
         cw = self.cw
         if cw.job_id != job_id:
             cw.job_id = job_id
             cw._exported.clear()
+        if self.actor is None:
+            self._load_job(job_id)
+        else:
+            cw.namespace = self._actor_namespace or cw.namespace
+
+    def env_job(self) -> JobID:
+        """The job whose environment this worker runs in: an actor's creator's, else the task's."""
+        return self._actor_job if self.actor is not None and self._actor_job is not None else self.cw.job_id
+
+    def _load_job(self, job_id: JobID) -> None:
+        cw = self.cw
         if job_id in self._jobs_bound:
             return
         self._jobs_bound.add(job_id)
