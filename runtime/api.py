@@ -721,7 +721,8 @@ def timeline(filename: str | None = None) -> list[dict[str, Any]] | None:
     events = []
     for t in state.list_tasks(limit=100_000):
         if t["start_time"] and t["end_time"]:
-            events.append({"cat": "task", "name": t["name"], "ph": "X", "pid": t["node_id"] or "?",
+            # One category per function, "task::<name>", as Ray's (a viewer filters on it).
+            events.append({"cat": f"task::{t['name']}", "name": t["name"], "ph": "X", "pid": t["node_id"] or "?",
                            "tid": t["worker_id"] or "?", "ts": t["start_time"] * 1e6,
                            "dur": (t["end_time"] - t["start_time"]) * 1e6,
                            # Trace-viewer colours, as Ray's: failed tasks stand out.

@@ -417,8 +417,8 @@ def test_list_tasks_filters_and_limit(fresh_cluster):
     assert len(lumos.state.list_tasks(filters=[("state", "!=", "FINISHED")])) == 1
     assert len(lumos.state.list_tasks(limit=5)) == 5
     assert lumos.state.summarize_tasks() == {"add": {"FINISHED": 20}, "bad": {"FAILED": 1}}
-    colours = {(e["name"], e["cname"], e["args"]["state"]) for e in lumos.timeline()}  # Chrome trace events
-    assert colours == {("add", "generic_work", "FINISHED"), ("bad", "terrible", "FAILED")}
+    colours = {(e["cat"], e["name"], e["cname"], e["args"]["state"]) for e in lumos.timeline()}  # Chrome trace events
+    assert colours == {("task::add", "add", "generic_work", "FINISHED"), ("task::bad", "bad", "terrible", "FAILED")}
     row = lumos.state.list_tasks(limit=1)[0]
     assert lumos.state.get_task(row["task_id"])["task_id"] == row["task_id"]
     assert lumos.state.get_task("0" * 32) is None
