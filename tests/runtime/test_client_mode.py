@@ -41,7 +41,10 @@ import lumos
 address, token_file = sys.argv[1:3]
 
 def step(name, **data):
-    print(name + " " + json.dumps(data), flush=True)
+    # One write: print() writes the line and its newline apart, and a worker's forwarded
+    # output line can land between the two.
+    sys.stdout.write(name + " " + json.dumps(data) + "\n")
+    sys.stdout.flush()
 
 def wait_for_line(word):
     line = sys.stdin.readline()
