@@ -297,6 +297,35 @@ def test_cancel_running_task_interrupts_it(fresh_cluster):
     assert time.monotonic() - t0 < 5
 
 
+def test_a_non_recursive_cancel_of_a_task_waiting_on_its_child_leaves_the_child_running(fresh_cluster,
+                                                                                       tmp_path):
+    fresh_cluster(num_cpus=2)
+
+    @lumos.remote
+    def child(marker):
+        time.sleep(1.5)
+        with open(marker, "w") as f:
+            f.write("done")
+        return 1
+
+    @lumos.remote
+    def parent(marker):
+        pending = child.remote(marker)
+        open(marker + ".parent", "w").close()
+        return lumos.get(pending)
+
+    for recursive, child_finishes in ((False, True), (True, False)):
+        marker = tmp_path / f"recursive-{recursive}"
+        ref = parent.remote(str(marker))
+        wait_for(lambda: os.path.exists(f"{marker}.parent"), 30)
+        time.sleep(0.3)  # the parent is blocked in get() of its child
+        lumos.cancel(ref, recursive=recursive)
+        with pytest.raises(TaskCancelledError):
+            lumos.get(ref, timeout=30)
+        time.sleep(2.5)
+        assert marker.exists() == child_finishes, recursive
+
+
 def test_force_cancel_kills_the_worker(fresh_cluster):
     fresh_cluster()
 

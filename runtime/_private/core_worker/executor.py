@@ -111,6 +111,9 @@ class Executor(ArgumentsMixin):
         self._running: m.TaskSpec | None = None
         self._running_root: bytes | None = None
         self._cancel_requested: bytes | None = None
+        #: Whether that cancel reaches the task's children: a non-recursive one interrupts a
+        #: get() of them without cancelling them (``interrupt_cancels_awaited``).
+        self._cancel_recursive = True
         #: Guards the start of a task (``_running`` set, ``_cancelled`` checked) against
         #: ``cancel`` on the io thread: a cancel between the two would otherwise be lost.
         self._start_lock = threading.Lock()
@@ -263,6 +266,7 @@ class Executor(ArgumentsMixin):
             running = self._running
             if running is not None and running.task_id == task_id:
                 self._cancel_requested = task_id
+                self._cancel_recursive = recursive
                 if running.kind == m.TaskKind.NORMAL_TASK:
                     self._signal(task_id)
                 # An actor's running method is not interrupted (as in Ray: it would leave the
@@ -274,6 +278,14 @@ class Executor(ArgumentsMixin):
                 return
         if recursive:
             self.cw.cancel_children(task_id, force)
+
+    def interrupt_cancels_awaited(self) -> bool:
+        """Whether the interrupt now raised in the running task's get() or wait() cancels the
+        tasks it waits for: yes for a Ctrl-C or a recursive cancel, no for a cancel with
+        ``recursive=False`` (as in Ray, whose children then run on)."""
+        running = self._running
+        return not (running is not None and self._cancel_requested == running.task_id
+                    and not self._cancel_recursive)
 
     def _watch_queue(self) -> None:
         """io thread: look again in ``_requeue_after_s`` at the tasks queued here

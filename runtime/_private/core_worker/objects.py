@@ -600,6 +600,9 @@ class ObjectsMixin:
             owner.notify(msg)
 
     def _cancel_refs_on_interrupt(self, refs: list[ObjectRef]) -> None:
+        executor = self.executor
+        if executor is not None and not executor.interrupt_cancels_awaited():
+            return
         for ref in refs:
             e = self.objects.entries.get(ref._id)
             if e is not None and e.owned and e.state == PENDING:
