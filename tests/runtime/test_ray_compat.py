@@ -421,6 +421,25 @@ def test_a_generator_yielding_fewer_values_than_num_returns_fails_them_all_and_m
     assert lumos.get(list(yields.remote(5)), timeout=30) == [0, 1, 2]
 
 
+@lumos.remote(num_returns=1)
+def yields_one() -> Iterator[int]:
+    yield 42
+
+
+@lumos.remote
+class YieldsOne:
+    @lumos.method(num_returns=1)
+    def seven(self) -> Iterator[int]:
+        yield 7
+
+
+def test_a_generator_with_num_returns_1_returns_its_value(cluster: lumos.LumosContext) -> None:
+    # (lumos stored the generator object itself, and its pickling failed the task)
+    assert lumos.get(yields_one.remote(), timeout=30) == 42
+    assert lumos.get(YieldsOne.remote().seven.remote(), timeout=30) == 7
+    assert lumos.get(lumos.remote(lambda: (i for i in [5])).remote(), timeout=30) == 5
+
+
 @lumos.remote
 class ShortReplies:
     def sabotage_next_reply(self) -> None:

@@ -250,9 +250,9 @@ class ArgumentsMixin:
         if n < 0:
             raise TypeError(f"{spec.name} streams (num_returns='streaming') but returned a "
                             f"{type(result).__name__}, not a generator")
-        if n == 1:
+        if n == 1 and not inspect.isgenerator(result):
             values = [result]
-        elif inspect.isgenerator(result):
+        elif inspect.isgenerator(result):  # (num_returns=1 too: its one value, as in Ray)
             values = self._drain_generator(spec, result)
             if len(values) < n:  # (more are dropped, as in Ray)
                 raise ValueError(f"{spec.name} has num_returns={n} but its generator yielded "
