@@ -527,6 +527,9 @@ def get(object_refs: ObjectRef | Sequence[ObjectRef], *, timeout: float | None =
     if isinstance(object_refs, ObjectRef):
         return cw.get([object_refs], timeout)[0]
     if not isinstance(object_refs, (list, tuple)):
+        from lumos.generator import ObjectRefGenerator
+        if isinstance(object_refs, ObjectRefGenerator):
+            return object_refs  # (as Ray's get: a stream is its own value; iterate it for the refs)
         raise exc.WrongArgumentError(f"get() expects an ObjectRef or a list of ObjectRefs, got "
                                      f"{type(object_refs).__name__}{_hint(object_refs)}")
     refs = list(object_refs)

@@ -163,8 +163,11 @@ def test_streaming_option_and_refusals(cluster: Any) -> None:
         agen.remote()
     with pytest.raises(TypeError, match="cannot be passed"):
         pickle.dumps(count.remote(1))
+    gen = count.remote(2)
+    assert lumos.get(gen) is gen  # (as in Ray: `for ref in ray.get(actor.stream.remote())` works)
+    assert lumos.get(list(gen), timeout=30) == [0, 1]
     with pytest.raises(TypeError, match="iterate it"):
-        lumos.get(count.remote(1))
+        lumos.get([count.remote(1)])
 
 
 def test_a_dropped_generator_releases_its_values(cluster: Any) -> None:
