@@ -592,7 +592,7 @@ def _wait_with_generators(cw: Any, items: list[Any], num_returns: int, timeout: 
     while True:
         ready_refs, _ = cw.wait(refs, len(refs), 0, fetch_local) if refs else ([], [])
         done = {id(r) for r in ready_refs}
-        done.update(id(g) for g in items if isinstance(g, ObjectRefGenerator) and g.next_ready())
+        done.update(id(g) for g in items if isinstance(g, ObjectRefGenerator) and g._would_not_block())
         left = None if deadline is None else deadline - time.monotonic()
         if len(done) >= num_returns or (left is not None and left <= 0):
             ready = [r for r in items if id(r) in done][:num_returns]

@@ -73,7 +73,7 @@ class ObjectRefGenerator:
         return self
 
     async def __anext__(self) -> ObjectRef:
-        if self.next_ready():
+        if self._would_not_block():
             ref = self._next(None)
         else:
             ref = await asyncio.get_running_loop().run_in_executor(None, self._next, None)
@@ -82,7 +82,13 @@ class ObjectRefGenerator:
         return ref
 
     def next_ready(self) -> bool:
-        """Whether ``next()`` would return (a ref, or the end) without waiting."""
+        """Whether ``next()`` would return a ref at once, whose value ``get`` returns at once;
+        False at the end of the stream (``is_finished()`` tells it), as in Ray."""
+        s = self._stream
+        return s.taken < s.count
+
+    def _would_not_block(self) -> bool:
+        """Whether ``next()`` returns (a ref, or the end) without waiting: ``wait``'s test."""
         s = self._stream
         return s.taken < s.count or s.finished
 

@@ -59,6 +59,10 @@ def test_values_arrive_while_the_task_still_runs(cluster: Any, tmp_path: Any) ->
     assert not gen.next_ready()
     gate.write_text("go")
     assert lumos.get(next(gen), timeout=30) == "second"
+    wait_for(gen.is_finished, 30)
+    assert lumos.wait([gen], timeout=0)[0] == [gen]
+    # At the end: next_ready() is False (as in Ray), is_finished() True, and wait() finds it ready.
+    assert not gen.next_ready() and gen.is_finished()
     with pytest.raises(StopIteration):
         next(gen)
 
