@@ -93,6 +93,9 @@ class PlacementGroup:
         work in the group would. ``lumos.get(pg.ready(), timeout=...)`` or ``lumos.wait``.
         """
         from lumos.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        if self.is_empty:  # (the "no group" group: nothing to reserve, as in Ray)
+            from lumos.api import put
+            return put(self)
         check = _ready_check()
         return check.options(scheduling_strategy=PlacementGroupSchedulingStrategy(self, -1)).remote(self)
 
@@ -104,6 +107,8 @@ class PlacementGroup:
             ValueError: the group was removed.
         """
         from lumos._private.protocol import messages as m
+        if self.is_empty:
+            return False  # (as in Ray: the "no group" group is never created)
         if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, numbers.Real) or \
                 timeout_seconds < 0 or math.isnan(timeout_seconds):
             raise ValueError(f"timeout_seconds must be a number >= 0, got {timeout_seconds!r}")
@@ -120,10 +125,6 @@ class PlacementGroup:
                 pass  # the GCS did not answer in time (down or restarting): asked again until the deadline
             if time.monotonic() >= deadline:
                 return False
-
-    @property
-    def is_empty(self) -> bool:
-        return self.id.is_nil()
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PlacementGroup) and other.id == self.id
@@ -171,6 +172,8 @@ def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK", nam
         raise not_implemented_error("placement_group(topology_strategy=...)", "use strategy='PACK', 'SPREAD', "
                                     "'STRICT_PACK' or 'STRICT_SPREAD'")
     _check_bundles(bundles)
+    if strategy is None:
+        strategy = "PACK"  # (Ray reads None as its default)
     if strategy not in STRATEGIES:
         raise ValueError(f"invalid placement group strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
     if not isinstance(name, str):
@@ -319,12 +322,26 @@ def _row(info: Any) -> dict[str, Any]:
         "name": info.name,
         "namespace": info.namespace,
         "bundles": {i: dict(b) for i, b in enumerate(info.bundles)},
-        "bundles_to_node_id": {i: n.hex() for i, n in enumerate(info.bundle_nodes) if n is not None},
+        "bundles_to_node_id": {i: n.hex() if n is not None else "" for i, n in enumerate(info.bundle_nodes)},
         # lumos only: the node GPU indices each placed bundle holds (what its tasks see).
         "bundles_to_gpu_ids": {i: list(ids) for i, ids in enumerate(info.bundle_gpu_ids) if ids},
         "strategy": info.strategy,
         "state": info.state,
         "is_detached": info.detached,
         "job_id": info.job_id.hex(),
-        "stats": {"scheduling_state": info.detail or info.state},
+        # Ray's scheduling state names; lumos's words on why a group waits, beside them.
+        "stats": {"scheduling_state": _scheduling_state(info), "scheduling_detail": info.detail},
     }
+
+
+def _scheduling_state(info: Any) -> str:
+    """Ray's ``PlacementGroupStats.SchedulingState`` name for the group's state."""
+    if info.state == "CREATED":
+        return "FINISHED"
+    if info.state == "REMOVED":
+        return "REMOVED"
+    if info.detail.startswith("infeasible"):
+        return "INFEASIBLE"
+    if info.detail.startswith("waiting for resources"):
+        return "NO_RESOURCES"
+    return "QUEUED"

@@ -54,8 +54,10 @@ class PlacementGroupSchedulingStrategy:
                 f"capture_child_tasks={bool(self.placement_group_capture_child_tasks)})")
 
     def to_wire(self) -> list[Any]:
-        if self.placement_group is None:
-            return ["DEFAULT"]  # not None: that would let a capturing parent's group apply
+        if self.placement_group is None or getattr(self.placement_group, "is_empty", False):
+            # (PlacementGroup.empty() too, as in Ray.) Not None: that would let a capturing
+            # parent's group apply.
+            return ["DEFAULT"]
         return ["PG", self.placement_group.id.binary(), self.placement_group_bundle_index,
                 bool(self.placement_group_capture_child_tasks)]
 

@@ -279,7 +279,7 @@ def test_placement_group_bundles_go_where_their_selectors_hold(three_nodes: dict
     # No node meets it: pending, and the table says why.
     pg = placement_group([{"CPU": 0.1}], bundle_label_selector=[{"zone": "nowhere"}])
     assert not pg.wait(1)
-    state = placement_group_table(pg)["stats"]["scheduling_state"]
+    state = placement_group_table(pg)["stats"]["scheduling_detail"]
     assert "infeasible" in state and "zone in (nowhere)" in state, state
     remove_placement_group(pg)
 

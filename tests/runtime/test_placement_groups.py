@@ -209,12 +209,26 @@ class TestOneNode:
         wait_for(lambda: _free("CPU") == 1, 10)  # the bundles' CPUs left the node's pool
         row = placement_group_table(pg)
         assert row["state"] == "CREATED" and len(set(row["bundles_to_node_id"].values())) == 1
+        assert row["stats"]["scheduling_state"] == "FINISHED"  # (Ray's name for a created group)
         assert row["bundles_to_gpu_ids"] == {}  # CPU-only bundles
         remove_placement_group(pg)
         wait_for(lambda: _free("CPU") == 3, 10)
         assert placement_group_table(pg)["state"] == "REMOVED"
+        assert placement_group_table(pg)["stats"]["scheduling_state"] == "REMOVED"
         with pytest.raises(ValueError, match="removed"):
             pg.wait(1)
+        # strategy=None is PACK, as in Ray.
+        packed = placement_group([{"CPU": 0.5}], strategy=None)
+        assert packed.wait(30) and placement_group_table(packed)["strategy"] == "PACK"
+        remove_placement_group(packed)
+
+    def test_the_empty_group_is_no_group(self) -> None:
+        # As in Ray: ready() at once, wait() False, and a task "in" it runs in no group.
+        empty = PlacementGroup.empty()
+        assert empty.is_empty and empty.bundle_specs == []
+        assert lumos.get(empty.ready(), timeout=10) == empty
+        assert empty.wait(1) is False
+        assert lumos.get(current_group.options(scheduling_strategy=_in(empty)).remote(), timeout=30) is None
 
     def test_child_tasks_and_actors_are_captured_only_when_asked(self) -> None:
         from lumos.util import get_current_placement_group
@@ -375,7 +389,9 @@ class TestOneNode:
             ready, _ = lumos.wait([pg.ready()], timeout=1.0)
             assert ready == []
             assert placement_group_table(pg)["state"] == "PENDING"
-            assert "infeasible" in placement_group_table(pg)["stats"]["scheduling_state"]
+            stats = placement_group_table(pg)["stats"]
+            assert stats["scheduling_state"] == "INFEASIBLE" and "infeasible" in stats["scheduling_detail"]
+            assert placement_group_table(pg)["bundles_to_node_id"] == {0: "", 1: ""}  # (unplaced, as Ray's)
         finally:
             remove_placement_group(pg)
 
