@@ -155,6 +155,15 @@ class TaskIDView:
     def binary(self) -> bytes:
         return self._id
 
+    def is_nil(self) -> bool:
+        return not any(self._id)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TaskIDView) and other._id == self._id
+
+    def __hash__(self) -> int:
+        return hash(self._id)
+
     def __repr__(self) -> str:
         return f"TaskID({self._id.hex()})"
 

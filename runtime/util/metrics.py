@@ -145,13 +145,16 @@ class Gauge(Metric):
 
     _kind = GAUGE
 
-    def set(self, value: float, tags: dict[str, str] | None = None) -> None:
-        """Set the gauge to ``value``; ``tags`` override the default tags.
+    def set(self, value: float | None, tags: dict[str, str] | None = None) -> None:
+        """Set the gauge to ``value``; ``tags`` override the default tags. ``None`` sets
+        nothing (as in Ray).
 
         Raises:
             TypeError: ``value`` is not a number or a tag value not a str.
             ValueError: a tag key is unknown or a tag missing.
         """
+        if value is None:
+            return
         BUFFER.record(GAUGE, self._name, self._values(tags), _check_value(value))
 
     def __reduce__(self) -> Any:

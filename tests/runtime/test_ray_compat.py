@@ -639,6 +639,9 @@ def test_state_filters_name_real_fields_and_limits_hold(cluster: lumos.LumosCont
 def test_object_ref_and_actor_class_extras_of_ray(cluster: lumos.LumosContext) -> None:
     ref = lumos.put(5)
     assert not ref.is_nil() and ref.size() == len(ref.binary()) and ref.call_site() == ""
+    # A ref's task id compares by value (two views of one id were unequal), as Ray's TaskID.
+    assert ref.task_id() == ref.task_id() and len({ref.task_id(), ref.task_id()}) == 1
+    assert not ref.task_id().is_nil()
 
     async def read() -> int:
         return await ref.as_future()
