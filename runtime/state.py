@@ -119,9 +119,12 @@ def _check_filters(filters: Iterable[Filter] | None, fields: Iterable[str] | Non
             raise TypeError(f"a filter is a (key, op, value) tuple, got {f!r}")
         if f[1] not in ("=", "==", "!="):
             raise ValueError(f"unsupported filter operator {f[1]!r}; use '=' or '!='")
-        if fields is not None and f[0] not in fields:
-            raise ValueError(f"{what} have no field {f[0]!r} to filter on; their fields: {', '.join(fields)}")
-        out.append((f[0], f[1], f[2]))
+        key = f[0]
+        if fields is not None and key not in fields:
+            key = key.lower()  # (Ray's keys are read without case)
+            if key not in fields:
+                raise ValueError(f"{what} have no field {f[0]!r} to filter on; their fields: {', '.join(fields)}")
+        out.append((key, f[1], f[2]))
     return out
 
 

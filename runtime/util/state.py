@@ -24,13 +24,19 @@ Filter = tuple[str, str, Any]
 
 
 class StateRow(dict):  # type: ignore[type-arg]
-    """A state row: a dict whose keys also read as attributes."""
+    """A state row: a dict whose keys also read as attributes (a field that is itself a dict,
+    such as a job's ``driver_info``, too: ``row.driver_info.pid``), as Ray's row objects."""
 
     def __getattr__(self, name: str) -> Any:
         try:
-            return self[name]
+            value = self[name]
         except KeyError:
             raise AttributeError(f"state row has no field {name!r}; fields: {sorted(self)}") from None
+        return StateRow(value) if type(value) is dict else value
+
+    def asdict(self) -> dict[str, Any]:
+        """The row as a plain dict (Ray's rows' ``asdict()``)."""
+        return dict(self)
 
 
 def _rows(rows: Iterable[dict[str, Any]], limit: int | None = None) -> list[StateRow]:
@@ -83,7 +89,9 @@ def _ray_worker(r: dict[str, Any], ips: dict[str, str]) -> dict[str, Any]:
 
 def _ray_job(r: dict[str, Any]) -> dict[str, Any]:
     # Ray's row of a driver's job: its status is SUCCEEDED once the driver is gone.
+    # Its times in milliseconds, as Ray's job rows have them (lumos.state's are seconds).
     return {**r, "status": "SUCCEEDED" if r["state"] == "FINISHED" else r["state"],
+            "start_time": _ms(r["start_time"]), "end_time": _ms(r["end_time"]),
             "start_time_ms": _ms(r["start_time"]), "end_time_ms": _ms(r["end_time"]), "type": "DRIVER",
             "submission_id": None, "driver_info": {"id": r["job_id"], "node_ip_address": r["driver_ip"],
                                                    "pid": str(r["driver_pid"])},
@@ -92,6 +100,11 @@ def _ray_job(r: dict[str, Any]) -> dict[str, Any]:
 
 def _ray_group(r: dict[str, Any]) -> dict[str, Any]:
     return {**r, "creator_job_id": r.get("job_id")}
+
+
+#: The fields of ``list_placement_groups``' rows (placement_group_table's and Ray's creator_job_id).
+_RAY_GROUP_FIELDS = ("placement_group_id", "name", "namespace", "bundles", "bundles_to_node_id",
+                     "bundles_to_gpu_ids", "strategy", "state", "is_detached", "job_id", "stats", "creator_job_id")
 
 
 def _ray_node(r: dict[str, Any]) -> dict[str, Any]:
@@ -212,7 +225,7 @@ def list_placement_groups(address: str | None = None, filters: Iterable[Filter] 
                           _explain: bool = False) -> list[StateRow]:
     from lumos.util.placement_group import placement_group_table
     _check_address(address)
-    return _rows(_filter([_ray_group(r) for r in placement_group_table().values()], filters, None,
+    return _rows(_filter([_ray_group(r) for r in placement_group_table().values()], filters, _RAY_GROUP_FIELDS,
                          "placement groups"), limit)
 
 

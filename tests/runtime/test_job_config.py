@@ -27,8 +27,13 @@ def test_init_applies_a_job_configs_runtime_env_and_namespace(fresh_cluster: Any
     me = lumos.get_runtime_context().get_job_id()
     (row,) = [j for j in lumos.state.list_jobs() if j["job_id"] == me]
     assert row["metadata"] == {"who": "test"} and row["driver_pid"] == os.getpid()
-    (ray_row,) = lumos.util.state.list_jobs(filters=[("job_id", "=", me)])
+    (ray_row,) = lumos.util.state.list_jobs(filters=[("JOB_ID", "=", me)])  # (keys without case, as Ray's)
     assert ray_row.metadata == {"who": "test"} and ray_row.type == "DRIVER"
+    # As Ray's rows: times in ms, nested fields as attributes, asdict().
+    assert ray_row.start_time == ray_row.start_time_ms == int(row["start_time"] * 1000)
+    assert ray_row.driver_info.pid == str(os.getpid()) and ray_row.asdict()["job_id"] == me
+    with pytest.raises(ValueError, match="no field 'bogus'"):
+        lumos.util.state.list_placement_groups(filters=[("bogus", "=", 1)])
     lumos.shutdown()
     fresh_cluster(job_config=job, runtime_env={"env_vars": {"JOB_VAR": "init"}}, namespace="own")
     assert lumos.get(env_of.remote(), timeout=30) == "init" and lumos.get_runtime_context().namespace == "own"
