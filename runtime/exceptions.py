@@ -209,6 +209,15 @@ class TaskCancelledError(LumosError):
         self.detail = detail
         super().__init__(task_id_hex, detail)
 
+    @property
+    def task_id(self) -> Any:
+        """The cancelled task's id (Ray's ``TaskCancelledError.task_id``), or None."""
+        from lumos.object_ref import TaskIDView
+        try:
+            return TaskIDView(bytes.fromhex(self.task_id_hex)) if self.task_id_hex else None
+        except ValueError:
+            return None
+
     def __str__(self) -> str:
         return f"task {self.task_id_hex[:16]} was cancelled" + (f": {self.detail}" if self.detail else "")
 

@@ -292,9 +292,10 @@ def test_cancel_running_task_interrupts_it(fresh_cluster):
     time.sleep(0.5)
     t0 = time.monotonic()
     lumos.cancel(ref)
-    with pytest.raises(TaskCancelledError):
+    with pytest.raises(TaskCancelledError) as info:
         lumos.get(ref, timeout=30)
     assert time.monotonic() - t0 < 5
+    assert info.value.task_id == ref.task_id()  # (Ray's attribute)
 
 
 def test_a_non_recursive_cancel_of_a_task_waiting_on_its_child_leaves_the_child_running(fresh_cluster,
