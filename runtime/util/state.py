@@ -109,7 +109,9 @@ _RAY_GROUP_FIELDS = ("placement_group_id", "name", "namespace", "bundles", "bund
 
 def _ray_node(r: dict[str, Any]) -> dict[str, Any]:
     # (Ray names a node by its address unless started with another name.)
+    # The store's capacity counts among the node's resources, as in Ray's rows (and nodes()).
     return {**r, "node_name": r["node_ip"], "state_message": r["death_reason"],
+            "resources_total": {**r["resources_total"], "object_store_memory": float(r["object_store_capacity_bytes"])},
             "start_time_ms": _ms(r["start_time"]), "end_time_ms": _ms(r["end_time"])}
 
 

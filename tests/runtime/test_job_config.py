@@ -32,6 +32,8 @@ def test_init_applies_a_job_configs_runtime_env_and_namespace(fresh_cluster: Any
     # As Ray's rows: times in ms, nested fields as attributes, asdict().
     assert ray_row.start_time == ray_row.start_time_ms == int(row["start_time"] * 1000)
     assert ray_row.driver_info.pid == str(os.getpid()) and ray_row.asdict()["job_id"] == me
+    (node,) = lumos.util.state.list_nodes()
+    assert node.resources_total["object_store_memory"] == node.object_store_capacity_bytes > 0
     with pytest.raises(ValueError, match="no field 'bogus'"):
         lumos.util.state.list_placement_groups(filters=[("bogus", "=", 1)])
     lumos.shutdown()
