@@ -44,6 +44,17 @@ def test_error_propagates_through_dependent_tasks(fresh_cluster):
     with pytest.raises(MyError):
         lumos.get(plus_one.remote(raises.remote("upstream")), timeout=30)
 
+    @lumos.remote
+    def reads_it():
+        return lumos.get(raises.remote("below"))
+
+    # Re-raised by a parent, the error's cause is still the user's exception, as in Ray
+    # (it was the child's TaskError), and the text tells both tasks.
+    with pytest.raises(MyError) as info:
+        lumos.get(reads_it.remote(), timeout=30)
+    assert type(info.value.cause) is MyError and str(info.value.cause) == "below"
+    assert "reads_it" in str(info.value) and "in raises" in str(info.value)
+
 
 def test_worker_death_is_retried_then_worker_crashed_error(fresh_cluster, tmp_path):
     fresh_cluster()

@@ -1049,7 +1049,10 @@ class Executor(ArgumentsMixin):
         text = "".join(traceback.format_exception(type(e), e, tb))
         if prefix:
             text = prefix + "\n" + text
-        err = exc.TaskError(spec.name, text, e, pid=os.getpid(), node_ip=self.cw.node_ip,
+        # A child's error re-raised here keeps the user's exception as its cause, not the
+        # child's TaskError (as in Ray: ``e.cause`` of a nested failure is the ValueError).
+        cause = e.cause if isinstance(e, exc.TaskError) and isinstance(e.cause, BaseException) else e
+        err = exc.TaskError(spec.name, text, cause, pid=os.getpid(), node_ip=self.cw.node_ip,
                             task_id_hex=spec.task_id.hex())
         try:
             blob = ser.serialize(err, ser.KIND_ERROR).to_bytes()
