@@ -411,6 +411,13 @@ def test_restart_reruns_init_and_retries_calls(cluster: lumos.LumosContext) -> N
     assert not isinstance(info.value, ActorDiedError)
     assert lumos.get(c.incr.remote(), timeout=15) == 2  # queued behind it: runs on the new instance
     assert lumos.get(c.pid.remote()) != pid
+    assert "max_task_retries=0" in str(info.value)
+    # A call that kills the actor each time: retried max_task_retries times, then failed
+    # with a message that says they were used up (it said max_task_retries=0).
+    d = Counter.options(max_restarts=3, max_task_retries=1).remote(1)
+    with pytest.raises(lumos.exceptions.ActorUnavailableError, match="max_task_retries=1 were used up"):
+        lumos.get(d.die.remote(), timeout=30)
+    lumos.kill(d)
 
     r = Counter.options(max_restarts=1, max_task_retries=1).remote()
     first = lumos.get(r.pid.remote())

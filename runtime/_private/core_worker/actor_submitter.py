@@ -173,12 +173,14 @@ class ActorSubmitter:
             # Restarting or not created yet: calls that were lost without retries fail now.
             if q.lost:
                 lost, q.lost = q.lost, []
-                err = exc.ActorUnavailableError(
-                    q.actor_id.hex(), f"the actor's process failed while this call was sent or running "
-                    f"({info.death_cause or 'cause unknown'}); it is being restarted, and the call was not "
-                    "retried (max_task_retries=0): it may or may not have run")
                 for task in lost:
-                    self.cw.fail_task(task, err)
+                    allowed = task.template.max_retries
+                    retries = ("max_task_retries=0" if allowed == 0
+                               else f"its max_task_retries={allowed} were used up")
+                    self.cw.fail_task(task, exc.ActorUnavailableError(
+                        q.actor_id.hex(), f"the actor's process failed while this call was sent or running "
+                        f"({info.death_cause or 'cause unknown'}); it is being restarted, and the call was not "
+                        f"retried ({retries}): it may or may not have run"))
             return
         if q.lost:  # the same actor is alive again without our connection: those calls are gone
             lost, q.lost = q.lost, []
