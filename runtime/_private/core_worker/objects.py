@@ -714,7 +714,10 @@ class ObjectsMixin:
 
             why = self.run_sync(run(), self.config.rpc_timeout_s)
             if why is not None:
-                raise exc.ObjectLostError(oid.hex(), f"{detail}; it cannot be rebuilt: {why}")
+                # A task's value whose task cannot run again: Ray's ObjectReconstructionFailedError
+                # (an ObjectLostError); a put() value has no lineage to fail.
+                error = exc.ObjectLostError if is_put_object(oid) else exc.ObjectReconstructionFailedError
+                raise error(oid.hex(), f"{detail}; it cannot be rebuilt: {why}")
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             self._wait_for([ref], 1, remaining, for_get=True)
             e = self.objects.entries.get(oid)
