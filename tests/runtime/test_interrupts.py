@@ -1,6 +1,6 @@
 """SIGINT and cancel() in a worker: every task's reply goes out, whatever interrupts it.
 
-A KeyboardInterrupt the task raises itself, a SIGINT someone sends the worker, a cancel
+A KeyboardInterrupt the task raises itself (it fails as a TaskCancelledError, as in Ray), a SIGINT someone sends the worker, a cancel
 whose signal lands after its task ended, and a cancel that races the task's start must
 each end in an answer to the owner (a value, a ``TaskError`` or ``TaskCancelledError``),
 never in a reply that is lost and a ``get`` that waits forever."""
@@ -66,13 +66,26 @@ def _wait_file(path: Path, timeout_s: float = 20.0) -> str:
     return path.read_text()
 
 
-def test_a_task_that_raises_keyboard_interrupt_fails_and_its_worker_goes_on(fresh_cluster) -> None:
+def test_a_task_that_raises_keyboard_interrupt_fails_and_its_worker_goes_on(fresh_cluster, tmp_path: Path) -> None:
     fresh_cluster(num_cpus=1)
     before = lumos.get(pid.remote(), timeout=30)
     with pytest.raises(TaskError) as info:
         lumos.get(raises_interrupt.remote(), timeout=20)
     assert "KeyboardInterrupt" in str(info.value)
-    assert not isinstance(info.value, TaskCancelledError)
+    # As in Ray: a TaskCancelledError, never a KeyboardInterrupt in the driver (where an
+    # `except KeyboardInterrupt` guard, or the notebook, would take it for the user's Ctrl-C).
+    assert isinstance(info.value, TaskCancelledError) and not isinstance(info.value, KeyboardInterrupt)
+    tries = tmp_path / "tries"
+
+    @lumos.remote(max_retries=3, retry_exceptions=True)
+    def counted() -> None:
+        with open(tries, "a") as f:
+            f.write("x")
+        raise KeyboardInterrupt
+
+    with pytest.raises(TaskCancelledError):  # and not retried, whatever retry_exceptions says
+        lumos.get(counted.remote(), timeout=20)
+    assert tries.read_text() == "x"
     assert lumos.get(pid.remote(), timeout=20) == before  # the same worker, still serving
 
 

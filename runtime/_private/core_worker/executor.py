@@ -789,8 +789,12 @@ class Executor(ArgumentsMixin):
                 if self._cancel_requested == spec.task_id:
                     return self._system_reply(spec, "cancelled while running", m.ErrorKind.CANCELLED, start)
                 # Not a cancel: the task raised it, or someone sent the worker SIGINT. It fails
-                # like any task that raised (below: its reply must go out, the owner waits for it).
-                raise
+                # like any task that raised (below: its reply must go out, the owner waits for
+                # it), as a TaskCancelledError, as in Ray: a KeyboardInterrupt reaching the
+                # driver would read as its own Ctrl-C (an `except KeyboardInterrupt` loop guard
+                # there, or the notebook, would take it for the user's stop).
+                raise exc.TaskCancelledError(spec.task_id.hex(), "it raised KeyboardInterrupt (its own raise, "
+                                             "or a SIGINT sent to its worker)")
             finally:
                 self._armed = False
         except _NotHere as e:
@@ -1082,7 +1086,7 @@ class Executor(ArgumentsMixin):
         return blob
 
     def _is_retryable(self, spec: m.TaskSpec, e: BaseException | None) -> bool:
-        if spec.retry_exceptions == m.RetryPolicy.NEVER or e is None:
+        if spec.retry_exceptions == m.RetryPolicy.NEVER or e is None or isinstance(e, exc.TaskCancelledError):
             return False
         if spec.retry_exceptions == m.RetryPolicy.ANY_EXCEPTION:
             return isinstance(e, Exception)
