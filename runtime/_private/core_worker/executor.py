@@ -376,7 +376,7 @@ class Executor(ArgumentsMixin):
         task ended would otherwise break the main thread out of reading the next task's
         frame or sending a reply, and a cancel's signal for a task that ended meanwhile
         must not interrupt the next one. A SIGINT nobody's ``cancel`` sent (``kill -INT``)
-        interrupts the running task, which fails with ``KeyboardInterrupt``."""
+        interrupts the running task, which fails with a ``TaskCancelledError`` (as in Ray)."""
         interrupts.noted()
         running = self._running
         if running is None or self._interrupted == running.task_id:
