@@ -201,6 +201,11 @@ class WorkerCrashedError(LumosError):
     """The worker process running a task died (and retries, if any, were used up)."""
 
 
+class NodeDiedError(WorkerCrashedError):
+    """The node running a task died, and its retries, if any, were used up (a
+    WorkerCrashedError too: the task's worker died with its node)."""
+
+
 class TaskCancelledError(LumosError):
     """The task was cancelled with ``lumos.cancel``."""
 
@@ -329,8 +334,6 @@ class OutOfMemoryError(LumosError, MemoryError):
     """A worker was killed because its node ran out of memory."""
 
 
-class NodeDiedError(LumosError):
-    """The node running a task or holding an object died."""
 
 
 class LocalRayletDiedError(LumosError):

@@ -89,6 +89,15 @@ def test_task_running_on_a_killed_node_is_retried_on_another(tmp_path: Any) -> N
         there = [w for w in lumos.state.list_workers() if w["node_id"] == first]
         assert there and all(w["state"] == "DEAD" and w["exit_type"] == "SYSTEM_ERROR"
                              and w["exit_detail"].startswith("node died") for w in there), there
+        # No retries left: Ray's NodeDiedError (a WorkerCrashedError too, as lumos said before).
+        os.remove(marker)
+        (survivor,) = [n for n in nodes if n != first]
+        ref = long_job.options(max_retries=0).remote(marker)
+        assert wait_for(first_node, 30, 0.05) == survivor
+        cluster.remove_node(nodes[survivor])
+        with pytest.raises(lumos.exceptions.NodeDiedError, match="node died|declared dead") as info:
+            lumos.get(ref, timeout=60)
+        assert isinstance(info.value, lumos.exceptions.WorkerCrashedError)
     finally:
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)

@@ -961,11 +961,14 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
     async def _handle_worker_death(self, lease: LeasedWorker, tasks: list[PendingTask]) -> None:
         cause = None
         if lease.node_id in self.dead_nodes:
-            cause = "its node was declared dead by the GCS"
+            cause = ts.NODE_DIED_CAUSE
         else:
             try:
                 cause = await lease.raylet.call(m.GetWorkerExit(lease.worker_id, 2.0), 5.0)
-            except (ConnectionLost, TimeoutError, RemoteError):
+            except ConnectionLost:
+                # The worker's raylet went with it: its node died (before the GCS says so).
+                cause = ts.NODE_GONE_CAUSE
+            except (TimeoutError, RemoteError):
                 pass
         self._run(self.submitter.worker_died(lease, tasks, cause))
 

@@ -34,6 +34,12 @@ from lumos._private.ids import NodeID, TaskID, short
 from lumos._private.protocol.vocab import LEASE_REFUSALS, PlacementGroupRemoved, TaskUnschedulable
 from lumos._private.raylet.memory_monitor import OOM_KILL_REASON
 
+#: Why a leased worker died when the GCS declared its node dead: its tasks fail with
+#: ``NodeDiedError`` once their retries are used up.
+NODE_DIED_CAUSE = "its node was declared dead by the GCS"
+#: ... or when the worker's raylet is gone too (the GCS has not declared the node dead yet).
+NODE_GONE_CAUSE = "its node's raylet is gone too: the node died"
+
 #: Recalls of leases not granted yet kept for their grant (``early_recalls``).
 EARLY_RECALLS = 256
 
@@ -553,6 +559,8 @@ class TaskSubmitterState:
         tasks per ``max_retries`` (after a delay when it was killed for memory), or fail them."""
         out: list[Action] = []
         oom = cause is not None and OOM_KILL_REASON in cause
+        failed = (exc.OutOfMemoryError if oom else exc.NodeDiedError if cause in (NODE_DIED_CAUSE, NODE_GONE_CAUSE)
+                  else exc.WorkerCrashedError)
         for task in tasks:
             if task.state == DONE:
                 continue
@@ -569,7 +577,7 @@ class TaskSubmitterState:
                 out.append(RetryTask(task, text, delay))
             else:
                 tries = task.template.max_retries
-                out.append(FailTask(task, (exc.OutOfMemoryError if oom else exc.WorkerCrashedError)(
+                out.append(FailTask(task, failed(
                     f"{text}. " + (f"Retried {tries} times (max_retries={tries})." if tries > 0 else
                                    "Not retried (max_retries=0)."))))
         return out
