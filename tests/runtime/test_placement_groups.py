@@ -327,7 +327,8 @@ class TestOneNode:
 
         pg = placement_group([{"CPU": 1}])
         assert pg.wait(30)
-        running = long_one.options(scheduling_strategy=_in(pg, 0)).remote()
+        # (max_retries=0: it failed as a WorkerCrashedError; retried, it met the removed group)
+        running = long_one.options(scheduling_strategy=_in(pg, 0), max_retries=0).remote()
         wait_for(lambda: _free("CPU") == 2 and lumos.wait([running], timeout=0)[1], 10)
         time.sleep(0.5)  # (running by now)
         queued = where.options(scheduling_strategy=_in(pg, 0)).remote(0)  # waits for the bundle's CPU

@@ -221,6 +221,18 @@ def test_worker_death_of_a_force_cancelled_task_fails_it_as_cancelled() -> None:
     assert isinstance(fail.error, exc.TaskCancelledError) and x.retries_left == 3
 
 
+def test_worker_death_of_a_task_whose_placement_group_was_removed_fails_it_without_retry() -> None:
+    from lumos._private.protocol.vocab import PG_REMOVED_STOP_REASON
+    s = state()
+    x = task(template())
+    s.enqueue(x)
+    lease, _ = grant(s, x.queue)
+    (death,) = of(s.worker_failed(lease), ts.AwaitWorkerExit)
+    (fail,) = s.worker_died(lease, death.tasks, f"signal SIGKILL ({PG_REMOVED_STOP_REASON})")
+    assert isinstance(fail, ts.FailTask) and isinstance(fail.error, exc.TaskPlacementGroupRemoved)
+    assert "placement group was removed" in str(fail.error) and x.retries_left == 3
+
+
 def test_reply_after_owner_side_cancel_is_not_retried_and_the_worker_idles() -> None:
     s = state()
     x = task(template())

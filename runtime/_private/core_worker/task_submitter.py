@@ -31,7 +31,8 @@ from typing import Any, Union
 from lumos import exceptions as exc
 from lumos._private.core_worker.tasks import DONE, PUSHED, QUEUED, LeasedWorker, PendingTask, SchedulingQueue
 from lumos._private.ids import NodeID, TaskID, short
-from lumos._private.protocol.vocab import LEASE_REFUSALS, PlacementGroupRemoved, TaskUnschedulable
+from lumos._private.protocol.vocab import (LEASE_REFUSALS, PG_REMOVED_STOP_REASON, PlacementGroupRemoved,
+                                           TaskUnschedulable)
 from lumos._private.raylet.memory_monitor import OOM_KILL_REASON
 
 #: Why a leased worker died when the GCS declared its node dead: its tasks fail with
@@ -569,6 +570,12 @@ class TaskSubmitterState:
                 continue
             text = (f"worker {short(lease.worker_id)} on node {short(lease.node_id)} died"
                     f" ({cause or 'cause unknown'}) while running {task.spec.name}()")
+            if cause is not None and PG_REMOVED_STOP_REASON in cause:
+                # Stopped with its placement group: Ray's error, and no retry (the group is gone).
+                out.append(FailTask(task, exc.TaskPlacementGroupRemoved(
+                    f"{task.spec.name}() was stopped when its placement group was removed (worker "
+                    f"{short(lease.worker_id)} on node {short(lease.node_id)}); not retried: the group is gone")))
+                continue
             if task.retries_left != 0:
                 if task.retries_left > 0:
                     task.retries_left -= 1

@@ -68,6 +68,10 @@ LEASE_REFUSALS: dict[str, type[ValueError]] = {c.__name__: c for c in (Placement
 #: a node that is gone or too small); its callers raise ``ActorUnschedulableError``.
 ACTOR_UNSCHEDULABLE_CAUSE = "cannot be scheduled: "
 
+#: Why a raylet stops the workers running in a removed placement group's bundles; the
+#: owners of their tasks recognise it and raise ``TaskPlacementGroupRemoved``.
+PG_REMOVED_STOP_REASON = "its placement group was removed"
+
 
 class ActorNameTaken(ValueError):
     """A named actor's registration found the name taken in its namespace. Raised by the

@@ -57,6 +57,7 @@ from typing import Any, Iterator, Union
 from lumos._private.ids import ActorID, JobID, NodeID, PlacementGroupID, WorkerID
 from lumos._private.protocol.raylet_messages import GCS_OWNER, JOB_END_EXIT_S
 from lumos._private.protocol.task_messages import label_spread_of
+from lumos._private.protocol.vocab import PG_REMOVED_STOP_REASON
 from lumos._private.raylet.resources import NodeResources, from_units, request_units, to_units
 
 # ----------------------------------------------------------------------------- events
@@ -827,7 +828,7 @@ class LocalSchedulerState:
                 del self.leases[lease_id]
                 w = self.workers.get(lease.worker_id)
                 if w is not None and w.state != DEAD:
-                    actions.append(StopWorker(w.worker_id, "its placement group was removed"))
+                    actions.append(StopWorker(w.worker_id, PG_REMOVED_STOP_REASON))
                     w.state = DEAD
         for rid, req in list(self.queue.items()):
             ref = req.event.bundle
