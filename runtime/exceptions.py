@@ -334,8 +334,6 @@ class OutOfMemoryError(LumosError, MemoryError):
     """A worker was killed because its node ran out of memory."""
 
 
-
-
 class LocalRayletDiedError(LumosError):
     """This process's raylet died."""
 

@@ -785,7 +785,7 @@ class Executor(ArgumentsMixin):
                     raise KeyboardInterrupt  # (an actor's call that finished despite a cancel counts)
                 if spec.num_returns != -1:
                     returns = self._store_returns(spec, result)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as ki:
                 if self._cancel_requested == spec.task_id:
                     return self._system_reply(spec, "cancelled while running", m.ErrorKind.CANCELLED, start)
                 # Not a cancel: the task raised it, or someone sent the worker SIGINT. It fails
@@ -793,8 +793,9 @@ class Executor(ArgumentsMixin):
                 # it), as a TaskCancelledError, as in Ray: a KeyboardInterrupt reaching the
                 # driver would read as its own Ctrl-C (an `except KeyboardInterrupt` loop guard
                 # there, or the notebook, would take it for the user's stop).
-                raise exc.TaskCancelledError(spec.task_id.hex(), "it raised KeyboardInterrupt (its own raise, "
-                                             "or a SIGINT sent to its worker)")
+                cancelled = exc.TaskCancelledError(spec.task_id.hex(), "it raised KeyboardInterrupt (its own "
+                                                   "raise, or a SIGINT sent to its worker)")
+                raise _TaskFailed(self._task_error_blob(spec, ki, cause=cancelled), None) from None
             finally:
                 self._armed = False
         except _NotHere as e:
@@ -1045,7 +1046,10 @@ class Executor(ArgumentsMixin):
 
     # ------------------------------------------------------------------ results
 
-    def _task_error_blob(self, spec: m.TaskSpec, e: BaseException, prefix: str = "") -> bytes:
+    def _task_error_blob(self, spec: m.TaskSpec, e: BaseException, prefix: str = "",
+                         cause: BaseException | None = None) -> bytes:
+        """The error value of ``spec`` failing with ``e``: its traceback (the user's frames),
+        and ``cause`` (default: ``e``) as the exception it is also an instance of."""
         tb = e.__traceback__
         # Drop this module's frames: the user's traceback starts at their function.
         while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
@@ -1055,7 +1059,8 @@ class Executor(ArgumentsMixin):
             text = prefix + "\n" + text
         # A child's error re-raised here keeps the user's exception as its cause, not the
         # child's TaskError (as in Ray: ``e.cause`` of a nested failure is the ValueError).
-        cause = e.cause if isinstance(e, exc.TaskError) and isinstance(e.cause, BaseException) else e
+        if cause is None:
+            cause = e.cause if isinstance(e, exc.TaskError) and isinstance(e.cause, BaseException) else e
         err = exc.TaskError(spec.name, text, cause, pid=os.getpid(), node_ip=self.cw.node_ip,
                             task_id_hex=spec.task_id.hex())
         try:
