@@ -336,12 +336,13 @@ def _row(info: Any) -> dict[str, Any]:
 
 def _scheduling_state(info: Any) -> str:
     """Ray's ``PlacementGroupStats.SchedulingState`` name for the group's state."""
+    from lumos._private.protocol.cluster_messages import PG_INFEASIBLE_DETAIL, PG_WAITING_DETAIL
     if info.state == "CREATED":
         return "FINISHED"
     if info.state == "REMOVED":
         return "REMOVED"
-    if info.detail.startswith("infeasible"):
+    if info.detail.startswith(PG_INFEASIBLE_DETAIL):
         return "INFEASIBLE"
-    if info.detail.startswith("waiting for resources"):
+    if info.detail == PG_WAITING_DETAIL:
         return "NO_RESOURCES"
     return "QUEUED"

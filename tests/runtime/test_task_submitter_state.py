@@ -195,11 +195,17 @@ def test_lease_lost_mid_pipeline_retries_every_in_flight_task() -> None:
     assert "max_retries=1" in str(errors[0]) and "cause unknown" in str(errors[0])
 
 
-def test_retry_after_oom_kill_waits_and_is_dropped_when_cancelled_meanwhile() -> None:
+def _one_task_on_a_worker() -> tuple[ts.TaskSubmitterState, PendingTask, Any]:
+    """A state with one task (default template) pushed to a granted lease."""
     s = state()
     x = task(template())
     s.enqueue(x)
     lease, _ = grant(s, x.queue)
+    return s, x, lease
+
+
+def test_retry_after_oom_kill_waits_and_is_dropped_when_cancelled_meanwhile() -> None:
+    s, x, lease = _one_task_on_a_worker()
     (death,) = of(s.worker_failed(lease), ts.AwaitWorkerExit)
     (retry,) = s.worker_died(lease, death.tasks, f"killed: {OOM_KILL_REASON}")
     assert isinstance(retry, ts.RetryTask) and retry.delay_s == 1.0 and x.retries_left == 2
@@ -211,10 +217,7 @@ def test_retry_after_oom_kill_waits_and_is_dropped_when_cancelled_meanwhile() ->
 
 
 def test_worker_death_of_a_force_cancelled_task_fails_it_as_cancelled() -> None:
-    s = state()
-    x = task(template())
-    s.enqueue(x)
-    lease, _ = grant(s, x.queue)
+    s, x, lease = _one_task_on_a_worker()
     x.cancelled = x.force_cancelled = True
     (death,) = of(s.worker_failed(lease), ts.AwaitWorkerExit)
     (fail,) = s.worker_died(lease, death.tasks, "SIGKILL")
@@ -223,10 +226,7 @@ def test_worker_death_of_a_force_cancelled_task_fails_it_as_cancelled() -> None:
 
 def test_worker_death_of_a_task_whose_placement_group_was_removed_fails_it_without_retry() -> None:
     from lumos._private.protocol.vocab import PG_REMOVED_STOP_REASON
-    s = state()
-    x = task(template())
-    s.enqueue(x)
-    lease, _ = grant(s, x.queue)
+    s, x, lease = _one_task_on_a_worker()
     (death,) = of(s.worker_failed(lease), ts.AwaitWorkerExit)
     (fail,) = s.worker_died(lease, death.tasks, f"signal SIGKILL ({PG_REMOVED_STOP_REASON})")
     assert isinstance(fail, ts.FailTask) and isinstance(fail.error, exc.TaskPlacementGroupRemoved)
@@ -234,10 +234,7 @@ def test_worker_death_of_a_task_whose_placement_group_was_removed_fails_it_witho
 
 
 def test_reply_after_owner_side_cancel_is_not_retried_and_the_worker_idles() -> None:
-    s = state()
-    x = task(template())
-    s.enqueue(x)
-    lease, _ = grant(s, x.queue)
+    s, x, lease = _one_task_on_a_worker()
     x.cancelled = True  # cancel() of a pushed task only asks the worker
     s.reply_arrived(lease, x.spec.task_id, 0.01, False)
     assert not s.use_retry(x) and x.retries_left == 3
@@ -461,10 +458,7 @@ def test_a_queue_whose_request_waits_at_the_raylet_takes_an_idle_worker_of_its_s
 
 
 def test_idle_timer_expiry_returns_the_lease_unless_work_came() -> None:
-    s = state()
-    x = task(template())
-    s.enqueue(x)
-    lease, _ = grant(s, x.queue)
+    s, x, lease = _one_task_on_a_worker()
     reply(s, x)
     y = task(template())
     y.cancelled = True  # cancelled in the queue: a pump drops it
@@ -517,10 +511,7 @@ def test_task_gone_forgets_a_queued_or_pushed_task() -> None:
 
 
 def test_validate_names_a_task_in_two_places() -> None:
-    s = state()
-    x = task(template())
-    s.enqueue(x)
-    lease, _ = grant(s, x.queue)
+    s, x, lease = _one_task_on_a_worker()
     x.queue.tasks.append(x)
     try:
         s.validate()

@@ -111,9 +111,6 @@ class Executor(ArgumentsMixin):
         self._running: m.TaskSpec | None = None
         self._running_root: bytes | None = None
         self._cancel_requested: bytes | None = None
-        #: Whether that cancel reaches the task's children: a non-recursive one interrupts a
-        #: get() of them without cancelling them (``interrupt_cancels_awaited``).
-        self._cancel_recursive = True
         #: Guards the start of a task (``_running`` set, ``_cancelled`` checked) against
         #: ``cancel`` on the io thread: a cancel between the two would otherwise be lost.
         self._start_lock = threading.Lock()
@@ -154,7 +151,7 @@ class Executor(ArgumentsMixin):
         #: The namespace of the job that created the actor hosted here: the actor's, whichever
         #: job's call it runs (as in Ray).
         self._actor_namespace: str | None = None
-        self._actor_job: JobID | None = None  # (the job that created this worker's actor)
+        self._actor_job: JobID | None = None  # (the job that created this worker's actor, once it is made)
         #: The connection the running task came on (streaming items go back on it).
         self._conn: Connection | None = None
         #: Items the running streaming generator task has sent so far.
@@ -266,7 +263,6 @@ class Executor(ArgumentsMixin):
             running = self._running
             if running is not None and running.task_id == task_id:
                 self._cancel_requested = task_id
-                self._cancel_recursive = recursive
                 if running.kind == m.TaskKind.NORMAL_TASK:
                     self._signal(task_id)
                 # An actor's running method is not interrupted (as in Ray: it would leave the
@@ -281,11 +277,10 @@ class Executor(ArgumentsMixin):
 
     def interrupt_cancels_awaited(self) -> bool:
         """Whether the interrupt now raised in the running task's get() or wait() cancels the
-        tasks it waits for: yes for a Ctrl-C or a recursive cancel, no for a cancel with
-        ``recursive=False`` (as in Ray, whose children then run on)."""
+        tasks it waits for: yes for a SIGINT, not for a cancel, whose ``recursive`` decides
+        for the task's children (``cancel`` above cancels them, or, as Ray, lets them run)."""
         running = self._running
-        return not (running is not None and self._cancel_requested == running.task_id
-                    and not self._cancel_recursive)
+        return not (running is not None and self._cancel_requested == running.task_id)
 
     def _watch_queue(self) -> None:
         """io thread: look again in ``_requeue_after_s`` at the tasks queued here
@@ -918,7 +913,7 @@ class Executor(ArgumentsMixin):
 
     def env_job(self) -> JobID:
         """The job whose environment this worker runs in: an actor's creator's, else the task's."""
-        return self._actor_job if self.actor is not None and self._actor_job is not None else self.cw.job_id
+        return self._actor_job if self._actor_job is not None else self.cw.job_id
 
     def _load_job(self, job_id: JobID) -> None:
         cw = self.cw

@@ -560,6 +560,7 @@ class TaskSubmitterState:
         tasks per ``max_retries`` (after a delay when it was killed for memory), or fail them."""
         out: list[Action] = []
         oom = cause is not None and OOM_KILL_REASON in cause
+        group_removed = cause is not None and PG_REMOVED_STOP_REASON in cause
         failed = (exc.OutOfMemoryError if oom else exc.NodeDiedError if cause in (NODE_DIED_CAUSE, NODE_GONE_CAUSE)
                   else exc.WorkerCrashedError)
         for task in tasks:
@@ -570,7 +571,7 @@ class TaskSubmitterState:
                 continue
             text = (f"worker {short(lease.worker_id)} on node {short(lease.node_id)} died"
                     f" ({cause or 'cause unknown'}) while running {task.spec.name}()")
-            if cause is not None and PG_REMOVED_STOP_REASON in cause:
+            if group_removed:
                 # Stopped with its placement group: Ray's error, and no retry (the group is gone).
                 out.append(FailTask(task, exc.TaskPlacementGroupRemoved(
                     f"{task.spec.name}() was stopped when its placement group was removed (worker "

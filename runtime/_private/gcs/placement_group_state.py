@@ -35,6 +35,7 @@ from typing import Any, Union
 from lumos._private.gcs.global_scheduler import NoSuchGroup, Unschedulable
 from lumos._private.ids import JobID, NodeID, PlacementGroupID, short
 from lumos._private.protocol import messages as m
+from lumos._private.protocol.cluster_messages import PG_INFEASIBLE_DETAIL, PG_WAITING_DETAIL
 from lumos._private.raylet.resources import request_units
 
 logger = logging.getLogger(__name__)
@@ -443,9 +444,9 @@ class PlacementGroupState:
             labelled = (" and their bundle_label_selector ("
                         + "; ".join(m.describe_label_conditions(c) for c in info.bundle_labels) + ")"
                         if info.bundle_labels else "")
-            detail = ("infeasible: no alive nodes can hold these bundles with strategy "
+            detail = (f"{PG_INFEASIBLE_DETAIL}no alive nodes can hold these bundles with strategy "
                       f"{info.strategy}{labelled}; it stays pending until nodes that fit join" if ever is None
-                      else "waiting for resources held by other work")
+                      else PG_WAITING_DETAIL)
             if detail != info.detail:
                 info.detail = detail
                 self._publish(info.pg_id, actions)

@@ -150,6 +150,13 @@ class ReleaseBundles:
     indices: list[int] | None = None
 
 
+#: How ``PlacementGroupInfo.detail`` begins while a pending group fits no alive node, and
+#: what it says while the group waits for resources other work holds (the state API reads
+#: Ray's INFEASIBLE and NO_RESOURCES scheduling states from them).
+PG_INFEASIBLE_DETAIL = "infeasible: "
+PG_WAITING_DETAIL = "waiting for resources held by other work"
+
+
 @message(119)
 class PlacementGroupInfo:
     pg_id: PlacementGroupID
