@@ -168,10 +168,27 @@ def test_reconstruction_says_why_not_without_lineage() -> None:
     s, _ = state()
     t = make_task(max_retries=0)
     submit(s, t)
-    finish(s, t, keep=False)
+    finish(s, t, node=DEAD, keep=False)
     why, out = s.reconstruct(t.return_ids[0], DEAD)
     assert out == [] and "cannot run again" in why
     assert s.reconstruct(return_object_id(new_task_id(), 1), DEAD)[0] == "no reference to it is held here"
+
+
+def test_a_value_that_moved_to_a_copy_on_a_live_node_is_not_rebuilt() -> None:
+    s, _ = state()
+    t = make_task()
+    submit(s, t)
+    finish(s, t, node=DEAD)
+    s.node_died(DEAD)
+    (oid,) = t.return_ids
+    s.objects.entries[oid].node_id = NODE  # a copy there became its home (copies.py)
+    # A reader that tried the dead node asks: the value is where it is now, no rerun.
+    assert s.reconstruct(oid, DEAD) == (None, [])
+    assert s.objects.entries[oid].state == READY and t.spec.task_id in s.lineage
+    # Not there either (that copy was evicted first): it is lost and rebuilt.
+    why, out = s.reconstruct(oid, NODE)
+    assert why is None and [x.task for x in out] == [t]
+    s.validate()
 
 
 def test_lost_argument_without_lineage_fails_the_rebuild_but_keeps_the_runs_started() -> None:

@@ -213,3 +213,22 @@ def test_without_spilling_a_create_that_finds_no_room_fails_at_its_deadline():
     assert not off.handle(st.Ticked(), st.FALLBACK_GRACE_S)
     (r,) = off.handle(st.Ticked(), 2.0)
     assert isinstance(r, st.RejectCreate) and "object store is full" in r.reason
+
+
+def test_a_kept_copy_is_a_primary_spilled_under_pressure_never_evicted() -> None:
+    s = store()
+    for rid, oid in ((1, A), (2, B)):  # copies pulled from another node
+        s.handle(st.CreateRequested(rid, oid, 40 * MiB, st.PULLED), 0)
+        s.handle(st.ObjectSealed(oid, 40 * MiB), 0)
+    # A's home died and its owner keeps this copy; C was never here.
+    (kept,) = s.handle(st.CopiesKeepRequested(7, [A, C]), 0)
+    assert kept == st.CopiesKept(7, [A]) and s.objects[A].creator == st.KEPT_COPY
+    out = s.handle(st.CreateRequested(3, D, 40 * MiB, W1), 0)
+    assert st.UnlinkFile(s.final_path(B)) in out and B not in s.objects  # the cache goes
+    assert of(out, st.GrantCreate) and A in s.objects
+    s.handle(st.ObjectSealed(D, 40 * MiB), 0)
+    out = s.handle(st.CreateRequested(4, E, 40 * MiB, W1), 0)
+    (spill,) = of(out, st.SpillObject)
+    assert spill.object_id == A  # a primary now: spilled, not dropped
+    (kept,) = s.handle(st.CopiesKeepRequested(8, [A]), 0)
+    assert kept.object_ids == [A]  # kept twice is still kept

@@ -156,6 +156,7 @@ class ArgumentsMixin:
             lost = None
             try:
                 cw.pull_to_local(oid, node_id, dep.owner.worker_id)
+                cw.note_pulled([(oid, dep.owner)])
             except exc.ObjectLostError as e:
                 lost = e
             if lost is not None:
@@ -168,6 +169,7 @@ class ArgumentsMixin:
                 if st.node_id != cw.node_id:
                     try:
                         cw.pull_to_local(oid, st.node_id or b"", dep.owner.worker_id)
+                        cw.note_pulled([(oid, dep.owner)])
                     except exc.ObjectLostError as e:
                         raise _TaskFailed(_error(e), None) from None
             view = cw.store.view(oid, hold_pin=True)

@@ -19,6 +19,7 @@ out, touched by the ``lumos-io`` thread only; ``CoreWorker`` runs their actions)
    StoreClient.write ─► raylet     │ GeneratorItem ─► streams.py ─► ObjectRefGenerator   │◄── worker
  ObjectRef.__del__ ─► decrements   │ references.py: borrowers, releases, FreeObjects     │◄─► owners
    (drained at API entry / flush)  │ GetObjectStatus ─► objects.py (owner side)          │◄── borrowers
+                                   │ ObjectCopied, node dead ─► copies.py                │◄── readers
                                    │ PushTask ─► executor.py (worker: main thread runs)  │◄── owners
 
 Modules: ``io_loop.py`` the io thread, the inbox, ``run_sync`` and ``spawn``;
@@ -28,6 +29,7 @@ Modules: ``io_loop.py`` the io thread, the inbox, ``run_sync`` and ``spawn``;
 pipelining depth, retries); ``results.py`` replies and results; ``objects.py``
 put/get/wait/futures and object status; ``streams.py`` streaming generators;
 ``references.py`` the object table and reference counting across processes;
+``copies.py`` copies of owned values on other nodes, one made the home of a value whose node died;
 ``actor_submitter.py`` actor calls; ``executor.py`` (+ ``arguments.py``) running pushed
 tasks in a worker; ``actor_host.py`` the actor inside its worker; ``driver.py`` the driver's job config and
 output printers; ``gcs_link.py`` reaching a restarted GCS again; ``tasks.py`` the records they share. This file wires it together: it opens the connections (GCS, local
@@ -55,6 +57,7 @@ from lumos._private.core_worker import gcs_link
 from lumos._private.core_worker import owner as ow
 from lumos._private.core_worker import task_submitter as ts
 from lumos._private.core_worker.driver import code_env, job_config, print_cluster_error, print_worker_lines
+from lumos._private.core_worker.copies import CopiesMixin
 from lumos._private.core_worker.io_loop import Claim, IoLoop
 from lumos._private.core_worker.objects import ObjectsMixin, error_blob
 from lumos._private.core_worker.references import ReferencesMixin
@@ -94,7 +97,7 @@ REPLY_HOLD_S = 0.0005
 HELD_WATCH_S = 0.001
 
 
-class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, ReferencesMixin):
+class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, ReferencesMixin, CopiesMixin):
     def __init__(self, *, mode: int, config: Config, token: bytes, gcs_address: tuple[str, int],
                  raylet_socket: str, session_dir: str, node_id: NodeID, store_dir: str,
                  worker_id: WorkerID, node_ip: str = "127.0.0.1", namespace: str = "",
@@ -139,6 +142,9 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self.lineage = self.owner.lineage
         #: Nodes the GCS declared dead (io thread): values stored there are lost.
         self.dead_nodes = self.owner.dead_nodes
+        #: Owned objects with copies on other nodes (io thread; ``copies.py``).
+        self.copied: set[ObjectID] = set()
+        self._copied_pruned_at = 0
         self.store = StoreClient(store_dir, config.memcpy_threads, config.memcpy_threshold_bytes,
                                  config.object_store_recycle_bytes)
         self.store.on_pin = self._store_pin_changed
@@ -338,6 +344,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
             m.GetObjectStatus: self._handle_get_object_status,
             m.AddBorrowers: self._handle_add_borrowers,
             m.RemoveBorrowers: self._handle_remove_borrowers,
+            m.ObjectCopied: self._handle_object_copied,
             m.GetCoreWorkerStats: lambda c, msg: self.stats(msg.brief is True),
             m.ExitWorker: self._handle_exit_worker,
             m.TaskReply: self._handle_task_reply,
@@ -863,6 +870,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
                                            m.GetObjectStatus: self._handle_get_object_status,
                                            m.AddBorrowers: self._handle_add_borrowers,
                                            m.RemoveBorrowers: self._handle_remove_borrowers,
+                                           m.ObjectCopied: self._handle_object_copied,
                                            m.WorkerBlocked: self._handle_worker_blocked,
                                            m.WorkerUnblocked: self._handle_worker_blocked,
                                            m.LeasedWorkerExited: self._handle_leased_worker_exited,
@@ -931,6 +939,8 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self.io.drain_pending()  # what user threads wrote there is booked first
         if not self.owner.node_died(node_id):
             return
+        if node_id != self.node_id:
+            self.move_to_copies(node_id)  # (before anything reads its objects as lost)
         if node_id == self.node_id and self.mode == WORKER:
             logger.error("this node was declared dead by the GCS; exiting")
             self._flush_events()

@@ -480,14 +480,20 @@ class ObjectsMixin:
             return
         raylet = self.raylet
 
-        async def pull_all() -> None:
-            await asyncio.gather(*(raylet.call(m.PullObject(oid, node, 0, self._owner_id_of(oid)))
-                                   for oid, node in remote.items()), return_exceptions=True)
+        async def pull_all() -> list[Any]:
+            return await asyncio.gather(*(raylet.call(m.PullObject(oid, node, 0, self._owner_id_of(oid)))
+                                          for oid, node in remote.items()), return_exceptions=True)
 
         try:
-            self.run_sync(pull_all(), 3600.0)
+            done = self.run_sync(pull_all(), 3600.0)
         except (TimeoutError, exc.LumosSystemError):
-            pass
+            return
+        pulled = []
+        for oid, ok in zip(remote, done):
+            e = entries.get(oid)
+            if ok is True and e is not None:
+                pulled.append((oid, None if e.owned else e.owner))
+        self.note_pulled(pulled)
 
     def _wait_for(self, refs: list[ObjectRef], num: int, timeout: float | None,
                   for_get: bool = False, fail_fast: bool = False) -> Any:
@@ -666,10 +672,10 @@ class ObjectsMixin:
         data = e.data
         if data is not None:
             kind, value = ser.deserialize(data)
-        elif e.node_id is not None:
+        elif (node := e.node_id) is not None:
             lost_detail = None
             try:
-                kind, value = self._read_from_store(ref._id, e.node_id)
+                kind, value = self._read_from_store(ref._id, node)
             except exc.ObjectLostError as lost:
                 if e.data is not None or (not e.owned and e.owner is None):
                     raise
@@ -678,9 +684,9 @@ class ObjectsMixin:
                 # Outside the handler: the caught error's traceback would keep this frame,
                 # and ``ref`` with it, alive in a cycle.
                 if e.owned:
-                    kind, value = self._rebuild_and_read(ref, e.node_id, lost_detail, deadline)
+                    kind, value = self._rebuild_and_read(ref, node, lost_detail, deadline)
                 else:
-                    kind, value = self._refetch_and_read(ref, e.owner, e.node_id, lost_detail, deadline)
+                    kind, value = self._refetch_and_read(ref, e.owner, node, lost_detail, deadline)
         else:
             raise exc.ObjectLostError(ref._id.hex(), "its value was never recorded")
         if kind == ser.KIND_ERROR:
@@ -695,6 +701,9 @@ class ObjectsMixin:
         if view is None and node_id != self.node_id:
             self.pull_to_local(oid, node_id)
             view = self.store.view(oid, spare=True)
+            e = self.objects.entries.get(oid)
+            if view is not None and e is not None:
+                self.note_pulled([(oid, None if e.owned else e.owner)])
         if view is None:
             if node_id != self.node_id:
                 raise exc.ObjectLostError(oid.hex(), f"it lives on node {short(node_id)}, and this "
@@ -851,7 +860,11 @@ class ObjectsMixin:
         if msg.borrower is not None:
             e.shared = True
         lost = msg.lost_node
-        if lost is not None and e.state == READY and e.data is None and e.node_id == lost:
+        if lost is not None and e.state == READY and e.data is None and e.node_id is not None \
+                and (e.node_id == lost or e.node_id in self.dead_nodes):
+            # (Not where the asker looked when it moved to a copy meanwhile; lost again
+            # when that copy was gone, ``copies.py``.)
+            lost = e.node_id
             why = self._reconstruct(msg.object_id, lost)
             if why is not None:
                 return m.ObjectStatus(STATUS_LOST, None, None, 0, f"its value was lost with node {short(lost)} "

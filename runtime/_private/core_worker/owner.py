@@ -269,6 +269,9 @@ class OwnerState:
             return "no reference to it is held here"
         if e.state == PENDING:
             return None  # already being rebuilt
+        if lost_node is not None and e.state == READY and e.node_id not in (None, lost_node) \
+                and e.node_id not in self.dead_nodes:
+            return None  # it lives in a copy on another node now (``copies.py``)
         tid = task_id_of(oid)
         task = self.lineage.get(tid)
         if task is None:

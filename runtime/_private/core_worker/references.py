@@ -87,7 +87,7 @@ class Waiter:
 class ObjectEntry:
     __slots__ = ("owned", "owner", "local", "submitted", "contained", "borrowers", "state",
                  "data", "node_id", "size", "waiters", "nested", "shared", "registered",
-                 "fetching", "callbacks", "lent", "kept", "seen")
+                 "fetching", "callbacks", "lent", "kept", "seen", "copies")
 
     def __init__(self, owned: bool, owner: m.Address | None) -> None:
         self.owned = owned
@@ -103,6 +103,8 @@ class ObjectEntry:
         self.data: bytes | None = None
         #: Node whose store holds the value when it is large.
         self.node_id: NodeID | None = None
+        #: Owned: other nodes whose stores hold copies of that value (``copies.py``; io thread).
+        self.copies: list[NodeID] | None = None
         self.size = 0
         self.waiters: list[Waiter] | None = None
         #: Refs nested in the value: ``[(object_id, owner Address)]``; held while this lives.
@@ -319,6 +321,7 @@ class ObjectTable:
             e.state = state
             e.data = data
             e.node_id = node_id
+            e.copies = None
             e.size = size
             if nested:
                 e.nested = list(nested)
@@ -337,6 +340,7 @@ class ObjectTable:
                 e.state = PENDING
                 e.data = None
                 e.node_id = None
+                e.copies = None
 
     def stats(self) -> dict[str, int]:
         with self.lock:

@@ -119,9 +119,17 @@ class MovedFilesFound:
     object_ids: list[ObjectID]
 
 
+@dataclasses.dataclass(slots=True)
+class CopiesKeepRequested:
+    """The node that held these objects died: the copies pulled here are their primaries
+    from now on (an owner's ``KeepObjectCopies``)."""
+    request: int
+    object_ids: list[ObjectID]
+
+
 Event = Union[CreateRequested, ObjectSealed, ObjectsFreed, ClientGone, Ticked, MarkedShared,
               ObjectsPinned, ObjectsUnpinned, SpillFinished, RestoreRequested, RestoreFinished,
-              DiskCreateFailed, SlotsReserveRequested, ReservedSealed, MovedFilesFound]
+              DiskCreateFailed, SlotsReserveRequested, ReservedSealed, MovedFilesFound, CopiesKeepRequested]
 
 
 # ----------------------------------------------------------------------------- actions
@@ -157,6 +165,13 @@ class GrantSlots:
     """Answer a reservation: ``slots`` of ``(slot, path, file size, reused)``, maybe none."""
     request: int
     slots: list[tuple[int, str, int, bool]]
+
+
+@dataclasses.dataclass(slots=True)
+class CopiesKept:
+    """Answer a ``CopiesKeepRequested``: the ids sealed here (kept); the others are gone."""
+    request: int
+    object_ids: list[ObjectID]
 
 
 @dataclasses.dataclass(slots=True)
@@ -230,4 +245,4 @@ class SweepMoved:
 
 
 Action = Union[GrantCreate, RejectCreate, GrantSlots, UnlinkFile, RenameFile, DropSlot, SpillObject, RestoreObject,
-               DropMappings, AnswerRestore, DiskFull, SweepMoved]
+               DropMappings, AnswerRestore, DiskFull, SweepMoved, CopiesKept]

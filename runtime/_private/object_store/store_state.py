@@ -29,6 +29,7 @@ mappings keep their pages alive), and its creator is told to drop its mapping.
  create(id) while another process writes id ──► waits for its seal or its end, then goes
                    on as a create of a sealed object or of a new one; refused after
                    full_timeout_s
+ keep copies(ids) ──► pulled copies here become primaries (CopiesKept: those sealed here)
  create(id) another process sealed ──► that file goes (UnlinkFile) and this create goes
                    on (a retry's return), unless a process views it, it is on disk, or
                    it is a copy pulled here of that size (RejectCreate, "exists" at the
@@ -93,13 +94,16 @@ from .store_events import (  # noqa: F401  (re-exported: the raylet uses st.<nam
     ObjectsUnpinned, SpillFinished, RestoreRequested, RestoreFinished, DiskCreateFailed,
     GrantCreate, RejectCreate, UnlinkFile, RenameFile, DropSlot, SpillObject, RestoreObject,
     DropMappings, AnswerRestore, DiskFull, Event, Action, SlotsReserveRequested, ReservedSealed, GrantSlots,
-    SweepMoved, MovedFilesFound)
+    SweepMoved, MovedFilesFound, CopiesKeepRequested, CopiesKept)
 
 from lumos._private.ids import ObjectID, WorkerID
 
 #: The creator of copies the raylet pulled from other nodes (secondary copies: the
 #: primary stays where the object was made, so these may be evicted under pressure).
 PULLED = b"object-manager"
+#: The creator of such a copy once its object's primary died with its node and the
+#: owner made this copy the primary (``CopiesKeepRequested``): spilled, never evicted.
+KEPT_COPY = b"kept-copy"
 
 #: A tombstone of an id freed before its reserved seal arrived is kept this long, and at
 #: most this many.
@@ -416,6 +420,16 @@ class ObjectStoreState:
                     # Its writer, frozen rather than dead, may still send the seal: that
                     # seal finds the object freed (its readers find it lost).
                     self._freed_unknown[oid] = now
+        elif isinstance(event, CopiesKeepRequested):
+            kept = []
+            for oid in event.object_ids:
+                obj = self.objects.get(oid)
+                if obj is not None and obj.sealed:
+                    if obj.creator == PULLED:
+                        obj.creator = KEPT_COPY
+                    kept.append(oid)
+            actions.append(CopiesKept(event.request, kept))
+            self._spill_ahead(actions)
         elif isinstance(event, DiskCreateFailed):
             obj = self.objects.pop(event.object_id, None)
             if obj is not None:

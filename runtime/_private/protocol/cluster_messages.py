@@ -1,11 +1,12 @@
 """Messages between nodes: spillback to the GCS global scheduler, object transfer between
-raylets, placement groups and node logs (codes 109-127).
+raylets, placement groups and node logs (codes 108-127).
 
 ```
 raylet --ScheduleLease--> GCS --SpillbackReply--> owner --RequestSpilledLease--> other raylet
 other raylet --LeaseRecalled--> owner (an owner on that node needs the resources back)
 other raylet --OwnersStopped--> the owner's raylet (a recalled lease not given back: is its owner stopped?)
 raylet --ReadObjectChunk/GetObjectSize/FreeObjectCopies--> raylet
+owner --KeepObjectCopies--> its raylet --KeepObjectCopies--> the copies' raylet
 GCS --ReserveBundles/ReleaseBundles/GetNodeLog--> raylet
 ```
 """
@@ -122,6 +123,17 @@ class GetObjectSize:
 class FreeObjectCopies:
     """Raylet -> raylet: an owner freed these objects; drop local copies (not forwarded again)."""
 
+    object_ids: list[ObjectID]
+
+
+@message(108)
+class KeepObjectCopies:
+    """Owner -> its raylet, which passes it on to ``node_id``'s: the node that held these
+    objects died; the copies pulled into ``node_id``'s store are their primaries now
+    (never evicted as a cache; spilled under pressure). Reply: the ids kept (the others
+    were not there any more)."""
+
+    node_id: NodeID
     object_ids: list[ObjectID]
 
 # --------------------------------------------------------------------------- placement groups (117-139)

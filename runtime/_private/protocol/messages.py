@@ -8,7 +8,7 @@
 - ``task_messages.py``: ``TaskSpec``, ``PushTask``, ``TaskReply``, object status (1-9, 60-69);
 - ``gcs_messages.py``: nodes, jobs, KV, task events, pub/sub, actors (10-39, 70-99);
 - ``raylet_messages.py``: leases and the object store (40-59);
-- ``cluster_messages.py``: spillback, transfers, placement groups, node logs (110-139).
+- ``cluster_messages.py``: spillback, transfers, placement groups, node logs (108-139).
 
 Who sends what:
 
@@ -19,6 +19,7 @@ core worker --RequestWorkerLease/ReturnWorker/CreateObject/FreeObjects--> raylet
 owner       --PushTask/CancelTask--> executing worker
 executing worker --GeneratorItem (streaming), TaskReply--> owner
 borrower    --GetObjectStatus/AddBorrowers/RemoveBorrowers--> owner
+reader      --ObjectCopied--> owner --KeepObjectCopies--> raylet (a copy outlives its node)
 ```
 """
 
@@ -28,7 +29,7 @@ from lumos._private.protocol.codec import (  # noqa: F401
     _REGISTRY, ERROR, MAX_MESSAGE_NESTING, NOTIFY, REPLY, REQUEST, _default, _ext_hook, decode, encode, message)
 from lumos._private.protocol.task_messages import (  # noqa: F401
     Address, Dep, TaskSpec, ReturnObject, GeneratorItem, TaskReply,
-    PushTask, CancelTask, GetObjectStatus, ObjectStatus, AddBorrowers, RemoveBorrowers,
+    PushTask, CancelTask, GetObjectStatus, ObjectStatus, AddBorrowers, RemoveBorrowers, ObjectCopied,
     GetCoreWorkerStats, ExitWorker, placement_group_of, label_conditions_of, labels_match,
     label_choices_of, label_soft_of, label_spread_of, describe_label_conditions)
 from lumos._private.protocol.gcs_messages import (  # noqa: F401
@@ -45,7 +46,7 @@ from lumos._private.protocol.raylet_messages import (  # noqa: F401
     DropMappings)
 from lumos._private.protocol.cluster_messages import (  # noqa: F401
     ScheduleLease, SpillbackReply, RequestSpilledLease, LeaseRecalled, OwnersStopped, PullObject, ReadObjectChunk,
-    GetObjectSize, FreeObjectCopies, ReserveBundles, ReleaseBundles, PlacementGroupInfo, CreatePlacementGroup,
+    GetObjectSize, FreeObjectCopies, KeepObjectCopies, ReserveBundles, ReleaseBundles, PlacementGroupInfo, CreatePlacementGroup,
     RemovePlacementGroup, GetPlacementGroup, ListPlacementGroups, WaitPlacementGroupReady, GetNodeLog, NodeLog)
 from lumos._private.protocol.vocab import (  # noqa: F401
     PENDING_TASK_STATES, TASK_STATE_RANK, TERMINAL_TASK_STATES, ErrorKind, ObjectState, RetryPolicy, TaskKind,
@@ -77,6 +78,7 @@ __all__ = [
     "ObjectStatus",
     "AddBorrowers",
     "RemoveBorrowers",
+    "ObjectCopied",
     "GetCoreWorkerStats",
     "ExitWorker",
     "NodeInfo",
@@ -144,6 +146,7 @@ __all__ = [
     "ReadObjectChunk",
     "GetObjectSize",
     "FreeObjectCopies",
+    "KeepObjectCopies",
     "ReserveBundles",
     "ReleaseBundles",
     "PlacementGroupInfo",

@@ -5,6 +5,7 @@ items, and what owners and borrowers ask each other about objects (codes 1-9, 60
 owner --PushTask(TaskSpec)/CancelTask--> executing worker
 executing worker --GeneratorItem (streaming), TaskReply--> owner
 borrower --GetObjectStatus/AddBorrowers/RemoveBorrowers--> owner
+reader on another node --ObjectCopied--> owner (it pulled a copy into its node's store)
 ```
 """
 
@@ -240,6 +241,16 @@ class AddBorrowers:
 class RemoveBorrowers:
     object_ids: list[ObjectID]
     borrower_worker_id: WorkerID
+
+
+@message(68)
+class ObjectCopied:
+    """A process that had these objects pulled into its node's store -> their owner
+    (one way): ``node_id`` holds copies now. When the node holding an object dies, its
+    owner makes a copy the object's new home (``KeepObjectCopies``) instead of rebuilding it."""
+
+    object_ids: list[ObjectID]
+    node_id: NodeID
 
 
 @message(66)

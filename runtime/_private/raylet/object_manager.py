@@ -26,7 +26,10 @@ never a thread, and crowds out only other handshakes from its own address.
 After the pull the object is an ordinary sealed file in this node's store: readers map
 it zero-copy. A holder serves a spilled object straight from its spill file (no restore);
 a puller whose store is smaller than the object writes it into its own spill directory. Frees reach the copies through ``FreeObjectCopies``, which the raylet
-that hears a free from an owner sends to every other alive raylet.
+that hears a free from an owner sends to every other alive raylet. A copy is a cache
+(evicted first under pressure) until the node of its object's primary dies: the owner,
+told of the copy by its reader (``ObjectCopied``), then has it kept as the primary
+(``KeepObjectCopies``, ``core_worker/copies.py``).
 """
 
 from __future__ import annotations

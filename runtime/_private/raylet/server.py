@@ -123,6 +123,8 @@ class RayletServer:
         self._tasks: set[asyncio.Task[Any]] = set()
         #: Reservation answers, read back by the handler that asked (same call).
         self._slot_grants: dict[int, list[Any]] = {}
+        #: Answers of ``CopiesKeepRequested``, read back by the handler that asked (same call).
+        self._kept_copies: dict[int, list[ObjectID]] = {}
         self._unlinker = ThreadPoolExecutor(1, thread_name_prefix="raylet.unlink")
         #: Object files moved out of their names for the unlink thread (``_name_gone``).
         self._trashed = 0
@@ -156,6 +158,7 @@ class RayletServer:
             m.ReserveSlots: self._reserve_slots,
             m.FreeObjects: self._free_objects,
             m.FreeObjectCopies: self._free_copies,
+            m.KeepObjectCopies: self._keep_copies,
             m.PullObject: self._pull_object,
             m.GetObjectSize: lambda c, msg: self.object_manager.object_size(msg.object_id),
             m.ReadObjectChunk: lambda c, msg: self.object_manager.read_chunk(msg.object_id, msg.offset, msg.length),
@@ -810,6 +813,24 @@ class RayletServer:
         self._forget_owner(msg.object_ids)
         self._store(st.ObjectsFreed(msg.object_ids, [False] * len(msg.object_ids)))
 
+    async def _keep_copies(self, conn: Connection, msg: m.KeepObjectCopies) -> list[ObjectID]:
+        """An owner's objects lost their primary with its node: the copies of them in
+        ``msg.node_id``'s store become their primaries (this node's, or passed on to that
+        node's raylet). Returns the ids kept; the others were not there (any more)."""
+        ids = [oid for oid in msg.object_ids if isinstance(oid, bytes)]
+        if msg.node_id != self.node_id:
+            try:
+                peer = await self.object_manager.peer(msg.node_id)
+                kept = await peer.call(m.KeepObjectCopies(msg.node_id, ids), self.config.rpc_timeout_s)
+            except (OSError, ConnectionLost, TimeoutError, RemoteError, ObjectUnavailable) as e:
+                logger.info("cannot keep copies on node %s: %s", short(msg.node_id), e)
+                return []
+            return [oid for oid in kept if isinstance(oid, bytes)] if isinstance(kept, list) else []
+        rid = self._next_request
+        self._next_request += 1
+        self._store(st.CopiesKeepRequested(rid, ids))
+        return self._kept_copies.pop(rid, [])
+
     async def _pull_object(self, conn: Connection, msg: m.PullObject) -> bool:
         await self.object_manager.pull(msg.object_id, msg.from_node)
         if msg.object_id not in self._owner_of:
@@ -833,6 +854,8 @@ class RayletServer:
                                       _OutOfDisk(action.reason) if action.out_of_disk else _StoreFull(action.reason))
             elif isinstance(action, st.GrantSlots):
                 self._slot_grants[action.request] = [list(g) for g in action.slots]
+            elif isinstance(action, st.CopiesKept):
+                self._kept_copies[action.request] = action.object_ids
             elif isinstance(action, st.RenameFile):
                 try:
                     os.rename(action.src, action.dst)
