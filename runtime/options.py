@@ -311,6 +311,20 @@ def resource_request(opts: dict[str, Any], kind: str) -> dict[str, float]:
     return res
 
 
+#: CPUs an actor that asks for no resources needs free on a node to be placed there (it
+#: holds none once created), as in Ray: such actors never land on a node without CPUs.
+ACTOR_PLACEMENT_CPUS = 1.0
+
+
+def placement_cpus(opts: dict[str, Any]) -> float:
+    """CPUs an actor's placement needs beyond what it holds: ``ACTOR_PLACEMENT_CPUS`` when
+    its options ask for no resources (``memory`` aside, as in Ray), else 0."""
+    if opts.get("num_cpus") is None and not opts.get("num_gpus") and not opts.get("resources") \
+            and not opts.get("accelerator_type"):
+        return ACTOR_PLACEMENT_CPUS
+    return 0.0
+
+
 def check_group_request(opts: dict[str, Any], resources: dict[str, float], what: str) -> None:
     """A task's request against its placement group's bundles, where this process knows them
     (it made the group, or looked it up by name): a bundle index out of range, or a request

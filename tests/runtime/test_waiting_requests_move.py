@@ -110,6 +110,30 @@ def test_a_request_pinned_to_its_node_stays(two_workers: tuple[str, str]) -> Non
             lumos.kill(h)
 
 
+@lumos.remote
+class Plain:
+    """An actor that asks for no resources."""
+
+    def node(self) -> str:
+        return lumos.get_runtime_context().get_node_id()
+
+
+def test_an_actor_that_asks_for_no_resources_is_placed_only_on_a_node_with_cpus(two_workers: tuple[str, str]) -> None:
+    # As in Ray: 1 CPU to be placed, none held; a head started with num_cpus=0 gets none.
+    head = lumos.get_runtime_context().get_node_id()
+    assert head not in two_workers
+    actors = [Plain.remote() for _ in range(4)]
+    assert set(lumos.get([a.node.remote() for a in actors], timeout=60)) <= set(two_workers)
+    wait_for(lambda: lumos.available_resources().get("CPU") == 2.0, 10, 0.1)  # none held
+    on_head = Plain.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote()
+    assert lumos.get(on_head.node.remote(), timeout=60) == head
+    never = Plain.options(scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote()
+    with pytest.raises(lumos.exceptions.ActorUnschedulableError, match="needs 1 CPU on its node to be placed"):
+        lumos.get(never.node.remote(), timeout=60)
+    for a in actors + [on_head]:
+        lumos.kill(a)
+
+
 def test_the_gcs_names_another_node_only_if_it_has_room() -> None:
     s = GlobalSchedulerState(heartbeat_interval_s=0.2)
 

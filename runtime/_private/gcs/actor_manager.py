@@ -49,6 +49,23 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_NS = "actor_ckpt"
 
 
+def placement_resources(spec: m.TaskSpec) -> dict[str, float]:
+    """What a node must have free to take the actor: its resources, plus the CPU an actor
+    that asked for none needs to be placed (``actor_options["placement_cpus"]``; it holds
+    none once created), as in Ray."""
+    cpus = (spec.actor_options or {}).get("placement_cpus")
+    if not isinstance(cpus, (int, float)) or cpus <= 0:
+        return dict(spec.resources)
+    return {**spec.resources, "CPU": float(spec.resources.get("CPU", 0.0)) + float(cpus)}
+
+
+def _placement_hint(spec: m.TaskSpec) -> str:
+    if (spec.actor_options or {}).get("placement_cpus"):
+        return (" (an actor that asks for no resources needs 1 CPU on its node to be placed, as in Ray, "
+                "and holds none; give it num_cpus=0 to place it on a node without CPUs)")
+    return ""
+
+
 class ActorManager:
     """Serves the actor table in the GCS process from an ``ActorManagerState``."""
 
@@ -164,8 +181,11 @@ class ActorManager:
         if isinstance(strategy, list) and strategy[:1] == ["PG"]:
             return self.gcs.placement_groups.node_for_bundle(bytes(strategy[1]), int(strategy[2]), spec.resources)
         gs = self.gcs.global_scheduler
-        req = m.ScheduleLease(spec.job_id, spec.resources, strategy, class_name, b"")
-        node_id: NodeID | None = gs.state.pick(gs.node_views(), req, time.monotonic())
+        req = m.ScheduleLease(spec.job_id, placement_resources(spec), strategy, class_name, b"")
+        try:
+            node_id: NodeID | None = gs.state.pick(gs.node_views(), req, time.monotonic())
+        except Unschedulable as e:
+            raise Unschedulable(f"{e}{_placement_hint(spec)}") from None
         return node_id
 
     async def _place(self, actor_id: ActorID) -> None:
@@ -192,7 +212,8 @@ class ActorManager:
                     warned = True
                     nodes = [(dict(n.resources_total), dict(n.labels)) for n in self.gcs.nodes.values()
                              if n.state == "ALIVE"]
-                    text = infeasible_text(f"actor {info.class_name}", dict(spec.resources), spec.strategy, nodes)
+                    text = infeasible_text(f"actor {info.class_name}", placement_resources(spec), spec.strategy,
+                                           nodes) + _placement_hint(spec)
                     logger.warning("%s", text)
                     self.gcs.publish("errors", info.job_id, ["infeasible", text])
                 await self._turns.wait(actor_id)
