@@ -40,7 +40,7 @@ def main() -> None:
         rates = []
         for i in range(args.repeat):
             ref = make.remote(size, i)
-            lumos.wait([ref], timeout=120)  # created on the source node, not yet here
+            lumos.wait([ref], timeout=120, fetch_local=False)  # created on the source node, not yet here
             t0 = time.perf_counter()
             value = lumos.get(ref, timeout=120)
             dt = time.perf_counter() - t0

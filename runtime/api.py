@@ -544,6 +544,10 @@ def wait(object_refs: Sequence[ObjectRef], *, num_returns: int = 1, timeout: flo
          fetch_local: bool = True) -> tuple[list[ObjectRef], list[ObjectRef]]:
     """Wait until ``num_returns`` of the refs are ready or ``timeout`` passes.
 
+    With ``fetch_local`` (the default, as in Ray) a value stored on another node is ready
+    once it is copied into this node's store (the copy also outlives that node); with
+    ``fetch_local=False`` it is ready as soon as it exists anywhere, and nothing is copied.
+
     Returns:
         ``(ready, not_ready)``, each in the order the refs were given (as in Ray).
     """

@@ -204,7 +204,7 @@ def test_many_tasks_waiting_for_one_remote_object_cause_one_pull(two_nodes: tupl
         return float(a.sum()), lumos.get_runtime_context().get_node_id()
 
     ref = make.remote()
-    lumos.wait([ref], timeout=60)
+    lumos.wait([ref], timeout=60, fetch_local=False)  # (the tasks pull it)
     before = head_transfer_stats()
     results = lumos.get([total.remote(ref) for _ in range(4)], timeout=60)
     assert results == [(3_000_000.0, head)] * 4

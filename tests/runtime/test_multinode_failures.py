@@ -303,6 +303,32 @@ def test_a_value_whose_node_died_lives_on_in_a_copy_on_another_node() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
+def test_wait_copies_ready_values_here_unless_fetch_local_is_false() -> None:
+    import numpy as np
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
+    try:
+        doomed = cluster.add_node(num_cpus=1, resources={"far": 1})
+        cluster.connect()
+        head = cluster.head_node
+        once = make.options(max_retries=0)
+        kept, elsewhere = once.remote(1), once.remote(2)
+        ready, _ = lumos.wait([elsewhere], timeout=60, fetch_local=False)
+        assert ready == [elsewhere] and not _files_in(head, [elsewhere])
+        ready, not_ready = lumos.wait([kept, elsewhere], num_returns=1, timeout=60)  # (fetch_local=True)
+        assert len(ready) == 1 and len(not_ready) == 1 and _files_in(head, ready) == {ready[0].hex()}
+        ready, _ = lumos.wait([kept, elsewhere], num_returns=2, timeout=60)
+        assert ready == [kept, elsewhere] and _files_in(head, ready) == {kept.hex(), elsewhere.hex()}
+        _kill(cluster, doomed)
+        # The copies here outlive the node (max_retries=0: nothing could rebuild them).
+        for ref, seed in ((kept, 1), (elsewhere, 2)):
+            assert np.array_equal(lumos.get(ref, timeout=30), np.random.default_rng(seed).random(500_000))
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
 def test_a_copy_evicted_before_its_node_died_is_not_used_the_value_is_rebuilt() -> None:
     import numpy as np
     from lumos.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -356,7 +382,7 @@ def test_values_of_a_stream_lost_with_their_node_are_rebuilt() -> None:
         doomed = cluster.add_node(num_cpus=1, resources={"far": 1})
         cluster.connect()
         refs = list(stream_make.remote(3))
-        lumos.wait(refs, num_returns=3, timeout=60)
+        lumos.wait(refs, num_returns=3, timeout=60, fetch_local=False)  # (no copies here)
         _kill(cluster, doomed)
         replacement = cluster.add_node(num_cpus=1, resources={"far": 1})
         expected = np.random.default_rng(1).random(500_000)

@@ -132,6 +132,7 @@ class CoreWorker(SubmissionMixin, ResultsMixin, ObjectsMixin, StreamsMixin, Refe
         self.owner.on_arg_ready = self._dep_ready
         #: The object table (shared with user threads under its lock; see owner.py).
         self.objects = self.owner.objects
+        self.objects.local_node = node_id
         #: Whether this process follows other workers' deaths (to drop dead borrowers of
         #: what it owns): a driver from the start, a worker once it first lends an object,
         #: so that killing many actors does not tell every other worker of every death.

@@ -619,8 +619,57 @@ class ObjectsMixin:
 
     def wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None,
              fetch_local: bool) -> tuple[list[ObjectRef], list[ObjectRef]]:
-        """``ray.wait``. ``fetch_local`` is accepted for Ray's signature: waiting on a borrowed
-        object always asks its owner for it, as ``fetch_local=True`` does."""
+        """``ray.wait``. With ``fetch_local`` (Ray's default), a ready value stored on another
+        node counts as ready once it is copied into this node's store (``_fetch_ready``)."""
+        if fetch_local and self.objects.remote_values and self.raylet is not None:
+            deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+            ready, not_ready = self._wait(refs, num_returns, timeout)
+            return self._fetch_ready(refs, ready, not_ready, deadline)
+        return self._wait(refs, num_returns, timeout)
+
+    def _fetch_ready(self, refs: list[ObjectRef], ready: list[ObjectRef], not_ready: list[ObjectRef],
+                     deadline: float | None) -> tuple[list[ObjectRef], list[ObjectRef]]:
+        """Copy the values among ``ready`` that are stored on other nodes into this node's
+        store, all pulls at once, by ``deadline``; one whose copy is still under way then is
+        not ready yet (it goes on in the raylet). A pull that failed leaves its ref ready:
+        ``get`` says why, or has the value rebuilt."""
+        entries = self.objects.entries
+        remote: dict[bytes, tuple[bytes, m.Address | None]] = {}
+        for r in ready:
+            e = entries.get(r._id)
+            if e is not None and e.state == READY and e.data is None and e.node_id is not None \
+                    and e.node_id != self.node_id and not self.store.contains_local(r._id):
+                remote[r._id] = (e.node_id, None if e.owned else e.owner)
+        if not remote:
+            return ready, not_ready
+        raylet = self.raylet
+
+        async def pull(oid: bytes, node: bytes, owner: m.Address | None) -> bool:
+            try:
+                await raylet.call(m.PullObject(oid, node, 0, owner.worker_id if owner is not None else self.worker_id))
+                return True
+            except (RemoteError, ConnectionLost, TimeoutError, OSError):
+                return False
+
+        async def pull_all() -> dict[bytes, bool]:
+            tasks = {oid: self._spawn(pull(oid, node, owner), "fetch-local") for oid, (node, owner) in remote.items()}
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            await asyncio.wait(tasks.values(), timeout=left)
+            return {oid: t.result() for oid, t in tasks.items() if t.done()}
+
+        try:
+            ended = self.run_sync(pull_all(), None)
+        except exc.LumosSystemError:
+            return ready, not_ready
+        self.note_pulled([(oid, remote[oid][1]) for oid, ok in ended.items() if ok])
+        if len(ended) == len(remote):
+            return ready, not_ready
+        late = remote.keys() - ended.keys()
+        late.update(r._id for r in not_ready)
+        return [r for r in ready if r._id not in late], [r for r in refs if r._id in late]
+
+    def _wait(self, refs: list[ObjectRef], num_returns: int,
+              timeout: float | None) -> tuple[list[ObjectRef], list[ObjectRef]]:
         if self.objects.decrements:
             self.drain_refs()
         # Fast path: enough of them are done already (one pass, no waiter).

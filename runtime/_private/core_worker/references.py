@@ -155,6 +155,10 @@ class ObjectTable:
         #: Borrower worker id -> the owned objects it borrows (a death drops its borrows
         #: without a scan of every entry).
         self.lent: dict[bytes, set[bytes]] = {}
+        #: This process's node (set by its core worker), and whether a value stored on
+        #: another node was ever recorded here (``wait(fetch_local=True)`` looks only then).
+        self.local_node: bytes | None = None
+        self.remote_values = False
 
     # ------------------------------------------------------------------ creation
 
@@ -323,6 +327,8 @@ class ObjectTable:
             e.node_id = node_id
             e.copies = None
             e.size = size
+            if node_id is not None and node_id != self.local_node:
+                self.remote_values = True
             if nested:
                 e.nested = list(nested)
             waiters, e.waiters = e.waiters, None
