@@ -31,7 +31,7 @@ def test_task_on_a_50mb_argument_runs_where_the_argument_is() -> None:
             return lumos.get_runtime_context().get_node_id()
 
         big = make.remote()
-        lumos.wait([big], timeout=60)
+        lumos.wait([big], timeout=60, fetch_local=False)  # (no copy here)
         head = cluster.head_node.node_id
         # Without large arguments work stays on the driver's node while it fits ...
         assert lumos.get(plain.remote(), timeout=30) == head

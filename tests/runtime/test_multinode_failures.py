@@ -38,7 +38,7 @@ def test_object_on_a_dead_node_raises_object_lost() -> None:
             return np.ones(2_000_000)
 
         ref = make.remote()
-        lumos.wait([ref], timeout=60)
+        lumos.wait([ref], timeout=60, fetch_local=False)  # (its only copy stays there)
         cluster.remove_node(node)
         wait_for(lambda: not [n for n in lumos.nodes() if n["NodeID"] == node.node_id and n["Alive"]], 10)
         with pytest.raises(lumos.exceptions.ObjectLostError, match="could not be copied"):
@@ -156,7 +156,7 @@ def test_value_lost_with_its_node_is_rebuilt_from_lineage() -> None:
         base = make.remote(7)
         chained = double.remote(base)  # its argument is lost with it: rebuilt first
         single = once.remote()
-        lumos.wait([base, chained, single], num_returns=3, timeout=60)
+        lumos.wait([base, chained, single], num_returns=3, timeout=60, fetch_local=False)
         _kill(cluster, doomed)
         replacement = cluster.add_node(num_cpus=1, resources={"far": 1})
 
@@ -218,8 +218,12 @@ def test_borrowers_and_queued_calls_get_a_lost_value_rebuilt_by_its_owner(tmp_pa
             def total_borrowed(self) -> float:
                 return float(lumos.get(self.ref, timeout=60).sum())
 
+            def total_first(self, refs: list[Any]) -> float:
+                return float(lumos.get(refs[0], timeout=60).sum())
+
         as_arg, borrowed = make.remote(1), make.remote(2)
-        lumos.wait([as_arg, borrowed], num_returns=2, timeout=60)
+        once = make.options(max_retries=0).remote(3)  # cannot be rebuilt
+        lumos.wait([as_arg, borrowed, once], num_returns=3, timeout=60, fetch_local=False)
         holder = Holder.remote()
         assert lumos.get(holder.hold.remote([borrowed]), timeout=30)
         gate = tmp_path / "go"
@@ -240,9 +244,11 @@ def test_borrowers_and_queued_calls_get_a_lost_value_rebuilt_by_its_owner(tmp_pa
         assert lumos.get(queued, timeout=60) == expected(1)
         # The borrower knew the old location only: the owner rebuilt make(2) for it.
         assert lumos.get(later, timeout=60) == expected(2)
-        rows = [r for r in lumos.state.list_tasks() if r["name"].endswith("make")]
-        assert len(rows) == 2 and all(r["attempt_number"] >= 1 for r in rows), rows
-        assert all(r["node_id"] == replacement.node_id for r in rows), rows
+        # A borrower of a value its owner cannot rebuild gets Ray's class for it, as the owner would.
+        with pytest.raises(lumos.exceptions.ObjectReconstructionFailedError, match="cannot be rebuilt"):
+            lumos.get(holder.total_first.remote([once]), timeout=60)
+        rows = [r for r in lumos.state.list_tasks() if r["name"].endswith("make") and r["attempt_number"] >= 1]
+        assert len(rows) == 2 and all(r["node_id"] == replacement.node_id for r in rows), rows
     finally:
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)
@@ -278,7 +284,7 @@ def test_a_value_whose_node_died_lives_on_in_a_copy_on_another_node() -> None:
 
         maker = Maker.remote()
         value, returned = make.remote(3), maker.make.remote(4)
-        lumos.wait([value, returned], num_returns=2, timeout=60)
+        lumos.wait([value, returned], num_returns=2, timeout=60, fetch_local=False)
         survivor = cluster.add_node(num_cpus=1, resources={"far": 1})
         there = total.options(scheduling_strategy=NodeAffinitySchedulingStrategy(survivor.node_id, soft=False))
         expected = {seed: float(np.random.default_rng(seed).random(500_000).sum()) for seed in (3, 4)}
@@ -312,16 +318,20 @@ def test_wait_copies_ready_values_here_unless_fetch_local_is_false() -> None:
         head = cluster.head_node
         once = make.options(max_retries=0)
         kept, elsewhere = once.remote(1), once.remote(2)
-        ready, _ = lumos.wait([elsewhere], timeout=60, fetch_local=False)
-        assert ready == [elsewhere] and not _files_in(head, [elsewhere])
+        # (Pending when asked: the first values of other nodes this driver hears of.)
         ready, not_ready = lumos.wait([kept, elsewhere], num_returns=1, timeout=60)  # (fetch_local=True)
         assert len(ready) == 1 and len(not_ready) == 1 and _files_in(head, ready) == {ready[0].hex()}
         ready, _ = lumos.wait([kept, elsewhere], num_returns=2, timeout=60)
         assert ready == [kept, elsewhere] and _files_in(head, ready) == {kept.hex(), elsewhere.hex()}
+        there = once.remote(3)
+        ready, _ = lumos.wait([there], timeout=60, fetch_local=False)
+        assert ready == [there] and not _files_in(head, [there])
         _kill(cluster, doomed)
         # The copies here outlive the node (max_retries=0: nothing could rebuild them).
         for ref, seed in ((kept, 1), (elsewhere, 2)):
             assert np.array_equal(lumos.get(ref, timeout=30), np.random.default_rng(seed).random(500_000))
+        with pytest.raises(lumos.exceptions.ObjectReconstructionFailedError):
+            lumos.get(there, timeout=30)
     finally:
         cluster.shutdown()
         check_no_leaks(cluster.session_dir)
@@ -348,7 +358,7 @@ def test_a_copy_evicted_before_its_node_died_is_not_used_the_value_is_rebuilt() 
             return len(refs)
 
         value = make.remote(5)
-        lumos.wait([value], timeout=60)
+        lumos.wait([value], timeout=60, fetch_local=False)
         survivor = cluster.add_node(num_cpus=1, resources={"far": 1}, object_store_memory=16 * 1024 * 1024)
         there = NodeAffinitySchedulingStrategy(survivor.node_id, soft=False)
         expected = float(np.random.default_rng(5).random(500_000).sum())

@@ -151,7 +151,7 @@ def test_spilled_objects_are_pulled_by_other_nodes() -> None:
         assert lumos.get(size_of.remote(huge), timeout=120) == 80 * MIB
         del huge
         made = [make.remote(i) for i in range(24)]  # 96 MiB of primaries in the far node's store
-        lumos.wait(made, num_returns=len(made), timeout=120)
+        lumos.wait(made, num_returns=len(made), timeout=120, fetch_local=False)  # (they stay there)
         before = set(spill_files(cluster.session_dir))
         far_files = [f for f in before if f.split(os.sep)[-2] == f"node-{far.node_id[:12]}"]
         assert far_files, "the far node spilled nothing"

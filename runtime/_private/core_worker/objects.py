@@ -621,11 +621,13 @@ class ObjectsMixin:
              fetch_local: bool) -> tuple[list[ObjectRef], list[ObjectRef]]:
         """``ray.wait``. With ``fetch_local`` (Ray's default), a ready value stored on another
         node counts as ready once it is copied into this node's store (``_fetch_ready``)."""
-        if fetch_local and self.objects.remote_values and self.raylet is not None:
-            deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-            ready, not_ready = self._wait(refs, num_returns, timeout)
-            return self._fetch_ready(refs, ready, not_ready, deadline)
-        return self._wait(refs, num_returns, timeout)
+        if not fetch_local or self.raylet is None:
+            return self._wait(refs, num_returns, timeout)
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        ready, not_ready = self._wait(refs, num_returns, timeout)
+        if not self.objects.remote_values:  # (looked at once they are ready)
+            return ready, not_ready
+        return self._fetch_ready(refs, ready, not_ready, deadline)
 
     def _fetch_ready(self, refs: list[ObjectRef], ready: list[ObjectRef], not_ready: list[ObjectRef],
                      deadline: float | None) -> tuple[list[ObjectRef], list[ObjectRef]]:
@@ -848,6 +850,9 @@ class ObjectsMixin:
             return st
         if st.status == STATUS_FREED:
             raise exc.ObjectFreedError(oid.hex(), st.error or "its owner freed it")
+        if st.status == STATUS_LOST and not is_put_object(oid):
+            # The owner could not run its task again: Ray's class for it, as on the owner's side.
+            raise exc.ObjectReconstructionFailedError(oid.hex(), st.error or "its owner could not rebuild it")
         raise exc.ObjectLostError(oid.hex(), st.error or "its owner lost it")
 
     def _owner_id_of(self, oid: ObjectID) -> bytes:
