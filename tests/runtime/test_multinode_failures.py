@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import psutil
 import pytest
@@ -17,6 +17,20 @@ from tests.conftest import TEST_CONFIG, check_no_leaks, wait_for
 def make(seed: int) -> Any:
     import numpy as np
     return np.random.default_rng(seed).random(500_000)  # 4 MB: kept in the node's store
+
+
+@pytest.fixture
+def far() -> Iterator[tuple[Cluster, Any]]:
+    """A head of one CPU and a node with the "far" resource (to be killed), this process
+    connected; shut down and checked for leaks afterwards."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
+    try:
+        doomed = cluster.add_node(num_cpus=1, resources={"far": 1})
+        cluster.connect()
+        yield cluster, doomed
+    finally:
+        cluster.shutdown()
+        check_no_leaks(cluster.session_dir)
 
 
 def _kill(cluster: Cluster, node: Any) -> None:
@@ -138,54 +152,48 @@ def test_object_of_a_dead_owner_on_another_node_raises_owner_died() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_value_lost_with_its_node_is_rebuilt_from_lineage() -> None:
+def test_value_lost_with_its_node_is_rebuilt_from_lineage(far: tuple[Cluster, Any]) -> None:
     import numpy as np
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
-    try:
-        doomed = cluster.add_node(num_cpus=1, resources={"far": 1})
-        cluster.connect()
+    cluster, doomed = far
 
-        @lumos.remote(resources={"far": 1})
-        def double(a: Any) -> Any:
-            return a * 2
+    @lumos.remote(resources={"far": 1})
+    def double(a: Any) -> Any:
+        return a * 2
 
-        @lumos.remote(resources={"far": 1}, max_retries=0)
-        def once() -> Any:
-            return np.ones(500_000)
+    @lumos.remote(resources={"far": 1}, max_retries=0)
+    def once() -> Any:
+        return np.ones(500_000)
 
-        base = make.remote(7)
-        chained = double.remote(base)  # its argument is lost with it: rebuilt first
-        single = once.remote()
-        lumos.wait([base, chained, single], num_returns=3, timeout=60, fetch_local=False)
-        _kill(cluster, doomed)
-        replacement = cluster.add_node(num_cpus=1, resources={"far": 1})
+    base = make.remote(7)
+    chained = double.remote(base)  # its argument is lost with it: rebuilt first
+    single = once.remote()
+    lumos.wait([base, chained, single], num_returns=3, timeout=60, fetch_local=False)
+    _kill(cluster, doomed)
+    replacement = cluster.add_node(num_cpus=1, resources={"far": 1})
 
-        @lumos.remote
-        def total(a: Any) -> float:
-            return float(a.sum())
+    @lumos.remote
+    def total(a: Any) -> float:
+        return float(a.sum())
 
-        expected = np.random.default_rng(7).random(500_000)
-        # A new task whose argument died with the node: the argument is rebuilt first.
-        assert lumos.get(total.remote(base), timeout=60) == pytest.approx(float(expected.sum()))
-        assert np.array_equal(lumos.get(chained, timeout=60), expected * 2)
-        assert np.array_equal(lumos.get(base, timeout=60), expected)
-        # max_retries=0 also means no reconstruction (as in Ray): the loss is reported.
-        with pytest.raises(lumos.exceptions.ObjectReconstructionFailedError, match="cannot be rebuilt"):
-            lumos.get(single, timeout=30)  # (an ObjectLostError, Ray's class for it)
-        rows = [r for r in lumos.state.list_tasks() if r["name"].endswith(("make", "double"))]
-        # make ran twice: once on the dead node, once to rebuild the value (for total and double).
-        assert len(rows) == 2 and all(r["attempt_number"] >= 1 for r in rows), rows
-        assert all(r["node_id"] == replacement.node_id for r in rows), rows
+    expected = np.random.default_rng(7).random(500_000)
+    # A new task whose argument died with the node: the argument is rebuilt first.
+    assert lumos.get(total.remote(base), timeout=60) == pytest.approx(float(expected.sum()))
+    assert np.array_equal(lumos.get(chained, timeout=60), expected * 2)
+    assert np.array_equal(lumos.get(base, timeout=60), expected)
+    # max_retries=0 also means no reconstruction (as in Ray): the loss is reported.
+    with pytest.raises(lumos.exceptions.ObjectReconstructionFailedError, match="cannot be rebuilt"):
+        lumos.get(single, timeout=30)  # (an ObjectLostError, Ray's class for it)
+    rows = [r for r in lumos.state.list_tasks() if r["name"].endswith(("make", "double"))]
+    # make ran twice: once on the dead node, once to rebuild the value (for total and double).
+    assert len(rows) == 2 and all(r["attempt_number"] >= 1 for r in rows), rows
+    assert all(r["node_id"] == replacement.node_id for r in rows), rows
 
-        # The lineage is kept while the values are referenced, and let go with them.
-        from lumos._private import worker_context
-        cw = worker_context.core_worker
-        assert cw is not None and len(cw.lineage) == 2
-        del base, chained
-        wait_for(lambda: not cw.lineage, 10, 0.05)
-    finally:
-        cluster.shutdown()
-        check_no_leaks(cluster.session_dir)
+    # The lineage is kept while the values are referenced, and let go with them.
+    from lumos._private import worker_context
+    cw = worker_context.core_worker
+    assert cw is not None and len(cw.lineage) == 2
+    del base, chained
+    wait_for(lambda: not cw.lineage, 10, 0.05)
 
 
 @pytest.mark.slow
@@ -268,112 +276,94 @@ def _files_in(node: Any, refs: list[Any]) -> set[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_a_value_whose_node_died_lives_on_in_a_copy_on_another_node() -> None:
+def test_a_value_whose_node_died_lives_on_in_a_copy_on_another_node(far: tuple[Cluster, Any]) -> None:
     # As in Ray: a copy another node pulled becomes the value's home. The task's value is
     # not made again, and an actor's return (no lineage) is not lost.
     import numpy as np
     from lumos.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
-    try:
-        doomed = cluster.add_node(num_cpus=1, resources={"far": 1})
-        cluster.connect()
+    cluster, doomed = far
 
-        @lumos.remote
-        def total(a: Any) -> float:
-            return float(a.sum())
+    @lumos.remote
+    def total(a: Any) -> float:
+        return float(a.sum())
 
-        maker = Maker.remote()
-        value, returned = make.remote(3), maker.make.remote(4)
-        lumos.wait([value, returned], num_returns=2, timeout=60, fetch_local=False)
-        survivor = cluster.add_node(num_cpus=1, resources={"far": 1})
-        there = total.options(scheduling_strategy=NodeAffinitySchedulingStrategy(survivor.node_id, soft=False))
-        expected = {seed: float(np.random.default_rng(seed).random(500_000).sum()) for seed in (3, 4)}
-        # A task on the survivor pulls copies of both into its store.
-        assert lumos.get([there.remote(value), there.remote(returned)], timeout=60) == \
-            pytest.approx([expected[3], expected[4]])
-        assert _files_in(survivor, [value, returned]) == {value.hex(), returned.hex()}
-        _kill(cluster, doomed)
-        assert float(lumos.get(value, timeout=60).sum()) == pytest.approx(expected[3])
-        assert float(lumos.get(returned, timeout=60).sum()) == pytest.approx(expected[4])
-        # Read there by a new task too (its argument is not taken for lost).
-        assert lumos.get(there.remote(returned), timeout=60) == pytest.approx(expected[4])
-        rows = [r for r in lumos.state.list_tasks() if r["name"].endswith("make")]
-        assert len(rows) == 2 and all(r["attempt_number"] == 0 for r in rows), rows  # nothing ran again
-        # The copies are the values now: freed with the last reference.
-        del value, returned
-        wait_for(lambda: not [f for f in os.listdir(survivor.object_store_dir) if len(f) == 40], 10, 0.05)
-    finally:
-        cluster.shutdown()
-        check_no_leaks(cluster.session_dir)
+    maker = Maker.remote()
+    value, returned = make.remote(3), maker.make.remote(4)
+    lumos.wait([value, returned], num_returns=2, timeout=60, fetch_local=False)
+    survivor = cluster.add_node(num_cpus=1, resources={"far": 1})
+    there = total.options(scheduling_strategy=NodeAffinitySchedulingStrategy(survivor.node_id, soft=False))
+    expected = {seed: float(np.random.default_rng(seed).random(500_000).sum()) for seed in (3, 4)}
+    # A task on the survivor pulls copies of both into its store.
+    assert lumos.get([there.remote(value), there.remote(returned)], timeout=60) == \
+        pytest.approx([expected[3], expected[4]])
+    assert _files_in(survivor, [value, returned]) == {value.hex(), returned.hex()}
+    _kill(cluster, doomed)
+    assert float(lumos.get(value, timeout=60).sum()) == pytest.approx(expected[3])
+    assert float(lumos.get(returned, timeout=60).sum()) == pytest.approx(expected[4])
+    # Read there by a new task too (its argument is not taken for lost).
+    assert lumos.get(there.remote(returned), timeout=60) == pytest.approx(expected[4])
+    rows = [r for r in lumos.state.list_tasks() if r["name"].endswith("make")]
+    assert len(rows) == 2 and all(r["attempt_number"] == 0 for r in rows), rows  # nothing ran again
+    # The copies are the values now: freed with the last reference.
+    del value, returned
+    wait_for(lambda: not [f for f in os.listdir(survivor.object_store_dir) if len(f) == 40], 10, 0.05)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_wait_copies_ready_values_here_unless_fetch_local_is_false() -> None:
+def test_wait_copies_ready_values_here_unless_fetch_local_is_false(far: tuple[Cluster, Any]) -> None:
     import numpy as np
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
-    try:
-        doomed = cluster.add_node(num_cpus=1, resources={"far": 1})
-        cluster.connect()
-        head = cluster.head_node
-        once = make.options(max_retries=0)
-        kept, elsewhere = once.remote(1), once.remote(2)
-        # (Pending when asked: the first values of other nodes this driver hears of.)
-        ready, not_ready = lumos.wait([kept, elsewhere], num_returns=1, timeout=60)  # (fetch_local=True)
-        assert len(ready) == 1 and len(not_ready) == 1 and _files_in(head, ready) == {ready[0].hex()}
-        ready, _ = lumos.wait([kept, elsewhere], num_returns=2, timeout=60)
-        assert ready == [kept, elsewhere] and _files_in(head, ready) == {kept.hex(), elsewhere.hex()}
-        there = once.remote(3)
-        ready, _ = lumos.wait([there], timeout=60, fetch_local=False)
-        assert ready == [there] and not _files_in(head, [there])
-        _kill(cluster, doomed)
-        # The copies here outlive the node (max_retries=0: nothing could rebuild them).
-        for ref, seed in ((kept, 1), (elsewhere, 2)):
-            assert np.array_equal(lumos.get(ref, timeout=30), np.random.default_rng(seed).random(500_000))
-        with pytest.raises(lumos.exceptions.ObjectReconstructionFailedError):
-            lumos.get(there, timeout=30)
-    finally:
-        cluster.shutdown()
-        check_no_leaks(cluster.session_dir)
+    cluster, doomed = far
+    head = cluster.head_node
+    once = make.options(max_retries=0)
+    kept, elsewhere = once.remote(1), once.remote(2)
+    # (Pending when asked: the first values of other nodes this driver hears of.)
+    ready, not_ready = lumos.wait([kept, elsewhere], num_returns=1, timeout=60)  # (fetch_local=True)
+    assert len(ready) == 1 and len(not_ready) == 1 and _files_in(head, ready) == {ready[0].hex()}
+    ready, _ = lumos.wait([kept, elsewhere], num_returns=2, timeout=60)
+    assert ready == [kept, elsewhere] and _files_in(head, ready) == {kept.hex(), elsewhere.hex()}
+    there = once.remote(3)
+    ready, _ = lumos.wait([there], timeout=60, fetch_local=False)
+    assert ready == [there] and not _files_in(head, [there])
+    _kill(cluster, doomed)
+    # The copies here outlive the node (max_retries=0: nothing could rebuild them).
+    for ref, seed in ((kept, 1), (elsewhere, 2)):
+        assert np.array_equal(lumos.get(ref, timeout=30), np.random.default_rng(seed).random(500_000))
+    with pytest.raises(lumos.exceptions.ObjectReconstructionFailedError):
+        lumos.get(there, timeout=30)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_a_copy_evicted_before_its_node_died_is_not_used_the_value_is_rebuilt() -> None:
+def test_a_copy_evicted_before_its_node_died_is_not_used_the_value_is_rebuilt(far: tuple[Cluster, Any]) -> None:
     import numpy as np
     from lumos.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
-    try:
-        doomed = cluster.add_node(num_cpus=1, resources={"far": 1})
-        cluster.connect()
+    cluster, doomed = far
 
-        @lumos.remote
-        def total(a: Any) -> float:
-            return float(a.sum())
+    @lumos.remote
+    def total(a: Any) -> float:
+        return float(a.sum())
 
-        @lumos.remote
-        def fill() -> int:
-            # 16 MB more in a 16 MiB store that holds a 4 MB copy: the copy, a cache, goes.
-            refs = [lumos.put(np.ones(500_000)) for _ in range(4)]
-            return len(refs)
+    @lumos.remote
+    def fill() -> int:
+        # 16 MB more in a 16 MiB store that holds a 4 MB copy: the copy, a cache, goes.
+        refs = [lumos.put(np.ones(500_000)) for _ in range(4)]
+        return len(refs)
 
-        value = make.remote(5)
-        lumos.wait([value], timeout=60, fetch_local=False)
-        survivor = cluster.add_node(num_cpus=1, resources={"far": 1}, object_store_memory=16 * 1024 * 1024)
-        there = NodeAffinitySchedulingStrategy(survivor.node_id, soft=False)
-        expected = float(np.random.default_rng(5).random(500_000).sum())
-        assert lumos.get(total.options(scheduling_strategy=there).remote(value), timeout=60) == pytest.approx(expected)
-        # (Filled again while the copy stays: the reader's view of it may not be let go yet.)
-        wait_for(lambda: lumos.get(fill.options(scheduling_strategy=there).remote(), timeout=60) == 4
-                 and not _files_in(survivor, [value]), 30, 0.1)
-        _kill(cluster, doomed)
-        # The owner tried the copy, the survivor no longer had it: make runs again there.
-        assert float(lumos.get(value, timeout=60).sum()) == pytest.approx(expected)
-        rows = [r for r in lumos.state.list_tasks() if r["name"].endswith("make")]
-        assert len(rows) == 1 and rows[0]["attempt_number"] >= 1 and rows[0]["node_id"] == survivor.node_id, rows
-    finally:
-        cluster.shutdown()
-        check_no_leaks(cluster.session_dir)
+    value = make.remote(5)
+    lumos.wait([value], timeout=60, fetch_local=False)
+    survivor = cluster.add_node(num_cpus=1, resources={"far": 1}, object_store_memory=16 * 1024 * 1024)
+    there = NodeAffinitySchedulingStrategy(survivor.node_id, soft=False)
+    expected = float(np.random.default_rng(5).random(500_000).sum())
+    assert lumos.get(total.options(scheduling_strategy=there).remote(value), timeout=60) == pytest.approx(expected)
+    # (Filled again while the copy stays: the reader's view of it may not be let go yet.)
+    wait_for(lambda: lumos.get(fill.options(scheduling_strategy=there).remote(), timeout=60) == 4
+             and not _files_in(survivor, [value]), 30, 0.1)
+    _kill(cluster, doomed)
+    # The owner tried the copy, the survivor no longer had it: make runs again there.
+    assert float(lumos.get(value, timeout=60).sum()) == pytest.approx(expected)
+    rows = [r for r in lumos.state.list_tasks() if r["name"].endswith("make")]
+    assert len(rows) == 1 and rows[0]["attempt_number"] >= 1 and rows[0]["node_id"] == survivor.node_id, rows
 
 
 @lumos.remote(resources={"far": 1})
@@ -385,21 +375,15 @@ def stream_make(n: int) -> Any:
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_values_of_a_stream_lost_with_their_node_are_rebuilt() -> None:
+def test_values_of_a_stream_lost_with_their_node_are_rebuilt(far: tuple[Cluster, Any]) -> None:
     import numpy as np
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
-    try:
-        doomed = cluster.add_node(num_cpus=1, resources={"far": 1})
-        cluster.connect()
-        refs = list(stream_make.remote(3))
-        lumos.wait(refs, num_returns=3, timeout=60, fetch_local=False)  # (no copies here)
-        _kill(cluster, doomed)
-        replacement = cluster.add_node(num_cpus=1, resources={"far": 1})
-        expected = np.random.default_rng(1).random(500_000)
-        assert np.array_equal(lumos.get(refs[1], timeout=60), expected)  # the stream ran again
-        assert np.array_equal(lumos.get(refs[2], timeout=60), np.random.default_rng(2).random(500_000))
-        rows = [r for r in lumos.state.list_tasks() if r["name"].endswith("stream_make")]
-        assert len(rows) == 1 and rows[0]["attempt_number"] >= 1 and rows[0]["node_id"] == replacement.node_id
-    finally:
-        cluster.shutdown()
-        check_no_leaks(cluster.session_dir)
+    cluster, doomed = far
+    refs = list(stream_make.remote(3))
+    lumos.wait(refs, num_returns=3, timeout=60, fetch_local=False)  # (no copies here)
+    _kill(cluster, doomed)
+    replacement = cluster.add_node(num_cpus=1, resources={"far": 1})
+    expected = np.random.default_rng(1).random(500_000)
+    assert np.array_equal(lumos.get(refs[1], timeout=60), expected)  # the stream ran again
+    assert np.array_equal(lumos.get(refs[2], timeout=60), np.random.default_rng(2).random(500_000))
+    rows = [r for r in lumos.state.list_tasks() if r["name"].endswith("stream_make")]
+    assert len(rows) == 1 and rows[0]["attempt_number"] >= 1 and rows[0]["node_id"] == replacement.node_id
