@@ -735,7 +735,7 @@ class Executor(ArgumentsMixin):
         if spec.kind == m.TaskKind.ACTOR_CREATION_TASK and isinstance(spec.actor_options, dict):
             self._take_preload(spec)
         try:
-            self._bind_job(spec.job_id)
+            self._bind_job(spec.job_id if self._actor_job is None else self._actor_job)
         except (exc.LumosSystemError, exc.RuntimeEnvSetupError) as e:
             return m.TaskReply(spec.task_id, self._error_returns(spec, self._task_error_blob(spec, e)), True, False,
                                [], cw.worker_id, start, time.time())
@@ -898,10 +898,12 @@ class Executor(ArgumentsMixin):
             self._preloaded_functions[spec.function_id] = fn
 
     def _bind_job(self, job_id: JobID) -> None:
-        """Run as job ``job_id``, its config loaded once. An actor called by another job (a
-        named or detached one) runs that call as the caller's job, but stays in its creator's
-        environment: its namespace, working_dir, sys.path, logging and setup hook, as Ray's
-        actors do (a caller's hook or logging_config never reaches into another job's actor)."""
+        """Run as job ``job_id``, its config loaded once. An actor runs every call as its
+        creator's job, as Ray's actors do, whichever job calls it (a named or detached one):
+        ``get_job_id()`` there, the tasks and actors it starts (their environment, their
+        lifetime: a caller's exit does not end them) and its namespace, working_dir,
+        sys.path, logging and setup hook are its creator's. Only what a call prints goes to
+        the caller's driver (``write_output``)."""
         cw = self.cw
         if cw.job_id != job_id:
             cw.job_id = job_id
@@ -1167,8 +1169,8 @@ class Executor(ArgumentsMixin):
             name = spec.name if spec else ""
             if spec and self.actor is not None and self.actor.log_name:
                 name = self.actor.log_name  # (its class's __repr__)
-            rec = [self.cw.job_id or None, spec.task_id if spec else None, name, pid or os.getpid(), is_stderr,
-                   text, spec.root_task_id if spec else None]
+            rec = [(spec.job_id if spec else None) or self.cw.job_id or None, spec.task_id if spec else None, name,
+                   pid or os.getpid(), is_stderr, text, spec.root_task_id if spec else None]
         with self._output_lock:
             self._output.append(rec)
         if self.cw._flush_idle:
@@ -1424,7 +1426,7 @@ def _child_output_after_fork() -> None:
     spec = executor._running if executor is not None else None
     if spec is not None:
         assert executor is not None
-        job = executor.cw.job_id or b""
+        job = spec.job_id or executor.cw.job_id or b""
         head = json.dumps([job.hex(), spec.task_id.hex(), spec.name, (spec.root_task_id or b"").hex()])
         try:
             os.write(executor.child_output_fd, b"H%d %s\n" % (os.getpid(), head.encode()))

@@ -318,7 +318,8 @@ class ActorManagerState:
             self.finished_jobs.add(event.job_id)
             if not event.recovered:
                 for a in list(self.actors.values()):
-                    if a.info.job_id == event.job_id and not a.info.detached and a.info.state != DEAD:
+                    if a.info.job_id == event.job_id and not a.info.detached and a.info.state != DEAD \
+                            and not self._owned_by_live_actor(a):
                         self._mark_dead(a, "its job finished (the driver exited)", None, now, actions,
                                         job_ended=True)
         elif isinstance(event, KillRequested):
@@ -496,10 +497,20 @@ class ActorManagerState:
                                                if limit else "max_restarts=0, so it is not restarted"),
                             None, now, actions)
 
+    def _owned_by_live_actor(self, a: _Actor) -> bool:
+        """``a`` was made by an actor that still lives (its worker's): a detached actor's
+        children, say, which outlive the job they belong to, as in Ray (they end with their
+        owner: ``_worker_died``)."""
+        owner = self.by_worker.get(a.info.owner_worker_id)
+        live = self.actors.get(owner) if owner is not None and owner != a.info.actor_id else None
+        return live is not None and live.info.state != DEAD
+
     def _owner_gone(self, a: _Actor) -> bool:
         if a.info.detached:
             return False
-        return a.info.job_id in self.finished_jobs or a.info.owner_worker_id in self.dead_owners
+        if a.info.owner_worker_id in self.dead_owners:
+            return True
+        return a.info.job_id in self.finished_jobs and not self._owned_by_live_actor(a)
 
     def _worker_died(self, worker_id: WorkerID, detail: str, now: float, actions: list[Action]) -> None:
         actor_id = self.by_worker.get(worker_id)
