@@ -577,6 +577,11 @@ class GcsServer:
         self.actors.on_job_finished(job_id)
         self.placement_groups.on_job_finished(job_id)
         self.drop_job_kv_if_unused(job_id)
+        live = {a.info.actor_id for a in self.actors.state.actors.values() if a.info.state != "DEAD"}
+        orphans = self.task_events.orphans_failed(job_id, info.end_time, "its job finished (the driver exited) "
+                                                  "before it did; its worker was stopped", live)
+        if orphans:
+            self._record_task_events(orphans)
 
     # ------------------------------------------------------------------ workers
 
@@ -711,6 +716,9 @@ class GcsServer:
         events, bad = events_of(msg)
         if bad:
             logger.error("left out %d malformed task event rows from %s", bad, conn.peer)
+        self._record_task_events(events)
+
+    def _record_task_events(self, events: list[Any]) -> None:
         created = self.task_events.add(events)
         if self.writer is not None:  # a stream of the batches the table's records came from: XADD ... MAXLEN ~
             self.writer.append_nowait("task_events", pack_value(events),

@@ -447,6 +447,23 @@ class TaskEventTable:
         os.replace(self.archive_path, self.archive_path + ".1")
         self._archive = open(self.archive_path, "ab")
 
+    def orphans_failed(self, job_id: JobID, now: float, error: str, live_actors: set[bytes]) -> list[m.TaskEvent]:
+        """The FAILED events of job ``job_id``'s unfinished tasks whose owner ended with the
+        job (its driver, its task workers): nothing else will ever report their end (Ray
+        marks them failed likewise). A task an actor that lives on (``live_actors``: a
+        detached one, say) submitted is left to that actor."""
+        records = self.records
+        out = []
+        for rec in records.values():
+            if rec.job_id != job_id or rec.state in TERMINAL or rec.packed is not None:
+                continue
+            parent = records.get((rec.info or {}).get("parent") or b"")
+            if parent is not None and (parent.unpacked().info or {}).get("actor_id") in live_actors:
+                continue
+            out.append(m.TaskEvent(rec.task_id, rec.attempt, TaskState.FAILED, now, job_id,
+                                   {"error_type": "WORKER_DIED"}, None, None, error))
+        return out
+
     def list(self, job_id: JobID | None, limit: int) -> list[dict[str, Any]]:
         out = []
         for rec in reversed(self.records.values()):
