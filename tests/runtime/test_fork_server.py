@@ -96,8 +96,9 @@ def test_actors_are_forked_children_of_the_raylet_with_their_own_random_state(fr
     assert {i["ppid"] for i in infos} == {raylet.pid}  # reparented: the raylet waits for them
     assert len({i["random"] for i in infos}) == 4
     assert len({i["numpy"] for i in infos}) == 4
-    # The same process group and session as the raylet, as a spawned worker has.
-    assert {(i["pgid"], i["sid"]) for i in infos} == {(os.getpgid(raylet.pid), os.getsid(raylet.pid))}
+    # The raylet's session, as a spawned worker has; each leads its own process group (what
+    # its tasks start ends with it).
+    assert {i["sid"] for i in infos} == {os.getsid(raylet.pid)} and all(i["pgid"] == i["pid"] for i in infos)
     # Nothing of the fork server's is inherited: not its control pipes, not its log.
     # (A worker the raylet forks to refill its pool shows the server's command line until
     # it names itself: wait until only the server does.)
@@ -185,7 +186,8 @@ def test_stuck_fork_server_is_replaced_and_its_workers_spawned(fresh_cluster) ->
 def test_spawn_start_method_still_works(fresh_cluster) -> None:  # type: ignore[no-untyped-def]
     fresh_cluster(num_cpus=1, include_dashboard=False, _system_config={"worker_start": "spawn"})
     a = Probe.remote()
-    assert lumos.get(a.info.remote(), timeout=60)["start"] == "lumos._private.worker.main"
+    info = lumos.get(a.info.remote(), timeout=60)
+    assert info["start"] == "lumos._private.worker.main" and info["pgid"] == info["pid"]  # (its own group)
     assert not _fork_servers()
 
     @lumos.remote
@@ -295,6 +297,35 @@ def test_orphans_of_workers_are_reaped(fresh_cluster, tmp_path) -> None:  # type
             return True
     wait_for(orphaned, 30)
     wait_for(lambda: not psutil.pid_exists(child), 30)  # reaped, not left a zombie
+
+
+def test_what_a_task_started_ends_with_its_worker_unless_it_left_the_group(fresh_cluster: Any) -> None:
+    # As in Ray: a task's subprocess does not outlive its worker (it piled up on a
+    # long-lived cluster until `lumos stop`); one started in a session of its own is a
+    # daemon the task meant to leave running.
+    fresh_cluster(num_cpus=1, include_dashboard=False)
+
+    @lumos.remote(num_cpus=0)
+    class Parent:
+        def start(self) -> tuple[int, int, int]:
+            import os
+            import subprocess
+            sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
+            return (os.getpgid(0), subprocess.Popen(sleep).pid, subprocess.Popen(sleep, start_new_session=True).pid)
+
+        def pid(self) -> int:
+            import os
+            return os.getpid()
+
+    a = Parent.remote()
+    worker = lumos.get(a.pid.remote(), timeout=60)
+    group, child, daemon = lumos.get(a.start.remote(), timeout=60)
+    assert group == worker  # the worker leads its own process group
+    os.kill(worker, signal.SIGKILL)
+    wait_for(lambda: not psutil.pid_exists(child), 30)  # killed with its worker, and reaped
+    assert psutil.Process(daemon).ppid() == _raylet().pid  # left running (an orphan the raylet adopted)
+    os.kill(daemon, signal.SIGKILL)
+    wait_for(lambda: not psutil.pid_exists(daemon), 30)
 
 
 _CLONE_SCRIPT = r"""

@@ -130,6 +130,8 @@ OFF, STARTING, READY, DOWN = "off", "starting", "ready", "down"
 FORK_SERVER_HEALTHY_S = 10.0
 #: Longest wait before restarting a fork server that keeps dying.
 FORK_SERVER_MAX_BACKOFF_S = 30.0
+#: Process groups of exited workers remembered (``WorkerPool.reap_orphans``).
+DEAD_GROUPS_KEPT = 4096
 
 
 class WorkerPoolState:
@@ -264,6 +266,9 @@ class WorkerPool:
         self._restart_handle: asyncio.TimerHandle | None = None
         #: Orphaned descendants (a task's subprocesses whose worker is gone) become ours.
         self._subreaper = False
+        #: Pids of workers that exited lately (each led its own process group): the
+        #: processes still in those groups are killed as they become orphans here.
+        self._dead_groups: dict[int, None] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -442,7 +447,8 @@ class WorkerPool:
         try:
             with open(self._log_path(proc.worker_id), "ab") as out:
                 popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                         close_fds=True, start_new_session=False, env=self._exec_env())
+                                         close_fds=True, start_new_session=False, process_group=0,
+                                         env=self._exec_env())
         except OSError as e:
             logger.error("could not start worker %s: %s", short(proc.worker_id), e)
             self._exited(proc, 1, f"could not start: {e}")
@@ -556,6 +562,10 @@ class WorkerPool:
         if proc.kill_reason:
             desc += f" ({proc.kill_reason})"
         proc.exit_info = desc
+        if proc.pid and not proc.is_driver:
+            self._dead_groups[proc.pid] = None  # what it started goes too (reap_orphans)
+            while len(self._dead_groups) > DEAD_GROUPS_KEPT:
+                del self._dead_groups[next(iter(self._dead_groups))]
         self.exits[worker_id] = desc
         if len(self.exits) > 10_000:
             for wid in list(self.exits)[:1000]:
@@ -710,8 +720,11 @@ class WorkerPool:
 
     def reap_orphans(self) -> None:
         """As a child subreaper this raylet inherits every orphaned descendant (a task's
-        own subprocess whose worker died, say): wait for those that exited, so they do
-        not stay zombies. Known workers and forks still in flight are left alone."""
+        own subprocess whose worker died, say): one still in a dead worker's process
+        group (a worker leads its own) is killed, as Ray ends a worker's child processes
+        with it; one that left the group (``setsid``, a daemon) is let be. Wait for those
+        that exited, so they do not stay zombies. Known workers and forks still in flight
+        are left alone."""
         if not self._subreaper or (self.fork_server is not None and self.fork_server.pending):
             return
         known = {p.pid for p in self.procs.values() if p.process is not None and p.exit_info is None}
@@ -720,9 +733,23 @@ class WorkerPool:
         for pid in children_of_self():
             if pid in known:
                 continue
+            if self._dead_groups and _process_group(pid) in self._dead_groups:
+                logger.info("killing process %d, which a task on a worker that exited started", pid)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             try:
                 done, _ = os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 continue
             if done:
                 logger.debug("reaped orphaned process %d", pid)
+
+
+def _process_group(pid: int) -> int:
+    """``pid``'s process group (-1 if it is gone)."""
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return -1

@@ -345,10 +345,20 @@ def _fork_worker(worker_id: str, log_path: str, raylet_pid: int, template: tuple
     return int(data)
 
 
+def _own_process_group() -> None:
+    """A worker leads its own process group: what its tasks start (``subprocess.Popen``)
+    is in it, and ends with the worker (``WorkerPool.reap_orphans``), as in Ray."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+
+
 def _run_child(worker_id: str, log_path: str, raylet_pid: int, template: tuple[Any, Any],
                gcs_durable: bool | None = None) -> None:
     code = 1
     try:
+        _own_process_group()
         first_parent = os.getppid()
         deadline = time.monotonic() + _REPARENT_TIMEOUT_S
         while os.getppid() != raylet_pid:
