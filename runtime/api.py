@@ -450,8 +450,8 @@ def _register_exit_handler() -> None:
 
 def _at_exit() -> None:
     """At interpreter exit: let the calls the script submitted last run and their output
-    arrive (as in Ray, ``f.remote()`` as a script's last line runs), within
-    ``exit_drain_timeout_s``; then shut down. A script that ended with an uncaught
+    arrive (``f.remote()`` as a script's last line runs; Ray ends the job at once and
+    such a call may never start), within ``exit_drain_timeout_s``; then shut down. A script that ended with an uncaught
     exception (``sys.last_value``) does not wait: its calls' results have no reader."""
     cw = worker_context.core_worker
     failed = getattr(sys, "last_value", None) is not None
