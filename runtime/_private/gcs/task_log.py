@@ -454,10 +454,14 @@ class TaskEventTable:
         detached one, say) submitted is left to that actor."""
         records = self.records
         out = []
+        creation = TaskKind.ACTOR_CREATION_TASK.name
         for rec in records.values():
             if rec.job_id != job_id or rec.state in TERMINAL or rec.packed is not None:
                 continue
-            parent = records.get((rec.info or {}).get("parent") or b"")
+            info = rec.info or {}
+            if info.get("type") == creation and info.get("actor_id") in live_actors:
+                continue  # a detached actor still being created: the GCS reports its end
+            parent = records.get(info.get("parent") or b"")
             if parent is not None and (parent.unpacked().info or {}).get("actor_id") in live_actors:
                 continue
             out.append(m.TaskEvent(rec.task_id, rec.attempt, TaskState.FAILED, now, job_id,
