@@ -627,6 +627,7 @@ def test_output_of_processes_a_task_forks_reaches_the_driver(fresh_cluster):
 
 
 def _chatter(marker: str) -> None:
+    os.setsid()  # (a daemon: what stays in its worker's process group ends with the worker)
     with open(marker + ".pid", "w") as f:
         f.write(str(os.getpid()))
     for _ in range(20_000):
