@@ -10,7 +10,7 @@ import pytest
 
 import lumos
 from lumos.testing import Cluster
-from tests.conftest import TEST_CONFIG, check_no_leaks, wait_for
+from tests.conftest import TEST_CONFIG, check_no_leaks, running_two_nodes, wait_for
 
 
 @lumos.remote(resources={"far": 1})
@@ -21,16 +21,13 @@ def make(seed: int) -> Any:
 
 @pytest.fixture
 def far() -> Iterator[tuple[Cluster, Any]]:
-    """A head of one CPU and a node with the "far" resource (to be killed), this process
-    connected; shut down and checked for leaks afterwards."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
-    try:
-        doomed = cluster.add_node(num_cpus=1, resources={"far": 1})
-        cluster.connect()
-        yield cluster, doomed
-    finally:
-        cluster.shutdown()
-        check_no_leaks(cluster.session_dir)
+    """A head of one CPU and a node with the "far" resource (to be killed)."""
+    yield from running_two_nodes(1, num_cpus=1, resources={"far": 1})
+
+
+@lumos.remote
+def total(a: Any) -> float:
+    return float(a.sum())
 
 
 def _kill(cluster: Cluster, node: Any) -> None:
@@ -171,10 +168,6 @@ def test_value_lost_with_its_node_is_rebuilt_from_lineage(far: tuple[Cluster, An
     _kill(cluster, doomed)
     replacement = cluster.add_node(num_cpus=1, resources={"far": 1})
 
-    @lumos.remote
-    def total(a: Any) -> float:
-        return float(a.sum())
-
     expected = np.random.default_rng(7).random(500_000)
     # A new task whose argument died with the node: the argument is rebuilt first.
     assert lumos.get(total.remote(base), timeout=60) == pytest.approx(float(expected.sum()))
@@ -283,10 +276,6 @@ def test_a_value_whose_node_died_lives_on_in_a_copy_on_another_node(far: tuple[C
     from lumos.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     cluster, doomed = far
 
-    @lumos.remote
-    def total(a: Any) -> float:
-        return float(a.sum())
-
     maker = Maker.remote()
     value, returned = make.remote(3), maker.make.remote(4)
     lumos.wait([value, returned], num_returns=2, timeout=60, fetch_local=False)
@@ -339,10 +328,6 @@ def test_a_copy_evicted_before_its_node_died_is_not_used_the_value_is_rebuilt(fa
     import numpy as np
     from lumos.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     cluster, doomed = far
-
-    @lumos.remote
-    def total(a: Any) -> float:
-        return float(a.sum())
 
     @lumos.remote
     def fill() -> int:

@@ -15,19 +15,12 @@ import pytest
 
 import lumos
 from lumos.testing import Cluster
-from tests.conftest import TEST_CONFIG, check_no_leaks, wait_for
+from tests.conftest import running_two_nodes, wait_for
 
 
 @pytest.fixture
 def two_nodes() -> Iterator[tuple[Cluster, Any]]:
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": dict(TEST_CONFIG)})
-    try:
-        other = cluster.add_node(num_cpus=1, resources={"other": 1})
-        cluster.connect()
-        yield cluster, other
-    finally:
-        cluster.shutdown()
-        check_no_leaks(cluster.session_dir)
+    yield from running_two_nodes(1, num_cpus=1, resources={"other": 1})
 
 
 @lumos.remote(resources={"other": 1})
