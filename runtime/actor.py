@@ -252,8 +252,9 @@ class ActorClass:
             "concurrency_groups": o["concurrency_groups"],
             "class_name": cls.__name__, "handle_meta": pickle.dumps(meta),
         }
-        if opts_mod.placement_cpus(o):
-            actor_options["placement_cpus"] = opts_mod.placement_cpus(o)
+        placement_cpus = opts_mod.placement_cpus(o)
+        if placement_cpus:
+            actor_options["placement_cpus"] = placement_cpus
         actor_id = random_id(16)
         # The stop button: once the actor is asked for, its handle is made (dropped with the
         # KeyboardInterrupt, it ends the actor); without one, the actor lived until the job

@@ -151,7 +151,7 @@ class RuntimeContext:
         cw = worker_context.require()
         env: dict[str, str] = {}
         if cw.executor is not None:
-            job = cw.executor.env_job()
+            job = cw.job_id  # (an actor's: its creator's, ``Executor._bind_job``)
             env.update(cw.executor._job_env.get(job, {}))
             out: dict[str, Any] = dict(cw.executor._job_code_env.get(job, {}))
         else:

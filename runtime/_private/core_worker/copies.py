@@ -102,15 +102,29 @@ class CopiesMixin:
                 e = entries.get(oid)
                 if e is None or not e.copies:
                     continue
-                e.copies = [n for n in e.copies if n not in self.dead_nodes] or None
-                if e.node_id == dead and e.copies and e.state == READY:
-                    node = e.copies.pop(0)
-                    e.copies = e.copies or None
-                    e.node_id = node
-                    moves.setdefault(node, []).append(oid)
+                if e.node_id == dead and e.state == READY:
+                    home = self._to_live_copy(e)
+                    if home is not None:
+                        moves.setdefault(home, []).append(oid)
+                else:
+                    self._drop_dead_copies(e)
         self._prune_copied()
         for node, ids in moves.items():
             self._spawn(self._keep_copies(node, ids, dead), "keep-copies")  # type: ignore[attr-defined]
+
+    def _drop_dead_copies(self, e: Any) -> None:
+        e.copies = [n for n in e.copies or () if n not in self.dead_nodes] or None
+
+    def _to_live_copy(self, e: Any) -> NodeID | None:
+        """Make the first copy of ``e``'s value on a live node its home (under the table's
+        lock); None, its home unchanged, when it has none."""
+        self._drop_dead_copies(e)
+        if not e.copies:
+            return None
+        home: NodeID = e.copies.pop(0)
+        e.copies = e.copies or None
+        e.node_id = home
+        return home
 
     async def _keep_copies(self, node: NodeID, ids: list[ObjectID], dead: NodeID) -> None:
         """Have ``node``'s store keep its copies of ``ids`` (their home died with ``dead``);
@@ -129,13 +143,11 @@ class CopiesMixin:
                 e = entries.get(oid)
                 if oid in kept_ids or e is None or e.node_id != node or e.state != READY:
                     continue
-                copies = [n for n in e.copies or () if n not in self.dead_nodes]
-                if copies:
-                    e.node_id = copies.pop(0)
-                    retry.setdefault(e.node_id, []).append(oid)
+                home = self._to_live_copy(e)
+                if home is not None:
+                    retry.setdefault(home, []).append(oid)
                 else:
                     e.node_id = dead  # no copy left: lost with its node, rebuilt if it can be
-                e.copies = copies or None
         kept_here = len(kept_ids.intersection(ids))
         if kept_here:
             logger.info("%d object(s) lost with node %s live on in copies on node %s", kept_here, short(dead),

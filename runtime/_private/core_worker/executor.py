@@ -913,10 +913,6 @@ class Executor(ArgumentsMixin):
         else:
             cw.namespace = self._actor_namespace or cw.namespace
 
-    def env_job(self) -> JobID:
-        """The job whose environment this worker runs in: an actor's creator's, else the task's."""
-        return self._actor_job if self._actor_job is not None else self.cw.job_id
-
     def _load_job(self, job_id: JobID) -> None:
         cw = self.cw
         if job_id in self._jobs_bound:

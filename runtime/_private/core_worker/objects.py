@@ -469,6 +469,12 @@ class ObjectsMixin:
     def _pull_remote_together(self, refs: list[ObjectRef]) -> None:
         """Copy the objects of ``refs`` that live on other nodes here, all pulls at once
         (then each read finds its copy local; a failed pull is reported by that read)."""
+        remote = self._stored_elsewhere(refs)
+        if len(remote) >= 2 and self.raylet is not None:
+            self._pull_here(remote, time.monotonic() + 3600.0)
+
+    def _stored_elsewhere(self, refs: list[ObjectRef]) -> dict[bytes, bytes]:
+        """Of ``refs``, those whose ready value is in another node's store: id -> that node."""
         entries = self.objects.entries
         remote: dict[bytes, bytes] = {}
         for ref in refs:
@@ -476,24 +482,36 @@ class ObjectsMixin:
             if e is not None and e.state == READY and e.data is None and e.node_id is not None \
                     and e.node_id != self.node_id:
                 remote[ref._id] = e.node_id
-        if len(remote) < 2 or self.raylet is None:
-            return
+        return remote
+
+    def _pull_here(self, remote: dict[bytes, bytes], deadline: float | None) -> dict[bytes, bool] | None:
+        """Copy these values (id -> the node holding it) into this node's store, all pulls at
+        once, until ``deadline``; their owners hear of the copies (``note_pulled``). Returns
+        id -> whether it was copied, for the pulls that ended by then (the others go on in
+        the raylet); None when lumos is shut down."""
         raylet = self.raylet
 
-        async def pull_all() -> list[Any]:
-            return await asyncio.gather(*(raylet.call(m.PullObject(oid, node, 0, self._owner_id_of(oid)))
-                                          for oid, node in remote.items()), return_exceptions=True)
+        async def pull(oid: bytes, node: bytes) -> bool:
+            try:
+                await raylet.call(m.PullObject(oid, node, 0, self._owner_id_of(oid)))
+                return True
+            except Exception:  # (the read that follows reports why)
+                return False
+
+        async def pull_all() -> dict[bytes, bool]:
+            tasks = {oid: self._spawn(pull(oid, node), "pull-here") for oid, node in remote.items()}
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            await asyncio.wait(tasks.values(), timeout=left)
+            return {oid: t.result() for oid, t in tasks.items() if t.done()}
 
         try:
-            done = self.run_sync(pull_all(), 3600.0)
-        except (TimeoutError, exc.LumosSystemError):
-            return
-        pulled = []
-        for oid, ok in zip(remote, done):
-            e = entries.get(oid)
-            if ok is True and e is not None:
-                pulled.append((oid, None if e.owned else e.owner))
-        self.note_pulled(pulled)
+            ended: dict[bytes, bool] = self.run_sync(pull_all(), None)
+        except exc.LumosSystemError:
+            return None
+        entries = self.objects.entries
+        self.note_pulled([(oid, None if e.owned else e.owner) for oid, ok in ended.items()
+                          if ok and (e := entries.get(oid)) is not None])
+        return ended
 
     def _wait_for(self, refs: list[ObjectRef], num: int, timeout: float | None,
                   for_get: bool = False, fail_fast: bool = False) -> Any:
@@ -635,36 +653,12 @@ class ObjectsMixin:
         store, all pulls at once, by ``deadline``; one whose copy is still under way then is
         not ready yet (it goes on in the raylet). A pull that failed leaves its ref ready:
         ``get`` says why, or has the value rebuilt."""
-        entries = self.objects.entries
-        remote: dict[bytes, tuple[bytes, m.Address | None]] = {}
-        for r in ready:
-            e = entries.get(r._id)
-            if e is not None and e.state == READY and e.data is None and e.node_id is not None \
-                    and e.node_id != self.node_id and not self.store.contains_local(r._id):
-                remote[r._id] = (e.node_id, None if e.owned else e.owner)
+        remote = {oid: node for oid, node in self._stored_elsewhere(ready).items()
+                  if not self.store.contains_local(oid)}
         if not remote:
             return ready, not_ready
-        raylet = self.raylet
-
-        async def pull(oid: bytes, node: bytes, owner: m.Address | None) -> bool:
-            try:
-                await raylet.call(m.PullObject(oid, node, 0, owner.worker_id if owner is not None else self.worker_id))
-                return True
-            except (RemoteError, ConnectionLost, TimeoutError, OSError):
-                return False
-
-        async def pull_all() -> dict[bytes, bool]:
-            tasks = {oid: self._spawn(pull(oid, node, owner), "fetch-local") for oid, (node, owner) in remote.items()}
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            await asyncio.wait(tasks.values(), timeout=left)
-            return {oid: t.result() for oid, t in tasks.items() if t.done()}
-
-        try:
-            ended = self.run_sync(pull_all(), None)
-        except exc.LumosSystemError:
-            return ready, not_ready
-        self.note_pulled([(oid, remote[oid][1]) for oid, ok in ended.items() if ok])
-        if len(ended) == len(remote):
+        ended = self._pull_here(remote, deadline)
+        if ended is None or len(ended) == len(remote):
             return ready, not_ready
         late = remote.keys() - ended.keys()
         late.update(r._id for r in not_ready)

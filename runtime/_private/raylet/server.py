@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import logging
 import os
 import shutil
@@ -102,7 +103,9 @@ class RayletServer:
         self._lease_owner: dict[int, Connection] = {}
         #: Create request id -> future of the reply.
         self._create_waiters: dict[int, asyncio.Future[Any]] = {}
-        self._next_request = 1
+        #: Ids of the requests this raylet answers through its states' actions (leases,
+        #: creates, reservations, bundles, kept copies), each read back by its asker.
+        self._request_ids = itertools.count(1)
         self._warned_infeasible: set[int] = set()
         #: Leases whose frozen owner's worker is being checked (``_take_back_from_frozen_owners``).
         self._taking_back: set[int] = set()
@@ -577,8 +580,7 @@ class RayletServer:
                 raise
             if decision.node_id != self.node_id:
                 return decision
-        rid = self._next_request
-        self._next_request += 1
+        rid = next(self._request_ids)
         fut: asyncio.Future[m.LeaseGrant] = asyncio.get_running_loop().create_future()
         self._lease_waiters[rid] = (conn, fut)
         # Whose request: an owner on this node (a driver or worker registered here) may
@@ -645,8 +647,7 @@ class RayletServer:
 
     def _reserve_bundles(self, conn: Connection, msg: m.ReserveBundles) -> list[Any]:
         """Reserve all of ``msg.bundles`` here now, or none: ``[ok, reason, [[index, GPU ids], ...]]``."""
-        rid = self._next_request
-        self._next_request += 1
+        rid = next(self._request_ids)
         bundles = [(int(i), dict(res)) for i, res in msg.bundles]
         self._sched(sc.BundlesRequested(rid, msg.pg_id, bundles))
         answer = self._bundle_answers.pop(rid, [False, "no answer", []])
@@ -696,8 +697,7 @@ class RayletServer:
         client = conn.peer_info
         if client is None:
             return []
-        rid = self._next_request
-        self._next_request += 1
+        rid = next(self._request_ids)
         self._store(st.SlotsReserveRequested(rid, client, msg.size_bytes, msg.count))
         return self._slot_grants.pop(rid, [])
 
@@ -783,8 +783,7 @@ class RayletServer:
     def _request_create(self, object_id: ObjectID, size_bytes: int, client: WorkerID) -> asyncio.Future[list[Any]]:
         """Ask the store for space; the future is done already when it had room at once.
         A waiting create is answered (or dropped, when its creator went) by ``_store``."""
-        rid = self._next_request
-        self._next_request += 1
+        rid = next(self._request_ids)
         fut: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self._create_waiters[rid] = fut
         self._store(st.CreateRequested(rid, object_id, size_bytes, client))
@@ -826,8 +825,7 @@ class RayletServer:
                 logger.info("cannot keep copies on node %s: %s", short(msg.node_id), e)
                 return []
             return [oid for oid in kept if isinstance(oid, bytes)] if isinstance(kept, list) else []
-        rid = self._next_request
-        self._next_request += 1
+        rid = next(self._request_ids)
         self._store(st.CopiesKeepRequested(rid, ids))
         return self._kept_copies.pop(rid, [])
 
